@@ -1,0 +1,1 @@
+//! ork-device (to be written).

@@ -1,0 +1,1 @@
+//! ork-exec (to be written).

@@ -1,0 +1,1 @@
+//! The only unsafe in this crate: mapping the file and dropping pages.

@@ -1,0 +1,1 @@
+//! ork-residency (to be written).

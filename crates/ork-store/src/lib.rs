@@ -1,0 +1,1 @@
+//! ork-store (to be written).
