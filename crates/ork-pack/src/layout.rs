@@ -122,6 +122,37 @@ impl TiledLayout {
             PackDtype::F16 => self.elems() * 2,
         }
     }
+    /// [`TiledLayout::blob_bytes`] with overflow checked; `None` if the padded size does not fit
+    /// in `usize`. Call it before trusting any other size method on dimensions from a file.
+    pub const fn checked_blob_bytes(&self) -> Option<usize> {
+        let (Some(kp), Some(np)) = (
+            self.k.checked_add(31),
+            self.n.checked_add(self.dtype.n_align() - 1),
+        ) else {
+            return None;
+        };
+        let a = self.dtype.n_align();
+        let Some(elems) = (kp / 32 * 32).checked_mul(np / a * a) else {
+            return None;
+        };
+        match self.dtype {
+            PackDtype::I8 => Some(elems),
+            PackDtype::I4 => Some(elems / 2),
+            PackDtype::F16 => elems.checked_mul(2),
+        }
+    }
+    /// Number of N-tiles (`n_pad / tn`).
+    pub const fn n_tiles(&self) -> usize {
+        self.n_pad() / self.dtype.n_tile()
+    }
+    /// Bytes of one N-tile; the blob is `n_tiles()` of them back to back.
+    pub const fn n_tile_bytes(&self) -> usize {
+        match self.dtype {
+            PackDtype::I8 => self.n_tile_elems(),
+            PackDtype::I4 => self.n_tile_elems() / 2,
+            PackDtype::F16 => self.n_tile_elems() * 2,
+        }
+    }
     /// Element index (not byte index) of logical (k, n) in the tiled blob:
     /// `n_tile·(tn·Kpad) + k_tile·(tn·32) + (n % tn)·32 + (k % 32)`.
     #[inline]

@@ -3,12 +3,31 @@
 //!
 //! API CONTRACT (other crates rely on these names): [`PackDtype`], [`LayoutId`], [`TiledLayout`],
 //! [`PackedWeight`], [`RowSource`], [`pack`], [`untile`].
+//!
+//! The kernel ([`pack`], [`pack_into`], [`pack_in`]) is fused and streaming: it runs in parallel
+//! over the output's N-tiles; each task decodes the `tn` source rows of its tile through
+//! [`RowSource::read_rows`] into a per-thread scratch of `tn × K` f32, computes the rows' scales,
+//! quantizes and writes the tile. No f32 copy of the whole tensor is ever made. The quantization
+//! rule (scale, rounding, clamping) is spelled out in the `quant` module and on [`pack`].
+//!
+//! Sources: [`MatrixRows`] (an f32 matrix in memory) and [`GgufRows`] (a GGUF tensor decoded
+//! block row by block row through `ork_gguf::dequant`). [`untile`] / [`untile_q`] invert the
+//! tiling for checks; [`bench_pack`] measures throughput.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod bench;
+mod kernel;
 mod layout;
+mod quant;
+mod source;
+mod untile;
 
+pub use bench::{bench_pack, PackBenchResult};
+pub use kernel::{pack, pack_in, pack_into};
 pub use layout::{LayoutId, PackDtype, TiledLayout, INT4_EVEN_K_IN_LOW_NIBBLE};
+pub use source::{GgufRows, MatrixRows};
+pub use untile::{untile, untile_q};
 
 /// A weight packed into the native layout, host side.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,4 +75,68 @@ pub enum PackError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// A row holds a finite value too large for fp16 (it would become ±Inf).
+    #[error("output channel {row}: {value} overflows fp16")]
+    F16Overflow {
+        /// Output channel index.
+        row: usize,
+        /// The row's largest magnitude.
+        value: f32,
+    },
+    /// Decoding a GGUF tensor's blocks failed.
+    #[error("tensor '{tensor}': {source}")]
+    Tensor {
+        /// Tensor name.
+        tensor: String,
+        /// What the GGUF layer reported.
+        #[source]
+        source: ork_gguf::GgufError,
+    },
+    /// A GGUF tensor's dimensions or byte size do not describe a matmul weight.
+    #[error("tensor '{tensor}' (dims {dims:?}): {reason}")]
+    TensorShape {
+        /// Tensor name.
+        tensor: String,
+        /// Its GGUF dims, ne0 first.
+        dims: Vec<u64>,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A buffer (output blob, scales, source rows) has the wrong length.
+    #[error("{what}: expected {expected} entries, got {got}")]
+    Length {
+        /// Which buffer.
+        what: &'static str,
+        /// Length the layout requires.
+        expected: usize,
+        /// Length given.
+        got: usize,
+    },
+    /// A packed weight has a non-zero byte where the layout has padding.
+    #[error("non-zero padding at element {element} (k={k}, n={n})")]
+    Padding {
+        /// Element index in the tiled order.
+        element: usize,
+        /// Padded k coordinate.
+        k: usize,
+        /// Padded n coordinate.
+        n: usize,
+    },
+    /// A packed weight carries a scale that is negative, NaN or infinite.
+    #[error("output channel {row}: invalid scale {scale}")]
+    Scale {
+        /// Output channel index.
+        row: usize,
+        /// The stored scale.
+        scale: f32,
+    },
+    /// Raw quantized codes were asked of a weight that is not quantized (fp16).
+    #[error("{dtype:?} weights have no quantized codes")]
+    NotQuantized {
+        /// The weight's dtype.
+        dtype: PackDtype,
+    },
+    /// The thread pool for a measured run could not be built.
+    #[error("building the pack thread pool: {0}")]
+    Threads(#[from] rayon::ThreadPoolBuildError),
 }

@@ -1,0 +1,481 @@
+//! Integration tests of the pack kernel: layout, quantization against a naive reference,
+//! padding, errors, and (with the real model) the GGUF source.
+
+use half::f16;
+use ork_pack::{
+    pack, pack_in, pack_into, untile, untile_q, GgufRows, MatrixRows, PackDtype, PackError,
+    PackedWeight, RowSource, TiledLayout, INT4_EVEN_K_IN_LOW_NIBBLE,
+};
+use proptest::prelude::*;
+
+const DTYPES: [PackDtype; 3] = [PackDtype::I8, PackDtype::I4, PackDtype::F16];
+
+/// Naive per-row symmetric quantization, written from the documented rule:
+/// `q = clamp(round_ties_even(w · lim/absmax), ±lim)`, `scale = absmax/lim`.
+fn reference_quantize(w: &[f32], k: usize, lim: f32) -> (Vec<i8>, Vec<f32>) {
+    let mut q = Vec::with_capacity(w.len());
+    let mut scales = Vec::new();
+    for row in w.chunks(k) {
+        let absmax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+        if absmax == 0.0 {
+            scales.push(0.0);
+            q.extend(std::iter::repeat_n(0i8, k));
+            continue;
+        }
+        scales.push(absmax / lim);
+        let (mut factor, mut inv) = (1f32, lim / absmax);
+        if !inv.is_finite() {
+            // Rows this small are scaled by 2^64 first (exact), see the kernel docs.
+            factor = 2f32.powi(64);
+            inv = lim / (absmax * factor);
+        }
+        q.extend(
+            row.iter()
+                .map(|&x| ((x * factor) * inv).round_ties_even().clamp(-lim, lim) as i8),
+        );
+    }
+    (q, scales)
+}
+
+fn lim(dtype: PackDtype) -> f32 {
+    match dtype {
+        PackDtype::I8 => 127.0,
+        PackDtype::I4 => 7.0,
+        PackDtype::F16 => unreachable!("fp16 is not quantized"),
+    }
+}
+
+/// Raw bits of element `e` (tiled order) of a blob, decoded from the byte layout directly.
+fn element_bits(dtype: PackDtype, data: &[u8], e: usize) -> u16 {
+    match dtype {
+        PackDtype::I8 => data[e] as u16,
+        PackDtype::I4 => {
+            let b = data[e / 2];
+            let low_is_even = INT4_EVEN_K_IN_LOW_NIBBLE;
+            let nib = if (e % 2 == 0) == low_is_even {
+                b & 0xF
+            } else {
+                b >> 4
+            };
+            nib as u16
+        }
+        PackDtype::F16 => u16::from_le_bytes([data[2 * e], data[2 * e + 1]]),
+    }
+}
+
+/// The tiled index written out from REFERENCE.md §4, independent of `TiledLayout::index`.
+fn spec_index(dtype: PackDtype, k_pad: usize, k: usize, n: usize) -> usize {
+    let tn = match dtype {
+        PackDtype::I8 => 32,
+        PackDtype::I4 => 64,
+        PackDtype::F16 => 16,
+    };
+    (n / tn) * (tn * k_pad) + (k / 32) * (tn * 32) + (n % tn) * 32 + (k % 32)
+}
+
+fn assert_padding_zero(w: &PackedWeight) {
+    let l = w.layout;
+    let mut live = vec![false; l.elems()];
+    for n in 0..l.n {
+        for k in 0..l.k {
+            live[spec_index(l.dtype, l.k_pad(), k, n)] = true;
+        }
+    }
+    for (e, _) in live.iter().enumerate().filter(|(_, &x)| !x) {
+        assert_eq!(
+            element_bits(l.dtype, &w.data, e),
+            0,
+            "padding element {e} not zero"
+        );
+    }
+    w.check().expect("check() accepts a freshly packed weight");
+}
+
+fn check_quantized(w: &[f32], k: usize, n: usize, dtype: PackDtype) {
+    let src = MatrixRows::new(w, k, n).unwrap();
+    let p = pack(&src, dtype).unwrap();
+    assert_eq!(p.layout, TiledLayout::new(dtype, k, n));
+    assert_eq!(p.data.len(), p.layout.blob_bytes());
+    let (q_ref, s_ref) = reference_quantize(w, k, lim(dtype));
+    assert_eq!(p.scales, s_ref, "scales");
+    let q = untile_q(&p).unwrap();
+    assert_eq!(q, q_ref, "codes");
+    // Codes sit where the spec's formula puts them (not only where untile looks).
+    for nn in 0..n {
+        for kk in 0..k {
+            let e = spec_index(dtype, p.layout.k_pad(), kk, nn);
+            let bits = element_bits(dtype, &p.data, e);
+            let code = if dtype == PackDtype::I4 {
+                ((bits as u8) << 4) as i8 >> 4
+            } else {
+                bits as u8 as i8
+            };
+            assert_eq!(code, q_ref[nn * k + kk], "element ({kk},{nn})");
+        }
+    }
+    let back = untile(&p).unwrap();
+    for (i, (&x, &y)) in w.iter().zip(&back).enumerate() {
+        let s = p.scales[i / k];
+        // Half a step, up to f32 rounding of `w·inv` and `q·scale` (well under 1e-4 step).
+        assert!(
+            (x - y).abs() <= s * (0.5 + 1e-4),
+            "w={x} back={y} scale={s} at {i}"
+        );
+        assert!(q[i].unsigned_abs() as f32 <= lim(dtype));
+    }
+    assert_padding_zero(&p);
+}
+
+fn check_f16(w: &[f32], k: usize, n: usize) {
+    let p = pack(&MatrixRows::new(w, k, n).unwrap(), PackDtype::F16).unwrap();
+    assert!(p.scales.iter().all(|&s| s == 1.0));
+    let back = untile(&p).unwrap();
+    for (&x, &y) in w.iter().zip(&back) {
+        let h = f16::from_f32(x);
+        assert_eq!(y.to_bits(), h.to_f32().to_bits(), "x={x}");
+        // Within fp16 rounding: half an fp16 ulp at x (subnormal spacing near zero).
+        let ulp = (f16::from_bits(h.to_bits().wrapping_add(1)).to_f32() - h.to_f32()).abs();
+        assert!((x - y).abs() <= ulp.max(2f32.powi(-24)) / 2.0 + f32::EPSILON * x.abs());
+    }
+    assert_padding_zero(&p);
+}
+
+/// A matrix `n × k`, values in ±`range`, some rows zero.
+fn matrix(max_k: usize, max_n: usize) -> impl Strategy<Value = (usize, usize, Vec<f32>)> {
+    (1..=max_k, 1..=max_n, -6i32..=6).prop_flat_map(|(k, n, exp)| {
+        let range = 10f32.powi(exp / 2);
+        (
+            Just(k),
+            Just(n),
+            prop::collection::vec(-range..=range, k * n),
+            prop::collection::vec(prop::bool::weighted(0.1), n),
+        )
+            .prop_map(move |(k, n, mut w, zero)| {
+                for (row, z) in w.chunks_mut(k).zip(zero) {
+                    if z {
+                        row.fill(0.0);
+                    }
+                }
+                (k, n, w)
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn int8_matches_reference((k, n, w) in matrix(150, 100)) {
+        check_quantized(&w, k, n, PackDtype::I8);
+    }
+
+    #[test]
+    fn int4_matches_reference((k, n, w) in matrix(150, 140)) {
+        check_quantized(&w, k, n, PackDtype::I4);
+    }
+
+    #[test]
+    fn fp16_roundtrips((k, n, w) in matrix(150, 60)) {
+        check_f16(&w, k, n);
+    }
+
+    #[test]
+    fn index_is_a_bijection(k in 1usize..200, n in 1usize..200, d in 0usize..3) {
+        let l = TiledLayout::new(DTYPES[d], k, n);
+        let mut seen = vec![false; l.elems()];
+        for nn in 0..l.n_pad() {
+            for kk in 0..l.k_pad() {
+                let e = l.index(kk, nn);
+                prop_assert_eq!(e, spec_index(l.dtype, l.k_pad(), kk, nn));
+                prop_assert!(!seen[e], "index {} hit twice", e);
+                seen[e] = true;
+            }
+        }
+        prop_assert!(seen.iter().all(|&s| s));
+        prop_assert_eq!(l.checked_blob_bytes(), Some(l.blob_bytes()));
+        prop_assert_eq!(l.n_tiles() * l.n_tile_bytes(), l.blob_bytes());
+    }
+
+    #[test]
+    fn pack_into_writes_every_byte((k, n, w) in matrix(100, 70), d in 0usize..3) {
+        let src = MatrixRows::new(&w, k, n).unwrap();
+        let fresh = pack(&src, DTYPES[d]).unwrap();
+        let mut data = vec![0xA5u8; fresh.data.len()];
+        let mut scales = vec![f32::NAN; n];
+        let layout = pack_into(&src, DTYPES[d], &mut data, &mut scales).unwrap();
+        prop_assert_eq!(layout, fresh.layout);
+        prop_assert!(data == fresh.data);
+        prop_assert_eq!(scales, fresh.scales);
+    }
+}
+
+/// Deterministic pseudo-random weights (xorshift), roughly Gaussian-free but varied per row.
+fn weights(k: usize, n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..k * n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            u * (1.0 + (i / k % 7) as f32)
+        })
+        .collect()
+}
+
+#[test]
+fn model_sized_shapes_match_reference() {
+    // SmolLM2 ffn shapes (K=576, N=1536 and K=1536, N=576), plus odd ones.
+    for &(k, n) in &[(576, 1536), (1536, 576), (1000, 333), (33, 65)] {
+        let w = weights(k, n, (k * n) as u64);
+        check_quantized(&w, k, n, PackDtype::I8);
+        check_quantized(&w, k, n, PackDtype::I4);
+        check_f16(&w, k, n);
+    }
+}
+
+#[test]
+fn thread_count_does_not_change_the_output() {
+    let (k, n) = (200, 300);
+    let w = weights(k, n, 7);
+    let src = MatrixRows::new(&w, k, n).unwrap();
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let two = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for d in DTYPES {
+        assert_eq!(
+            pack_in(&one, &src, d).unwrap(),
+            pack_in(&two, &src, d).unwrap()
+        );
+    }
+}
+
+#[test]
+fn tile_positions_follow_the_native_layout() {
+    // K=64, N=70: w[n][k] = k + 100·n (exact in fp16 up to 2048, so use small coordinates).
+    let (k, n) = (40, 20);
+    let w: Vec<f32> = (0..n)
+        .flat_map(|nn| (0..k).map(move |kk| (kk + 64 * nn) as f32))
+        .collect();
+    let p = pack(&MatrixRows::new(&w, k, n).unwrap(), PackDtype::F16).unwrap();
+    // fp16 tile: (N/16, K/32, 16, 32), Kpad = 64. Element (k=33, n=17): n-tile 1, k-tile 1,
+    // row 1 in tile, column 1 → 1·(16·64) + 1·(16·32) + 1·32 + 1 = 1569.
+    let e = 1569;
+    let h = f16::from_le_bytes([p.data[2 * e], p.data[2 * e + 1]]);
+    assert_eq!(h.to_f32(), (33 + 64 * 17) as f32);
+    // int8: one row's 32-value run is contiguous: elements 0..32 are row 0, k = 0..32.
+    let p8 = pack(&MatrixRows::new(&w, k, n).unwrap(), PackDtype::I8).unwrap();
+    let q = untile_q(&p8).unwrap();
+    for (&byte, &code) in p8.data[..32].iter().zip(&q[..32]) {
+        assert_eq!(byte as i8, code);
+    }
+    // Row 1 of the first K-tile follows at element 32.
+    assert_eq!(p8.data[32] as i8, q[k]);
+}
+
+#[test]
+fn int4_nibble_order_is_the_named_constant() {
+    let (k, n) = (32, 1);
+    let mut w = vec![0f32; k];
+    w[0] = 7.0; // code 7
+    w[1] = -3.0; // code -3
+    let p = pack(&MatrixRows::new(&w, k, n).unwrap(), PackDtype::I4).unwrap();
+    let (even, odd) = (7u8, (-3i8 as u8) & 0xF);
+    let expected = if INT4_EVEN_K_IN_LOW_NIBBLE {
+        even | odd << 4
+    } else {
+        odd | even << 4
+    };
+    assert_eq!(p.data[0], expected);
+    assert_eq!(p.scales, vec![1.0]);
+}
+
+#[test]
+fn zero_and_tiny_rows() {
+    let k = 37;
+    let tiny = f32::from_bits(3); // subnormal
+    let mut w = vec![0f32; 3 * k];
+    w[k] = tiny; // row 1: only a subnormal value
+    w[k + 5] = -tiny / 3.0 * 2.0;
+    w[2 * k + 3] = 1e-38; // row 2: normal but lim/absmax overflows
+    for d in [PackDtype::I8, PackDtype::I4] {
+        let p = pack(&MatrixRows::new(&w, k, 3).unwrap(), d).unwrap();
+        let q = untile_q(&p).unwrap();
+        assert_eq!(p.scales[0], 0.0);
+        assert!(q[..k].iter().all(|&c| c == 0));
+        let lim = lim(d) as i8;
+        assert_eq!(q[k], lim);
+        assert_eq!(q[2 * k + 3], lim);
+        assert_eq!(q, reference_quantize(&w, k, lim as f32).0);
+        assert!(p.scales.iter().all(|s| s.is_finite()));
+    }
+}
+
+#[test]
+fn non_finite_rows_are_refused() {
+    let (k, n) = (50, 70);
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut w = weights(k, n, 3);
+        w[41 * k + 49] = bad;
+        for d in DTYPES {
+            let err = pack(&MatrixRows::new(&w, k, n).unwrap(), d).unwrap_err();
+            assert!(
+                matches!(err, PackError::NonFinite { row: 41 }),
+                "{d:?} {bad}: {err:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn fp16_overflow_is_refused() {
+    let mut w = vec![1f32; 64];
+    w[40] = 70_000.0;
+    let err = pack(&MatrixRows::new(&w, 32, 2).unwrap(), PackDtype::F16).unwrap_err();
+    assert!(
+        matches!(err, PackError::F16Overflow { row: 1, .. }),
+        "{err:?}"
+    );
+    // The largest finite fp16 still packs.
+    w[40] = 65_504.0;
+    assert!(pack(&MatrixRows::new(&w, 32, 2).unwrap(), PackDtype::F16).is_ok());
+}
+
+#[test]
+fn bad_shapes_and_buffers_are_refused() {
+    assert!(matches!(
+        MatrixRows::new(&[0.0; 10], 3, 3),
+        Err(PackError::Length { .. })
+    ));
+    let empty = MatrixRows::new(&[], 0, 5).unwrap();
+    assert!(matches!(
+        pack(&empty, PackDtype::I8),
+        Err(PackError::Shape { .. })
+    ));
+    let w = vec![1f32; 64];
+    let src = MatrixRows::new(&w, 32, 2).unwrap();
+    let mut data = vec![0u8; 32 * 32 - 1];
+    let mut scales = vec![0f32; 2];
+    assert!(matches!(
+        pack_into(&src, PackDtype::I8, &mut data, &mut scales),
+        Err(PackError::Length {
+            expected: 1024,
+            got: 1023,
+            ..
+        })
+    ));
+    let mut data = vec![0u8; 32 * 32];
+    let mut scales = vec![0f32; 3];
+    assert!(matches!(
+        pack_into(&src, PackDtype::I8, &mut data, &mut scales),
+        Err(PackError::Length {
+            expected: 2,
+            got: 3,
+            ..
+        })
+    ));
+    let mut out = vec![0f32; 32];
+    assert!(matches!(
+        src.read_rows(2, &mut out),
+        Err(PackError::Shape { .. })
+    ));
+    let mut out = vec![0f32; 33];
+    assert!(matches!(
+        src.read_rows(0, &mut out),
+        Err(PackError::Shape { .. })
+    ));
+}
+
+#[test]
+fn check_and_untile_refuse_malformed_weights() {
+    let (k, n) = (40, 20);
+    let w = weights(k, n, 11);
+    let src = MatrixRows::new(&w, k, n).unwrap();
+    for d in DTYPES {
+        let good = pack(&src, d).unwrap();
+        let mut short = good.clone();
+        short.data.pop();
+        assert!(matches!(short.check(), Err(PackError::Length { .. })));
+        assert!(matches!(untile(&short), Err(PackError::Length { .. })));
+        let mut bad_scale = good.clone();
+        bad_scale.scales[3] = -1.0;
+        assert!(matches!(
+            bad_scale.check(),
+            Err(PackError::Scale { row: 3, .. })
+        ));
+        // Element (k=45, n=2) is K padding (K=40, Kpad=64).
+        let mut dirty = good.clone();
+        let e = good.layout.index(45, 2);
+        match d {
+            PackDtype::I8 => dirty.data[e] = 1,
+            PackDtype::I4 => {
+                let low = (e % 2 == 0) == INT4_EVEN_K_IN_LOW_NIBBLE;
+                dirty.data[e / 2] |= if low { 0x01 } else { 0x10 };
+            }
+            PackDtype::F16 => dirty.data[2 * e] = 1,
+        }
+        assert!(matches!(
+            dirty.check(),
+            Err(PackError::Padding { k: 45, n: 2, .. })
+        ));
+    }
+    let f16w = pack(&src, PackDtype::F16).unwrap();
+    assert!(matches!(
+        untile_q(&f16w),
+        Err(PackError::NotQuantized {
+            dtype: PackDtype::F16
+        })
+    ));
+}
+
+/// A source that fails on one tile, to check errors pass through unchanged.
+struct FailingRows;
+impl RowSource for FailingRows {
+    fn k(&self) -> usize {
+        8
+    }
+    fn n(&self) -> usize {
+        100
+    }
+    fn read_rows(&self, first: usize, out: &mut [f32]) -> Result<(), PackError> {
+        if first == 64 {
+            return Err(PackError::Source("tile 2 is unreadable".into()));
+        }
+        out.fill(1.0);
+        Ok(())
+    }
+}
+
+#[test]
+fn source_errors_propagate() {
+    assert!(matches!(
+        pack(&FailingRows, PackDtype::I8),
+        Err(PackError::Source(_))
+    ));
+}
+
+#[test]
+fn gguf_rows_refuse_non_matrices() {
+    use ork_gguf::GgmlType;
+    let bytes = vec![0u8; 20 * 6];
+    let shape_err = |dims: &[u64], data: &[u8]| match GgufRows::from_blocks(
+        "blk.0.x",
+        GgmlType::Q4_1,
+        dims,
+        data,
+    ) {
+        Err(PackError::TensorShape { tensor, .. }) => assert_eq!(tensor, "blk.0.x"),
+        other => panic!("{dims:?}: {other:?}"),
+    };
+    shape_err(&[32], &bytes);
+    shape_err(&[32, 6, 2], &bytes);
+    shape_err(&[32, 0], &bytes);
+    shape_err(&[32, 7], &bytes);
+    let rows = GgufRows::from_blocks("blk.0.x", GgmlType::Q4_1, &[32, 6, 1], &bytes).unwrap();
+    assert_eq!((rows.k(), rows.n(), rows.row_bytes()), (32, 6, 20));
+}
