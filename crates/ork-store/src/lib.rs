@@ -1,1 +1,31 @@
-//! ork-store (to be written).
+//! ork layer 3 — **store**: the `.orkpack` on-disk cache of packed weights.
+//!
+//! An `.orkpack` holds, per matmul weight of a model, the tiled blob in the RK3588 native layout
+//! (4096-byte aligned, so it can be mapped or DMA-copied directly), its per-channel scales,
+//! xxh3-64 checksums of both, and the source tensor's fingerprint (the staleness key). The
+//! format is specified in `docs/orkpack.md`.
+//!
+//! - [`OrkpackWriter`] streams entries into a temp file and publishes it atomically.
+//! - [`Orkpack`] maps and validates a file; blobs are verified as they are loaded.
+//! - [`check_entry`] decides whether an entry still matches its source tensor.
+//! - [`ensure`] / [`convert`] keep a model's cache file complete and current.
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(missing_docs)]
+
+mod bench;
+mod check;
+mod error;
+mod fingerprint;
+pub mod format;
+#[allow(unsafe_code)]
+mod map;
+mod reader;
+mod writer;
+
+pub use bench::{bench_load, LoadBench};
+pub use check::{check_entry, check_entry_key, matmul_dims, EntryKey, EntryStatus};
+pub use error::StoreError;
+pub use fingerprint::{fingerprint, fingerprint_bytes, FULL_HASH_LIMIT};
+pub use reader::{Entry, ModelIdentity, Orkpack, SourceInfo};
+pub use writer::OrkpackWriter;

@@ -1,0 +1,540 @@
+//! [`Orkpack`]: a validated, memory-mapped `.orkpack` file.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ork_pack::{LayoutId, PackDtype, PackedWeight, TiledLayout};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use zerocopy::FromBytes;
+
+use crate::format::{
+    align_up, Cursor, EntryRecord, FileHeader, Footer, FOOTER_LEN, HEADER_LEN,
+    KNOWN_REQUIRED_FLAGS, MAGIC, MAX_DIM, MAX_ENTRIES, MAX_NAME_LEN, PAGE, VERSION,
+};
+use crate::map::ReadMap;
+use crate::StoreError;
+
+/// Where an entry's weight came from: the staleness key stored beside every blob.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SourceInfo {
+    /// [`crate::fingerprint`] of the source tensor.
+    pub fingerprint: u64,
+    /// ggml type id of the source tensor (`GgmlType::id`).
+    pub ggml_type: u32,
+}
+
+/// Identity of the model file a pack was built from. Informational: staleness is decided per
+/// entry, never from this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ModelIdentity {
+    /// Byte length of the model file.
+    pub file_len: u64,
+    /// A fingerprint of the model file (see [`crate::model_identity`]).
+    pub fingerprint: u64,
+}
+
+/// One tensor's entry in an open [`Orkpack`]. Obtained from [`Orkpack::entry`] or
+/// [`Orkpack::entries`]; only valid with the pack it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    name: String,
+    layout: TiledLayout,
+    layout_id: LayoutId,
+    source: SourceInfo,
+    blob_offset: u64,
+    blob_size: u64,
+    scale_offset: u64,
+    scale_size: u64,
+    blob_checksum: u64,
+    scale_checksum: u64,
+    pack_id: u64,
+    index: usize,
+}
+
+impl Entry {
+    /// Tensor name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Geometry and dtype of the packed weight.
+    pub fn layout(&self) -> TiledLayout {
+        self.layout
+    }
+    /// Tiled layout of the blob.
+    pub fn layout_id(&self) -> LayoutId {
+        self.layout_id
+    }
+    /// The source tensor's staleness key.
+    pub fn source(&self) -> SourceInfo {
+        self.source
+    }
+    /// Absolute offset and byte length of the blob (offset a multiple of 4096).
+    pub fn blob_range(&self) -> (u64, u64) {
+        (self.blob_offset, self.blob_size)
+    }
+    /// Absolute offset and byte length of the scales.
+    pub fn scale_range(&self) -> (u64, u64) {
+        (self.scale_offset, self.scale_size)
+    }
+    /// xxh3-64 of the blob.
+    pub fn blob_checksum(&self) -> u64 {
+        self.blob_checksum
+    }
+    /// xxh3-64 of the scale bytes.
+    pub fn scale_checksum(&self) -> u64 {
+        self.scale_checksum
+    }
+}
+
+/// An open `.orkpack` file: mapped, with footer, index and every entry's geometry validated.
+/// Blob contents are verified against their checksums when loaded (see [`Orkpack::load_into`]).
+pub struct Orkpack {
+    path: PathBuf,
+    map: ReadMap,
+    identity: Option<ModelIdentity>,
+    entries: Vec<Entry>,
+    by_name: HashMap<String, usize>,
+    id: u64,
+}
+
+/// Source of the per-open identity that ties an [`Entry`] to its [`Orkpack`].
+static NEXT_PACK_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Copy-and-hash granularity: the chunk just copied is hashed while it is still in L2, so the
+/// source is read from memory once.
+const CHUNK: usize = 128 * 1024;
+
+impl Orkpack {
+    /// Map and validate an `.orkpack` file: magic, version, flags, header/footer/index checksums,
+    /// and every entry's bounds, alignment and sizes (against `TiledLayout::blob_bytes`).
+    pub fn open(path: &Path) -> Result<Orkpack, StoreError> {
+        let file = File::open(path).map_err(|e| StoreError::io(path, "open", e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| StoreError::io(path, "stat", e))?
+            .len();
+        let map = ReadMap::new(&file, len).map_err(|e| StoreError::io(path, "mmap", e))?;
+        let parsed = parse(path, map.bytes())?;
+        let id = NEXT_PACK_ID.fetch_add(1, Ordering::Relaxed);
+        let mut entries = parsed.entries;
+        let mut by_name = HashMap::with_capacity(entries.len());
+        for (i, e) in entries.iter_mut().enumerate() {
+            e.pack_id = id;
+            e.index = i;
+            by_name.insert(e.name.clone(), i);
+        }
+        Ok(Orkpack {
+            path: path.to_path_buf(),
+            map,
+            identity: parsed.identity,
+            entries,
+            by_name,
+            id,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The model identity recorded by the writer, if any.
+    pub fn model_identity(&self) -> Option<ModelIdentity> {
+        self.identity
+    }
+
+    /// All entries in file order.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// An entry by tensor name, O(1).
+    pub fn entry(&self, name: &str) -> Option<&Entry> {
+        self.by_name.get(name).map(|&i| &self.entries[i])
+    }
+
+    /// The validated copy of `e` held by this pack.
+    ///
+    /// # Panics
+    /// If `e` came from another [`Orkpack`] (a programming error, like indexing with a key of
+    /// another map).
+    fn own(&self, e: &Entry) -> &Entry {
+        assert_eq!(
+            e.pack_id,
+            self.id,
+            "entry '{}' belongs to another Orkpack than {}",
+            e.name,
+            self.path.display()
+        );
+        &self.entries[e.index]
+    }
+
+    /// The blob's bytes, borrowed from the map (page-aligned in the file; not verified — use
+    /// [`Orkpack::verify`] or [`Orkpack::load_into`]).
+    ///
+    /// # Panics
+    /// If `e` came from another [`Orkpack`].
+    pub fn blob(&self, e: &Entry) -> &[u8] {
+        let e = self.own(e);
+        // Bounds were validated on open.
+        &self.map.bytes()[e.blob_offset as usize..(e.blob_offset + e.blob_size) as usize]
+    }
+
+    /// The raw little-endian scale bytes (not verified).
+    fn scale_bytes(&self, e: &Entry) -> &[u8] {
+        let e = self.own(e);
+        &self.map.bytes()[e.scale_offset as usize..(e.scale_offset + e.scale_size) as usize]
+    }
+
+    /// Copy the blob into `dst` (exactly `blob_size` bytes). With `verify` (the normal case) the
+    /// bytes are hashed while being copied, in cache-sized chunks, and a mismatch is refused with
+    /// [`StoreError::CorruptBlob`] naming file and tensor (`dst` then holds unverified bytes).
+    pub fn load_into(&self, e: &Entry, dst: &mut [u8], verify: bool) -> Result<(), StoreError> {
+        let e = self.own(e);
+        let src = self.blob(e);
+        if dst.len() != src.len() {
+            return Err(StoreError::BufferSize {
+                path: self.path.clone(),
+                tensor: e.name.clone(),
+                expected: src.len() as u64,
+                actual: dst.len() as u64,
+            });
+        }
+        if !verify {
+            dst.copy_from_slice(src);
+            return Ok(());
+        }
+        let got = copy_and_hash(src, dst);
+        if got != e.blob_checksum {
+            return Err(self.corrupt(e, "blob checksum"));
+        }
+        Ok(())
+    }
+
+    /// Check an entry's blob and scales against their checksums without copying.
+    pub fn verify(&self, e: &Entry) -> Result<(), StoreError> {
+        let e = self.own(e);
+        if xxh3_64(self.blob(e)) != e.blob_checksum {
+            return Err(self.corrupt(e, "blob checksum"));
+        }
+        if xxh3_64(self.scale_bytes(e)) != e.scale_checksum {
+            return Err(self.corrupt(e, "scale checksum"));
+        }
+        Ok(())
+    }
+
+    /// The entry's per-output-channel scales, verified against their checksum.
+    pub fn scales(&self, e: &Entry) -> Result<Vec<f32>, StoreError> {
+        let e = self.own(e);
+        let bytes = self.scale_bytes(e);
+        if xxh3_64(bytes) != e.scale_checksum {
+            return Err(self.corrupt(e, "scale checksum"));
+        }
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Load a whole packed weight by name (blob verified when `verify`, scales always).
+    pub fn load(&self, name: &str, verify: bool) -> Result<PackedWeight, StoreError> {
+        let e = self.entry(name).ok_or_else(|| StoreError::MissingEntry {
+            path: self.path.clone(),
+            tensor: name.to_string(),
+        })?;
+        let mut data = vec![0u8; e.blob_size as usize];
+        self.load_into(e, &mut data, verify)?;
+        let scales = self.scales(e)?;
+        Ok(PackedWeight {
+            layout: e.layout,
+            data,
+            scales,
+        })
+    }
+
+    fn corrupt(&self, e: &Entry, what: &str) -> StoreError {
+        StoreError::CorruptBlob {
+            path: self.path.clone(),
+            tensor: e.name.clone(),
+            what: what.to_string(),
+        }
+    }
+}
+
+/// Copy `src` into `dst` (same length) chunk by chunk, hashing each chunk right after copying
+/// it, while it is still in cache. Returns the xxh3-64 of all of `src`.
+pub(crate) fn copy_and_hash(src: &[u8], dst: &mut [u8]) -> u64 {
+    let mut h = Xxh3::new();
+    for (s, d) in src.chunks(CHUNK).zip(dst.chunks_mut(CHUNK)) {
+        d.copy_from_slice(s);
+        h.update(d);
+    }
+    h.digest()
+}
+
+/// What [`parse`] extracts from a file.
+struct Parsed {
+    identity: Option<ModelIdentity>,
+    entries: Vec<Entry>,
+}
+
+fn corrupt_index(path: &Path, offset: u64, what: impl Into<String>) -> StoreError {
+    StoreError::CorruptIndex {
+        path: path.to_path_buf(),
+        offset,
+        what: what.into(),
+    }
+}
+
+/// Validate the whole structure of a mapped file.
+fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
+    let actual = bytes.len() as u64;
+    // Header: magic, then version, then checksum, then flags — in that order, so a file of
+    // another version is reported as such even though its checksum scheme may differ.
+    let Some(head) = bytes.get(..HEADER_LEN) else {
+        let n = bytes.len().min(MAGIC.len());
+        if bytes[..n] != MAGIC[..n] {
+            let mut found = [0u8; 8];
+            found[..n].copy_from_slice(&bytes[..n]);
+            return Err(StoreError::BadMagic {
+                path: path.to_path_buf(),
+                found,
+            });
+        }
+        return Err(StoreError::Truncated {
+            path: path.to_path_buf(),
+            expected: PAGE + FOOTER_LEN as u64,
+            actual,
+        });
+    };
+    let header = FileHeader::read_from_bytes(head).expect("slice has the header's exact length");
+    if header.magic != MAGIC {
+        return Err(StoreError::BadMagic {
+            path: path.to_path_buf(),
+            found: header.magic,
+        });
+    }
+    if header.version.get() != VERSION {
+        return Err(StoreError::UnsupportedVersion {
+            path: path.to_path_buf(),
+            found: header.version.get(),
+            supported: VERSION,
+        });
+    }
+    if xxh3_64(header.checksum_input()) != header.checksum.get() {
+        return Err(corrupt_index(path, 56, "header checksum mismatch"));
+    }
+    let unknown = header.required_flags.get() & !KNOWN_REQUIRED_FLAGS;
+    if unknown != 0 {
+        return Err(StoreError::UnsupportedFlags {
+            path: path.to_path_buf(),
+            flags: unknown,
+        });
+    }
+    if u64::from(header.page_size.get()) != PAGE {
+        return Err(corrupt_index(
+            path,
+            20,
+            format!("page size {} (expected {PAGE})", header.page_size.get()),
+        ));
+    }
+    let file_len = header.file_len.get();
+    if actual < file_len {
+        return Err(StoreError::Truncated {
+            path: path.to_path_buf(),
+            expected: file_len,
+            actual,
+        });
+    }
+    if actual > file_len {
+        return Err(corrupt_index(
+            path,
+            file_len,
+            format!("{} trailing bytes after the footer", actual - file_len),
+        ));
+    }
+    if file_len < PAGE + FOOTER_LEN as u64 {
+        return Err(corrupt_index(
+            path,
+            24,
+            format!("file length {file_len} smaller than header page + footer"),
+        ));
+    }
+    let identity =
+        (header.model_fingerprint.get() != 0 || header.model_len.get() != 0).then(|| {
+            ModelIdentity {
+                file_len: header.model_len.get(),
+                fingerprint: header.model_fingerprint.get(),
+            }
+        });
+
+    // Footer.
+    let footer_at = file_len - FOOTER_LEN as u64;
+    let footer = Footer::read_from_bytes(&bytes[footer_at as usize..])
+        .expect("footer slice has the footer's exact length");
+    if footer.magic != MAGIC {
+        return Err(corrupt_index(path, file_len - 8, "footer magic missing"));
+    }
+    if xxh3_64(footer.checksum_input()) != footer.checksum.get() {
+        return Err(corrupt_index(path, footer_at, "footer checksum mismatch"));
+    }
+    if footer.version.get() != VERSION || footer.required_flags.get() != header.required_flags.get()
+    {
+        return Err(corrupt_index(
+            path,
+            footer_at,
+            "footer version/flags differ from the header",
+        ));
+    }
+    let index_offset = footer.index_offset.get();
+    let index_size = footer.index_size.get();
+    if index_offset < PAGE
+        || index_offset % 8 != 0
+        || index_offset.checked_add(index_size) != Some(footer_at)
+    {
+        return Err(corrupt_index(
+            path,
+            footer_at,
+            format!("index at {index_offset}+{index_size} does not end at the footer"),
+        ));
+    }
+    let index = &bytes[index_offset as usize..footer_at as usize];
+    if xxh3_64(index) != footer.index_checksum.get() {
+        return Err(corrupt_index(path, index_offset, "index checksum mismatch"));
+    }
+    let count = footer.entry_count.get();
+    if count > MAX_ENTRIES {
+        return Err(corrupt_index(
+            path,
+            footer_at,
+            format!("{count} entries (cap {MAX_ENTRIES})"),
+        ));
+    }
+
+    // Index entries.
+    let mut cur = Cursor::new(index, index_offset);
+    let mut entries: Vec<Entry> = Vec::with_capacity(count as usize);
+    let mut names = std::collections::HashSet::with_capacity(count as usize);
+    let cerr = |e: crate::format::CursorError| corrupt_index(path, e.offset, e.what);
+    for i in 0..count {
+        let at = cur.offset();
+        let rec: &EntryRecord = cur.record(&format!("entry {i}")).map_err(cerr)?;
+        let name_len = usize::from(rec.name_len.get());
+        if name_len == 0 || name_len > MAX_NAME_LEN {
+            return Err(corrupt_index(
+                path,
+                at,
+                format!("entry {i}: name length {name_len}"),
+            ));
+        }
+        let name_bytes = cur
+            .take(name_len, &format!("entry {i} name"))
+            .map_err(cerr)?;
+        let name = std::str::from_utf8(name_bytes)
+            .map_err(|_| corrupt_index(path, at, format!("entry {i}: name is not UTF-8")))?
+            .to_string();
+        let padded = align_up(name_len as u64, 8).expect("name length is small") as usize;
+        cur.take(padded - name_len, &format!("entry {i} padding"))
+            .map_err(cerr)?;
+        let entry = validate_entry(path, at, rec, name, index_offset)?;
+        if !names.insert(entry.name.clone()) {
+            return Err(corrupt_index(
+                path,
+                at,
+                format!("duplicate entry '{}'", entry.name),
+            ));
+        }
+        entries.push(entry);
+    }
+    if cur.remaining() != 0 {
+        return Err(corrupt_index(
+            path,
+            cur.offset(),
+            format!("{} unparsed bytes at the end of the index", cur.remaining()),
+        ));
+    }
+    check_no_overlap(path, &entries)?;
+    Ok(Parsed { identity, entries })
+}
+
+/// Turn a record into an [`Entry`], checking every field against the file's structure.
+fn validate_entry(
+    path: &Path,
+    at: u64,
+    rec: &EntryRecord,
+    name: String,
+    data_end: u64,
+) -> Result<Entry, StoreError> {
+    let bad = |what: String| corrupt_index(path, at, format!("entry '{name}': {what}"));
+    let dtype = PackDtype::from_u8(rec.dtype).ok_or_else(|| bad(format!("dtype {}", rec.dtype)))?;
+    let layout_id =
+        LayoutId::from_u8(rec.layout).ok_or_else(|| bad(format!("layout {}", rec.layout)))?;
+    let (k, n) = (rec.k.get(), rec.n.get());
+    if k == 0 || n == 0 || k > MAX_DIM || n > MAX_DIM {
+        return Err(bad(format!("shape k={k} n={n} (each 1..={MAX_DIM})")));
+    }
+    // k, n <= 2^24: padded sizes and blob bytes fit in u64 and (on 64-bit) usize.
+    let layout = TiledLayout::new(dtype, k as usize, n as usize);
+    let expected_blob = layout.blob_bytes() as u64;
+    let (bo, bs) = (rec.blob_offset.get(), rec.blob_size.get());
+    let (so, ss) = (rec.scale_offset.get(), rec.scale_size.get());
+    if bs != expected_blob {
+        return Err(bad(format!("blob size {bs}, layout needs {expected_blob}")));
+    }
+    if ss != 4 * n {
+        return Err(bad(format!("scale size {ss}, expected {}", 4 * n)));
+    }
+    if bo < PAGE || bo % PAGE != 0 {
+        return Err(bad(format!(
+            "blob offset {bo} not a page multiple after the header"
+        )));
+    }
+    if so < PAGE || so % 4 != 0 {
+        return Err(bad(format!("scale offset {so} misaligned")));
+    }
+    let in_data = |o: u64, s: u64| o.checked_add(s).is_some_and(|end| end <= data_end);
+    if !in_data(bo, bs) || !in_data(so, ss) {
+        return Err(bad(format!(
+            "blob {bo}+{bs} or scales {so}+{ss} outside the data region (ends at {data_end})"
+        )));
+    }
+    Ok(Entry {
+        name,
+        layout,
+        layout_id,
+        source: SourceInfo {
+            fingerprint: rec.source_fingerprint.get(),
+            ggml_type: rec.source_type.get(),
+        },
+        blob_offset: bo,
+        blob_size: bs,
+        scale_offset: so,
+        scale_size: ss,
+        blob_checksum: rec.blob_checksum.get(),
+        scale_checksum: rec.scale_checksum.get(),
+        pack_id: 0,
+        index: 0,
+    })
+}
+
+/// Refuse an index whose blobs or scale arrays overlap each other.
+fn check_no_overlap(path: &Path, entries: &[Entry]) -> Result<(), StoreError> {
+    let mut ranges: Vec<(u64, u64, &str)> = Vec::with_capacity(entries.len() * 2);
+    for e in entries {
+        ranges.push((e.blob_offset, e.blob_offset + e.blob_size, &e.name));
+        ranges.push((e.scale_offset, e.scale_offset + e.scale_size, &e.name));
+    }
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(corrupt_index(
+                path,
+                w[1].0,
+                format!("data of '{}' overlaps data of '{}'", w[1].2, w[0].2),
+            ));
+        }
+    }
+    Ok(())
+}

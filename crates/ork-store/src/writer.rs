@@ -1,0 +1,492 @@
+//! [`OrkpackWriter`]: streams entries into a temp file beside the target and publishes it with
+//! an atomic rename.
+//!
+//! Crash safety:
+//! - the target is only ever replaced by `rename(2)` of a complete, fsynced file, followed by an
+//!   fsync of the directory; readers see the old file or the new one, never a partial one;
+//! - dropping an unfinished writer deletes its temp file;
+//! - SIGINT / SIGTERM: the first writer installs (once per process) a signal-hook listener thread;
+//!   on either signal it deletes every live temp file of the process, then re-raises the signal
+//!   with its default disposition, so the process still dies of it (exit status 130 for SIGINT
+//!   in a shell). An application that wants to handle these signals itself must not rely on
+//!   surviving them while an `OrkpackWriter` exists;
+//! - kill -9 cannot be caught: the temp file stays, and the next writer for the same target
+//!   removes temps whose owning process (the pid in the name) no longer exists.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use ork_pack::{LayoutId, PackedWeight};
+use tempfile::TempPath;
+use xxhash_rust::xxh3::xxh3_64;
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::IntoBytes;
+
+use crate::format::{
+    align_up, EntryRecord, FileHeader, Footer, FOOTER_LEN, HEADER_LEN, MAGIC, MAX_DIM, MAX_ENTRIES,
+    MAX_NAME_LEN, PAGE, VERSION,
+};
+use crate::reader::{Entry, ModelIdentity, Orkpack, SourceInfo};
+use crate::StoreError;
+
+/// Paths of the temp files of live writers in this process (deleted by the signal listener).
+static LIVE_TEMPS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// Set once the SIGINT/SIGTERM listener runs.
+static SIGNAL_LISTENER: OnceLock<Result<(), String>> = OnceLock::new();
+
+fn live_temps() -> MutexGuard<'static, Vec<PathBuf>> {
+    // A panic while holding the lock cannot leave the Vec inconsistent: keep using it.
+    LIVE_TEMPS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Start the listener thread that removes live temp files on SIGINT/SIGTERM, then dies of the
+/// signal. Idempotent.
+fn install_signal_cleanup() -> Result<(), String> {
+    SIGNAL_LISTENER
+        .get_or_init(|| {
+            use signal_hook::consts::{SIGINT, SIGTERM};
+            let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+                .map_err(|e| format!("registering SIGINT/SIGTERM: {e}"))?;
+            std::thread::Builder::new()
+                .name("ork-store-signals".into())
+                .spawn(move || {
+                    if let Some(sig) = signals.forever().next() {
+                        // Hold the lock until the process is gone so no writer can create or
+                        // publish a temp file after the cleanup.
+                        let temps = live_temps();
+                        for p in temps.iter() {
+                            let _ = std::fs::remove_file(p);
+                        }
+                        let _ = signal_hook::low_level::emulate_default_handler(sig);
+                        // Only reached if re-raising failed.
+                        std::process::exit(128 + sig);
+                    }
+                })
+                .map_err(|e| format!("spawning the signal listener: {e}"))?;
+            Ok(())
+        })
+        .clone()
+}
+
+/// A temp file registered for signal cleanup; deleted on drop unless published.
+struct Temp {
+    path: Option<TempPath>,
+}
+
+impl Temp {
+    fn path(&self) -> &Path {
+        self.path.as_deref().expect("temp present until published")
+    }
+
+    /// Rename over `target` (while holding the registry lock, so the signal listener never
+    /// deletes a path that has already become the target).
+    fn publish(mut self, target: &Path) -> std::io::Result<()> {
+        let mut temps = live_temps();
+        let tp = self.path.take().expect("temp present until published");
+        let own: PathBuf = tp.to_path_buf();
+        match tp.persist(target) {
+            Ok(()) => {
+                temps.retain(|p| *p != own);
+                Ok(())
+            }
+            Err(e) => {
+                // Hand the path back so Drop deletes it and deregisters it.
+                self.path = Some(e.path);
+                drop(temps);
+                Err(e.error)
+            }
+        }
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        if let Some(tp) = self.path.take() {
+            let mut temps = live_temps();
+            let own: &Path = &tp;
+            temps.retain(|p| p != own);
+            drop(tp); // deletes the file
+        }
+    }
+}
+
+/// Name prefix of a target's temp files: `.NAME.tmp.` (then `<pid>.<random>`).
+fn temp_prefix(target: &Path) -> Option<OsString> {
+    let name = target.file_name()?;
+    let mut p = OsString::from(".");
+    p.push(name);
+    p.push(".tmp.");
+    Some(p)
+}
+
+/// Remove temp files of `target` left behind by processes that no longer exist (kill -9, power
+/// loss). Best effort: failures are ignored, the temps of live processes are left alone.
+fn remove_stale_temps(dir: &Path, prefix: &OsString) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = prefix.as_encoded_bytes();
+    let own = std::process::id();
+    for de in rd.flatten() {
+        let name = de.file_name();
+        let Some(rest) = name.as_encoded_bytes().strip_prefix(prefix) else {
+            continue;
+        };
+        let Some(pid_bytes) = rest.split(|&b| b == b'.').next() else {
+            continue;
+        };
+        let Some(pid) = std::str::from_utf8(pid_bytes)
+            .ok()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid as u32 == own {
+            continue;
+        }
+        let Some(pid) = rustix::process::Pid::from_raw(pid) else {
+            continue;
+        };
+        if rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH) {
+            let _ = std::fs::remove_file(de.path());
+        }
+    }
+}
+
+/// Streams packed weights into a new `.orkpack` file. Entries are written one by one as they
+/// are added (no blob is held in memory); [`OrkpackWriter::finish`] writes index and footer and
+/// atomically replaces the target. Dropping the writer before `finish` deletes the temp file and
+/// leaves the target untouched.
+pub struct OrkpackWriter {
+    target: PathBuf,
+    temp: Temp,
+    out: BufWriter<File>,
+    pos: u64,
+    records: Vec<(EntryRecord, String)>,
+    names: HashSet<String>,
+    identity: Option<ModelIdentity>,
+}
+
+const ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
+
+impl OrkpackWriter {
+    /// Start writing a new file that will replace `target` on [`OrkpackWriter::finish`]. The
+    /// temp file `.NAME.tmp.<pid>.<random>` is created in the target's directory; stale temps
+    /// of dead processes for the same target are removed first.
+    pub fn create(target: &Path) -> Result<OrkpackWriter, StoreError> {
+        let prefix = temp_prefix(target).ok_or_else(|| {
+            StoreError::io(
+                target,
+                "create",
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "target has no file name"),
+            )
+        })?;
+        let dir = match target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        install_signal_cleanup().map_err(|e| {
+            StoreError::io(target, "install signal cleanup", std::io::Error::other(e))
+        })?;
+        remove_stale_temps(&dir, &prefix);
+        let mut full_prefix = prefix;
+        full_prefix.push(format!("{}.", std::process::id()));
+        let (file, temp) = {
+            let mut temps = live_temps();
+            let tf = tempfile::Builder::new()
+                .prefix(&full_prefix)
+                .rand_bytes(8)
+                .tempfile_in(&dir)
+                .map_err(|e| StoreError::io(target, "create temp file", e))?;
+            let (file, tp) = tf.into_parts();
+            temps.push(tp.to_path_buf());
+            (file, Temp { path: Some(tp) })
+        };
+        let mut w = OrkpackWriter {
+            target: target.to_path_buf(),
+            temp,
+            out: BufWriter::with_capacity(1 << 20, file),
+            pos: 0,
+            records: Vec::new(),
+            names: HashSet::new(),
+            identity: None,
+        };
+        // Header page placeholder; the real header is written by `finish`.
+        w.write(&ZEROS)?;
+        Ok(w)
+    }
+
+    /// The temp file being written.
+    pub fn temp_path(&self) -> &Path {
+        self.temp.path()
+    }
+
+    /// Record the identity of the source model in the header (informational).
+    pub fn set_model_identity(&mut self, identity: ModelIdentity) {
+        self.identity = Some(identity);
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<(), StoreError> {
+        self.out
+            .write_all(bytes)
+            .map_err(|e| StoreError::io(&self.target, "write", e))?;
+        self.pos += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn pad_to(&mut self, align: u64) -> Result<(), StoreError> {
+        let to = align_up(self.pos, align).expect("file offsets are far below u64::MAX");
+        while self.pos < to {
+            let n = (to - self.pos).min(PAGE) as usize;
+            self.write(&ZEROS[..n])?;
+        }
+        Ok(())
+    }
+
+    fn invalid(&self, tensor: &str, reason: impl Into<String>) -> StoreError {
+        StoreError::InvalidEntry {
+            path: self.target.clone(),
+            tensor: tensor.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Check an entry's name and geometry before anything is written.
+    fn admit(&self, name: &str, w: &PackedWeight) -> Result<(), StoreError> {
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return Err(self.invalid(
+                name,
+                format!("name length {} (1..={MAX_NAME_LEN})", name.len()),
+            ));
+        }
+        if self.names.contains(name) {
+            return Err(self.invalid(name, "duplicate name"));
+        }
+        if self.records.len() >= MAX_ENTRIES as usize {
+            return Err(self.invalid(name, format!("more than {MAX_ENTRIES} entries")));
+        }
+        let l = w.layout;
+        if l.k == 0 || l.n == 0 || l.k as u64 > MAX_DIM || l.n as u64 > MAX_DIM {
+            return Err(self.invalid(
+                name,
+                format!("shape k={} n={} (each 1..={MAX_DIM})", l.k, l.n),
+            ));
+        }
+        if w.data.len() != l.blob_bytes() {
+            return Err(self.invalid(
+                name,
+                format!(
+                    "blob of {} bytes, layout needs {}",
+                    w.data.len(),
+                    l.blob_bytes()
+                ),
+            ));
+        }
+        if w.scales.len() != l.n {
+            return Err(self.invalid(name, format!("{} scales for n={}", w.scales.len(), l.n)));
+        }
+        Ok(())
+    }
+
+    /// Append one packed weight in the RK3588 native layout, tagged with its source.
+    pub fn add(
+        &mut self,
+        name: &str,
+        w: &PackedWeight,
+        source: SourceInfo,
+    ) -> Result<(), StoreError> {
+        self.admit(name, w)?;
+        let scale_bytes: Vec<u8> = w.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+        self.append(
+            name,
+            w.layout,
+            LayoutId::Rk3588NativeB,
+            source,
+            &w.data,
+            xxh3_64(&w.data),
+            &scale_bytes,
+        )
+    }
+
+    /// Copy an entry of another pack verbatim (used when rewriting a cache: valid entries are
+    /// carried over, not repacked). The blob is hashed while copied; a mismatch with its stored
+    /// checksum is refused as [`StoreError::CorruptBlob`].
+    pub fn copy_entry(&mut self, from: &Orkpack, e: &Entry) -> Result<(), StoreError> {
+        from.verify(e)?;
+        let name = e.name();
+        if self.names.contains(name) {
+            return Err(self.invalid(name, "duplicate name"));
+        }
+        let scale_bytes: Vec<u8> = from
+            .scales(e)?
+            .iter()
+            .flat_map(|s| s.to_le_bytes())
+            .collect();
+        self.append(
+            name,
+            e.layout(),
+            e.layout_id(),
+            e.source(),
+            from.blob(e),
+            e.blob_checksum(),
+            &scale_bytes,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn append(
+        &mut self,
+        name: &str,
+        layout: ork_pack::TiledLayout,
+        layout_id: LayoutId,
+        source: SourceInfo,
+        blob: &[u8],
+        blob_checksum: u64,
+        scale_bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        self.pad_to(PAGE)?;
+        let blob_offset = self.pos;
+        self.write(blob)?;
+        let scale_offset = self.pos; // blob sizes are multiples of 512: 4-aligned
+        debug_assert_eq!(scale_offset % 4, 0);
+        self.write(scale_bytes)?;
+        let rec = EntryRecord {
+            name_len: U16::new(name.len() as u16),
+            dtype: layout.dtype as u8,
+            layout: layout_id as u8,
+            source_type: U32::new(source.ggml_type),
+            k: U64::new(layout.k as u64),
+            n: U64::new(layout.n as u64),
+            blob_offset: U64::new(blob_offset),
+            blob_size: U64::new(blob.len() as u64),
+            scale_offset: U64::new(scale_offset),
+            scale_size: U64::new(scale_bytes.len() as u64),
+            blob_checksum: U64::new(blob_checksum),
+            scale_checksum: U64::new(xxh3_64(scale_bytes)),
+            source_fingerprint: U64::new(source.fingerprint),
+            reserved: [0; 8],
+        };
+        self.names.insert(name.to_string());
+        self.records.push((rec, name.to_string()));
+        Ok(())
+    }
+
+    /// Number of entries added so far.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether no entry was added yet.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Write index, footer and header, fsync the file, rename it over the target and fsync the
+    /// directory. On any error the temp file is removed and the target is left as it was.
+    pub fn finish(mut self) -> Result<(), StoreError> {
+        self.pad_to(8)?;
+        let index_offset = self.pos;
+        let mut index = Vec::with_capacity(self.records.len() * 128);
+        for (rec, name) in &self.records {
+            index.extend_from_slice(rec.as_bytes());
+            index.extend_from_slice(name.as_bytes());
+            index.resize(align_up(index.len() as u64, 8).expect("small") as usize, 0);
+        }
+        let records = std::mem::take(&mut self.records);
+        self.write(&index)?;
+        let mut footer = Footer {
+            index_offset: U64::new(index_offset),
+            index_size: U64::new(index.len() as u64),
+            index_checksum: U64::new(xxh3_64(&index)),
+            entry_count: U32::new(records.len() as u32),
+            version: U32::new(VERSION),
+            required_flags: U32::new(0),
+            reserved: [0; 12],
+            checksum: U64::new(0),
+            magic: MAGIC,
+        };
+        footer.checksum = U64::new(xxh3_64(footer.checksum_input()));
+        self.write(footer.as_bytes())?;
+        debug_assert_eq!(FOOTER_LEN, footer.as_bytes().len());
+        let id = self.identity.unwrap_or(ModelIdentity {
+            file_len: 0,
+            fingerprint: 0,
+        });
+        let mut header = FileHeader {
+            magic: MAGIC,
+            version: U32::new(VERSION),
+            required_flags: U32::new(0),
+            optional_flags: U32::new(0),
+            page_size: U32::new(PAGE as u32),
+            file_len: U64::new(self.pos),
+            model_len: U64::new(id.file_len),
+            model_fingerprint: U64::new(id.fingerprint),
+            reserved: [0; 8],
+            checksum: U64::new(0),
+        };
+        header.checksum = U64::new(xxh3_64(header.checksum_input()));
+        debug_assert_eq!(HEADER_LEN, header.as_bytes().len());
+
+        let target = self.target.clone();
+        let t = &target;
+        let io = |op: &'static str| move |e| StoreError::io(t, op, e);
+        self.out.flush().map_err(io("write"))?;
+        let file = self.out.get_ref();
+        file.write_all_at(header.as_bytes(), 0)
+            .map_err(io("write header"))?;
+        file.sync_all().map_err(io("fsync"))?;
+        let OrkpackWriter { temp, out, .. } = self;
+        drop(out);
+        temp.publish(&target)
+            .map_err(io("rename temp file over target"))?;
+        let dir = match target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| StoreError::io(dir, "fsync directory", e))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reader::copy_and_hash;
+    use xxhash_rust::xxh3::Xxh3;
+
+    /// Hash all of `bytes` through the streaming hasher in odd-sized pieces.
+    fn streamed_hash(bytes: &[u8]) -> u64 {
+        let mut h = Xxh3::new();
+        for c in bytes.chunks(1000) {
+            h.update(c);
+        }
+        h.digest()
+    }
+
+    #[test]
+    fn streamed_and_oneshot_checksums_agree() {
+        let data: Vec<u8> = (0..1_000_003u32)
+            .map(|i| i.wrapping_mul(2654435761) as u8)
+            .collect();
+        assert_eq!(streamed_hash(&data), xxh3_64(&data));
+        let mut dst = vec![0u8; data.len()];
+        assert_eq!(copy_and_hash(&data, &mut dst), xxh3_64(&data));
+        assert_eq!(dst, data);
+    }
+
+    #[test]
+    fn temp_prefix_names_the_target() {
+        assert_eq!(
+            temp_prefix(Path::new("/x/model.orkpack")).unwrap(),
+            OsString::from(".model.orkpack.tmp.")
+        );
+        assert!(temp_prefix(Path::new("/")).is_none());
+    }
+}

@@ -1,0 +1,749 @@
+//! Integration tests of the `.orkpack` format, writer and reader.
+//!
+//! Crash tests re-run this test binary as a child process (the ignored `child_writer` test,
+//! selected with `--exact --ignored` and driven by environment variables) and kill it.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ork_pack::{LayoutId, PackDtype, PackedWeight, TiledLayout};
+use ork_store::format::{FileHeader, Footer, FOOTER_LEN, HEADER_LEN};
+use ork_store::{
+    check_entry_key, EntryKey, EntryStatus, ModelIdentity, Orkpack, OrkpackWriter, SourceInfo,
+    StoreError,
+};
+use proptest::prelude::*;
+use xxhash_rust::xxh3::xxh3_64;
+use zerocopy::{FromBytes, IntoBytes};
+
+#[path = "ork-store/gguf_model.rs"]
+mod gguf_model;
+
+/// A deterministic synthetic packed weight.
+fn weight(dtype: PackDtype, k: usize, n: usize, seed: u32) -> PackedWeight {
+    let layout = TiledLayout::new(dtype, k, n);
+    let mut x = seed.wrapping_mul(2654435761).wrapping_add(12345);
+    let data = (0..layout.blob_bytes())
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect();
+    let scales = (0..n)
+        .map(|i| (i as f32 + 1.0) * 0.001 + seed as f32)
+        .collect();
+    PackedWeight {
+        layout,
+        data,
+        scales,
+    }
+}
+
+fn source(i: u64) -> SourceInfo {
+    SourceInfo {
+        fingerprint: 0x1234_5678_9abc_def0 ^ i,
+        ggml_type: 3,
+    }
+}
+
+/// One test entry: name, weight, source.
+type Sample = (String, PackedWeight, SourceInfo);
+
+/// Entries of a small test pack.
+fn sample_entries() -> Vec<Sample> {
+    let shapes = [
+        (PackDtype::I8, 64, 32),
+        (PackDtype::I4, 96, 64),
+        (PackDtype::F16, 40, 20), // K and N not aligned: padded
+        (PackDtype::I8, 576, 96),
+        (PackDtype::I4, 33, 1),
+    ];
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(d, k, n))| {
+            (
+                format!("blk.{i}.ffn_up.weight"),
+                weight(d, k, n, i as u32),
+                source(i as u64),
+            )
+        })
+        .collect()
+}
+
+fn write_pack(path: &Path, entries: &[Sample]) {
+    let mut w = OrkpackWriter::create(path).unwrap();
+    w.set_model_identity(ModelIdentity {
+        file_len: 98_362_432,
+        fingerprint: 42,
+    });
+    for (name, pw, src) in entries {
+        w.add(name, pw, *src).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// Files in `dir` other than `keep`.
+fn other_files(dir: &Path, keep: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p != keep)
+        .collect()
+}
+
+#[test]
+fn roundtrip_preserves_bytes_scales_and_meta() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.orkpack");
+    let entries = sample_entries();
+    write_pack(&path, &entries);
+    assert!(
+        other_files(dir.path(), &path).is_empty(),
+        "temp left behind"
+    );
+
+    let pack = Orkpack::open(&path).unwrap();
+    assert_eq!(
+        pack.model_identity(),
+        Some(ModelIdentity {
+            file_len: 98_362_432,
+            fingerprint: 42
+        })
+    );
+    assert_eq!(pack.entries().len(), entries.len());
+    for (i, (name, pw, src)) in entries.iter().enumerate() {
+        let e = pack.entry(name).unwrap();
+        assert_eq!(pack.entries()[i].name(), name, "file order kept");
+        assert_eq!(e.layout(), pw.layout);
+        assert_eq!(e.layout_id(), LayoutId::Rk3588NativeB);
+        assert_eq!(e.source(), *src);
+        let (off, size) = e.blob_range();
+        assert_eq!(off % 4096, 0, "blob page-aligned");
+        assert_eq!(size as usize, pw.layout.blob_bytes());
+        assert_eq!(pack.blob(e), &pw.data[..]);
+        assert_eq!(pack.scales(e).unwrap(), pw.scales);
+        let mut dst = vec![0u8; size as usize];
+        pack.load_into(e, &mut dst, true).unwrap();
+        assert_eq!(dst, pw.data);
+        assert_eq!(&pack.load(name, true).unwrap(), pw);
+        assert_eq!(&pack.load(name, false).unwrap(), pw);
+        let key = EntryKey {
+            layout: pw.layout,
+            layout_id: LayoutId::Rk3588NativeB,
+            source: *src,
+        };
+        assert_eq!(check_entry_key(&pack, e, &key), EntryStatus::Valid);
+        assert!(pack.load_keyed(name, &key, true).is_ok());
+    }
+    assert!(matches!(
+        pack.load("nope", true),
+        Err(StoreError::MissingEntry { .. })
+    ));
+    let e = pack.entries()[0].clone();
+    let mut short = vec![0u8; 3];
+    assert!(matches!(
+        pack.load_into(&e, &mut short, true),
+        Err(StoreError::BufferSize { .. })
+    ));
+}
+
+#[test]
+fn empty_pack_roundtrips() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.orkpack");
+    OrkpackWriter::create(&path).unwrap().finish().unwrap();
+    let pack = Orkpack::open(&path).unwrap();
+    assert!(pack.entries().is_empty());
+    assert_eq!(pack.model_identity(), None);
+}
+
+#[test]
+fn writer_refuses_bad_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.orkpack");
+    let mut w = OrkpackWriter::create(&path).unwrap();
+    let good = weight(PackDtype::I8, 64, 32, 1);
+    w.add("a", &good, source(0)).unwrap();
+    assert!(matches!(
+        w.add("a", &good, source(0)),
+        Err(StoreError::InvalidEntry { .. })
+    ));
+    let mut short = good.clone();
+    short.data.pop();
+    assert!(matches!(
+        w.add("b", &short, source(0)),
+        Err(StoreError::InvalidEntry { .. })
+    ));
+    let mut few_scales = good.clone();
+    few_scales.scales.pop();
+    assert!(matches!(
+        w.add("c", &few_scales, source(0)),
+        Err(StoreError::InvalidEntry { .. })
+    ));
+    assert!(matches!(
+        w.add("", &good, source(0)),
+        Err(StoreError::InvalidEntry { .. })
+    ));
+    assert_eq!(w.len(), 1);
+    w.finish().unwrap();
+    assert_eq!(Orkpack::open(&path).unwrap().entries().len(), 1);
+}
+
+/// A valid pack's bytes plus the entries it was written from.
+fn valid_pack_bytes() -> (Vec<u8>, Vec<Sample>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.orkpack");
+    let entries = sample_entries();
+    write_pack(&path, &entries);
+    (std::fs::read(&path).unwrap(), entries)
+}
+
+fn open_bytes(bytes: &[u8]) -> (tempfile::TempDir, PathBuf, Result<Orkpack, StoreError>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.orkpack");
+    std::fs::write(&path, bytes).unwrap();
+    let r = Orkpack::open(&path);
+    (dir, path, r)
+}
+
+#[test]
+fn flipped_blob_byte_is_refused_naming_the_tensor() {
+    let (mut bytes, entries) = valid_pack_bytes();
+    let (_d, _p, pack) = open_bytes(&bytes);
+    let pack = pack.unwrap();
+    let victim = &entries[3].0;
+    let (off, size) = pack.entry(victim).unwrap().blob_range();
+    bytes[(off + size / 2) as usize] ^= 0x10;
+    let (_d, _p, pack) = open_bytes(&bytes);
+    let pack = pack.expect("blob damage is found on load, not on open");
+    match pack.load(victim, true) {
+        Err(StoreError::CorruptBlob { tensor, .. }) => assert_eq!(&tensor, victim),
+        other => panic!("expected CorruptBlob, got {other:?}"),
+    }
+    let e = pack.entry(victim).unwrap();
+    let key = EntryKey {
+        layout: e.layout(),
+        layout_id: e.layout_id(),
+        source: e.source(),
+    };
+    assert!(matches!(
+        check_entry_key(&pack, e, &key),
+        EntryStatus::Corrupt { .. }
+    ));
+    // Unverified loads do not check (that is what `verify = false` means); others are intact.
+    assert!(pack.load(victim, false).is_ok());
+    assert_eq!(&pack.load(&entries[0].0, true).unwrap(), &entries[0].1);
+}
+
+#[test]
+fn flipped_scale_byte_is_refused() {
+    let (mut bytes, entries) = valid_pack_bytes();
+    let (_d, _p, pack) = open_bytes(&bytes);
+    let (off, _) = pack.unwrap().entry(&entries[1].0).unwrap().scale_range();
+    bytes[off as usize + 1] ^= 1;
+    let (_d, _p, pack) = open_bytes(&bytes);
+    let pack = pack.unwrap();
+    let e = pack.entry(&entries[1].0).unwrap();
+    assert!(matches!(
+        pack.scales(e),
+        Err(StoreError::CorruptBlob { .. })
+    ));
+    assert!(matches!(
+        pack.load(&entries[1].0, true),
+        Err(StoreError::CorruptBlob { .. })
+    ));
+}
+
+#[test]
+fn flipped_index_byte_fails_open() {
+    let (bytes, _) = valid_pack_bytes();
+    let footer = Footer::read_from_bytes(&bytes[bytes.len() - FOOTER_LEN..]).unwrap();
+    let (io, is) = (footer.index_offset.get(), footer.index_size.get());
+    for at in [io, io + 8, io + is / 2, io + is - 1] {
+        let mut b = bytes.clone();
+        b[at as usize] ^= 0x01;
+        let (_d, _p, r) = open_bytes(&b);
+        assert!(
+            matches!(r, Err(StoreError::CorruptIndex { .. })),
+            "byte {at}: {:?}",
+            r.err()
+        );
+    }
+    // Footer and header damage too.
+    for at in [bytes.len() - FOOTER_LEN, bytes.len() - 20, 30] {
+        let mut b = bytes.clone();
+        b[at] ^= 0x01;
+        let (_d, _p, r) = open_bytes(&b);
+        assert!(
+            matches!(r, Err(StoreError::CorruptIndex { .. })),
+            "byte {at}"
+        );
+    }
+}
+
+#[test]
+fn truncated_file_fails_open() {
+    let (bytes, _) = valid_pack_bytes();
+    let len = bytes.len();
+    for cut in [
+        0,
+        3,
+        8,
+        HEADER_LEN - 1,
+        HEADER_LEN,
+        4096,
+        5000,
+        len / 2,
+        len - FOOTER_LEN,
+        len - 1,
+    ] {
+        let (_d, _p, r) = open_bytes(&bytes[..cut]);
+        match r {
+            Err(StoreError::Truncated { actual, .. }) => assert_eq!(actual, cut as u64),
+            other => panic!("cut at {cut}: expected Truncated, got {:?}", other.err()),
+        }
+    }
+    // Extra bytes after the footer are not a valid file either.
+    let mut longer = bytes.clone();
+    longer.extend_from_slice(&[0; 10]);
+    let (_d, _p, r) = open_bytes(&longer);
+    assert!(matches!(r, Err(StoreError::CorruptIndex { .. })));
+}
+
+/// Rewrite the header of `bytes` through `f`, re-sealing its checksum.
+fn edit_header(bytes: &mut [u8], f: impl FnOnce(&mut FileHeader)) {
+    let mut h = FileHeader::read_from_bytes(&bytes[..HEADER_LEN]).unwrap();
+    f(&mut h);
+    h.checksum.set(xxh3_64(h.checksum_input()));
+    bytes[..HEADER_LEN].copy_from_slice(h.as_bytes());
+}
+
+#[test]
+fn wrong_version_is_unsupported() {
+    let (mut bytes, _) = valid_pack_bytes();
+    edit_header(&mut bytes, |h| h.version.set(2));
+    let (_d, _p, r) = open_bytes(&bytes);
+    match r {
+        Err(StoreError::UnsupportedVersion {
+            found, supported, ..
+        }) => assert_eq!((found, supported), (2, 1)),
+        other => panic!("expected UnsupportedVersion, got {:?}", other.err()),
+    }
+    // Even without a matching checksum (the checksum scheme of another version is unknown).
+    let (mut bytes, _) = valid_pack_bytes();
+    bytes[8] = 7;
+    let (_d, _p, r) = open_bytes(&bytes);
+    assert!(matches!(
+        r,
+        Err(StoreError::UnsupportedVersion { found: 7, .. })
+    ));
+}
+
+#[test]
+fn unknown_required_flag_is_refused_and_optional_flag_ignored() {
+    let (mut bytes, entries) = valid_pack_bytes();
+    edit_header(&mut bytes, |h| h.optional_flags.set(0x8000_0000));
+    let (_d, _p, r) = open_bytes(&bytes);
+    assert_eq!(
+        &r.unwrap().load(&entries[0].0, true).unwrap(),
+        &entries[0].1
+    );
+    edit_header(&mut bytes, |h| h.required_flags.set(0x4));
+    let (_d, _p, r) = open_bytes(&bytes);
+    assert!(matches!(
+        r,
+        Err(StoreError::UnsupportedFlags { flags: 0x4, .. })
+    ));
+}
+
+#[test]
+fn wrong_magic_is_refused() {
+    let (mut bytes, _) = valid_pack_bytes();
+    bytes[0] = b'G';
+    let (_d, _p, r) = open_bytes(&bytes);
+    assert!(matches!(r, Err(StoreError::BadMagic { .. })));
+    let (_d, _p, r) = open_bytes(
+        b"GGUF\x03\0\0\0 not an orkpack at all, but long enough to hold a header.......",
+    );
+    assert!(matches!(r, Err(StoreError::BadMagic { .. })));
+    let (_d, _p, r) = open_bytes(b"GG");
+    assert!(matches!(r, Err(StoreError::BadMagic { .. })));
+}
+
+#[test]
+fn missing_file_is_an_io_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("absent.orkpack");
+    match Orkpack::open(&path) {
+        Err(StoreError::Io {
+            path: p, source, ..
+        }) => {
+            assert_eq!(p, path);
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+        }
+        other => panic!("expected Io, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn dropping_an_unfinished_writer_leaves_no_temp_and_keeps_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.orkpack");
+    let entries = sample_entries();
+    write_pack(&path, &entries[..2]);
+    let before = std::fs::read(&path).unwrap();
+    {
+        let mut w = OrkpackWriter::create(&path).unwrap();
+        let temp = w.temp_path().to_path_buf();
+        assert_eq!(temp.parent(), Some(dir.path()), "temp beside the target");
+        let name = temp.file_name().unwrap().to_str().unwrap().to_string();
+        let prefix = format!(".m.orkpack.tmp.{}.", std::process::id());
+        assert!(name.starts_with(&prefix), "{name}");
+        w.add("x", &entries[3].1, entries[3].2).unwrap();
+        assert!(temp.exists());
+    }
+    assert!(
+        other_files(dir.path(), &path).is_empty(),
+        "temp left behind"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+}
+
+#[test]
+fn concurrent_writers_both_succeed_and_leave_a_valid_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.orkpack");
+    let all = sample_entries();
+    let (a, b) = (all[..3].to_vec(), all[2..].to_vec());
+    let barrier = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        for set in [&a, &b] {
+            let (path, barrier) = (&path, &barrier);
+            s.spawn(move || {
+                let mut w = OrkpackWriter::create(path).unwrap();
+                barrier.wait();
+                for (name, pw, src) in set.iter() {
+                    w.add(name, pw, *src).unwrap();
+                }
+                w.finish().unwrap();
+            });
+        }
+    });
+    let pack = Orkpack::open(&path).unwrap();
+    let names: Vec<&str> = pack.entries().iter().map(|e| e.name()).collect();
+    let winner = if names.len() == a.len() && names[0] == a[0].0 {
+        &a
+    } else {
+        &b
+    };
+    assert_eq!(
+        names,
+        winner.iter().map(|e| e.0.as_str()).collect::<Vec<_>>()
+    );
+    for (name, pw, _) in winner {
+        assert_eq!(&pack.load(name, true).unwrap(), pw);
+    }
+    assert!(
+        other_files(dir.path(), &path).is_empty(),
+        "temp left behind"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child-process tests (kill -9, SIGINT, RLIMIT_FSIZE).
+
+const CHILD_TARGET: &str = "ORK_STORE_CHILD_TARGET";
+const CHILD_MODE: &str = "ORK_STORE_CHILD_MODE";
+
+/// Run as a child by the tests below: writes entries to `$ORK_STORE_CHILD_TARGET`, announcing
+/// the temp path on stdout. Mode `slow`: one entry every 50 ms for up to a minute (the parent
+/// kills it). Mode `fsize`: set RLIMIT_FSIZE to 1 MiB, write until the limit stops the writer,
+/// and print the error.
+#[test]
+#[ignore = "child process of the crash tests, run by them"]
+fn child_writer() {
+    let Ok(target) = std::env::var(CHILD_TARGET) else {
+        return;
+    };
+    let mode = std::env::var(CHILD_MODE).unwrap_or_default();
+    if mode == "fsize" {
+        // Without a handler SIGXFSZ kills the process; with one, write() returns EFBIG.
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        signal_hook::flag::register(signal_hook::consts::SIGXFSZ, flag).unwrap();
+        let lim = rustix::process::Rlimit {
+            current: Some(1 << 20),
+            maximum: Some(1 << 20),
+        };
+        rustix::process::setrlimit(rustix::process::Resource::Fsize, lim).unwrap();
+    }
+    let mut w = OrkpackWriter::create(Path::new(&target)).unwrap();
+    println!("TEMP {}", w.temp_path().display());
+    let started = Instant::now();
+    let mut i = 0u32;
+    let err = loop {
+        let pw = weight(PackDtype::I8, 256, 256, i);
+        if let Err(e) = w.add(&format!("t{i}"), &pw, source(u64::from(i))) {
+            break e;
+        }
+        i += 1;
+        if mode == "slow" {
+            println!("ADDED {i}");
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "parent never killed us"
+            );
+        } else if i > 64 {
+            // 64 × 64 KiB blobs exceed the 1 MiB limit; finish() must fail at the latest.
+            match w.finish() {
+                Ok(()) => panic!("wrote past RLIMIT_FSIZE"),
+                Err(e) => {
+                    println!("ERROR {e:?}");
+                    return;
+                }
+            }
+        }
+    };
+    println!("ERROR {err:?}");
+    drop(w);
+}
+
+fn spawn_child(
+    target: &Path,
+    mode: &str,
+) -> (Child, PathBuf, BufReader<std::process::ChildStdout>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_writer",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_TARGET, target)
+        .env(CHILD_MODE, mode)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut temp = None;
+    let mut line = String::new();
+    while temp.is_none() {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
+        // The harness prints "test child_writer ... " before the child's first line.
+        if let Some((_, p)) = line.trim_end().split_once("TEMP ") {
+            temp = Some(PathBuf::from(p));
+        }
+    }
+    (child, temp.unwrap(), out)
+}
+
+/// Read child lines until `n` entries were added.
+fn wait_added(out: &mut BufReader<std::process::ChildStdout>, n: u32) {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
+        if line.trim_end() == format!("ADDED {n}") {
+            return;
+        }
+    }
+}
+
+#[test]
+fn kill_9_mid_write_never_leaves_a_partial_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.orkpack");
+    let entries = sample_entries();
+
+    // 1. No target before: absent after.
+    let (mut child, temp, mut out) = spawn_child(&path, "slow");
+    wait_added(&mut out, 3);
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(!path.exists(), "partial target published");
+    assert!(temp.exists(), "kill -9 cannot clean up (test premise)");
+
+    // 2. A good target before: the same bytes after; the stale temp goes with the next writer.
+    write_pack(&path, &entries);
+    let good = std::fs::read(&path).unwrap();
+    let (mut child, temp2, mut out) = spawn_child(&path, "slow");
+    wait_added(&mut out, 2);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), good);
+    Orkpack::open(&path).unwrap();
+
+    let w = OrkpackWriter::create(&path).unwrap();
+    assert!(
+        !temp.exists() && !temp2.exists(),
+        "stale temps of dead pids not removed"
+    );
+    drop(w);
+    assert!(other_files(dir.path(), &path).is_empty());
+}
+
+#[test]
+fn sigint_mid_write_removes_the_temp() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.orkpack");
+    let entries = sample_entries();
+    write_pack(&path, &entries);
+    let good = std::fs::read(&path).unwrap();
+    for sig in [rustix::process::Signal::INT, rustix::process::Signal::TERM] {
+        let (mut child, temp, mut out) = spawn_child(&path, "slow");
+        wait_added(&mut out, 2);
+        assert!(temp.exists());
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, sig).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(sig.as_raw()), "dies of the signal");
+        assert!(!temp.exists(), "temp not removed on {sig:?}");
+        assert_eq!(std::fs::read(&path).unwrap(), good);
+    }
+    assert!(other_files(dir.path(), &path).is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Full disk.
+
+/// A tmpfs of `size` mounted on a fresh directory, unmounted on drop.
+struct SmallFs {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    fn mount(size: &str) -> Result<SmallFs, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("running mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(SmallFs { dir })
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[test]
+fn full_disk_errors_keeps_target_and_removes_temp() {
+    let fs = match SmallFs::mount("1m") {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("tmpfs mount not permitted ({why}); using RLIMIT_FSIZE instead");
+            return full_disk_by_rlimit();
+        }
+    };
+    let dir = fs.dir.path();
+    let path = dir.join("m.orkpack");
+    let entries = sample_entries();
+    write_pack(&path, &entries[..2]);
+    let good = std::fs::read(&path).unwrap();
+
+    let mut w = OrkpackWriter::create(&path).unwrap();
+    let temp = w.temp_path().to_path_buf();
+    let mut err = None;
+    for i in 0..64u32 {
+        // 64 KiB each: 1 MiB fills after ~15.
+        if let Err(e) = w.add(
+            &format!("t{i}"),
+            &weight(PackDtype::I8, 256, 256, i),
+            source(0),
+        ) {
+            err = Some(e);
+            break;
+        }
+    }
+    let err = match err {
+        Some(e) => {
+            drop(w);
+            e
+        }
+        None => w.finish().expect_err("1 MiB tmpfs cannot hold 4 MiB"),
+    };
+    match &err {
+        StoreError::Io {
+            path: p, source, ..
+        } => {
+            assert_eq!(p, &path, "error names the target");
+            assert_eq!(source.kind(), std::io::ErrorKind::StorageFull, "{err}");
+        }
+        other => panic!("expected Io(ENOSPC), got {other:?}"),
+    }
+    assert!(!temp.exists(), "temp left on a full disk");
+    assert_eq!(std::fs::read(&path).unwrap(), good, "target changed");
+    assert_eq!(other_files(dir, &path), Vec::<PathBuf>::new());
+}
+
+/// Fallback when tmpfs cannot be mounted: a child process with RLIMIT_FSIZE = 1 MiB.
+fn full_disk_by_rlimit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.orkpack");
+    write_pack(&path, &sample_entries()[..2]);
+    let good = std::fs::read(&path).unwrap();
+    let (mut child, temp, mut out) = spawn_child(&path, "fsize");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "child failed: {rest}");
+    assert!(rest.contains("ERROR Io"), "child output: {rest}");
+    assert!(!temp.exists());
+    assert_eq!(std::fs::read(&path).unwrap(), good);
+}
+
+#[test]
+fn rlimit_fsize_write_failure_keeps_target_and_removes_temp() {
+    full_disk_by_rlimit();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mutations.
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    /// Random byte edits of a valid file: open + verified load never panic and never return
+    /// bytes other than those written.
+    #[test]
+    fn mutated_files_never_yield_wrong_data(
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 1..6),
+        cut in proptest::option::of(any::<prop::sample::Index>()),
+    ) {
+        let (bytes, entries) = &*VALID;
+        let mut b = bytes.clone();
+        for (at, x) in &edits {
+            let i = at.index(b.len());
+            b[i] ^= x;
+        }
+        if let Some(c) = cut {
+            b.truncate(c.index(b.len()));
+        }
+        let (_d, _p, r) = open_bytes(&b);
+        if let Ok(pack) = r {
+            for (name, pw, src) in entries {
+                if let Ok(got) = pack.load(name, true) {
+                    prop_assert_eq!(&got, pw);
+                    prop_assert_eq!(pack.entry(name).unwrap().source(), *src);
+                }
+            }
+        }
+    }
+}
+
+static VALID: std::sync::LazyLock<(Vec<u8>, Vec<Sample>)> =
+    std::sync::LazyLock::new(valid_pack_bytes);
