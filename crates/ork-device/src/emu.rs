@@ -1,0 +1,480 @@
+//! The emulated RK3588 NPU: real IOVA windows, host-memory buffers, tiled matmul on the CPU.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::buffer::{BufferOwner, SyncDir};
+use crate::host_map::HostMap;
+use crate::kernel::Isa;
+use crate::task::{is_integer, Activations};
+use crate::window::{AllocFailure, IovaAlign, Window, WindowConfig, WINDOW_BYTES};
+use crate::{
+    gemm, Device, DeviceBuffer, DeviceError, DeviceInfo, DeviceStats, DomainId, MatmulStats,
+    MatmulTask, MemFlags, MAX_DOMAINS,
+};
+
+/// How the emulator spends a domain switch's cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwitchWait {
+    /// `thread::sleep` (cheap for the host; timing is coarse).
+    Sleep,
+    /// Busy-wait (precise; burns a core like a blocking ioctl would not).
+    Spin,
+}
+
+/// Configuration of an [`EmuDevice`].
+#[derive(Clone, Debug)]
+pub struct EmuConfig {
+    /// NPU cores to emulate (RK3588: 3). Core masks are checked against it.
+    pub cores: u32,
+    /// IOMMU domains (1..=16), each with its own window.
+    pub domains: u32,
+    /// Geometry of every domain's window.
+    pub window: WindowConfig,
+    /// Time a domain switch (detach, IOMMU flush, attach) costs.
+    pub switch_cost: Duration,
+    /// How that time is spent.
+    pub switch_wait: SwitchWait,
+    /// Host worker threads per task at most; 0 = `min(cores, available parallelism)`.
+    pub threads: usize,
+    /// Kernel ISA; `None` = the best the CPU has ([`Isa::best`]).
+    pub isa: Option<Isa>,
+}
+
+impl Default for EmuConfig {
+    fn default() -> Self {
+        EmuConfig {
+            cores: 3,
+            domains: MAX_DOMAINS,
+            window: WindowConfig::default(),
+            switch_cost: Duration::from_micros(50),
+            switch_wait: SwitchWait::Sleep,
+            threads: 0,
+            isa: None,
+        }
+    }
+}
+
+struct Residency {
+    windows: Vec<Window>,
+    buffers_live: u64,
+    peak: u64,
+    next_handle: u32,
+}
+
+struct Gate {
+    attached: u32,
+    in_flight: u32,
+}
+
+/// State shared by the device and all its buffers (a buffer may outlive the `EmuDevice`).
+struct Shared {
+    residency: Mutex<Residency>,
+    gate: Mutex<Gate>,
+    drained: Condvar,
+    switch_cost: Duration,
+    switch_wait: SwitchWait,
+    tasks: AtomicU64,
+    switches: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding these locks leaves only counters behind; keep going with them.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl BufferOwner for Shared {
+    fn release(&self, buf: &DeviceBuffer) {
+        let mut r = lock(&self.residency);
+        if let Some(w) = r.windows.get_mut(buf.domain.0 as usize) {
+            // A buffer can only be built by `create_buffer`, which allocated this range, and is
+            // released exactly once (in `Drop`), so `free` finds it.
+            let freed = w.free(buf.iova);
+            debug_assert!(
+                freed.is_some(),
+                "released an IOVA range that was not allocated"
+            );
+        }
+        r.buffers_live -= 1;
+    }
+
+    fn sync(
+        &self,
+        _buf: &DeviceBuffer,
+        _dir: SyncDir,
+        _offset: u64,
+        _len: u64,
+    ) -> Result<(), DeviceError> {
+        // Host memory is the device memory here: nothing to flush.
+        Ok(())
+    }
+}
+
+/// Holds the NPU attached to one domain while a task runs; dropping it lets other domains in.
+struct Attached<'a> {
+    shared: &'a Shared,
+}
+
+impl Drop for Attached<'_> {
+    fn drop(&mut self) {
+        let mut g = lock(&self.shared.gate);
+        g.in_flight -= 1;
+        if g.in_flight == 0 {
+            self.shared.drained.notify_all();
+        }
+    }
+}
+
+impl Shared {
+    /// Attach `domain`, waiting for the current domain's tasks to drain; returns whether a switch
+    /// happened.
+    fn attach(&self, domain: DomainId) -> (Attached<'_>, bool) {
+        let mut g = lock(&self.gate);
+        while g.attached != domain.0 && g.in_flight > 0 {
+            g = self.drained.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        let switched = g.attached != domain.0;
+        if switched {
+            match self.switch_wait {
+                SwitchWait::Sleep => std::thread::sleep(self.switch_cost),
+                SwitchWait::Spin => {
+                    let t = Instant::now();
+                    while t.elapsed() < self.switch_cost {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+            g.attached = domain.0;
+            self.switches.fetch_add(1, Ordering::Relaxed);
+        }
+        g.in_flight += 1;
+        (Attached { shared: self }, switched)
+    }
+}
+
+/// The emulated NPU (the default device). Cheap to share: wrap it in an `Arc` or borrow it.
+pub struct EmuDevice {
+    shared: Arc<Shared>,
+    owner: Arc<dyn BufferOwner>,
+    cores: u32,
+    domains: u32,
+    window_bytes: u64,
+    max_threads: usize,
+    isa: Isa,
+    /// Worker pools by thread count (index = threads - 1), built on first use.
+    pools: Vec<OnceLock<Option<rayon::ThreadPool>>>,
+}
+
+impl std::fmt::Debug for EmuDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmuDevice")
+            .field("cores", &self.cores)
+            .field("domains", &self.domains)
+            .field("isa", &self.isa)
+            .field("max_threads", &self.max_threads)
+            .finish()
+    }
+}
+
+impl Default for EmuDevice {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EmuDevice {
+    /// An emulated RK3588 with the default (board-calibrated) configuration.
+    pub fn new() -> Self {
+        // The default configuration is valid by construction.
+        Self::build(EmuConfig::default())
+    }
+
+    /// An emulated NPU with a custom configuration.
+    pub fn with_config(config: EmuConfig) -> Result<Self, DeviceError> {
+        if config.domains == 0 || config.domains > MAX_DOMAINS {
+            return Err(DeviceError::BadConfig {
+                reason: "domains must be 1..=16",
+            });
+        }
+        if config.cores == 0 || config.cores > 32 {
+            return Err(DeviceError::BadConfig {
+                reason: "cores must be 1..=32",
+            });
+        }
+        if config.window.size < crate::window::PAGE_BYTES || config.window.size > WINDOW_BYTES {
+            return Err(DeviceError::BadConfig {
+                reason: "window size must be 4 KiB..=4 GiB",
+            });
+        }
+        if let Some(isa) = config.isa {
+            if !Isa::available().contains(&isa) {
+                return Err(DeviceError::BadConfig {
+                    reason: "this CPU cannot run the requested kernel ISA",
+                });
+            }
+        }
+        Ok(Self::build(config))
+    }
+
+    fn build(config: EmuConfig) -> Self {
+        let host = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let max_threads = match config.threads {
+            0 => (config.cores as usize).min(host),
+            t => t,
+        }
+        .max(1);
+        let shared = Arc::new(Shared {
+            residency: Mutex::new(Residency {
+                windows: (0..config.domains)
+                    .map(|_| Window::new(&config.window))
+                    .collect(),
+                buffers_live: 0,
+                peak: 0,
+                next_handle: 1,
+            }),
+            gate: Mutex::new(Gate {
+                attached: 0,
+                in_flight: 0,
+            }),
+            drained: Condvar::new(),
+            switch_cost: config.switch_cost,
+            switch_wait: config.switch_wait,
+            tasks: AtomicU64::new(0),
+            switches: AtomicU64::new(0),
+        });
+        let owner: Arc<dyn BufferOwner> = shared.clone();
+        EmuDevice {
+            shared,
+            owner,
+            cores: config.cores,
+            domains: config.domains,
+            window_bytes: config.window.size,
+            max_threads,
+            isa: config.isa.unwrap_or_else(Isa::best),
+            pools: (0..max_threads).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// Kernel ISA in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Host threads a task with all cores uses.
+    pub fn max_threads(&self) -> usize {
+        self.max_threads
+    }
+
+    /// Run `f` on a pool of `threads` workers (falls back to the global pool if the OS refuses
+    /// new threads).
+    pub(crate) fn run_on<R: Send>(&self, threads: usize, f: impl FnOnce() -> R + Send) -> R {
+        let i = threads.clamp(1, self.max_threads) - 1;
+        let pool = self.pools[i].get_or_init(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(i + 1)
+                .build()
+                .ok()
+        });
+        match pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+
+    fn check_domain(&self, domain: DomainId) -> Result<(), DeviceError> {
+        if domain.0 >= self.domains {
+            return Err(DeviceError::UnknownDomain {
+                domain,
+                domains: self.domains,
+            });
+        }
+        Ok(())
+    }
+
+    /// Validate everything and attach the task's domain; returns the attach guard, whether it
+    /// switched, and the worker count.
+    fn begin(
+        &self,
+        task: &MatmulTask<'_>,
+        out_len: usize,
+    ) -> Result<(Attached<'_>, bool, usize), DeviceError> {
+        task.check(out_len)?;
+        let wbuf = task.weight.bytes.buffer();
+        if !wbuf.owned_by(&self.owner) {
+            return Err(DeviceError::ForeignBuffer { operand: "weight" });
+        }
+        if let Activations::Device(v) = task.activations {
+            if !v.buffer().owned_by(&self.owner) {
+                return Err(DeviceError::ForeignBuffer {
+                    operand: "activations",
+                });
+            }
+        }
+        let mask = task.cores.0;
+        if self.cores < 32 && mask >> self.cores != 0 {
+            return Err(DeviceError::BadCoreMask {
+                mask,
+                cores: self.cores,
+            });
+        }
+        let cores = if mask == 0 {
+            self.cores
+        } else {
+            mask.count_ones()
+        };
+        let (guard, switched) = self.shared.attach(wbuf.domain());
+        Ok((guard, switched, cores as usize))
+    }
+
+    fn finish(&self, task: &MatmulTask<'_>, switched: bool, t0: Instant) -> MatmulStats {
+        self.shared.tasks.fetch_add(1, Ordering::Relaxed);
+        let l = task.weight.layout;
+        MatmulStats {
+            domain: task.weight.bytes.domain(),
+            switched,
+            macs: (task.m * l.k_pad() * l.n_pad()) as u64,
+            elapsed: t0.elapsed(),
+            kernel: if is_integer(l.dtype) {
+                self.isa.name()
+            } else {
+                "f16-scalar"
+            },
+        }
+    }
+}
+
+impl Device for EmuDevice {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            name: format!("emulated RK3588 NPU ({} kernel)", self.isa.name()),
+            cores: self.cores,
+            domains: self.domains,
+            window_bytes: self.window_bytes,
+            driver_version: None,
+        }
+    }
+
+    fn create_buffer(
+        &self,
+        size: u64,
+        flags: MemFlags,
+        domain: DomainId,
+    ) -> Result<DeviceBuffer, DeviceError> {
+        self.check_domain(domain)?;
+        let align = if flags.contains(MemFlags::IOMMU_LIMIT_IOVA_ALIGNMENT) {
+            IovaAlign::Page
+        } else {
+            IovaAlign::SizeOrder
+        };
+        let (iova, handle) = {
+            let mut r = lock(&self.shared.residency);
+            let w = &mut r.windows[domain.0 as usize];
+            let iova = match w.alloc(size, align) {
+                Ok(iova) => iova,
+                Err(AllocFailure::Zero) => return Err(DeviceError::ZeroSize { domain }),
+                Err(AllocFailure::Oversize { usable }) => {
+                    return Err(DeviceError::Oversize {
+                        requested: size,
+                        usable,
+                    })
+                }
+                Err(AllocFailure::Full {
+                    size: rounded,
+                    align,
+                    largest_free,
+                }) => {
+                    return Err(DeviceError::WindowFull {
+                        domain,
+                        requested: rounded,
+                        align,
+                        resident: w.allocated(),
+                        largest_free,
+                    })
+                }
+            };
+            r.buffers_live += 1;
+            let total: u64 = r.windows.iter().map(Window::allocated).sum();
+            r.peak = r.peak.max(total);
+            let handle = r.next_handle;
+            r.next_handle = r.next_handle.wrapping_add(1).max(1);
+            (iova, handle)
+        };
+        // `alloc` accepted the size, so it is ≤ 4 GiB and fits in usize on 64-bit hosts.
+        let map_len = size.div_ceil(crate::window::PAGE_BYTES) * crate::window::PAGE_BYTES;
+        let map = match usize::try_from(map_len)
+            .map_err(|_| std::io::ErrorKind::OutOfMemory.into())
+            .and_then(HostMap::anonymous)
+        {
+            Ok(m) => m,
+            Err(source) => {
+                let mut r = lock(&self.shared.residency);
+                r.windows[domain.0 as usize].free(iova);
+                r.buffers_live -= 1;
+                return Err(DeviceError::HostMemory { size, source });
+            }
+        };
+        Ok(DeviceBuffer {
+            map,
+            iova,
+            size,
+            domain,
+            flags,
+            handle,
+            obj_addr: 0,
+            owner: self.owner.clone(),
+        })
+    }
+
+    fn matmul(&self, task: &MatmulTask<'_>, out: &mut [f32]) -> Result<MatmulStats, DeviceError> {
+        let t0 = Instant::now();
+        let (guard, switched, cores) = self.begin(task, out.len())?;
+        let l = task.weight.layout;
+        let (a, w) = (task.activation_bytes(), task.weight.bytes.as_slice());
+        let (sa, sw) = (task.act_scales, task.weight.scales);
+        self.run_on(cores, || match l.dtype {
+            ork_pack::PackDtype::F16 => {
+                gemm::gemm_f16(&l, w, a, task.m, out, |acc, m, n| acc * sa[m] * sw[n])
+            }
+            _ => gemm::gemm_int(self.isa, &l, w, a, task.m, out, |acc, m, n| {
+                acc as f32 * sa[m] * sw[n]
+            }),
+        });
+        drop(guard);
+        Ok(self.finish(task, switched, t0))
+    }
+
+    fn matmul_raw(
+        &self,
+        task: &MatmulTask<'_>,
+        out: &mut [i32],
+    ) -> Result<MatmulStats, DeviceError> {
+        let t0 = Instant::now();
+        let l = task.weight.layout;
+        if !is_integer(l.dtype) {
+            return Err(DeviceError::NotInteger { dtype: l.dtype });
+        }
+        let (guard, switched, cores) = self.begin(task, out.len())?;
+        let (a, w) = (task.activation_bytes(), task.weight.bytes.as_slice());
+        self.run_on(cores, || {
+            gemm::gemm_int(self.isa, &l, w, a, task.m, out, |acc, _, _| acc)
+        });
+        drop(guard);
+        Ok(self.finish(task, switched, t0))
+    }
+
+    fn stats(&self) -> DeviceStats {
+        let r = lock(&self.shared.residency);
+        let attached = DomainId(lock(&self.shared.gate).attached);
+        DeviceStats {
+            buffers_live: r.buffers_live,
+            resident_per_domain: r.windows.iter().map(Window::allocated).collect(),
+            peak_resident: r.peak,
+            domain_switches: self.shared.switches.load(Ordering::Relaxed),
+            tasks: self.shared.tasks.load(Ordering::Relaxed),
+            attached,
+        }
+    }
+}

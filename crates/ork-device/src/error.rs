@@ -1,0 +1,159 @@
+//! The device layer's error type.
+
+use crate::{DomainId, MemFlags};
+use ork_pack::PackDtype;
+
+/// Everything that can go wrong in the device layer. Each variant carries what a caller needs to
+/// report or react (domain, sizes, offsets); tests match variants, never message text.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// A buffer of zero bytes was requested (the driver rejects it too).
+    #[error("zero-size buffer requested in domain {domain}")]
+    ZeroSize {
+        /// Domain the buffer was meant for.
+        domain: DomainId,
+    },
+    /// The buffer can never fit: it is larger than the usable part of one domain's window.
+    #[error("buffer of {requested} bytes exceeds the {usable} usable bytes of a domain window")]
+    Oversize {
+        /// Bytes requested.
+        requested: u64,
+        /// Usable bytes of a window (window minus reserved regions).
+        usable: u64,
+    },
+    /// The domain id is not one this device has (ids run `0..domains`, at most 16).
+    #[error("unknown IOMMU domain {domain} (device has {domains})")]
+    UnknownDomain {
+        /// The id asked for.
+        domain: DomainId,
+        /// Number of domains the device has.
+        domains: u32,
+    },
+    /// The domain's 4 GiB IOVA window has no free range that fits the buffer (full or
+    /// fragmented). This is what the vendor driver reports as `EFAULT` (errno 14, "Bad address")
+    /// from MEM_CREATE.
+    #[error(
+        "IOVA window of domain {domain} full: {requested} bytes (alignment {align}) do not fit; \
+         {resident} bytes resident, largest free range {largest_free} bytes (driver: errno 14 EFAULT)"
+    )]
+    WindowFull {
+        /// Domain whose window is full.
+        domain: DomainId,
+        /// Bytes requested (page-rounded).
+        requested: u64,
+        /// Alignment the allocation needed.
+        align: u64,
+        /// Bytes currently allocated in that window (reserved regions excluded).
+        resident: u64,
+        /// Largest free range in the window, before alignment.
+        largest_free: u64,
+    },
+    /// A task's operands do not all live in the task's domain.
+    #[error("{operand} lives in domain {operand_domain}, the task runs in domain {task_domain}")]
+    CrossDomain {
+        /// Which operand is in the wrong domain.
+        operand: &'static str,
+        /// The task's domain (the weight's).
+        task_domain: DomainId,
+        /// The operand's domain.
+        operand_domain: DomainId,
+    },
+    /// A buffer created by another device instance was passed to this one.
+    #[error("{operand} was created by another device")]
+    ForeignBuffer {
+        /// Which operand.
+        operand: &'static str,
+    },
+    /// An operand's length does not match the task's shape.
+    #[error("{operand}: expected {expected} elements, got {got}")]
+    Length {
+        /// Which operand ("activations", "activation scales", "output", "weight bytes",
+        /// "weight scales").
+        operand: &'static str,
+        /// Elements (bytes for "weight bytes") the shape requires.
+        expected: usize,
+        /// Elements supplied.
+        got: usize,
+    },
+    /// A task shape the device cannot run.
+    #[error("bad matmul shape m={m} k={k} n={n}: {reason}")]
+    Shape {
+        /// Rows of activations.
+        m: usize,
+        /// Reduction dim.
+        k: usize,
+        /// Output channels.
+        n: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The raw (i32 accumulator) matmul was asked for a weight that is not integer.
+    #[error("raw i32 matmul needs an integer weight, got {dtype:?}")]
+    NotInteger {
+        /// The weight's dtype.
+        dtype: PackDtype,
+    },
+    /// The core mask names cores the device does not have.
+    #[error("core mask {mask:#x} invalid for a device with {cores} cores")]
+    BadCoreMask {
+        /// The mask given.
+        mask: u32,
+        /// Cores the device has.
+        cores: u32,
+    },
+    /// A view's range lies outside its buffer.
+    #[error("view {offset}+{len} outside a buffer of {size} bytes")]
+    OutOfRange {
+        /// Offset of the view.
+        offset: u64,
+        /// Length of the view.
+        len: u64,
+        /// Size of the buffer.
+        size: u64,
+    },
+    /// Memory flags the backend cannot honour.
+    #[error("memory flags {flags:?} not supported: {reason}")]
+    BadFlags {
+        /// Flags given.
+        flags: MemFlags,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The device (or its driver) is not present on this machine.
+    #[error("device not found: {what}")]
+    NotFound {
+        /// What was looked for and where.
+        what: String,
+    },
+    /// The backend does not implement this operation.
+    #[error("not supported by the {backend} backend: {what}")]
+    Unsupported {
+        /// Backend name.
+        backend: &'static str,
+        /// What is missing.
+        what: &'static str,
+    },
+    /// A device configuration that cannot work.
+    #[error("bad device configuration: {reason}")]
+    BadConfig {
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// Host memory for a buffer's mapping could not be obtained.
+    #[error("host mapping of {size} bytes failed: {source}")]
+    HostMemory {
+        /// Bytes requested.
+        size: u64,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A driver call failed.
+    #[error("{op} failed: {source}")]
+    Driver {
+        /// Which call (ioctl name or syscall).
+        op: &'static str,
+        /// The OS error (errno).
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,152 @@
+//! The emulator's matmul driver: splits a task into (N-tile, row-block) jobs over worker threads
+//! and feeds the tiled weight bytes to the kernels in [`crate::kernel`].
+//!
+//! Two partitions: for small M (decode) every job is one N-tile for all rows, results land in a
+//! small `[tile][m][tn]` buffer and are scattered into the row-major output; for larger M (prefill)
+//! every job is a block of [`ROW_BLOCK`] rows that walks all N-tiles, writing its own rows of the
+//! output directly, so each weight tile is reused across the block's rows while it is in cache.
+
+use half::f16;
+use ork_pack::{PackDtype, TiledLayout};
+use rayon::prelude::*;
+
+use crate::kernel::{self, Isa, PreparedA};
+
+/// Rows per job in the prefill partition (a multiple of the kernels' 4-row step).
+const ROW_BLOCK: usize = 32;
+/// Largest M that uses the per-tile partition.
+const SMALL_M: usize = 16;
+
+/// One tile of a weight as i8 values in tile order (int4 unpacked into `scratch`).
+fn tile_i8<'s>(l: &TiledLayout, w: &'s [u8], t: usize, scratch: &'s mut Vec<i8>) -> &'s [i8] {
+    let tile_elems = l.n_tile_elems();
+    match l.dtype {
+        PackDtype::I4 => {
+            let src = &w[t * tile_elems / 2..(t + 1) * tile_elems / 2];
+            scratch.resize(tile_elems, 0);
+            kernel::unpack_i4_tile(src, scratch);
+            scratch
+        }
+        _ => {
+            use zerocopy::FromBytes;
+            let bytes = &w[t * tile_elems..(t + 1) * tile_elems];
+            <[i8]>::ref_from_bytes(bytes).unwrap_or(&[])
+        }
+    }
+}
+
+/// Run `tile_fn(scratch, t, m0, m1, acc)` over all tiles and rows, and write
+/// `conv(acc, m, n)` into the row-major `m × n` output.
+#[allow(clippy::too_many_arguments)]
+fn drive<Acc, T, S>(
+    m: usize,
+    n: usize,
+    tn: usize,
+    tiles: usize,
+    out: &mut [T],
+    tile_fn: impl Fn(&mut S, usize, usize, usize, &mut [Acc]) + Sync,
+    conv: impl Fn(Acc, usize, usize) -> T + Sync,
+) where
+    Acc: Copy + Default + Send + Sync,
+    T: Send,
+    S: Default,
+{
+    if m == 0 {
+        return;
+    }
+    if m <= SMALL_M {
+        let mut acc = vec![Acc::default(); tiles * m * tn];
+        acc.par_chunks_mut(m * tn)
+            .enumerate()
+            .for_each_init(S::default, |s, (t, chunk)| tile_fn(s, t, 0, m, chunk));
+        out.par_chunks_mut(n).enumerate().for_each(|(r, row)| {
+            for (j, o) in row.iter_mut().enumerate() {
+                let (t, jj) = (j / tn, j % tn);
+                *o = conv(acc[(t * m + r) * tn + jj], r, j);
+            }
+        });
+    } else {
+        out.par_chunks_mut(ROW_BLOCK * n).enumerate().for_each_init(
+            || (S::default(), vec![Acc::default(); ROW_BLOCK * tn]),
+            |(s, blk), (b, rows_out)| {
+                let m0 = b * ROW_BLOCK;
+                let rows = rows_out.len() / n;
+                for t in 0..tiles {
+                    tile_fn(s, t, m0, m0 + rows, blk);
+                    let cols = tn.min(n - t * tn);
+                    for r in 0..rows {
+                        let dst = &mut rows_out[r * n + t * tn..r * n + t * tn + cols];
+                        for (j, o) in dst.iter_mut().enumerate() {
+                            *o = conv(blk[r * tn + j], m0 + r, t * tn + j);
+                        }
+                    }
+                }
+            },
+        );
+    }
+}
+
+/// Integer weights (int8, int4): exact i32 accumulators, converted by `conv(acc, m, n)`.
+pub(crate) fn gemm_int<T: Send>(
+    isa: Isa,
+    l: &TiledLayout,
+    w: &[u8],
+    a: &[i8],
+    m: usize,
+    out: &mut [T],
+    conv: impl Fn(i32, usize, usize) -> T + Sync,
+) {
+    let tn = l.dtype.n_tile();
+    let tiles = l.n_pad() / tn;
+    let pa = PreparedA::new(isa, m, l.k, l.k_pad(), a);
+    drive(
+        m,
+        l.n,
+        tn,
+        tiles,
+        out,
+        |scratch: &mut Vec<i8>, t, m0, m1, acc: &mut [i32]| {
+            let wt = tile_i8(l, w, t, scratch);
+            kernel::tile_dot(&pa, m0, m1, wt, tn, acc);
+        },
+        conv,
+    );
+}
+
+/// fp16 weights: f32 accumulation of `a · w`, converted by `conv(acc, m, n)`.
+pub(crate) fn gemm_f16(
+    l: &TiledLayout,
+    w: &[u8],
+    a: &[i8],
+    m: usize,
+    out: &mut [f32],
+    conv: impl Fn(f32, usize, usize) -> f32 + Sync,
+) {
+    let tn = l.dtype.n_tile();
+    let tiles = l.n_pad() / tn;
+    let (k, kpad) = (l.k, l.k_pad());
+    let mut af = vec![0f32; m * kpad];
+    for (dst, src) in af.chunks_exact_mut(kpad).zip(a.chunks_exact(k)) {
+        dst.iter_mut()
+            .zip(src)
+            .for_each(|(d, &s)| *d = f32::from(s));
+    }
+    let tile_bytes = l.n_tile_elems() * 2;
+    drive(
+        m,
+        l.n,
+        tn,
+        tiles,
+        out,
+        |scratch: &mut Vec<f32>, t, m0, m1, acc: &mut [f32]| {
+            let src = &w[t * tile_bytes..(t + 1) * tile_bytes];
+            scratch.clear();
+            scratch.extend(
+                src.chunks_exact(2)
+                    .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            );
+            kernel::f32_tile_dot(&af[m0 * kpad..m1 * kpad], kpad, scratch, tn, acc);
+        },
+        conv,
+    );
+}

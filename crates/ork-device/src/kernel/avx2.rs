@@ -1,0 +1,127 @@
+//! AVX2 kernel: both operands widened to i16, `vpmaddwd` into i32 lanes (exact for every i8).
+//! Scalar twin: [`super::scalar_tile_dot`].
+
+use std::arch::x86_64::*;
+
+/// Safe entry: checks shapes and that the CPU has AVX2 (the dispatcher only picks this kernel
+/// when it does).
+pub(super) fn tile_dot(a: &[i16], kpad: usize, w: &[i8], tn: usize, out: &mut [i32]) {
+    let rows = a.len() / kpad;
+    assert!(
+        kpad.is_multiple_of(32)
+            && a.len() == rows * kpad
+            && w.len() == tn * kpad
+            && tn.is_multiple_of(2)
+    );
+    assert!(out.len() >= rows * tn && std::arch::is_x86_feature_detected!("avx2"));
+    // SAFETY: AVX2 is present (checked above) and the shapes were checked, which is what
+    // `tile_dot_avx2` requires.
+    unsafe { tile_dot_avx2(a, kpad, w, tn, out) }
+}
+
+/// Sum of the eight i32 lanes (register-only, safe under `target_feature`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// # Safety
+/// The CPU must support AVX2; `a` is `rows × kpad` i16, `w` is `tn × kpad` i8 in tile order,
+/// `kpad % 32 == 0`, `tn` even, `out.len() ≥ rows · tn`.
+#[target_feature(enable = "avx2")]
+unsafe fn tile_dot_avx2(a: &[i16], kpad: usize, w: &[i8], tn: usize, out: &mut [i32]) {
+    let rows = a.len() / kpad;
+    let kt_n = kpad / 32;
+    let ap = a.as_ptr();
+    let wp = w.as_ptr();
+    let mut r = 0;
+    // 4 rows × 2 channels per step: 8 accumulators, each k-run's weights widened once.
+    while r + 4 <= rows {
+        for j in (0..tn).step_by(2) {
+            let mut acc = [_mm256_setzero_si256(); 8];
+            for kt in 0..kt_n {
+                // SAFETY: kt < kpad/32 and j + 1 < tn, so both 32-byte runs lie inside `w`;
+                // rows r..r+4 and k-run kt lie inside `a`. Unaligned loads are used throughout.
+                unsafe {
+                    let w0 = _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32) as *const __m256i);
+                    let w1 =
+                        _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32 + 32) as *const __m256i);
+                    let w0l = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w0));
+                    let w0h = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w0));
+                    let w1l = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w1));
+                    let w1h = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w1));
+                    for i in 0..4 {
+                        let p = ap.add((r + i) * kpad + kt * 32);
+                        let al = _mm256_loadu_si256(p as *const __m256i);
+                        let ah = _mm256_loadu_si256(p.add(16) as *const __m256i);
+                        acc[2 * i] = _mm256_add_epi32(
+                            acc[2 * i],
+                            _mm256_add_epi32(
+                                _mm256_madd_epi16(al, w0l),
+                                _mm256_madd_epi16(ah, w0h),
+                            ),
+                        );
+                        acc[2 * i + 1] = _mm256_add_epi32(
+                            acc[2 * i + 1],
+                            _mm256_add_epi32(
+                                _mm256_madd_epi16(al, w1l),
+                                _mm256_madd_epi16(ah, w1h),
+                            ),
+                        );
+                    }
+                }
+            }
+            for i in 0..4 {
+                out[(r + i) * tn + j] = hsum(acc[2 * i]);
+                out[(r + i) * tn + j + 1] = hsum(acc[2 * i + 1]);
+            }
+        }
+        r += 4;
+    }
+    while r < rows {
+        for j in (0..tn).step_by(2) {
+            let mut acc0 = _mm256_setzero_si256();
+            let mut acc1 = _mm256_setzero_si256();
+            for kt in 0..kt_n {
+                // SAFETY: as above, for the single row r.
+                unsafe {
+                    let w0 = _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32) as *const __m256i);
+                    let w1 =
+                        _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32 + 32) as *const __m256i);
+                    let p = ap.add(r * kpad + kt * 32);
+                    let al = _mm256_loadu_si256(p as *const __m256i);
+                    let ah = _mm256_loadu_si256(p.add(16) as *const __m256i);
+                    acc0 = _mm256_add_epi32(
+                        acc0,
+                        _mm256_madd_epi16(al, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w0))),
+                    );
+                    acc0 = _mm256_add_epi32(
+                        acc0,
+                        _mm256_madd_epi16(
+                            ah,
+                            _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w0)),
+                        ),
+                    );
+                    acc1 = _mm256_add_epi32(
+                        acc1,
+                        _mm256_madd_epi16(al, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w1))),
+                    );
+                    acc1 = _mm256_add_epi32(
+                        acc1,
+                        _mm256_madd_epi16(
+                            ah,
+                            _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w1)),
+                        ),
+                    );
+                }
+            }
+            out[r * tn + j] = hsum(acc0);
+            out[r * tn + j + 1] = hsum(acc1);
+        }
+        r += 1;
+    }
+}

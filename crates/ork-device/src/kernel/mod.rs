@@ -1,0 +1,326 @@
+//! Matmul kernels that read the weight straight from the RK3588 tiled bytes.
+//!
+//! A weight N-tile is `tn` rows of `Kpad` values stored as `(Kpad/32, tn, 32)`: for output channel
+//! `j` of the tile, k-tile `kt` is the 32-byte run at `kt·tn·32 + j·32`. Every kernel computes, for
+//! a block of activation rows and one tile,
+//! `out[r·tn + j] = Σ_k a[r, k] · w[j, k]` exactly in i32.
+//!
+//! Kernels: a portable scalar one (the twin every SIMD kernel is checked against), AVX2 (both
+//! operands sign-extended to i16, `vpmaddwd`: products and pair sums are exact in i32, unlike
+//! `vpmaddubsw`, which saturates at i16), AVX-VNNI (`vpdpbusd` on `a + 128` as u8, corrected by
+//! `128 · Σ_k w`; the wrap-around i32 arithmetic makes the result exact whenever the true dot
+//! product fits in i32, which [`MAX_K`] guarantees) and NEON (aarch64 only; compiled, never run
+//! here). The ISA is detected once at run time.
+
+use std::sync::OnceLock;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+
+/// Largest K (padded) a task may have: `|Σ a·w| ≤ 128·128·K` must fit in an i32.
+pub const MAX_K: usize = 65536;
+
+/// Which instruction set a kernel uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Isa {
+    /// Portable Rust.
+    Scalar,
+    /// x86-64 AVX2 (`vpmovsxbw` + `vpmaddwd`).
+    Avx2,
+    /// x86-64 AVX-VNNI (`vpdpbusd`, 256-bit).
+    AvxVnni,
+    /// aarch64 NEON (`smull` + `sadalp`).
+    Neon,
+}
+
+impl Isa {
+    /// Short name for reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avx-vnni",
+            Isa::Neon => "neon",
+        }
+    }
+
+    /// Every ISA this CPU can run, scalar first.
+    pub fn available() -> Vec<Isa> {
+        let mut v = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                v.push(Isa::Avx2);
+                if std::arch::is_x86_feature_detected!("avxvnni") {
+                    v.push(Isa::AvxVnni);
+                }
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                v.push(Isa::Neon);
+            }
+        }
+        v
+    }
+
+    /// The fastest available ISA, detected once. `ORK_KERNEL=scalar|avx2|avx-vnni|neon` picks
+    /// another one if the CPU has it (for comparisons).
+    pub fn best() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            let avail = Isa::available();
+            if let Ok(want) = std::env::var("ORK_KERNEL") {
+                if let Some(&isa) = avail.iter().find(|i| i.name() == want) {
+                    return isa;
+                }
+            }
+            *avail.last().unwrap_or(&Isa::Scalar)
+        })
+    }
+}
+
+/// Activation rows padded to `kpad` in the form the chosen kernel wants.
+#[derive(Debug)]
+pub(crate) struct PreparedA {
+    isa: Isa,
+    kpad: usize,
+    /// `rows × kpad` i8, zero padded (scalar, NEON).
+    i8s: Vec<i8>,
+    /// `rows × kpad` i16 (AVX2).
+    i16s: Vec<i16>,
+    /// `rows × kpad` u8 = a + 128 (AVX-VNNI); padding is 128 (a = 0).
+    u8s: Vec<u8>,
+}
+
+impl PreparedA {
+    /// Pad `rows` rows of `k` values (`row(r)` returns row r) to `kpad`.
+    pub(crate) fn new(isa: Isa, rows: usize, k: usize, kpad: usize, a: &[i8]) -> Self {
+        debug_assert!(a.len() == rows * k && kpad.is_multiple_of(32) && kpad >= k);
+        let mut p = PreparedA {
+            isa,
+            kpad,
+            i8s: Vec::new(),
+            i16s: Vec::new(),
+            u8s: Vec::new(),
+        };
+        match isa {
+            Isa::Avx2 => {
+                p.i16s = vec![0; rows * kpad];
+                for (dst, src) in p.i16s.chunks_exact_mut(kpad).zip(a.chunks_exact(k.max(1))) {
+                    dst.iter_mut()
+                        .zip(src)
+                        .for_each(|(d, &s)| *d = i16::from(s));
+                }
+            }
+            Isa::AvxVnni => {
+                p.u8s = vec![128; rows * kpad];
+                for (dst, src) in p.u8s.chunks_exact_mut(kpad).zip(a.chunks_exact(k.max(1))) {
+                    dst.iter_mut()
+                        .zip(src)
+                        .for_each(|(d, &s)| *d = (s as u8) ^ 0x80);
+                }
+            }
+            Isa::Scalar | Isa::Neon => {
+                p.i8s = vec![0; rows * kpad];
+                for (dst, src) in p.i8s.chunks_exact_mut(kpad).zip(a.chunks_exact(k.max(1))) {
+                    dst[..k].copy_from_slice(src);
+                }
+            }
+        }
+        p
+    }
+}
+
+/// `out[(r - m0)·tn + j] = Σ_k a[r, k] · w[j, k]` for rows `m0..m1` and all `tn` channels of one
+/// tile (`w.len() == tn · kpad`, `out.len() ≥ (m1 - m0) · tn`).
+pub(crate) fn tile_dot(a: &PreparedA, m0: usize, m1: usize, w: &[i8], tn: usize, out: &mut [i32]) {
+    let kpad = a.kpad;
+    assert!(w.len() == tn * kpad && out.len() >= (m1 - m0) * tn && tn.is_multiple_of(2));
+    match a.isa {
+        Isa::Scalar => scalar_tile_dot(&a.i8s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => avx2::tile_dot(&a.i16s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::AvxVnni => vnni::tile_dot(&a.u8s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::tile_dot(&a.i8s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
+        // An ISA of another architecture is never detected here; `Isa::available` is the only
+        // constructor path used by the device.
+        #[allow(unreachable_patterns)]
+        _ => scalar_tile_dot(&a.i8s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
+    }
+}
+
+/// The portable kernel and the scalar twin of every SIMD kernel.
+pub(crate) fn scalar_tile_dot(a: &[i8], kpad: usize, w: &[i8], tn: usize, out: &mut [i32]) {
+    let rows = a.len() / kpad;
+    for r in 0..rows {
+        let arow = &a[r * kpad..(r + 1) * kpad];
+        for j in 0..tn {
+            let mut acc = 0i32;
+            for (kt, ak) in arow.chunks_exact(32).enumerate() {
+                let run = &w[kt * tn * 32 + j * 32..kt * tn * 32 + j * 32 + 32];
+                acc += ak
+                    .iter()
+                    .zip(run)
+                    .map(|(&x, &y)| i32::from(x) * i32::from(y))
+                    .sum::<i32>();
+            }
+            out[r * tn + j] = acc;
+        }
+    }
+}
+
+/// Decode one int4 tile (`tn · kpad / 2` bytes) into i8 values in the same tile order.
+/// Values are two's-complement nibbles; element `2i` sits in the low nibble of byte `i` when
+/// [`ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE`] holds.
+pub(crate) fn unpack_i4_tile(src: &[u8], dst: &mut [i8]) {
+    debug_assert_eq!(dst.len(), src.len() * 2);
+    for (pair, &b) in dst.chunks_exact_mut(2).zip(src) {
+        let lo = ((b << 4) as i8) >> 4;
+        let hi = (b as i8) >> 4;
+        if ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE {
+            pair[0] = lo;
+            pair[1] = hi;
+        } else {
+            pair[0] = hi;
+            pair[1] = lo;
+        }
+    }
+}
+
+/// fp16 tile dot: `out[r·tn + j] = Σ_k a[r,k] · w[j,k]` in f32, `w` already decoded to f32.
+pub(crate) fn f32_tile_dot(a: &[f32], kpad: usize, w: &[f32], tn: usize, out: &mut [f32]) {
+    let rows = a.len() / kpad;
+    for r in 0..rows {
+        let arow = &a[r * kpad..(r + 1) * kpad];
+        for j in 0..tn {
+            let mut acc = [0f32; 8];
+            for (kt, ak) in arow.chunks_exact(32).enumerate() {
+                let run = &w[kt * tn * 32 + j * 32..kt * tn * 32 + j * 32 + 32];
+                for (x8, y8) in ak.chunks_exact(8).zip(run.chunks_exact(8)) {
+                    for ((ac, x), y) in acc.iter_mut().zip(x8).zip(y8) {
+                        *ac += x * y;
+                    }
+                }
+            }
+            out[r * tn + j] = acc.iter().sum();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Tile an untiled `n × k` int8 matrix into `tn`-row tiles, zero padded.
+    fn tile(w: &[i8], n: usize, k: usize, tn: usize) -> (Vec<i8>, usize, usize) {
+        let kpad = k.div_ceil(32) * 32;
+        let npad = n.div_ceil(tn) * tn;
+        let mut t = vec![0i8; npad * kpad];
+        for nn in 0..n {
+            for kk in 0..k {
+                t[(nn / tn) * tn * kpad + (kk / 32) * tn * 32 + (nn % tn) * 32 + kk % 32] =
+                    w[nn * k + kk];
+            }
+        }
+        (t, kpad, npad)
+    }
+
+    fn naive(a: &[i8], w: &[i8], m: usize, n: usize, k: usize) -> Vec<i32> {
+        let mut o = vec![0i32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                o[i * n + j] = (0..k)
+                    .map(|kk| i32::from(a[i * k + kk]) * i32::from(w[j * k + kk]))
+                    .sum();
+            }
+        }
+        o
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        isa: Isa,
+        a: &[i8],
+        m: usize,
+        k: usize,
+        wt: &[i8],
+        kpad: usize,
+        npad: usize,
+        tn: usize,
+    ) -> Vec<i32> {
+        let p = PreparedA::new(isa, m, k, kpad, a);
+        let mut full = vec![0i32; m * npad];
+        let mut blk = vec![0i32; m * tn];
+        for t in 0..npad / tn {
+            tile_dot(
+                &p,
+                0,
+                m,
+                &wt[t * tn * kpad..(t + 1) * tn * kpad],
+                tn,
+                &mut blk,
+            );
+            for r in 0..m {
+                full[r * npad + t * tn..r * npad + t * tn + tn]
+                    .copy_from_slice(&blk[r * tn..r * tn + tn]);
+            }
+        }
+        full
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Every available kernel equals the naive untiled reference bit-exactly, over odd shapes
+        /// (K and N not multiples of the tile, so padding is exercised) and the full i8 range.
+        #[test]
+        fn every_isa_matches_naive(m in 1usize..11, k in 1usize..200, n in 1usize..80, tn_i in 0usize..2, seed in any::<u64>()) {
+            let tn = [32, 64][tn_i];
+            let mut s = seed | 1;
+            let mut next = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s as i8 };
+            let a: Vec<i8> = (0..m * k).map(|_| next()).collect();
+            let w: Vec<i8> = (0..n * k).map(|_| next()).collect();
+            let want = naive(&a, &w, m, n, k);
+            let (wt, kpad, npad) = tile(&w, n, k, tn);
+            for isa in Isa::available() {
+                let got = run(isa, &a, m, k, &wt, kpad, npad, tn);
+                for r in 0..m {
+                    prop_assert_eq!(&got[r * npad..r * npad + n], &want[r * n..r * n + n], "{:?}", isa);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extremes_are_exact_at_max_k() {
+        // All -128 × -128 over a long K is the worst case for i16 saturation and i32 range.
+        let (m, k, n) = (5, 4096, 64);
+        let a = vec![-128i8; m * k];
+        let w = vec![-128i8; n * k];
+        let (wt, kpad, npad) = tile(&w, n, k, 32);
+        for isa in Isa::available() {
+            let got = run(isa, &a, m, k, &wt, kpad, npad, 32);
+            assert!(got.iter().all(|&x| x == 128 * 128 * 4096), "{isa:?}");
+        }
+    }
+
+    #[test]
+    fn int4_unpack_sign_and_order() {
+        let mut d = [0i8; 4];
+        unpack_i4_tile(&[0x8F, 0x17], &mut d);
+        if ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE {
+            assert_eq!(d, [-1, -8, 7, 1]);
+        } else {
+            assert_eq!(d, [-8, -1, 1, 7]);
+        }
+    }
+}

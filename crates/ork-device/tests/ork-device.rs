@@ -1,0 +1,456 @@
+//! Integration tests of ork-device. Backend-agnostic tests are stamped out for every backend that
+//! is available by `on_every_backend!`: the emulator always, rknpu when its device opens.
+
+use ork_device::window::{PAGE_BYTES, WINDOW_BYTES};
+use ork_device::{
+    upload, Activations, CoreMask, Device, DeviceError, DomainId, EmuConfig, EmuDevice, MatmulTask,
+    MemFlags,
+};
+use ork_pack::{PackDtype, PackedWeight, TiledLayout};
+use proptest::prelude::*;
+
+/// Stamp each test body once per backend: `fn name(dev: &dyn Device) { ... }`.
+macro_rules! on_every_backend {
+    ($(fn $name:ident($dev:ident: &dyn Device) $body:block)*) => {
+        mod emu {
+            use super::*;
+            $(#[test] fn $name() { let d = EmuDevice::new(); let $dev: &dyn Device = &d; $body })*
+        }
+        #[cfg(target_os = "linux")]
+        mod rknpu {
+            use super::*;
+            $(#[test] fn $name() {
+                // Runs only where an rknpu device opens (a board); elsewhere `open` must say
+                // NotFound, which `rknpu_absent_is_not_found` checks.
+                let Ok(d) = ork_device::RknpuDevice::open() else { return };
+                let $dev: &dyn Device = &d;
+                $body
+            })*
+        }
+    };
+}
+
+on_every_backend! {
+    fn buffer_roundtrip_and_stats(dev: &dyn Device) {
+        let before = dev.stats();
+        let mut b = dev.create_buffer(10_000, MemFlags::WEIGHT, DomainId(0)).unwrap();
+        assert_eq!(b.size(), 10_000);
+        assert_eq!(b.domain(), DomainId(0));
+        assert!(b.iova() + b.size() <= dev.info().window_bytes);
+        assert_eq!(b.iova() % PAGE_BYTES, 0);
+        b.as_mut_slice().iter_mut().enumerate().for_each(|(i, x)| *x = i as u8);
+        b.sync_to_device().unwrap();
+        b.sync_from_device().unwrap();
+        assert_eq!(b.as_slice()[9_999], (9_999 % 256) as u8);
+        let v = b.view(4096, 100).unwrap();
+        assert_eq!(v.iova(), b.iova() + 4096);
+        assert_eq!(v.as_slice()[0], 0);
+        let s = dev.stats();
+        assert_eq!(s.buffers_live, before.buffers_live + 1);
+        assert_eq!(s.resident_per_domain[0], before.resident_per_domain[0] + 12_288);
+        drop(b);
+        let s = dev.stats();
+        assert_eq!(s.buffers_live, before.buffers_live);
+        assert_eq!(s.resident_per_domain[0], before.resident_per_domain[0]);
+    }
+
+    fn view_out_of_range(dev: &dyn Device) {
+        let b = dev.create_buffer(8192, MemFlags::WEIGHT, DomainId(0)).unwrap();
+        assert!(matches!(b.view(4096, 4097), Err(DeviceError::OutOfRange { .. })));
+        assert!(matches!(b.view(u64::MAX, 2), Err(DeviceError::OutOfRange { .. })));
+    }
+
+    fn zero_size_buffer(dev: &dyn Device) {
+        assert!(matches!(dev.create_buffer(0, MemFlags::WEIGHT, DomainId(0)), Err(DeviceError::ZeroSize { .. })));
+    }
+
+    fn oversize_buffer(dev: &dyn Device) {
+        let r = dev.create_buffer(dev.info().window_bytes + 1, MemFlags::WEIGHT, DomainId(0));
+        assert!(matches!(r, Err(DeviceError::Oversize { .. })), "{r:?}");
+    }
+
+    fn unknown_domain(dev: &dyn Device) {
+        let n = dev.info().domains;
+        for d in [n, 16, u32::MAX] {
+            let r = dev.create_buffer(4096, MemFlags::WEIGHT, DomainId(d));
+            assert!(matches!(r, Err(DeviceError::UnknownDomain { .. })), "{d}: {r:?}");
+        }
+    }
+}
+
+// ---------- matmul (emulator; rknpu submission is not implemented) ----------
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn i8(&mut self) -> i8 {
+        self.next() as i8
+    }
+}
+
+/// Tile an untiled `n × k` matrix of element values into the native blob of `layout`.
+fn tile_i8(layout: TiledLayout, q: &[i8]) -> Vec<u8> {
+    let (k, n) = (layout.k, layout.n);
+    let mut data = vec![0u8; layout.blob_bytes()];
+    for nn in 0..n {
+        for kk in 0..k {
+            let v = q[nn * k + kk];
+            let e = layout.index(kk, nn);
+            match layout.dtype {
+                PackDtype::I8 => data[e] = v as u8,
+                PackDtype::I4 => {
+                    let nib = (v as u8) & 0x0F;
+                    let low = e.is_multiple_of(2) == ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE;
+                    data[e / 2] |= if low { nib } else { nib << 4 };
+                }
+                PackDtype::F16 => data[2 * e..2 * e + 2]
+                    .copy_from_slice(&half::f16::from_f32(f32::from(v)).to_le_bytes()),
+            }
+        }
+    }
+    data
+}
+
+fn naive(a: &[i8], q: &[i8], m: usize, n: usize, k: usize) -> Vec<i32> {
+    let mut o = vec![0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            o[i * n + j] = (0..k)
+                .map(|kk| i32::from(a[i * k + kk]) * i32::from(q[j * k + kk]))
+                .sum();
+        }
+    }
+    o
+}
+
+fn random_weight(dtype: PackDtype, k: usize, n: usize, rng: &mut Lcg) -> (PackedWeight, Vec<i8>) {
+    let layout = TiledLayout::new(dtype, k, n);
+    let q: Vec<i8> = (0..n * k)
+        .map(|_| match dtype {
+            PackDtype::I4 => (rng.next() % 16) as i8 - 8,
+            _ => rng.i8(),
+        })
+        .collect();
+    let scales = (0..n).map(|j| 0.01 + j as f32 * 1e-4).collect();
+    (
+        PackedWeight {
+            layout,
+            data: tile_i8(layout, &q),
+            scales,
+        },
+        q,
+    )
+}
+
+fn task<'a>(
+    m: usize,
+    a: &'a [i8],
+    sa: &'a [f32],
+    w: &'a ork_device::DeviceWeight,
+) -> MatmulTask<'a> {
+    MatmulTask {
+        m,
+        activations: Activations::Host(a),
+        act_scales: sa,
+        weight: w.as_weight(),
+        cores: CoreMask::AUTO,
+    }
+}
+
+fn check_dtype(dtype: PackDtype, m: usize, k: usize, n: usize, seed: u64) {
+    let dev = EmuDevice::new();
+    let mut rng = Lcg(seed);
+    let (pw, q) = random_weight(dtype, k, n, &mut rng);
+    let w = upload(&dev, &pw, DomainId(0)).unwrap();
+    let a: Vec<i8> = (0..m * k).map(|_| rng.i8()).collect();
+    let sa: Vec<f32> = (0..m).map(|i| 0.5 + i as f32 * 0.01).collect();
+    let want = naive(&a, &q, m, n, k);
+    if dtype != PackDtype::F16 {
+        let mut raw = vec![0i32; m * n];
+        dev.matmul_raw(&task(m, &a, &sa, &w), &mut raw).unwrap();
+        assert_eq!(raw, want, "{dtype:?} m={m} k={k} n={n}");
+    }
+    let mut out = vec![0f32; m * n];
+    dev.matmul(&task(m, &a, &sa, &w), &mut out).unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let exp = want[i * n + j] as f64 * f64::from(sa[i]) * f64::from(pw.scales[j]);
+            let got = f64::from(out[i * n + j]);
+            assert!(
+                (got - exp).abs() <= 1e-5 * exp.abs().max(1.0),
+                "{dtype:?} [{i},{j}] {got} vs {exp}"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// Device matmul (both partitions: small M per tile, large M per row block) equals the naive
+    /// untiled reference for every dtype over odd shapes with padding.
+    #[test]
+    fn matmul_matches_naive(dt in 0usize..3, m in prop_oneof![1usize..20, 30usize..80], k in 1usize..150, n in 1usize..150, seed in any::<u64>()) {
+        check_dtype([PackDtype::I8, PackDtype::I4, PackDtype::F16][dt], m, k, n, seed);
+    }
+}
+
+#[test]
+fn matmul_on_a_view_inside_an_arena() {
+    let dev = EmuDevice::new();
+    let mut rng = Lcg(7);
+    let (pw, q) = random_weight(PackDtype::I8, 96, 40, &mut rng);
+    let bytes = pw.data.len() as u64;
+    let mut arena = dev
+        .create_buffer(3 * 4096 + bytes, MemFlags::WEIGHT, DomainId(2))
+        .unwrap();
+    arena.as_mut_slice()[3 * 4096..].copy_from_slice(&pw.data);
+    let view = arena.view(3 * 4096, bytes).unwrap();
+    let w = ork_device::WeightRef {
+        layout: pw.layout,
+        bytes: view,
+        scales: &pw.scales,
+    };
+    let a: Vec<i8> = (0..2 * 96).map(|_| rng.i8()).collect();
+    let mut raw = vec![0i32; 2 * 40];
+    let t = MatmulTask {
+        m: 2,
+        activations: Activations::Host(&a),
+        act_scales: &[1.0, 1.0],
+        weight: w,
+        cores: CoreMask(0b010),
+    };
+    let st = dev.matmul_raw(&t, &mut raw).unwrap();
+    assert_eq!(raw, naive(&a, &q, 2, 40, 96));
+    assert_eq!(st.domain, DomainId(2));
+    assert!(st.switched);
+}
+
+#[test]
+fn device_activations_and_cross_domain() {
+    let dev = EmuDevice::new();
+    let mut rng = Lcg(9);
+    let (pw, q) = random_weight(PackDtype::I8, 64, 32, &mut rng);
+    let w = upload(&dev, &pw, DomainId(1)).unwrap();
+    let a: Vec<i8> = (0..3 * 64).map(|_| rng.i8()).collect();
+    let mut abuf = dev
+        .create_buffer(a.len() as u64, MemFlags::CACHEABLE, DomainId(1))
+        .unwrap();
+    abuf.as_mut_slice()
+        .iter_mut()
+        .zip(&a)
+        .for_each(|(d, &s)| *d = s as u8);
+    let mut raw = vec![0i32; 3 * 32];
+    let mut t = MatmulTask {
+        m: 3,
+        activations: Activations::Device(abuf.full_view()),
+        act_scales: &[1.0; 3],
+        weight: w.as_weight(),
+        cores: CoreMask::AUTO,
+    };
+    dev.matmul_raw(&t, &mut raw).unwrap();
+    assert_eq!(raw, naive(&a, &q, 3, 32, 64));
+    let other = dev
+        .create_buffer(a.len() as u64, MemFlags::CACHEABLE, DomainId(0))
+        .unwrap();
+    t.activations = Activations::Device(other.full_view());
+    let r = dev.matmul_raw(&t, &mut raw);
+    assert!(
+        matches!(
+            r,
+            Err(DeviceError::CrossDomain {
+                task_domain: DomainId(1),
+                operand_domain: DomainId(0),
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn shape_mismatches_are_typed_errors() {
+    let dev = EmuDevice::new();
+    let mut rng = Lcg(3);
+    let (pw, _) = random_weight(PackDtype::I8, 64, 32, &mut rng);
+    let w = upload(&dev, &pw, DomainId(0)).unwrap();
+    let a = vec![0i8; 2 * 64];
+    let mut out = vec![0f32; 2 * 32];
+    let len_err = |r: Result<_, DeviceError>, which: &str| match r {
+        Err(DeviceError::Length { operand, .. }) => assert_eq!(operand, which),
+        other => panic!("{which}: {other:?}"),
+    };
+    // Activations sized for another K.
+    len_err(
+        dev.matmul(&task(2, &a[..100], &[1.0; 2], &w), &mut out),
+        "activations",
+    );
+    // Output sized for another N.
+    len_err(
+        dev.matmul(&task(2, &a, &[1.0; 2], &w), &mut out[..63]),
+        "output",
+    );
+    len_err(
+        dev.matmul(&task(2, &a, &[1.0; 3], &w), &mut out),
+        "activation scales",
+    );
+    // Weight bytes / scales that do not match the layout.
+    let wrong = ork_device::WeightRef {
+        layout: TiledLayout::new(PackDtype::I8, 96, 32),
+        ..w.as_weight()
+    };
+    let t = MatmulTask {
+        weight: wrong,
+        ..task(2, &a, &[1.0; 2], &w)
+    };
+    len_err(dev.matmul(&t, &mut out), "weight bytes");
+    let bad_scales = ork_device::WeightRef {
+        scales: &pw.scales[..31],
+        ..w.as_weight()
+    };
+    let t = MatmulTask {
+        weight: bad_scales,
+        ..task(2, &a, &[1.0; 2], &w)
+    };
+    len_err(dev.matmul(&t, &mut out), "weight scales");
+    // Upload of an inconsistent packed weight.
+    let mut short = pw.clone();
+    short.data.pop();
+    assert!(matches!(
+        upload(&dev, &short, DomainId(0)),
+        Err(DeviceError::Length { .. })
+    ));
+    // Core mask beyond 3 cores.
+    let t = MatmulTask {
+        cores: CoreMask(0b1000),
+        ..task(2, &a, &[1.0; 2], &w)
+    };
+    assert!(matches!(
+        dev.matmul(&t, &mut out),
+        Err(DeviceError::BadCoreMask { .. })
+    ));
+    // Raw matmul of an fp16 weight.
+    let (pf, _) = random_weight(PackDtype::F16, 64, 32, &mut rng);
+    let wf = upload(&dev, &pf, DomainId(0)).unwrap();
+    let mut raw = vec![0i32; 64];
+    assert!(matches!(
+        dev.matmul_raw(&task(2, &a, &[1.0; 2], &wf), &mut raw),
+        Err(DeviceError::NotInteger { .. })
+    ));
+    // A weight of another device.
+    let dev2 = EmuDevice::new();
+    assert!(matches!(
+        dev2.matmul(&task(2, &a, &[1.0; 2], &w), &mut out),
+        Err(DeviceError::ForeignBuffer { .. })
+    ));
+    // Nothing ran.
+    assert_eq!(dev.stats().tasks, 0);
+}
+
+#[test]
+fn domain_switches_are_counted() {
+    let dev = EmuDevice::new();
+    let mut rng = Lcg(5);
+    let (pw, _) = random_weight(PackDtype::I8, 32, 32, &mut rng);
+    let w0 = upload(&dev, &pw, DomainId(0)).unwrap();
+    let w3 = upload(&dev, &pw, DomainId(3)).unwrap();
+    let a = vec![1i8; 32];
+    let mut out = vec![0f32; 32];
+    for w in [&w0, &w0, &w3, &w3, &w0] {
+        dev.matmul(&task(1, &a, &[1.0], w), &mut out).unwrap();
+    }
+    let s = dev.stats();
+    assert_eq!(
+        (s.tasks, s.domain_switches, s.attached),
+        (5, 2, DomainId(0))
+    );
+}
+
+#[test]
+fn window_full_is_errno_14_equivalent_and_recovers() {
+    let dev = EmuDevice::new();
+    let mut bufs = Vec::new();
+    let err = loop {
+        match dev.create_buffer(64 << 20, MemFlags::CACHEABLE, DomainId(0)) {
+            Ok(b) => bufs.push(b),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(bufs.len(), 63);
+    assert!(
+        matches!(
+            err,
+            DeviceError::WindowFull {
+                domain: DomainId(0),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Another domain still has a whole window.
+    let other = dev
+        .create_buffer(64 << 20, MemFlags::CACHEABLE, DomainId(1))
+        .unwrap();
+    drop(bufs.pop());
+    let again = dev
+        .create_buffer(64 << 20, MemFlags::CACHEABLE, DomainId(0))
+        .unwrap();
+    drop((bufs, other, again));
+    let s = dev.stats();
+    assert_eq!((s.buffers_live, s.resident_total()), (0, 0));
+    assert!(s.peak_resident >= 64 * (64 << 20));
+}
+
+#[test]
+fn config_is_validated() {
+    let bad = |c: EmuConfig| {
+        matches!(
+            EmuDevice::with_config(c),
+            Err(DeviceError::BadConfig { .. })
+        )
+    };
+    assert!(bad(EmuConfig {
+        domains: 0,
+        ..EmuConfig::default()
+    }));
+    assert!(bad(EmuConfig {
+        domains: 17,
+        ..EmuConfig::default()
+    }));
+    assert!(bad(EmuConfig {
+        cores: 0,
+        ..EmuConfig::default()
+    }));
+    assert!(bad(EmuConfig {
+        window: ork_device::window::WindowConfig {
+            size: WINDOW_BYTES * 2,
+            reserved: vec![]
+        },
+        ..EmuConfig::default()
+    }));
+    let d = EmuDevice::with_config(EmuConfig {
+        domains: 2,
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    assert!(matches!(
+        d.create_buffer(4096, MemFlags::WEIGHT, DomainId(2)),
+        Err(DeviceError::UnknownDomain { .. })
+    ));
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn rknpu_absent_is_not_found() {
+    // On a board the device opens; everywhere else opening must fail with NotFound, not panic or
+    // report a driver error.
+    match ork_device::RknpuDevice::open() {
+        Ok(d) => assert_eq!(d.info().window_bytes, WINDOW_BYTES),
+        Err(e) => assert!(matches!(e, DeviceError::NotFound { .. }), "{e:?}"),
+    }
+}
