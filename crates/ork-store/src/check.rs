@@ -101,7 +101,7 @@ pub fn check_entry_key(pack: &Orkpack, entry: &Entry, key: &EntryKey) -> EntrySt
 }
 
 /// Why `entry`'s metadata does not match `key`, if it does not.
-fn stale_reason(entry: &Entry, key: &EntryKey) -> Option<String> {
+pub(crate) fn stale_reason(entry: &Entry, key: &EntryKey) -> Option<String> {
     let (have, want) = (entry.layout(), key.layout);
     if (have.k, have.n) != (want.k, want.n) {
         return Some(format!(

@@ -123,6 +123,12 @@ pub enum StoreError {
         /// `Result` of this crate).
         source: Box<ork_pack::PackError>,
     },
+    /// The pack thread pool could not be built.
+    #[error("building the pack thread pool: {reason}")]
+    Threads {
+        /// Why.
+        reason: String,
+    },
     /// The model's tensor cannot be stored as a matmul weight (not 2-D, dims too large).
     #[error("tensor '{tensor}': not a matmul weight: {reason}")]
     NotMatmulWeight {

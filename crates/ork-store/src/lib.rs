@@ -15,6 +15,7 @@
 
 mod bench;
 mod check;
+mod convert;
 mod error;
 mod fingerprint;
 pub mod format;
@@ -25,6 +26,10 @@ mod writer;
 
 pub use bench::{bench_load, LoadBench};
 pub use check::{check_entry, check_entry_key, matmul_dims, EntryKey, EntryStatus};
+pub use convert::{
+    convert, ensure, matmul_weights, model_identity, Action, ConvertOptions, ConvertReport,
+    Progress,
+};
 pub use error::StoreError;
 pub use fingerprint::{fingerprint, fingerprint_bytes, FULL_HASH_LIMIT};
 pub use reader::{Entry, ModelIdentity, Orkpack, SourceInfo};

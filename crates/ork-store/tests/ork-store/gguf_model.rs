@@ -2,10 +2,15 @@
 
 use std::path::Path;
 
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use ork_gguf::GgufFile;
-use ork_pack::PackDtype;
+use ork_pack::{GgufRows, PackDtype};
 use ork_store::{
-    check_entry, fingerprint, EntryStatus, Orkpack, OrkpackWriter, SourceInfo, StoreError,
+    bench_load, check_entry, convert, ensure, fingerprint, matmul_weights, Action, ConvertOptions,
+    EntryStatus, Orkpack, OrkpackWriter, SourceInfo, StoreError,
 };
 
 use super::weight;
@@ -114,4 +119,206 @@ fn same_shapes_different_values_is_stale() {
         Err(StoreError::Stale { tensor, .. }) => assert_eq!(tensor, name),
         other => panic!("expected Stale, got {:?}", other.err()),
     }
+}
+
+/// A tiny model with two matmul weights (tuned independently) and a norm vector.
+fn tiny_two(path: &Path, tune_q: f32, tune_up: f32) {
+    let mat = |k: usize, n: usize, tune: f32| -> Vec<f32> {
+        (0..k * n)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0 + tune)
+            .collect()
+    };
+    write_tiny_gguf(
+        path,
+        &[
+            ("blk.0.attn_norm.weight", vec![64], vec![1.0; 64]),
+            ("blk.0.ffn_up.weight", vec![64, 96], mat(64, 96, tune_up)),
+            ("blk.0.attn_q.weight", vec![64, 32], mat(64, 32, tune_q)),
+        ],
+    );
+}
+
+/// The packed weight ork_pack produces for tensor `name` of `model`.
+fn packed(model: &GgufFile, name: &str, dtype: PackDtype) -> ork_pack::PackedWeight {
+    let t = model.tensor(name).unwrap();
+    ork_pack::pack(&GgufRows::new(model, t).unwrap(), dtype).unwrap()
+}
+
+fn file_id(path: &Path) -> (u64, Vec<u8>) {
+    (
+        std::fs::metadata(path).unwrap().ino(),
+        std::fs::read(path).unwrap(),
+    )
+}
+
+#[test]
+fn ensure_packs_reuses_and_repacks_only_what_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a_path, b_path) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"));
+    tiny_two(&a_path, 0.0, 0.0);
+    tiny_two(&b_path, 0.0, 0.5); // ffn_up fine-tuned
+    let a = GgufFile::open(&a_path).unwrap();
+    let b = GgufFile::open(&b_path).unwrap();
+    let pack_path = dir.path().join("m.orkpack");
+    let (seen, packed_seen) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let cb = |p: &ork_store::Progress<'_>| {
+        assert_eq!(p.total, 2);
+        seen.fetch_add(1, Ordering::Relaxed);
+        if p.action == Action::Packed {
+            packed_seen.fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    let mut opts = ConvertOptions::new(PackDtype::I8);
+    opts.progress = Some(&cb);
+    opts.threads = Some(2);
+
+    // Order: block roles, not file order.
+    let names: Vec<&str> = matmul_weights(&a).iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["blk.0.attn_q.weight", "blk.0.ffn_up.weight"]);
+
+    // 1. From nothing: everything packed, identical to ork_pack's output.
+    let (pack, r) = ensure(&a, &pack_path, &opts).unwrap();
+    assert_eq!((r.packed, r.reused, r.rewritten), (2, 0, true));
+    assert_eq!(seen.load(Ordering::Relaxed), 2);
+    assert_eq!(packed_seen.load(Ordering::Relaxed), 2);
+    assert_eq!(r.bytes_in, a.tensors()[1].size + a.tensors()[2].size);
+    for name in names.iter() {
+        assert_eq!(
+            pack.load(name, true).unwrap(),
+            packed(&a, name, PackDtype::I8)
+        );
+    }
+    assert_eq!(pack.model_identity(), Some(ork_store::model_identity(&a)));
+    drop(pack);
+    let before = file_id(&pack_path);
+
+    // 2. Unchanged model: reused untouched (same inode, same bytes).
+    let (_, r) = ensure(&a, &pack_path, &opts).unwrap();
+    assert_eq!((r.packed, r.reused, r.rewritten), (0, 2, false));
+    assert_eq!(file_id(&pack_path), before);
+    assert_eq!(seen.load(Ordering::Relaxed), 4);
+    assert_eq!(
+        packed_seen.load(Ordering::Relaxed),
+        2,
+        "nothing packed the second time"
+    );
+
+    // 3. One tensor fine-tuned: only it is repacked, as stale.
+    let (pack, r) = ensure(&b, &pack_path, &opts).unwrap();
+    assert_eq!((r.packed, r.reused, r.rewritten), (1, 1, true));
+    assert_eq!(r.repacked.len(), 1);
+    assert_eq!(r.repacked[0].0, "blk.0.ffn_up.weight");
+    let up = b.tensor("blk.0.ffn_up.weight").unwrap();
+    assert_eq!(
+        check_entry(&pack, pack.entry(&up.name).unwrap(), &b, up, PackDtype::I8),
+        EntryStatus::Valid
+    );
+    assert_eq!(
+        pack.load("blk.0.ffn_up.weight", true).unwrap(),
+        packed(&b, "blk.0.ffn_up.weight", PackDtype::I8)
+    );
+    let (q_off, q_len) = pack.entry("blk.0.attn_q.weight").unwrap().blob_range();
+    drop(pack);
+
+    // 4. A corrupt blob: repacked (verify on).
+    let mut bytes = std::fs::read(&pack_path).unwrap();
+    bytes[(q_off + q_len / 3) as usize] ^= 0x40;
+    std::fs::write(&pack_path, &bytes).unwrap();
+    let (pack, r) = ensure(&b, &pack_path, &opts).unwrap();
+    assert_eq!((r.packed, r.reused), (1, 1));
+    assert_eq!(r.repacked[0].0, "blk.0.attn_q.weight");
+    assert!(pack.load("blk.0.attn_q.weight", true).is_ok());
+    drop(pack);
+
+    // 5. Another dtype: everything stale.
+    let (pack, r) = ensure(&b, &pack_path, &ConvertOptions::new(PackDtype::I4)).unwrap();
+    assert_eq!((r.packed, r.reused), (2, 0));
+    assert_eq!(pack.entries()[0].layout().dtype, PackDtype::I4);
+    drop(pack);
+
+    // 6. Garbage in place of the file: discarded and rebuilt.
+    std::fs::write(&pack_path, b"not a pack").unwrap();
+    let (_, r) = ensure(&b, &pack_path, &opts).unwrap();
+    assert!(r.discarded.is_some());
+    assert_eq!(r.packed, 2);
+
+    // 7. convert always repacks.
+    let (_, r) = convert(&b, &pack_path, &opts).unwrap();
+    assert_eq!((r.packed, r.reused), (2, 0));
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains(".tmp."))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// The real model (env ORK_MODEL or the fetch script's default path).
+fn real_model() -> GgufFile {
+    let path = std::env::var_os("ORK_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        path.exists(),
+        "model {} missing: run scripts/fetch-model.sh",
+        path.display()
+    );
+    GgufFile::open(&path).unwrap()
+}
+
+#[test]
+fn real_model_matmul_weights_in_use_order() {
+    let m = real_model();
+    let ws = matmul_weights(&m);
+    assert_eq!(ws.len(), 211);
+    assert_eq!(ws[0].name, "token_embd.weight");
+    assert_eq!(ws[1].name, "blk.0.attn_q.weight");
+    assert_eq!(ws[7].name, "blk.0.ffn_down.weight");
+    assert_eq!(ws[8].name, "blk.1.attn_q.weight");
+    assert_eq!(ws[210].name, "blk.29.ffn_down.weight");
+    assert!(ws.iter().all(|t| t.dims.len() == 2));
+}
+
+#[test]
+fn real_model_convert_then_reload() {
+    let m = real_model();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("smollm2.orkpack");
+    let mut opts = ConvertOptions::new(PackDtype::I8);
+    opts.evict_src = true;
+    let (pack, r) = ensure(&m, &path, &opts).unwrap();
+    assert_eq!((r.packed, r.reused, r.rewritten), (211, 0, true));
+    assert_eq!(pack.entries().len(), 211);
+    eprintln!(
+        "CONVERT: {} packed, {:.1} MB in -> {:.1} MB out, {:.2} s",
+        r.packed,
+        r.bytes_in as f64 / 1e6,
+        r.bytes_out as f64 / 1e6,
+        r.seconds
+    );
+    drop(pack);
+    let (pack, r) = ensure(&m, &path, &opts).unwrap();
+    assert_eq!((r.packed, r.reused, r.rewritten), (0, 211, false));
+    eprintln!(
+        "RELOAD (check only): {} reused, {:.2} s",
+        r.reused, r.seconds
+    );
+    for name in ["token_embd.weight", "blk.7.ffn_down.weight"] {
+        let t = m.tensor(name).unwrap();
+        let loaded = pack.load_for(&m, t, PackDtype::I8, true).unwrap();
+        assert_eq!(loaded, packed(&m, name, PackDtype::I8), "{name}");
+    }
+    let e = pack.entry("token_embd.weight").unwrap();
+    let b = bench_load(&pack, e, 5).unwrap();
+    eprintln!(
+        "load {} MB: memcpy {:.2} GB/s, verified load {:.2} GB/s ({:.2}x), unverified {:.2} GB/s",
+        b.bytes as f64 / 1e6,
+        b.memcpy_gb_s,
+        b.load_verified_gb_s,
+        b.verified_ratio(),
+        b.load_unverified_gb_s
+    );
 }

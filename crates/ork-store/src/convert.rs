@@ -1,0 +1,395 @@
+//! The self-populating cache: [`ensure`] keeps a model's `.orkpack` complete and current,
+//! [`convert`] rebuilds it from scratch.
+//!
+//! Packing is sequential over tensors and parallel inside one (the pack kernel runs on rayon):
+//! pack → write → drop, so peak memory is one packed weight plus the working set of the source
+//! map; with `evict_src` the source pages of each tensor are dropped once it is handled.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use ork_gguf::{GgufFile, TensorInfo};
+use ork_pack::{GgufRows, PackDtype};
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::check::{check_entry_key, stale_reason};
+use crate::{EntryKey, EntryStatus, ModelIdentity, Orkpack, OrkpackWriter, StoreError};
+
+/// What [`ensure`] / [`convert`] did with one tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Carried over from the existing file.
+    Reused,
+    /// Packed from the model.
+    Packed,
+}
+
+/// Progress of a conversion, reported after each tensor.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress<'a> {
+    /// Tensors handled so far (1-based index of this one).
+    pub done: usize,
+    /// Tensors in total.
+    pub total: usize,
+    /// This tensor's name.
+    pub tensor: &'a str,
+    /// What happened to it.
+    pub action: Action,
+    /// Blob + scale bytes of this tensor in the cache.
+    pub bytes: u64,
+}
+
+/// Settings of [`ensure`] and [`convert`].
+#[derive(Clone, Copy)]
+pub struct ConvertOptions<'a> {
+    /// Element type to pack to.
+    pub dtype: PackDtype,
+    /// Hash every existing entry's blob and scales before reusing it (a corrupt entry is then
+    /// repacked). Without it, existing entries are judged by their metadata and fingerprint only
+    /// (blobs are still verified when copied into a rewritten file, and when loaded).
+    pub verify: bool,
+    /// Drop each source tensor's pages from memory (`GgufFile::evict`) once it is handled.
+    pub evict_src: bool,
+    /// Threads for the pack kernel (`None`: rayon's global pool).
+    pub threads: Option<usize>,
+    /// Called after each tensor.
+    pub progress: Option<&'a (dyn Fn(&Progress<'_>) + Sync)>,
+}
+
+impl<'a> ConvertOptions<'a> {
+    /// Defaults: `verify` on, no eviction, the global pool, no progress callback.
+    pub fn new(dtype: PackDtype) -> Self {
+        ConvertOptions {
+            dtype,
+            verify: true,
+            evict_src: false,
+            threads: None,
+            progress: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ConvertOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConvertOptions")
+            .field("dtype", &self.dtype)
+            .field("verify", &self.verify)
+            .field("evict_src", &self.evict_src)
+            .field("threads", &self.threads)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+/// What [`ensure`] / [`convert`] did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConvertReport {
+    /// Entries carried over from the existing file.
+    pub reused: usize,
+    /// Entries packed from the model.
+    pub packed: usize,
+    /// Source bytes of the packed tensors.
+    pub bytes_in: u64,
+    /// Blob + scale bytes of all entries of the resulting file.
+    pub bytes_out: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// Whether the file was (re)written; `false` = the existing file was reused untouched.
+    pub rewritten: bool,
+    /// Why an existing file was discarded as a whole (unreadable, other version, …).
+    pub discarded: Option<String>,
+    /// Entries of the existing file that were repacked, with the reason (stale / corrupt).
+    pub repacked: Vec<(String, String)>,
+}
+
+/// The model's matmul weights — every 2-D tensor — in the order a forward pass uses them:
+/// `token_embd.weight` first, then block by block (`attn_q`, `attn_k`, `attn_v`, `attn_output`,
+/// `ffn_gate`, `ffn_up`, `ffn_down`, then any other 2-D tensor of the block in file order), then
+/// `output.weight`, then any remaining 2-D tensors in file order. For SmolLM2-135M that is 211
+/// tensors; its output projection is tied to `token_embd.weight`.
+pub fn matmul_weights(model: &GgufFile) -> Vec<&TensorInfo> {
+    const ROLES: [&str; 7] = [
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_v.weight",
+        "attn_output.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+    ];
+    let rank = |t: &TensorInfo| -> (u8, u64, usize) {
+        if t.name == "token_embd.weight" {
+            return (0, 0, 0);
+        }
+        if let Some(rest) = t.name.strip_prefix("blk.") {
+            if let Some((blk, role)) = rest.split_once('.') {
+                if let Ok(b) = blk.parse::<u64>() {
+                    let r = ROLES.iter().position(|&x| x == role).unwrap_or(ROLES.len());
+                    return (1, b, r);
+                }
+            }
+        }
+        if t.name == "output.weight" {
+            return (2, 0, 0);
+        }
+        (3, 0, 0)
+    };
+    let mut ws: Vec<&TensorInfo> = model
+        .tensors()
+        .iter()
+        .filter(|t| t.dims.len() == 2)
+        .collect();
+    ws.sort_by_key(|t| rank(t)); // stable: ties stay in file order
+    ws
+}
+
+/// The informational identity of a model: its file length and an xxh3 over the fingerprints of
+/// its matmul weights.
+pub fn model_identity(model: &GgufFile) -> ModelIdentity {
+    let fps: Vec<u64> = matmul_weights(model)
+        .into_iter()
+        .map(|t| crate::fingerprint(model, t))
+        .collect();
+    identity_of(model, &fps)
+}
+
+fn identity_of(model: &GgufFile, fingerprints: &[u64]) -> ModelIdentity {
+    let mut h = Xxh3::new();
+    for f in fingerprints {
+        h.update(&f.to_le_bytes());
+    }
+    ModelIdentity {
+        file_len: model.file_len(),
+        fingerprint: h.digest(),
+    }
+}
+
+/// Make `path` a complete, current cache of `model`'s matmul weights and open it.
+///
+/// Opens the file if present; every weight whose entry is missing, stale or (with `verify`)
+/// corrupt is repacked, valid entries are copied over, and the file is rewritten atomically.
+/// If every entry is valid and the file holds nothing else, it is reused untouched. A file that
+/// cannot be used at all (bad magic, other version, truncated, corrupt index) is rebuilt; an
+/// I/O error other than "not found" is returned.
+pub fn ensure(
+    model: &GgufFile,
+    path: &Path,
+    opts: &ConvertOptions<'_>,
+) -> Result<(Orkpack, ConvertReport), StoreError> {
+    let started = Instant::now();
+    let (existing, discarded) = match Orkpack::open(path) {
+        Ok(p) => (Some(p), None),
+        Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            (None, None)
+        }
+        Err(e @ StoreError::Io { .. }) => return Err(e),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let plan = Plan::new(model, opts)?;
+    let mut report = ConvertReport {
+        discarded,
+        ..ConvertReport::default()
+    };
+    let mut reusable: HashMap<&str, bool> = HashMap::new();
+    if let Some(old) = &existing {
+        for (t, key) in plan.weights.iter().zip(&plan.keys) {
+            let Some(e) = old.entry(&t.name) else {
+                continue;
+            };
+            let status = if opts.verify {
+                check_entry_key(old, e, key)
+            } else {
+                match stale_reason(e, key) {
+                    Some(reason) => EntryStatus::Stale { reason },
+                    None => EntryStatus::Valid,
+                }
+            };
+            match status {
+                EntryStatus::Valid => {
+                    reusable.insert(&t.name, true);
+                }
+                EntryStatus::Stale { reason } | EntryStatus::Corrupt { reason } => {
+                    report.repacked.push((t.name.clone(), reason));
+                }
+            }
+        }
+        let all_valid = reusable.len() == plan.weights.len();
+        if all_valid && old.entries().len() == plan.weights.len() {
+            let old = existing.expect("checked above");
+            report.reused = plan.weights.len();
+            report.bytes_out = old.entries().iter().map(entry_bytes).sum();
+            for (i, t) in plan.weights.iter().enumerate() {
+                if opts.evict_src {
+                    model.evict(t);
+                }
+                plan.report(
+                    i,
+                    &t.name,
+                    Action::Reused,
+                    entry_bytes(old.entry(&t.name).expect("valid")),
+                );
+            }
+            report.seconds = started.elapsed().as_secs_f64();
+            return Ok((old, report));
+        }
+    }
+    let reuse = |name: &str| reusable.contains_key(name);
+    write_pack(
+        model,
+        path,
+        &plan,
+        existing.as_ref(),
+        &reuse,
+        report,
+        started,
+    )
+}
+
+/// Build `path` from scratch from `model` (every weight packed), replacing any existing file
+/// atomically, and open it.
+pub fn convert(
+    model: &GgufFile,
+    path: &Path,
+    opts: &ConvertOptions<'_>,
+) -> Result<(Orkpack, ConvertReport), StoreError> {
+    let started = Instant::now();
+    let plan = Plan::new(model, opts)?;
+    write_pack(
+        model,
+        path,
+        &plan,
+        None,
+        &|_| false,
+        ConvertReport::default(),
+        started,
+    )
+}
+
+/// Blob + scale bytes of an entry.
+fn entry_bytes(e: &crate::Entry) -> u64 {
+    e.blob_range().1 + e.scale_range().1
+}
+
+/// The weights to store, their keys, and the resources to pack them with.
+struct Plan<'m, 'o> {
+    weights: Vec<&'m TensorInfo>,
+    keys: Vec<EntryKey>,
+    identity: ModelIdentity,
+    pool: Option<rayon::ThreadPool>,
+    opts: &'o ConvertOptions<'o>,
+}
+
+impl<'m, 'o> Plan<'m, 'o> {
+    fn new(model: &'m GgufFile, opts: &'o ConvertOptions<'o>) -> Result<Self, StoreError> {
+        let weights = matmul_weights(model);
+        let keys = weights
+            .iter()
+            .map(|t| EntryKey::for_tensor(model, t, opts.dtype))
+            .collect::<Result<Vec<_>, _>>()?;
+        let fps: Vec<u64> = keys.iter().map(|k| k.source.fingerprint).collect();
+        let identity = identity_of(model, &fps);
+        let pool = match opts.threads {
+            Some(n) => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .map_err(|e| StoreError::Threads {
+                        reason: e.to_string(),
+                    })?,
+            ),
+            None => None,
+        };
+        Ok(Plan {
+            weights,
+            keys,
+            identity,
+            pool,
+            opts,
+        })
+    }
+
+    fn report(&self, i: usize, tensor: &str, action: Action, bytes: u64) {
+        if let Some(cb) = self.opts.progress {
+            cb(&Progress {
+                done: i + 1,
+                total: self.weights.len(),
+                tensor,
+                action,
+                bytes,
+            });
+        }
+    }
+}
+
+/// Write a new file for `plan`: entries for which `reuse` holds are copied from `old`, the
+/// others packed; then publish it and open it.
+fn write_pack(
+    model: &GgufFile,
+    path: &Path,
+    plan: &Plan<'_, '_>,
+    old: Option<&Orkpack>,
+    reuse: &dyn Fn(&str) -> bool,
+    mut report: ConvertReport,
+    started: Instant,
+) -> Result<(Orkpack, ConvertReport), StoreError> {
+    let mut w = OrkpackWriter::create(path)?;
+    w.set_model_identity(plan.identity);
+    for (i, (t, key)) in plan.weights.iter().zip(&plan.keys).enumerate() {
+        let copied = match old.and_then(|o| o.entry(&t.name).map(|e| (o, e))) {
+            Some((o, e)) if reuse(&t.name) => match w.copy_entry(o, e) {
+                Ok(()) => Some(entry_bytes(e)),
+                // Damaged since it was checked (or not checked: verify off): repack it.
+                Err(StoreError::CorruptBlob { what, .. }) => {
+                    report
+                        .repacked
+                        .push((t.name.clone(), format!("corrupt {what}")));
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+            _ => None,
+        };
+        let (action, bytes) = match copied {
+            Some(bytes) => {
+                report.reused += 1;
+                (Action::Reused, bytes)
+            }
+            None => {
+                let pw = pack_tensor(model, t, plan)?;
+                w.add(&t.name, &pw, key.source)?;
+                report.packed += 1;
+                report.bytes_in += t.size;
+                (Action::Packed, (pw.data.len() + 4 * pw.scales.len()) as u64)
+            }
+        };
+        report.bytes_out += bytes;
+        if plan.opts.evict_src {
+            model.evict(t);
+        }
+        plan.report(i, &t.name, action, bytes);
+    }
+    w.finish()?;
+    let pack = Orkpack::open(path)?;
+    report.rewritten = true;
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok((pack, report))
+}
+
+/// Pack one tensor on the plan's pool.
+fn pack_tensor(
+    model: &GgufFile,
+    t: &TensorInfo,
+    plan: &Plan<'_, '_>,
+) -> Result<ork_pack::PackedWeight, StoreError> {
+    let wrap = |e| StoreError::Pack {
+        tensor: t.name.clone(),
+        source: Box::new(e),
+    };
+    let rows = GgufRows::new(model, t).map_err(wrap)?;
+    let packed = match &plan.pool {
+        Some(pool) => ork_pack::pack_in(pool, &rows, plan.opts.dtype),
+        None => ork_pack::pack(&rows, plan.opts.dtype),
+    };
+    packed.map_err(wrap)
+}
