@@ -339,3 +339,9 @@ impl GgufFile {
         Ok(out)
     }
 }
+
+// An open file is shared between the packing threads and the prefetcher.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<GgufFile>();
+};
