@@ -37,12 +37,14 @@
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod bench;
 mod buffer;
 mod emu;
 mod error;
 mod gemm;
 mod host_map;
 pub mod kernel;
+mod probe;
 #[cfg(target_os = "linux")]
 mod rknpu;
 mod task;
@@ -53,6 +55,7 @@ pub use emu::{EmuConfig, EmuDevice, SwitchWait};
 pub use error::DeviceError;
 #[cfg(target_os = "linux")]
 pub use rknpu::RknpuDevice;
+pub use probe::{probe_dma, probe_stream, DmaProbeMode, DmaProbeReport, StreamProbeReport};
 pub use task::{upload, Activations, CoreMask, DeviceWeight, MatmulStats, MatmulTask, WeightRef};
 
 /// Most IOMMU domains the vendor driver supports (`RKNPU_MAX_IOMMU_DOMAIN_NUM`).

@@ -454,3 +454,36 @@ fn rknpu_absent_is_not_found() {
         Err(e) => assert!(matches!(e, DeviceError::NotFound { .. }), "{e:?}"),
     }
 }
+
+// ---------- probes ----------
+
+#[test]
+fn probe_dma_reproduces_the_board() {
+    use ork_device::{probe_dma, DmaProbeMode};
+    let dev = EmuDevice::new();
+    for mode in [DmaProbeMode::Create, DmaProbeMode::CreateMmap] {
+        let r = probe_dma(&dev, 64, mode, 1).unwrap();
+        assert_eq!((r.count_ok, r.failed_at_index), (63, Some(63)));
+        assert_eq!(r.bytes_ok, 4_227_858_432); // 4.23 GB
+        assert!(matches!(r.error, Some(DeviceError::WindowFull { .. })));
+    }
+    let r = probe_dma(&dev, 64, DmaProbeMode::Create, 8).unwrap();
+    assert_eq!(r.per_domain, vec![63; 8]);
+    assert_eq!(r.failed_at_index, Some(8 * 63));
+    assert_eq!(dev.stats().buffers_live, 0);
+    assert!(matches!(probe_dma(&dev, 64, DmaProbeMode::Create, 17), Err(DeviceError::UnknownDomain { .. })));
+    assert!(matches!(probe_dma(&dev, 0, DmaProbeMode::Create, 1), Err(DeviceError::ZeroSize { .. })));
+}
+
+#[test]
+fn probe_stream_cycles_more_than_the_window_without_leaking() {
+    let dev = EmuDevice::with_config(EmuConfig {
+        window: ork_device::window::WindowConfig { size: 64 << 20, reserved: vec![] },
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    let r = ork_device::probe_stream(&dev, 256, 16).unwrap();
+    assert_eq!((r.bytes_cycled, r.buffers, r.leaked), (256 << 20, 16, 0));
+    assert_eq!(r.max_resident, 16 << 20);
+    assert_eq!(dev.stats().resident_total(), 0);
+}

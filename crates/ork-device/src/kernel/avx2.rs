@@ -125,3 +125,28 @@ unsafe fn tile_dot_avx2(a: &[i16], kpad: usize, w: &[i8], tn: usize, out: &mut [
         r += 1;
     }
 }
+
+/// Peak-rate loop for the roofline: `iters × 10` independent `vpmaddwd` + `vpaddd` (16
+/// multiply-adds each), operands in registers.
+pub(super) fn peak(iters: u64) -> i32 {
+    assert!(std::arch::is_x86_feature_detected!("avx2"));
+    // SAFETY: AVX2 present (checked above); the function touches no memory.
+    unsafe { peak_avx2(iters) }
+}
+
+/// Multiply-adds per iteration of [`peak`].
+pub(super) const PEAK_MACS_PER_ITER: u64 = 10 * 16;
+
+#[target_feature(enable = "avx2")]
+fn peak_avx2(iters: u64) -> i32 {
+    let mut a = _mm256_set1_epi16(3);
+    let b = _mm256_set1_epi16(-5);
+    let mut acc = [_mm256_setzero_si256(); 10];
+    for _ in 0..iters {
+        a = std::hint::black_box(a);
+        for x in acc.iter_mut() {
+            *x = _mm256_add_epi32(*x, _mm256_madd_epi16(a, b));
+        }
+    }
+    acc.iter().fold(0i32, |s, &v| s.wrapping_add(hsum(v)))
+}

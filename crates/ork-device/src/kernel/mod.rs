@@ -216,6 +216,31 @@ pub(crate) fn f32_tile_dot(a: &[f32], kpad: usize, w: &[f32], tn: usize, out: &m
     }
 }
 
+/// Run the ISA's peak multiply-add loop on one thread for about `iters` iterations; returns the
+/// multiply-adds performed and a checksum (to keep the work observable).
+pub(crate) fn peak_loop(isa: Isa, iters: u64) -> (u64, i32) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::AvxVnni => (iters * vnni::PEAK_MACS_PER_ITER, vnni::peak(iters)),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => (iters * avx2::PEAK_MACS_PER_ITER, avx2::peak(iters)),
+        // Scalar / NEON: the kernel itself on an L1-resident 4 × 32 tile of 256-wide K.
+        _ => {
+            let a = vec![3i8; 4 * 256];
+            let w = vec![-5i8; 32 * 256];
+            let p = PreparedA::new(isa, 4, 256, 256, &a);
+            let mut out = [0i32; 4 * 32];
+            let reps = (iters / 64).max(1);
+            let mut sum = 0i32;
+            for _ in 0..reps {
+                tile_dot(&p, 0, 4, std::hint::black_box(&w), 32, &mut out);
+                sum = sum.wrapping_add(out[0]);
+            }
+            (reps * 4 * 32 * 256, sum)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -101,3 +101,28 @@ unsafe fn tile_dot_vnni(a: &[u8], kpad: usize, w: &[i8], tn: usize, out: &mut [i
         r += 1;
     }
 }
+
+/// Peak-rate loop for the roofline: `iters × 10` independent `vpdpbusd` (32 multiply-adds each),
+/// operands in registers. Returns a value derived from every lane so nothing is elided.
+pub(super) fn peak(iters: u64) -> i32 {
+    assert!(std::arch::is_x86_feature_detected!("avxvnni"));
+    // SAFETY: AVX2 + AVX-VNNI present (checked above); the function touches no memory.
+    unsafe { peak_vnni(iters) }
+}
+
+/// Multiply-adds per iteration of [`peak`].
+pub(super) const PEAK_MACS_PER_ITER: u64 = 10 * 32;
+
+#[target_feature(enable = "avx2,avxvnni")]
+fn peak_vnni(iters: u64) -> i32 {
+    let mut a = _mm256_set1_epi8(3);
+    let b = _mm256_set1_epi8(-5);
+    let mut acc = [_mm256_setzero_si256(); 10];
+    for _ in 0..iters {
+        a = std::hint::black_box(a);
+        for x in acc.iter_mut() {
+            *x = _mm256_dpbusd_avx_epi32(*x, a, b);
+        }
+    }
+    acc.iter().fold(0i32, |s, &v| s.wrapping_add(hsum(v)))
+}

@@ -1,0 +1,161 @@
+//! GEMM benchmark of the emulator against this machine's own rooflines, measured in the same run.
+
+use std::time::Instant;
+
+use ork_pack::{PackDtype, PackedWeight, TiledLayout};
+use rayon::prelude::*;
+
+use crate::kernel;
+use crate::{upload, Activations, CoreMask, Device, DeviceError, DomainId, EmuDevice, MatmulTask};
+
+/// SmolLM2-135M matmul shapes, `(K, N)`: q/o proj, k/v proj, gate/up, down, lm head.
+pub const SMOLLM2_SHAPES: [(usize, usize); 5] = [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49152)];
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Activation rows per case (prefill 128, 512; decode 1).
+    pub ms: Vec<usize>,
+    /// `(K, N)` weight shapes.
+    pub shapes: Vec<(usize, usize)>,
+    /// Minimum wall time per case, seconds.
+    pub min_seconds: f64,
+    /// Bytes read by the bandwidth probe.
+    pub bandwidth_bytes: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions { ms: vec![1, 128, 512], shapes: SMOLLM2_SHAPES.to_vec(), min_seconds: 0.3, bandwidth_bytes: 512 << 20 }
+    }
+}
+
+/// One measured case.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmCase {
+    /// Rows.
+    pub m: usize,
+    /// Reduction dim.
+    pub k: usize,
+    /// Output channels.
+    pub n: usize,
+    /// Seconds per matmul (best of the repetitions).
+    pub seconds: f64,
+    /// Integer ops per second, `2·M·K·N / seconds / 1e9`.
+    pub gops: f64,
+    /// Weight bytes streamed per second, GB/s.
+    pub weight_gbs: f64,
+    /// `gops / peak_gops` (the prefill figure of merit).
+    pub compute_ratio: f64,
+    /// `weight_gbs / bandwidth_gbs` (the decode figure of merit).
+    pub bandwidth_ratio: f64,
+}
+
+/// Benchmark result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmBenchReport {
+    /// Kernel ISA.
+    pub isa: &'static str,
+    /// Worker threads.
+    pub threads: usize,
+    /// Peak int8 ops/s (2 per multiply-add) of the ISA's multiply-add instruction, in-register, on
+    /// `threads` threads, GOP/s.
+    pub peak_gops: f64,
+    /// Read bandwidth of a large buffer on `threads` threads, GB/s.
+    pub bandwidth_gbs: f64,
+    /// The cases.
+    pub cases: Vec<GemmCase>,
+}
+
+fn peak_gops(dev: &EmuDevice) -> f64 {
+    let threads = dev.max_threads();
+    let isa = dev.isa();
+    // Many short runs, best kept: the host is shared, and a quiet slice shows the true peak.
+    let iters = 2_000_000u64;
+    let _ = kernel::peak_loop(isa, iters / 10); // warm-up (clocks, pool)
+    let mut best = 0f64;
+    for _ in 0..30 {
+        let t = Instant::now();
+        let macs: u64 = dev.run_on(threads, || {
+            (0..threads).into_par_iter().map(|_| std::hint::black_box(kernel::peak_loop(isa, iters)).0).sum()
+        });
+        best = best.max(2.0 * macs as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+fn bandwidth_gbs(dev: &EmuDevice, bytes: usize) -> f64 {
+    let threads = dev.max_threads();
+    let buf: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
+    let mut best = 0f64;
+    for _ in 0..8 {
+        let t = Instant::now();
+        let s: u64 = dev.run_on(threads, || {
+            buf.par_chunks(buf.len().div_ceil(threads))
+                .map(|c| c.chunks_exact(8).fold([0u64; 8], |mut acc, x| {
+                    acc.iter_mut().zip(x).for_each(|(a, &v)| *a = a.wrapping_add(v));
+                    acc
+                }))
+                .map(|a| a.iter().fold(0u64, |s, &v| s.wrapping_add(v)))
+                .reduce(|| 0, u64::wrapping_add)
+        });
+        std::hint::black_box(s);
+        best = best.max(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+/// Measure prefill and decode GEMMs on `dev` (all cores) for every `(M, K, N)` in `opts`, plus
+/// the machine's compute and bandwidth rooflines in the same run.
+pub fn bench_gemm(dev: &EmuDevice, opts: &BenchOptions) -> Result<GemmBenchReport, DeviceError> {
+    let peak = peak_gops(dev);
+    let bw = bandwidth_gbs(dev, opts.bandwidth_bytes);
+    let mut cases = Vec::new();
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed as u8
+    };
+    for &(k, n) in &opts.shapes {
+        let layout = TiledLayout::new(PackDtype::I8, k, n);
+        let data: Vec<u8> = (0..layout.blob_bytes()).map(|_| rnd()).collect();
+        let w = upload(dev, &PackedWeight { layout, data, scales: vec![0.01; n] }, DomainId(0))?;
+        for &m in &opts.ms {
+            let a: Vec<i8> = (0..m * k).map(|_| rnd() as i8).collect();
+            let sa = vec![0.02f32; m];
+            let mut out = vec![0f32; m * n];
+            let task = MatmulTask {
+                m,
+                activations: Activations::Host(&a),
+                act_scales: &sa,
+                weight: w.as_weight(),
+                cores: CoreMask::AUTO,
+            };
+            dev.matmul(&task, &mut out)?; // warm-up
+            let mut best = f64::MAX;
+            let start = Instant::now();
+            let mut reps = 0;
+            while reps < 3 || start.elapsed().as_secs_f64() < opts.min_seconds {
+                let t = Instant::now();
+                dev.matmul(&task, &mut out)?;
+                best = best.min(t.elapsed().as_secs_f64());
+                reps += 1;
+            }
+            let gops = 2.0 * (m * k * n) as f64 / best / 1e9;
+            let weight_gbs = layout.blob_bytes() as f64 / best / 1e9;
+            cases.push(GemmCase {
+                m,
+                k,
+                n,
+                seconds: best,
+                gops,
+                weight_gbs,
+                compute_ratio: gops / peak,
+                bandwidth_ratio: weight_gbs / bw,
+            });
+        }
+    }
+    Ok(GemmBenchReport { isa: dev.isa().name(), threads: dev.max_threads(), peak_gops: peak, bandwidth_gbs: bw, cases })
+}
