@@ -6,8 +6,14 @@ use ork_device::EmuDevice;
 fn main() -> Result<(), ork_device::DeviceError> {
     let dev = EmuDevice::new();
     let r = bench_gemm(&dev, &BenchOptions::default())?;
-    println!("isa {}  threads {}  peak {:.1} GOP/s  read bandwidth {:.2} GB/s", r.isa, r.threads, r.peak_gops, r.bandwidth_gbs);
-    println!("{:>4} {:>5} {:>6} {:>10} {:>9} {:>9} {:>8} {:>8}", "M", "K", "N", "ms", "GOP/s", "wGB/s", "%peak", "%bw");
+    println!(
+        "isa {}  threads {}  peak {:.1} GOP/s  read bandwidth {:.2} GB/s",
+        r.isa, r.threads, r.peak_gops, r.bandwidth_gbs
+    );
+    println!(
+        "{:>4} {:>5} {:>6} {:>10} {:>9} {:>9} {:>8} {:>8}",
+        "M", "K", "N", "ms", "GOP/s", "wGB/s", "%peak", "%bw"
+    );
     for c in &r.cases {
         println!(
             "{:>4} {:>5} {:>6} {:>10.3} {:>9.1} {:>9.2} {:>7.1}% {:>7.1}%",

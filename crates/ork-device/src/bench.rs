@@ -9,7 +9,13 @@ use crate::kernel;
 use crate::{upload, Activations, CoreMask, Device, DeviceError, DomainId, EmuDevice, MatmulTask};
 
 /// SmolLM2-135M matmul shapes, `(K, N)`: q/o proj, k/v proj, gate/up, down, lm head.
-pub const SMOLLM2_SHAPES: [(usize, usize); 5] = [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49152)];
+pub const SMOLLM2_SHAPES: [(usize, usize); 5] = [
+    (576, 576),
+    (576, 192),
+    (576, 1536),
+    (1536, 576),
+    (576, 49152),
+];
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -26,7 +32,12 @@ pub struct BenchOptions {
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { ms: vec![1, 128, 512], shapes: SMOLLM2_SHAPES.to_vec(), min_seconds: 0.3, bandwidth_bytes: 512 << 20 }
+        BenchOptions {
+            ms: vec![1, 128, 512],
+            shapes: SMOLLM2_SHAPES.to_vec(),
+            min_seconds: 0.3,
+            bandwidth_bytes: 512 << 20,
+        }
     }
 }
 
@@ -77,7 +88,10 @@ fn peak_gops(dev: &EmuDevice) -> f64 {
     for _ in 0..30 {
         let t = Instant::now();
         let macs: u64 = dev.run_on(threads, || {
-            (0..threads).into_par_iter().map(|_| std::hint::black_box(kernel::peak_loop(isa, iters)).0).sum()
+            (0..threads)
+                .into_par_iter()
+                .map(|_| std::hint::black_box(kernel::peak_loop(isa, iters)).0)
+                .sum()
         });
         best = best.max(2.0 * macs as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
@@ -92,10 +106,14 @@ fn bandwidth_gbs(dev: &EmuDevice, bytes: usize) -> f64 {
         let t = Instant::now();
         let s: u64 = dev.run_on(threads, || {
             buf.par_chunks(buf.len().div_ceil(threads))
-                .map(|c| c.chunks_exact(8).fold([0u64; 8], |mut acc, x| {
-                    acc.iter_mut().zip(x).for_each(|(a, &v)| *a = a.wrapping_add(v));
-                    acc
-                }))
+                .map(|c| {
+                    c.chunks_exact(8).fold([0u64; 8], |mut acc, x| {
+                        acc.iter_mut()
+                            .zip(x)
+                            .for_each(|(a, &v)| *a = a.wrapping_add(v));
+                        acc
+                    })
+                })
                 .map(|a| a.iter().fold(0u64, |s, &v| s.wrapping_add(v)))
                 .reduce(|| 0, u64::wrapping_add)
         });
@@ -121,7 +139,15 @@ pub fn bench_gemm(dev: &EmuDevice, opts: &BenchOptions) -> Result<GemmBenchRepor
     for &(k, n) in &opts.shapes {
         let layout = TiledLayout::new(PackDtype::I8, k, n);
         let data: Vec<u8> = (0..layout.blob_bytes()).map(|_| rnd()).collect();
-        let w = upload(dev, &PackedWeight { layout, data, scales: vec![0.01; n] }, DomainId(0))?;
+        let w = upload(
+            dev,
+            &PackedWeight {
+                layout,
+                data,
+                scales: vec![0.01; n],
+            },
+            DomainId(0),
+        )?;
         for &m in &opts.ms {
             let a: Vec<i8> = (0..m * k).map(|_| rnd() as i8).collect();
             let sa = vec![0.02f32; m];
@@ -157,5 +183,11 @@ pub fn bench_gemm(dev: &EmuDevice, opts: &BenchOptions) -> Result<GemmBenchRepor
             });
         }
     }
-    Ok(GemmBenchReport { isa: dev.isa().name(), threads: dev.max_threads(), peak_gops: peak, bandwidth_gbs: bw, cases })
+    Ok(GemmBenchReport {
+        isa: dev.isa().name(),
+        threads: dev.max_threads(),
+        peak_gops: peak,
+        bandwidth_gbs: bw,
+        cases,
+    })
 }

@@ -53,9 +53,9 @@ pub mod window;
 pub use buffer::{BufferView, DeviceBuffer};
 pub use emu::{EmuConfig, EmuDevice, SwitchWait};
 pub use error::DeviceError;
+pub use probe::{probe_dma, probe_stream, DmaProbeMode, DmaProbeReport, StreamProbeReport};
 #[cfg(target_os = "linux")]
 pub use rknpu::RknpuDevice;
-pub use probe::{probe_dma, probe_stream, DmaProbeMode, DmaProbeReport, StreamProbeReport};
 pub use task::{upload, Activations, CoreMask, DeviceWeight, MatmulStats, MatmulTask, WeightRef};
 
 /// Most IOMMU domains the vendor driver supports (`RKNPU_MAX_IOMMU_DOMAIN_NUM`).

@@ -30,12 +30,25 @@ pub struct DmaProbeReport {
 /// allocation) in domain 0 until its window is full, then in domain 1, … up to `domains`; keep
 /// them all alive, then free them. Reproduces ork's board probe: one domain fails at index 63
 /// after 4.23 GB with 64 MB buffers.
-pub fn probe_dma(dev: &dyn Device, mb: u64, mode: DmaProbeMode, domains: u32) -> Result<DmaProbeReport, DeviceError> {
+pub fn probe_dma(
+    dev: &dyn Device,
+    mb: u64,
+    mode: DmaProbeMode,
+    domains: u32,
+) -> Result<DmaProbeReport, DeviceError> {
     let have = dev.info().domains;
     if domains == 0 || domains > have {
-        return Err(DeviceError::UnknownDomain { domain: DomainId(domains.saturating_sub(1)), domains: have });
+        return Err(DeviceError::UnknownDomain {
+            domain: DomainId(domains.saturating_sub(1)),
+            domains: have,
+        });
     }
-    let size = mb.checked_mul(1 << 20).filter(|&s| s > 0).ok_or(DeviceError::ZeroSize { domain: DomainId(0) })?;
+    let size = mb
+        .checked_mul(1 << 20)
+        .filter(|&s| s > 0)
+        .ok_or(DeviceError::ZeroSize {
+            domain: DomainId(0),
+        })?;
     let flags = MemFlags::NON_CONTIGUOUS | MemFlags::CACHEABLE;
     let mut held = Vec::new();
     let mut per_domain = vec![0u64; domains as usize];
@@ -87,8 +100,17 @@ pub struct StreamProbeReport {
 /// Cycle `total_mb` MiB through domain 0 in `mb`-MiB weight-sized buffers: create (weight flags),
 /// fill with a real copy from a host buffer, sync, free. Residency must return to
 /// where it started.
-pub fn probe_stream(dev: &dyn Device, total_mb: u64, mb: u64) -> Result<StreamProbeReport, DeviceError> {
-    let size = mb.checked_mul(1 << 20).filter(|&s| s > 0).ok_or(DeviceError::ZeroSize { domain: DomainId(0) })?;
+pub fn probe_stream(
+    dev: &dyn Device,
+    total_mb: u64,
+    mb: u64,
+) -> Result<StreamProbeReport, DeviceError> {
+    let size = mb
+        .checked_mul(1 << 20)
+        .filter(|&s| s > 0)
+        .ok_or(DeviceError::ZeroSize {
+            domain: DomainId(0),
+        })?;
     let start = dev.stats().resident_total();
     let src: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
     let mut cycled = 0u64;
@@ -104,5 +126,10 @@ pub fn probe_stream(dev: &dyn Device, total_mb: u64, mb: u64) -> Result<StreamPr
         buffers += 1;
     }
     let end = dev.stats().resident_total();
-    Ok(StreamProbeReport { bytes_cycled: cycled, buffers, max_resident, leaked: end.saturating_sub(start) })
+    Ok(StreamProbeReport {
+        bytes_cycled: cycled,
+        buffers,
+        max_resident,
+        leaked: end.saturating_sub(start),
+    })
 }

@@ -471,14 +471,23 @@ fn probe_dma_reproduces_the_board() {
     assert_eq!(r.per_domain, vec![63; 8]);
     assert_eq!(r.failed_at_index, Some(8 * 63));
     assert_eq!(dev.stats().buffers_live, 0);
-    assert!(matches!(probe_dma(&dev, 64, DmaProbeMode::Create, 17), Err(DeviceError::UnknownDomain { .. })));
-    assert!(matches!(probe_dma(&dev, 0, DmaProbeMode::Create, 1), Err(DeviceError::ZeroSize { .. })));
+    assert!(matches!(
+        probe_dma(&dev, 64, DmaProbeMode::Create, 17),
+        Err(DeviceError::UnknownDomain { .. })
+    ));
+    assert!(matches!(
+        probe_dma(&dev, 0, DmaProbeMode::Create, 1),
+        Err(DeviceError::ZeroSize { .. })
+    ));
 }
 
 #[test]
 fn probe_stream_cycles_more_than_the_window_without_leaking() {
     let dev = EmuDevice::with_config(EmuConfig {
-        window: ork_device::window::WindowConfig { size: 64 << 20, reserved: vec![] },
+        window: ork_device::window::WindowConfig {
+            size: 64 << 20,
+            reserved: vec![],
+        },
         ..EmuConfig::default()
     })
     .unwrap();
