@@ -1,1 +1,37 @@
-//! ork-exec (to be written).
+//! ork layer 6 — **executor**: runs llama-family models (llama, qwen2, qwen3) from GGUF, with
+//! every matmul delegated to a [`Linear`] so weights can live anywhere (CPU, NPU weight cache).
+//!
+//! - [`ModelConfig`] / [`Model`]: hyper-parameters and the non-matmul tensors, checked at load.
+//! - [`Linear`]: `y = x·Wᵀ` by weight name; [`CpuF32Linear`] is the correctness reference,
+//!   [`CpuW8A8Linear`] the device's quantization scheme on the CPU.
+//! - [`Session`]: KV cache, batched prefill, decode, all-position logits.
+//! - [`Tokenizer`], [`TextStream`], [`ChatTemplate`]: text in and out, as llama.cpp does it.
+//! - [`Sampler`], [`generate`]: token selection and the generation loop.
+//! - [`perplexity`]: llama.cpp's `llama-perplexity` protocol.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod chat;
+mod config;
+mod error;
+mod generate;
+mod linear;
+mod model;
+pub mod ops;
+mod perplexity;
+mod sample;
+mod session;
+mod tokenizer;
+mod weights;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use config::{Arch, ModelConfig, RopeStyle};
+pub use error::ExecError;
+pub use generate::{generate, GenerateOptions, Generation, StopReason};
+pub use linear::{dot_i8, quantize_row_i8, CpuF32Linear, CpuW8A8Linear, Linear};
+pub use model::Model;
+pub use perplexity::{perplexity, PerplexityReport};
+pub use sample::{Sampler, SamplerOptions};
+pub use session::Session;
+pub use tokenizer::{TextStream, TokenKind, Tokenizer, Vocabulary};
+pub use weights::WeightSpec;

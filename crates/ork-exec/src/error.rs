@@ -1,0 +1,140 @@
+//! Errors of the executor layer.
+
+/// Everything that can go wrong building or running a model. Variants name the metadata key,
+/// tensor or token involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecError {
+    /// The GGUF layer failed (I/O, malformed file, undecodable tensor type).
+    #[error(transparent)]
+    Gguf(#[from] ork_gguf::GgufError),
+    /// `general.architecture` names a model family ork-exec cannot run.
+    #[error("unsupported architecture '{arch}' (supported: llama, qwen2, qwen3)")]
+    UnsupportedArchitecture {
+        /// The architecture string from the file.
+        arch: String,
+    },
+    /// A required metadata key is absent.
+    #[error("missing metadata key '{key}'")]
+    MissingMetadata {
+        /// The key.
+        key: String,
+    },
+    /// A metadata key has the wrong type or an unusable value.
+    #[error("metadata key '{key}': {what}")]
+    InvalidMetadata {
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// A tensor the architecture needs is absent.
+    #[error("missing tensor '{tensor}'")]
+    MissingTensor {
+        /// Tensor name.
+        tensor: String,
+    },
+    /// A tensor has dimensions other than the configuration implies.
+    #[error("tensor '{tensor}': expected dims {expected:?}, found {found:?}")]
+    TensorShape {
+        /// Tensor name.
+        tensor: String,
+        /// Dims the configuration implies (ne[0] first).
+        expected: Vec<u64>,
+        /// Dims in the file.
+        found: Vec<u64>,
+    },
+    /// A tensor's data cannot be laid out as its dims say (overflow, ragged rows).
+    #[error("tensor '{tensor}': {what}")]
+    TensorData {
+        /// Tensor name.
+        tensor: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// A `Linear` was asked for a weight it does not hold.
+    #[error("linear backend has no weight '{weight}'")]
+    UnknownWeight {
+        /// Weight (tensor) name.
+        weight: String,
+    },
+    /// Buffer lengths passed to a matmul do not match the weight's shape.
+    #[error("matmul '{weight}': {what}")]
+    MatmulShape {
+        /// Weight (tensor) name.
+        weight: String,
+        /// Which buffer is wrong and how.
+        what: String,
+    },
+    /// A matmul backend (device, cache) failed.
+    #[error("matmul '{weight}' failed in the backend: {source}")]
+    Backend {
+        /// Weight (tensor) name.
+        weight: String,
+        /// The backend's error.
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+    /// A token id is not below the vocabulary size.
+    #[error("token id {token} out of range (vocabulary has {vocab} tokens)")]
+    TokenOutOfRange {
+        /// The id.
+        token: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// Nothing to evaluate: the prompt tokenized to no tokens and the vocabulary adds no BOS.
+    #[error("empty prompt (and the model's vocabulary does not add a BOS token)")]
+    EmptyPrompt,
+    /// A context length that cannot be used (zero, or too small for the request).
+    #[error("context length {context}: {what}")]
+    InvalidContext {
+        /// The context length asked for.
+        context: usize,
+        /// Why it cannot be used.
+        what: String,
+    },
+    /// The tokens would not fit in the context window.
+    #[error("context overflow: {needed} positions needed, context is {context}")]
+    ContextOverflow {
+        /// Positions the request needs (cached + new, or prompt + tokens to generate).
+        needed: usize,
+        /// The context length in force.
+        context: usize,
+    },
+    /// The tokenizer model or pre-tokenizer in the file is not one ork-exec implements.
+    #[error("unsupported tokenizer: {what}")]
+    UnsupportedTokenizer {
+        /// Which model/pre-tokenizer value, under which key.
+        what: String,
+    },
+    /// Building or running the tokenizer failed.
+    #[error("tokenizer: {what}")]
+    Tokenizer {
+        /// What failed.
+        what: String,
+    },
+    /// The chat template could not be parsed or rendered.
+    #[error("chat template: {what}")]
+    ChatTemplate {
+        /// What failed.
+        what: String,
+    },
+    /// Invalid sampling parameters.
+    #[error("sampling parameter {param}: {what}")]
+    InvalidSampling {
+        /// Parameter name.
+        param: &'static str,
+        /// What is wrong.
+        what: String,
+    },
+    /// Perplexity needs at least two context windows of tokens.
+    #[error("perplexity needs at least {needed} tokens (2 × context {context}), got {got}")]
+    NotEnoughTokens {
+        /// Tokens needed.
+        needed: usize,
+        /// Window size.
+        context: usize,
+        /// Tokens given.
+        got: usize,
+    },
+}

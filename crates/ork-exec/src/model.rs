@@ -1,0 +1,183 @@
+//! A loaded model: configuration, the small f32 tensors (norms, biases), the embedding table
+//! borrowed from the GGUF map, and the names and shapes of the matmul weights a [`crate::Linear`]
+//! must provide.
+use crate::config::{Arch, ModelConfig};
+use crate::ops::Rope;
+use crate::weights::{dequantize_tensor, tensor_info, RowTable, WeightSpec};
+use crate::ExecError;
+use ork_gguf::GgufFile;
+
+/// Per-block tensors held by the executor, and names of the block's matmul weights.
+pub(crate) struct Layer {
+    pub(crate) attn_norm: Vec<f32>,
+    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) q_bias: Option<Vec<f32>>,
+    pub(crate) k_bias: Option<Vec<f32>>,
+    pub(crate) v_bias: Option<Vec<f32>>,
+    pub(crate) q_norm: Option<Vec<f32>>,
+    pub(crate) k_norm: Option<Vec<f32>>,
+    pub(crate) wq: String,
+    pub(crate) wk: String,
+    pub(crate) wv: String,
+    pub(crate) wo: String,
+    pub(crate) w_gate: String,
+    pub(crate) w_up: String,
+    pub(crate) w_down: String,
+}
+
+/// A model ready to run, borrowing the GGUF it was loaded from (the embedding rows are read from
+/// the map on demand).
+pub struct Model<'g> {
+    config: ModelConfig,
+    pub(crate) rope: Rope,
+    embedding: RowTable<'g>,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) output_norm: Vec<f32>,
+    output_weight: String,
+    weights: Vec<WeightSpec>,
+}
+
+fn dims(k: usize, n: usize) -> [u64; 2] {
+    [k as u64, n as u64]
+}
+
+impl<'g> Model<'g> {
+    /// Read the configuration and check that every tensor the architecture needs is present with
+    /// the right shape. Small tensors are dequantized now; matmul weights are left to the
+    /// [`crate::Linear`].
+    pub fn load(gguf: &'g GgufFile) -> Result<Model<'g>, ExecError> {
+        let config = ModelConfig::from_gguf(gguf)?;
+        let c = &config;
+        let embedding = RowTable::new(gguf, "token_embd.weight", &dims(c.n_embd, c.vocab_size))?;
+
+        let mut weights = Vec::new();
+        let mut spec = |name: String, k: usize, n: usize| -> Result<String, ExecError> {
+            tensor_info(gguf, &name, &dims(k, n))?;
+            weights.push(WeightSpec {
+                name: name.clone(),
+                k,
+                n,
+            });
+            Ok(name)
+        };
+        let vector = |name: &str, len: usize| dequantize_tensor(gguf, name, &[len as u64]);
+        let optional = |name: &str, len: usize| -> Result<Option<Vec<f32>>, ExecError> {
+            if gguf.tensor(name).is_some() {
+                vector(name, len).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let t = |s: &str| format!("blk.{i}.{s}");
+            let (q_bias, k_bias, v_bias) = match c.arch {
+                // llama.cpp loads qwen2's q/k/v biases as required tensors.
+                Arch::Qwen2 => (
+                    Some(vector(&t("attn_q.bias"), c.q_dim())?),
+                    Some(vector(&t("attn_k.bias"), c.k_dim())?),
+                    Some(vector(&t("attn_v.bias"), c.v_dim())?),
+                ),
+                // llama.cpp accepts optional biases for llama; qwen3 has none.
+                Arch::Llama => (
+                    optional(&t("attn_q.bias"), c.q_dim())?,
+                    optional(&t("attn_k.bias"), c.k_dim())?,
+                    optional(&t("attn_v.bias"), c.v_dim())?,
+                ),
+                Arch::Qwen3 => (None, None, None),
+            };
+            let (q_norm, k_norm) = match c.arch {
+                Arch::Qwen3 => (
+                    Some(vector(&t("attn_q_norm.weight"), c.head_dim_k)?),
+                    Some(vector(&t("attn_k_norm.weight"), c.head_dim_k)?),
+                ),
+                Arch::Llama | Arch::Qwen2 => (None, None),
+            };
+            layers.push(Layer {
+                attn_norm: vector(&t("attn_norm.weight"), c.n_embd)?,
+                ffn_norm: vector(&t("ffn_norm.weight"), c.n_embd)?,
+                q_bias,
+                k_bias,
+                v_bias,
+                q_norm,
+                k_norm,
+                wq: spec(t("attn_q.weight"), c.n_embd, c.q_dim())?,
+                wk: spec(t("attn_k.weight"), c.n_embd, c.k_dim())?,
+                wv: spec(t("attn_v.weight"), c.n_embd, c.v_dim())?,
+                wo: spec(t("attn_output.weight"), c.attn_out_dim(), c.n_embd)?,
+                w_gate: spec(t("ffn_gate.weight"), c.n_embd, c.n_ff)?,
+                w_up: spec(t("ffn_up.weight"), c.n_embd, c.n_ff)?,
+                w_down: spec(t("ffn_down.weight"), c.n_ff, c.n_embd)?,
+            });
+        }
+        let output_norm = vector("output_norm.weight", c.n_embd)?;
+        // Tied embeddings: without output.weight the embedding table is the output projection.
+        let output_name = if gguf.tensor("output.weight").is_some() {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
+        let output_weight = spec(output_name.to_owned(), c.n_embd, c.vocab_size)?;
+
+        let rope = Rope::new(c.arch.rope_style(), c.n_rot, c.rope_base, c.rope_freq_scale);
+        Ok(Model {
+            config,
+            rope,
+            embedding,
+            layers,
+            output_norm,
+            output_weight,
+            weights,
+        })
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Every matmul weight the forward pass asks the [`crate::Linear`] for, in first-use order
+    /// (block 0's projections first, the output projection last).
+    pub fn matmul_weights(&self) -> &[WeightSpec] {
+        &self.weights
+    }
+
+    /// Name of the output projection (`output.weight`, or `token_embd.weight` when tied).
+    pub fn output_weight(&self) -> &str {
+        &self.output_weight
+    }
+
+    /// Embedding rows of `tokens` into `out` (`tokens.len() × n_embd`), dequantized straight
+    /// from the GGUF.
+    pub fn embed(&self, tokens: &[u32], out: &mut [f32]) -> Result<(), ExecError> {
+        let d = self.config.n_embd;
+        if out.len() != tokens.len() * d {
+            return Err(ExecError::MatmulShape {
+                weight: self.embedding.name.clone(),
+                what: format!(
+                    "output has {} values for {} tokens",
+                    out.len(),
+                    tokens.len()
+                ),
+            });
+        }
+        for (&tok, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
+            self.check_token(tok)?;
+            self.embedding.dequantize_rows(tok as usize, row)?;
+        }
+        Ok(())
+    }
+
+    /// Error unless `token` is a valid id.
+    pub(crate) fn check_token(&self, token: u32) -> Result<(), ExecError> {
+        if (token as usize) < self.config.vocab_size {
+            Ok(())
+        } else {
+            Err(ExecError::TokenOutOfRange {
+                token,
+                vocab: self.config.vocab_size,
+            })
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! The non-matmul operators of the forward pass, in f32 on the CPU.
+//!
+//! Numerics follow ggml's CPU reference operators (`ggml-cpu/ops.cpp`): RMSNorm accumulates the
+//! sum of squares in double, attention uses a max-subtracted softmax, RoPE angles are
+//! `pos · freq_scale · base^(-2i/n_rot)`.
+use crate::config::RopeStyle;
+use rayon::prelude::*;
+
+/// RMSNorm of each row of `x` (row width = `weight.len()`), scaled by `weight`, in place.
+pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
+    let width = weight.len();
+    debug_assert!(width > 0 && x.len() % width == 0);
+    for row in x.chunks_exact_mut(width) {
+        rms_norm_row(row, weight, eps);
+    }
+}
+
+fn rms_norm_row(row: &mut [f32], weight: &[f32], eps: f32) {
+    let sum: f64 = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let mean = (sum / row.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for (v, w) in row.iter_mut().zip(weight) {
+        *v = *v * scale * w;
+    }
+}
+
+/// Rotary position embedding for one model: the inverse frequencies of each rotated pair.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    style: RopeStyle,
+    n_rot: usize,
+    /// `freq_scale · base^(-2i/n_rot)` for `i < n_rot/2`.
+    inv_freq: Vec<f64>,
+}
+
+impl Rope {
+    /// A rope rotating the first `n_rot` (even) values of each head.
+    pub fn new(style: RopeStyle, n_rot: usize, base: f32, freq_scale: f32) -> Rope {
+        let inv_freq = (0..n_rot / 2)
+            .map(|i| f64::from(freq_scale) * f64::from(base).powf(-2.0 * i as f64 / n_rot as f64))
+            .collect();
+        Rope {
+            style,
+            n_rot,
+            inv_freq,
+        }
+    }
+
+    /// The (cos, sin) of each pair's angle at `pos`.
+    pub fn angles(&self, pos: usize) -> Vec<(f32, f32)> {
+        self.inv_freq
+            .iter()
+            .map(|f| {
+                let theta = pos as f64 * f;
+                (theta.cos() as f32, theta.sin() as f32)
+            })
+            .collect()
+    }
+
+    /// Rotate every head (width `head_dim`) of `x` by the angles from [`Rope::angles`].
+    pub fn apply(&self, x: &mut [f32], head_dim: usize, angles: &[(f32, f32)]) {
+        debug_assert!(self.n_rot <= head_dim && x.len() % head_dim == 0);
+        let half = self.n_rot / 2;
+        for head in x.chunks_exact_mut(head_dim) {
+            for (i, &(cos, sin)) in angles.iter().enumerate().take(half) {
+                let (a, b) = match self.style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::Neox => (i, i + half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+/// SiLU(gate) · up, element-wise into `gate`.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// Shape of one attention call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Size of a q/k head.
+    pub head_dim_k: usize,
+    /// Size of a v head.
+    pub head_dim_v: usize,
+}
+
+/// Causal grouped-query attention for `m` query rows.
+///
+/// `q` is `m × (n_head·head_dim_k)`; `keys` / `values` hold every cached position
+/// (`t × (n_head_kv·head_dim)`), the queries being the last `m` of them: query row `i` sits at
+/// position `t - m + i` and attends to positions `0..=t - m + i`. `out` is `m × (n_head·head_dim_v)`.
+pub fn attention(
+    shape: AttentionShape,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    m: usize,
+    out: &mut [f32],
+) {
+    let AttentionShape {
+        n_head,
+        n_head_kv,
+        head_dim_k: dk,
+        head_dim_v: dv,
+    } = shape;
+    let k_dim = n_head_kv * dk;
+    let v_dim = n_head_kv * dv;
+    let t = keys.len() / k_dim;
+    debug_assert_eq!(values.len() / v_dim, t);
+    debug_assert!(m <= t);
+    debug_assert_eq!(q.len(), m * n_head * dk);
+    debug_assert_eq!(out.len(), m * n_head * dv);
+    let group = n_head / n_head_kv;
+    let scale = 1.0 / (dk as f32).sqrt();
+    let first_pos = t - m;
+
+    out.par_chunks_mut(dv).enumerate().for_each(|(unit, o)| {
+        let (i, h) = (unit / n_head, unit % n_head);
+        let g = h / group;
+        let qh = &q[i * n_head * dk + h * dk..][..dk];
+        let n_keys = first_pos + i + 1;
+        let mut scores: Vec<f32> = (0..n_keys)
+            .map(|p| dot(qh, &keys[p * k_dim + g * dk..][..dk]) * scale)
+            .collect();
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f64;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += f64::from(*s);
+        }
+        let inv = (1.0 / sum) as f32;
+        o.fill(0.0);
+        for (p, &w) in scores.iter().enumerate() {
+            let vrow = &values[p * v_dim + g * dv..][..dv];
+            let w = w * inv;
+            for (acc, &v) in o.iter_mut().zip(vrow) {
+                *acc += w * v;
+            }
+        }
+    });
+}
+
+/// Dot product with 8 independent accumulators so the compiler can vectorise it.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    const LANES: usize = 8;
+    let mut acc = [0.0f32; LANES];
+    let (ac, ar) = a.split_at(a.len() - a.len() % LANES);
+    let (bc, br) = b.split_at(ac.len());
+    for (x, y) in ac.chunks_exact(LANES).zip(bc.chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ar.iter().zip(br) {
+        s += x * y;
+    }
+    s
+}
+
+/// Index of the largest value (the first one on ties); `None` for an empty slice or NaN-only.
+pub fn argmax(v: &[f32]) -> Option<usize> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &x) in v.iter().enumerate() {
+        if x.is_nan() {
+            continue;
+        }
+        match best {
+            Some((_, b)) if x <= b => {}
+            _ => best = Some((i, x)),
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_rms() {
+        let mut x = vec![3.0f32, -4.0, 0.0, 0.0];
+        rms_norm(&mut x, &[1.0, 1.0, 2.0, 1.0], 0.0);
+        // rms = sqrt(25/4) = 2.5
+        assert!((x[0] - 1.2).abs() < 1e-6 && (x[1] + 1.6).abs() < 1e-6);
+        assert_eq!(x[2], 0.0);
+    }
+
+    #[test]
+    fn rope_pairs_differ_by_style_and_preserve_norm() {
+        let head: Vec<f32> = (0..8).map(|i| i as f32 + 1.0).collect();
+        for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
+            let rope = Rope::new(style, 8, 10_000.0, 1.0);
+            let mut x = head.clone();
+            rope.apply(&mut x, 8, &rope.angles(0));
+            assert_eq!(x, head, "position 0 is the identity");
+            let mut x = head.clone();
+            rope.apply(&mut x, 8, &rope.angles(5));
+            let n0: f32 = head.iter().map(|v| v * v).sum();
+            let n1: f32 = x.iter().map(|v| v * v).sum();
+            assert!((n0 - n1).abs() < 1e-3);
+        }
+        // Pair 0 rotates by angle pos·1: interleaved rotates (x0, x1), neox (x0, x4).
+        let pos = 1;
+        let (c, s) = (1.0f32.cos(), 1.0f32.sin());
+        let mut x = head.clone();
+        Rope::new(RopeStyle::Interleaved, 8, 10_000.0, 1.0).apply(
+            &mut x,
+            8,
+            &Rope::new(RopeStyle::Interleaved, 8, 10_000.0, 1.0).angles(pos),
+        );
+        assert!((x[0] - (1.0 * c - 2.0 * s)).abs() < 1e-6);
+        assert!((x[1] - (1.0 * s + 2.0 * c)).abs() < 1e-6);
+        let neox = Rope::new(RopeStyle::Neox, 8, 10_000.0, 1.0);
+        let mut y = head.clone();
+        neox.apply(&mut y, 8, &neox.angles(pos));
+        assert!((y[0] - (1.0 * c - 5.0 * s)).abs() < 1e-6);
+        assert!((y[4] - (1.0 * s + 5.0 * c)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_leaves_unrotated_tail() {
+        let rope = Rope::new(RopeStyle::Neox, 4, 10_000.0, 1.0);
+        let mut x: Vec<f32> = (0..6).map(|i| i as f32).collect();
+        rope.apply(&mut x, 6, &rope.angles(3));
+        assert_eq!(&x[4..], &[4.0, 5.0]);
+    }
+
+    #[test]
+    fn attention_single_key_returns_its_value() {
+        let shape = AttentionShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim_k: 2,
+            head_dim_v: 3,
+        };
+        let q = [0.3, -0.2, 1.0, 2.0];
+        let k = [0.5, 0.5];
+        let v = [1.0, 2.0, 3.0];
+        let mut out = [0.0; 6];
+        attention(shape, &q, &k, &v, 1, &mut out);
+        assert_eq!(out, [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn attention_is_causal() {
+        // Two positions; the first query must ignore the second key/value.
+        let shape = AttentionShape {
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim_k: 1,
+            head_dim_v: 1,
+        };
+        let q = [1.0, 1.0];
+        let k = [0.0, 0.0];
+        let v = [10.0, 20.0];
+        let mut out = [0.0; 2];
+        attention(shape, &q, &k, &v, 2, &mut out);
+        assert_eq!(out[0], 10.0);
+        assert!(
+            (out[1] - 15.0).abs() < 1e-5,
+            "equal scores average the values"
+        );
+    }
+
+    #[test]
+    fn dot_matches_naive() {
+        let a: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..37).map(|i| (i as f32 * 0.11).cos()).collect();
+        let naive: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!((dot(&a, &b) - naive).abs() < 1e-5);
+    }
+
+    #[test]
+    fn argmax_first_max_and_nan() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), Some(1));
+        assert_eq!(argmax(&[f32::NAN, 0.5]), Some(1));
+        assert_eq!(argmax(&[]), None);
+    }
+}
