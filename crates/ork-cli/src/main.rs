@@ -1,1 +1,53 @@
-fn main() {}
+//! `ork`: the command-line front end. Thin over the library crates; all errors become one line
+//! on stderr naming the file, tensor and problem, with the exit codes documented in `--help`.
+
+mod cli;
+mod cmd_device;
+mod cmd_model;
+mod cmd_pack;
+mod rss;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cli::{BenchCommand, Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Convert(a) => cmd_pack::convert(&a),
+        Command::Inspect(a) => cmd_pack::inspect(&a),
+        Command::Verify(a) => cmd_pack::verify(&a),
+        Command::Probe(a) => cmd_device::probe(&a),
+        Command::Bench(a) => match a.which {
+            BenchCommand::Pack {
+                model,
+                threads,
+                json,
+            } => cmd_pack::bench_pack(&model, threads, json),
+            BenchCommand::Gemm { json } => cmd_device::bench_gemm(json),
+            BenchCommand::Stream {
+                model,
+                tokens,
+                plot,
+                json,
+            } => cmd_model::bench_stream(&model, tokens, plot.as_deref(), json),
+        },
+        Command::Run(a) => cmd_model::run(&a),
+        Command::Perplexity(a) => cmd_model::perplexity(&a),
+        Command::Plan(a) => cmd_model::plan(&a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            // One line: the outermost context first, then the causes.
+            let mut msg = format!("error: {e}");
+            for cause in e.chain().skip(1) {
+                msg.push_str(&format!(": {cause}"));
+            }
+            eprintln!("{msg}");
+            ExitCode::from(2)
+        }
+    }
+}

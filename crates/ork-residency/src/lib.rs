@@ -1,1 +1,48 @@
-//! ork-residency (to be written).
+//! ork layer 5 — **residency**: which packed weights live on the device, and when.
+//!
+//! - [`WeightCache`]: a byte-budgeted LRU cache of device-resident weights, fed by a
+//!   [`WeightSource`] (the `.orkpack`, or packing from the GGUF on the fly), with pinning and
+//!   counters ([`CacheStats`]): hits, loads, packs, evictions, wall hits, bytes moved, peak.
+//! - [`plan`]: resident across IOMMU domains when the model fits them, else streamed.
+//! - [`Prefetcher`]: a thread that fills the next slots of the schedule while the device
+//!   computes.
+//! - [`DeviceMatmul`]: `y = x · Wᵀ` by weight name on the device, w8a8.
+//! - [`Trace`]: a Perfetto / Chrome trace of loads, computes and waits.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod cache;
+mod error;
+mod linear;
+pub mod plan;
+mod prefetch;
+mod source;
+mod trace;
+
+pub use cache::{device_bytes, CacheConfig, CacheStats, WeightCache, WeightLease};
+pub use error::ResidencyError;
+pub use linear::{quantize_row, DeviceMatmul};
+pub use plan::{plan, Mode, Placement, Plan, PlanInput};
+pub use prefetch::Prefetcher;
+pub use source::{Fetch, WeightSource};
+pub use trace::{Lane, Trace, TraceEvent};
+
+/// Matmul weight names of a llama-family model in the order a forward pass uses them: block by
+/// block `attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down` (plus any other 2-D
+/// tensor of the block, in file order), then the output projection (`output.weight`, or
+/// `token_embd.weight` when the embedding is tied).
+pub fn execution_order(model: &ork_gguf::GgufFile) -> Vec<String> {
+    let mut names: Vec<String> = ork_store::matmul_weights(model)
+        .into_iter()
+        .map(|t| t.name.clone())
+        .collect();
+    // matmul_weights puts token_embd first; in a forward pass it is only a matmul as the tied
+    // output projection, which comes last.
+    let has_output = names.iter().any(|n| n == "output.weight");
+    names.retain(|n| n != "token_embd.weight" || !has_output);
+    if let Some(i) = names.iter().position(|n| n == "token_embd.weight") {
+        let e = names.remove(i);
+        names.push(e);
+    }
+    names
+}

@@ -1,0 +1,338 @@
+//! Command-line definitions (clap derive). The behaviour lives in the library crates; this file
+//! only says what the user can type.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// Exit codes, shared by every verb.
+pub const EXIT_HELP: &str = "\
+Exit codes:
+  0  success
+  1  verify found a stale or corrupt entry (each is named on stdout)
+  2  usage error, bad input or I/O error (one line on stderr names the file, tensor and problem)
+
+Environment:
+  ORK_PERSIST=PATH         .orkpack cache to read or build (same as --pack)
+  ORK_WCACHE_BUDGET_MB=N   weight-cache budget in MiB (default 3072; same as --budget-mb)
+  ORK_EVICT_SRC=1          drop each source tensor's pages once packed (same as --evict-src)";
+
+/// ork: run LLMs on accelerators whose address window is smaller than the model.
+#[derive(Parser, Debug)]
+#[command(name = "ork", version, about, after_help = EXIT_HELP)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Weight dtype on the device.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum DtypeArg {
+    /// int8 symmetric per output channel (w8a8).
+    I8,
+    /// int4 symmetric per output channel.
+    I4,
+    /// fp16 passthrough.
+    F16,
+}
+
+impl From<DtypeArg> for ork_pack::PackDtype {
+    fn from(d: DtypeArg) -> Self {
+        match d {
+            DtypeArg::I8 => ork_pack::PackDtype::I8,
+            DtypeArg::I4 => ork_pack::PackDtype::I4,
+            DtypeArg::F16 => ork_pack::PackDtype::F16,
+        }
+    }
+}
+
+/// Which device backend runs the matmuls.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum DeviceArg {
+    /// The rknpu NPU if one is found, else the emulator.
+    Auto,
+    /// The emulated RK3588 NPU (CPU, enforces the IOVA window).
+    Emu,
+    /// The Rockchip rknpu DRM driver (Linux, on the board).
+    Rknpu,
+}
+
+/// The verbs.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Pack every matmul weight of a GGUF model into an .orkpack (pack → dump → free).
+    Convert(ConvertArgs),
+    /// List an .orkpack's header and entries.
+    Inspect(InspectArgs),
+    /// Check an .orkpack against its model: exit 0 if every entry is valid, 1 if any is stale or corrupt.
+    Verify(VerifyArgs),
+    /// Generate text with a model on the (emulated) NPU through the weight cache.
+    Run(RunArgs),
+    /// Perplexity of a text file (llama.cpp convention: second half of each window is scored).
+    Perplexity(PerplexityArgs),
+    /// Benchmarks; figures are ratios measured in the same run.
+    Bench(BenchArgs),
+    /// Device probes (DMA window, streaming, persistence).
+    Probe(ProbeArgs),
+    /// Placement plan: resident across domains, or streamed through the budgeted cache.
+    Plan(PlanArgs),
+}
+
+/// `ork convert`.
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// The GGUF model.
+    pub model: PathBuf,
+    /// Output file (default: MODEL with extension .orkpack).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Weight dtype.
+    #[arg(long, value_enum, default_value = "i8")]
+    pub dtype: DtypeArg,
+    /// Drop each source tensor's pages once packed (also ORK_EVICT_SRC=1).
+    #[arg(long)]
+    pub evict_src: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Print one JSON object instead of text; no progress bar.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ork inspect`.
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// The .orkpack file.
+    pub file: PathBuf,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ork verify`.
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// The .orkpack file.
+    pub file: PathBuf,
+    /// The GGUF model it should have been built from.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Also repack every weight from the source and compare bytes.
+    #[arg(long)]
+    pub deep: bool,
+    /// Dtype the pack is expected to hold (default: whatever the file holds).
+    #[arg(long, value_enum)]
+    pub dtype: Option<DtypeArg>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options shared by the verbs that run a model.
+#[derive(Args, Debug, Clone)]
+pub struct ModelOpts {
+    /// The GGUF model.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// .orkpack cache (read if valid, else built; default: ORK_PERSIST or MODEL.orkpack).
+    #[arg(long)]
+    pub pack: Option<PathBuf>,
+    /// Do not use an .orkpack: pack every weight on the fly from the GGUF.
+    #[arg(long, conflicts_with = "pack")]
+    pub no_pack: bool,
+    /// Weight-cache budget in MiB (default: ORK_WCACHE_BUDGET_MB or 3072).
+    #[arg(long)]
+    pub budget_mb: Option<u64>,
+    /// Device backend.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: DeviceArg,
+    /// IOMMU domains to use (emulator: up to 16).
+    #[arg(long, default_value_t = 1)]
+    pub domains: u32,
+    /// Skip checksum verification of blobs loaded from the .orkpack.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Disable the prefetch thread (compute waits for every load).
+    #[arg(long)]
+    pub no_prefetch: bool,
+    /// Write a Chrome trace-event (Perfetto) timeline of loads, computes and waits.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Worker threads for compute (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// `ork run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// Prompt text.
+    #[arg(long, conflicts_with = "prompt_file", required_unless_present = "prompt_file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a UTF-8 file.
+    #[arg(long)]
+    pub prompt_file: Option<PathBuf>,
+    /// Tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 64)]
+    pub n_predict: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temp: f32,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Apply the model's chat template to the prompt.
+    #[arg(long)]
+    pub chat: bool,
+    /// Print one JSON object (with the text) instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ork perplexity`.
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// The text to score.
+    #[arg(long)]
+    pub file: PathBuf,
+    /// Context length per window.
+    #[arg(long, default_value_t = 512)]
+    pub ctx: usize,
+    /// Score at most this many windows.
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ork bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Which benchmark.
+    #[command(subcommand)]
+    pub which: BenchCommand,
+}
+
+/// Benchmarks.
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Pack throughput per source type, load vs memcpy, reload vs pack.
+    Pack {
+        /// The GGUF model to take weights from.
+        #[arg(long)]
+        model: PathBuf,
+        /// Threads.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Emulated int8 matmul GOP/s against this machine's roofline.
+    Gemm {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Streamed vs resident prefill (and prefetch off), same run.
+    Stream {
+        #[command(flatten)]
+        model: ModelOpts,
+        /// Prefill tokens.
+        #[arg(long, default_value_t = 512)]
+        tokens: usize,
+        /// Draw the timeline and bars as an SVG.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `ork probe`.
+#[derive(Args, Debug)]
+pub struct ProbeArgs {
+    /// Which probe.
+    #[command(subcommand)]
+    pub which: ProbeCommand,
+    /// Device backend.
+    #[arg(long, value_enum, default_value = "emu", global = true)]
+    pub device: DeviceArg,
+    /// JSON output.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// Create mode of the DMA probe.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum DmaMode {
+    /// MEM_CREATE only.
+    Create,
+    /// MEM_CREATE then map into host memory.
+    CreateMmap,
+}
+
+/// Probes.
+#[derive(Subcommand, Debug)]
+pub enum ProbeCommand {
+    /// Allocate DMA buffers until the window is full.
+    Dma {
+        /// Buffer size in MB.
+        #[arg(long, default_value_t = 64)]
+        mb: u64,
+        /// Create mode.
+        #[arg(long, value_enum, default_value = "create")]
+        mode: DmaMode,
+        /// Domains to spread over.
+        #[arg(long, default_value_t = 1)]
+        domains: u32,
+    },
+    /// Pack/free cycles through the window.
+    Stream {
+        /// Total GB to cycle.
+        #[arg(long, default_value_t = 26.8)]
+        total_gb: f64,
+        /// Weight size in MB.
+        #[arg(long, default_value_t = 268)]
+        mb: u64,
+    },
+    /// Dump a packed weight, reload it into a fresh buffer, compare; pack vs load time.
+    Persist {
+        /// Weight size in MB (a synthetic K×N weight).
+        #[arg(long, default_value_t = 16)]
+        mb: u64,
+    },
+}
+
+/// `ork plan`.
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// The GGUF model.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Window per domain in MiB.
+    #[arg(long, default_value_t = 4096)]
+    pub window_mb: u64,
+    /// Domains available.
+    #[arg(long, default_value_t = 1)]
+    pub domains: u32,
+    /// Weight-cache budget in MiB (default: ORK_WCACHE_BUDGET_MB or 3072).
+    #[arg(long)]
+    pub budget_mb: Option<u64>,
+    /// Weight dtype.
+    #[arg(long, value_enum, default_value = "i8")]
+    pub dtype: DtypeArg,
+    /// Prefill tokens assumed for the per-token figures.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_tokens: usize,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}

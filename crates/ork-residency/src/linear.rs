@@ -1,0 +1,167 @@
+//! Matmuls on the device through the weight cache (w8a8: activations quantized per token).
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use ork_device::{Activations, CoreMask, DeviceBuffer, MatmulTask, MemFlags};
+use rayon::prelude::*;
+use zerocopy::FromBytes;
+
+use crate::cache::WeightCache;
+use crate::prefetch::Prefetcher;
+use crate::trace::{Lane, Trace};
+use crate::ResidencyError;
+
+/// Quantize one row of activations to int8 with a symmetric per-row scale
+/// (`scale = max|x| / 127`, `q = round(x / scale)`); returns the scale (0 for an all-zero row).
+pub fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    if amax == 0.0 || !amax.is_finite() {
+        q.fill(0);
+        return if amax.is_finite() { 0.0 } else { f32::NAN };
+    }
+    let scale = amax / 127.0;
+    let inv = 127.0 / amax;
+    for (o, v) in q.iter_mut().zip(x) {
+        *o = (v * inv).round().clamp(-127.0, 127.0) as i8;
+    }
+    scale
+}
+
+/// `y = x · Wᵀ` for named weights on the device: quantizes `x` per token, leases the weight
+/// from the cache (fetching it if needed), tells the prefetcher where compute is, and submits
+/// the task with the activations in a device buffer of the weight's domain.
+pub struct DeviceMatmul {
+    cache: Arc<WeightCache>,
+    prefetcher: Option<Prefetcher>,
+    /// One activation buffer per domain, grown on demand.
+    activations: Mutex<Vec<Option<DeviceBuffer>>>,
+    trace: Option<Arc<Trace>>,
+}
+
+impl std::fmt::Debug for DeviceMatmul {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceMatmul")
+            .field("cache", &self.cache)
+            .field("prefetcher", &self.prefetcher)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceMatmul {
+    /// Matmuls through `cache`; with `prefetch = Some((schedule, slots))` a prefetch thread runs
+    /// `slots` weights ahead along `schedule`.
+    pub fn new(cache: Arc<WeightCache>, prefetch: Option<(Vec<String>, usize)>) -> Self {
+        let domains = cache.device().info().domains as usize;
+        let prefetcher =
+            prefetch.map(|(schedule, slots)| Prefetcher::start(Arc::clone(&cache), schedule, slots));
+        DeviceMatmul {
+            cache,
+            prefetcher,
+            activations: Mutex::new((0..domains).map(|_| None).collect()),
+            trace: None,
+        }
+    }
+
+    /// Record computes on `trace`.
+    pub fn with_trace(mut self, trace: Arc<Trace>) -> Self {
+        self.trace = Some(trace);
+        self
+    }
+
+    /// The cache.
+    pub fn cache(&self) -> &Arc<WeightCache> {
+        &self.cache
+    }
+
+    /// Whether a prefetch thread is attached and alive.
+    pub fn prefetching(&self) -> bool {
+        self.prefetcher.as_ref().is_some_and(Prefetcher::is_alive)
+    }
+
+    /// `y[m, n] = Σ_k x[m, k] · W[n, k]` for weight `name` (GGUF dims `[K, N]`).
+    pub fn matmul(
+        &self,
+        name: &str,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<(), ResidencyError> {
+        let layout = self.cache.layout(name)?;
+        let (k, n) = (layout.k, layout.n);
+        let shape = |what: String| ResidencyError::Shape {
+            name: name.to_owned(),
+            what,
+        };
+        if m == 0 || m.checked_mul(k) != Some(x.len()) {
+            return Err(shape(format!("x has {} values, expected m·K = {m}·{k}", x.len())));
+        }
+        if m.checked_mul(n) != Some(y.len()) {
+            return Err(shape(format!("y has {} values, expected m·N = {m}·{n}", y.len())));
+        }
+        if let Some(p) = &self.prefetcher {
+            p.advance(name);
+        }
+        let weight = self.cache.get(name)?;
+        let domain = weight.buffer.domain();
+        let device = self.cache.device();
+
+        let mut acts = self.activations.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = acts
+            .get_mut(domain.0 as usize)
+            .ok_or_else(|| ResidencyError::Placement(format!("domain {domain} out of range")))?;
+        let need = (m * k) as u64;
+        if slot.as_ref().is_none_or(|b| b.size() < need) {
+            // Round up so a growing prompt does not reallocate every call.
+            let size = need.next_power_of_two().max(64 * 1024);
+            *slot = None; // free the old one first: its IOVA returns to the window
+            let flags = MemFlags::NON_CONTIGUOUS | MemFlags::CACHEABLE | MemFlags::IOMMU_LIMIT_IOVA_ALIGNMENT;
+            *slot = Some(device.create_buffer(size, flags, domain).map_err(|source| {
+                ResidencyError::Device {
+                    name: format!("activations for '{name}'"),
+                    source,
+                }
+            })?);
+        }
+        let buf = slot.as_mut().expect("allocated above");
+        let mut scales = vec![0f32; m];
+        {
+            // Every byte pattern is a valid i8 and the alignment is 1, so this cannot fail.
+            let q = <[i8]>::mut_from_bytes(&mut buf.as_mut_slice()[..m * k])
+                .map_err(|_| shape("activation buffer is not byte-addressable".to_owned()))?;
+            q.par_chunks_mut(k)
+                .zip(x.par_chunks(k))
+                .zip(scales.par_iter_mut())
+                .for_each(|((q, x), s)| *s = quantize_row(x, q));
+        }
+        if scales.iter().any(|s| s.is_nan()) {
+            return Err(shape("activations hold NaN or infinity".to_owned()));
+        }
+        buf.sync_to_device().map_err(|source| ResidencyError::Device {
+            name: name.to_owned(),
+            source,
+        })?;
+        let view = buf.view(0, need).map_err(|source| ResidencyError::Device {
+            name: name.to_owned(),
+            source,
+        })?;
+        let task = MatmulTask {
+            m,
+            activations: Activations::Device(view),
+            act_scales: &scales,
+            weight: weight.as_weight(),
+            cores: CoreMask::AUTO,
+        };
+        let t0 = Instant::now();
+        device
+            .matmul(&task, y)
+            .map_err(|source| ResidencyError::Device {
+                name: name.to_owned(),
+                source,
+            })?;
+        if let Some(tr) = &self.trace {
+            tr.span(Lane::Compute, "compute", name, t0, t0.elapsed());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,134 @@
+//! Where weights come from when they are not resident: the `.orkpack` (a plain copy of
+//! pre-tiled bytes) or the GGUF itself (pack on the fly).
+
+use std::sync::Arc;
+
+use ork_gguf::GgufFile;
+use ork_pack::{GgufRows, PackDtype, TiledLayout};
+use ork_store::{matmul_dims, Orkpack, StoreError};
+
+use crate::ResidencyError;
+
+/// How a weight reached the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetch {
+    /// Copied from the .orkpack.
+    Loaded,
+    /// Packed from the GGUF source.
+    Packed,
+}
+
+/// The origin of non-resident weights.
+pub enum WeightSource {
+    /// Pre-tiled weights from an `.orkpack`. A blob whose checksum fails at load time is
+    /// repacked from `model` when one is given, otherwise the load fails naming the tensor.
+    Pack {
+        /// The validated pack.
+        pack: Orkpack,
+        /// The model it was built from, for repacking a corrupt blob.
+        model: Option<Arc<GgufFile>>,
+        /// Verify checksums while loading (default on).
+        verify: bool,
+    },
+    /// Pack every weight from the GGUF when it is needed (no cache file).
+    Gguf {
+        /// The model.
+        model: Arc<GgufFile>,
+        /// Dtype to pack to.
+        dtype: PackDtype,
+    },
+}
+
+impl std::fmt::Debug for WeightSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl WeightSource {
+    /// A short description for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            WeightSource::Pack { pack, .. } => format!("{}", pack.path().display()),
+            WeightSource::Gguf { model, .. } => format!("{}", model.path().display()),
+        }
+    }
+
+    /// Layout of a weight.
+    pub fn layout(&self, name: &str) -> Result<TiledLayout, ResidencyError> {
+        match self {
+            WeightSource::Pack { pack, .. } => pack
+                .entry(name)
+                .map(|e| e.layout())
+                .ok_or_else(|| self.unknown(name)),
+            WeightSource::Gguf { model, dtype } => {
+                let t = model.tensor(name).ok_or_else(|| self.unknown(name))?;
+                let (k, n) = matmul_dims(t)?;
+                Ok(TiledLayout::new(*dtype, k, n))
+            }
+        }
+    }
+
+    fn unknown(&self, name: &str) -> ResidencyError {
+        ResidencyError::UnknownWeight {
+            name: name.to_owned(),
+            source_desc: self.describe(),
+        }
+    }
+
+    /// Fill `dst` (exactly the layout's blob bytes) with the weight's tiled bytes and return its
+    /// per-channel scales and how they were obtained.
+    pub fn fetch_into(
+        &self,
+        name: &str,
+        dst: &mut [u8],
+    ) -> Result<(Vec<f32>, Fetch), ResidencyError> {
+        match self {
+            WeightSource::Pack {
+                pack,
+                model,
+                verify,
+            } => {
+                let e = pack.entry(name).ok_or_else(|| self.unknown(name))?;
+                let loaded = pack
+                    .load_into(e, dst, *verify)
+                    .and_then(|()| pack.scales(e));
+                match (loaded, model) {
+                    (Ok(scales), _) => Ok((scales, Fetch::Loaded)),
+                    (Err(StoreError::CorruptBlob { .. }), Some(model)) => {
+                        let dtype = e.layout().dtype;
+                        Ok((pack_from(model, name, dtype, dst)?, Fetch::Packed))
+                    }
+                    (Err(err), _) => Err(err.into()),
+                }
+            }
+            WeightSource::Gguf { model, dtype } => {
+                Ok((pack_from(model, name, *dtype, dst)?, Fetch::Packed))
+            }
+        }
+    }
+}
+
+/// Pack tensor `name` of `model` straight into `dst`.
+fn pack_from(
+    model: &GgufFile,
+    name: &str,
+    dtype: PackDtype,
+    dst: &mut [u8],
+) -> Result<Vec<f32>, ResidencyError> {
+    let t = model
+        .tensor(name)
+        .ok_or_else(|| ResidencyError::UnknownWeight {
+            name: name.to_owned(),
+            source_desc: model.path().display().to_string(),
+        })?;
+    let pack_err = |source| ResidencyError::Pack {
+        name: name.to_owned(),
+        source,
+    };
+    let rows = GgufRows::new(model, t).map_err(pack_err)?;
+    let (_, n) = matmul_dims(t)?;
+    let mut scales = vec![0f32; n];
+    ork_pack::pack_into(&rows, dtype, dst, &mut scales).map_err(pack_err)?;
+    Ok(scales)
+}
