@@ -1,0 +1,8 @@
+//! Integration tests of ork-exec: tiny random-weight fixtures against a naive reference, and the
+//! real SmolLM2 model (see `scripts/fetch-model.sh`).
+mod ork_exec {
+    pub mod fixtures;
+    pub mod real_model;
+    pub mod reference;
+    pub mod tiny_models;
+}
