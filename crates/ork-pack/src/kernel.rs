@@ -1,12 +1,9 @@
 //! The pack kernel: rows → scales → quantized codes → native tiles, in parallel over N-tiles.
 
-use crate::quant::{
-    absmax_bits, f16_piece, is_non_finite, pack_nibbles, quantize_piece, row_scale, KT,
-    TINY_ROW_FACTOR,
-};
+use crate::dispatch;
 use crate::{PackDtype, PackError, PackedWeight, RowSource, TiledLayout};
-use half::f16;
 use rayon::prelude::*;
+use std::cell::RefCell;
 
 /// Pack a weight read through `src` into `dtype`'s RK3588 native layout, on the current rayon
 /// pool (the global one unless called inside [`rayon::ThreadPool::install`]; see [`pack_in`]).
@@ -67,8 +64,8 @@ pub fn pack_into(
     data.par_chunks_mut(layout.n_tile_bytes())
         .zip(scales.par_chunks_mut(tn))
         .enumerate()
-        .try_for_each_init(Vec::new, |scratch, (tile, (out, tile_scales))| {
-            pack_tile(src, &layout, tile * tn, out, tile_scales, scratch)
+        .try_for_each(|(tile, (out, tile_scales))| {
+            pack_tile(src, &layout, tile * tn, out, tile_scales)
         })?;
     Ok(layout)
 }
@@ -107,109 +104,32 @@ pub(crate) fn expect_len(what: &'static str, expected: usize, got: usize) -> Res
     }
 }
 
-/// Bytes one K-tile piece of one row takes (32 values).
-const fn piece_bytes(dtype: PackDtype) -> usize {
-    match dtype {
-        PackDtype::I8 => KT,
-        PackDtype::I4 => KT / 2,
-        PackDtype::F16 => 2 * KT,
-    }
+thread_local! {
+    /// Per-thread decode buffer of one tile's rows (`tn × K` f32), kept between tiles and packs.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Pack output channels `first .. first + scales.len()` into the N-tile `out`
-/// (`layout.n_tile_bytes()` long, laid out as `[k_tile][row in tile][32 values]`).
+/// Pack output channels `first .. first + scales.len()` into the N-tile `out`.
 fn pack_tile(
     src: &dyn RowSource,
     layout: &TiledLayout,
     first: usize,
     out: &mut [u8],
     scales: &mut [f32],
-    scratch: &mut Vec<f32>,
 ) -> Result<(), PackError> {
-    let (k, dtype) = (layout.k, layout.dtype);
-    let rows = scales.len();
-    let need = rows * k;
-    if scratch.len() < need {
-        scratch.resize(need, 0.0);
-    }
-    let buf = &mut scratch[..need];
-    src.read_rows(first, buf)?;
-
-    let pb = piece_bytes(dtype);
-    let kt_stride = dtype.n_tile() * pb;
-    for (r, row) in buf.chunks_exact_mut(k).enumerate() {
-        let bits = absmax_bits(row);
-        if is_non_finite(bits) {
-            return Err(PackError::NonFinite { row: first + r });
+    let mut run = |scratch: &mut Vec<f32>| {
+        let need = scales.len() * layout.k;
+        if scratch.len() < need {
+            scratch.resize(need, 0.0);
         }
-        let absmax = f32::from_bits(bits);
-        let pieces = out
-            .chunks_exact_mut(kt_stride)
-            .map(|t| &mut t[r * pb..(r + 1) * pb]);
-        match dtype {
-            PackDtype::I8 | PackDtype::I4 => {
-                let lim = if dtype == PackDtype::I8 { 127 } else { 7 };
-                let s = row_scale(absmax, lim as f32);
-                scales[r] = s.scale;
-                if s.tiny {
-                    row.iter_mut().for_each(|x| *x *= TINY_ROW_FACTOR);
-                }
-                if dtype == PackDtype::I8 {
-                    for_each_piece(row, pieces, |src, dst| {
-                        let q = quantize_piece(src, s.inv, lim);
-                        for (d, q) in dst.iter_mut().zip(q) {
-                            *d = q as u8;
-                        }
-                    });
-                } else {
-                    for_each_piece(row, pieces, |src, dst| {
-                        pack_nibbles(&quantize_piece(src, s.inv, lim), dst)
-                    });
-                }
-            }
-            PackDtype::F16 => {
-                if f16::from_f32(absmax).is_infinite() {
-                    return Err(PackError::F16Overflow {
-                        row: first + r,
-                        value: absmax,
-                    });
-                }
-                scales[r] = 1.0;
-                for_each_piece(row, pieces, f16_piece);
-            }
-        }
-    }
-    // Padding rows of the last N-tile.
-    for t in out.chunks_exact_mut(kt_stride) {
-        t[rows * pb..].fill(0);
-    }
-    Ok(())
-}
-
-/// Run `encode` on each 32-value piece of `row` with its destination; a short last piece is
-/// zero-padded (zero encodes to zero bytes in every dtype), and destinations past the row's
-/// last piece (K padding) are zero-filled.
-#[inline(always)]
-fn for_each_piece<'a>(
-    row: &[f32],
-    mut dsts: impl Iterator<Item = &'a mut [u8]>,
-    mut encode: impl FnMut(&[f32; KT], &mut [u8]),
-) {
-    let mut chunks = row.chunks_exact(KT);
-    for (chunk, dst) in chunks.by_ref().zip(dsts.by_ref()) {
-        let mut piece = [0f32; KT];
-        piece.copy_from_slice(chunk);
-        encode(&piece, dst);
-    }
-    let tail = chunks.remainder();
-    if !tail.is_empty() {
-        if let Some(dst) = dsts.next() {
-            let mut piece = [0f32; KT];
-            piece[..tail.len()].copy_from_slice(tail);
-            encode(&piece, dst);
-        }
-    }
-    for dst in dsts {
-        dst.fill(0);
-    }
+        let rows = &mut scratch[..need];
+        src.read_rows(first, rows)?;
+        dispatch::encode_tile(layout, first, rows, out, scales)
+    };
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => run(&mut scratch),
+        // The thread's buffer is in use further up this stack: a source that runs rayon work
+        // inside `read_rows` let this thread steal another tile. Use a buffer of its own.
+        Err(_) => run(&mut Vec::new()),
+    })
 }

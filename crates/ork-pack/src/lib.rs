@@ -13,10 +13,15 @@
 //! Sources: [`MatrixRows`] (an f32 matrix in memory) and [`GgufRows`] (a GGUF tensor decoded
 //! block row by block row through `ork_gguf::dequant`). [`untile`] / [`untile_q`] invert the
 //! tiling for checks; [`bench_pack`] measures throughput.
-#![forbid(unsafe_code)]
+// `unsafe` is confined to `dispatch` (calling the AVX2 build of the encoder).
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
 mod bench;
+#[allow(unsafe_code)]
+mod dispatch;
+mod encode;
 mod kernel;
 mod layout;
 mod quant;

@@ -28,8 +28,6 @@ pub(crate) const KT: usize = 32;
 /// `1.5 · 2²³`: for |y| < 2²², `y + MAGIC` has exponent 23, so its low mantissa bits hold
 /// `round_ties_even(y)` offset by `2²²`.
 const MAGIC: f32 = 12_582_912.0;
-/// Bits of [`MAGIC`]: subtracting them from the bits of `y + MAGIC` leaves the rounded integer.
-const MAGIC_BITS: i32 = 0x4B40_0000;
 
 /// Exact power of two applied to rows too small for `lim / absmax` to be finite (see module docs).
 pub(crate) const TINY_ROW_FACTOR: f32 = 18_446_744_073_709_551_616.0; // 2^64
@@ -39,8 +37,10 @@ pub(crate) const TINY_ROW_FACTOR: f32 = 18_446_744_073_709_551_616.0; // 2^64
 #[inline]
 pub(crate) fn absmax_bits(row: &[f32]) -> u32 {
     // Integer max reduction: vectorizes, unlike an f32 max (whose NaN rules forbid reassociation).
+    // With the sign bit cleared the bits are non-negative as i32, so the signed max (one SSE2
+    // compare, `pmaxsd` from SSE4.1 on) orders them correctly.
     row.iter()
-        .fold(0u32, |m, &x| m.max(x.to_bits() & 0x7fff_ffff))
+        .fold(0i32, |m, &x| m.max((x.to_bits() & 0x7fff_ffff) as i32)) as u32
 }
 
 /// Whether absmax bits denote a non-finite value.
@@ -49,7 +49,7 @@ pub(crate) const fn is_non_finite(bits: u32) -> bool {
     bits >= 0x7f80_0000
 }
 
-/// The per-row parameters of [`quantize_piece`].
+/// The per-row parameters of [`quantize_i8`] / [`quantize_i4`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowScale {
     /// Scale stored in the packed weight (`absmax / lim`).
@@ -87,31 +87,44 @@ pub(crate) fn row_scale(absmax: f32, lim: f32) -> RowScale {
     }
 }
 
-/// `clamp(round_ties_even(x · inv), -lim, lim)` for 32 values.
+/// `clamp(round_ties_even(x · inv), -lim, lim)` as the bits of `MAGIC + q`: the low byte is `q`
+/// in two's complement (the low byte of [`MAGIC`]'s bits is zero), so the code is a truncation
+/// away, with no float-to-int conversion.
 ///
 /// Requires `|x · inv| < 2²²`, which holds for every value of a row whose `inv` came from
-/// [`row_scale`] (the products stay within `lim · (1 + 2⁻²³)`).
+/// [`row_scale`]: the products stay within `lim · (1 + 2⁻²²)`, so the clamp is a guard that never
+/// changes a code. It is written as compare-and-select so that it compiles to `minps`/`maxps`.
 #[inline(always)]
-pub(crate) fn quantize_piece(src: &[f32; KT], inv: f32, lim: i32) -> [i8; KT] {
-    let mut q = [0i8; KT];
-    for (d, &x) in q.iter_mut().zip(src) {
-        let v = (x * inv + MAGIC).to_bits() as i32 - MAGIC_BITS;
-        *d = v.clamp(-lim, lim) as i8;
-    }
-    q
+fn code_bits(x: f32, inv: f32, lim: f32) -> u32 {
+    let y = x * inv;
+    let y = if y < -lim { -lim } else { y };
+    let y = if y > lim { lim } else { y };
+    (y + MAGIC).to_bits()
 }
 
-/// Pack 32 int4 codes (each in `-8..=7`) into 16 bytes, elements `2j` and `2j+1` sharing byte
-/// `j`; which one takes the low nibble is [`crate::INT4_EVEN_K_IN_LOW_NIBBLE`].
+/// The int8 codes of 32 values (the first 32 of `src`) into `dst[..32]`.
 #[inline(always)]
-pub(crate) fn pack_nibbles(q: &[i8; KT], dst: &mut [u8]) {
-    for (d, pair) in dst[..KT / 2].iter_mut().zip(q.chunks_exact(2)) {
-        let (even, odd) = ((pair[0] as u8) & 0xF, (pair[1] as u8) & 0xF);
-        *d = if crate::INT4_EVEN_K_IN_LOW_NIBBLE {
-            even | (odd << 4)
-        } else {
-            odd | (even << 4)
-        };
+pub(crate) fn quantize_i8(src: &[f32], inv: f32, dst: &mut [u8]) {
+    for (d, &x) in dst[..KT].iter_mut().zip(&src[..KT]) {
+        *d = code_bits(x, inv, 127.0) as u8;
+    }
+}
+
+/// The int4 codes of 32 values packed two per byte into `dst[..16]`: elements `2j` and `2j+1`
+/// share byte `j`; which one takes the low nibble is [`crate::INT4_EVEN_K_IN_LOW_NIBBLE`].
+#[inline(always)]
+pub(crate) fn quantize_i4(src: &[f32], inv: f32, dst: &mut [u8]) {
+    let mut nib = [0u8; KT];
+    for (d, &x) in nib.iter_mut().zip(&src[..KT]) {
+        *d = code_bits(x, inv, 7.0) as u8 & 0xF;
+    }
+    let (lo, hi) = if crate::INT4_EVEN_K_IN_LOW_NIBBLE {
+        (0, 1)
+    } else {
+        (1, 0)
+    };
+    for (d, pair) in dst[..KT / 2].iter_mut().zip(nib.chunks_exact(2)) {
+        *d = pair[lo] | (pair[hi] << 4);
     }
 }
 
@@ -127,11 +140,12 @@ pub(crate) fn unpack_nibbles(b: u8) -> [i8; 2] {
     }
 }
 
-/// 32 f32 values to little-endian fp16 bytes (64 bytes), round-to-nearest-even.
+/// 32 f32 values (the first 32 of `src`) to little-endian fp16 bytes in `dst[..64]`,
+/// round-to-nearest-even.
 #[inline(always)]
-pub(crate) fn f16_piece(src: &[f32; KT], dst: &mut [u8]) {
+pub(crate) fn f16_piece(src: &[f32], dst: &mut [u8]) {
     let mut h = [f16::ZERO; KT];
-    h.convert_from_f32_slice(src);
+    h.convert_from_f32_slice(&src[..KT]);
     for (d, v) in dst[..2 * KT].chunks_exact_mut(2).zip(h) {
         d.copy_from_slice(&v.to_le_bytes());
     }
@@ -149,10 +163,11 @@ mod tests {
             3.0000002, -0.0, 1e-30, -64.50001, 100.25, 7.5, -7.5,
         ];
         src[..probes.len()].copy_from_slice(&probes);
-        let q = quantize_piece(&src, 1.0, 127);
+        let mut q = [0u8; KT];
+        quantize_i8(&src, 1.0, &mut q);
         for (x, got) in src.iter().zip(q) {
             assert_eq!(
-                got as f32,
+                got as i8 as f32,
                 x.round_ties_even().clamp(-127.0, 127.0),
                 "x={x}"
             );
@@ -161,23 +176,35 @@ mod tests {
 
     #[test]
     fn clamp_applies_to_limit() {
-        let src = [8.4f32; KT];
-        let q = quantize_piece(&src, 1.0, 7);
-        assert!(q.iter().all(|&v| v == 7));
+        let mut src = [8.4f32; KT];
+        src[1] = -9.0;
+        let mut q = [0u8; KT / 2];
+        quantize_i4(&src, 1.0, &mut q);
+        assert_eq!(unpack_nibbles(q[0]), [7, -7]);
+        assert!(q[1..].iter().all(|&b| unpack_nibbles(b) == [7, 7]));
+        let mut q8 = [0u8; KT];
+        quantize_i8(&[1e3; KT], 1.0, &mut q8);
+        assert!(q8.iter().all(|&v| v == 127));
     }
 
     #[test]
     fn nibbles_roundtrip() {
-        let mut q = [0i8; KT];
-        for (i, v) in q.iter_mut().enumerate() {
-            *v = (i as i8 % 16) - 8;
-        }
+        let src: Vec<f32> = (0..KT).map(|i| (i % 15) as f32 - 7.0).collect();
         let mut bytes = [0u8; KT / 2];
-        pack_nibbles(&q, &mut bytes);
-        let back: Vec<i8> = bytes.iter().flat_map(|&b| unpack_nibbles(b)).collect();
-        assert_eq!(back, q);
+        quantize_i4(&src, 1.0, &mut bytes);
+        let back: Vec<f32> = bytes
+            .iter()
+            .flat_map(|&b| unpack_nibbles(b))
+            .map(f32::from)
+            .collect();
+        assert_eq!(back, src);
         // The documented order: element 0 in the low nibble.
-        assert_eq!(bytes[0] & 0xF, (q[0] as u8) & 0xF);
+        let low = if crate::INT4_EVEN_K_IN_LOW_NIBBLE {
+            bytes[0] & 0xF
+        } else {
+            bytes[0] >> 4
+        };
+        assert_eq!(low, (-7i8 as u8) & 0xF);
     }
 
     #[test]
@@ -197,7 +224,8 @@ mod tests {
         let mut src = [0f32; KT];
         src[0] = absmax * TINY_ROW_FACTOR;
         src[1] = -absmax * TINY_ROW_FACTOR;
-        let q = quantize_piece(&src, s.inv, 127);
-        assert_eq!((q[0], q[1], q[2]), (127, -127, 0));
+        let mut q = [0u8; KT];
+        quantize_i8(&src, s.inv, &mut q);
+        assert_eq!((q[0] as i8, q[1] as i8, q[2]), (127, -127, 0));
     }
 }

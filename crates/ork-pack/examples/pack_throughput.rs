@@ -1,0 +1,75 @@
+//! Best-of-N pack throughput per thread through [`ork_pack::bench_pack`], at SmolLM2-135M shapes
+//! from synthetic Q4_1 blocks and from the same weights pre-decoded to f32.
+//!
+//! `cargo run --release -p ork-pack --example pack_throughput [threads] [iters]`
+//!
+//! The best iteration is reported (not the mean) so that a machine shared with other work still
+//! shows what the kernel can do.
+
+use half::f16;
+use ork_gguf::GgmlType;
+use ork_pack::{bench_pack, GgufRows, MatrixRows, PackDtype, RowSource};
+use std::time::Instant;
+
+fn q4_1_blocks(k: usize, n: usize) -> Vec<u8> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut out = Vec::with_capacity(k / 32 * n * 20);
+    for _ in 0..k / 32 * n {
+        let r = next();
+        let d = f16::from_f32(0.001 + (r & 0xFFFF) as f32 / 65536.0 * 0.01);
+        let m = f16::from_f32(-8.0 * d.to_f32() * (1.0 + ((r >> 16) & 0xFF) as f32 / 1024.0));
+        out.extend_from_slice(&d.to_le_bytes());
+        out.extend_from_slice(&m.to_le_bytes());
+        out.extend_from_slice(&next().to_le_bytes());
+        out.extend_from_slice(&next().to_le_bytes());
+    }
+    out
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let threads: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1);
+    let iters: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(30);
+    println!("threads={threads} iters={iters} (best iteration; MB = 1e6 bytes of packed output)");
+    for (k, n) in [(576, 1536), (1536, 576), (576, 49152)] {
+        let blocks = q4_1_blocks(k, n);
+        let q41 = GgufRows::from_blocks("bench", GgmlType::Q4_1, &[k as u64, n as u64], &blocks)?;
+        let mut dense = vec![0f32; k * n];
+        q41.read_rows(0, &mut dense)?;
+        let f32_rows = MatrixRows::new(&dense, k, n)?;
+        // Decode alone, tile-sized reads as the kernel does them.
+        let mut tile = vec![0f32; 32 * k];
+        let mut best = f64::INFINITY;
+        for _ in 0..iters {
+            let t0 = Instant::now();
+            for first in (0..n).step_by(32) {
+                let rows = (n - first).min(32);
+                q41.read_rows(first, &mut tile[..rows * k])?;
+            }
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        println!(
+            "K={k:5} N={n:5}  decode Q4_1 only      {:7.0} Melem/s",
+            (k * n) as f64 / best / 1e6
+        );
+        for (label, src) in [("Q4_1", &q41 as &dyn RowSource), ("f32 ", &f32_rows)] {
+            for dtype in [PackDtype::I8, PackDtype::I4, PackDtype::F16] {
+                let r = bench_pack(src, dtype, threads, iters)?;
+                println!(
+                    "K={k:5} N={n:5}  {label} -> {:3}  {:7.0} MB/s/thread  {:7.0} Melem/s  ({:.3} ms)",
+                    dtype.name(),
+                    r.out_bytes_per_sec_per_thread() / 1e6,
+                    r.elems_per_sec() / 1e6,
+                    r.best_seconds * 1e3
+                );
+            }
+        }
+    }
+    Ok(())
+}
