@@ -36,7 +36,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), GgufE
         unreachable!("decodable types have a geometry");
     };
     let (block_size, type_size) = (block_size as usize, type_size as usize);
-    if src.len() % type_size != 0 {
+    if !src.len().is_multiple_of(type_size) {
         return Err(GgufError::Decode {
             ty: ty.to_string(),
             what: format!(

@@ -301,7 +301,7 @@ impl GgufFile {
             n_rows,
         };
         let out_len = out.len() as u64;
-        if row_len == 0 || out_len % row_len != 0 {
+        if row_len == 0 || !out_len.is_multiple_of(row_len) {
             return Err(bad_range());
         }
         let rows = out_len / row_len;

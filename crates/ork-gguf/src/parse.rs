@@ -162,10 +162,10 @@ impl<'a> Cursor<'a> {
     fn string(&mut self, cap: u64, what: impl Fn() -> String) -> Result<String, GgufError> {
         let at = self.offset();
         let len = self.u64(|| format!("length of {}", what()))?;
-        let limit = cap.min(self.remaining());
-        if len > limit {
-            return Err(self.limit(at, || format!("length of {}", what()), len, limit));
+        if len > cap {
+            return Err(self.limit(at, || format!("length of {}", what()), len, cap));
         }
+        // Reads nothing (and allocates nothing) unless all `len` bytes are there.
         let bytes = self.take(len, &what)?;
         match std::str::from_utf8(bytes) {
             Ok(s) => Ok(s.to_owned()),

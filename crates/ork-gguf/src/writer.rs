@@ -303,7 +303,7 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, GgufError> {
             })
         }
     };
-    if values.len() % bs != 0 {
+    if !values.len().is_multiple_of(bs) {
         return Err(build(format!(
             "{} values are not a whole number of {ty} blocks of {bs}",
             values.len()

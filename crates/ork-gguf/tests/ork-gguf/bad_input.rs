@@ -149,6 +149,15 @@ fn absurd_counts_and_lengths() {
             other => panic!("length at {at}: {other:?}"),
         }
     }
+    // A string length under the cap but past the end of the file is a truncation.
+    let mut m = b.clone();
+    put_u64(&mut m, str_len_at, b.len() as u64);
+    match parse(m) {
+        Err(GgufError::Truncated { offset, needed, .. }) => {
+            assert_eq!((offset, needed), (str_len_at as u64 + 8, b.len() as u64))
+        }
+        other => panic!("{other:?}"),
+    }
     // Five dimensions.
     let mut m = b.clone();
     put_u32(&mut m, after_string(&b, "norm"), 5);
