@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
+use crate::checksum::Xxh3Stream;
 use ork_gguf::{GgufFile, TensorInfo};
 use ork_pack::{GgufRows, PackDtype};
-use xxhash_rust::xxh3::Xxh3;
 
 use crate::check::{check_entry_key, stale_reason};
 use crate::{EntryKey, EntryStatus, ModelIdentity, Orkpack, OrkpackWriter, StoreError};
@@ -155,7 +155,7 @@ pub fn model_identity(model: &GgufFile) -> ModelIdentity {
 }
 
 fn identity_of(model: &GgufFile, fingerprints: &[u64]) -> ModelIdentity {
-    let mut h = Xxh3::new();
+    let mut h = Xxh3Stream::new();
     for f in fingerprints {
         h.update(&f.to_le_bytes());
     }

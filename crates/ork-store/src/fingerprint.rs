@@ -8,8 +8,8 @@
 //! any sample catches it; a change confined to unsampled bytes is not detected (documented in
 //! docs/orkpack.md).
 
+use crate::checksum::Xxh3Stream;
 use ork_gguf::{GgufFile, TensorInfo};
-use xxhash_rust::xxh3::Xxh3;
 
 /// Tensors up to this many bytes are hashed completely.
 pub const FULL_HASH_LIMIT: usize = 256 * 1024;
@@ -26,7 +26,7 @@ pub fn fingerprint(file: &GgufFile, t: &TensorInfo) -> u64 {
 
 /// Fingerprint of a tensor given its ggml type id, dims and data bytes.
 pub fn fingerprint_bytes(ggml_type: u32, dims: &[u64], data: &[u8]) -> u64 {
-    let mut h = Xxh3::with_seed(SEED);
+    let mut h = Xxh3Stream::with_seed(SEED);
     h.update(&ggml_type.to_le_bytes());
     h.update(&(dims.len() as u64).to_le_bytes());
     for d in dims {

@@ -15,6 +15,7 @@
 
 mod bench;
 mod check;
+mod checksum;
 mod convert;
 mod error;
 mod fingerprint;

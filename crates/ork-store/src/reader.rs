@@ -5,8 +5,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::checksum::{xxh3, Xxh3Stream};
 use ork_pack::{LayoutId, PackDtype, PackedWeight, TiledLayout};
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 use zerocopy::FromBytes;
 
 use crate::format::{
@@ -102,9 +102,11 @@ pub struct Orkpack {
 /// Source of the per-open identity that ties an [`Entry`] to its [`Orkpack`].
 static NEXT_PACK_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Copy-and-hash granularity: the chunk just copied is hashed while it is still in L2, so the
-/// source is read from memory once.
-const CHUNK: usize = 128 * 1024;
+/// Copy-and-hash granularity: the chunk just copied is hashed while it is still in L1, so the
+/// source is read from memory once and the hash overlaps the copy's memory stalls. Measured on
+/// a 28 MB blob (x86-64, AVX2 hash, busy 2-core host): 4 KiB chunks reach 0.86–0.94 of
+/// memcpy, 16 KiB 0.7–0.9, 256 KiB ~0.7.
+const CHUNK: usize = 4 * 1024;
 
 impl Orkpack {
     /// Map and validate an `.orkpack` file: magic, version, flags, header/footer/index checksums,
@@ -216,10 +218,10 @@ impl Orkpack {
     /// Check an entry's blob and scales against their checksums without copying.
     pub fn verify(&self, e: &Entry) -> Result<(), StoreError> {
         let e = self.own(e);
-        if xxh3_64(self.blob(e)) != e.blob_checksum {
+        if xxh3(self.blob(e)) != e.blob_checksum {
             return Err(self.corrupt(e, "blob checksum"));
         }
-        if xxh3_64(self.scale_bytes(e)) != e.scale_checksum {
+        if xxh3(self.scale_bytes(e)) != e.scale_checksum {
             return Err(self.corrupt(e, "scale checksum"));
         }
         Ok(())
@@ -229,7 +231,7 @@ impl Orkpack {
     pub fn scales(&self, e: &Entry) -> Result<Vec<f32>, StoreError> {
         let e = self.own(e);
         let bytes = self.scale_bytes(e);
-        if xxh3_64(bytes) != e.scale_checksum {
+        if xxh3(bytes) != e.scale_checksum {
             return Err(self.corrupt(e, "scale checksum"));
         }
         Ok(bytes
@@ -266,7 +268,7 @@ impl Orkpack {
 /// Copy `src` into `dst` (same length) chunk by chunk, hashing each chunk right after copying
 /// it, while it is still in cache. Returns the xxh3-64 of all of `src`.
 pub(crate) fn copy_and_hash(src: &[u8], dst: &mut [u8]) -> u64 {
-    let mut h = Xxh3::new();
+    let mut h = Xxh3Stream::new();
     for (s, d) in src.chunks(CHUNK).zip(dst.chunks_mut(CHUNK)) {
         d.copy_from_slice(s);
         h.update(d);
@@ -323,7 +325,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
             supported: VERSION,
         });
     }
-    if xxh3_64(header.checksum_input()) != header.checksum.get() {
+    if xxh3(header.checksum_input()) != header.checksum.get() {
         return Err(corrupt_index(path, 56, "header checksum mismatch"));
     }
     let unknown = header.required_flags.get() & !KNOWN_REQUIRED_FLAGS;
@@ -377,7 +379,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
     if footer.magic != MAGIC {
         return Err(corrupt_index(path, file_len - 8, "footer magic missing"));
     }
-    if xxh3_64(footer.checksum_input()) != footer.checksum.get() {
+    if xxh3(footer.checksum_input()) != footer.checksum.get() {
         return Err(corrupt_index(path, footer_at, "footer checksum mismatch"));
     }
     if footer.version.get() != VERSION || footer.required_flags.get() != header.required_flags.get()
@@ -401,7 +403,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
         ));
     }
     let index = &bytes[index_offset as usize..footer_at as usize];
-    if xxh3_64(index) != footer.index_checksum.get() {
+    if xxh3(index) != footer.index_checksum.get() {
         return Err(corrupt_index(path, index_offset, "index checksum mismatch"));
     }
     let count = footer.entry_count.get();

@@ -21,9 +21,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+use crate::checksum::xxh3;
 use ork_pack::{LayoutId, PackedWeight};
 use tempfile::TempPath;
-use xxhash_rust::xxh3::xxh3_64;
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
 
@@ -308,7 +308,7 @@ impl OrkpackWriter {
             LayoutId::Rk3588NativeB,
             source,
             &w.data,
-            xxh3_64(&w.data),
+            xxh3(&w.data),
             &scale_bytes,
         )
     }
@@ -367,7 +367,7 @@ impl OrkpackWriter {
             scale_offset: U64::new(scale_offset),
             scale_size: U64::new(scale_bytes.len() as u64),
             blob_checksum: U64::new(blob_checksum),
-            scale_checksum: U64::new(xxh3_64(scale_bytes)),
+            scale_checksum: U64::new(xxh3(scale_bytes)),
             source_fingerprint: U64::new(source.fingerprint),
             reserved: [0; 8],
         };
@@ -402,7 +402,7 @@ impl OrkpackWriter {
         let mut footer = Footer {
             index_offset: U64::new(index_offset),
             index_size: U64::new(index.len() as u64),
-            index_checksum: U64::new(xxh3_64(&index)),
+            index_checksum: U64::new(xxh3(&index)),
             entry_count: U32::new(records.len() as u32),
             version: U32::new(VERSION),
             required_flags: U32::new(0),
@@ -410,7 +410,7 @@ impl OrkpackWriter {
             checksum: U64::new(0),
             magic: MAGIC,
         };
-        footer.checksum = U64::new(xxh3_64(footer.checksum_input()));
+        footer.checksum = U64::new(xxh3(footer.checksum_input()));
         self.write(footer.as_bytes())?;
         debug_assert_eq!(FOOTER_LEN, footer.as_bytes().len());
         let id = self.identity.unwrap_or(ModelIdentity {
@@ -429,7 +429,7 @@ impl OrkpackWriter {
             reserved: [0; 8],
             checksum: U64::new(0),
         };
-        header.checksum = U64::new(xxh3_64(header.checksum_input()));
+        header.checksum = U64::new(xxh3(header.checksum_input()));
         debug_assert_eq!(HEADER_LEN, header.as_bytes().len());
 
         let target = self.target.clone();
@@ -458,12 +458,12 @@ impl OrkpackWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checksum::Xxh3Stream;
     use crate::reader::copy_and_hash;
-    use xxhash_rust::xxh3::Xxh3;
 
     /// Hash all of `bytes` through the streaming hasher in odd-sized pieces.
     fn streamed_hash(bytes: &[u8]) -> u64 {
-        let mut h = Xxh3::new();
+        let mut h = Xxh3Stream::new();
         for c in bytes.chunks(1000) {
             h.update(c);
         }
@@ -475,9 +475,9 @@ mod tests {
         let data: Vec<u8> = (0..1_000_003u32)
             .map(|i| i.wrapping_mul(2654435761) as u8)
             .collect();
-        assert_eq!(streamed_hash(&data), xxh3_64(&data));
+        assert_eq!(streamed_hash(&data), xxh3(&data));
         let mut dst = vec![0u8; data.len()];
-        assert_eq!(copy_and_hash(&data, &mut dst), xxh3_64(&data));
+        assert_eq!(copy_and_hash(&data, &mut dst), xxh3(&data));
         assert_eq!(dst, data);
     }
 

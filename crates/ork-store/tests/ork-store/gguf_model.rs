@@ -312,13 +312,14 @@ fn real_model_convert_then_reload() {
         assert_eq!(loaded, packed(&m, name, PackDtype::I8), "{name}");
     }
     let e = pack.entry("token_embd.weight").unwrap();
-    let b = bench_load(&pack, e, 5).unwrap();
+    let b = bench_load(&pack, e, 10).unwrap();
     eprintln!(
-        "load {} MB: memcpy {:.2} GB/s, verified load {:.2} GB/s ({:.2}x), unverified {:.2} GB/s",
+        "load {} MB: memcpy {:.2} GB/s, verified load {:.2} GB/s ({:.2}x), unverified {:.2} GB/s, hash {:.2} GB/s",
         b.bytes as f64 / 1e6,
         b.memcpy_gb_s,
         b.load_verified_gb_s,
         b.verified_ratio(),
-        b.load_unverified_gb_s
+        b.load_unverified_gb_s,
+        b.hash_gb_s
     );
 }
