@@ -83,7 +83,7 @@ impl MetaValue {
 pub struct TensorInfo {
     /// Name.
     pub name: String,
-    /// Dimensions, ne[0] (contiguous) first.
+    /// Dimensions, `ne[0]` (contiguous) first.
     pub dims: Vec<u64>,
     /// Element type.
     pub ty: GgmlType,

@@ -97,6 +97,33 @@ fn version_2_and_custom_alignment_are_read() {
     assert_eq!(file.dequantize_tensor(b).unwrap(), [1.0; 8]);
 }
 
+#[test]
+fn three_d_expert_tensor_rows_span_experts() {
+    // An MoE expert stack [k = 64, n = 4, experts = 3]: 12 rows; row r is expert r / 4.
+    let mut rng = Rng(11);
+    let x: Vec<f32> = (0..64 * 4 * 3).map(|_| rng.f32()).collect();
+    let q = quantize(GgmlType::Q4_0, &x).unwrap();
+    let bytes = GgufBuilder::new()
+        .kv("general.architecture", MetaValue::String("mixtral".into()))
+        .tensor(
+            "blk.0.ffn_up_exps.weight",
+            &[64, 4, 3],
+            GgmlType::Q4_0,
+            q.clone(),
+        )
+        .to_bytes()
+        .unwrap();
+    let file = GgufFile::from_bytes("moe", bytes).unwrap();
+    let t = file.tensor("blk.0.ffn_up_exps.weight").unwrap();
+    assert_eq!((t.row_len(), t.n_rows(), t.row_bytes()), (64, 12, Some(36)));
+    let mut whole = vec![0f32; x.len()];
+    dequantize(GgmlType::Q4_0, &q, &mut whole).unwrap();
+    // Rows 3..7 cross from expert 0 into expert 1.
+    let mut rows = vec![0f32; 4 * 64];
+    file.dequantize_rows(t, 3, &mut rows).unwrap();
+    assert_eq!(rows, whole[3 * 64..7 * 64]);
+}
+
 /// Largest |x - dequant(quant(x))| over blocks of uniform values in [-1, 1).
 fn max_roundtrip_error(ty: GgmlType) -> f32 {
     let mut rng = Rng(ty.id() as u64 + 1);
