@@ -38,9 +38,10 @@ pub(crate) fn encode_tile(
             return Err(PackError::NonFinite { row: first + r });
         }
         let absmax = f32::from_bits(bits);
-        let pieces = out
-            .chunks_exact_mut(kt_stride)
-            .map(|t| &mut t[r * pb..(r + 1) * pb]);
+        let pieces = out.chunks_exact_mut(kt_stride).map(
+            #[inline(always)]
+            |t| &mut t[r * pb..(r + 1) * pb],
+        );
         match dtype {
             PackDtype::I8 | PackDtype::I4 => {
                 let lim = if dtype == PackDtype::I8 { 127.0 } else { 7.0 };
@@ -50,9 +51,21 @@ pub(crate) fn encode_tile(
                     row.iter_mut().for_each(|x| *x *= TINY_ROW_FACTOR);
                 }
                 if dtype == PackDtype::I8 {
-                    for_each_piece(row, pieces, |src, dst| quantize_i8(src, s.inv, dst));
+                    // `inline(always)` on the closures: they are defined here, not in the AVX2
+                    // wrapper, and must be inlined into it to be compiled with its features.
+                    for_each_piece(
+                        row,
+                        pieces,
+                        #[inline(always)]
+                        |src, dst| quantize_i8(src, s.inv, dst),
+                    );
                 } else {
-                    for_each_piece(row, pieces, |src, dst| quantize_i4(src, s.inv, dst));
+                    for_each_piece(
+                        row,
+                        pieces,
+                        #[inline(always)]
+                        |src, dst| quantize_i4(src, s.inv, dst),
+                    );
                 }
             }
             PackDtype::F16 => {

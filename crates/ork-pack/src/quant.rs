@@ -118,13 +118,15 @@ pub(crate) fn quantize_i4(src: &[f32], inv: f32, dst: &mut [u8]) {
     for (d, &x) in nib.iter_mut().zip(&src[..KT]) {
         *d = code_bits(x, inv, 7.0) as u8 & 0xF;
     }
-    let (lo, hi) = if crate::INT4_EVEN_K_IN_LOW_NIBBLE {
-        (0, 1)
-    } else {
-        (1, 0)
-    };
+    // Each pair as one little-endian u16 `even | odd << 8`, folded into a byte with shifts: a
+    // plain 16-bit lane operation, where picking even and odd bytes apart does not vectorize.
     for (d, pair) in dst[..KT / 2].iter_mut().zip(nib.chunks_exact(2)) {
-        *d = pair[lo] | (pair[hi] << 4);
+        let v = u16::from_le_bytes([pair[0], pair[1]]);
+        *d = if crate::INT4_EVEN_K_IN_LOW_NIBBLE {
+            (v | (v >> 4)) as u8
+        } else {
+            ((v << 4) | (v >> 8)) as u8
+        };
     }
 }
 

@@ -74,7 +74,8 @@ impl<'a> GgufRows<'a> {
     ///
     /// # Errors
     /// [`PackError::TensorShape`] if the tensor is not a non-empty 2-D matrix (trailing dims of 1
-    /// are allowed) whose data splits into `N` equal rows.
+    /// are allowed) of a type with known block geometry, whose rows are whole blocks and whose
+    /// data is exactly `N` rows.
     pub fn new(file: &'a GgufFile, info: &'a TensorInfo) -> Result<Self, PackError> {
         Self::from_blocks(&info.name, info.ty, &info.dims, file.tensor_data(info))
     }
@@ -105,10 +106,13 @@ impl<'a> GgufRows<'a> {
         if k == 0 || n == 0 {
             return Err(bad("empty matrix"));
         }
-        // Rows are whole blocks in ggml (ne0 is a multiple of the block size), so N equal slices
-        // of the data are the rows; the decoder checks each slice against K.
-        if data.len() % n != 0 || data.is_empty() {
-            return Err(bad("data is not a whole number of rows"));
+        // ggml rows are whole blocks, so the data is N slices of `bytes_for(K)` bytes.
+        let row_bytes = ty
+            .bytes_for(k as u64)
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| bad("K is not a whole number of blocks of a known type"))?;
+        if row_bytes.checked_mul(n) != Some(data.len()) {
+            return Err(bad("data size does not match the type and dims"));
         }
         Ok(GgufRows {
             name,
@@ -116,7 +120,7 @@ impl<'a> GgufRows<'a> {
             data,
             k,
             n,
-            row_bytes: data.len() / n,
+            row_bytes,
         })
     }
 

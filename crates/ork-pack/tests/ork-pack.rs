@@ -476,6 +476,92 @@ fn gguf_rows_refuse_non_matrices() {
     shape_err(&[32, 6, 2], &bytes);
     shape_err(&[32, 0], &bytes);
     shape_err(&[32, 7], &bytes);
+    shape_err(&[33, 6], &bytes);
+    shape_err(&[32, 6], &bytes[..119]);
+    match GgufRows::from_blocks("x", GgmlType::Other(99), &[32, 6], &bytes) {
+        Err(PackError::TensorShape { .. }) => {}
+        other => panic!("unknown type accepted: {other:?}"),
+    }
     let rows = GgufRows::from_blocks("blk.0.x", GgmlType::Q4_1, &[32, 6, 1], &bytes).unwrap();
     assert_eq!((rows.k(), rows.n(), rows.row_bytes()), (32, 6, 20));
+}
+
+/// The real model (SmolLM2-135M-Instruct Q4_1): `ORK_MODEL` or the path `scripts/fetch-model.sh`
+/// downloads to.
+fn model() -> ork_gguf::GgufFile {
+    let path = std::env::var_os("ORK_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        path.exists(),
+        "real model not found at {}: run scripts/fetch-model.sh (or set ORK_MODEL)",
+        path.display()
+    );
+    ork_gguf::GgufFile::open(&path).expect("open model")
+}
+
+#[test]
+fn real_model_tensors_pack_exactly() {
+    use ork_gguf::GgmlType;
+    let file = model();
+    // One Q4_1 matmul weight of each SmolLM2 shape, and the Q8_0 embedding (tied output).
+    for (name, ty, k, n) in [
+        ("blk.0.ffn_up.weight", GgmlType::Q4_1, 576, 1536),
+        ("blk.7.ffn_down.weight", GgmlType::Q4_1, 1536, 576),
+        ("blk.29.attn_k.weight", GgmlType::Q4_1, 576, 192),
+        ("token_embd.weight", GgmlType::Q8_0, 576, 49152),
+    ] {
+        let t = file
+            .tensor(name)
+            .unwrap_or_else(|| panic!("{name} missing"));
+        assert_eq!(t.ty, ty, "{name}");
+        let rows = GgufRows::new(&file, t).unwrap();
+        assert_eq!((rows.k(), rows.n(), rows.name()), (k, n, name));
+        let dense = file.dequantize_tensor(t).unwrap();
+        let dtypes: &[PackDtype] = if n > 10_000 {
+            &[PackDtype::I8]
+        } else {
+            &DTYPES
+        };
+        for &dtype in dtypes {
+            let packed = pack(&rows, dtype).unwrap();
+            let reference = pack(&MatrixRows::new(&dense, k, n).unwrap(), dtype).unwrap();
+            assert!(
+                packed == reference,
+                "{name} {dtype:?}: GGUF rows differ from decoded rows"
+            );
+            if dtype == PackDtype::F16 {
+                check_f16(&dense, k, n);
+            } else {
+                check_quantized(&dense, k, n, dtype);
+            }
+        }
+    }
+}
+
+#[test]
+fn real_model_refuses_non_matrices() {
+    let file = model();
+    let norm = file.tensor("blk.0.attn_norm.weight").expect("attn_norm");
+    match GgufRows::new(&file, norm) {
+        Err(PackError::TensorShape { tensor, .. }) => assert_eq!(tensor, "blk.0.attn_norm.weight"),
+        other => panic!("1-D tensor accepted: {other:?}"),
+    }
+}
+
+/// A decodable-geometry type ork cannot decode: the GGUF layer's error comes back naming the
+/// tensor.
+#[test]
+fn undecodable_type_names_the_tensor() {
+    use ork_gguf::GgmlType;
+    let ty = GgmlType::from_id(20); // IQ4_NL: 32-element blocks of 18 bytes, not decoded by ork
+    let bytes = vec![0u8; 18 * 4];
+    let rows = GgufRows::from_blocks("blk.3.iq", ty, &[64, 2], &bytes).unwrap();
+    match pack(&rows, PackDtype::I8) {
+        Err(PackError::Tensor { tensor, .. }) => assert_eq!(tensor, "blk.3.iq"),
+        other => panic!("{other:?}"),
+    }
 }
