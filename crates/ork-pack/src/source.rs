@@ -7,7 +7,7 @@ use std::ops::Range;
 /// Element range of rows `first .. first + out_len / k` of an `n × k` row-major source.
 fn rows_range(k: usize, n: usize, first: usize, out_len: usize) -> Result<Range<usize>, PackError> {
     let rows = out_len / k;
-    if out_len % k != 0 || first.checked_add(rows).is_none_or(|end| end > n) {
+    if !out_len.is_multiple_of(k) || first.checked_add(rows).is_none_or(|end| end > n) {
         return Err(PackError::Shape {
             k,
             n,

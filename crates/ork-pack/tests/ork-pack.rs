@@ -52,7 +52,7 @@ fn element_bits(dtype: PackDtype, data: &[u8], e: usize) -> u16 {
         PackDtype::I4 => {
             let b = data[e / 2];
             let low_is_even = INT4_EVEN_K_IN_LOW_NIBBLE;
-            let nib = if (e % 2 == 0) == low_is_even {
+            let nib = if e.is_multiple_of(2) == low_is_even {
                 b & 0xF
             } else {
                 b >> 4
@@ -414,7 +414,7 @@ fn check_and_untile_refuse_malformed_weights() {
         match d {
             PackDtype::I8 => dirty.data[e] = 1,
             PackDtype::I4 => {
-                let low = (e % 2 == 0) == INT4_EVEN_K_IN_LOW_NIBBLE;
+                let low = e.is_multiple_of(2) == INT4_EVEN_K_IN_LOW_NIBBLE;
                 dirty.data[e / 2] |= if low { 0x01 } else { 0x10 };
             }
             PackDtype::F16 => dirty.data[2 * e] = 1,
