@@ -565,3 +565,68 @@ fn undecodable_type_names_the_tensor() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Records every `read_rows` call, to check the kernel streams: one tile's rows per call, each
+/// row read exactly once.
+struct ProbeRows {
+    k: usize,
+    n: usize,
+    reads: std::sync::Mutex<Vec<(usize, usize)>>,
+}
+
+impl RowSource for ProbeRows {
+    fn k(&self) -> usize {
+        self.k
+    }
+    fn n(&self) -> usize {
+        self.n
+    }
+    fn read_rows(&self, first: usize, out: &mut [f32]) -> Result<(), PackError> {
+        self.reads.lock().unwrap().push((first, out.len() / self.k));
+        for (i, row) in out.chunks_mut(self.k).enumerate() {
+            row.iter_mut()
+                .enumerate()
+                .for_each(|(j, x)| *x = ((first + i) * 7 + j) as f32);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn kernel_streams_one_tile_of_rows_at_a_time() {
+    for dtype in DTYPES {
+        let src = ProbeRows {
+            k: 300,
+            n: 1000,
+            reads: Default::default(),
+        };
+        pack(&src, dtype).unwrap();
+        let mut reads = src.reads.into_inner().unwrap();
+        reads.sort_unstable();
+        let tn = dtype.n_tile();
+        let expected: Vec<(usize, usize)> = (0..1000)
+            .step_by(tn)
+            .map(|first| (first, tn.min(1000 - first)))
+            .collect();
+        assert_eq!(reads, expected, "{dtype:?}");
+    }
+}
+
+#[test]
+fn bench_pack_reports_the_run() {
+    let (k, n) = (96, 80);
+    let w = weights(k, n, 5);
+    let src = MatrixRows::new(&w, k, n).unwrap();
+    for dtype in DTYPES {
+        let r = ork_pack::bench_pack(&src, dtype, 2, 3).unwrap();
+        assert_eq!((r.dtype, r.k, r.n, r.threads, r.iters), (dtype, k, n, 2, 3));
+        assert_eq!(r.out_bytes, TiledLayout::new(dtype, k, n).blob_bytes());
+        assert!(r.best_seconds > 0.0 && r.best_seconds <= r.mean_seconds);
+        assert_eq!(r.elems(), k * n);
+    }
+    let empty = MatrixRows::new(&[], 0, 0).unwrap();
+    assert!(matches!(
+        ork_pack::bench_pack(&empty, PackDtype::I8, 1, 1),
+        Err(PackError::Shape { .. })
+    ));
+}
