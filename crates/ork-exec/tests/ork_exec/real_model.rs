@@ -188,3 +188,23 @@ fn chat_prompt_uses_control_tokens_and_stops_at_end_of_turn() {
     assert!(reply.contains("Paris"), "{reply:?}");
     assert_eq!(out.stop, StopReason::EndOfGeneration(tok.eos().unwrap()));
 }
+
+#[test]
+fn empty_prompt_is_an_error_because_smollm2_adds_no_bos() {
+    let tok = tokenizer();
+    let ids = tok.encode("", true, false).unwrap();
+    assert!(ids.is_empty());
+    let mut session = Session::new(model(), f32_linear());
+    let opts = GenerateOptions {
+        max_tokens: 1,
+        stop_tokens: vec![],
+    };
+    let r = generate(
+        &mut session,
+        &ids,
+        &opts,
+        &mut Sampler::greedy(),
+        |_| Ok(()),
+    );
+    assert!(matches!(r, Err(ork_exec::ExecError::EmptyPrompt)));
+}

@@ -368,3 +368,26 @@ fn perplexity_follows_llama_cpp_protocol() {
         })
     ));
 }
+
+#[test]
+fn rope_scaling_is_read_or_refused() {
+    use ork_gguf::MetaValue;
+    let spec = TinySpec::new("llama");
+    let g = from_builder(
+        builder(&spec, None)
+            .kv(
+                "llama.rope.scaling.type",
+                MetaValue::String("linear".into()),
+            )
+            .kv("llama.rope.scaling.factor", MetaValue::F32(4.0)),
+    );
+    assert_eq!(Model::load(&g).unwrap().config().rope_freq_scale, 0.25);
+    let g = from_builder(
+        builder(&spec, None).kv("llama.rope.scaling.type", MetaValue::String("yarn".into())),
+    );
+    match Model::load(&g) {
+        Err(ExecError::InvalidMetadata { key, .. }) => assert_eq!(key, "llama.rope.scaling.type"),
+        Err(e) => panic!("expected InvalidMetadata, got {e}"),
+        Ok(_) => panic!("yarn scaling must be refused, not ignored"),
+    }
+}
