@@ -9,7 +9,7 @@ use rayon::prelude::*;
 /// RMSNorm of each row of `x` (row width = `weight.len()`), scaled by `weight`, in place.
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
     let width = weight.len();
-    debug_assert!(width > 0 && x.len() % width == 0);
+    debug_assert!(width > 0 && x.len().is_multiple_of(width));
     for row in x.chunks_exact_mut(width) {
         rms_norm_row(row, weight, eps);
     }
@@ -59,7 +59,7 @@ impl Rope {
 
     /// Rotate every head (width `head_dim`) of `x` by the angles from [`Rope::angles`].
     pub fn apply(&self, x: &mut [f32], head_dim: usize, angles: &[(f32, f32)]) {
-        debug_assert!(self.n_rot <= head_dim && x.len() % head_dim == 0);
+        debug_assert!(self.n_rot <= head_dim && x.len().is_multiple_of(head_dim));
         let half = self.n_rot / 2;
         for head in x.chunks_exact_mut(head_dim) {
             for (i, &(cos, sin)) in angles.iter().enumerate().take(half) {

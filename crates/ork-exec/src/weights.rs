@@ -57,7 +57,7 @@ impl<'g> RowTable<'g> {
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).ok()?))
             .ok_or_else(|| too_big(name))?;
-        if rows == 0 || row_len == 0 || data.len() % rows != 0 {
+        if rows == 0 || row_len == 0 || !data.len().is_multiple_of(rows) {
             return Err(ExecError::TensorData {
                 tensor: name.to_owned(),
                 what: format!("{} bytes do not split into {rows} rows", data.len()),
@@ -76,7 +76,7 @@ impl<'g> RowTable<'g> {
     /// Dequantize rows `r0..r0 + out.len()/row_len` into `out`.
     pub(crate) fn dequantize_rows(&self, r0: usize, out: &mut [f32]) -> Result<(), ExecError> {
         let n = out.len() / self.row_len;
-        debug_assert!(r0 + n <= self.rows && out.len() % self.row_len == 0);
+        debug_assert!(r0 + n <= self.rows && out.len().is_multiple_of(self.row_len));
         let src = &self.data[r0 * self.row_bytes..(r0 + n) * self.row_bytes];
         dequant::dequantize(self.ty, src, out).map_err(ExecError::from)
     }
