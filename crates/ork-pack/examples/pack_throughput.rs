@@ -1,7 +1,9 @@
 //! Best-of-N pack throughput per thread through [`ork_pack::bench_pack`], at SmolLM2-135M shapes
 //! from synthetic Q4_1 blocks and from the same weights pre-decoded to f32.
 //!
-//! `cargo run --release -p ork-pack --example pack_throughput [threads] [iters]`
+//! `cargo run --release -p ork-pack --example pack_throughput [threads] [iters] [model.gguf]`
+//!
+//! With a model path it also packs every 2-D tensor of the model to int8 once, end to end.
 //!
 //! The best iteration is reported (not the mean) so that a machine shared with other work still
 //! shows what the kernel can do.
@@ -69,6 +71,49 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     r.best_seconds * 1e3
                 );
             }
+        }
+    }
+    if let Some(path) = args.next() {
+        let file = ork_gguf::GgufFile::open(std::path::Path::new(&path))?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()?;
+        let matrices: Vec<_> = file
+            .tensors()
+            .iter()
+            .filter(|t| t.dims.len() == 2)
+            .collect();
+        let src_bytes: usize = matrices.iter().map(|t| file.tensor_data(t).len()).sum();
+        // Pass 1: `pack`, a fresh output per tensor (allocation and first-touch page faults).
+        // Pass 2: `pack_into` one reused buffer (the kernel alone, source pages now cached).
+        let mut buf = Vec::new();
+        let mut scales = Vec::new();
+        for reuse in [false, true] {
+            let (mut out_bytes, t0) = (0usize, Instant::now());
+            for t in &matrices {
+                let rows = GgufRows::new(&file, t)?;
+                if reuse {
+                    let layout = ork_pack::TiledLayout::new(PackDtype::I8, rows.k(), rows.n());
+                    buf.resize(layout.blob_bytes(), 0u8);
+                    scales.resize(layout.n, 0f32);
+                    pool.install(|| {
+                        ork_pack::pack_into(&rows, PackDtype::I8, &mut buf, &mut scales)
+                    })?;
+                    out_bytes += buf.len();
+                } else {
+                    out_bytes += ork_pack::pack_in(&pool, &rows, PackDtype::I8)?.data.len();
+                }
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            println!(
+                "{path} via {}: {} tensors, {:.1} MB GGUF -> {:.1} MB int8 in {:.3} s = {:.0} MB/s/thread",
+                if reuse { "pack_into (reused buffer)" } else { "pack (fresh output)" },
+                matrices.len(),
+                src_bytes as f64 / 1e6,
+                out_bytes as f64 / 1e6,
+                secs,
+                out_bytes as f64 / secs / 1e6 / threads as f64
+            );
         }
     }
     Ok(())
