@@ -9,6 +9,15 @@
 //! - [`Orkpack`] maps and validates a file; blobs are verified as they are loaded.
 //! - [`check_entry`] decides whether an entry still matches its source tensor.
 //! - [`ensure`] / [`convert`] keep a model's cache file complete and current.
+//! - [`bench_load`] measures verified loads against a plain memcpy (`ork bench`).
+//!
+//! # Signals
+//! The first [`OrkpackWriter`] of a process starts a signal-hook listener thread for SIGINT and
+//! SIGTERM. On either, it deletes the temp files of all live writers and re-raises the signal
+//! with its default disposition, so the process still terminates by that signal (exit status
+//! 130 for Ctrl-C). An application that wants to survive these signals must not hold an
+//! `OrkpackWriter` when they arrive. kill -9 cannot be handled: its temp file is removed by the
+//! next writer of the same target.
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]

@@ -5,9 +5,12 @@ use std::io;
 
 use memmap2::{Mmap, MmapOptions};
 
-/// A read-only, private mapping of a whole `.orkpack` file.
-pub(crate) struct ReadMap {
-    map: Option<Mmap>,
+/// The bytes of a whole `.orkpack` file: a read-only mapping, or an owned copy.
+pub(crate) enum ReadMap {
+    /// A mapped file (`None` for an empty file: `mmap` refuses zero-length maps).
+    Mapped(Option<Mmap>),
+    /// Bytes held in memory (fixtures, fuzzing).
+    Owned(Vec<u8>),
 }
 
 impl ReadMap {
@@ -15,7 +18,7 @@ impl ReadMap {
     /// because `mmap` refuses zero-length maps).
     pub(crate) fn new(file: &File, len: u64) -> io::Result<ReadMap> {
         if len == 0 {
-            return Ok(ReadMap { map: None });
+            return Ok(ReadMap::Mapped(None));
         }
         let len = usize::try_from(len)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file larger than memory"))?;
@@ -26,14 +29,15 @@ impl ReadMap {
         // (documented in docs/orkpack.md); a truncation by one would raise SIGBUS, as for any
         // mmap-based reader, and every byte we read is checksummed before it is trusted.
         let map = unsafe { MmapOptions::new().len(len).map(file)? };
-        Ok(ReadMap { map: Some(map) })
+        Ok(ReadMap::Mapped(Some(map)))
     }
 
     /// The mapped bytes.
     pub(crate) fn bytes(&self) -> &[u8] {
-        match &self.map {
-            Some(m) => m,
-            None => &[],
+        match self {
+            ReadMap::Mapped(Some(m)) => m,
+            ReadMap::Mapped(None) => &[],
+            ReadMap::Owned(v) => v,
         }
     }
 }

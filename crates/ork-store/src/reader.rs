@@ -118,7 +118,17 @@ impl Orkpack {
             .map_err(|e| StoreError::io(path, "stat", e))?
             .len();
         let map = ReadMap::new(&file, len).map_err(|e| StoreError::io(path, "mmap", e))?;
-        let parsed = parse(path, map.bytes())?;
+        Orkpack::from_map(path.to_path_buf(), map)
+    }
+
+    /// Validate an `.orkpack` image held in memory (fixtures, fuzzing), with the same checks as
+    /// [`Orkpack::open`]. `label` stands in for the path in errors and in [`Orkpack::path`].
+    pub fn from_bytes(label: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Orkpack, StoreError> {
+        Orkpack::from_map(label.into(), ReadMap::Owned(bytes))
+    }
+
+    fn from_map(path: PathBuf, map: ReadMap) -> Result<Orkpack, StoreError> {
+        let parsed = parse(&path, map.bytes())?;
         let id = NEXT_PACK_ID.fetch_add(1, Ordering::Relaxed);
         let mut entries = parsed.entries;
         let mut by_name = HashMap::with_capacity(entries.len());
@@ -128,7 +138,7 @@ impl Orkpack {
             by_name.insert(e.name.clone(), i);
         }
         Ok(Orkpack {
-            path: path.to_path_buf(),
+            path,
             map,
             identity: parsed.identity,
             entries,

@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -164,8 +164,9 @@ fn remove_stale_temps(dir: &Path, prefix: &OsString) {
 /// leaves the target untouched.
 pub struct OrkpackWriter {
     target: PathBuf,
-    temp: Temp,
+    // Field order = drop order: the buffered file is closed before its temp path is deleted.
     out: BufWriter<File>,
+    temp: Temp,
     pos: u64,
     records: Vec<(EntryRecord, String)>,
     names: HashSet<String>,
@@ -198,9 +199,11 @@ impl OrkpackWriter {
         full_prefix.push(format!("{}.", std::process::id()));
         let (file, temp) = {
             let mut temps = live_temps();
+            // 0644 before the umask, like any file a user creates (tempfile's default is 0600).
             let tf = tempfile::Builder::new()
                 .prefix(&full_prefix)
                 .rand_bytes(8)
+                .permissions(std::fs::Permissions::from_mode(0o644))
                 .tempfile_in(&dir)
                 .map_err(|e| StoreError::io(target, "create temp file", e))?;
             let (file, tp) = tf.into_parts();
@@ -209,8 +212,8 @@ impl OrkpackWriter {
         };
         let mut w = OrkpackWriter {
             target: target.to_path_buf(),
-            temp,
             out: BufWriter::with_capacity(1 << 20, file),
+            temp,
             pos: 0,
             records: Vec::new(),
             names: HashSet::new(),

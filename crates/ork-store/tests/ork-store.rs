@@ -153,6 +153,20 @@ fn roundtrip_preserves_bytes_scales_and_meta() {
 }
 
 #[test]
+fn in_memory_image_reads_like_the_file() {
+    let (bytes, entries) = valid_pack_bytes();
+    let pack = Orkpack::from_bytes("image.orkpack", bytes).unwrap();
+    assert_eq!(pack.path(), Path::new("image.orkpack"));
+    for (name, pw, _) in &entries {
+        assert_eq!(&pack.load(name, true).unwrap(), pw);
+    }
+    assert!(matches!(
+        Orkpack::from_bytes("empty", Vec::new()),
+        Err(StoreError::Truncated { actual: 0, .. })
+    ));
+}
+
+#[test]
 fn empty_pack_roundtrips() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("empty.orkpack");
@@ -733,8 +747,7 @@ proptest! {
         if let Some(c) = cut {
             b.truncate(c.index(b.len()));
         }
-        let (_d, _p, r) = open_bytes(&b);
-        if let Ok(pack) = r {
+        if let Ok(pack) = Orkpack::from_bytes("mutated.orkpack", b) {
             for (name, pw, src) in entries {
                 if let Ok(got) = pack.load(name, true) {
                     prop_assert_eq!(&got, pw);
