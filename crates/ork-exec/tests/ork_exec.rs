@@ -2,7 +2,9 @@
 //! real SmolLM2 model (see `scripts/fetch-model.sh`).
 mod ork_exec {
     pub mod fixtures;
+    pub mod llama_cpp_logits;
     pub mod real_model;
     pub mod reference;
     pub mod tiny_models;
+    pub mod tokenizer_golden;
 }
