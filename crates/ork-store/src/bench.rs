@@ -36,6 +36,13 @@ impl LoadBench {
 /// Measure loading `entry` of `pack`. The mapping is warmed first (the blob is page-cached and
 /// faulted in), and the destination is a page-aligned anonymous buffer touched once before
 /// timing, so the figures compare copy+hash against copy, not page faults.
+///
+/// # Errors
+/// [`StoreError::CorruptBlob`] if the blob does not match its checksum; [`StoreError::Io`] if
+/// the buffer cannot be mapped.
+///
+/// # Panics
+/// If `entry` came from another [`Orkpack`].
 pub fn bench_load(pack: &Orkpack, entry: &Entry, iterations: u32) -> Result<LoadBench, StoreError> {
     let iterations = iterations.max(1);
     let src = pack.blob(entry);

@@ -5,7 +5,7 @@
 //! pack → write → drop, so peak memory is one packed weight plus the working set of the source
 //! map; with `evict_src` the source pages of each tensor are dropped once it is handled.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::path::Path;
 use std::time::Instant;
 
@@ -191,7 +191,7 @@ pub fn ensure(
         discarded,
         ..ConvertReport::default()
     };
-    let mut reusable: HashMap<&str, bool> = HashMap::new();
+    let mut reusable: HashSet<&str> = HashSet::new();
     if let Some(old) = &existing {
         for (t, key) in plan.weights.iter().zip(&plan.keys) {
             let Some(e) = old.entry(&t.name) else {
@@ -207,7 +207,7 @@ pub fn ensure(
             };
             match status {
                 EntryStatus::Valid => {
-                    reusable.insert(&t.name, true);
+                    reusable.insert(&t.name);
                 }
                 EntryStatus::Stale { reason } | EntryStatus::Corrupt { reason } => {
                     report.repacked.push((t.name.clone(), reason));
@@ -234,7 +234,7 @@ pub fn ensure(
             return Ok((old, report));
         }
     }
-    let reuse = |name: &str| reusable.contains_key(name);
+    let reuse = |name: &str| reusable.contains(name);
     write_pack(
         model,
         path,

@@ -11,7 +11,7 @@ use zerocopy::FromBytes;
 
 use crate::format::{
     align_up, Cursor, EntryRecord, FileHeader, Footer, FOOTER_LEN, HEADER_LEN,
-    KNOWN_REQUIRED_FLAGS, MAGIC, MAX_DIM, MAX_ENTRIES, MAX_NAME_LEN, PAGE, VERSION,
+    KNOWN_REQUIRED_FLAGS, MAGIC, MAX_DIM, MAX_ENTRIES, MAX_NAME_LEN, PAGE, RECORD_LEN, VERSION,
 };
 use crate::map::ReadMap;
 use crate::StoreError;
@@ -417,11 +417,14 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
         return Err(corrupt_index(path, index_offset, "index checksum mismatch"));
     }
     let count = footer.entry_count.get();
-    if count > MAX_ENTRIES {
+    // Every record takes at least RECORD_LEN + 8 bytes (a name pads to 8), so the index size
+    // bounds the count before anything is allocated for it.
+    let fits = index_size / (RECORD_LEN as u64 + 8);
+    if count > MAX_ENTRIES || u64::from(count) > fits {
         return Err(corrupt_index(
             path,
             footer_at,
-            format!("{count} entries (cap {MAX_ENTRIES})"),
+            format!("{count} entries (cap {MAX_ENTRIES}, index holds at most {fits})"),
         ));
     }
 

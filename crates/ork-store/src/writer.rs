@@ -390,7 +390,9 @@ impl OrkpackWriter {
     }
 
     /// Write index, footer and header, fsync the file, rename it over the target and fsync the
-    /// directory. On any error the temp file is removed and the target is left as it was.
+    /// directory. On an error before the rename the temp file is removed and the target is left
+    /// as it was; if only the final directory fsync fails (op "fsync directory"), the new file is
+    /// in place but the rename may not survive a power loss.
     pub fn finish(mut self) -> Result<(), StoreError> {
         self.pad_to(8)?;
         let index_offset = self.pos;

@@ -375,6 +375,96 @@ fn unknown_required_flag_is_refused_and_optional_flag_ignored() {
     ));
 }
 
+/// Apply `f` to the index bytes (and then the footer) of `bytes`, re-sealing both checksums, so
+/// only the structural validation can catch the edit.
+fn edit_index(bytes: &mut [u8], f: impl FnOnce(&mut [u8], &mut Footer)) {
+    let at = bytes.len() - FOOTER_LEN;
+    let mut footer = Footer::read_from_bytes(&bytes[at..]).unwrap();
+    let (io, is) = (
+        footer.index_offset.get() as usize,
+        footer.index_size.get() as usize,
+    );
+    f(&mut bytes[io..io + is], &mut footer);
+    footer.index_checksum.set(xxh3_64(&bytes[io..io + is]));
+    footer.checksum.set(xxh3_64(footer.checksum_input()));
+    bytes[at..].copy_from_slice(footer.as_bytes());
+}
+
+#[test]
+fn structurally_invalid_index_is_refused_even_with_valid_checksums() {
+    let (bytes, _) = valid_pack_bytes();
+    let put = |idx: &mut [u8], at: usize, v: u64| idx[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    let get = |idx: &[u8], at: usize| u64::from_le_bytes(idx[at..at + 8].try_into().unwrap());
+    // Second record: after the first (88 bytes + "blk.0.ffn_up.weight" padded to 24).
+    let second = ork_store::format::RECORD_LEN + 24;
+    type Edit = Box<dyn Fn(&mut [u8], &mut Footer)>;
+    let cases: Vec<(&str, Edit)> = vec![
+        ("unknown dtype", Box::new(|i, _| i[2] = 9)),
+        ("unknown layout", Box::new(|i, _| i[3] = 7)),
+        ("k = 0", Box::new(move |i, _| put(i, 8, 0))),
+        ("k too large", Box::new(move |i, _| put(i, 8, 1 << 40))),
+        (
+            "blob size off by one",
+            Box::new(move |i, _| put(i, 32, get(i, 32) + 1)),
+        ),
+        (
+            "misaligned blob",
+            Box::new(move |i, _| put(i, 24, get(i, 24) + 8)),
+        ),
+        (
+            "blob past the data",
+            Box::new(move |i, _| put(i, 24, 1 << 30)),
+        ),
+        (
+            "scales overlap the blob",
+            Box::new(move |i, _| put(i, 40, get(i, 24))),
+        ),
+        (
+            "scale size",
+            Box::new(move |i, _| put(i, 48, get(i, 48) + 4)),
+        ),
+        (
+            "blobs overlap",
+            Box::new(move |i, _| put(i, second + 24, get(i, 24))),
+        ),
+        (
+            "name not UTF-8",
+            Box::new(|i, _| i[ork_store::format::RECORD_LEN] = 0xff),
+        ),
+        (
+            "duplicate name",
+            Box::new(move |i, _| i[second + ork_store::format::RECORD_LEN + 4] = b'0'),
+        ),
+        (
+            "name length 0",
+            Box::new(|i, _| i[0..2].copy_from_slice(&[0, 0])),
+        ),
+        (
+            "count + 1",
+            Box::new(|_, f| f.entry_count.set(f.entry_count.get() + 1)),
+        ),
+        (
+            "count - 1",
+            Box::new(|_, f| f.entry_count.set(f.entry_count.get() - 1)),
+        ),
+        ("count huge", Box::new(|_, f| f.entry_count.set(u32::MAX))),
+    ];
+    for (what, edit) in cases {
+        let mut b = bytes.clone();
+        edit_index(&mut b, |i, f| edit(i, f));
+        let r = Orkpack::from_bytes("edited", b);
+        assert!(
+            matches!(r, Err(StoreError::CorruptIndex { .. })),
+            "{what}: {:?}",
+            r.err()
+        );
+    }
+    // The helper itself keeps a file valid when it changes nothing.
+    let mut b = bytes.clone();
+    edit_index(&mut b, |_, _| {});
+    assert!(Orkpack::from_bytes("same", b).is_ok());
+}
+
 #[test]
 fn wrong_magic_is_refused() {
     let (mut bytes, _) = valid_pack_bytes();
