@@ -283,9 +283,18 @@ struct Plan<'m, 'o> {
 impl<'m, 'o> Plan<'m, 'o> {
     fn new(model: &'m GgufFile, opts: &'o ConvertOptions<'o>) -> Result<Self, StoreError> {
         let weights = matmul_weights(model);
+        // Fingerprints read a sample of every tensor up front; with `evict_src` those pages are
+        // dropped right away, or they would stay resident until their tensor's turn (on
+        // SmolLM2-135M the samples are 70 of its 98 MB, and the peak RSS doubled).
         let keys = weights
             .iter()
-            .map(|t| EntryKey::for_tensor(model, t, opts.dtype))
+            .map(|t| {
+                let key = EntryKey::for_tensor(model, t, opts.dtype);
+                if opts.evict_src {
+                    model.evict(t);
+                }
+                key
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let fps: Vec<u64> = keys.iter().map(|k| k.source.fingerprint).collect();
         let identity = identity_of(model, &fps);
