@@ -470,10 +470,10 @@ impl Tokenizer {
 
     /// Cut special-token texts out of `text` (llama.cpp's `tokenizer_st_partition`).
     fn partition<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
-        let mut frags = vec![Fragment::Text(text)];
         if text.is_empty() {
             return Vec::new();
         }
+        let mut frags = vec![Fragment::Text(text)];
         for (special, id, kind) in &self.specials {
             if !parse_special && matches!(kind, TokenKind::Control | TokenKind::Unknown) {
                 continue;

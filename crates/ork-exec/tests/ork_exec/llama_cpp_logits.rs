@@ -3,8 +3,8 @@
 //! llama.cpp multiplies the Q4_1 weights with Q8_1-quantized activations while ork's reference
 //! dequantizes to f32, so logits differ by quantization noise: the test bounds that noise and
 //! requires the same top-1 token almost everywhere and the same perplexity within 1 %.
-use super::real_model::{gguf, tokenizer};
-use ork_exec::{perplexity, CpuF32Linear, Model, Session};
+use super::real_model::{f32_linear, model, tokenizer};
+use ork_exec::{perplexity, Session};
 
 #[derive(serde::Deserialize)]
 struct Golden {
@@ -39,14 +39,10 @@ fn golden() -> Golden {
 #[test]
 fn logits_and_perplexity_match_llama_cpp() {
     let g = golden();
-    let gguf = gguf();
-    let model = Model::load(gguf).unwrap();
-    let linear = CpuF32Linear::from_gguf(gguf, model.matmul_weights()).unwrap();
+    let (model, linear) = (model(), f32_linear());
     assert_eq!(g.add_bos, tokenizer().add_bos());
 
-    let logits = Session::new(&model, &linear)
-        .forward_all(&g.tokens)
-        .unwrap();
+    let logits = Session::new(model, linear).forward_all(&g.tokens).unwrap();
     let v = model.config().vocab_size;
     let (mut agree, mut worst) = (0, 0.0f32);
     for (i, top) in g.top5.iter().enumerate() {
@@ -73,7 +69,7 @@ fn logits_and_perplexity_match_llama_cpp() {
     );
 
     let bos = tokenizer().add_bos().then(|| tokenizer().bos()).flatten();
-    let r = perplexity(&model, &linear, &g.tokens, g.perplexity.n_ctx, bos).unwrap();
+    let r = perplexity(model, linear, &g.tokens, g.perplexity.n_ctx, bos).unwrap();
     eprintln!(
         "perplexity ork {:.4} ± {:.4}, llama.cpp {:.4}",
         r.ppl, r.ppl_error, g.perplexity.ppl

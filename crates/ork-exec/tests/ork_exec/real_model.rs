@@ -29,12 +29,12 @@ pub fn gguf() -> &'static GgufFile {
     G.get_or_init(|| GgufFile::open(&model_path()).expect("open real model"))
 }
 
-fn model() -> &'static Model<'static> {
+pub fn model() -> &'static Model<'static> {
     static M: OnceLock<Model<'static>> = OnceLock::new();
     M.get_or_init(|| Model::load(gguf()).expect("load real model"))
 }
 
-fn f32_linear() -> &'static CpuF32Linear {
+pub fn f32_linear() -> &'static CpuF32Linear {
     static L: OnceLock<CpuF32Linear> = OnceLock::new();
     L.get_or_init(|| CpuF32Linear::from_gguf(gguf(), model().matmul_weights()).expect("dequantize"))
 }
