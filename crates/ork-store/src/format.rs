@@ -144,6 +144,7 @@ pub fn align_up(x: u64, a: u64) -> Option<u64> {
 
 /// A forward-only reader over a borrowed byte slice. Every read is bounds-checked and reports the
 /// absolute offset at which it failed.
+#[derive(Debug)]
 pub struct Cursor<'a> {
     bytes: &'a [u8],
     pos: usize,

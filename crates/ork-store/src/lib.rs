@@ -21,6 +21,7 @@
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 mod bench;
 mod check;

@@ -99,6 +99,17 @@ pub struct Orkpack {
     id: u64,
 }
 
+impl std::fmt::Debug for Orkpack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Orkpack")
+            .field("path", &self.path)
+            .field("len", &self.map.bytes().len())
+            .field("entries", &self.entries.len())
+            .field("identity", &self.identity)
+            .finish()
+    }
+}
+
 /// Source of the per-open identity that ties an [`Entry`] to its [`Orkpack`].
 static NEXT_PACK_ID: AtomicU64 = AtomicU64::new(1);
 

@@ -173,6 +173,17 @@ pub struct OrkpackWriter {
     identity: Option<ModelIdentity>,
 }
 
+impl std::fmt::Debug for OrkpackWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrkpackWriter")
+            .field("target", &self.target)
+            .field("temp", &self.temp.path.as_deref())
+            .field("bytes", &self.pos)
+            .field("entries", &self.records.len())
+            .finish()
+    }
+}
+
 const ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
 
 impl OrkpackWriter {
