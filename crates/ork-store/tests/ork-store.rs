@@ -563,11 +563,14 @@ fn concurrent_writers_both_succeed_and_leave_a_valid_file() {
 
 const CHILD_TARGET: &str = "ORK_STORE_CHILD_TARGET";
 const CHILD_MODE: &str = "ORK_STORE_CHILD_MODE";
+const CHILD_SEED: &str = "ORK_STORE_CHILD_SEED";
+const CHILD_FULL_ENTRIES: u32 = 40;
 
 /// Run as a child by the tests below: writes entries to `$ORK_STORE_CHILD_TARGET`, announcing
 /// the temp path on stdout. Mode `slow`: one entry every 50 ms for up to a minute (the parent
 /// kills it). Mode `fsize`: set RLIMIT_FSIZE to 1 MiB, write until the limit stops the writer,
-/// and print the error.
+/// and print the error. Mode `full`: write `CHILD_FULL_ENTRIES` entries from seed
+/// `$ORK_STORE_CHILD_SEED` and finish.
 #[test]
 #[ignore = "child process of the crash tests, run by them"]
 fn child_writer() {
@@ -575,6 +578,7 @@ fn child_writer() {
         return;
     };
     let mode = std::env::var(CHILD_MODE).unwrap_or_default();
+    let started = Instant::now();
     if mode == "fsize" {
         // Without a handler SIGXFSZ kills the process; with one, write() returns EFBIG.
         let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -585,9 +589,25 @@ fn child_writer() {
         };
         rustix::process::setrlimit(rustix::process::Resource::Fsize, lim).unwrap();
     }
+    if mode == "full" {
+        let seed: u32 = std::env::var(CHILD_SEED).unwrap().parse().unwrap();
+        let mut w = OrkpackWriter::create(Path::new(&target)).unwrap();
+        // Start adding together with the sibling: wait for the parent's go file.
+        let go = PathBuf::from(format!("{target}.go"));
+        while !go.exists() {
+            assert!(started.elapsed() < Duration::from_secs(60), "no go signal");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for i in 0..CHILD_FULL_ENTRIES {
+            let pw = weight(PackDtype::I8, 256, 256, seed + i);
+            w.add(&format!("t{i}"), &pw, source(u64::from(seed)))
+                .unwrap();
+        }
+        w.finish().unwrap();
+        return;
+    }
     let mut w = OrkpackWriter::create(Path::new(&target)).unwrap();
     println!("TEMP {}", w.temp_path().display());
-    let started = Instant::now();
     let mut i = 0u32;
     let err = loop {
         let pw = weight(PackDtype::I8, 256, 256, i);
@@ -692,6 +712,57 @@ fn kill_9_mid_write_never_leaves_a_partial_target() {
     );
     drop(w);
     assert!(other_files(dir.path(), &path).is_empty());
+}
+
+#[test]
+fn concurrent_writer_processes_both_succeed_and_leave_a_valid_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.orkpack");
+    let children: Vec<Child> = [1000u32, 2000]
+        .iter()
+        .map(|seed| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "child_writer", "--ignored", "--test-threads=1"])
+                .env(CHILD_TARGET, &path)
+                .env(CHILD_MODE, "full")
+                .env(CHILD_SEED, seed.to_string())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Both children have created their temp files before either starts adding.
+    let t0 = Instant::now();
+    while std::fs::read_dir(dir.path()).unwrap().count() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "children did not start"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let go = dir.path().join("m.orkpack.go");
+    std::fs::write(&go, b"").unwrap();
+    for mut c in children {
+        assert!(c.wait().unwrap().success(), "a writer process failed");
+    }
+    std::fs::remove_file(&go).unwrap();
+    let pack = Orkpack::open(&path).unwrap();
+    assert_eq!(pack.entries().len(), CHILD_FULL_ENTRIES as usize);
+    let seed = pack.entry("t0").unwrap().source().fingerprint ^ 0x1234_5678_9abc_def0;
+    assert!(seed == 1000 || seed == 2000, "seed {seed}");
+    for i in 0..CHILD_FULL_ENTRIES {
+        let want = weight(PackDtype::I8, 256, 256, seed as u32 + i);
+        assert_eq!(
+            pack.load(&format!("t{i}"), true).unwrap(),
+            want,
+            "t{i} mixes writers"
+        );
+    }
+    assert!(
+        other_files(dir.path(), &path).is_empty(),
+        "temp left behind"
+    );
 }
 
 #[test]
