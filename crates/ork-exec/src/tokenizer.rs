@@ -95,14 +95,13 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper, ExecError> {
     let bytes = PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false));
     let gpt2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
     let steps = match pre {
-        // LLAMA_VOCAB_PRE_TYPE_SMOLLM (shared with STARCODER, REFACT, COMMAND_R, …):
-        // single digits first, then the GPT-2 expression.
-        "smollm" | "starcoder" | "refact" | "command-r" => {
-            vec![split(r"\p{N}")?, split(gpt2)?, bytes]
-        }
+        // LLAMA_VOCAB_PRE_TYPE_SMOLLM: single digits first, then the GPT-2 expression.
+        // (STARCODER, REFACT, … share the regexes but detokenize with `clean_spaces`, which ork
+        // does not implement, so they are refused.)
+        "smollm" => vec![split(r"\p{N}")?, split(gpt2)?, bytes],
         // LLAMA_VOCAB_PRE_TYPE_QWEN2 (as in llama.cpp, which spells out the case-insensitive
-        // contractions).
-        "qwen2" | "stablelm2" => vec![
+        // contractions); like smollm it sets `clean_spaces = false`.
+        "qwen2" | "deepseek-r1-qwen" => vec![
             split(concat!(
                 r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])",
                 r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -735,6 +734,32 @@ mod tests {
         assert_eq!(s.push(ids[1]).unwrap(), "\u{FFFD}");
         assert_eq!(s.push(ids[0]).unwrap(), "");
         assert_eq!(s.finish(), "\u{FFFD}");
+    }
+
+    #[test]
+    fn qwen2_and_smollm_pre_tokenizers_split_differently() {
+        // Qwen2's expression keeps one leading non-letter with the letters ("!w"), and its digit
+        // rule is `\p{N}` inside one expression; GPT-2's splits "!" from "w".
+        let build = |pre: &str| {
+            let mut tokens: Vec<String> =
+                byte_to_char_table().iter().map(|c| c.to_string()).collect();
+            tokens.push("!w".into());
+            Tokenizer::new(Vocabulary {
+                model: "gpt2".into(),
+                pre: pre.into(),
+                tokens,
+                merges: vec!["! w".into()],
+                ..Vocabulary::default()
+            })
+            .unwrap()
+        };
+        let merged = 256;
+        assert_eq!(
+            build("qwen2").encode("!w", false, false).unwrap(),
+            vec![merged]
+        );
+        assert_eq!(build("smollm").encode("!w", false, false).unwrap().len(), 2);
+        assert_eq!(build("qwen2").encode("12", false, false).unwrap().len(), 2);
     }
 
     #[test]
