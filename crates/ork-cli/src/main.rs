@@ -5,6 +5,7 @@ mod cli;
 mod cmd_device;
 mod cmd_model;
 mod cmd_pack;
+mod plot;
 mod rss;
 
 use std::process::ExitCode;
