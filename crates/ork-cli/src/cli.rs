@@ -170,7 +170,11 @@ pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelOpts,
     /// Prompt text.
-    #[arg(long, conflicts_with = "prompt_file", required_unless_present = "prompt_file")]
+    #[arg(
+        long,
+        conflicts_with = "prompt_file",
+        required_unless_present = "prompt_file"
+    )]
     pub prompt: Option<String>,
     /// Read the prompt from a UTF-8 file.
     #[arg(long)]

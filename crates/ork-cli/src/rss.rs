@@ -23,7 +23,13 @@ pub fn snapshot() -> MemSnapshot {
     let field = |name: &str| -> u64 {
         text.lines()
             .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
             .map_or(0, |kb| kb * 1024)
     };
     MemSnapshot {
