@@ -59,13 +59,15 @@ pub(crate) enum Requester {
 }
 
 enum SlotState {
+    /// Room is reserved and a thread (`Slot::loader`) is filling the buffer.
     Loading,
     Ready(Arc<DeviceWeight>),
-    Failed(String),
 }
 
 struct Slot {
     state: SlotState,
+    /// Who reserved the slot (meaningful while loading).
+    loader: Requester,
     bytes: u64,
     domain: DomainId,
     last_use: u64,
@@ -76,8 +78,7 @@ struct Slot {
 
 impl Slot {
     fn evictable(&self, by: Requester) -> bool {
-        !self.pinned
-            && !(by == Requester::Prefetch && self.fresh)
+        !(self.pinned || by == Requester::Prefetch && self.fresh)
             && matches!(&self.state, SlotState::Ready(w) if Arc::strong_count(w) == 1)
     }
 }
@@ -95,6 +96,22 @@ struct State {
 impl State {
     fn total_resident(&self) -> u64 {
         self.resident.iter().sum()
+    }
+
+    /// Drop a slot that never became ready and return its reserved bytes.
+    fn abandon(&mut self, name: &str) {
+        if let Some(slot) = self.slots.remove(name) {
+            self.resident[slot.domain.0 as usize] -= slot.bytes;
+        }
+    }
+
+    /// Whether the prefetch thread is filling a weight of `domain` right now.
+    fn prefetch_loading(&self, domain: DomainId) -> bool {
+        self.slots.values().any(|s| {
+            s.domain == domain
+                && s.loader == Requester::Prefetch
+                && matches!(s.state, SlotState::Loading)
+        })
     }
 
     /// Evict the least-recently-used weight of `domain` that `by` may evict. Returns whether one was.
@@ -162,21 +179,39 @@ impl std::fmt::Debug for WeightCache {
 
 /// A weight in use. While it lives, the weight cannot be evicted.
 pub struct WeightLease<'a> {
-    weight: Arc<DeviceWeight>,
+    /// `Some` until the lease is dropped.
+    weight: Option<Arc<DeviceWeight>>,
     cache: &'a WeightCache,
+}
+
+impl<'a> WeightLease<'a> {
+    fn new(weight: Arc<DeviceWeight>, cache: &'a WeightCache) -> Self {
+        WeightLease {
+            weight: Some(weight),
+            cache,
+        }
+    }
+
+    fn arc(&self) -> &Arc<DeviceWeight> {
+        self.weight
+            .as_ref()
+            .expect("a lease holds its weight until dropped")
+    }
 }
 
 impl std::ops::Deref for WeightLease<'_> {
     type Target = DeviceWeight;
     fn deref(&self) -> &DeviceWeight {
-        &self.weight
+        self.arc()
     }
 }
 
 impl Drop for WeightLease<'_> {
     fn drop(&mut self) {
-        // Wake anyone waiting for room; the Arc count drops right after this.
+        // Release the weight *before* waking waiters: a waiter that wakes must already see the
+        // weight as evictable (`Arc::strong_count == 1`), or it could give up or sleep forever.
         let _guard = self.cache.lock();
+        drop(self.weight.take());
         self.cache.changed.notify_all();
     }
 }
@@ -195,6 +230,9 @@ impl WeightCache {
                 device.info().domains
             )));
         }
+        // Counters exist for every domain of the device, so a placement naming any of them
+        // can be accounted; `domain_of` refuses the others.
+        let device_domains = device.info().domains as usize;
         Ok(WeightCache {
             device,
             source,
@@ -202,8 +240,8 @@ impl WeightCache {
             placement: HashMap::new(),
             layouts: Mutex::new(HashMap::new()),
             state: Mutex::new(State {
-                resident: vec![0; domains as usize],
-                pinned: vec![0; domains as usize],
+                resident: vec![0; device_domains],
+                pinned: vec![0; device_domains],
                 ..State::default()
             }),
             changed: Condvar::new(),
@@ -211,8 +249,12 @@ impl WeightCache {
         })
     }
 
-    /// Place weights in domains (weights not named go to domain 0).
+    /// Place weights in domains (weights not named go to domain 0). The cache's domain count
+    /// grows to cover the placement; a domain the device does not have is reported as
+    /// [`ResidencyError::Placement`] when a weight placed there is pinned or used.
     pub fn with_placement(mut self, placement: HashMap<String, DomainId>) -> Self {
+        let used = placement.values().map(|d| d.0 + 1).max().unwrap_or(1);
+        self.config.domains = self.config.domains.max(used);
         self.placement = placement;
         self
     }
@@ -258,12 +300,35 @@ impl WeightCache {
         self.placement.get(name).copied().unwrap_or_default()
     }
 
+    /// [`Self::domain_of`], checked against the device.
+    fn checked_domain(&self, name: &str) -> Result<DomainId, ResidencyError> {
+        let domain = self.domain_of(name);
+        let have = self.device.info().domains;
+        if domain.0 >= have {
+            return Err(ResidencyError::Placement(format!(
+                "weight '{name}' is placed in domain {domain}, the device has {have}"
+            )));
+        }
+        Ok(domain)
+    }
+
     /// Never evict `name`: it is fetched on first use and stays. Its bytes count against its
-    /// domain's budget from now on.
+    /// domain's budget from now on; pinning more than the budget holds is
+    /// [`ResidencyError::BudgetTooSmall`] (naming this weight, with the minimum budget).
     pub fn pin(&self, name: &str) -> Result<(), ResidencyError> {
         let bytes = device_bytes(&self.layout(name)?);
-        let domain = self.domain_of(name);
+        let domain = self.checked_domain(name)?;
         let mut st = self.lock();
+        let pinned = st.pinned[domain.0 as usize];
+        if !st.pinned_names.contains(name) && pinned + bytes > self.config.budget_bytes {
+            return Err(ResidencyError::BudgetTooSmall {
+                name: name.to_owned(),
+                budget_mib: mib(self.config.budget_bytes),
+                need_mib: mib(bytes),
+                pinned_mib: mib(pinned),
+                min_mib: (pinned + bytes).div_ceil(1 << 20),
+            });
+        }
         if st.pinned_names.insert(name.to_owned()) {
             st.pinned[domain.0 as usize] += bytes;
             if let Some(slot) = st.slots.get_mut(name) {
@@ -278,7 +343,7 @@ impl WeightCache {
         self.lock().stats.clone()
     }
 
-    /// Resident weight bytes per domain.
+    /// Resident weight bytes per domain, one entry for each of the device's domains.
     pub fn resident(&self) -> Vec<u64> {
         self.lock().resident.clone()
     }
@@ -313,10 +378,7 @@ impl WeightCache {
                                 tr.span(Lane::Wait, "wait", name, t0, d);
                             }
                         }
-                        return Ok(WeightLease {
-                            weight,
-                            cache: self,
-                        });
+                        return Ok(WeightLease::new(weight, self));
                     }
                     SlotState::Loading => {
                         if waited.is_none() {
@@ -324,17 +386,6 @@ impl WeightCache {
                             st.stats.waits += 1;
                         }
                         st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
-                    }
-                    SlotState::Failed(reason) => {
-                        let reason = reason.clone();
-                        let bytes = slot.bytes;
-                        let domain = slot.domain;
-                        st.slots.remove(name);
-                        st.resident[domain.0 as usize] -= bytes;
-                        return Err(ResidencyError::Prefetch {
-                            name: name.to_owned(),
-                            reason,
-                        });
                     }
                 },
                 None => break,
@@ -344,10 +395,10 @@ impl WeightCache {
         let t0 = Instant::now();
         let weight = self.fetch(name, layout, Requester::Compute)?;
         self.lock().stats.stall_seconds += t0.elapsed().as_secs_f64();
-        Ok(WeightLease {
-            weight: weight.expect("compute fetch always returns the weight"),
-            cache: self,
-        })
+        Ok(WeightLease::new(
+            weight.expect("compute fetch always returns the weight"),
+            self,
+        ))
     }
 
     /// Bring `name` in on behalf of the prefetch thread: returns `Ok(false)` when there is no
@@ -357,10 +408,12 @@ impl WeightCache {
         if self.lock().slots.contains_key(name) {
             return Ok(true);
         }
-        Ok(self.fetch(name, layout, Requester::Prefetch)?.is_some() || {
-            // Present already (raced with compute) counts as done.
-            self.lock().slots.contains_key(name)
-        })
+        Ok(
+            self.fetch(name, layout, Requester::Prefetch)?.is_some() || {
+                // Present already (raced with compute) counts as done.
+                self.lock().slots.contains_key(name)
+            },
+        )
     }
 
     /// Reserve room, insert a loading slot, fetch, publish. Returns `None` for a prefetch that
@@ -372,7 +425,7 @@ impl WeightCache {
         by: Requester,
     ) -> Result<Option<Arc<DeviceWeight>>, ResidencyError> {
         let bytes = device_bytes(&layout);
-        let domain = self.domain_of(name);
+        let domain = self.checked_domain(name)?;
         let d = domain.0 as usize;
         let mut st = self.lock();
         if st.slots.contains_key(name) {
@@ -380,7 +433,7 @@ impl WeightCache {
             drop(st);
             return match by {
                 Requester::Prefetch => Ok(None),
-                Requester::Compute => Ok(Some(Arc::clone(&self.get(name)?.weight))),
+                Requester::Compute => Ok(Some(Arc::clone(self.get(name)?.arc()))),
             };
         }
         let pinned_here = st.pinned_names.contains(name);
@@ -399,6 +452,7 @@ impl WeightCache {
             if st.evict_lru(domain, by) {
                 continue;
             }
+            // A thread here holds no loading slot, so waiting for one cannot close a cycle.
             let loading = st
                 .slots
                 .values()
@@ -409,7 +463,7 @@ impl WeightCache {
                     st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
                     if st.slots.contains_key(name) {
                         drop(st);
-                        return Ok(Some(Arc::clone(&self.get(name)?.weight)));
+                        return Ok(Some(Arc::clone(self.get(name)?.arc())));
                     }
                 }
                 Requester::Compute => {
@@ -432,6 +486,7 @@ impl WeightCache {
             name.to_owned(),
             Slot {
                 state: SlotState::Loading,
+                loader: by,
                 bytes,
                 domain,
                 last_use: tick,
@@ -441,7 +496,7 @@ impl WeightCache {
         );
         drop(st);
 
-        // Fill outside the lock; a guard marks the slot failed if this thread unwinds.
+        // Fill outside the lock; a guard drops the slot if this thread unwinds.
         let mut guard = FillGuard {
             cache: self,
             name,
@@ -480,24 +535,38 @@ impl WeightCache {
                 Ok(Some(weight))
             }
             Err(e) => {
-                match by {
-                    // The compute path reports its own error; drop the slot.
-                    Requester::Compute => {
-                        st.slots.remove(name);
-                        st.resident[d] -= bytes;
-                    }
-                    // Keep the failure for the compute path to report when it needs the weight.
-                    Requester::Prefetch => {
-                        if let Some(slot) = st.slots.get_mut(name) {
-                            slot.state = SlotState::Failed(e.to_string());
-                        }
-                    }
+                // Drop the slot and its reserved bytes. A compute thread waiting for this weight
+                // then finds no slot and fetches it itself, so a failed prefetch costs time, not
+                // correctness, and the error the caller sees (naming the tensor) comes from its
+                // own attempt.
+                st.abandon(name);
+                match (by, e) {
+                    // The window is full of weights the prefetcher may not evict: no room yet.
+                    (Requester::Prefetch, ResidencyError::WindowExhausted { .. }) => Ok(None),
+                    (_, e) => Err(e),
                 }
-                Err(e)
             }
         };
         self.changed.notify_all();
         out
+    }
+
+    /// The device refused an allocation in `domain` with a full window although the budget
+    /// allowed it: count a wall hit and make room — evict the least-recently-used weight `by`
+    /// may evict, or, for the compute path, wait until a prefetch fill of that domain finishes
+    /// (its weight is then evictable, or its reservation is gone). Returns `false` when nothing
+    /// can give room. The prefetch thread never waits, so compute waiting for it cannot deadlock.
+    pub(crate) fn relieve_wall(&self, domain: DomainId, by: Requester) -> bool {
+        let mut st = self.lock();
+        st.stats.wall_hits += 1;
+        if st.evict_lru(domain, by) {
+            return true;
+        }
+        if by == Requester::Compute && st.prefetch_loading(domain) {
+            drop(self.changed.wait(st).unwrap_or_else(|p| p.into_inner()));
+            return true;
+        }
+        false
     }
 
     /// Allocate the weight's buffer (evicting on a wall hit) and fill it from the source.
@@ -513,9 +582,7 @@ impl WeightCache {
             match self.device.create_buffer(size, self.config.flags, domain) {
                 Ok(b) => break b,
                 Err(e @ DeviceError::WindowFull { .. }) => {
-                    let mut st = self.lock();
-                    st.stats.wall_hits += 1;
-                    if !st.evict_lru(domain, by) {
+                    if !self.relieve_wall(domain, by) {
                         return Err(ResidencyError::WindowExhausted {
                             name: name.to_owned(),
                             source: e,
@@ -548,7 +615,8 @@ impl WeightCache {
     }
 }
 
-/// Marks a loading slot failed if the filling thread unwinds (so waiters never hang).
+/// Drops a loading slot (and its reserved bytes) if the filling thread unwinds, and wakes the
+/// waiters, which then fetch the weight themselves instead of hanging.
 struct FillGuard<'a> {
     cache: &'a WeightCache,
     name: &'a str,
@@ -561,9 +629,7 @@ impl Drop for FillGuard<'_> {
             return;
         }
         let mut st = self.cache.lock();
-        if let Some(slot) = st.slots.get_mut(self.name) {
-            slot.state = SlotState::Failed("the loading thread panicked".to_owned());
-        }
+        st.abandon(self.name);
         self.cache.changed.notify_all();
     }
 }

@@ -45,8 +45,8 @@ pub enum ResidencyError {
     Pack {
         /// Tensor name.
         name: String,
-        /// The pack error.
-        source: ork_pack::PackError,
+        /// The pack error (boxed: it is much larger than the other variants).
+        source: Box<ork_pack::PackError>,
     },
     /// A device operation failed.
     #[error("weight '{name}': {source}")]
@@ -55,14 +55,6 @@ pub enum ResidencyError {
         name: String,
         /// The device's error.
         source: ork_device::DeviceError,
-    },
-    /// The prefetch thread failed or died while loading this weight.
-    #[error("prefetch of '{name}' failed: {reason}")]
-    Prefetch {
-        /// Tensor name.
-        name: String,
-        /// What happened.
-        reason: String,
     },
     /// Shapes of a matmul call do not match the weight.
     #[error("matmul with '{name}': {what}")]

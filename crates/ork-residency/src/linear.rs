@@ -3,22 +3,30 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use ork_device::{Activations, CoreMask, DeviceBuffer, MatmulTask, MemFlags};
+use ork_device::{Activations, CoreMask, DeviceBuffer, DeviceError, MatmulTask, MemFlags};
 use rayon::prelude::*;
 use zerocopy::FromBytes;
 
-use crate::cache::WeightCache;
+use crate::cache::{Requester, WeightCache};
 use crate::prefetch::Prefetcher;
 use crate::trace::{Lane, Trace};
 use crate::ResidencyError;
 
 /// Quantize one row of activations to int8 with a symmetric per-row scale
-/// (`scale = max|x| / 127`, `q = round(x / scale)`); returns the scale (0 for an all-zero row).
+/// (`scale = max|x| / 127`, `q = round(x / scale)`); returns the scale (0 for an all-zero row,
+/// NaN when the row holds a NaN or an infinity).
 pub fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 {
-    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-    if amax == 0.0 || !amax.is_finite() {
+    // `f32::max` ignores NaN, so NaN is looked for separately (`v != v`), in the same pass.
+    let (amax, nan) = x.iter().fold((0f32, false), |(a, nan), v| {
+        (a.max(v.abs()), nan | v.is_nan())
+    });
+    if nan || !amax.is_finite() {
         q.fill(0);
-        return if amax.is_finite() { 0.0 } else { f32::NAN };
+        return f32::NAN;
+    }
+    if amax == 0.0 {
+        q.fill(0);
+        return 0.0;
     }
     let scale = amax / 127.0;
     let inv = 127.0 / amax;
@@ -53,8 +61,8 @@ impl DeviceMatmul {
     /// `slots` weights ahead along `schedule`.
     pub fn new(cache: Arc<WeightCache>, prefetch: Option<(Vec<String>, usize)>) -> Self {
         let domains = cache.device().info().domains as usize;
-        let prefetcher =
-            prefetch.map(|(schedule, slots)| Prefetcher::start(Arc::clone(&cache), schedule, slots));
+        let prefetcher = prefetch
+            .map(|(schedule, slots)| Prefetcher::start(Arc::clone(&cache), schedule, slots));
         DeviceMatmul {
             cache,
             prefetcher,
@@ -94,10 +102,16 @@ impl DeviceMatmul {
             what,
         };
         if m == 0 || m.checked_mul(k) != Some(x.len()) {
-            return Err(shape(format!("x has {} values, expected m·K = {m}·{k}", x.len())));
+            return Err(shape(format!(
+                "x has {} values, expected m·K = {m}·{k}",
+                x.len()
+            )));
         }
         if m.checked_mul(n) != Some(y.len()) {
-            return Err(shape(format!("y has {} values, expected m·N = {m}·{n}", y.len())));
+            return Err(shape(format!(
+                "y has {} values, expected m·N = {m}·{n}",
+                y.len()
+            )));
         }
         if let Some(p) = &self.prefetcher {
             p.advance(name);
@@ -115,13 +129,31 @@ impl DeviceMatmul {
             // Round up so a growing prompt does not reallocate every call.
             let size = need.next_power_of_two().max(64 * 1024);
             *slot = None; // free the old one first: its IOVA returns to the window
-            let flags = MemFlags::NON_CONTIGUOUS | MemFlags::CACHEABLE | MemFlags::IOMMU_LIMIT_IOVA_ALIGNMENT;
-            *slot = Some(device.create_buffer(size, flags, domain).map_err(|source| {
-                ResidencyError::Device {
-                    name: format!("activations for '{name}'"),
-                    source,
+            let flags = MemFlags::NON_CONTIGUOUS
+                | MemFlags::CACHEABLE
+                | MemFlags::IOMMU_LIMIT_IOVA_ALIGNMENT;
+            // Activations share the window with the weights but not the budget: when the window
+            // is full, evict weights like a weight allocation would (a wall hit).
+            let buffer = loop {
+                match device.create_buffer(size, flags, domain) {
+                    Ok(b) => break b,
+                    Err(source @ DeviceError::WindowFull { .. }) => {
+                        if !self.cache.relieve_wall(domain, Requester::Compute) {
+                            return Err(ResidencyError::WindowExhausted {
+                                name: format!("activations for '{name}'"),
+                                source,
+                            });
+                        }
+                    }
+                    Err(source) => {
+                        return Err(ResidencyError::Device {
+                            name: format!("activations for '{name}'"),
+                            source,
+                        })
+                    }
                 }
-            })?);
+            };
+            *slot = Some(buffer);
         }
         let buf = slot.as_mut().expect("allocated above");
         let mut scales = vec![0f32; m];
@@ -137,10 +169,11 @@ impl DeviceMatmul {
         if scales.iter().any(|s| s.is_nan()) {
             return Err(shape("activations hold NaN or infinity".to_owned()));
         }
-        buf.sync_to_device().map_err(|source| ResidencyError::Device {
-            name: name.to_owned(),
-            source,
-        })?;
+        buf.sync_to_device()
+            .map_err(|source| ResidencyError::Device {
+                name: name.to_owned(),
+                source,
+            })?;
         let view = buf.view(0, need).map_err(|source| ResidencyError::Device {
             name: name.to_owned(),
             source,

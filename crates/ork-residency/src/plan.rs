@@ -104,7 +104,11 @@ pub fn plan(input: &PlanInput) -> Plan {
     let capacity = input.budget_bytes.min(input.window_bytes);
     let runnable = largest.1 <= capacity;
     if let Some(placement) = resident_placement(input, capacity) {
-        let domains_used = placement.iter().map(|p| p.domain).max().map_or(0, |d| d + 1);
+        let domains_used = placement
+            .iter()
+            .map(|p| p.domain)
+            .max()
+            .map_or(0, |d| d + 1);
         return Plan {
             mode: Mode::Resident,
             resident_bytes: model_bytes,

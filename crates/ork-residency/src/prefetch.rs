@@ -8,9 +8,10 @@
 //! With `cores + 1` slots every core has a ready weight and one is always loading.
 //!
 //! The thread is a plain `std::thread` fed by a channel, outside the rayon pool that computes.
-//! A failed fetch is parked in the cache, so the compute path reports it (naming the tensor)
-//! when it needs that weight; a panic inside a fetch marks the weight failed instead of leaving
-//! waiters hanging, and a dead thread only means the compute path fetches on demand.
+//! A failed prefetch (an error, or a panic inside the fetch) drops its slot and wakes anyone
+//! waiting for that weight; the compute path then fetches the weight itself, so the error it
+//! reports (naming the tensor) is its own, and a transient failure costs only time. A dead
+//! thread likewise only means the compute path fetches everything on demand.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -80,7 +81,7 @@ impl Drop for Prefetcher {
     fn drop(&mut self) {
         let _ = self.tx.send(Msg::Stop);
         if let Some(h) = self.handle.take() {
-            // A panicked thread has already marked its weight failed; nothing more to do.
+            // A panicked thread has already dropped the slot it was filling; nothing more to do.
             let _ = h.join();
         }
     }
@@ -110,20 +111,32 @@ fn run(cache: &WeightCache, schedule: &[String], slots: usize, rx: &Receiver<Msg
                 Err(mpsc::TryRecvError::Disconnected) => return,
             }
         };
-        match msg {
-            Some(Msg::Stop) => return,
-            Some(Msg::At(pos)) => {
-                if let Some(old) = cursor {
-                    let moved = (pos + len - old) % len;
-                    next = next.saturating_sub(moved);
-                } else {
-                    next = 0;
+        if let Some(first) = msg {
+            // Apply every position queued so far before fetching anything: when compute runs
+            // ahead of this thread, fetching for a stale cursor would load weights compute has
+            // already passed (and evict the ones it needs next).
+            let mut msg = first;
+            loop {
+                match msg {
+                    Msg::Stop => return,
+                    Msg::At(pos) => {
+                        if let Some(old) = cursor {
+                            let moved = (pos + len - old) % len;
+                            next = next.saturating_sub(moved);
+                        } else {
+                            next = 0;
+                        }
+                        cursor = Some(pos);
+                        blocked = false;
+                    }
                 }
-                cursor = Some(pos);
-                blocked = false;
-                continue;
+                msg = match rx.try_recv() {
+                    Ok(m) => m,
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => return,
+                };
             }
-            None => {}
+            continue;
         }
         let Some(cur) = cursor else { continue };
         let name = &schedule[(cur + 1 + next) % len];
@@ -131,7 +144,7 @@ fn run(cache: &WeightCache, schedule: &[String], slots: usize, rx: &Receiver<Msg
             Ok(true) => next += 1,
             // No room yet: wait for the compute path to move on.
             Ok(false) => blocked = true,
-            // Parked in the cache for the compute path to report; move on.
+            // The slot was dropped; compute will fetch (and report) it itself. Move on.
             Err(_) => next += 1,
         }
     }

@@ -124,7 +124,7 @@ fn pack_from(
         })?;
     let pack_err = |source| ResidencyError::Pack {
         name: name.to_owned(),
-        source,
+        source: Box::new(source),
     };
     let rows = GgufRows::new(model, t).map_err(pack_err)?;
     let (_, n) = matmul_dims(t)?;

@@ -72,12 +72,18 @@ impl Trace {
             pid: 1,
             tid: lane as u32,
         };
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).push(ev);
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(ev);
     }
 
     /// A copy of the events so far.
     pub fn events(&self) -> Vec<TraceEvent> {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Write `{"traceEvents": [...]}` with lane names to `path`.
@@ -97,6 +103,9 @@ impl Trace {
             events.push(serde_json::to_value(e).map_err(std::io::Error::other)?);
         }
         let doc = serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" });
-        std::fs::write(path, serde_json::to_vec(&doc).map_err(std::io::Error::other)?)
+        std::fs::write(
+            path,
+            serde_json::to_vec(&doc).map_err(std::io::Error::other)?,
+        )
     }
 }
