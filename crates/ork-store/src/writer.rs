@@ -171,6 +171,9 @@ pub struct OrkpackWriter {
     records: Vec<(EntryRecord, String)>,
     names: HashSet<String>,
     identity: Option<ModelIdentity>,
+    /// Set by a failed write: the file's contents no longer match `pos`, so every later
+    /// `add` / `finish` is refused.
+    broken: bool,
 }
 
 impl std::fmt::Debug for OrkpackWriter {
@@ -229,6 +232,7 @@ impl OrkpackWriter {
             records: Vec::new(),
             names: HashSet::new(),
             identity: None,
+            broken: false,
         };
         // Header page placeholder; the real header is written by `finish`.
         w.write(&ZEROS)?;
@@ -246,9 +250,17 @@ impl OrkpackWriter {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<(), StoreError> {
-        self.out
-            .write_all(bytes)
-            .map_err(|e| StoreError::io(&self.target, "write", e))?;
+        if self.broken {
+            return Err(StoreError::io(
+                &self.target,
+                "write",
+                std::io::Error::other("an earlier write to the temp file failed"),
+            ));
+        }
+        if let Err(e) = self.out.write_all(bytes) {
+            self.broken = true;
+            return Err(StoreError::io(&self.target, "write", e));
+        }
         self.pos += bytes.len() as u64;
         Ok(())
     }
@@ -328,8 +340,8 @@ impl OrkpackWriter {
     }
 
     /// Copy an entry of another pack verbatim (used when rewriting a cache: valid entries are
-    /// carried over, not repacked). The blob is hashed while copied; a mismatch with its stored
-    /// checksum is refused as [`StoreError::CorruptBlob`].
+    /// carried over, not repacked). Blob and scales are verified against their checksums first;
+    /// a mismatch is refused as [`StoreError::CorruptBlob`] and nothing is written.
     pub fn copy_entry(&mut self, from: &Orkpack, e: &Entry) -> Result<(), StoreError> {
         from.verify(e)?;
         let name = e.name();

@@ -847,7 +847,13 @@ fn full_disk_errors_keeps_target_and_removes_temp() {
     }
     let err = match err {
         Some(e) => {
-            drop(w);
+            // A writer that failed mid-entry refuses to go on (its offsets no longer match).
+            let small = weight(PackDtype::I4, 32, 1, 0);
+            assert!(matches!(
+                w.add("after", &small, source(0)),
+                Err(StoreError::Io { .. })
+            ));
+            assert!(matches!(w.finish(), Err(StoreError::Io { .. })));
             e
         }
         None => w.finish().expect_err("1 MiB tmpfs cannot hold 4 MiB"),
