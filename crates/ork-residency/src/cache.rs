@@ -134,6 +134,16 @@ impl State {
     }
 }
 
+/// What [`WeightCache::fetch`] achieved.
+enum Fetched {
+    /// The weight, for the compute path's lease.
+    Lease(Arc<DeviceWeight>),
+    /// Prefetched (or found present): the slot holds it.
+    Done,
+    /// A prefetch found no room it may make; try again when compute moves on.
+    NoRoom,
+}
+
 /// Settings of a [`WeightCache`].
 #[derive(Clone, Debug)]
 pub struct CacheConfig {
@@ -393,12 +403,14 @@ impl WeightCache {
         }
         drop(st);
         let t0 = Instant::now();
-        let weight = self.fetch(name, layout, Requester::Compute)?;
+        let weight = match self.fetch(name, layout, Requester::Compute)? {
+            Fetched::Lease(w) => w,
+            Fetched::Done | Fetched::NoRoom => {
+                unreachable!("the compute path gets the weight or an error")
+            }
+        };
         self.lock().stats.stall_seconds += t0.elapsed().as_secs_f64();
-        Ok(WeightLease::new(
-            weight.expect("compute fetch always returns the weight"),
-            self,
-        ))
+        Ok(WeightLease::new(weight, self))
     }
 
     /// Bring `name` in on behalf of the prefetch thread: returns `Ok(false)` when there is no
@@ -408,22 +420,21 @@ impl WeightCache {
         if self.lock().slots.contains_key(name) {
             return Ok(true);
         }
-        Ok(
-            self.fetch(name, layout, Requester::Prefetch)?.is_some() || {
-                // Present already (raced with compute) counts as done.
-                self.lock().slots.contains_key(name)
-            },
-        )
+        Ok(match self.fetch(name, layout, Requester::Prefetch)? {
+            Fetched::Done => true,
+            // Present after all (compute fetched it meanwhile) counts as done.
+            Fetched::NoRoom => self.lock().slots.contains_key(name),
+            Fetched::Lease(_) => unreachable!("the prefetch path holds no lease"),
+        })
     }
 
-    /// Reserve room, insert a loading slot, fetch, publish. Returns `None` for a prefetch that
-    /// found no room or found the weight already present.
+    /// Reserve room, insert a loading slot, fetch, publish.
     fn fetch(
         &self,
         name: &str,
         layout: TiledLayout,
         by: Requester,
-    ) -> Result<Option<Arc<DeviceWeight>>, ResidencyError> {
+    ) -> Result<Fetched, ResidencyError> {
         let bytes = device_bytes(&layout);
         let domain = self.checked_domain(name)?;
         let d = domain.0 as usize;
@@ -432,8 +443,8 @@ impl WeightCache {
             // Someone else inserted it meanwhile; the compute path goes back through get().
             drop(st);
             return match by {
-                Requester::Prefetch => Ok(None),
-                Requester::Compute => Ok(Some(Arc::clone(self.get(name)?.arc()))),
+                Requester::Prefetch => Ok(Fetched::Done),
+                Requester::Compute => Ok(Fetched::Lease(Arc::clone(self.get(name)?.arc()))),
             };
         }
         let pinned_here = st.pinned_names.contains(name);
@@ -458,12 +469,12 @@ impl WeightCache {
                 .values()
                 .any(|s| s.domain == domain && matches!(s.state, SlotState::Loading));
             match by {
-                Requester::Prefetch => return Ok(None),
+                Requester::Prefetch => return Ok(Fetched::NoRoom),
                 Requester::Compute if loading => {
                     st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
                     if st.slots.contains_key(name) {
                         drop(st);
-                        return Ok(Some(Arc::clone(self.get(name)?.arc())));
+                        return Ok(Fetched::Lease(Arc::clone(self.get(name)?.arc())));
                     }
                 }
                 Requester::Compute => {
@@ -532,7 +543,16 @@ impl WeightCache {
                     };
                     tr.span(lane, cat, name, started, elapsed);
                 }
-                Ok(Some(weight))
+                match by {
+                    Requester::Compute => Ok(Fetched::Lease(weight)),
+                    // Only the slot may hold a prefetched weight: a second reference, even for
+                    // the moment after the lock is released, would look like a lease and make
+                    // the weight unevictable to a compute thread woken by the notify below.
+                    Requester::Prefetch => {
+                        drop(weight);
+                        Ok(Fetched::Done)
+                    }
+                }
             }
             Err(e) => {
                 // Drop the slot and its reserved bytes. A compute thread waiting for this weight
@@ -542,7 +562,9 @@ impl WeightCache {
                 st.abandon(name);
                 match (by, e) {
                     // The window is full of weights the prefetcher may not evict: no room yet.
-                    (Requester::Prefetch, ResidencyError::WindowExhausted { .. }) => Ok(None),
+                    (Requester::Prefetch, ResidencyError::WindowExhausted { .. }) => {
+                        Ok(Fetched::NoRoom)
+                    }
                     (_, e) => Err(e),
                 }
             }
