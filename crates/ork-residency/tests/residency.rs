@@ -969,6 +969,43 @@ fn prefetch_on_and_off_give_bit_identical_outputs_at_every_budget() {
     );
 }
 
+/// At a budget of one weight, compute must evict what the prefetcher just brought in; a
+/// prefetched weight must never look leased to it. This was a race (the prefetch path held a
+/// second `Arc` for a moment after publishing, and a woken compute thread failed with
+/// `BudgetTooSmall`); the window is a few instructions wide, so this stress test catches a
+/// regression only sometimes — `prefetch_on_and_off_…` caught the original about once in 18 runs.
+#[test]
+fn at_a_one_weight_budget_compute_always_evicts_fresh_prefetches() {
+    let schedule = names();
+    let reference = reference_outputs(1);
+    let budget = largest() + 4096;
+    for seed in 0..4 {
+        let dev = Arc::new(Jitter::new(
+            emu_config(1, GIB4),
+            0,
+            budget + ACT_BYTES,
+            seed,
+        ));
+        let cache = Arc::new(
+            WeightCache::new(
+                dev.clone(),
+                pack_source(&clean_pack_path(), false),
+                CacheConfig::new(budget),
+            )
+            .unwrap(),
+        );
+        let dm = DeviceMatmul::new(Arc::clone(&cache), Some((schedule.clone(), SLOTS)));
+        for pass in 0..30 {
+            assert_eq!(
+                run_passes(&dm, &schedule, 1).unwrap(),
+                reference,
+                "seed {seed} pass {pass}"
+            );
+        }
+        assert_eq!(dev.over_limit.load(Ordering::Relaxed), 0);
+    }
+}
+
 #[test]
 fn compute_waits_for_a_weight_the_prefetcher_is_loading_and_counts_it() {
     let schedule = names();
