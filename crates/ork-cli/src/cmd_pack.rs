@@ -554,8 +554,14 @@ struct ReloadCase {
     tensor: String,
     blob_bytes: usize,
     pack_seconds: f64,
+    /// Verified load into a freshly allocated buffer (its page faults included) plus scales.
     reload_seconds: f64,
+    /// Verified load into a reused, already faulted-in buffer plus scales.
+    reload_warm_seconds: f64,
+    /// `pack_seconds / reload_seconds` (the goal's figure).
     ratio: f64,
+    /// `pack_seconds / reload_warm_seconds`.
+    ratio_warm: f64,
     meets_goal: bool,
 }
 
@@ -824,13 +830,22 @@ pub fn bench_pack(model_path: &Path, threads: usize, json: bool) -> Result<ExitC
                 t.name
             );
         }
+        // Into a reused (already faulted-in) buffer, as a weight-cache slot would be.
+        let mut slot = vec![0u8; e.blob_range().1 as usize];
+        let (warm_secs, ()) = best_of(10, || {
+            opened.load_into(e, &mut slot, true)?;
+            opened.scales(e)?;
+            Ok(())
+        })?;
         let ratio = pack_secs / reload_secs;
         reload.push(ReloadCase {
             tensor: t.name.clone(),
             blob_bytes: pw.data.len(),
             pack_seconds: *pack_secs,
             reload_seconds: reload_secs,
+            reload_warm_seconds: warm_secs,
             ratio,
+            ratio_warm: pack_secs / warm_secs,
             meets_goal: ratio >= GOAL_RELOAD_RATIO,
         });
     }
@@ -933,19 +948,21 @@ fn print_bench_pack(b: &BenchPackJson) {
         );
     }
     println!();
-    println!("(c) reload (verified, fresh buffer) vs pack of the same weight (goal >= 20x)");
+    println!("(c) verified reload vs pack of the same weight (goal >= 20x; fresh buffer)");
     println!(
-        "  {:<24} {:>9} {:>10} {:>10} {:>7}  goal",
-        "tensor", "MiB", "pack ms", "reload ms", "ratio"
+        "  {:<24} {:>9} {:>10} {:>10} {:>7} {:>13} {:>10}  goal",
+        "tensor", "MiB", "pack ms", "reload ms", "ratio", "reused-buf ms", "ratio"
     );
     for c in &b.reload_vs_pack {
         println!(
-            "  {:<24} {:>9.1} {:>10.2} {:>10.2} {:>6.1}x  {}",
+            "  {:<24} {:>9.1} {:>10.2} {:>10.2} {:>6.1}x {:>13.2} {:>9.1}x  {}",
             c.tensor,
             mib(c.blob_bytes as u64),
             c.pack_seconds * 1e3,
             c.reload_seconds * 1e3,
             c.ratio,
+            c.reload_warm_seconds * 1e3,
+            c.ratio_warm,
             goal(c.meets_goal)
         );
     }
