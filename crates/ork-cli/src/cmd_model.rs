@@ -107,7 +107,6 @@ fn open_device(arg: DeviceArg, domains: u32) -> Result<Arc<dyn Device>> {
 
 /// Everything a model run needs, built once.
 struct Stack {
-    gguf: Arc<GgufFile>,
     plan: Plan,
     cache: Arc<WeightCache>,
     convert: Option<ConvertReport>,
@@ -154,8 +153,8 @@ fn open_gguf(path: &Path) -> Result<Arc<GgufFile>> {
 }
 
 /// Build the stack: device, .orkpack (self-populating), plan, cache with pins.
-fn build_stack(opts: &ModelOpts, quiet: bool) -> Result<Stack> {
-    let gguf = open_gguf(&opts.model)?;
+fn build_stack(gguf: &Arc<GgufFile>, opts: &ModelOpts, quiet: bool) -> Result<Stack> {
+    let gguf = Arc::clone(gguf);
     let device = open_device(opts.device, opts.domains)?;
     let info = device.info();
     let budget = budget_bytes(opts.budget_mb)?;
@@ -211,7 +210,6 @@ fn build_stack(opts: &ModelOpts, quiet: bool) -> Result<Stack> {
         cache.pin(&p.name)?;
     }
     Ok(Stack {
-        gguf,
         plan,
         cache: Arc::new(cache),
         convert,
@@ -233,6 +231,7 @@ impl Stack {
                 self.cores as usize + 1,
             )
         });
+        self.cache.set_trace(trace.cloned());
         let mut dm = DeviceMatmul::new(Arc::clone(&self.cache), schedule);
         if let Some(t) = trace {
             dm = dm.with_trace(Arc::clone(t));
@@ -347,13 +346,15 @@ fn read_prompt(args: &RunArgs) -> Result<String> {
 pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let text = read_prompt(args)?;
-    let stack = build_stack(&args.model, args.json)?;
-    let model =
-        Model::load(&stack.gguf).with_context(|| format!("{}", args.model.model.display()))?;
-    let tokenizer = Tokenizer::from_gguf(&stack.gguf)
-        .with_context(|| format!("{}", args.model.model.display()))?;
+    if text.is_empty() {
+        bail!("the prompt is empty: give some text with --prompt or --prompt-file");
+    }
+    let gguf = open_gguf(&args.model.model)?;
+    let model = Model::load(&gguf).with_context(|| format!("{}", args.model.model.display()))?;
+    let tokenizer =
+        Tokenizer::from_gguf(&gguf).with_context(|| format!("{}", args.model.model.display()))?;
     let prompt = if args.chat {
-        let template = ChatTemplate::from_gguf(&stack.gguf, &tokenizer)?.with_context(|| {
+        let template = ChatTemplate::from_gguf(&gguf, &tokenizer)?.with_context(|| {
             format!(
                 "{}: --chat, but the model has no chat template",
                 args.model.model.display()
@@ -364,9 +365,16 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     } else {
         tokenizer.encode(&text, true, false)?
     };
-    if text.is_empty() {
-        return Err(ExecError::EmptyPrompt.into());
+    let context = model.config().context_length;
+    if prompt.len() + args.n_predict > context {
+        bail!(
+            "the prompt has {} tokens and -n asks for {} more, but the context of {} is {context} tokens",
+            prompt.len(),
+            args.n_predict,
+            args.model.model.display()
+        );
     }
+    let stack = build_stack(&gguf, &args.model, args.json)?;
     let trace = args.model.trace.as_ref().map(|_| Arc::new(Trace::new()));
     let linear = stack.linear(!args.model.no_prefetch, trace.as_ref());
     let mut session = Session::new(&model, &linear);
@@ -446,9 +454,10 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
             e.utf8_error().valid_up_to()
         )
     })?;
-    let stack = build_stack(&args.model, args.json)?;
-    let model = Model::load(&stack.gguf)?;
-    let tokenizer = Tokenizer::from_gguf(&stack.gguf)?;
+    let gguf = open_gguf(&args.model.model)?;
+    let model = Model::load(&gguf)?;
+    let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    let stack = build_stack(&gguf, &args.model, args.json)?;
     let mut tokens = tokenizer.encode(&text, true, false)?;
     if let Some(chunks) = args.chunks {
         tokens.truncate(chunks.saturating_mul(args.ctx).max(2 * args.ctx));
@@ -604,7 +613,7 @@ pub fn bench_stream(
     // Make sure the .orkpack exists before timing anything.
     let mut base = opts.clone();
     base.budget_mb = Some(resident_budget >> 20);
-    drop(build_stack(&base, json)?);
+    drop(build_stack(&gguf, &base, json)?);
 
     let mut results = Vec::new();
     let configs = [
@@ -616,7 +625,7 @@ pub fn bench_stream(
     for (label, budget, prefetch) in configs {
         let mut o = opts.clone();
         o.budget_mb = Some(budget.div_ceil(1 << 20));
-        let stack = build_stack(&o, true)?;
+        let stack = build_stack(&gguf, &o, true)?;
         let trace = Arc::new(Trace::new());
         let linear = stack.linear(prefetch, Some(&trace));
         // Warm-up pass (page cache, first-touch of buffers), then the timed one.

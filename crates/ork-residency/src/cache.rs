@@ -175,7 +175,7 @@ pub struct WeightCache {
     layouts: Mutex<HashMap<String, TiledLayout>>,
     state: Mutex<State>,
     changed: Condvar,
-    trace: Option<Arc<Trace>>,
+    trace: Mutex<Option<Arc<Trace>>>,
 }
 
 impl std::fmt::Debug for WeightCache {
@@ -255,7 +255,7 @@ impl WeightCache {
                 ..State::default()
             }),
             changed: Condvar::new(),
-            trace: None,
+            trace: Mutex::new(None),
         })
     }
 
@@ -270,9 +270,18 @@ impl WeightCache {
     }
 
     /// Record loads, packs and waits on `trace`.
-    pub fn with_trace(mut self, trace: Arc<Trace>) -> Self {
-        self.trace = Some(trace);
+    pub fn with_trace(self, trace: Arc<Trace>) -> Self {
+        self.set_trace(Some(trace));
         self
+    }
+
+    /// Start (or stop, with `None`) recording loads, packs and waits on `trace`.
+    pub fn set_trace(&self, trace: Option<Arc<Trace>>) {
+        *self.trace.lock().unwrap_or_else(|p| p.into_inner()) = trace;
+    }
+
+    fn trace(&self) -> Option<Arc<Trace>> {
+        self.trace.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The device.
@@ -384,7 +393,7 @@ impl WeightCache {
                         if let Some(t0) = waited {
                             let d = t0.elapsed();
                             st.stats.stall_seconds += d.as_secs_f64();
-                            if let Some(tr) = &self.trace {
+                            if let Some(tr) = &self.trace() {
                                 tr.span(Lane::Wait, "wait", name, t0, d);
                             }
                         }
@@ -532,7 +541,7 @@ impl WeightCache {
                 if let Some(slot) = st.slots.get_mut(name) {
                     slot.state = SlotState::Ready(Arc::clone(&weight));
                 }
-                if let Some(tr) = &self.trace {
+                if let Some(tr) = &self.trace() {
                     let lane = match by {
                         Requester::Compute => Lane::Compute,
                         Requester::Prefetch => Lane::Prefetch,

@@ -1,0 +1,343 @@
+//! `ork run`, `ork plan`, `ork perplexity`, `ork bench stream` on the real model: the acceptance
+//! tests of the residency/executor and prefetch issues.
+
+use std::path::Path;
+
+use crate::{code, json, model, run, stderr};
+
+const PROMPT: &str = "The capital of France is";
+
+/// `ork run --json` with the given extra flags; returns the JSON object (asserting exit 0).
+fn run_json(pack: &Path, budget_mb: u64, extra: &[&str]) -> serde_json::Value {
+    let m = model();
+    let budget = budget_mb.to_string();
+    let mut args = vec![
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--pack",
+        pack.to_str().unwrap(),
+        "--budget-mb",
+        &budget,
+        "--device",
+        "emu",
+        "--prompt",
+        PROMPT,
+        "-n",
+        "12",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let o = run(&args);
+    assert_eq!(code(&o), Some(0), "ork run failed: {}", stderr(&o));
+    json(&o)
+}
+
+fn u(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("missing {k} in {v}"))
+}
+
+/// The packed model's bytes, from `ork plan --json`.
+fn model_bytes() -> u64 {
+    let m = model();
+    let o = run(&["plan", "--model", m.to_str().unwrap(), "--json"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    u(&json(&o), "model_bytes")
+}
+
+#[test]
+fn convert_then_reload_same_text_as_resident_and_other_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("m.orkpack");
+    let quarter_mb = model_bytes().div_ceil(4) >> 20;
+    // Pass 1: no .orkpack yet → everything packed; pass 2: everything loaded, nothing packed.
+    let first = run_json(&pack, quarter_mb + 1, &[]);
+    let second = run_json(&pack, quarter_mb + 1, &[]);
+    assert_eq!(u(&first, "packed"), 211, "{first}");
+    assert_eq!(u(&second, "packed"), 0, "{second}");
+    assert!(u(&second, "loaded") >= 211, "{second}");
+    let text = first["text"].as_str().unwrap();
+    assert!(text.starts_with(" Paris"), "greedy continuation: {text:?}");
+    assert_eq!(first["text"], second["text"]);
+    // Fully resident, a middle budget, and without prefetch: the same text.
+    let resident = run_json(&pack, 1024, &[]);
+    assert_eq!(resident["mode"], "resident");
+    assert_eq!(u(&resident, "evictions"), 0);
+    assert_eq!(resident["text"], first["text"]);
+    let middle = run_json(&pack, 80, &[]);
+    assert_eq!(middle["text"], first["text"]);
+    let no_prefetch = run_json(&pack, quarter_mb + 1, &["--no-prefetch"]);
+    assert_eq!(no_prefetch["text"], first["text"]);
+    assert_eq!(u(&no_prefetch, "prefetched"), 0);
+}
+
+#[test]
+fn quarter_budget_streams_with_zero_wall_hits_within_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("q.orkpack");
+    let budget_mb = (model_bytes().div_ceil(4) >> 20) + 1;
+    let v = run_json(&pack, budget_mb, &[]);
+    assert_eq!(v["mode"], "streamed");
+    assert_eq!(u(&v, "wall_hits"), 0, "{v}");
+    assert!(u(&v, "evictions") > 0, "a quarter budget must evict: {v}");
+    assert!(u(&v, "peak_resident_bytes") <= budget_mb << 20, "{v}");
+    assert!(u(&v, "prefetched") > 0, "{v}");
+}
+
+#[test]
+fn stale_or_corrupt_pack_is_repacked_never_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("c.orkpack");
+    let clean = run_json(&pack, 1024, &[]);
+    // Flip one byte inside the first blob (blobs start at 4096-aligned offsets after the header).
+    let mut bytes = std::fs::read(&pack).unwrap();
+    bytes[4096 + 100] ^= 0x5a;
+    std::fs::write(&pack, &bytes).unwrap();
+    let repaired = run_json(&pack, 1024, &[]);
+    assert!(u(&repaired, "packed") >= 1, "{repaired}");
+    assert_eq!(repaired["text"], clean["text"]);
+    // And the file was rewritten: a third run packs nothing.
+    let third = run_json(&pack, 1024, &[]);
+    assert_eq!(u(&third, "packed"), 0, "{third}");
+    assert_eq!(third["text"], clean["text"]);
+}
+
+#[test]
+fn on_the_fly_packing_without_a_pack_file_gives_the_same_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("p.orkpack");
+    let with_pack = run_json(&pack, 1024, &[]);
+    let m = model();
+    let o = run(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--no-pack",
+        "--budget-mb",
+        "1024",
+        "--prompt",
+        PROMPT,
+        "-n",
+        "12",
+        "--json",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["text"], with_pack["text"]);
+    assert_eq!(u(&v, "loaded"), 0);
+    assert_eq!(u(&v, "packed"), 211);
+}
+
+#[test]
+fn chat_template_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("chat.orkpack");
+    let v = run_json(&pack, 1024, &["--chat"]);
+    assert!(!v["text"].as_str().unwrap().is_empty(), "{v}");
+}
+
+#[test]
+fn bad_inputs_fail_with_one_clear_line() {
+    let m = model();
+    let ms = m.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("b.orkpack");
+    let ps = pack.to_str().unwrap();
+    let check = |args: &[&str], needle: &str| {
+        let o = run(args);
+        let err = stderr(&o);
+        assert_eq!(code(&o), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected {needle:?} in {err:?}"
+        );
+        assert_eq!(
+            err.trim_end()
+                .lines()
+                .filter(|l| l.starts_with("error"))
+                .count(),
+            1,
+            "{err}"
+        );
+    };
+    // Budget below the largest weight: the error says the minimum.
+    check(
+        &[
+            "run",
+            "--model",
+            ms,
+            "--pack",
+            ps,
+            "--budget-mb",
+            "8",
+            "--prompt",
+            "hi",
+        ],
+        "minimum budget is 27 MiB",
+    );
+    // Empty prompt.
+    check(
+        &["run", "--model", ms, "--pack", ps, "--prompt", ""],
+        "empty",
+    );
+    // Prompt longer than the context.
+    let long = "word ".repeat(9000);
+    check(
+        &[
+            "run", "--model", ms, "--pack", ps, "--prompt", &long, "-n", "1",
+        ],
+        "context",
+    );
+    // Invalid UTF-8 in --prompt-file names the file.
+    let bad = dir.path().join("bad.txt");
+    std::fs::write(&bad, b"ok \xff\xfe here").unwrap();
+    check(
+        &[
+            "run",
+            "--model",
+            ms,
+            "--pack",
+            ps,
+            "--prompt-file",
+            bad.to_str().unwrap(),
+        ],
+        "bad.txt",
+    );
+    // A GGUF of an unsupported architecture names it.
+    let arch = dir.path().join("mamba.gguf");
+    ork_gguf::writer::GgufBuilder::new()
+        .kv(
+            "general.architecture",
+            ork_gguf::MetaValue::String("mamba".into()),
+        )
+        .tensor_f32(
+            "token_embd.weight",
+            &[32, 8],
+            ork_gguf::GgmlType::F32,
+            &[0.5; 256],
+        )
+        .unwrap()
+        .write(&arch)
+        .unwrap();
+    check(
+        &[
+            "run",
+            "--model",
+            arch.to_str().unwrap(),
+            "--no-pack",
+            "--prompt",
+            "hi",
+        ],
+        "mamba",
+    );
+}
+
+#[test]
+fn plan_resident_across_domains_and_streamed_figures() {
+    let m = model();
+    let ms = m.to_str().unwrap();
+    // A 64 MiB window cannot hold the 128 MiB model: with 4 domains it is resident across 3.
+    let o = run(&[
+        "plan",
+        "--model",
+        ms,
+        "--window-mb",
+        "64",
+        "--domains",
+        "4",
+        "--json",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["mode"], "resident", "{v}");
+    assert_eq!(u(&v, "domains_used"), 3);
+    assert_eq!(u(&v, "switches_per_pass"), 3);
+    assert_eq!(u(&v, "streamed_bytes_per_decode_token"), 0);
+    // One domain and a 40 MiB budget: streamed, decode bandwidth-bound.
+    let o = run(&["plan", "--model", ms, "--budget-mb", "40", "--json"]);
+    let v = json(&o);
+    assert_eq!(v["mode"], "streamed");
+    assert_eq!(v["decode_bandwidth_bound"], true);
+    assert!(u(&v, "streamed_bytes_per_decode_token") > 64 << 20, "{v}");
+}
+
+#[test]
+fn multi_domain_run_matches_single_domain() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("d.orkpack");
+    let one = run_json(&pack, 1024, &[]);
+    // 48 MiB per domain → the model is placed resident across 4 domains.
+    let four = run_json(&pack, 48, &["--domains", "4"]);
+    assert_eq!(four["mode"], "resident", "{four}");
+    assert_eq!(four["text"], one["text"]);
+    assert_eq!(u(&four, "evictions"), 0);
+}
+
+#[test]
+fn perplexity_is_finite_and_plausible() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("t.txt");
+    let para =
+        "The quick brown fox jumps over the lazy dog. Scientists study the stars to learn how \
+                the universe began, and engineers build machines that help people every day. ";
+    std::fs::write(&text, para.repeat(40)).unwrap();
+    let pack = dir.path().join("ppl.orkpack");
+    let o = run(&[
+        "perplexity",
+        "--model",
+        m.to_str().unwrap(),
+        "--pack",
+        pack.to_str().unwrap(),
+        "--file",
+        text.to_str().unwrap(),
+        "--ctx",
+        "128",
+        "--chunks",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    let ppl = v["ppl"].as_f64().unwrap();
+    // Repeated text is very predictable: far below the vocabulary size, and above 1.
+    assert!(ppl > 1.0 && ppl < 50.0, "{v}");
+}
+
+#[test]
+fn run_writes_a_trace_and_bench_stream_reports_ratios() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("s.orkpack");
+    let trace = dir.path().join("trace.json");
+    run_json(&pack, 40, &["--trace", trace.to_str().unwrap()]);
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = t["traceEvents"].as_array().unwrap();
+    assert!(events.iter().any(|e| e["cat"] == "compute"));
+    assert!(
+        events.iter().any(|e| e["cat"] == "load" && e["tid"] == 2),
+        "prefetch lane has loads"
+    );
+
+    let svg = dir.path().join("stream.svg");
+    let o = run(&[
+        "bench",
+        "stream",
+        "--model",
+        m.to_str().unwrap(),
+        "--pack",
+        pack.to_str().unwrap(),
+        "--tokens",
+        "32",
+        "--plot",
+        svg.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    assert!(v["streamed_over_resident"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(v["results"].as_array().unwrap().len(), 3);
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.starts_with("<svg") || s.contains("<svg"), "an SVG file");
+}
