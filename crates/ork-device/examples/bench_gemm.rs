@@ -1,30 +1,35 @@
-//! Print the emulator's GEMM benchmark: `cargo run --release -p ork-device --example bench_gemm`.
+//! `cargo run -p ork-device --example bench_gemm [M...]`: emulated GEMM on SmolLM2's shapes with
+//! int8 and fp16 activations (int8 weights), GOP/s, in one run.
 
 use ork_device::bench::{bench_gemm, BenchOptions};
-use ork_device::EmuDevice;
+use ork_device::{ActPrecision, EmuDevice};
 
-fn main() -> Result<(), ork_device::DeviceError> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let ms: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse())
+        .collect::<Result<_, _>>()?;
     let dev = EmuDevice::new();
-    let r = bench_gemm(&dev, &BenchOptions::default())?;
+    let opts = BenchOptions {
+        ms: if ms.is_empty() { vec![1, 128, 512] } else { ms },
+        activations: vec![ActPrecision::Int8, ActPrecision::F16],
+        ..BenchOptions::default()
+    };
+    let r = bench_gemm(&dev, &opts)?;
     println!(
-        "isa {}  threads {}  peak {:.1} GOP/s  read bandwidth {:.2} GB/s",
+        "isa {} threads {} int8 peak {:.1} GOP/s, bandwidth {:.1} GB/s",
         r.isa, r.threads, r.peak_gops, r.bandwidth_gbs
-    );
-    println!(
-        "{:>4} {:>5} {:>6} {:>10} {:>9} {:>9} {:>8} {:>8}",
-        "M", "K", "N", "ms", "GOP/s", "wGB/s", "%peak", "%bw"
     );
     for c in &r.cases {
         println!(
-            "{:>4} {:>5} {:>6} {:>10.3} {:>9.1} {:>9.2} {:>7.1}% {:>7.1}%",
+            "{:>4} M={:<4} K={:<5} N={:<6} {:>9.3} ms {:>7.1} GOP/s {:>6.2} GB/s",
+            c.activations.name(),
             c.m,
             c.k,
             c.n,
             c.seconds * 1e3,
             c.gops,
-            c.weight_gbs,
-            100.0 * c.compute_ratio,
-            100.0 * c.bandwidth_ratio
+            c.weight_gbs
         );
     }
     Ok(())

@@ -6,7 +6,10 @@ use ork_pack::{PackDtype, PackedWeight, TiledLayout};
 use rayon::prelude::*;
 
 use crate::kernel;
-use crate::{upload, Activations, CoreMask, Device, DeviceError, DomainId, EmuDevice, MatmulTask};
+use crate::{
+    upload, ActPrecision, Activations, CoreMask, Device, DeviceError, DomainId, EmuDevice,
+    MatmulTask,
+};
 
 /// SmolLM2-135M matmul shapes, `(K, N)`: q/o proj, k/v proj, gate/up, down, lm head.
 pub const SMOLLM2_SHAPES: [(usize, usize); 5] = [
@@ -28,6 +31,8 @@ pub struct BenchOptions {
     pub min_seconds: f64,
     /// Bytes read by the bandwidth probe.
     pub bandwidth_bytes: usize,
+    /// Activation precisions to run every case in (int8 = w8a8, fp16 = w8a16); default int8 only.
+    pub activations: Vec<ActPrecision>,
 }
 
 impl Default for BenchOptions {
@@ -37,6 +42,7 @@ impl Default for BenchOptions {
             shapes: SMOLLM2_SHAPES.to_vec(),
             min_seconds: 0.3,
             bandwidth_bytes: 512 << 20,
+            activations: vec![ActPrecision::Int8],
         }
     }
 }
@@ -44,6 +50,8 @@ impl Default for BenchOptions {
 /// One measured case.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GemmCase {
+    /// Activation precision (the weight is int8 in every case).
+    pub activations: ActPrecision,
     /// Rows.
     pub m: usize,
     /// Reduction dim.
@@ -52,11 +60,12 @@ pub struct GemmCase {
     pub n: usize,
     /// Seconds per matmul (best of the repetitions).
     pub seconds: f64,
-    /// Integer ops per second, `2·M·K·N / seconds / 1e9`.
+    /// Ops per second, `2·M·K·N / seconds / 1e9` (integer or float multiply-adds).
     pub gops: f64,
     /// Weight bytes streamed per second, GB/s.
     pub weight_gbs: f64,
-    /// `gops / peak_gops` (the prefill figure of merit).
+    /// `gops / peak_gops` (the prefill figure of merit; against the int8 peak for fp16 cases too,
+    /// whose f32 FMA peak is half of it on AVX2).
     pub compute_ratio: f64,
     /// `weight_gbs / bandwidth_gbs` (the decode figure of merit).
     pub bandwidth_ratio: f64,
@@ -149,38 +158,51 @@ pub fn bench_gemm(dev: &EmuDevice, opts: &BenchOptions) -> Result<GemmBenchRepor
             DomainId(0),
         )?;
         for &m in &opts.ms {
-            let a: Vec<i8> = (0..m * k).map(|_| rnd() as i8).collect();
-            let sa = vec![0.02f32; m];
-            let mut out = vec![0f32; m * n];
-            let task = MatmulTask {
-                m,
-                activations: Activations::Host(&a),
-                act_scales: &sa,
-                weight: w.as_weight(),
-                cores: CoreMask::AUTO,
-            };
-            dev.matmul(&task, &mut out)?; // warm-up
-            let mut best = f64::MAX;
-            let start = Instant::now();
-            let mut reps = 0;
-            while reps < 3 || start.elapsed().as_secs_f64() < opts.min_seconds {
-                let t = Instant::now();
-                dev.matmul(&task, &mut out)?;
-                best = best.min(t.elapsed().as_secs_f64());
-                reps += 1;
+            for &precision in &opts.activations {
+                let a: Vec<i8> = (0..m * k).map(|_| rnd() as i8).collect();
+                let ah: Vec<half::f16> = a
+                    .iter()
+                    .map(|&v| half::f16::from_f32(f32::from(v) / 64.0))
+                    .collect();
+                let sa = vec![0.02f32; m];
+                let mut out = vec![0f32; m * n];
+                let task = MatmulTask {
+                    m,
+                    activations: match precision {
+                        ActPrecision::Int8 => Activations::Host(&a),
+                        ActPrecision::F16 => Activations::HostF16(&ah),
+                    },
+                    act_scales: match precision {
+                        ActPrecision::Int8 => &sa,
+                        ActPrecision::F16 => &[],
+                    },
+                    weight: w.as_weight(),
+                    cores: CoreMask::AUTO,
+                };
+                dev.matmul(&task, &mut out)?; // warm-up
+                let mut best = f64::MAX;
+                let start = Instant::now();
+                let mut reps = 0;
+                while reps < 3 || start.elapsed().as_secs_f64() < opts.min_seconds {
+                    let t = Instant::now();
+                    dev.matmul(&task, &mut out)?;
+                    best = best.min(t.elapsed().as_secs_f64());
+                    reps += 1;
+                }
+                let gops = 2.0 * (m * k * n) as f64 / best / 1e9;
+                let weight_gbs = layout.blob_bytes() as f64 / best / 1e9;
+                cases.push(GemmCase {
+                    activations: precision,
+                    m,
+                    k,
+                    n,
+                    seconds: best,
+                    gops,
+                    weight_gbs,
+                    compute_ratio: gops / peak,
+                    bandwidth_ratio: weight_gbs / bw,
+                });
             }
-            let gops = 2.0 * (m * k * n) as f64 / best / 1e9;
-            let weight_gbs = layout.blob_bytes() as f64 / best / 1e9;
-            cases.push(GemmCase {
-                m,
-                k,
-                n,
-                seconds: best,
-                gops,
-                weight_gbs,
-                compute_ratio: gops / peak,
-                bandwidth_ratio: weight_gbs / bw,
-            });
         }
     }
     Ok(GemmBenchReport {

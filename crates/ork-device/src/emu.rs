@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use crate::buffer::{BufferOwner, SyncDir};
 use crate::host_map::HostMap;
 use crate::kernel::Isa;
-use crate::task::{is_integer, Activations};
+use crate::task::{is_integer, ActValues};
 use crate::window::{AllocFailure, IovaAlign, Window, WindowConfig, WINDOW_BYTES};
 use crate::{
-    gemm, Device, DeviceBuffer, DeviceError, DeviceInfo, DeviceStats, DomainId, MatmulStats,
-    MatmulTask, MemFlags, MAX_DOMAINS,
+    gemm, ActPrecision, Device, DeviceBuffer, DeviceError, DeviceInfo, DeviceStats, DomainId,
+    MatmulStats, MatmulTask, MemFlags, MAX_DOMAINS,
 };
 
 /// How the emulator spends a domain switch's cost.
@@ -306,7 +306,7 @@ impl EmuDevice {
         if !wbuf.owned_by(&self.owner) {
             return Err(DeviceError::ForeignBuffer { operand: "weight" });
         }
-        if let Activations::Device(v) = task.activations {
+        if let Some(v) = task.activations.view() {
             if !v.buffer().owned_by(&self.owner) {
                 return Err(DeviceError::ForeignBuffer {
                     operand: "activations",
@@ -337,10 +337,10 @@ impl EmuDevice {
             switched,
             macs: (task.m * l.k_pad() * l.n_pad()) as u64,
             elapsed: t0.elapsed(),
-            kernel: if is_integer(l.dtype) {
+            kernel: if is_integer(l.dtype) && task.activations.precision() == ActPrecision::Int8 {
                 self.isa.name()
             } else {
-                "f16-scalar"
+                crate::kernel::float_kernel_name(self.isa)
             },
         }
     }
@@ -432,15 +432,25 @@ impl Device for EmuDevice {
         let t0 = Instant::now();
         let (guard, switched, cores) = self.begin(task, out.len())?;
         let l = task.weight.layout;
-        let (a, w) = (task.activation_bytes(), task.weight.bytes.as_slice());
+        let (m, w) = (task.m, task.weight.bytes.as_slice());
         let (sa, sw) = (task.act_scales, task.weight.scales);
-        self.run_on(cores, || match l.dtype {
-            ork_pack::PackDtype::F16 => {
-                gemm::gemm_f16(&l, w, a, task.m, out, |acc, m, n| acc * sa[m] * sw[n])
+        let a = task.activation_values();
+        self.run_on(cores, || match a {
+            ActValues::Int8(a) if is_integer(l.dtype) => {
+                gemm::gemm_int(self.isa, &l, w, a, m, out, |acc, m, n| {
+                    acc as f32 * sa[m] * sw[n]
+                })
             }
-            _ => gemm::gemm_int(self.isa, &l, w, a, task.m, out, |acc, m, n| {
-                acc as f32 * sa[m] * sw[n]
-            }),
+            ActValues::Int8(_) => {
+                let af = gemm::f32_rows(&a, m, l.k, l.k_pad());
+                gemm::gemm_float(self.isa, &l, w, &af, m, out, |acc, m, n| {
+                    acc * sa[m] * sw[n]
+                })
+            }
+            ActValues::F16(_) => {
+                let af = gemm::f32_rows(&a, m, l.k, l.k_pad());
+                gemm::gemm_float(self.isa, &l, w, &af, m, out, |acc, _, n| acc * sw[n])
+            }
         });
         drop(guard);
         Ok(self.finish(task, switched, t0))
@@ -453,11 +463,14 @@ impl Device for EmuDevice {
     ) -> Result<MatmulStats, DeviceError> {
         let t0 = Instant::now();
         let l = task.weight.layout;
-        if !is_integer(l.dtype) {
-            return Err(DeviceError::NotInteger { dtype: l.dtype });
-        }
+        let (Some(a), true) = (task.activation_bytes(), is_integer(l.dtype)) else {
+            return Err(DeviceError::NotInteger {
+                dtype: l.dtype,
+                activations: task.activations.precision(),
+            });
+        };
         let (guard, switched, cores) = self.begin(task, out.len())?;
-        let (a, w) = (task.activation_bytes(), task.weight.bytes.as_slice());
+        let w = task.weight.bytes.as_slice();
         self.run_on(cores, || {
             gemm::gemm_int(self.isa, &l, w, a, task.m, out, |acc, _, _| acc)
         });

@@ -1,6 +1,6 @@
 //! The device layer's error type.
 
-use crate::{DomainId, MemFlags};
+use crate::{ActPrecision, DomainId, MemFlags};
 use ork_pack::PackDtype;
 
 /// Everything that can go wrong in the device layer. Each variant carries what a caller needs to
@@ -88,11 +88,14 @@ pub enum DeviceError {
         /// What is wrong.
         reason: &'static str,
     },
-    /// The raw (i32 accumulator) matmul was asked for a weight that is not integer.
-    #[error("raw i32 matmul needs an integer weight, got {dtype:?}")]
+    /// The raw (i32 accumulator) matmul was asked for operands that are not both integer (an
+    /// fp16 weight, or fp16 activations).
+    #[error("raw i32 matmul needs integer operands, got a {dtype:?} weight and {} activations", activations.name())]
     NotInteger {
         /// The weight's dtype.
         dtype: PackDtype,
+        /// The activations' precision.
+        activations: ActPrecision,
     },
     /// The core mask names cores the device does not have.
     #[error("core mask {mask:#x} invalid for a device with {cores} cores")]

@@ -6,11 +6,12 @@
 //! every job is a block of [`ROW_BLOCK`] rows that walks all N-tiles, writing its own rows of the
 //! output directly, so each weight tile is reused across the block's rows while it is in cache.
 
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 use ork_pack::{PackDtype, TiledLayout};
 use rayon::prelude::*;
 
-use crate::kernel::{self, Isa, PreparedA};
+use crate::kernel::{self, Isa, PreparedA, WeightTile};
+use crate::task::ActValues;
 
 /// Rows per job in the prefill partition (a multiple of the kernels' 4-row step).
 const ROW_BLOCK: usize = 32;
@@ -113,39 +114,83 @@ pub(crate) fn gemm_int<T: Send>(
     );
 }
 
-/// fp16 weights: f32 accumulation of `a · w`, converted by `conv(acc, m, n)`.
-pub(crate) fn gemm_f16(
+/// Activation rows as f32, each padded with zeros to `kpad` (the float kernels' A operand),
+/// converted once per task, in parallel over rows. fp16 and int8 values are exact in f32.
+pub(crate) fn f32_rows(a: &ActValues<'_>, m: usize, k: usize, kpad: usize) -> Vec<f32> {
+    let mut af = vec![0f32; m * kpad];
+    match a {
+        ActValues::Int8(a) => {
+            af.par_chunks_mut(kpad)
+                .zip(a.par_chunks(k))
+                .for_each(|(dst, src)| {
+                    dst.iter_mut()
+                        .zip(src)
+                        .for_each(|(d, &s)| *d = f32::from(s))
+                })
+        }
+        ActValues::F16(a) => af
+            .par_chunks_mut(kpad)
+            .zip(a.par_chunks(k))
+            .for_each(|(dst, src)| src.convert_to_f32_slice(&mut dst[..k])),
+    }
+    af
+}
+
+/// Per-job scratch of the float path: an int4 tile unpacked, or an fp16 tile realigned.
+#[derive(Default)]
+struct FloatScratch {
+    i8s: Vec<i8>,
+    f16s: Vec<f16>,
+}
+
+/// f32 activation rows (`m × kpad`, from [`f32_rows`]) against any weight: f32 accumulation in
+/// the order [`kernel::float_tile_dot`] documents, converted by `conv(acc, m, n)`.
+pub(crate) fn gemm_float(
+    isa: Isa,
     l: &TiledLayout,
     w: &[u8],
-    a: &[i8],
+    af: &[f32],
     m: usize,
     out: &mut [f32],
     conv: impl Fn(f32, usize, usize) -> f32 + Sync,
 ) {
     let tn = l.dtype.n_tile();
     let tiles = l.n_pad() / tn;
-    let (k, kpad) = (l.k, l.k_pad());
-    let mut af = vec![0f32; m * kpad];
-    for (dst, src) in af.chunks_exact_mut(kpad).zip(a.chunks_exact(k)) {
-        dst.iter_mut()
-            .zip(src)
-            .for_each(|(d, &s)| *d = f32::from(s));
-    }
-    let tile_bytes = l.n_tile_elems() * 2;
+    let kpad = l.k_pad();
+    debug_assert_eq!(af.len(), m * kpad);
+    let tile_elems = l.n_tile_elems();
     drive(
         m,
         l.n,
         tn,
         tiles,
         out,
-        |scratch: &mut Vec<f32>, t, m0, m1, acc: &mut [f32]| {
-            let src = &w[t * tile_bytes..(t + 1) * tile_bytes];
-            scratch.clear();
-            scratch.extend(
-                src.chunks_exact(2)
-                    .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()),
-            );
-            kernel::f32_tile_dot(&af[m0 * kpad..m1 * kpad], kpad, scratch, tn, acc);
+        |s: &mut FloatScratch, t, m0, m1, acc: &mut [f32]| {
+            let a = &af[m0 * kpad..m1 * kpad];
+            match l.dtype {
+                PackDtype::F16 => {
+                    use zerocopy::FromBytes;
+                    let src = &w[t * tile_elems * 2..(t + 1) * tile_elems * 2];
+                    // Device buffers are page-aligned and tiles even-sized, so the cast succeeds
+                    // unless a view starts at an odd offset; then decode into scratch.
+                    let wt = match <[f16]>::ref_from_bytes(src) {
+                        Ok(wt) => wt,
+                        Err(_) => {
+                            s.f16s.clear();
+                            s.f16s.extend(
+                                src.chunks_exact(2)
+                                    .map(|b| f16::from_le_bytes([b[0], b[1]])),
+                            );
+                            &s.f16s
+                        }
+                    };
+                    kernel::float_tile_dot(isa, a, kpad, WeightTile::F16(wt), tn, acc);
+                }
+                _ => {
+                    let wt = tile_i8(l, w, t, &mut s.i8s);
+                    kernel::float_tile_dot(isa, a, kpad, WeightTile::I8(wt), tn, acc);
+                }
+            }
         },
         conv,
     );

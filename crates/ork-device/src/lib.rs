@@ -56,7 +56,9 @@ pub use error::DeviceError;
 pub use probe::{probe_dma, probe_stream, DmaProbeMode, DmaProbeReport, StreamProbeReport};
 #[cfg(target_os = "linux")]
 pub use rknpu::RknpuDevice;
-pub use task::{upload, Activations, CoreMask, DeviceWeight, MatmulStats, MatmulTask, WeightRef};
+pub use task::{
+    upload, ActPrecision, Activations, CoreMask, DeviceWeight, MatmulStats, MatmulTask, WeightRef,
+};
 
 /// Most IOMMU domains the vendor driver supports (`RKNPU_MAX_IOMMU_DOMAIN_NUM`).
 pub const MAX_DOMAINS: u32 = 16;

@@ -1,5 +1,6 @@
 //! Matmul tasks and weights on a device.
 
+use half::f16;
 use ork_pack::{PackDtype, PackedWeight, TiledLayout};
 
 use crate::kernel::MAX_K;
@@ -40,13 +41,85 @@ pub struct WeightRef<'a> {
     pub scales: &'a [f32],
 }
 
-/// Where a task's int8 activations are.
+/// Precision of a task's activations (the A operand). The RK3588 multiplies int8 activations by
+/// int8 / int4 weights into i32 accumulators (w8a8, per-token scales applied afterwards) and fp16
+/// activations by int8 / int4 / fp16 weights into fp32 (w8a16: no activation quantization).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ActPrecision {
+    /// Symmetric int8 with one scale per row (`MatmulTask::act_scales`).
+    #[default]
+    Int8,
+    /// IEEE binary16, unscaled (`MatmulTask::act_scales` must be empty).
+    F16,
+}
+
+impl ActPrecision {
+    /// Bytes per activation value.
+    pub const fn bytes(self) -> usize {
+        match self {
+            ActPrecision::Int8 => 1,
+            ActPrecision::F16 => 2,
+        }
+    }
+
+    /// Short name for reports ("int8", "fp16").
+    pub const fn name(self) -> &'static str {
+        match self {
+            ActPrecision::Int8 => "int8",
+            ActPrecision::F16 => "fp16",
+        }
+    }
+}
+
+/// Where a task's activations are, and in which precision.
 #[derive(Clone, Copy, Debug)]
 pub enum Activations<'a> {
-    /// Host memory (fine for the emulator).
+    /// int8 values in host memory (fine for the emulator).
     Host(&'a [i8]),
     /// A device buffer range holding the int8 values; must be in the task's domain.
     Device(BufferView<'a>),
+    /// fp16 values in host memory.
+    HostF16(&'a [f16]),
+    /// A device buffer range holding fp16 values (2 bytes each, little-endian); must be in the
+    /// task's domain.
+    DeviceF16(BufferView<'a>),
+}
+
+/// Host-visible activation values of a task, borrowed.
+#[derive(Clone, Debug)]
+pub(crate) enum ActValues<'a> {
+    /// int8 values.
+    Int8(&'a [i8]),
+    /// fp16 values (zero-copy when the bytes are 2-aligned).
+    F16(std::borrow::Cow<'a, [f16]>),
+}
+
+impl<'a> Activations<'a> {
+    /// Their precision.
+    pub fn precision(&self) -> ActPrecision {
+        match self {
+            Activations::Host(_) | Activations::Device(_) => ActPrecision::Int8,
+            Activations::HostF16(_) | Activations::DeviceF16(_) => ActPrecision::F16,
+        }
+    }
+
+    /// The device buffer range, if they are in one.
+    pub fn view(&self) -> Option<BufferView<'a>> {
+        match *self {
+            Activations::Device(v) | Activations::DeviceF16(v) => Some(v),
+            Activations::Host(_) | Activations::HostF16(_) => None,
+        }
+    }
+
+    /// `(values, bytes)` held.
+    fn len(&self) -> (usize, u64) {
+        match *self {
+            Activations::Host(s) => (s.len(), s.len() as u64),
+            Activations::HostF16(s) => (s.len(), 2 * s.len() as u64),
+            Activations::Device(v) => (v.len() as usize, v.len()),
+            Activations::DeviceF16(v) => ((v.len() / 2) as usize, v.len()),
+        }
+    }
 }
 
 /// NPU cores a task may use: bit i = core i; 0 = let the device choose (all cores).
@@ -58,14 +131,16 @@ impl CoreMask {
     pub const AUTO: CoreMask = CoreMask(0);
 }
 
-/// One matmul: `out[m, n] = (Σ_k a[m, k] · q[n, k]) · act_scales[m] · weight.scales[n]`.
+/// One matmul: `out[m, n] = (Σ_k a[m, k] · q[n, k]) · act_scales[m] · weight.scales[n]` for int8
+/// activations, `out[m, n] = (Σ_k a[m, k] · q[n, k]) · weight.scales[n]` for fp16 activations
+/// (the sum in f32; see [`crate::kernel`] for its order).
 #[derive(Clone, Copy, Debug)]
 pub struct MatmulTask<'a> {
     /// Rows of activations (tokens).
     pub m: usize,
-    /// `m × weight.layout.k` int8 values, row-major.
+    /// `m × weight.layout.k` values, row-major (int8 or fp16).
     pub activations: Activations<'a>,
-    /// One scale per activation row (per token).
+    /// One scale per activation row (per token) for int8 activations; empty for fp16.
     pub act_scales: &'a [f32],
     /// The weight (its domain is the task's domain).
     pub weight: WeightRef<'a>,
@@ -89,11 +164,35 @@ pub struct MatmulStats {
 }
 
 impl<'a> MatmulTask<'a> {
-    /// The activation bytes, if they are host-visible.
-    pub fn activation_bytes(&self) -> &'a [i8] {
+    /// The int8 activation values (host-visible); `None` for fp16 activations.
+    pub fn activation_bytes(&self) -> Option<&'a [i8]> {
         match self.activations {
-            Activations::Host(s) => s,
-            Activations::Device(v) => cast_i8(v.as_slice()),
+            Activations::Host(s) => Some(s),
+            Activations::Device(v) => Some(cast_i8(v.as_slice())),
+            Activations::HostF16(_) | Activations::DeviceF16(_) => None,
+        }
+    }
+
+    /// The activation values, host-visible. Device fp16 bytes are borrowed in place when they are
+    /// 2-aligned (device buffers are page-aligned, so a view at an even offset is), else copied.
+    pub(crate) fn activation_values(&self) -> ActValues<'a> {
+        use std::borrow::Cow;
+        use zerocopy::FromBytes;
+        match self.activations {
+            Activations::Host(s) => ActValues::Int8(s),
+            Activations::Device(v) => ActValues::Int8(cast_i8(v.as_slice())),
+            Activations::HostF16(s) => ActValues::F16(Cow::Borrowed(s)),
+            Activations::DeviceF16(v) => {
+                let b = v.as_slice();
+                ActValues::F16(match <[f16]>::ref_from_bytes(b) {
+                    Ok(s) => Cow::Borrowed(s),
+                    Err(_) => Cow::Owned(
+                        b.chunks_exact(2)
+                            .map(|p| f16::from_le_bytes([p[0], p[1]]))
+                            .collect(),
+                    ),
+                })
+            }
         }
     }
 
@@ -138,21 +237,37 @@ impl<'a> MatmulTask<'a> {
             n,
             reason: "m·k overflows",
         })?;
-        let a_len = match self.activations {
-            Activations::Host(s) => s.len(),
-            Activations::Device(v) => v.len() as usize,
-        };
-        if a_len != mk {
+        let precision = self.activations.precision();
+        let (a_len, a_bytes) = self.activations.len();
+        let want_bytes = mk
+            .checked_mul(precision.bytes())
+            .ok_or(DeviceError::Shape {
+                m,
+                k,
+                n,
+                reason: "activation bytes overflow",
+            })?;
+        if a_bytes != want_bytes as u64 {
+            // A device view is measured in bytes (an odd byte count for fp16 is caught here too).
+            let device = self.activations.view().is_some();
             return Err(DeviceError::Length {
-                operand: "activations",
-                expected: mk,
-                got: a_len,
+                operand: if device {
+                    "activation bytes"
+                } else {
+                    "activations"
+                },
+                expected: if device { want_bytes } else { mk },
+                got: if device { a_bytes as usize } else { a_len },
             });
         }
-        if self.act_scales.len() != m {
+        let want_scales = match precision {
+            ActPrecision::Int8 => m,
+            ActPrecision::F16 => 0,
+        };
+        if self.act_scales.len() != want_scales {
             return Err(DeviceError::Length {
                 operand: "activation scales",
-                expected: m,
+                expected: want_scales,
                 got: self.act_scales.len(),
             });
         }
@@ -170,7 +285,7 @@ impl<'a> MatmulTask<'a> {
             });
         }
         let task_domain = self.weight.bytes.domain();
-        if let Activations::Device(v) = self.activations {
+        if let Some(v) = self.activations.view() {
             if v.domain() != task_domain {
                 return Err(DeviceError::CrossDomain {
                     operand: "activations",

@@ -1,10 +1,11 @@
 //! Integration tests of ork-device. Backend-agnostic tests are stamped out for every backend that
 //! is available by `on_every_backend!`: the emulator always, rknpu when its device opens.
 
+use half::f16;
 use ork_device::window::{PAGE_BYTES, WINDOW_BYTES};
 use ork_device::{
-    upload, Activations, CoreMask, Device, DeviceError, DomainId, EmuConfig, EmuDevice, MatmulTask,
-    MemFlags,
+    upload, ActPrecision, Activations, CoreMask, Device, DeviceError, DomainId, EmuConfig,
+    EmuDevice, MatmulTask, MemFlags,
 };
 use ork_pack::{PackDtype, PackedWeight, TiledLayout};
 use proptest::prelude::*;
@@ -198,6 +199,241 @@ proptest! {
     fn matmul_matches_naive(dt in 0usize..3, m in prop_oneof![1usize..20, 30usize..80], k in 1usize..150, n in 1usize..150, seed in any::<u64>()) {
         check_dtype([PackDtype::I8, PackDtype::I4, PackDtype::F16][dt], m, k, n, seed);
     }
+}
+
+/// fp16 activations (`m × k`, every 5th channel an outlier up to ±3000) from `rng`.
+fn random_f16(m: usize, k: usize, rng: &mut Lcg) -> Vec<f16> {
+    (0..m * k)
+        .map(|i| {
+            let u = (rng.next() % 20001) as f32 / 10000.0 - 1.0;
+            f16::from_f32(if (i % k) % 5 == 2 {
+                u * 3000.0
+            } else {
+                u * 2.0
+            })
+        })
+        .collect()
+}
+
+/// fp16 activations × every weight dtype equal the f64 reference
+/// `(Σ_k a·q) · w_scale` within f32 summation error (`Kpad · 2⁻²⁴ · Σ|a·q|`, scaled).
+fn check_f16(dtype: PackDtype, m: usize, k: usize, n: usize, seed: u64, on_device: bool) {
+    let dev = EmuDevice::new();
+    let mut rng = Lcg(seed);
+    let (pw, q) = random_weight(dtype, k, n, &mut rng);
+    let w = upload(&dev, &pw, DomainId(0)).unwrap();
+    let a = random_f16(m, k, &mut rng);
+    let abuf;
+    let activations = if on_device {
+        let mut b = dev
+            .create_buffer(2 * a.len() as u64, MemFlags::CACHEABLE, DomainId(0))
+            .unwrap();
+        for (d, v) in b.as_mut_slice().chunks_exact_mut(2).zip(&a) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+        abuf = b;
+        Activations::DeviceF16(abuf.full_view())
+    } else {
+        Activations::HostF16(&a)
+    };
+    let t = MatmulTask {
+        m,
+        activations,
+        act_scales: &[],
+        weight: w.as_weight(),
+        cores: CoreMask::AUTO,
+    };
+    let mut out = vec![0f32; m * n];
+    let st = dev.matmul(&t, &mut out).unwrap();
+    assert!(st.kernel.starts_with("f32-"), "{}", st.kernel);
+    let kpad = pw.layout.k_pad() as f64;
+    for i in 0..m {
+        for j in 0..n {
+            let (mut exact, mut mag) = (0f64, 0f64);
+            for kk in 0..k {
+                let p = f64::from(a[i * k + kk].to_f32()) * f64::from(q[j * k + kk]);
+                exact += p;
+                mag += p.abs();
+            }
+            let s = f64::from(pw.scales[j]);
+            let got = f64::from(out[i * n + j]);
+            // Summation error, then one rounding for the scale multiply.
+            let bound = (kpad * mag * 2f64.powi(-24) * 1.01 + exact.abs() * 2f64.powi(-23)) * s;
+            assert!(
+                (got - exact * s).abs() <= bound,
+                "{dtype:?} [{i},{j}] {got} vs {} (bound {bound})",
+                exact * s
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// fp16 activations (host or device buffer, both partitions) × int8 / int4 / fp16 weights.
+    #[test]
+    fn f16_activations_match_f64_reference(dt in 0usize..3, m in prop_oneof![1usize..20, 30usize..80], k in 1usize..150, n in 1usize..150, seed in any::<u64>(), on_device in any::<bool>()) {
+        check_f16([PackDtype::I8, PackDtype::I4, PackDtype::F16][dt], m, k, n, seed, on_device);
+    }
+}
+
+#[test]
+fn f16_activations_at_an_odd_offset_and_bad_operands() {
+    let dev = EmuDevice::new();
+    let mut rng = Lcg(11);
+    let (m, k, n) = (3, 64, 32);
+    let (pw, _) = random_weight(PackDtype::I8, k, n, &mut rng);
+    let w = upload(&dev, &pw, DomainId(0)).unwrap();
+    let a = random_f16(m, k, &mut rng);
+    let task = |activations, act_scales| MatmulTask {
+        m,
+        activations,
+        act_scales,
+        weight: w.as_weight(),
+        cores: CoreMask::AUTO,
+    };
+    let mut want = vec![0f32; m * n];
+    dev.matmul(&task(Activations::HostF16(&a), &[]), &mut want)
+        .unwrap();
+    // The same values one byte into a buffer (not 2-aligned): same result.
+    let mut b = dev
+        .create_buffer(1 + 2 * a.len() as u64, MemFlags::CACHEABLE, DomainId(0))
+        .unwrap();
+    for (d, v) in b.as_mut_slice()[1..].chunks_exact_mut(2).zip(&a) {
+        d.copy_from_slice(&v.to_le_bytes());
+    }
+    let view = b.view(1, 2 * a.len() as u64).unwrap();
+    let mut out = vec![0f32; m * n];
+    dev.matmul(&task(Activations::DeviceF16(view), &[]), &mut out)
+        .unwrap();
+    assert_eq!(out, want);
+    assert_eq!(Activations::DeviceF16(view).precision(), ActPrecision::F16);
+
+    let len_err = |r: Result<_, DeviceError>, which: &str, exp: usize, g: usize| match r {
+        Err(DeviceError::Length {
+            operand,
+            expected,
+            got,
+        }) => assert_eq!((operand, expected, got), (which, exp, g)),
+        other => panic!("{which}: {other:?}"),
+    };
+    // Per-token scales have no meaning for fp16 activations.
+    len_err(
+        dev.matmul(&task(Activations::HostF16(&a), &[1.0; 3]), &mut out),
+        "activation scales",
+        0,
+        3,
+    );
+    // A device range one byte short (an odd byte count) or sized as int8.
+    let short = b.view(1, 2 * a.len() as u64 - 1).unwrap();
+    len_err(
+        dev.matmul(&task(Activations::DeviceF16(short), &[]), &mut out),
+        "activation bytes",
+        2 * m * k,
+        2 * m * k - 1,
+    );
+    let int8_sized = b.view(0, (m * k) as u64).unwrap();
+    len_err(
+        dev.matmul(&task(Activations::DeviceF16(int8_sized), &[]), &mut out),
+        "activation bytes",
+        2 * m * k,
+        m * k,
+    );
+    len_err(
+        dev.matmul(&task(Activations::HostF16(&a[1..]), &[]), &mut out),
+        "activations",
+        m * k,
+        m * k - 1,
+    );
+    // The raw i32 matmul is integer-only.
+    let mut raw = vec![0i32; m * n];
+    assert!(matches!(
+        dev.matmul_raw(&task(Activations::HostF16(&a), &[]), &mut raw),
+        Err(DeviceError::NotInteger {
+            dtype: PackDtype::I8,
+            activations: ActPrecision::F16
+        })
+    ));
+    // Activations of another domain.
+    let other = dev
+        .create_buffer(2 * a.len() as u64, MemFlags::CACHEABLE, DomainId(3))
+        .unwrap();
+    assert!(matches!(
+        dev.matmul(
+            &task(Activations::DeviceF16(other.full_view()), &[]),
+            &mut out
+        ),
+        Err(DeviceError::CrossDomain { .. })
+    ));
+    assert_eq!(dev.stats().tasks, 2);
+}
+
+/// fp16 activations beat per-token int8 on rows with an outlier channel (the SmolLM2 case).
+#[test]
+fn f16_activations_are_closer_than_int8_with_outliers() {
+    let dev = EmuDevice::new();
+    let mut rng = Lcg(21);
+    let (m, k, n) = (8, 576, 64);
+    let (pw, q) = random_weight(PackDtype::I8, k, n, &mut rng);
+    let w = upload(&dev, &pw, DomainId(0)).unwrap();
+    // rms ≈ 1, one channel at 40 (max/rms ≈ 20 after normalisation, as measured on SmolLM2).
+    let x: Vec<f32> = (0..m * k)
+        .map(|i| {
+            if i % k == 17 {
+                40.0
+            } else {
+                (rng.next() % 20001) as f32 / 10000.0 - 1.0
+            }
+        })
+        .collect();
+    let reference: Vec<f64> = (0..m * n)
+        .map(|o| {
+            let (i, j) = (o / n, o % n);
+            (0..k)
+                .map(|kk| f64::from(x[i * k + kk]) * f64::from(q[j * k + kk]))
+                .sum::<f64>()
+                * f64::from(pw.scales[j])
+        })
+        .collect();
+    let err = |out: &[f32]| -> f64 {
+        out.iter()
+            .zip(&reference)
+            .map(|(&g, &r)| (f64::from(g) - r).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    let xh: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    let mut out16 = vec![0f32; m * n];
+    dev.matmul(
+        &MatmulTask {
+            m,
+            activations: Activations::HostF16(&xh),
+            act_scales: &[],
+            weight: w.as_weight(),
+            cores: CoreMask::AUTO,
+        },
+        &mut out16,
+    )
+    .unwrap();
+    let mut xq = vec![0i8; m * k];
+    let sa: Vec<f32> = x
+        .chunks_exact(k)
+        .zip(xq.chunks_exact_mut(k))
+        .map(|(r, o)| {
+            let s = r.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+            o.iter_mut()
+                .zip(r)
+                .for_each(|(o, v)| *o = (v / s).round() as i8);
+            s
+        })
+        .collect();
+    let mut out8 = vec![0f32; m * n];
+    dev.matmul(&task(m, &xq, &sa, &w), &mut out8).unwrap();
+    let (e16, e8) = (err(&out16), err(&out8));
+    assert!(
+        e16 * 10.0 < e8,
+        "fp16 error {e16} not well below int8 error {e8}"
+    );
 }
 
 #[test]

@@ -11,11 +11,19 @@
 //! `128 · Σ_k w`; the wrap-around i32 arithmetic makes the result exact whenever the true dot
 //! product fits in i32, which [`MAX_K`] guarantees) and NEON (aarch64 only; compiled, never run
 //! here). The ISA is detected once at run time.
+//!
+//! Float kernels ([`float_tile_dot`]) serve fp16 activations (w8a16 / w4a16 / fp16×fp16) and
+//! int8 activations against fp16 weights: the activation rows arrive as f32 (converted once per
+//! task), the weight tile is read in its stored type. Kernels: the portable scalar twin and
+//! AVX2+FMA+F16C (x86-64; needs all three, detected once). On aarch64 the scalar twin runs (no
+//! NEON float kernel yet).
 
 use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_f32;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "x86_64")]
@@ -196,22 +204,92 @@ pub(crate) fn unpack_i4_tile(src: &[u8], dst: &mut [i8]) {
     }
 }
 
-/// fp16 tile dot: `out[r·tn + j] = Σ_k a[r,k] · w[j,k]` in f32, `w` already decoded to f32.
-pub(crate) fn f32_tile_dot(a: &[f32], kpad: usize, w: &[f32], tn: usize, out: &mut [f32]) {
+/// A weight tile as the float kernels read it: `tn × kpad` values in tile order.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum WeightTile<'a> {
+    /// int8 values (an int4 tile arrives unpacked to int8).
+    I8(&'a [i8]),
+    /// fp16 values.
+    F16(&'a [half::f16]),
+}
+
+/// Name of the float kernel [`float_tile_dot`] runs for `isa`.
+pub(crate) fn float_kernel_name(isa: Isa) -> &'static str {
+    if float_simd(isa) {
+        "f32-avx2-fma"
+    } else {
+        "f32-scalar"
+    }
+}
+
+/// Whether the float path uses SIMD under `isa`: on x86-64 whenever an AVX2-class ISA is chosen
+/// and the CPU also has FMA and F16C; the scalar ISA (and NEON, for now) run the scalar twin.
+fn float_simd(isa: Isa) -> bool {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::AvxVnni => avx2_f32::available(),
+        _ => false,
+    }
+}
+
+/// Float tile dot for f32 activation rows (fp16 activations, or int8 ones against an fp16 weight,
+/// both exact in f32): `out[r·tn + j] = Σ_k a[r, k] · w[j, k]` for all rows of `a`
+/// (`rows × kpad`, zero padded) and the `tn` channels of one tile.
+///
+/// Accumulation order (every kernel, bit for bit): lane `l ∈ 0..8` sums the products of
+/// `k ≡ l (mod 8)` in ascending k, starting from 0; the result is `((l0 + l1) + l2) + … + l7`.
+/// Each product of an fp16 (11-bit significand) or int8 activation with an int8 or fp16 weight has
+/// at most 22 significant bits and stays in f32's normal range, so it is exact: a fused
+/// multiply-add and a multiply-then-add round identically, and only the additions round. The NPU
+/// also accumulates in fp32, in its own (undocumented) order.
+pub(crate) fn float_tile_dot(
+    isa: Isa,
+    a: &[f32],
+    kpad: usize,
+    w: WeightTile<'_>,
+    tn: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if float_simd(isa) {
+        match w {
+            WeightTile::I8(w) => avx2_f32::tile_dot_i8(a, kpad, w, tn, out),
+            WeightTile::F16(w) => avx2_f32::tile_dot_f16(a, kpad, w, tn, out),
+        }
+        return;
+    }
+    let _ = isa;
+    match w {
+        WeightTile::I8(w) => scalar_float_tile_dot(a, kpad, w, tn, out),
+        WeightTile::F16(w) => scalar_float_tile_dot(a, kpad, w, tn, out),
+    }
+}
+
+/// The portable float kernel and the scalar twin of [`avx2_f32`] (same accumulation order; see
+/// [`float_tile_dot`]).
+pub(crate) fn scalar_float_tile_dot<W: Copy + Into<f32>>(
+    a: &[f32],
+    kpad: usize,
+    w: &[W],
+    tn: usize,
+    out: &mut [f32],
+) {
+    assert!(kpad.is_multiple_of(32) && w.len() == tn * kpad);
     let rows = a.len() / kpad;
+    assert!(a.len() == rows * kpad && out.len() >= rows * tn);
     for r in 0..rows {
         let arow = &a[r * kpad..(r + 1) * kpad];
         for j in 0..tn {
-            let mut acc = [0f32; 8];
+            let mut lanes = [0f32; 8];
             for (kt, ak) in arow.chunks_exact(32).enumerate() {
                 let run = &w[kt * tn * 32 + j * 32..kt * tn * 32 + j * 32 + 32];
                 for (x8, y8) in ak.chunks_exact(8).zip(run.chunks_exact(8)) {
-                    for ((ac, x), y) in acc.iter_mut().zip(x8).zip(y8) {
-                        *ac += x * y;
+                    for ((l, &x), &y) in lanes.iter_mut().zip(x8).zip(y8) {
+                        *l += x * y.into();
                     }
                 }
             }
-            out[r * tn + j] = acc.iter().sum();
+            out[r * tn + j] = lanes[1..].iter().fold(lanes[0], |s, &x| s + x);
         }
     }
 }
@@ -346,6 +424,99 @@ mod tests {
             assert_eq!(d, [-1, -8, 7, 1]);
         } else {
             assert_eq!(d, [-8, -1, 1, 7]);
+        }
+    }
+
+    /// Tile an untiled `n × k` matrix of any element type, zero padded.
+    fn tile_any<T: Copy + Default>(
+        w: &[T],
+        n: usize,
+        k: usize,
+        tn: usize,
+    ) -> (Vec<T>, usize, usize) {
+        let kpad = k.div_ceil(32) * 32;
+        let npad = n.div_ceil(tn) * tn;
+        let mut t = vec![T::default(); npad * kpad];
+        for nn in 0..n {
+            for kk in 0..k {
+                t[(nn / tn) * tn * kpad + (kk / 32) * tn * 32 + (nn % tn) * 32 + kk % 32] =
+                    w[nn * k + kk];
+            }
+        }
+        (t, kpad, npad)
+    }
+
+    /// Run the float kernel of `isa` over every tile: `m × npad` row-major.
+    fn run_float(
+        isa: Isa,
+        af: &[f32],
+        m: usize,
+        kpad: usize,
+        w: WeightTile<'_>,
+        npad: usize,
+        tn: usize,
+    ) -> Vec<f32> {
+        let mut full = vec![0f32; m * npad];
+        let mut blk = vec![0f32; m * tn];
+        for t in 0..npad / tn {
+            let wt = match w {
+                WeightTile::I8(w) => WeightTile::I8(&w[t * tn * kpad..(t + 1) * tn * kpad]),
+                WeightTile::F16(w) => WeightTile::F16(&w[t * tn * kpad..(t + 1) * tn * kpad]),
+            };
+            float_tile_dot(isa, af, kpad, wt, tn, &mut blk);
+            for r in 0..m {
+                full[r * npad + t * tn..r * npad + t * tn + tn]
+                    .copy_from_slice(&blk[r * tn..r * tn + tn]);
+            }
+        }
+        full
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// The float kernels (fp16 activations with outlier channels × int8 / fp16 weights) agree
+        /// bit for bit with the scalar twin (same accumulation order, exact products), and all of
+        /// them with an f64 reference within the f32 summation bound `kpad · 2⁻²⁴ · Σ|a·w|`.
+        #[test]
+        fn float_kernels_match_twin_and_f64(m in 1usize..11, k in 1usize..200, n in 1usize..80, f16w in any::<bool>(), seed in any::<u64>()) {
+            use half::f16;
+            let tn = if f16w { 16 } else { 32 };
+            let mut s = seed | 1;
+            let mut next = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s };
+            // Activations: mostly |x| < 4, every 7th channel an outlier up to ±2000.
+            let a: Vec<f16> = (0..m * k).map(|i| {
+                let u = (next() % 20001) as f32 / 10000.0 - 1.0;
+                f16::from_f32(if (i % k) % 7 == 3 { u * 2000.0 } else { u * 4.0 })
+            }).collect();
+            let wq: Vec<i8> = (0..n * k).map(|_| next() as i8).collect();
+            let wh: Vec<f16> = (0..n * k).map(|_| f16::from_f32((next() % 2001) as f32 / 1000.0 - 1.0)).collect();
+            let kpad = k.div_ceil(32) * 32;
+            let mut af = vec![0f32; m * kpad];
+            for (d, src) in af.chunks_exact_mut(kpad).zip(a.chunks_exact(k)) {
+                for (x, &y) in d.iter_mut().zip(src) { *x = y.to_f32(); }
+            }
+            let (ti8, _, npad8) = tile_any(&wq, n, k, tn);
+            let (tf16, _, npad16) = tile_any(&wh, n, k, tn);
+            let (w, npad) = if f16w { (WeightTile::F16(&tf16), npad16) } else { (WeightTile::I8(&ti8), npad8) };
+            let wv = |j: usize, kk: usize| if f16w { f64::from(wh[j * k + kk].to_f32()) } else { f64::from(wq[j * k + kk]) };
+            let twin = run_float(Isa::Scalar, &af, m, kpad, w, npad, tn);
+            for isa in Isa::available() {
+                let got = run_float(isa, &af, m, kpad, w, npad, tn);
+                prop_assert!(got.iter().zip(&twin).all(|(x, y)| x.to_bits() == y.to_bits()), "{:?} differs from the twin", isa);
+            }
+            for r in 0..m {
+                for j in 0..n {
+                    let (mut exact, mut mag) = (0f64, 0f64);
+                    for kk in 0..k {
+                        let p = f64::from(a[r * k + kk].to_f32()) * wv(j, kk);
+                        exact += p;
+                        mag += p.abs();
+                    }
+                    let got = f64::from(twin[r * npad + j]);
+                    let bound = 1.01 * kpad as f64 * f64::from(f32::EPSILON) / 2.0 * mag;
+                    prop_assert!((got - exact).abs() <= bound, "[{},{}] {} vs {} (bound {})", r, j, got, exact, bound);
+                }
+            }
         }
     }
 }
