@@ -8,7 +8,8 @@ use std::path::PathBuf;
 pub const EXIT_HELP: &str = "\
 Exit codes:
   0  success
-  1  verify found a stale or corrupt entry (each is named on stdout)
+  1  verify found a stale, corrupt or missing entry (each is named on stdout);
+     probe stream found leaked buffers; probe persist read back different bytes
   2  usage error, bad input or I/O error (one line on stderr names the file, tensor and problem)
 
 Environment:
