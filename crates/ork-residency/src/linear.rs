@@ -1,9 +1,15 @@
-//! Matmuls on the device through the weight cache (w8a8: activations quantized per token).
+//! Matmuls on the device through the weight cache: w8a8 (activations quantized to int8 per
+//! token, the default) or w8a16 (activations converted to fp16, the NPU's fp16 × int8 / int4 →
+//! fp32 matmul; no activation quantization, so outlier channels cost nothing).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use ork_device::{Activations, CoreMask, DeviceBuffer, DeviceError, MatmulTask, MemFlags};
+use half::{f16, slice::HalfFloatSliceExt};
+use ork_device::{
+    ActPrecision, Activations, CoreMask, DeviceBuffer, DeviceError, MatmulTask, MemFlags,
+};
 use rayon::prelude::*;
 use zerocopy::FromBytes;
 
@@ -36,15 +42,42 @@ pub fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 {
     scale
 }
 
-/// `y = x · Wᵀ` for named weights on the device: quantizes `x` per token, leases the weight
-/// from the cache (fetching it if needed), tells the prefetcher where compute is, and submits
-/// the task with the activations in a device buffer of the weight's domain.
+/// Largest finite fp16 value; activations beyond it are clamped to it.
+const F16_MAX: f32 = 65504.0;
+
+/// Convert one row of activations to fp16 (round to nearest even), clamping finite values beyond
+/// ±65504 to ±65504; returns how many were clamped, or `None` when the row holds a NaN or an
+/// infinity (`q` is then unspecified).
+pub(crate) fn f16_row(x: &[f32], q: &mut [f16]) -> Option<usize> {
+    let (over, bad) = x.iter().fold((0usize, false), |(o, bad), v| {
+        (o + usize::from(v.abs() > F16_MAX), bad | !v.is_finite())
+    });
+    if bad {
+        return None;
+    }
+    if over == 0 {
+        q.convert_from_f32_slice(x);
+    } else {
+        for (o, &v) in q.iter_mut().zip(x) {
+            *o = f16::from_f32(v.clamp(-F16_MAX, F16_MAX));
+        }
+    }
+    Some(over)
+}
+
+/// `y = x · Wᵀ` for named weights on the device: quantizes `x` per token (int8, the default) or
+/// converts it to fp16 ([`DeviceMatmul::with_activations`]), leases the weight from the cache
+/// (fetching it if needed), tells the prefetcher where compute is, and submits the task with the
+/// activations in a device buffer of the weight's domain.
 pub struct DeviceMatmul {
     cache: Arc<WeightCache>,
     prefetcher: Option<Prefetcher>,
     /// One activation buffer per domain, grown on demand.
     activations: Mutex<Vec<Option<DeviceBuffer>>>,
     trace: Option<Arc<Trace>>,
+    precision: ActPrecision,
+    /// fp16 activations clamped to ±65504 so far.
+    clamped: AtomicU64,
 }
 
 impl std::fmt::Debug for DeviceMatmul {
@@ -52,6 +85,7 @@ impl std::fmt::Debug for DeviceMatmul {
         f.debug_struct("DeviceMatmul")
             .field("cache", &self.cache)
             .field("prefetcher", &self.prefetcher)
+            .field("precision", &self.precision)
             .finish_non_exhaustive()
     }
 }
@@ -68,7 +102,27 @@ impl DeviceMatmul {
             prefetcher,
             activations: Mutex::new((0..domains).map(|_| None).collect()),
             trace: None,
+            precision: ActPrecision::Int8,
+            clamped: AtomicU64::new(0),
         }
+    }
+
+    /// Submit activations in `precision`: [`ActPrecision::Int8`] (w8a8, per-token scales; the
+    /// default) or [`ActPrecision::F16`] (w8a16: `x` rounded to fp16, finite values beyond
+    /// ±65504 clamped and counted in [`DeviceMatmul::clamped_activations`]).
+    pub fn with_activations(mut self, precision: ActPrecision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// The activation precision in use.
+    pub fn activations(&self) -> ActPrecision {
+        self.precision
+    }
+
+    /// fp16 activation values clamped to ±65504 since creation (0 for int8).
+    pub fn clamped_activations(&self) -> u64 {
+        self.clamped.load(Ordering::Relaxed)
     }
 
     /// Record computes on `trace`.
@@ -124,7 +178,7 @@ impl DeviceMatmul {
         let slot = acts
             .get_mut(domain.0 as usize)
             .ok_or_else(|| ResidencyError::Placement(format!("domain {domain} out of range")))?;
-        let need = (m * k) as u64;
+        let need = (m * k * self.precision.bytes()) as u64;
         if slot.as_ref().is_none_or(|b| b.size() < need) {
             // Round up so a growing prompt does not reallocate every call.
             let size = need.next_power_of_two().max(64 * 1024);
@@ -156,18 +210,34 @@ impl DeviceMatmul {
             *slot = Some(buffer);
         }
         let buf = slot.as_mut().expect("allocated above");
-        let mut scales = vec![0f32; m];
-        {
-            // Every byte pattern is a valid i8 and the alignment is 1, so this cannot fail.
-            let q = <[i8]>::mut_from_bytes(&mut buf.as_mut_slice()[..m * k])
-                .map_err(|_| shape("activation buffer is not byte-addressable".to_owned()))?;
-            q.par_chunks_mut(k)
-                .zip(x.par_chunks(k))
-                .zip(scales.par_iter_mut())
-                .for_each(|((q, x), s)| *s = quantize_row(x, q));
-        }
-        if scales.iter().any(|s| s.is_nan()) {
-            return Err(shape("activations hold NaN or infinity".to_owned()));
+        let bytes = &mut buf.as_mut_slice()[..need as usize];
+        let mut scales = Vec::new();
+        match self.precision {
+            ActPrecision::Int8 => {
+                scales = vec![0f32; m];
+                // Every byte pattern is a valid i8 and the alignment is 1, so this cannot fail.
+                let q = <[i8]>::mut_from_bytes(bytes)
+                    .map_err(|_| shape("activation buffer is not byte-addressable".to_owned()))?;
+                q.par_chunks_mut(k)
+                    .zip(x.par_chunks(k))
+                    .zip(scales.par_iter_mut())
+                    .for_each(|((q, x), s)| *s = quantize_row(x, q));
+                if scales.iter().any(|s| s.is_nan()) {
+                    return Err(shape("activations hold NaN or infinity".to_owned()));
+                }
+            }
+            ActPrecision::F16 => {
+                // Device buffers are page-aligned, so the 2-byte view cannot fail.
+                let q = <[f16]>::mut_from_bytes(bytes)
+                    .map_err(|_| shape("activation buffer is not 2-byte aligned".to_owned()))?;
+                let clamped = q
+                    .par_chunks_mut(k)
+                    .zip(x.par_chunks(k))
+                    .map(|(q, x)| f16_row(x, q))
+                    .try_reduce(|| 0, |a, b| Some(a + b))
+                    .ok_or_else(|| shape("activations hold NaN or infinity".to_owned()))?;
+                self.clamped.fetch_add(clamped as u64, Ordering::Relaxed);
+            }
         }
         buf.sync_to_device()
             .map_err(|source| ResidencyError::Device {
@@ -180,7 +250,10 @@ impl DeviceMatmul {
         })?;
         let task = MatmulTask {
             m,
-            activations: Activations::Device(view),
+            activations: match self.precision {
+                ActPrecision::Int8 => Activations::Device(view),
+                ActPrecision::F16 => Activations::DeviceF16(view),
+            },
             act_scales: &scales,
             weight: weight.as_weight(),
             cores: CoreMask::AUTO,

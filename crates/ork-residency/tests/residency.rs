@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use ork_device::window::WindowConfig;
 use ork_device::{
-    Device, DeviceBuffer, DeviceError, DeviceInfo, DeviceStats, DomainId, EmuConfig, EmuDevice,
-    MatmulStats, MatmulTask, MemFlags,
+    ActPrecision, Device, DeviceBuffer, DeviceError, DeviceInfo, DeviceStats, DomainId, EmuConfig,
+    EmuDevice, MatmulStats, MatmulTask, MemFlags,
 };
 use ork_gguf::writer::GgufBuilder;
 use ork_gguf::{GgmlType, GgufFile};
@@ -1336,4 +1336,128 @@ fn non_finite_activations_and_bad_shapes_are_refused() {
         2.0 / 127.0
     );
     assert_eq!(q, [-127, 64, 0, 127]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp16 activations (w8a16 / w4a16)
+// ---------------------------------------------------------------------------------------------
+
+/// Activations with an outlier channel: `rows × k` values in [-1, 1), channel 5 at ±30
+/// (max/rms ≈ 50, beyond what SmolLM2's post-norm activations show).
+fn outlier_input(rows: usize, k: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(seed);
+    (0..rows * k)
+        .map(|i| {
+            if i % k == 5 {
+                if (i / k).is_multiple_of(2) {
+                    30.0
+                } else {
+                    -30.0
+                }
+            } else {
+                rng.f32()
+            }
+        })
+        .collect()
+}
+
+/// `y = x · Wᵀ` in f64 from the weight the device holds, dequantized by `ork_pack::untile`.
+fn f64_reference(cache: &WeightCache, name: &str, x: &[f32], rows: usize) -> Vec<f64> {
+    let lease = cache.get(name).expect("lease");
+    let packed = ork_pack::PackedWeight {
+        layout: lease.layout,
+        data: lease.buffer.as_slice().to_vec(),
+        scales: lease.scales.clone(),
+    };
+    let w = ork_pack::untile(&packed).expect("untile");
+    let (k, n) = (lease.layout.k, lease.layout.n);
+    (0..rows * n)
+        .map(|o| {
+            let (i, j) = (o / n, o % n);
+            (0..k)
+                .map(|kk| f64::from(x[i * k + kk]) * f64::from(w[j * k + kk]))
+                .sum()
+        })
+        .collect()
+}
+
+/// Root-mean-square of `got - want`, relative to the root-mean-square of `want`.
+fn rel_rms(got: &[f32], want: &[f64]) -> f64 {
+    let e: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (f64::from(g) - w).powi(2))
+        .sum();
+    let r: f64 = want.iter().map(|w| w * w).sum();
+    (e / r).sqrt()
+}
+
+#[test]
+fn f16_activations_match_the_f32_reference_and_beat_int8_on_outliers() {
+    for dtype in [PackDtype::I8, PackDtype::I4] {
+        let source = || WeightSource::Gguf {
+            model: model(),
+            dtype,
+        };
+        let int8 = DeviceMatmul::new(
+            Arc::new(WeightCache::new(emu(1, GIB4), source(), CacheConfig::new(total())).unwrap()),
+            None,
+        );
+        let fp16 = DeviceMatmul::new(
+            Arc::new(WeightCache::new(emu(1, GIB4), source(), CacheConfig::new(total())).unwrap()),
+            None,
+        )
+        .with_activations(ActPrecision::F16);
+        assert_eq!(int8.activations(), ActPrecision::Int8);
+        assert_eq!(fp16.activations(), ActPrecision::F16);
+        // Both partitions of the emulator: decode-sized and prefill-sized M.
+        for (rows, name) in [(3, "blk.0.attn_q.weight"), (40, "blk.1.ffn_down.weight")] {
+            let l = fp16.cache().layout(name).unwrap();
+            let x = outlier_input(rows, l.k, 77);
+            let want = f64_reference(fp16.cache(), name, &x, rows);
+            let mut y16 = vec![0f32; rows * l.n];
+            let mut y8 = vec![0f32; rows * l.n];
+            fp16.matmul(name, &x, rows, &mut y16).unwrap();
+            int8.matmul(name, &x, rows, &mut y8).unwrap();
+            let (e16, e8) = (rel_rms(&y16, &want), rel_rms(&y8, &want));
+            // fp16 rounding of x (relative 2⁻¹¹) is the only error besides f32 summation.
+            assert!(e16 < 5e-4, "{dtype:?} {name}: fp16 relative error {e16}");
+            assert!(
+                e16 * 20.0 < e8,
+                "{dtype:?} {name}: fp16 error {e16} not well below int8 error {e8}"
+            );
+        }
+        assert_eq!(fp16.clamped_activations(), 0);
+    }
+}
+
+#[test]
+fn f16_activations_clamp_overflow_and_refuse_nan() {
+    let dm = DeviceMatmul::new(
+        Arc::new(WeightCache::new(emu(1, GIB4), gguf_source(), CacheConfig::new(total())).unwrap()),
+        None,
+    )
+    .with_activations(ActPrecision::F16);
+    let name = "blk.0.attn_v.weight";
+    let l = dm.cache().layout(name).unwrap();
+    let mut x = outlier_input(2, l.k, 3);
+    let mut clamped_x = x.clone();
+    x[7] = 1e6;
+    x[l.k + 9] = -7e4;
+    clamped_x[7] = 65504.0;
+    clamped_x[l.k + 9] = -65504.0;
+    let mut y = vec![0f32; 2 * l.n];
+    let mut want = vec![0f32; 2 * l.n];
+    dm.matmul(name, &x, 2, &mut y).unwrap();
+    assert_eq!(dm.clamped_activations(), 2);
+    dm.matmul(name, &clamped_x, 2, &mut want).unwrap();
+    assert_eq!(y, want);
+    assert_eq!(dm.clamped_activations(), 2);
+    for bad in [f32::NAN, f32::INFINITY] {
+        x[3] = bad;
+        assert!(matches!(
+            dm.matmul(name, &x, 2, &mut y),
+            Err(ResidencyError::Shape { .. })
+        ));
+    }
 }
