@@ -8,8 +8,9 @@
 //! here [`DeviceError::WindowFull`]. Up to 16 domains exist; one is attached to the NPU at a
 //! time, and a task in another domain waits for the current one to drain and pays a switch.
 //!
-//! Matmul (REFERENCE §4): int8 activations `M × K` with per-row scales times a weight in the
-//! native tiled layout of [`ork_pack::TiledLayout`] (int8, int4 or fp16), f32 output `M × N`.
+//! Matmul (REFERENCE §4): activations `M × K` — int8 with per-row scales, or fp16
+//! ([`ActPrecision`]) — times a weight in the native tiled layout of [`ork_pack::TiledLayout`]
+//! (int8, int4 or fp16), f32 output `M × N`.
 //!
 //! ```
 //! use ork_device::{upload, Activations, CoreMask, Device, DomainId, EmuDevice, MatmulTask};

@@ -64,19 +64,25 @@ unsafe fn tile_dot_x86<const F16: bool>(
     let mut r = 0;
     // SAFETY (all calls below): rows r..r+R lie inside `a`, channel pairs j, j+1 < tn inside the
     // tile, and `out[r·tn..(r+R)·tn]` inside `out` — the caller's contract.
+    // Blocks of R rows × C channels keep 8 accumulators in flight (FMA latency × ports) where
+    // the rows allow it; C must divide every tile width (16, 32, 64).
     while r + 4 <= rows {
         for j in (0..tn).step_by(2) {
-            unsafe { block::<F16, 4>(a, r, kpad, w, tn, j, out) };
+            unsafe { block::<F16, 4, 2>(a, r, kpad, w, tn, j, out) };
         }
         r += 4;
     }
-    for j in (0..tn).step_by(2) {
-        match rows - r {
-            3 => unsafe { block::<F16, 3>(a, r, kpad, w, tn, j, out) },
-            2 => unsafe { block::<F16, 2>(a, r, kpad, w, tn, j, out) },
-            1 => unsafe { block::<F16, 1>(a, r, kpad, w, tn, j, out) },
-            _ => {}
-        }
+    match rows - r {
+        3 => (0..tn)
+            .step_by(2)
+            .for_each(|j| unsafe { block::<F16, 3, 2>(a, r, kpad, w, tn, j, out) }),
+        2 => (0..tn)
+            .step_by(4)
+            .for_each(|j| unsafe { block::<F16, 2, 4>(a, r, kpad, w, tn, j, out) }),
+        1 => (0..tn)
+            .step_by(8)
+            .for_each(|j| unsafe { block::<F16, 1, 8>(a, r, kpad, w, tn, j, out) }),
+        _ => {}
     }
 }
 
@@ -98,13 +104,13 @@ unsafe fn load8<const F16: bool>(w: *const u8, elem: usize) -> __m256 {
     }
 }
 
-/// `out[(r0+i)·tn + j + c] = Σ_k a[r0+i, k] · w[j+c, k]` for `i < R`, `c < 2`.
+/// `out[(r0+i)·tn + j + c] = Σ_k a[r0+i, k] · w[j+c, k]` for `i < R`, `c < C`.
 ///
 /// # Safety
-/// See [`tile_dot_x86`]; additionally `r0 + R ≤ rows` and `j + 1 < tn`.
+/// See [`tile_dot_x86`]; additionally `r0 + R ≤ rows` and `j + C ≤ tn`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block<const F16: bool, const R: usize>(
+unsafe fn block<const F16: bool, const R: usize, const C: usize>(
     a: &[f32],
     r0: usize,
     kpad: usize,
@@ -114,26 +120,30 @@ unsafe fn block<const F16: bool, const R: usize>(
     out: &mut [f32],
 ) {
     let ap = a.as_ptr();
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let mut acc = [[_mm256_setzero_ps(); C]; R];
     for kt in 0..kpad / 32 {
         for g in 0..4 {
             let e = kt * tn * 32 + j * 32 + g * 8;
-            // SAFETY: kt < kpad/32, j + 1 < tn and g < 4 keep both 8-element runs inside the
+            // SAFETY: kt < kpad/32, j + C ≤ tn and g < 4 keep every 8-element run inside the
             // `tn × kpad` tile; rows r0..r0+R and k = kt·32 + g·8 .. +8 lie inside `a`.
             unsafe {
-                let w0 = load8::<F16>(w, e);
-                let w1 = load8::<F16>(w, e + 32);
+                let mut wv = [_mm256_setzero_ps(); C];
+                for (c, wv) in wv.iter_mut().enumerate() {
+                    *wv = load8::<F16>(w, e + 32 * c);
+                }
                 for (i, acc) in acc.iter_mut().enumerate() {
                     let av = _mm256_loadu_ps(ap.add((r0 + i) * kpad + kt * 32 + g * 8));
-                    acc[0] = _mm256_fmadd_ps(av, w0, acc[0]);
-                    acc[1] = _mm256_fmadd_ps(av, w1, acc[1]);
+                    for (acc, &wv) in acc.iter_mut().zip(&wv) {
+                        *acc = _mm256_fmadd_ps(av, wv, *acc);
+                    }
                 }
             }
         }
     }
     for (i, acc) in acc.iter().enumerate() {
-        out[(r0 + i) * tn + j] = lane_sum(acc[0]);
-        out[(r0 + i) * tn + j + 1] = lane_sum(acc[1]);
+        for (c, &v) in acc.iter().enumerate() {
+            out[(r0 + i) * tn + j + c] = lane_sum(v);
+        }
     }
 }
 
