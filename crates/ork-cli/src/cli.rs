@@ -163,6 +163,28 @@ pub struct ModelOpts {
     /// Worker threads for compute (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Activation precision on the NPU: int8 per token (w8a8) or fp16 (w8a16; no activation
+    /// quantization error, slower).
+    #[arg(long = "act", value_enum, default_value = "i8")]
+    pub activations: ActArg,
+}
+
+/// Activation precision of the device matmuls.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum ActArg {
+    /// int8, one scale per token (w8a8).
+    I8,
+    /// fp16 (w8a16).
+    F16,
+}
+
+impl From<ActArg> for ork_device::ActPrecision {
+    fn from(a: ActArg) -> Self {
+        match a {
+            ActArg::I8 => ork_device::ActPrecision::Int8,
+            ActArg::F16 => ork_device::ActPrecision::F16,
+        }
+    }
 }
 
 /// `ork run`.

@@ -112,6 +112,7 @@ struct Stack {
     convert: Option<ConvertReport>,
     pack_path: Option<PathBuf>,
     cores: u32,
+    activations: ork_device::ActPrecision,
 }
 
 fn pack_path(opts: &ModelOpts) -> Option<PathBuf> {
@@ -155,6 +156,12 @@ fn open_gguf(path: &Path) -> Result<Arc<GgufFile>> {
 /// Build the stack: device, .orkpack (self-populating), plan, cache with pins.
 fn build_stack(gguf: &Arc<GgufFile>, opts: &ModelOpts, quiet: bool) -> Result<Stack> {
     let gguf = Arc::clone(gguf);
+    if let Some(n) = opts.threads {
+        // The first call wins; later stacks in the same process share the pool.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global();
+    }
     let device = open_device(opts.device, opts.domains)?;
     let info = device.info();
     let budget = budget_bytes(opts.budget_mb)?;
@@ -215,6 +222,7 @@ fn build_stack(gguf: &Arc<GgufFile>, opts: &ModelOpts, quiet: bool) -> Result<St
         convert,
         pack_path,
         cores: info.cores,
+        activations: opts.activations.into(),
     })
 }
 
@@ -232,7 +240,8 @@ impl Stack {
             )
         });
         self.cache.set_trace(trace.cloned());
-        let mut dm = DeviceMatmul::new(Arc::clone(&self.cache), schedule);
+        let mut dm =
+            DeviceMatmul::new(Arc::clone(&self.cache), schedule).with_activations(self.activations);
         if let Some(t) = trace {
             dm = dm.with_trace(Arc::clone(t));
         }
@@ -255,6 +264,7 @@ struct RunStats {
     peak_resident_bytes: u64,
     budget_bytes: u64,
     mode: Mode,
+    activations: &'static str,
     prefill_tokens: usize,
     prefill_tok_s: f64,
     decode_tokens: usize,
@@ -293,6 +303,7 @@ impl RunStats {
             peak_resident_bytes: cache.peak_resident,
             budget_bytes: stack.cache.budget(),
             mode: stack.plan.mode,
+            activations: stack.activations.name(),
             prefill_tokens: prefill.0,
             prefill_tok_s: rate(prefill.0, prefill.1),
             decode_tokens: decode.0,

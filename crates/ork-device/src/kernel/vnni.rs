@@ -40,10 +40,17 @@ unsafe fn tile_dot_vnni(a: &[u8], kpad: usize, w: &[i8], tn: usize, out: &mut [i
     let kt_n = kpad / 32;
     let ap = a.as_ptr();
     let wp = w.as_ptr();
-    // Σ_k w[j, k] · 128 per channel, from one vpdpbusd pass with a vector of 128s.
+    // Σ_k w[j, k] · 128 per channel, from one vpdpbusd pass with a vector of 128s. Only the
+    // 4-row blocks use it; single rows (decode) fuse the correction into their own loop, which
+    // halves their weight reads.
     let mut corr = [0i32; 64];
     let c128 = _mm256_set1_epi8(-128); // 0x80 = 128 as u8
-    for (j, c) in corr.iter_mut().enumerate().take(tn) {
+    let blocks = rows / 4;
+    for (j, c) in corr
+        .iter_mut()
+        .enumerate()
+        .take(if blocks > 0 { tn } else { 0 })
+    {
         let mut s = _mm256_setzero_si256();
         for kt in 0..kt_n {
             // SAFETY: kt < kpad/32, j < tn: the run lies inside `w`.
@@ -81,22 +88,27 @@ unsafe fn tile_dot_vnni(a: &[u8], kpad: usize, w: &[i8], tn: usize, out: &mut [i
         r += 4;
     }
     while r < rows {
-        for j in (0..tn).step_by(2) {
-            let mut acc0 = _mm256_setzero_si256();
-            let mut acc1 = _mm256_setzero_si256();
+        // Four channels at a time: four independent dpbusd chains per k-run hide the latency.
+        for j in (0..tn).step_by(4) {
+            let mut acc = [_mm256_setzero_si256(); 4];
+            let mut cor = [_mm256_setzero_si256(); 4];
             for kt in 0..kt_n {
-                // SAFETY: as above, for the single row r.
+                // SAFETY: the activation run (row r, k-run kt) and the four weight runs
+                // (j..j+4 ≤ tn, tn a multiple of 4) lie inside their slices.
                 unsafe {
-                    let w0 = _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32) as *const __m256i);
-                    let w1 =
-                        _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32 + 32) as *const __m256i);
                     let av = _mm256_loadu_si256(ap.add(r * kpad + kt * 32) as *const __m256i);
-                    acc0 = _mm256_dpbusd_avx_epi32(acc0, av, w0);
-                    acc1 = _mm256_dpbusd_avx_epi32(acc1, av, w1);
+                    for c in 0..4 {
+                        let wv = _mm256_loadu_si256(
+                            wp.add(kt * tn * 32 + (j + c) * 32) as *const __m256i
+                        );
+                        acc[c] = _mm256_dpbusd_avx_epi32(acc[c], av, wv);
+                        cor[c] = _mm256_dpbusd_avx_epi32(cor[c], c128, wv);
+                    }
                 }
             }
-            out[r * tn + j] = hsum(acc0).wrapping_sub(corr[j]);
-            out[r * tn + j + 1] = hsum(acc1).wrapping_sub(corr[j + 1]);
+            for c in 0..4 {
+                out[r * tn + j + c] = hsum(acc[c]).wrapping_sub(hsum(cor[c]));
+            }
         }
         r += 1;
     }
