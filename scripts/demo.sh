@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL="$(./scripts/fetch-model.sh)"
 cargo build --release --locked -p ork-cli
-ORK=target/release/ork
+ORK="${CARGO_TARGET_DIR:-target}/release/ork"
 PACK="${ORK_DEMO_PACK:-.cache/demo.orkpack}"
 BUDGET_MB="${ORK_DEMO_BUDGET_MB:-40}"
 PROMPT="${ORK_DEMO_PROMPT:-The capital of France is}"
