@@ -95,7 +95,12 @@ impl WeightSource {
                     .and_then(|()| pack.scales(e));
                 match (loaded, model) {
                     (Ok(scales), _) => Ok((scales, Fetch::Loaded)),
-                    (Err(StoreError::CorruptBlob { .. }), Some(model)) => {
+                    // A blob that fails its checksum, or that can no longer be read (the file
+                    // was cut short or replaced in place while open): pack it from the source.
+                    (
+                        Err(StoreError::CorruptBlob { .. } | StoreError::BlobUnreadable { .. }),
+                        Some(model),
+                    ) => {
                         let dtype = e.layout().dtype;
                         Ok((pack_from(model, name, dtype, dst)?, Fetch::Packed))
                     }

@@ -865,6 +865,54 @@ fn a_flipped_blob_byte_is_repacked_from_the_model_or_named_without_it() {
 }
 
 #[test]
+fn a_pack_truncated_mid_run_is_repacked_from_the_model_or_named_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.orkpack");
+    std::fs::copy(clean_pack_path(), &path).unwrap();
+    let schedule = names();
+    let last = schedule.last().unwrap().clone();
+    let (offset, _) = Orkpack::open(&path)
+        .unwrap()
+        .entry(&last)
+        .unwrap()
+        .blob_range();
+    let with_model = Arc::new(
+        WeightCache::new(
+            emu(1, GIB4),
+            pack_source(&path, true),
+            CacheConfig::new(total()),
+        )
+        .unwrap(),
+    );
+    let without = WeightCache::new(
+        emu(1, GIB4),
+        pack_source(&path, false),
+        CacheConfig::new(total()),
+    )
+    .unwrap();
+    // Both caches opened (and validated) the whole file; now another process cuts it short
+    // in place, inside the last weight's blob.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(offset + 100)
+        .unwrap();
+    // With the model: the unreadable weight is packed from the source, outputs unchanged.
+    let dm = DeviceMatmul::new(Arc::clone(&with_model), Some((schedule.clone(), 4)));
+    assert_eq!(run_passes(&dm, &schedule, 2).unwrap(), reference_outputs(2));
+    assert!(with_model.stats().packs >= 1, "{:?}", with_model.stats());
+    // Without it: a typed error naming the tensor, never SIGBUS, nothing left reserved.
+    match without.get(&last) {
+        Err(ResidencyError::Store(StoreError::BlobUnreadable { tensor, .. })) => {
+            assert_eq!(tensor, last)
+        }
+        other => panic!("expected BlobUnreadable, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(without.resident(), vec![0]);
+}
+
+#[test]
 fn a_corrupt_blob_met_by_the_prefetcher_fails_the_run_cleanly_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let bad = "blk.0.ffn_up.weight";

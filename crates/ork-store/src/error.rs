@@ -73,6 +73,19 @@ pub enum StoreError {
         /// What failed (e.g. "blob checksum").
         what: String,
     },
+    /// A tensor's bytes could not be read from the file (truncated or replaced in place while
+    /// open, an I/O error of the device).
+    #[error("{path}: tensor '{tensor}': cannot read its {what}: {source}")]
+    BlobUnreadable {
+        /// File.
+        path: PathBuf,
+        /// Tensor name.
+        tensor: String,
+        /// "blob" or "scales".
+        what: &'static str,
+        /// The OS error (`UnexpectedEof` for a file cut short).
+        source: std::io::Error,
+    },
     /// The entry was packed from a different source tensor or with different settings.
     #[error("{path}: tensor '{tensor}': stale entry: {reason}")]
     Stale {

@@ -93,6 +93,10 @@ impl Entry {
 pub struct Orkpack {
     path: PathBuf,
     map: ReadMap,
+    /// The open file: before a blob is copied out of the map, its current length is checked so
+    /// that a file cut short in place while open gives an error naming the tensor instead of
+    /// SIGBUS. `None` for in-memory images.
+    file: Option<File>,
     identity: Option<ModelIdentity>,
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
@@ -129,7 +133,9 @@ impl Orkpack {
             .map_err(|e| StoreError::io(path, "stat", e))?
             .len();
         let map = ReadMap::new(&file, len).map_err(|e| StoreError::io(path, "mmap", e))?;
-        Orkpack::from_map(path.to_path_buf(), map)
+        let mut pack = Orkpack::from_map(path.to_path_buf(), map)?;
+        pack.file = Some(file);
+        Ok(pack)
     }
 
     /// Validate an `.orkpack` image held in memory (fixtures, fuzzing), with the same checks as
@@ -151,6 +157,7 @@ impl Orkpack {
         Ok(Orkpack {
             path,
             map,
+            file: None,
             identity: parsed.identity,
             entries,
             by_name,
@@ -216,24 +223,69 @@ impl Orkpack {
     /// [`StoreError::CorruptBlob`] naming file and tensor (`dst` then holds unverified bytes).
     pub fn load_into(&self, e: &Entry, dst: &mut [u8], verify: bool) -> Result<(), StoreError> {
         let e = self.own(e);
-        let src = self.blob(e);
-        if dst.len() != src.len() {
+        if dst.len() as u64 != e.blob_size {
             return Err(StoreError::BufferSize {
                 path: self.path.clone(),
                 tensor: e.name.clone(),
-                expected: src.len() as u64,
+                expected: e.blob_size,
                 actual: dst.len() as u64,
             });
         }
-        if !verify {
-            dst.copy_from_slice(src);
-            return Ok(());
-        }
-        let got = copy_and_hash(src, dst);
-        if got != e.blob_checksum {
+        let got = self.read_range(e, "blob", e.blob_offset, dst, verify)?;
+        if verify && got != e.blob_checksum {
             return Err(self.corrupt(e, "blob checksum"));
         }
         Ok(())
+    }
+
+    /// Copy `dst.len()` bytes at `offset` of entry `e` out of the map, hashing them chunk by
+    /// chunk as they land when `hash` is set (returns 0 otherwise). A file that no longer covers
+    /// the range is refused with [`StoreError::BlobUnreadable`].
+    fn read_range(
+        &self,
+        e: &Entry,
+        what: &'static str,
+        offset: u64,
+        dst: &mut [u8],
+        hash: bool,
+    ) -> Result<u64, StoreError> {
+        let end = offset + dst.len() as u64;
+        if let Some(file) = &self.file {
+            // The map is only safe to read while the file still covers it: a file cut short in
+            // place (by another program) would turn the copy into SIGBUS. Check the open file's
+            // current length first (one fstat per load); what remains is the window between this
+            // check and the copy.
+            let len = file
+                .metadata()
+                .map(|m| m.len())
+                .map_err(|source| self.unreadable(e, what, source))?;
+            if len < end {
+                return Err(self.unreadable(
+                    e,
+                    what,
+                    std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("the file was cut to {len} bytes while open; the {what} ends at byte {end}"),
+                    ),
+                ));
+            }
+        }
+        let src = &self.map.bytes()[offset as usize..end as usize];
+        Ok(if hash {
+            copy_and_hash(src, dst)
+        } else {
+            dst.copy_from_slice(src);
+            0
+        })
+    }
+
+    fn unreadable(&self, e: &Entry, what: &'static str, source: std::io::Error) -> StoreError {
+        StoreError::BlobUnreadable {
+            path: self.path.clone(),
+            tensor: e.name.clone(),
+            what,
+            source,
+        }
     }
 
     /// Check an entry's blob and scales against their checksums without copying.
@@ -251,8 +303,8 @@ impl Orkpack {
     /// The entry's per-output-channel scales, verified against their checksum.
     pub fn scales(&self, e: &Entry) -> Result<Vec<f32>, StoreError> {
         let e = self.own(e);
-        let bytes = self.scale_bytes(e);
-        if xxh3(bytes) != e.scale_checksum {
+        let mut bytes = vec![0u8; e.scale_size as usize];
+        if self.read_range(e, "scales", e.scale_offset, &mut bytes, true)? != e.scale_checksum {
             return Err(self.corrupt(e, "scale checksum"));
         }
         Ok(bytes
