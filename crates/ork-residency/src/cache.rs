@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use ork_device::{Device, DeviceError, DeviceWeight, DomainId, MemFlags};
+use ork_device::{Device, DeviceBuffer, DeviceError, DeviceWeight, DomainId, MemFlags};
 use ork_pack::TiledLayout;
 
 use crate::source::{Fetch, WeightSource};
@@ -42,6 +42,8 @@ pub struct CacheStats {
     pub bytes_moved: u64,
     /// Highest resident weight bytes seen (all domains).
     pub peak_resident: u64,
+    /// Loads that reused the device buffer of an evicted weight instead of allocating one.
+    pub buffers_reused: u64,
     /// Weights the prefetch thread brought in.
     pub prefetched: u64,
     /// Times the compute path had to wait for a weight that was being fetched.
@@ -90,6 +92,10 @@ struct State {
     resident: Vec<u64>,
     pinned: Vec<u64>,
     pinned_names: HashSet<String>,
+    /// Buffers of evicted weights kept for the next weight of the same size (their bytes stay
+    /// counted in `resident`): streaming then reuses device buffers instead of freeing and
+    /// allocating one per load, as the board's slots would.
+    spare: Vec<(u64, DeviceBuffer)>,
     stats: CacheStats,
 }
 
@@ -126,10 +132,41 @@ impl State {
             return false;
         };
         let slot = self.slots.remove(&name).expect("victim exists");
-        self.resident[domain.0 as usize] -= slot.bytes;
         self.stats.evictions += 1;
-        // Dropping the last Arc frees the buffer and returns the IOVA.
-        drop(slot);
+        // Evictable means no lease: this is the last reference, so the buffer is free to reuse.
+        match slot.state {
+            SlotState::Ready(w) => match Arc::try_unwrap(w) {
+                Ok(w) => self.spare.push((slot.bytes, w.buffer)),
+                // Still shared (cannot happen for an evictable slot): it frees itself later.
+                Err(_) => self.resident[domain.0 as usize] -= slot.bytes,
+            },
+            SlotState::Loading => self.resident[domain.0 as usize] -= slot.bytes,
+        }
+        true
+    }
+
+    /// Take a spare buffer of exactly `size` bytes in `domain` (its bytes leave `resident`:
+    /// the caller reserves them again for the weight it fills).
+    fn take_spare(&mut self, domain: DomainId, size: u64) -> Option<DeviceBuffer> {
+        let i = self
+            .spare
+            .iter()
+            .position(|(_, b)| b.domain() == domain && b.size() == size)?;
+        let (bytes, b) = self.spare.swap_remove(i);
+        self.resident[domain.0 as usize] -= bytes;
+        self.stats.buffers_reused += 1;
+        Some(b)
+    }
+
+    /// Free the oldest spare buffer of `domain` (its IOVA returns to the window). Returns
+    /// whether there was one.
+    fn drop_spare(&mut self, domain: DomainId) -> bool {
+        let Some(i) = self.spare.iter().position(|(_, b)| b.domain() == domain) else {
+            return false;
+        };
+        let (bytes, b) = self.spare.remove(i);
+        self.resident[domain.0 as usize] -= bytes;
+        drop(b);
         true
     }
 }
@@ -467,9 +504,19 @@ impl WeightCache {
                 min_mib: (bytes + pinned_other).div_ceil(1 << 20),
             });
         }
-        // Make room within the budget.
+        // Make room within the budget: reuse a spare buffer of this size if there is one, free
+        // spares of other sizes, then evict least-recently-used weights (whose buffers become
+        // spares, taken when they fit).
+        let size = layout.blob_bytes() as u64;
+        let mut reuse = st.take_spare(domain, size);
         while st.resident[d] + bytes > self.config.budget_bytes {
+            if st.drop_spare(domain) {
+                continue;
+            }
             if st.evict_lru(domain, by) {
+                if reuse.is_none() {
+                    reuse = st.take_spare(domain, size);
+                }
                 continue;
             }
             // A thread here holds no loading slot, so waiting for one cannot close a cycle.
@@ -523,7 +570,7 @@ impl WeightCache {
             done: false,
         };
         let started = Instant::now();
-        let result = self.fill(name, layout, domain, by);
+        let result = self.fill(name, layout, domain, by, reuse);
         let elapsed = started.elapsed();
         let mut st = self.lock();
         guard.done = true;
@@ -590,7 +637,11 @@ impl WeightCache {
     pub(crate) fn relieve_wall(&self, domain: DomainId, by: Requester) -> bool {
         let mut st = self.lock();
         st.stats.wall_hits += 1;
+        if st.drop_spare(domain) {
+            return true;
+        }
         if st.evict_lru(domain, by) {
+            st.drop_spare(domain);
             return true;
         }
         if by == Requester::Compute && st.prefetch_loading(domain) {
@@ -607,24 +658,29 @@ impl WeightCache {
         layout: TiledLayout,
         domain: DomainId,
         by: Requester,
+        reuse: Option<DeviceBuffer>,
     ) -> Result<(DeviceWeight, Fetch), ResidencyError> {
         let size = layout.blob_bytes() as u64;
-        let mut buffer = loop {
-            match self.device.create_buffer(size, self.config.flags, domain) {
-                Ok(b) => break b,
-                Err(e @ DeviceError::WindowFull { .. }) => {
-                    if !self.relieve_wall(domain, by) {
-                        return Err(ResidencyError::WindowExhausted {
+        let mut buffer = if let Some(b) = reuse {
+            b
+        } else {
+            loop {
+                match self.device.create_buffer(size, self.config.flags, domain) {
+                    Ok(b) => break b,
+                    Err(e @ DeviceError::WindowFull { .. }) => {
+                        if !self.relieve_wall(domain, by) {
+                            return Err(ResidencyError::WindowExhausted {
+                                name: name.to_owned(),
+                                source: e,
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        return Err(ResidencyError::Device {
                             name: name.to_owned(),
                             source: e,
-                        });
+                        })
                     }
-                }
-                Err(e) => {
-                    return Err(ResidencyError::Device {
-                        name: name.to_owned(),
-                        source: e,
-                    })
                 }
             }
         };
