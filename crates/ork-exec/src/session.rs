@@ -117,7 +117,15 @@ impl<'a> Session<'a> {
             });
         }
         let start = self.len;
-        let result = self.forward_inner(tokens, logits);
+        // The forward pass runs on a worker of the current rayon pool, so its parallel
+        // operators and the device's matmul tasks fork onto that pool directly; called from a
+        // thread outside it, each of them would inject a job and block on a latch instead
+        // (hundreds of cross-thread wake-ups per decoded token).
+        let result = if rayon::current_thread_index().is_some() {
+            self.forward_inner(tokens, logits)
+        } else {
+            rayon::scope(|_| self.forward_inner(tokens, logits))
+        };
         match result {
             Ok(out) => {
                 self.len = start + tokens.len();
