@@ -55,7 +55,20 @@ fn drive<Acc, T, S>(
     if m == 0 {
         return;
     }
-    if m <= SMALL_M {
+    debug_assert_eq!(tiles, n.div_ceil(tn));
+    if m == 1 {
+        // Decode: output column j of tile t is out[t·tn + j], so every job converts its tile
+        // straight into its own slice of the output (no shared buffer, no scatter pass).
+        out.par_chunks_mut(tn).enumerate().for_each_init(
+            || (S::default(), vec![Acc::default(); tn]),
+            |(s, acc), (t, o)| {
+                tile_fn(s, t, 0, 1, acc);
+                for (j, (o, &a)) in o.iter_mut().zip(acc.iter()).enumerate() {
+                    *o = conv(a, 0, t * tn + j);
+                }
+            },
+        );
+    } else if m <= SMALL_M {
         let mut acc = vec![Acc::default(); tiles * m * tn];
         acc.par_chunks_mut(m * tn)
             .enumerate()
