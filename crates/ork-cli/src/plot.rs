@@ -23,7 +23,10 @@ pub fn stream_svg(path: &Path, results: &[serde_json::Value], events: &[TraceEve
     let t0 = if start.is_finite() { start } else { 0.0 };
     let span_ms = ((end - t0) / 1000.0).max(1e-3);
     let mut chart = ChartBuilder::on(&top)
-        .caption("streamed prefill timeline (ms)", ("sans-serif", 20))
+        .caption(
+            "streamed prefill timeline (ms since the first compute)",
+            ("sans-serif", 20),
+        )
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(90)
@@ -31,15 +34,22 @@ pub fn stream_svg(path: &Path, results: &[serde_json::Value], events: &[TraceEve
         .map_err(|e| anyhow!("{e}"))?;
     chart
         .configure_mesh()
-        .disable_y_mesh()
-        .y_labels(3)
-        .y_label_formatter(&|y| match *y as i32 {
-            0 => "compute".into(),
-            1 => "prefetch".into(),
-            2 => "wait".into(),
-            _ => String::new(),
-        })
+        .disable_mesh()
+        .y_labels(0)
         .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    // Lane names at the left edge, inside each lane.
+    chart
+        .draw_series(
+            [
+                "compute (blue)",
+                "prefetch loads (green)",
+                "compute waits (red)",
+            ]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| Text::new(*name, (0.0, i as f64 + 0.95), ("sans-serif", 14))),
+        )
         .map_err(|e| anyhow!("{e}"))?;
     let lane_y = |tid: u32| match tid {
         1 => 0.0,
@@ -70,7 +80,7 @@ pub fn stream_svg(path: &Path, results: &[serde_json::Value], events: &[TraceEve
         .iter()
         .map(|r| r["tok_s"].as_f64().unwrap_or(0.0))
         .collect();
-    let vmax = values.iter().copied().fold(1.0, f64::max) * 1.15;
+    let vmax = values.iter().copied().fold(1.0, f64::max) * 1.25;
     let n = values.len().max(1);
     let mut bars = ChartBuilder::on(&bottom)
         .caption("prefill tok/s", ("sans-serif", 20))
@@ -80,12 +90,8 @@ pub fn stream_svg(path: &Path, results: &[serde_json::Value], events: &[TraceEve
         .build_cartesian_2d(0f64..n as f64, 0f64..vmax)
         .map_err(|e| anyhow!("{e}"))?;
     bars.configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            labels.get(i).cloned().unwrap_or_default()
-        })
+        .disable_mesh()
+        .x_labels(0)
         .draw()
         .map_err(|e| anyhow!("{e}"))?;
     bars.draw_series(values.iter().enumerate().map(|(i, v)| {
@@ -95,12 +101,13 @@ pub fn stream_svg(path: &Path, results: &[serde_json::Value], events: &[TraceEve
         )
     }))
     .map_err(|e| anyhow!("{e}"))?;
-    bars.draw_series(
-        values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| Text::new(format!("{v:.1}"), (i as f64 + 0.4, *v), ("sans-serif", 16))),
-    )
+    bars.draw_series(values.iter().enumerate().map(|(i, v)| {
+        Text::new(
+            format!("{}: {v:.1}", labels[i]),
+            (i as f64 + 0.2, v + vmax * 0.06),
+            ("sans-serif", 15),
+        )
+    }))
     .map_err(|e| anyhow!("{e}"))?;
     root.present().map_err(|e| anyhow!("{e}"))?;
     Ok(())
