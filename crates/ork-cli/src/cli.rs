@@ -274,6 +274,9 @@ pub enum BenchCommand {
         /// Prefill tokens.
         #[arg(long, default_value_t = 512)]
         tokens: usize,
+        /// Interleaved timed rounds per configuration (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         /// Draw the timeline and bars as an SVG.
         #[arg(long)]
         plot: Option<PathBuf>,

@@ -608,6 +608,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
 pub fn bench_stream(
     opts: &ModelOpts,
     tokens: usize,
+    rounds: usize,
     plot: Option<&Path>,
     json: bool,
 ) -> Result<ExitCode> {
@@ -628,34 +629,75 @@ pub fn bench_stream(
     base.budget_mb = Some(resident_budget >> 20);
     drop(build_stack(&gguf, &base, json)?);
 
-    let mut results = Vec::new();
     let configs = [
         ("resident", resident_budget, true),
         ("streamed", streamed_budget, true),
         ("streamed, no prefetch", streamed_budget, false),
     ];
-    let mut trace_of_streamed = None;
+    // One stack per configuration, then interleaved rounds (a noisy machine hits them alike);
+    // each configuration's figure is the median of its rounds, after one warm-up pass each.
+    let mut runs = Vec::new();
     for (label, budget, prefetch) in configs {
         let mut o = opts.clone();
         o.budget_mb = Some(budget.div_ceil(1 << 20));
         let stack = build_stack(&gguf, &o, true)?;
         let trace = Arc::new(Trace::new());
+        let trace_t0 = Instant::now();
         let linear = stack.linear(prefetch, Some(&trace));
-        // Warm-up pass (page cache, first-touch of buffers), then the timed one.
-        let mut best = f64::INFINITY;
-        for _ in 0..2 {
-            let mut session = Session::with_context(&model, &linear, tokens + 1)?;
+        let mut session = Session::with_context(&model, &linear, tokens + 1)?;
+        session.prefill(&prompt)?;
+        runs.push(StreamRun {
+            label,
+            budget,
+            prefetch,
+            stack,
+            trace,
+            trace_t0,
+            linear,
+            seconds: Vec::new(),
+            last_start_us: 0.0,
+        });
+    }
+    for _ in 0..rounds.max(1) {
+        for run in runs.iter_mut() {
+            let mut session = Session::with_context(&model, &run.linear, tokens + 1)?;
             let t0 = Instant::now();
             session.prefill(&prompt)?;
-            best = best.min(t0.elapsed().as_secs_f64());
+            run.seconds.push(t0.elapsed().as_secs_f64());
+            // Timeline of the last round only: microseconds since the trace began.
+            run.last_start_us = t0.saturating_duration_since(run.trace_t0).as_secs_f64() * 1e6;
         }
+    }
+    let mut results = Vec::new();
+    let mut trace_of_streamed = None;
+    for run in &runs {
+        let StreamRun {
+            label,
+            budget,
+            prefetch,
+            stack,
+            trace,
+            seconds: secs,
+            last_start_us: last_start,
+            ..
+        } = run;
+        let mut sorted = secs.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[sorted.len() / 2];
         let stats = stack.cache.stats();
-        if label == "streamed" {
-            trace_of_streamed = Some(trace.events());
+        if *label == "streamed" {
+            trace_of_streamed = Some(
+                trace
+                    .events()
+                    .into_iter()
+                    .filter(|e| e.ts >= *last_start)
+                    .collect::<Vec<_>>(),
+            );
         }
         results.push(serde_json::json!({
             "config": label, "budget_bytes": budget, "prefetch": prefetch,
-            "prefill_tokens": tokens, "seconds": best, "tok_s": tokens as f64 / best,
+            "prefill_tokens": tokens, "seconds": median, "tok_s": tokens as f64 / median,
+            "round_tok_s": secs.iter().map(|s| tokens as f64 / s).collect::<Vec<_>>(),
             "loads": stats.loads, "evictions": stats.evictions, "wall_hits": stats.wall_hits,
             "waits": stats.waits, "stall_seconds": stats.stall_seconds,
             "peak_resident_bytes": stats.peak_resident,
@@ -691,6 +733,19 @@ pub fn bench_stream(
         println!("streamed / resident = {ratio:.3}   (no prefetch: {ratio_off:.3})");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One configuration of `ork bench stream` and its timed rounds.
+struct StreamRun {
+    label: &'static str,
+    budget: u64,
+    prefetch: bool,
+    stack: Stack,
+    trace: Arc<Trace>,
+    trace_t0: Instant,
+    linear: NpuLinear,
+    seconds: Vec<f64>,
+    last_start_us: f64,
 }
 
 /// `tokens` tokens of varied English text (repeated as needed), BOS first if the model adds one.

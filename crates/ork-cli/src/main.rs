@@ -31,9 +31,10 @@ fn main() -> ExitCode {
             BenchCommand::Stream {
                 model,
                 tokens,
+                rounds,
                 plot,
                 json,
-            } => cmd_model::bench_stream(&model, tokens, plot.as_deref(), json),
+            } => cmd_model::bench_stream(&model, tokens, rounds, plot.as_deref(), json),
         },
         Command::Run(a) => cmd_model::run(&a),
         Command::Perplexity(a) => cmd_model::perplexity(&a),
