@@ -167,6 +167,9 @@ pub struct ModelOpts {
     /// quantization error, slower).
     #[arg(long = "act", value_enum, default_value = "i8")]
     pub activations: ActArg,
+    /// Weight dtype on the device (the .orkpack is repacked if it holds another).
+    #[arg(long, value_enum, default_value = "i8")]
+    pub dtype: DtypeArg,
 }
 
 /// Activation precision of the device matmuls.

@@ -165,7 +165,7 @@ fn build_stack(gguf: &Arc<GgufFile>, opts: &ModelOpts, quiet: bool) -> Result<St
     let device = open_device(opts.device, opts.domains)?;
     let info = device.info();
     let budget = budget_bytes(opts.budget_mb)?;
-    let dtype = PackDtype::I8;
+    let dtype = PackDtype::from(opts.dtype);
     let slots = info.cores as usize + 1;
     let plan = plan_for(&gguf, dtype, budget, info.window_bytes, info.domains, slots)?;
     if !plan.runnable {
@@ -616,12 +616,11 @@ pub fn bench_stream(
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
     let model = Model::load(&gguf)?;
     let prompt = bench_prompt(&tokenizer, tokens)?;
-    let full = plan_for(&gguf, PackDtype::I8, u64::MAX / 4, u64::MAX / 4, 1, 4)?.model_bytes;
+    let dtype = PackDtype::from(opts.dtype);
+    let full = plan_for(&gguf, dtype, u64::MAX / 4, u64::MAX / 4, 1, 4)?.model_bytes;
     let streamed_budget = match opts.budget_mb {
         Some(mb) => mb << 20,
-        None => {
-            (full / 4).max(plan_for(&gguf, PackDtype::I8, 1, 1, 1, 4)?.min_budget_bytes + (8 << 20))
-        }
+        None => (full / 4).max(plan_for(&gguf, dtype, 1, 1, 1, 4)?.min_budget_bytes + (8 << 20)),
     };
     let resident_budget = full + (64 << 20);
     // Make sure the .orkpack exists before timing anything.

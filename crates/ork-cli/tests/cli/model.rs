@@ -130,6 +130,18 @@ fn on_the_fly_packing_without_a_pack_file_gives_the_same_text() {
 }
 
 #[test]
+fn int4_weights_run_in_half_the_device_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("i4.orkpack");
+    let i8 = run_json(&pack, 1024, &[]);
+    // The same file is repacked to int4 (every entry is stale for the other dtype).
+    let i4 = run_json(&pack, 1024, &["--dtype", "i4"]);
+    assert_eq!(u(&i4, "packed"), 211, "{i4}");
+    let (a, b) = (u(&i8, "peak_resident_bytes"), u(&i4, "peak_resident_bytes"));
+    assert!(b * 2 <= a + (211 << 12), "int4 {b} vs int8 {a} bytes");
+}
+
+#[test]
 fn chat_template_runs() {
     let dir = tempfile::tempdir().unwrap();
     let pack = dir.path().join("chat.orkpack");
