@@ -1,6 +1,8 @@
 //! `ork`: the command-line front end. Thin over the library crates; all errors become one line
 //! on stderr naming the file, tensor and problem, with the exit codes documented in `--help`.
 
+#![forbid(unsafe_code)]
+
 mod cli;
 mod cmd_device;
 mod cmd_model;
