@@ -185,11 +185,14 @@ fn build_stack(gguf: &Arc<GgufFile>, opts: &ModelOpts, quiet: bool) -> Result<St
             copts.verify = !opts.no_verify;
             copts.evict_src = env_flag("ORK_EVICT_SRC");
             copts.threads = opts.threads;
-            if !quiet {
-                eprintln!("ork: checking {} ...", path.display());
-            }
-            let (pack, report) = ork_store::ensure(&gguf, path, &copts)
-                .with_context(|| format!("preparing the weight cache {}", path.display()))?;
+            // Shows only while tensors are (re)packed or checked, on a terminal.
+            let bar = crate::progress::ConvertBar::new(&gguf, quiet)?;
+            let progress = |p: &ork_store::Progress<'_>| bar.tensor_done(p);
+            copts.progress = Some(&progress);
+            let result = ork_store::ensure(&gguf, path, &copts);
+            bar.finish();
+            let (pack, report) =
+                result.with_context(|| format!("preparing the weight cache {}", path.display()))?;
             (
                 WeightSource::Pack {
                     pack,

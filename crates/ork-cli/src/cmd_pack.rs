@@ -1,7 +1,7 @@
 //! `ork convert`, `ork inspect`, `ork verify` and `ork bench pack`: the pack-once, load-forever
 //! verbs over `ork-gguf` → `ork-pack` → `ork-store`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ork_gguf::{GgmlType, GgufFile, TensorInfo};
 use ork_pack::{GgufRows, PackDtype, PackedWeight, RowSource};
 use ork_store::{
@@ -130,27 +129,8 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
     let dtype: PackDtype = args.dtype.into();
     let model = GgufFile::open(&args.model)?;
 
-    let weights = matmul_weights(&model);
-    let src_bytes: HashMap<&str, u64> = weights.iter().map(|t| (t.name.as_str(), t.size)).collect();
-    let total: u64 = src_bytes.values().sum();
-    let bar = if args.json {
-        ProgressBar::hidden()
-    } else {
-        // `stderr()` draws nothing when stderr is not a terminal.
-        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} \
-                 ETA {eta} {wide_msg}",
-            )?
-            .progress_chars("=> "),
-        );
-        bar
-    };
-    let progress = |p: &ork_store::Progress<'_>| {
-        bar.inc(src_bytes.get(p.tensor).copied().unwrap_or(0));
-        bar.set_message(p.tensor.to_string());
-    };
+    let bar = crate::progress::ConvertBar::new(&model, args.json)?;
+    let progress = |p: &ork_store::Progress<'_>| bar.tensor_done(p);
     let opts = ConvertOptions {
         dtype,
         verify: true,
@@ -159,7 +139,7 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
         progress: Some(&progress),
     };
     let result = ork_store::convert(&model, &output, &opts);
-    bar.finish_and_clear();
+    bar.finish();
     let (pack, report) = result.with_context(|| {
         format!(
             "converting {} into {}",

@@ -8,6 +8,7 @@ mod cmd_device;
 mod cmd_model;
 mod cmd_pack;
 mod plot;
+mod progress;
 mod rss;
 
 use std::process::ExitCode;
