@@ -3,34 +3,14 @@
 //! output bytes (the packed blob), so "MB/s" reads as packed megabytes per second per thread.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use half::f16;
 use ork_gguf::GgmlType;
+
+mod common;
+use common::q4_1_blocks;
 use ork_pack::{pack_into, GgufRows, MatrixRows, PackDtype, RowSource, TiledLayout};
 
 /// SmolLM2-135M matmul shapes `(K, N)`: ffn up/gate, ffn down, and the tied output projection.
 const SHAPES: [(usize, usize); 3] = [(576, 1536), (1536, 576), (576, 49152)];
-
-/// Deterministic Q4_1 blocks for an `n × k` weight: f16 d and m in a typical range, random nibbles.
-fn q4_1_blocks(k: usize, n: usize) -> Vec<u8> {
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    let mut out = Vec::with_capacity(k / 32 * n * 20);
-    for _ in 0..k / 32 * n {
-        let r = next();
-        let d = f16::from_f32(0.001 + (r & 0xFFFF) as f32 / 65536.0 * 0.01);
-        let m = f16::from_f32(-8.0 * d.to_f32() * (1.0 + ((r >> 16) & 0xFF) as f32 / 1024.0));
-        out.extend_from_slice(&d.to_le_bytes());
-        out.extend_from_slice(&m.to_le_bytes());
-        out.extend_from_slice(&next().to_le_bytes());
-        out.extend_from_slice(&next().to_le_bytes());
-    }
-    out
-}
 
 fn bench_source(
     c: &mut Criterion,
