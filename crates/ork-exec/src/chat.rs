@@ -39,6 +39,11 @@ pub struct ChatTemplate {
 
 const KEY: &str = "tokenizer.chat_template";
 
+/// Instructions a template may execute in one render (minijinja "fuel"). Real templates spend a
+/// few hundred per message; this allows conversations far longer than any context while
+/// stopping a template that loops over `range(10**6)` inside another loop.
+const TEMPLATE_FUEL: u64 = 20_000_000;
+
 impl ChatTemplate {
     /// The model's template, or `None` if the file has none.
     pub fn from_gguf(
@@ -75,6 +80,9 @@ impl ChatTemplate {
 
     fn environment(&self) -> minijinja::Environment<'static> {
         let mut env = minijinja::Environment::new();
+        // The template is untrusted text from the GGUF: bound the work a render may do, so a
+        // hostile loop is an error, not a hang.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_function(
             "raise_exception",
             |msg: String| -> Result<String, minijinja::Error> {
@@ -155,5 +163,24 @@ mod tests {
             t.render(&[], true),
             Err(ExecError::ChatTemplate { .. })
         ));
+    }
+
+    #[test]
+    fn a_runaway_template_is_stopped_not_run() {
+        // 10^12 iterations: only the fuel limit ends this render in finite time.
+        let t = ChatTemplate::new(
+            "{% for a in range(1000000) %}{% for b in range(1000000) %}{% endfor %}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert!(matches!(
+            t.render(&[], true),
+            Err(ExecError::ChatTemplate { .. })
+        ));
+        // A long but real conversation stays well within the limit.
+        let t = ChatTemplate::new(SMOLLM2, "", "").unwrap();
+        let msgs: Vec<_> = (0..2000).map(|i| ChatMessage::new("user", &i.to_string())).collect();
+        assert!(t.render(&msgs, true).is_ok());
     }
 }
