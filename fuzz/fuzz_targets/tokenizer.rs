@@ -31,7 +31,12 @@ fn fixed_tokenizer() -> Tokenizer {
     let mut tokens: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
     let sp = chars[b' ' as usize];
     let mut merges = Vec::new();
-    for (l, r) in [("t", "h"), ("th", "e"), (&*sp.to_string(), "the"), ("i", "n")] {
+    for (l, r) in [
+        ("t", "h"),
+        ("th", "e"),
+        (&*sp.to_string(), "the"),
+        ("i", "n"),
+    ] {
         merges.push(format!("{l} {r}"));
         tokens.push(format!("{l}{r}"));
     }
@@ -66,7 +71,11 @@ fn arbitrary_vocab(data: &[u8]) -> Vocabulary {
         .map(|&b| TokenKind::from_id(i64::from(b % 8)))
         .take(tokens.len())
         .collect::<Vec<_>>();
-    let kinds = if kinds.len() == tokens.len() { kinds } else { Vec::new() };
+    let kinds = if kinds.len() == tokens.len() {
+        kinds
+    } else {
+        Vec::new()
+    };
     let merges = tokens
         .windows(2)
         .map(|w| format!("{} {}", w[0], w[1]))
@@ -74,7 +83,12 @@ fn arbitrary_vocab(data: &[u8]) -> Vocabulary {
     let id = |i: usize| head.get(i).map(|&b| u32::from(b));
     Vocabulary {
         model: "gpt2".to_owned(),
-        pre: if head.first().is_some_and(|b| b & 1 == 1) { "qwen2" } else { "smollm" }.to_owned(),
+        pre: if head.first().is_some_and(|b| b & 1 == 1) {
+            "qwen2"
+        } else {
+            "smollm"
+        }
+        .to_owned(),
         tokens,
         kinds,
         merges,
@@ -92,8 +106,12 @@ fuzz_target!(|data: &[u8]| {
             let tok = fixed_tokenizer();
             let text = String::from_utf8_lossy(rest);
             for parse_special in [false, true] {
-                let ids = tok.encode(&text, false, parse_special).expect("byte-level encodes any text");
-                let back = tok.decode(&ids, parse_special).expect("ids come from the vocabulary");
+                let ids = tok
+                    .encode(&text, false, parse_special)
+                    .expect("byte-level encodes any text");
+                let back = tok
+                    .decode(&ids, parse_special)
+                    .expect("ids come from the vocabulary");
                 assert_eq!(back, text, "roundtrip (parse_special {parse_special})");
             }
         } else if let Ok(tok) = Tokenizer::new(arbitrary_vocab(rest)) {

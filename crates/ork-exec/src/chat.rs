@@ -180,7 +180,9 @@ mod tests {
         ));
         // A long but real conversation stays well within the limit.
         let t = ChatTemplate::new(SMOLLM2, "", "").unwrap();
-        let msgs: Vec<_> = (0..2000).map(|i| ChatMessage::new("user", &i.to_string())).collect();
+        let msgs: Vec<_> = (0..2000)
+            .map(|i| ChatMessage::new("user", &i.to_string()))
+            .collect();
         assert!(t.render(&msgs, true).is_ok());
     }
 }
