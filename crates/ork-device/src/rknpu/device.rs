@@ -95,9 +95,11 @@ impl BackendBuffer for RknpuBuffer {
             offset,
             size: len,
         };
-        ioctl::call::<IOCTL_MEM_SYNC, _>(self.shared.fd.as_fd(), &mut s).map_err(|e| DeviceError::Driver {
-            op: "RKNPU_MEM_SYNC",
-            source: e.into(),
+        ioctl::call::<IOCTL_MEM_SYNC, _>(self.shared.fd.as_fd(), &mut s).map_err(|e| {
+            DeviceError::Driver {
+                op: "RKNPU_MEM_SYNC",
+                source: e.into(),
+            }
         })
     }
 }

@@ -59,7 +59,10 @@ mod tests {
     #[test]
     fn intents_map_to_the_driver_flags() {
         assert_eq!(MemFlags::for_intent(BufferIntent::Weight), MemFlags(0x403));
-        assert_eq!(MemFlags::for_intent(BufferIntent::Activation), MemFlags(0x403));
+        assert_eq!(
+            MemFlags::for_intent(BufferIntent::Activation),
+            MemFlags(0x403)
+        );
         assert_eq!(MemFlags::for_intent(BufferIntent::Output), MemFlags(0x403));
         assert_eq!(MemFlags::for_intent(BufferIntent::Task), MemFlags(0x8));
         assert_eq!(MemFlags::for_intent(BufferIntent::Probe), MemFlags(0x3));
