@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use ork_device::Device;
+use ork_device::{Device, EmuConfig};
 use ork_exec::{
     generate, ChatMessage, ChatTemplate, ExecError, GenerateOptions, Linear, Model, Sampler,
     SamplerOptions, Session, TextStream, Tokenizer,

@@ -2,13 +2,13 @@
 //! to, an emulated RK3588 NPU ([`EmuDevice`], the default) and the vendor `rknpu` DRM backend
 //! ([`RknpuDevice`], Linux).
 //!
-//! The model the crate encodes (REFERENCE §1): every IOMMU domain has a 32-bit, 4 GiB IOVA
+//! The model the crate encodes (see `docs/device.md`): every IOMMU domain has a 32-bit, 4 GiB IOVA
 //! window; buffers are carved out of it top-down, page-aligned or size-aligned depending on what
 //! they are for ([`BufferIntent`]); an exhausted window is the driver's errno 14,
 //! here [`DeviceError::WindowFull`]. Up to 16 domains exist; one is attached to the NPU at a
 //! time, and a task in another domain waits for the current one to drain and pays a switch.
 //!
-//! Matmul (REFERENCE §4): activations `M × K` — int8 with per-row scales, or fp16
+//! Matmul (see `docs/device.md`): activations `M × K` — int8 with per-row scales, or fp16
 //! ([`ActPrecision`]) — times a weight in the native tiled layout of [`ork_pack::TiledLayout`]
 //! (int8, int4 or fp16), f32 output `M × N`.
 //!
