@@ -123,7 +123,8 @@ impl DeviceStats {
 
 /// An NPU as ork sees it. Object safe; shared across threads.
 ///
-/// Every backend passes the conformance suite in [`conformance`] (feature `testing`).
+/// Every backend passes the conformance suite in the `conformance` module (feature `testing`;
+/// see `docs/device.md`).
 pub trait Device: Send + Sync {
     /// Static facts about the device.
     fn info(&self) -> DeviceInfo;

@@ -734,3 +734,92 @@ fn probe_stream_cycles_more_than_the_window_without_leaking() {
     assert_eq!(r.max_resident, 16 << 20);
     assert_eq!(dev.stats().resident_total(), 0);
 }
+
+// ---------- the suite catches broken backends ----------
+
+/// The emulator with one defect switched on, to show the conformance checks can fail.
+struct Broken {
+    inner: EmuDevice,
+    /// `footprint` returns the size unrounded (not what the window holds).
+    bad_footprint: bool,
+    /// `matmul` nudges its first output.
+    bad_matmul: bool,
+}
+
+impl Device for Broken {
+    fn info(&self) -> ork_device::DeviceInfo {
+        self.inner.info()
+    }
+    fn create_buffer(
+        &self,
+        size: u64,
+        intent: BufferIntent,
+        domain: DomainId,
+    ) -> Result<ork_device::DeviceBuffer, DeviceError> {
+        self.inner.create_buffer(size, intent, domain)
+    }
+    fn footprint(&self, size: u64) -> u64 {
+        if self.bad_footprint {
+            size
+        } else {
+            self.inner.footprint(size)
+        }
+    }
+    fn matmul(
+        &self,
+        task: &MatmulTask<'_>,
+        out: &mut [f32],
+    ) -> Result<ork_device::MatmulStats, DeviceError> {
+        let st = self.inner.matmul(task, out)?;
+        if self.bad_matmul {
+            out[0] += 0.5;
+        }
+        Ok(st)
+    }
+    fn stats(&self) -> ork_device::DeviceStats {
+        self.inner.stats()
+    }
+}
+
+fn broken(bad_footprint: bool, bad_matmul: bool) -> Result<Arc<dyn Device>, DeviceError> {
+    Ok(Arc::new(Broken {
+        inner: EmuDevice::new(),
+        bad_footprint,
+        bad_matmul,
+    }))
+}
+
+#[test]
+#[should_panic(expected = "size 1")]
+fn suite_catches_a_wrong_footprint() {
+    ork_device::conformance::run(
+        "footprint",
+        &|| broken(true, false),
+        ork_device::conformance::footprint_is_what_the_window_holds,
+    );
+}
+
+#[test]
+#[should_panic(expected = "I8 weights, int8 activations")]
+fn suite_catches_a_wrong_matmul() {
+    ork_device::conformance::run(
+        "matmul",
+        &|| broken(false, true),
+        ork_device::conformance::integer_weights_match_f64_reference,
+    );
+}
+
+#[test]
+fn suite_passes_the_unbroken_wrapper_without_an_oracle() {
+    // The same wrapper with no defect passes (and has no integer oracle: that check skips).
+    ork_device::conformance::run(
+        "matmul",
+        &|| broken(false, false),
+        ork_device::conformance::integer_weights_match_f64_reference,
+    );
+    ork_device::conformance::run(
+        "oracle",
+        &|| broken(false, false),
+        ork_device::conformance::integer_oracle_is_exact,
+    );
+}
