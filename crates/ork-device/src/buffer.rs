@@ -7,7 +7,8 @@ use crate::{DeviceError, DomainId};
 
 /// What a buffer is for. Backends map an intent to their own allocation flags (rknpu: the
 /// `RKNPU_MEM_*` bits in `rknpu/flags.rs`; see `docs/device.md`), so callers never name a
-/// vendor's flags.
+/// vendor's flags. Deliberately not `#[non_exhaustive]`: a new intent must make every backend
+/// choose its flags (a compile error in its `match`), not fall into a wildcard arm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BufferIntent {
     /// A packed weight (B operand): written once by the CPU, read by the device many times.
@@ -242,5 +243,74 @@ impl<'a> BufferView<'a> {
     /// Host view of the range.
     pub fn as_slice(&self) -> &'a [u8] {
         &self.buf.as_slice()[self.offset as usize..(self.offset + self.len) as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    /// A backend record over a `Vec`, counting its drops (what another crate's backend writes).
+    struct VecRecord(Vec<u8>, Arc<AtomicU32>);
+
+    impl Drop for VecRecord {
+        fn drop(&mut self) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl BackendBuffer for VecRecord {
+        fn host(&self) -> &[u8] {
+            &self.0
+        }
+        fn host_mut(&mut self) -> &mut [u8] {
+            &mut self.0
+        }
+        fn sync(&self, _: SyncDir, _: u64, _: u64) -> Result<(), DeviceError> {
+            Ok(())
+        }
+    }
+
+    struct OtherRecord;
+
+    impl BackendBuffer for OtherRecord {
+        fn host(&self) -> &[u8] {
+            &[]
+        }
+        fn host_mut(&mut self) -> &mut [u8] {
+            &mut []
+        }
+        fn sync(&self, _: SyncDir, _: u64, _: u64) -> Result<(), DeviceError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_outside_backend_record_is_owned_found_and_freed_once() {
+        let drops = Arc::new(AtomicU32::new(0));
+        let rec = |n| Box::new(VecRecord(vec![0; n], Arc::clone(&drops)));
+        let r = DeviceBuffer::new(0x1000, 11, DomainId(0), BufferIntent::Output, rec(10));
+        assert!(matches!(
+            r,
+            Err(DeviceError::HostMapTooShort {
+                size: 11,
+                mapped: 10
+            })
+        ));
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            1,
+            "the rejected record is freed"
+        );
+        let mut b =
+            DeviceBuffer::new(0x1000, 10, DomainId(2), BufferIntent::Output, rec(16)).unwrap();
+        b.as_mut_slice()[9] = 5;
+        assert_eq!((b.as_slice().len(), b.as_slice()[9]), (10, 5));
+        assert!(b.backend::<VecRecord>().is_some());
+        assert!(b.backend::<OtherRecord>().is_none());
+        drop(b);
+        assert_eq!(drops.load(Ordering::SeqCst), 2);
     }
 }
