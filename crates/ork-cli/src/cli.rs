@@ -50,12 +50,22 @@ impl From<DtypeArg> for ork_pack::PackDtype {
 /// Which device backend runs the matmuls.
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum DeviceArg {
-    /// The rknpu NPU if one is found, else the emulator.
+    /// An NPU that can do the job if one is found, else the emulator (`ork_device::open`).
     Auto,
     /// The emulated RK3588 NPU (CPU, enforces the IOVA window).
     Emu,
     /// The Rockchip rknpu DRM driver (Linux, on the board).
     Rknpu,
+}
+
+impl From<DeviceArg> for ork_device::DeviceKind {
+    fn from(a: DeviceArg) -> Self {
+        match a {
+            DeviceArg::Auto => ork_device::DeviceKind::Auto,
+            DeviceArg::Emu => ork_device::DeviceKind::Emu,
+            DeviceArg::Rknpu => ork_device::DeviceKind::Rknpu,
+        }
+    }
 }
 
 /// The verbs.

@@ -3,12 +3,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use ork_device::bench::{bench_gemm as run_gemm_bench, BenchOptions};
 use ork_device::{
-    probe_dma, probe_stream, Device, DeviceError, DmaProbeMode, DomainId, EmuDevice, MemFlags,
+    probe_dma, probe_stream, BufferIntent, Device, DeviceError, DmaProbeMode, DomainId, EmuDevice,
 };
 use ork_pack::{MatrixRows, PackDtype};
 use ork_store::{fingerprint_bytes, Orkpack, OrkpackWriter, SourceInfo};
@@ -23,24 +24,11 @@ fn print_json<T: Serialize>(v: &T) -> Result<()> {
     Ok(())
 }
 
-/// Open the backend `which` names. `auto` takes the rknpu NPU when one opens, else the emulator.
-fn open_device(which: DeviceArg) -> Result<Box<dyn Device>> {
-    match which {
-        DeviceArg::Emu => Ok(Box::new(EmuDevice::new())),
-        DeviceArg::Rknpu => open_rknpu(),
-        DeviceArg::Auto => Ok(open_rknpu().unwrap_or_else(|_| Box::new(EmuDevice::new()))),
-    }
-}
-
-#[cfg(target_os = "linux")]
-fn open_rknpu() -> Result<Box<dyn Device>> {
-    let dev = ork_device::RknpuDevice::open().context("opening the rknpu device")?;
-    Ok(Box::new(dev))
-}
-
-#[cfg(not(target_os = "linux"))]
-fn open_rknpu() -> Result<Box<dyn Device>> {
-    bail!("the rknpu backend exists on Linux only")
+/// Open the backend `which` names for the probes, which only allocate buffers (`auto`: rknpu
+/// where it opens, else the emulator; `ork_device::open` documents the policy).
+fn open_device(which: DeviceArg) -> Result<Arc<dyn Device>> {
+    let options = ork_device::OpenOptions::new().compute(false);
+    ork_device::open(which.into(), &options).context("opening the device")
 }
 
 /// `ork probe …`.
@@ -265,7 +253,7 @@ fn persist(dev: &dyn Device, mb: u64, json: bool) -> Result<ExitCode> {
     for _ in 0..3 {
         let t = Instant::now();
         let mut buf = dev
-            .create_buffer(e.blob_range().1, MemFlags::WEIGHT, DomainId(0))
+            .create_buffer(e.blob_range().1, BufferIntent::Weight, DomainId(0))
             .context("creating the device buffer")?;
         create_seconds = create_seconds.min(t.elapsed().as_secs_f64());
         let t = Instant::now();

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use ork_device::{Device, EmuConfig, EmuDevice};
+use ork_device::{Device, EmuConfig};
 use ork_exec::{
     generate, ChatMessage, ChatTemplate, ExecError, GenerateOptions, Linear, Model, Sampler,
     SamplerOptions, Session, TextStream, Tokenizer,
@@ -69,40 +69,8 @@ fn budget_bytes(flag: Option<u64>) -> Result<u64> {
 }
 
 fn open_device(arg: DeviceArg, domains: u32) -> Result<Arc<dyn Device>> {
-    let emu = || -> Result<Arc<dyn Device>> {
-        let config = EmuConfig {
-            domains: domains.max(1),
-            ..EmuConfig::default()
-        };
-        Ok(Arc::new(
-            EmuDevice::with_config(config).context("configuring the emulated NPU")?,
-        ))
-    };
-    match arg {
-        DeviceArg::Emu => emu(),
-        DeviceArg::Auto => {
-            #[cfg(target_os = "linux")]
-            if ork_device::RknpuDevice::open().is_ok() {
-                bail!(
-                    "an rknpu NPU was found, but ork does not submit matmuls to it yet \
-                     (register-command generation was never run on a board); use --device emu"
-                );
-            }
-            emu()
-        }
-        DeviceArg::Rknpu => {
-            #[cfg(target_os = "linux")]
-            {
-                ork_device::RknpuDevice::open().context("opening the rknpu device")?;
-                bail!(
-                    "--device rknpu: buffers work, but matmul submission is not implemented \
-                     (never run on a board); use --device emu"
-                );
-            }
-            #[cfg(not(target_os = "linux"))]
-            bail!("--device rknpu needs Linux");
-        }
-    }
+    let options = ork_device::OpenOptions::new().domains(domains.max(1));
+    ork_device::open(arg.into(), &options).context("opening the device")
 }
 
 /// Everything a model run needs, built once.

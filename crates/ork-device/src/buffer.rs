@@ -1,32 +1,75 @@
-//! Device buffers: RAII owners of one allocation in a domain's window, and borrowed views.
+//! Device buffers: RAII owners of one allocation in a domain's window, the backend-owned record
+//! behind each ([`BackendBuffer`]), and borrowed views.
 
-use std::sync::Arc;
+use std::any::Any;
 
-use crate::host_map::HostMap;
-use crate::{DeviceError, DomainId, MemFlags};
+use crate::{DeviceError, DomainId};
+
+/// What a buffer is for. Backends map an intent to their own allocation flags (rknpu: the
+/// `RKNPU_MEM_*` bits in `rknpu/flags.rs`; see `docs/device.md`), so callers never name a
+/// vendor's flags. Deliberately not `#[non_exhaustive]`: a new intent must make every backend
+/// choose its flags (a compile error in its `match`), not fall into a wildcard arm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufferIntent {
+    /// A packed weight (B operand): written once by the CPU, read by the device many times.
+    Weight,
+    /// Activations (A operand): written by the CPU before each task.
+    Activation,
+    /// Task outputs (C operand): written by the device, read by the CPU.
+    Output,
+    /// Task descriptors / command streams the driver itself reads.
+    Task,
+    /// A plain DMA allocation as the window probes make it (rknpu: size-aligned IOVAs, the
+    /// allocation path of ork's board measurement).
+    Probe,
+}
+
+impl BufferIntent {
+    /// Every intent, for tests and probes that cover them all.
+    pub const ALL: [BufferIntent; 5] = [
+        BufferIntent::Weight,
+        BufferIntent::Activation,
+        BufferIntent::Output,
+        BufferIntent::Task,
+        BufferIntent::Probe,
+    ];
+}
 
 /// Direction of a cache sync.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum SyncDir {
+pub enum SyncDir {
     /// CPU writes → device.
     ToDevice,
     /// Device writes → CPU.
     FromDevice,
 }
 
-/// What a backend does when one of its buffers goes away or is synced. Implemented by each
-/// backend's shared state; a buffer keeps it alive, so a buffer may outlive the `Device` value.
-pub(crate) trait BufferOwner: Send + Sync {
-    /// Return the buffer's IOVA range and handle to the backend.
-    fn release(&self, buf: &DeviceBuffer);
-    /// Make `len` bytes at `offset` coherent in direction `dir`.
-    fn sync(
-        &self,
-        buf: &DeviceBuffer,
-        dir: SyncDir,
-        offset: u64,
-        len: u64,
-    ) -> Result<(), DeviceError>;
+/// A backend's own record of one allocation: its host mapping and whatever the backend needs to
+/// address, sync and free it (emulator: the window range; rknpu: the GEM handle and `obj_addr`;
+/// a vendor-runtime backend: its memory object). A [`DeviceBuffer`] owns it boxed and drops it
+/// exactly once, when the buffer is dropped.
+///
+/// # Contract
+/// * [`BackendBuffer::host`] and [`BackendBuffer::host_mut`] return the same bytes, at least
+///   the buffer's size long, for the record's whole life ([`DeviceBuffer::new`] checks the
+///   length once).
+/// * Dropping the record frees the allocation and returns its IOVA range to the window. It may
+///   outlive the [`crate::Device`] value that created it, so the record must keep whatever
+///   shared state freeing needs alive (an `Arc` of the backend's state).
+/// * Any per-shape binding the backend made for this allocation (see
+///   [`crate::Device::prepare_weight`]) is released with the record.
+///
+/// A backend finds its own record in an operand with [`DeviceBuffer::backend`]; a buffer whose
+/// record is of another type or of another device instance is a
+/// [`DeviceError::ForeignBuffer`].
+pub trait BackendBuffer: Any + Send + Sync {
+    /// The host mapping of the allocation.
+    fn host(&self) -> &[u8];
+    /// The host mapping of the allocation, writable.
+    fn host_mut(&mut self) -> &mut [u8];
+    /// Make `len` bytes at `offset` coherent in direction `dir` (nothing to do where host
+    /// memory is device memory).
+    fn sync(&self, dir: SyncDir, offset: u64, len: u64) -> Result<(), DeviceError>;
 }
 
 /// One allocation in a domain's IOVA window, mapped into the host.
@@ -36,9 +79,9 @@ pub(crate) trait BufferOwner: Send + Sync {
 /// which the compiler rejects.
 ///
 /// ```compile_fail
-/// # use ork_device::{Device, EmuDevice, MemFlags, DomainId};
+/// # use ork_device::{BufferIntent, Device, EmuDevice, DomainId};
 /// let dev = EmuDevice::new();
-/// let buf = dev.create_buffer(4096, MemFlags::WEIGHT, DomainId(0)).unwrap();
+/// let buf = dev.create_buffer(4096, BufferIntent::Weight, DomainId(0)).unwrap();
 /// drop(buf);
 /// let _ = buf.iova(); // use after free: rejected (value moved)
 /// ```
@@ -46,24 +89,19 @@ pub(crate) trait BufferOwner: Send + Sync {
 /// A [`BufferView`] borrows its buffer, so the buffer cannot be freed while a view lives:
 ///
 /// ```compile_fail
-/// # use ork_device::{Device, EmuDevice, MemFlags, DomainId};
+/// # use ork_device::{BufferIntent, Device, EmuDevice, DomainId};
 /// let dev = EmuDevice::new();
-/// let buf = dev.create_buffer(8192, MemFlags::WEIGHT, DomainId(0)).unwrap();
+/// let buf = dev.create_buffer(8192, BufferIntent::Weight, DomainId(0)).unwrap();
 /// let view = buf.view(0, 4096).unwrap();
 /// drop(buf); // rejected: `view` still borrows `buf`
 /// let _ = view.iova();
 /// ```
 pub struct DeviceBuffer {
-    pub(crate) map: HostMap,
-    pub(crate) iova: u64,
-    pub(crate) size: u64,
-    pub(crate) domain: DomainId,
-    pub(crate) flags: MemFlags,
-    /// Backend handle (emulator: allocation id; rknpu: GEM handle).
-    pub(crate) handle: u32,
-    /// Backend cookie (rknpu: the opaque `obj_addr` MEM_CREATE returned; emulator: unused).
-    pub(crate) obj_addr: u64,
-    pub(crate) owner: Arc<dyn BufferOwner>,
+    iova: u64,
+    size: u64,
+    domain: DomainId,
+    intent: BufferIntent,
+    backend: Box<dyn BackendBuffer>,
 }
 
 impl std::fmt::Debug for DeviceBuffer {
@@ -72,18 +110,41 @@ impl std::fmt::Debug for DeviceBuffer {
             .field("iova", &format_args!("{:#x}", self.iova))
             .field("size", &self.size)
             .field("domain", &self.domain)
-            .field("flags", &self.flags)
-            .field("handle", &self.handle)
-            .finish()
+            .field("intent", &self.intent)
+            .finish_non_exhaustive()
     }
 }
 
 impl DeviceBuffer {
+    /// Wrap a backend's record of a fresh allocation of `size` bytes at `iova` in `domain`.
+    /// Called by backends from [`crate::Device::create_buffer`]; fails with
+    /// [`DeviceError::HostMapTooShort`] if the record maps fewer than `size` bytes (the record
+    /// is dropped, which frees the allocation).
+    pub fn new(
+        iova: u64,
+        size: u64,
+        domain: DomainId,
+        intent: BufferIntent,
+        backend: Box<dyn BackendBuffer>,
+    ) -> Result<Self, DeviceError> {
+        let mapped = backend.host().len() as u64;
+        if mapped < size {
+            return Err(DeviceError::HostMapTooShort { size, mapped });
+        }
+        Ok(DeviceBuffer {
+            iova,
+            size,
+            domain,
+            intent,
+            backend,
+        })
+    }
+
     /// Device address of the first byte.
     pub fn iova(&self) -> u64 {
         self.iova
     }
-    /// Bytes requested at creation (the window holds it page-rounded).
+    /// Bytes requested at creation (the window holds [`crate::Device::footprint`] of it).
     pub fn size(&self) -> u64 {
         self.size
     }
@@ -91,27 +152,34 @@ impl DeviceBuffer {
     pub fn domain(&self) -> DomainId {
         self.domain
     }
-    /// Flags it was created with.
-    pub fn flags(&self) -> MemFlags {
-        self.flags
+    /// What it was created for.
+    pub fn intent(&self) -> BufferIntent {
+        self.intent
+    }
+    /// The backend's record of this buffer, if it is a `T` (a backend asks for its own type; any
+    /// other backend's buffer gives `None`).
+    pub fn backend<T: BackendBuffer>(&self) -> Option<&T> {
+        let any: &dyn Any = self.backend.as_ref();
+        any.downcast_ref::<T>()
     }
     /// Host view of its bytes.
     pub fn as_slice(&self) -> &[u8] {
-        &self.map.as_slice()[..self.size as usize]
+        // `new` checked that the record maps at least `size` bytes.
+        &self.backend.host()[..self.size as usize]
     }
     /// Host view of its bytes, writable.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         let n = self.size as usize;
-        &mut self.map.as_mut_slice()[..n]
+        &mut self.backend.host_mut()[..n]
     }
     /// Flush CPU writes so the device sees them (MEM_SYNC TO_DEVICE on cacheable rknpu buffers;
     /// nothing to do on the emulator).
     pub fn sync_to_device(&self) -> Result<(), DeviceError> {
-        self.owner.sync(self, SyncDir::ToDevice, 0, self.size)
+        self.backend.sync(SyncDir::ToDevice, 0, self.size)
     }
     /// Invalidate CPU caches so the CPU sees device writes.
     pub fn sync_from_device(&self) -> Result<(), DeviceError> {
-        self.owner.sync(self, SyncDir::FromDevice, 0, self.size)
+        self.backend.sync(SyncDir::FromDevice, 0, self.size)
     }
     /// A borrowed sub-range (e.g. one weight inside an arena buffer). Views never free anything.
     pub fn view(&self, offset: u64, len: u64) -> Result<BufferView<'_>, DeviceError> {
@@ -135,17 +203,6 @@ impl DeviceBuffer {
             offset: 0,
             len: self.size,
         }
-    }
-    /// Whether `owner` is this buffer's backend.
-    pub(crate) fn owned_by(&self, owner: &Arc<dyn BufferOwner>) -> bool {
-        std::ptr::addr_eq(Arc::as_ptr(&self.owner), Arc::as_ptr(owner))
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        self.owner.release(self);
-        // `map` is unmapped when the fields drop, right after this.
     }
 }
 
@@ -186,5 +243,74 @@ impl<'a> BufferView<'a> {
     /// Host view of the range.
     pub fn as_slice(&self) -> &'a [u8] {
         &self.buf.as_slice()[self.offset as usize..(self.offset + self.len) as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    /// A backend record over a `Vec`, counting its drops (what another crate's backend writes).
+    struct VecRecord(Vec<u8>, Arc<AtomicU32>);
+
+    impl Drop for VecRecord {
+        fn drop(&mut self) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl BackendBuffer for VecRecord {
+        fn host(&self) -> &[u8] {
+            &self.0
+        }
+        fn host_mut(&mut self) -> &mut [u8] {
+            &mut self.0
+        }
+        fn sync(&self, _: SyncDir, _: u64, _: u64) -> Result<(), DeviceError> {
+            Ok(())
+        }
+    }
+
+    struct OtherRecord;
+
+    impl BackendBuffer for OtherRecord {
+        fn host(&self) -> &[u8] {
+            &[]
+        }
+        fn host_mut(&mut self) -> &mut [u8] {
+            &mut []
+        }
+        fn sync(&self, _: SyncDir, _: u64, _: u64) -> Result<(), DeviceError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_outside_backend_record_is_owned_found_and_freed_once() {
+        let drops = Arc::new(AtomicU32::new(0));
+        let rec = |n| Box::new(VecRecord(vec![0; n], Arc::clone(&drops)));
+        let r = DeviceBuffer::new(0x1000, 11, DomainId(0), BufferIntent::Output, rec(10));
+        assert!(matches!(
+            r,
+            Err(DeviceError::HostMapTooShort {
+                size: 11,
+                mapped: 10
+            })
+        ));
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            1,
+            "the rejected record is freed"
+        );
+        let mut b =
+            DeviceBuffer::new(0x1000, 10, DomainId(2), BufferIntent::Output, rec(16)).unwrap();
+        b.as_mut_slice()[9] = 5;
+        assert_eq!((b.as_slice().len(), b.as_slice()[9]), (10, 5));
+        assert!(b.backend::<VecRecord>().is_some());
+        assert!(b.backend::<OtherRecord>().is_none());
+        drop(b);
+        assert_eq!(drops.load(Ordering::SeqCst), 2);
     }
 }

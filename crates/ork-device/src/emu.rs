@@ -4,14 +4,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::buffer::{BufferOwner, SyncDir};
+use crate::buffer::{BackendBuffer, SyncDir};
 use crate::host_map::HostMap;
 use crate::kernel::Isa;
+use crate::rknpu::flags::MemFlags;
 use crate::task::{is_integer, ActValues};
-use crate::window::{AllocFailure, IovaAlign, Window, WindowConfig, WINDOW_BYTES};
+use crate::window::{footprint, AllocFailure, IovaAlign, Window, WindowConfig, WINDOW_BYTES};
 use crate::{
-    gemm, ActPrecision, Device, DeviceBuffer, DeviceError, DeviceInfo, DeviceStats, DomainId,
-    MatmulStats, MatmulTask, MemFlags, MAX_DOMAINS,
+    gemm, ActPrecision, BufferIntent, BufferView, Device, DeviceBuffer, DeviceError, DeviceInfo,
+    DeviceStats, DomainId, IntegerOracle, MatmulStats, MatmulTask, WeightRef, MAX_DOMAINS,
 };
 
 /// How the emulator spends a domain switch's cost.
@@ -60,7 +61,6 @@ struct Residency {
     windows: Vec<Window>,
     buffers_live: u64,
     peak: u64,
-    next_handle: u32,
 }
 
 struct Gate {
@@ -84,28 +84,42 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl BufferOwner for Shared {
-    fn release(&self, buf: &DeviceBuffer) {
-        let mut r = lock(&self.residency);
-        if let Some(w) = r.windows.get_mut(buf.domain.0 as usize) {
-            // A buffer can only be built by `create_buffer`, which allocated this range, and is
-            // released exactly once (in `Drop`), so `free` finds it.
-            let freed = w.free(buf.iova);
+/// The emulator's record of one buffer: its anonymous host memory and its window range. It holds
+/// the device's shared state, so a buffer may outlive the `EmuDevice`.
+struct EmuBuffer {
+    map: HostMap,
+    shared: Arc<Shared>,
+    domain: DomainId,
+    iova: u64,
+}
+
+impl Drop for EmuBuffer {
+    fn drop(&mut self) {
+        let mut r = lock(&self.shared.residency);
+        if let Some(w) = r.windows.get_mut(self.domain.0 as usize) {
+            // A record is only built by `create_buffer`, which allocated this range, and is
+            // dropped exactly once, so `free` finds it.
+            let freed = w.free(self.iova);
             debug_assert!(
                 freed.is_some(),
                 "released an IOVA range that was not allocated"
             );
         }
         r.buffers_live -= 1;
+        // `map` is unmapped when the fields drop, right after this.
+    }
+}
+
+impl BackendBuffer for EmuBuffer {
+    fn host(&self) -> &[u8] {
+        self.map.as_slice()
     }
 
-    fn sync(
-        &self,
-        _buf: &DeviceBuffer,
-        _dir: SyncDir,
-        _offset: u64,
-        _len: u64,
-    ) -> Result<(), DeviceError> {
+    fn host_mut(&mut self) -> &mut [u8] {
+        self.map.as_mut_slice()
+    }
+
+    fn sync(&self, _dir: SyncDir, _offset: u64, _len: u64) -> Result<(), DeviceError> {
         // Host memory is the device memory here: nothing to flush.
         Ok(())
     }
@@ -156,7 +170,8 @@ impl Shared {
 /// The emulated NPU (the default device). Cheap to share: wrap it in an `Arc` or borrow it.
 pub struct EmuDevice {
     shared: Arc<Shared>,
-    owner: Arc<dyn BufferOwner>,
+    /// Appended to the name in [`DeviceInfo`] (why [`crate::open`]'s `auto` chose the emulator).
+    note: Option<String>,
     cores: u32,
     domains: u32,
     window_bytes: u64,
@@ -233,7 +248,6 @@ impl EmuDevice {
                     .collect(),
                 buffers_live: 0,
                 peak: 0,
-                next_handle: 1,
             }),
             gate: Mutex::new(Gate {
                 attached: 0,
@@ -245,16 +259,36 @@ impl EmuDevice {
             tasks: AtomicU64::new(0),
             switches: AtomicU64::new(0),
         });
-        let owner: Arc<dyn BufferOwner> = shared.clone();
         EmuDevice {
             shared,
-            owner,
+            note: None,
             cores: config.cores,
             domains: config.domains,
             window_bytes: config.window.size,
             max_threads,
             isa: config.isa.unwrap_or_else(Isa::best),
             pools: (0..max_threads).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// Say in [`DeviceInfo::name`] why this device was chosen.
+    pub(crate) fn with_note(mut self, note: String) -> Self {
+        self.note = Some(note);
+        self
+    }
+
+    /// Whether `buf` was created by this device instance.
+    fn owns(&self, buf: &DeviceBuffer) -> bool {
+        buf.backend::<EmuBuffer>()
+            .is_some_and(|b| Arc::ptr_eq(&b.shared, &self.shared))
+    }
+
+    /// Check that `view` (operand `what`) is this device's.
+    fn check_owned(&self, view: BufferView<'_>, what: &'static str) -> Result<(), DeviceError> {
+        if self.owns(view.buffer()) {
+            Ok(())
+        } else {
+            Err(DeviceError::ForeignBuffer { operand: what })
         }
     }
 
@@ -311,15 +345,9 @@ impl EmuDevice {
     ) -> Result<(Attached<'_>, bool, usize), DeviceError> {
         task.check(out_len)?;
         let wbuf = task.weight.bytes.buffer();
-        if !wbuf.owned_by(&self.owner) {
-            return Err(DeviceError::ForeignBuffer { operand: "weight" });
-        }
+        self.check_owned(task.weight.bytes, "weight")?;
         if let Some(v) = task.activations.view() {
-            if !v.buffer().owned_by(&self.owner) {
-                return Err(DeviceError::ForeignBuffer {
-                    operand: "activations",
-                });
-            }
+            self.check_owned(v, "activations")?;
         }
         let mask = task.cores.0;
         if self.cores < 32 && mask >> self.cores != 0 {
@@ -357,27 +385,32 @@ impl EmuDevice {
 impl Device for EmuDevice {
     fn info(&self) -> DeviceInfo {
         DeviceInfo {
-            name: format!("emulated RK3588 NPU ({} kernel)", self.isa.name()),
+            name: match &self.note {
+                None => format!("emulated RK3588 NPU ({} kernel)", self.isa.name()),
+                Some(n) => format!("emulated RK3588 NPU ({} kernel; {n})", self.isa.name()),
+            },
             cores: self.cores,
             domains: self.domains,
             window_bytes: self.window_bytes,
             driver_version: None,
+            computes: true,
         }
     }
 
     fn create_buffer(
         &self,
         size: u64,
-        flags: MemFlags,
+        intent: BufferIntent,
         domain: DomainId,
     ) -> Result<DeviceBuffer, DeviceError> {
         self.check_domain(domain)?;
-        let align = if flags.contains(MemFlags::IOMMU_LIMIT_IOVA_ALIGNMENT) {
+        // The emulator models the vendor driver: the flags it would pass decide the alignment.
+        let align = if MemFlags::for_intent(intent).page_aligned() {
             IovaAlign::Page
         } else {
             IovaAlign::SizeOrder
         };
-        let (iova, handle) = {
+        let iova = {
             let mut r = lock(&self.shared.residency);
             let w = &mut r.windows[domain.0 as usize];
             let iova = match w.alloc(size, align) {
@@ -406,12 +439,10 @@ impl Device for EmuDevice {
             r.buffers_live += 1;
             let total: u64 = r.windows.iter().map(Window::allocated).sum();
             r.peak = r.peak.max(total);
-            let handle = r.next_handle;
-            r.next_handle = r.next_handle.wrapping_add(1).max(1);
-            (iova, handle)
+            iova
         };
         // `alloc` accepted the size, so it is ≤ 4 GiB and fits in usize on 64-bit hosts.
-        let map_len = size.div_ceil(crate::window::PAGE_BYTES) * crate::window::PAGE_BYTES;
+        let map_len = footprint(size);
         let map = match usize::try_from(map_len)
             .map_err(|_| std::io::ErrorKind::OutOfMemory.into())
             .and_then(HostMap::anonymous)
@@ -424,16 +455,24 @@ impl Device for EmuDevice {
                 return Err(DeviceError::HostMemory { size, source });
             }
         };
-        Ok(DeviceBuffer {
+        let record = EmuBuffer {
             map,
-            iova,
-            size,
+            shared: Arc::clone(&self.shared),
             domain,
-            flags,
-            handle,
-            obj_addr: 0,
-            owner: self.owner.clone(),
-        })
+            iova,
+        };
+        DeviceBuffer::new(iova, size, domain, intent, Box::new(record))
+    }
+
+    fn footprint(&self, size: u64) -> u64 {
+        footprint(size)
+    }
+
+    /// Nothing to bind on the emulator; checks the weight (ownership, bytes, scales, K limit) so
+    /// a bad weight fails when it is loaded rather than at its first task.
+    fn prepare_weight(&self, weight: &WeightRef<'_>) -> Result<(), DeviceError> {
+        self.check_owned(weight.bytes, "weight")?;
+        weight.check(0)
     }
 
     fn matmul(&self, task: &MatmulTask<'_>, out: &mut [f32]) -> Result<MatmulStats, DeviceError> {
@@ -464,6 +503,25 @@ impl Device for EmuDevice {
         Ok(self.finish(task, switched, t0))
     }
 
+    fn as_integer(&self) -> Option<&dyn IntegerOracle> {
+        Some(self)
+    }
+
+    fn stats(&self) -> DeviceStats {
+        let r = lock(&self.shared.residency);
+        let attached = DomainId(lock(&self.shared.gate).attached);
+        DeviceStats {
+            buffers_live: r.buffers_live,
+            resident_per_domain: r.windows.iter().map(Window::allocated).collect(),
+            peak_resident: r.peak,
+            domain_switches: self.shared.switches.load(Ordering::Relaxed),
+            tasks: self.shared.tasks.load(Ordering::Relaxed),
+            attached,
+        }
+    }
+}
+
+impl IntegerOracle for EmuDevice {
     fn matmul_raw(
         &self,
         task: &MatmulTask<'_>,
@@ -484,18 +542,5 @@ impl Device for EmuDevice {
         });
         drop(guard);
         Ok(self.finish(task, switched, t0))
-    }
-
-    fn stats(&self) -> DeviceStats {
-        let r = lock(&self.shared.residency);
-        let attached = DomainId(lock(&self.shared.gate).attached);
-        DeviceStats {
-            buffers_live: r.buffers_live,
-            resident_per_domain: r.windows.iter().map(Window::allocated).collect(),
-            peak_resident: r.peak,
-            domain_switches: self.shared.switches.load(Ordering::Relaxed),
-            tasks: self.shared.tasks.load(Ordering::Relaxed),
-            attached,
-        }
     }
 }

@@ -1,6 +1,6 @@
 //! The device layer's error type.
 
-use crate::{ActPrecision, DomainId, MemFlags};
+use crate::{ActPrecision, DomainId};
 use ork_pack::PackDtype;
 
 /// Everything that can go wrong in the device layer. Each variant carries what a caller needs to
@@ -115,13 +115,14 @@ pub enum DeviceError {
         /// Size of the buffer.
         size: u64,
     },
-    /// Memory flags the backend cannot honour.
-    #[error("memory flags {flags:?} not supported: {reason}")]
-    BadFlags {
-        /// Flags given.
-        flags: MemFlags,
-        /// Why.
-        reason: &'static str,
+    /// A backend's buffer record maps fewer host bytes than the buffer's size (a backend bug,
+    /// caught when the buffer is built).
+    #[error("backend buffer maps {mapped} host bytes, the buffer has {size}")]
+    HostMapTooShort {
+        /// Bytes of the buffer.
+        size: u64,
+        /// Bytes its host mapping has.
+        mapped: u64,
     },
     /// The device (or its driver) is not present on this machine.
     #[error("device not found: {what}")]

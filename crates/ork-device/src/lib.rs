@@ -2,13 +2,13 @@
 //! to, an emulated RK3588 NPU ([`EmuDevice`], the default) and the vendor `rknpu` DRM backend
 //! ([`RknpuDevice`], Linux).
 //!
-//! The model the crate encodes (REFERENCE §1): every IOMMU domain has a 32-bit, 4 GiB IOVA
-//! window; buffers are carved out of it top-down, size-aligned unless
-//! [`MemFlags::IOMMU_LIMIT_IOVA_ALIGNMENT`] is set; an exhausted window is the driver's errno 14,
+//! The model the crate encodes (see `docs/device.md`): every IOMMU domain has a 32-bit, 4 GiB IOVA
+//! window; buffers are carved out of it top-down, page-aligned or size-aligned depending on what
+//! they are for ([`BufferIntent`]); an exhausted window is the driver's errno 14,
 //! here [`DeviceError::WindowFull`]. Up to 16 domains exist; one is attached to the NPU at a
 //! time, and a task in another domain waits for the current one to drain and pays a switch.
 //!
-//! Matmul (REFERENCE §4): activations `M × K` — int8 with per-row scales, or fp16
+//! Matmul (see `docs/device.md`): activations `M × K` — int8 with per-row scales, or fp16
 //! ([`ActPrecision`]) — times a weight in the native tiled layout of [`ork_pack::TiledLayout`]
 //! (int8, int4 or fp16), f32 output `M × N`.
 //!
@@ -45,15 +45,19 @@ mod error;
 mod gemm;
 mod host_map;
 pub mod kernel;
+mod open;
 mod probe;
-#[cfg(target_os = "linux")]
 mod rknpu;
 mod task;
 pub mod window;
 
-pub use buffer::{BufferView, DeviceBuffer};
+#[cfg(feature = "testing")]
+pub mod conformance;
+
+pub use buffer::{BackendBuffer, BufferIntent, BufferView, DeviceBuffer, SyncDir};
 pub use emu::{EmuConfig, EmuDevice, SwitchWait};
 pub use error::DeviceError;
+pub use open::{open, DeviceKind, OpenOptions};
 pub use probe::{probe_dma, probe_stream, DmaProbeMode, DmaProbeReport, StreamProbeReport};
 #[cfg(target_os = "linux")]
 pub use rknpu::RknpuDevice;
@@ -74,42 +78,6 @@ impl std::fmt::Display for DomainId {
     }
 }
 
-/// Buffer flags; bit values are the vendor driver's `RKNPU_MEM_*` (REFERENCE §2).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct MemFlags(pub u32);
-
-impl MemFlags {
-    /// Pages need not be physically contiguous.
-    pub const NON_CONTIGUOUS: MemFlags = MemFlags(1 << 0);
-    /// CPU-cached; needs explicit syncs.
-    pub const CACHEABLE: MemFlags = MemFlags(1 << 1);
-    /// Write-combined CPU mapping.
-    pub const WRITE_COMBINE: MemFlags = MemFlags(1 << 2);
-    /// Also mapped in the kernel (task buffers).
-    pub const KERNEL_MAPPING: MemFlags = MemFlags(1 << 3);
-    /// Through the IOMMU.
-    pub const IOMMU: MemFlags = MemFlags(1 << 4);
-    /// Zero the pages.
-    pub const ZEROING: MemFlags = MemFlags(1 << 5);
-    /// Page-granular IOVA alignment instead of size alignment (driver 0.9.7+).
-    pub const IOMMU_LIMIT_IOVA_ALIGNMENT: MemFlags = MemFlags(1 << 10);
-    /// What public projects use for weights: `NON_CONTIGUOUS | CACHEABLE | IOMMU_LIMIT_IOVA_ALIGNMENT`
-    /// (0x403).
-    pub const WEIGHT: MemFlags = MemFlags(0x403);
-
-    /// Whether all bits of `other` are set.
-    pub const fn contains(self, other: MemFlags) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-impl std::ops::BitOr for MemFlags {
-    type Output = MemFlags;
-    fn bitor(self, rhs: MemFlags) -> MemFlags {
-        MemFlags(self.0 | rhs.0)
-    }
-}
-
 /// What a device is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -123,6 +91,10 @@ pub struct DeviceInfo {
     pub window_bytes: u64,
     /// Driver version as "major.minor.patch", if there is a driver.
     pub driver_version: Option<String>,
+    /// Whether [`Device::matmul`] runs on this backend (rknpu today: `false`, it can only
+    /// allocate buffers). [`open`] never picks a backend that cannot compute for a caller that
+    /// needs to.
+    pub computes: bool,
 }
 
 /// Counters of a device since it was opened.
@@ -150,25 +122,59 @@ impl DeviceStats {
 }
 
 /// An NPU as ork sees it. Object safe; shared across threads.
+///
+/// Every backend passes the conformance suite in the `conformance` module (feature `testing`;
+/// see `docs/device.md`).
 pub trait Device: Send + Sync {
     /// Static facts about the device.
     fn info(&self) -> DeviceInfo;
-    /// Allocate `size` bytes in `domain`'s window, mapped into the host.
+    /// Allocate `size` bytes for `intent` in `domain`'s window, mapped into the host. The window
+    /// holds [`Device::footprint`]`(size)` bytes of it.
     fn create_buffer(
         &self,
         size: u64,
-        flags: MemFlags,
+        intent: BufferIntent,
         domain: DomainId,
     ) -> Result<DeviceBuffer, DeviceError>;
+    /// Bytes of the window a buffer of `size` bytes occupies (its size rounded up to the
+    /// device's page; what [`DeviceStats::resident_per_domain`] counts). Budgets are kept in
+    /// these bytes.
+    fn footprint(&self, size: u64) -> u64;
+    /// Prepare a resident weight for tasks, for backends that bind a weight to a per-shape
+    /// context (a vendor runtime binds B to a matmul context per type, K, N and domain).
+    ///
+    /// Called once its bytes are in place and synced ([`upload`] and the residency layer's
+    /// weight cache call it; call it again after rewriting a weight's bytes). It is optional for
+    /// correctness: [`Device::matmul`] on an unprepared weight prepares it itself, so this only
+    /// moves that cost out of the first task. Preparing the same weight twice is cheap.
+    ///
+    /// There is no release call: a binding belongs to the weight's buffer and is released when
+    /// that buffer is dropped (the backend does it in its [`BackendBuffer`]'s `Drop`), so a freed
+    /// weight never leaves a binding behind. The default does nothing.
+    fn prepare_weight(&self, weight: &WeightRef<'_>) -> Result<(), DeviceError> {
+        let _ = weight;
+        Ok(())
+    }
     /// Run one matmul; `out` is `m × n` f32, row-major.
     fn matmul(&self, task: &MatmulTask<'_>, out: &mut [f32]) -> Result<MatmulStats, DeviceError>;
-    /// Run one matmul on an integer weight and return the exact i32 accumulators
-    /// `Σ_k a[m,k] · q[n,k]` (`m × n`, row-major, no scales applied).
+    /// Exact integer accumulators, where the backend can give them (the emulator can; hardware
+    /// backends need not). Tests use them to compare bit for bit; the default is `None`.
+    fn as_integer(&self) -> Option<&dyn IntegerOracle> {
+        None
+    }
+    /// Counters.
+    fn stats(&self) -> DeviceStats;
+}
+
+/// A backend that can return the exact i32 accumulators of a matmul (see
+/// [`Device::as_integer`]).
+pub trait IntegerOracle {
+    /// Run one matmul on an integer weight and int8 activations and return the exact i32
+    /// accumulators `Σ_k a[m,k] · q[n,k]` (`m × n`, row-major, no scales applied). Other
+    /// operands are [`DeviceError::NotInteger`].
     fn matmul_raw(
         &self,
         task: &MatmulTask<'_>,
         out: &mut [i32],
     ) -> Result<MatmulStats, DeviceError>;
-    /// Counters.
-    fn stats(&self) -> DeviceStats;
 }

@@ -1,6 +1,6 @@
 //! Probes of a device's address windows, as library functions (the CLI prints them).
 
-use crate::{Device, DeviceError, DomainId, MemFlags};
+use crate::{BufferIntent, Device, DeviceError, DomainId};
 
 /// What the DMA probe does with each buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,8 +26,8 @@ pub struct DmaProbeReport {
     pub error: Option<DeviceError>,
 }
 
-/// Allocate `mb`-MiB buffers (flags `NON_CONTIGUOUS | CACHEABLE`, size-aligned like a plain DMA
-/// allocation) in domain 0 until its window is full, then in domain 1, … up to `domains`; keep
+/// Allocate `mb`-MiB [`BufferIntent::Probe`] buffers (rknpu: `NON_CONTIGUOUS | CACHEABLE`,
+/// size-aligned like a plain DMA allocation) in domain 0 until its window is full, then in domain 1, … up to `domains`; keep
 /// them all alive, then free them. Reproduces ork's board probe: one domain fails at index 63
 /// after 4.23 GB with 64 MB buffers.
 pub fn probe_dma(
@@ -49,13 +49,12 @@ pub fn probe_dma(
         .ok_or(DeviceError::ZeroSize {
             domain: DomainId(0),
         })?;
-    let flags = MemFlags::NON_CONTIGUOUS | MemFlags::CACHEABLE;
     let mut held = Vec::new();
     let mut per_domain = vec![0u64; domains as usize];
     let mut failure = None;
     'domains: for d in 0..domains {
         loop {
-            match dev.create_buffer(size, flags, DomainId(d)) {
+            match dev.create_buffer(size, BufferIntent::Probe, DomainId(d)) {
                 Ok(mut b) => {
                     if mode == DmaProbeMode::CreateMmap {
                         let s = b.as_mut_slice();
@@ -97,7 +96,7 @@ pub struct StreamProbeReport {
     pub leaked: u64,
 }
 
-/// Cycle `total_mb` MiB through domain 0 in `mb`-MiB weight-sized buffers: create (weight flags),
+/// Cycle `total_mb` MiB through domain 0 in `mb`-MiB weight-sized buffers: create (weight intent),
 /// fill with a real copy from a host buffer, sync, free. Residency must return to
 /// where it started.
 pub fn probe_stream(
@@ -117,7 +116,7 @@ pub fn probe_stream(
     let mut buffers = 0u64;
     let mut max_resident = start;
     while cycled < total_mb.saturating_mul(1 << 20) {
-        let mut b = dev.create_buffer(size, MemFlags::WEIGHT, DomainId(0))?;
+        let mut b = dev.create_buffer(size, BufferIntent::Weight, DomainId(0))?;
         b.as_mut_slice().copy_from_slice(&src);
         b.sync_to_device()?;
         max_resident = max_resident.max(dev.stats().resident_total());

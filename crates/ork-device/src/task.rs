@@ -4,7 +4,7 @@ use half::f16;
 use ork_pack::{PackDtype, PackedWeight, TiledLayout};
 
 use crate::kernel::MAX_K;
-use crate::{BufferView, Device, DeviceBuffer, DeviceError, DomainId, MemFlags};
+use crate::{BufferIntent, BufferView, Device, DeviceBuffer, DeviceError, DomainId};
 
 /// A packed weight resident on a device: the tiled blob in a device buffer plus its per-output-
 /// channel scales (host side; the NPU applies them in the output conversion).
@@ -39,6 +39,47 @@ pub struct WeightRef<'a> {
     pub bytes: BufferView<'a>,
     /// One scale per output channel (`layout.n`).
     pub scales: &'a [f32],
+}
+
+impl WeightRef<'_> {
+    /// Check the weight's shape, bytes and scales against its layout (`m`: the task's rows, for
+    /// the error; 0 outside a task).
+    pub(crate) fn check(&self, m: usize) -> Result<(), DeviceError> {
+        let l = self.layout;
+        let (k, n) = (l.k, l.n);
+        if k == 0 || n == 0 {
+            return Err(DeviceError::Shape {
+                m,
+                k,
+                n,
+                reason: "weight has a zero dimension",
+            });
+        }
+        if l.k_pad() > MAX_K {
+            return Err(DeviceError::Shape {
+                m,
+                k,
+                n,
+                reason: "K exceeds 65536 (i32 accumulator range)",
+            });
+        }
+        let want_bytes = l.blob_bytes();
+        if self.bytes.len() != want_bytes as u64 {
+            return Err(DeviceError::Length {
+                operand: "weight bytes",
+                expected: want_bytes,
+                got: self.bytes.len() as usize,
+            });
+        }
+        if self.scales.len() != n {
+            return Err(DeviceError::Length {
+                operand: "weight scales",
+                expected: n,
+                got: self.scales.len(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Precision of a task's activations (the A operand). The RK3588 multiplies int8 activations by
@@ -198,39 +239,9 @@ impl<'a> MatmulTask<'a> {
 
     /// Check the task's shape and operand lengths against `out_len` output elements.
     pub(crate) fn check(&self, out_len: usize) -> Result<(), DeviceError> {
+        self.weight.check(self.m)?;
         let l = self.weight.layout;
         let (m, k, n) = (self.m, l.k, l.n);
-        if k == 0 || n == 0 {
-            return Err(DeviceError::Shape {
-                m,
-                k,
-                n,
-                reason: "weight has a zero dimension",
-            });
-        }
-        if l.k_pad() > MAX_K {
-            return Err(DeviceError::Shape {
-                m,
-                k,
-                n,
-                reason: "K exceeds 65536 (i32 accumulator range)",
-            });
-        }
-        let want_bytes = l.blob_bytes();
-        if self.weight.bytes.len() != want_bytes as u64 {
-            return Err(DeviceError::Length {
-                operand: "weight bytes",
-                expected: want_bytes,
-                got: self.weight.bytes.len() as usize,
-            });
-        }
-        if self.weight.scales.len() != n {
-            return Err(DeviceError::Length {
-                operand: "weight scales",
-                expected: n,
-                got: self.weight.scales.len(),
-            });
-        }
         let mk = m.checked_mul(k).ok_or(DeviceError::Shape {
             m,
             k,
@@ -305,8 +316,8 @@ fn cast_i8(b: &[u8]) -> &[i8] {
     <[i8]>::ref_from_bytes(b).unwrap_or(&[])
 }
 
-/// Copy a host-packed weight into a new device buffer in `domain` (flags
-/// [`MemFlags::WEIGHT`]) and sync it to the device.
+/// Copy a host-packed weight into a new [`BufferIntent::Weight`] buffer in `domain`, sync it to
+/// the device and [prepare](Device::prepare_weight) it.
 pub fn upload(
     dev: &dyn Device,
     w: &PackedWeight,
@@ -327,14 +338,16 @@ pub fn upload(
             got: w.scales.len(),
         });
     }
-    let mut buffer = dev.create_buffer(want as u64, MemFlags::WEIGHT, domain)?;
+    let mut buffer = dev.create_buffer(want as u64, BufferIntent::Weight, domain)?;
     buffer.as_mut_slice().copy_from_slice(&w.data);
     buffer.sync_to_device()?;
-    Ok(DeviceWeight {
+    let weight = DeviceWeight {
         layout: w.layout,
         buffer,
         scales: w.scales.clone(),
-    })
+    };
+    dev.prepare_weight(&weight.as_weight())?;
+    Ok(weight)
 }
 
 /// Whether a dtype's raw accumulators are integers (int8 / int4 weights).

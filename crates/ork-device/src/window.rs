@@ -85,6 +85,16 @@ fn page_round(x: u64) -> Option<u64> {
     x.checked_add(PAGE_BYTES - 1).map(|v| v & !(PAGE_BYTES - 1))
 }
 
+/// Bytes of a window a buffer of `size` bytes occupies: `size` rounded up to whole IOMMU pages
+/// (`u64::MAX` for sizes no window can hold). The emulator's and rknpu's
+/// [`crate::Device::footprint`], and what a planner without a device uses for them.
+pub const fn footprint(size: u64) -> u64 {
+    match size.checked_add(PAGE_BYTES - 1) {
+        Some(v) => v & !(PAGE_BYTES - 1),
+        None => u64::MAX,
+    }
+}
+
 impl Window {
     /// An empty window. Reserved ranges are clipped to the window and page-rounded outward.
     pub fn new(config: &WindowConfig) -> Self {

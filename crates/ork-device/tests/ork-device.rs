@@ -1,82 +1,80 @@
-//! Integration tests of ork-device. Backend-agnostic tests are stamped out for every backend that
-//! is available by `on_every_backend!`: the emulator always, rknpu when its device opens.
+//! Integration tests of ork-device. The backend conformance suite runs on every backend that is
+//! present: the emulator always, rknpu where its render node opens (elsewhere it prints why it
+//! skipped). The emulator's own behaviour (board calibration, kernels, probes) follows.
+
+use std::sync::Arc;
 
 use half::f16;
 use ork_device::window::{PAGE_BYTES, WINDOW_BYTES};
 use ork_device::{
-    upload, ActPrecision, Activations, CoreMask, Device, DeviceError, DomainId, EmuConfig,
-    EmuDevice, MatmulTask, MemFlags,
+    upload, ActPrecision, Activations, BufferIntent, CoreMask, Device, DeviceError, DeviceKind,
+    DomainId, EmuConfig, EmuDevice, IntegerOracle, MatmulTask, OpenOptions,
 };
 use ork_pack::{PackDtype, PackedWeight, TiledLayout};
 use proptest::prelude::*;
 
-/// Stamp each test body once per backend: `fn name(dev: &dyn Device) { ... }`.
-macro_rules! on_every_backend {
-    ($(fn $name:ident($dev:ident: &dyn Device) $body:block)*) => {
-        mod emu {
-            use super::*;
-            $(#[test] fn $name() { let d = EmuDevice::new(); let $dev: &dyn Device = &d; $body })*
-        }
-        #[cfg(target_os = "linux")]
-        mod rknpu {
-            use super::*;
-            $(#[test] fn $name() {
-                // Runs only where an rknpu device opens (a board); elsewhere `open` must say
-                // NotFound, which `rknpu_absent_is_not_found` checks.
-                let Ok(d) = ork_device::RknpuDevice::open() else { return };
-                let $dev: &dyn Device = &d;
-                $body
-            })*
-        }
-    };
+ork_device::device_conformance!(emu, || Ok(Arc::new(EmuDevice::new()) as Arc<dyn Device>));
+
+// Two domains and a small window: the suite must not assume the defaults.
+ork_device::device_conformance!(emu_small, || {
+    EmuDevice::with_config(EmuConfig {
+        domains: 2,
+        window: ork_device::window::WindowConfig {
+            size: 256 << 20,
+            reserved: vec![],
+        },
+        ..EmuConfig::default()
+    })
+    .map(|d| Arc::new(d) as Arc<dyn Device>)
+});
+
+#[cfg(target_os = "linux")]
+ork_device::device_conformance!(rknpu, || {
+    ork_device::RknpuDevice::open().map(|d| Arc::new(d) as Arc<dyn Device>)
+});
+
+#[test]
+fn emulator_buffers_are_page_aligned_and_size_aligned_by_intent() {
+    let dev = EmuDevice::new();
+    // Weights are page-aligned (0x403 on rknpu); probe buffers take the size-aligned DMA path.
+    let w = dev
+        .create_buffer(12 * 1024, BufferIntent::Weight, DomainId(0))
+        .unwrap();
+    assert_eq!(w.iova(), WINDOW_BYTES - 12 * 1024);
+    let p = dev
+        .create_buffer(12 * 1024, BufferIntent::Probe, DomainId(0))
+        .unwrap();
+    assert_eq!(p.iova() % (16 * 1024), 0);
+    assert_eq!(p.iova(), WINDOW_BYTES - 32 * 1024);
+    assert_eq!(dev.footprint(12 * 1024 + 1), 16 * 1024);
+    assert_eq!(dev.footprint(1), PAGE_BYTES);
+    assert_eq!(ork_device::window::footprint(u64::MAX), u64::MAX);
 }
 
-on_every_backend! {
-    fn buffer_roundtrip_and_stats(dev: &dyn Device) {
-        let before = dev.stats();
-        let mut b = dev.create_buffer(10_000, MemFlags::WEIGHT, DomainId(0)).unwrap();
-        assert_eq!(b.size(), 10_000);
-        assert_eq!(b.domain(), DomainId(0));
-        assert!(b.iova() + b.size() <= dev.info().window_bytes);
-        assert_eq!(b.iova() % PAGE_BYTES, 0);
-        b.as_mut_slice().iter_mut().enumerate().for_each(|(i, x)| *x = i as u8);
-        b.sync_to_device().unwrap();
-        b.sync_from_device().unwrap();
-        assert_eq!(b.as_slice()[9_999], (9_999 % 256) as u8);
-        let v = b.view(4096, 100).unwrap();
-        assert_eq!(v.iova(), b.iova() + 4096);
-        assert_eq!(v.as_slice()[0], 0);
-        let s = dev.stats();
-        assert_eq!(s.buffers_live, before.buffers_live + 1);
-        assert_eq!(s.resident_per_domain[0], before.resident_per_domain[0] + 12_288);
-        drop(b);
-        let s = dev.stats();
-        assert_eq!(s.buffers_live, before.buffers_live);
-        assert_eq!(s.resident_per_domain[0], before.resident_per_domain[0]);
+#[test]
+fn open_by_kind() {
+    let emu = ork_device::open(DeviceKind::Emu, &OpenOptions::new().domains(3)).unwrap();
+    assert_eq!(emu.info().domains, 3);
+    assert!(emu.info().computes);
+    assert!(matches!(
+        ork_device::open(DeviceKind::Emu, &OpenOptions::new().domains(17)),
+        Err(DeviceError::BadConfig { .. })
+    ));
+    let auto = ork_device::open(DeviceKind::Auto, &OpenOptions::new()).unwrap();
+    // rknpu cannot compute yet, so auto never picks it for a caller that computes.
+    assert!(auto.info().computes, "{}", auto.info().name);
+    assert!(auto.info().name.starts_with("emulated"));
+    assert!(auto.info().name.contains("auto:"), "{}", auto.info().name);
+    assert_eq!(auto.info().domains, 16);
+    let by_name = ork_device::open(DeviceKind::Rknpu, &OpenOptions::new());
+    match by_name {
+        // No board here: NotFound. On a board: it opens but cannot compute.
+        Err(DeviceError::NotFound { .. } | DeviceError::Unsupported { .. }) => {}
+        other => panic!("{:?}", other.map(|d| d.info())),
     }
-
-    fn view_out_of_range(dev: &dyn Device) {
-        let b = dev.create_buffer(8192, MemFlags::WEIGHT, DomainId(0)).unwrap();
-        assert!(matches!(b.view(4096, 4097), Err(DeviceError::OutOfRange { .. })));
-        assert!(matches!(b.view(u64::MAX, 2), Err(DeviceError::OutOfRange { .. })));
-    }
-
-    fn zero_size_buffer(dev: &dyn Device) {
-        assert!(matches!(dev.create_buffer(0, MemFlags::WEIGHT, DomainId(0)), Err(DeviceError::ZeroSize { .. })));
-    }
-
-    fn oversize_buffer(dev: &dyn Device) {
-        let r = dev.create_buffer(dev.info().window_bytes + 1, MemFlags::WEIGHT, DomainId(0));
-        assert!(matches!(r, Err(DeviceError::Oversize { .. })), "{r:?}");
-    }
-
-    fn unknown_domain(dev: &dyn Device) {
-        let n = dev.info().domains;
-        for d in [n, 16, u32::MAX] {
-            let r = dev.create_buffer(4096, MemFlags::WEIGHT, DomainId(d));
-            assert!(matches!(r, Err(DeviceError::UnknownDomain { .. })), "{d}: {r:?}");
-        }
-    }
+    // Buffers only (the probes): rknpu where it opens, else the emulator.
+    let probe = ork_device::open(DeviceKind::Auto, &OpenOptions::new().compute(false)).unwrap();
+    assert!(probe.info().name.starts_with("emulated") || probe.info().name.starts_with("rknpu"));
 }
 
 // ---------- matmul (emulator; rknpu submission is not implemented) ----------
@@ -226,7 +224,7 @@ fn check_f16(dtype: PackDtype, m: usize, k: usize, n: usize, seed: u64, on_devic
     let abuf;
     let activations = if on_device {
         let mut b = dev
-            .create_buffer(2 * a.len() as u64, MemFlags::CACHEABLE, DomainId(0))
+            .create_buffer(2 * a.len() as u64, BufferIntent::Activation, DomainId(0))
             .unwrap();
         for (d, v) in b.as_mut_slice().chunks_exact_mut(2).zip(&a) {
             d.copy_from_slice(&v.to_le_bytes());
@@ -297,7 +295,11 @@ fn f16_activations_at_an_odd_offset_and_bad_operands() {
         .unwrap();
     // The same values one byte into a buffer (not 2-aligned): same result.
     let mut b = dev
-        .create_buffer(1 + 2 * a.len() as u64, MemFlags::CACHEABLE, DomainId(0))
+        .create_buffer(
+            1 + 2 * a.len() as u64,
+            BufferIntent::Activation,
+            DomainId(0),
+        )
         .unwrap();
     for (d, v) in b.as_mut_slice()[1..].chunks_exact_mut(2).zip(&a) {
         d.copy_from_slice(&v.to_le_bytes());
@@ -356,7 +358,7 @@ fn f16_activations_at_an_odd_offset_and_bad_operands() {
     ));
     // Activations of another domain.
     let other = dev
-        .create_buffer(2 * a.len() as u64, MemFlags::CACHEABLE, DomainId(3))
+        .create_buffer(2 * a.len() as u64, BufferIntent::Activation, DomainId(3))
         .unwrap();
     assert!(matches!(
         dev.matmul(
@@ -443,7 +445,7 @@ fn matmul_on_a_view_inside_an_arena() {
     let (pw, q) = random_weight(PackDtype::I8, 96, 40, &mut rng);
     let bytes = pw.data.len() as u64;
     let mut arena = dev
-        .create_buffer(3 * 4096 + bytes, MemFlags::WEIGHT, DomainId(2))
+        .create_buffer(3 * 4096 + bytes, BufferIntent::Weight, DomainId(2))
         .unwrap();
     arena.as_mut_slice()[3 * 4096..].copy_from_slice(&pw.data);
     let view = arena.view(3 * 4096, bytes).unwrap();
@@ -475,7 +477,7 @@ fn device_activations_and_cross_domain() {
     let w = upload(&dev, &pw, DomainId(1)).unwrap();
     let a: Vec<i8> = (0..3 * 64).map(|_| rng.i8()).collect();
     let mut abuf = dev
-        .create_buffer(a.len() as u64, MemFlags::CACHEABLE, DomainId(1))
+        .create_buffer(a.len() as u64, BufferIntent::Activation, DomainId(1))
         .unwrap();
     abuf.as_mut_slice()
         .iter_mut()
@@ -492,7 +494,7 @@ fn device_activations_and_cross_domain() {
     dev.matmul_raw(&t, &mut raw).unwrap();
     assert_eq!(raw, naive(&a, &q, 3, 32, 64));
     let other = dev
-        .create_buffer(a.len() as u64, MemFlags::CACHEABLE, DomainId(0))
+        .create_buffer(a.len() as u64, BufferIntent::Activation, DomainId(0))
         .unwrap();
     t.activations = Activations::Device(other.full_view());
     let r = dev.matmul_raw(&t, &mut raw);
@@ -612,7 +614,7 @@ fn window_full_is_errno_14_equivalent_and_recovers() {
     let dev = EmuDevice::new();
     let mut bufs = Vec::new();
     let err = loop {
-        match dev.create_buffer(64 << 20, MemFlags::CACHEABLE, DomainId(0)) {
+        match dev.create_buffer(64 << 20, BufferIntent::Probe, DomainId(0)) {
             Ok(b) => bufs.push(b),
             Err(e) => break e,
         }
@@ -630,11 +632,11 @@ fn window_full_is_errno_14_equivalent_and_recovers() {
     );
     // Another domain still has a whole window.
     let other = dev
-        .create_buffer(64 << 20, MemFlags::CACHEABLE, DomainId(1))
+        .create_buffer(64 << 20, BufferIntent::Probe, DomainId(1))
         .unwrap();
     drop(bufs.pop());
     let again = dev
-        .create_buffer(64 << 20, MemFlags::CACHEABLE, DomainId(0))
+        .create_buffer(64 << 20, BufferIntent::Probe, DomainId(0))
         .unwrap();
     drop((bufs, other, again));
     let s = dev.stats();
@@ -675,7 +677,7 @@ fn config_is_validated() {
     })
     .unwrap();
     assert!(matches!(
-        d.create_buffer(4096, MemFlags::WEIGHT, DomainId(2)),
+        d.create_buffer(4096, BufferIntent::Weight, DomainId(2)),
         Err(DeviceError::UnknownDomain { .. })
     ));
 }
@@ -731,4 +733,93 @@ fn probe_stream_cycles_more_than_the_window_without_leaking() {
     assert_eq!((r.bytes_cycled, r.buffers, r.leaked), (256 << 20, 16, 0));
     assert_eq!(r.max_resident, 16 << 20);
     assert_eq!(dev.stats().resident_total(), 0);
+}
+
+// ---------- the suite catches broken backends ----------
+
+/// The emulator with one defect switched on, to show the conformance checks can fail.
+struct Broken {
+    inner: EmuDevice,
+    /// `footprint` returns the size unrounded (not what the window holds).
+    bad_footprint: bool,
+    /// `matmul` nudges its first output.
+    bad_matmul: bool,
+}
+
+impl Device for Broken {
+    fn info(&self) -> ork_device::DeviceInfo {
+        self.inner.info()
+    }
+    fn create_buffer(
+        &self,
+        size: u64,
+        intent: BufferIntent,
+        domain: DomainId,
+    ) -> Result<ork_device::DeviceBuffer, DeviceError> {
+        self.inner.create_buffer(size, intent, domain)
+    }
+    fn footprint(&self, size: u64) -> u64 {
+        if self.bad_footprint {
+            size
+        } else {
+            self.inner.footprint(size)
+        }
+    }
+    fn matmul(
+        &self,
+        task: &MatmulTask<'_>,
+        out: &mut [f32],
+    ) -> Result<ork_device::MatmulStats, DeviceError> {
+        let st = self.inner.matmul(task, out)?;
+        if self.bad_matmul {
+            out[0] += 0.5;
+        }
+        Ok(st)
+    }
+    fn stats(&self) -> ork_device::DeviceStats {
+        self.inner.stats()
+    }
+}
+
+fn broken(bad_footprint: bool, bad_matmul: bool) -> Result<Arc<dyn Device>, DeviceError> {
+    Ok(Arc::new(Broken {
+        inner: EmuDevice::new(),
+        bad_footprint,
+        bad_matmul,
+    }))
+}
+
+#[test]
+#[should_panic(expected = "size 1")]
+fn suite_catches_a_wrong_footprint() {
+    ork_device::conformance::run(
+        "footprint",
+        &|| broken(true, false),
+        ork_device::conformance::footprint_is_what_the_window_holds,
+    );
+}
+
+#[test]
+#[should_panic(expected = "I8 weights, int8 activations")]
+fn suite_catches_a_wrong_matmul() {
+    ork_device::conformance::run(
+        "matmul",
+        &|| broken(false, true),
+        ork_device::conformance::integer_weights_match_f64_reference,
+    );
+}
+
+#[test]
+fn suite_passes_the_unbroken_wrapper_without_an_oracle() {
+    // The same wrapper with no defect passes (and has no integer oracle: that check skips).
+    ork_device::conformance::run(
+        "matmul",
+        &|| broken(false, false),
+        ork_device::conformance::integer_weights_match_f64_reference,
+    );
+    ork_device::conformance::run(
+        "oracle",
+        &|| broken(false, false),
+        ork_device::conformance::integer_oracle_is_exact,
+    );
 }

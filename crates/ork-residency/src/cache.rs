@@ -13,16 +13,18 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use ork_device::{Device, DeviceBuffer, DeviceError, DeviceWeight, DomainId, MemFlags};
+use ork_device::{BufferIntent, Device, DeviceBuffer, DeviceError, DeviceWeight, DomainId};
 use ork_pack::TiledLayout;
 
 use crate::source::{Fetch, WeightSource};
 use crate::trace::{Lane, Trace};
 use crate::ResidencyError;
 
-/// Device bytes a weight occupies: its blob rounded up to whole pages.
+/// Device bytes a weight occupies on the RK3588 (emulated or rknpu), for the planner, which runs
+/// without a device: the same [`ork_device::window::footprint`] those devices' `footprint` is.
+/// With a device at hand, ask it ([`Device::footprint`]).
 pub fn device_bytes(layout: &TiledLayout) -> u64 {
-    (layout.blob_bytes() as u64).div_ceil(4096) * 4096
+    ork_device::window::footprint(layout.blob_bytes() as u64)
 }
 
 /// Counters of a cache since it was created.
@@ -186,18 +188,15 @@ enum Fetched {
 pub struct CacheConfig {
     /// Byte budget of resident weights in each domain.
     pub budget_bytes: u64,
-    /// Flags of weight buffers.
-    pub flags: MemFlags,
     /// Domains the cache may place weights in (`placement` picks one per weight; default 0).
     pub domains: u32,
 }
 
 impl CacheConfig {
-    /// A budget in bytes per domain, one domain, weight flags.
+    /// A budget in bytes per domain, one domain.
     pub fn new(budget_bytes: u64) -> Self {
         CacheConfig {
             budget_bytes,
-            flags: MemFlags::WEIGHT,
             domains: 1,
         }
     }
@@ -372,7 +371,9 @@ impl WeightCache {
     /// domain's budget from now on; pinning more than the budget holds is
     /// [`ResidencyError::BudgetTooSmall`] (naming this weight, with the minimum budget).
     pub fn pin(&self, name: &str) -> Result<(), ResidencyError> {
-        let bytes = device_bytes(&self.layout(name)?);
+        let bytes = self
+            .device
+            .footprint(self.layout(name)?.blob_bytes() as u64);
         let domain = self.checked_domain(name)?;
         let mut st = self.lock();
         let pinned = st.pinned[domain.0 as usize];
@@ -481,7 +482,7 @@ impl WeightCache {
         layout: TiledLayout,
         by: Requester,
     ) -> Result<Fetched, ResidencyError> {
-        let bytes = device_bytes(&layout);
+        let bytes = self.device.footprint(layout.blob_bytes() as u64);
         let domain = self.checked_domain(name)?;
         let d = domain.0 as usize;
         let mut st = self.lock();
@@ -665,7 +666,10 @@ impl WeightCache {
             b
         } else {
             loop {
-                match self.device.create_buffer(size, self.config.flags, domain) {
+                match self
+                    .device
+                    .create_buffer(size, BufferIntent::Weight, domain)
+                {
                     Ok(b) => break b,
                     Err(e @ DeviceError::WindowFull { .. }) => {
                         if !self.relieve_wall(domain, by) {
@@ -691,14 +695,18 @@ impl WeightCache {
                 name: name.to_owned(),
                 source,
             })?;
-        Ok((
-            DeviceWeight {
-                layout,
-                buffer,
-                scales,
-            },
-            how,
-        ))
+        let weight = DeviceWeight {
+            layout,
+            buffer,
+            scales,
+        };
+        self.device
+            .prepare_weight(&weight.as_weight())
+            .map_err(|source| ResidencyError::Device {
+                name: name.to_owned(),
+                source,
+            })?;
+        Ok((weight, how))
     }
 }
 

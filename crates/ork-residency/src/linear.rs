@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use half::{f16, slice::HalfFloatSliceExt};
 use ork_device::{
-    ActPrecision, Activations, CoreMask, DeviceBuffer, DeviceError, MatmulTask, MemFlags,
+    ActPrecision, Activations, BufferIntent, CoreMask, DeviceBuffer, DeviceError, MatmulTask,
 };
 use rayon::prelude::*;
 use zerocopy::FromBytes;
@@ -183,13 +183,10 @@ impl DeviceMatmul {
             // Round up so a growing prompt does not reallocate every call.
             let size = need.next_power_of_two().max(64 * 1024);
             *slot = None; // free the old one first: its IOVA returns to the window
-            let flags = MemFlags::NON_CONTIGUOUS
-                | MemFlags::CACHEABLE
-                | MemFlags::IOMMU_LIMIT_IOVA_ALIGNMENT;
-            // Activations share the window with the weights but not the budget: when the window
-            // is full, evict weights like a weight allocation would (a wall hit).
+                          // Activations share the window with the weights but not the budget: when the window
+                          // is full, evict weights like a weight allocation would (a wall hit).
             let buffer = loop {
-                match device.create_buffer(size, flags, domain) {
+                match device.create_buffer(size, BufferIntent::Activation, domain) {
                     Ok(b) => break b,
                     Err(source @ DeviceError::WindowFull { .. }) => {
                         if !self.cache.relieve_wall(domain, Requester::Compute) {

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use ork_device::window::WindowConfig;
 use ork_device::{
-    ActPrecision, Device, DeviceBuffer, DeviceError, DeviceInfo, DeviceStats, DomainId, EmuConfig,
-    EmuDevice, MatmulStats, MatmulTask, MemFlags,
+    ActPrecision, BufferIntent, Device, DeviceBuffer, DeviceError, DeviceInfo, DeviceStats,
+    DomainId, EmuConfig, EmuDevice, MatmulStats, MatmulTask,
 };
 use ork_gguf::writer::GgufBuilder;
 use ork_gguf::{GgmlType, GgufFile};
@@ -333,7 +333,7 @@ impl Device for Jitter {
     fn create_buffer(
         &self,
         size: u64,
-        flags: MemFlags,
+        intent: BufferIntent,
         domain: DomainId,
     ) -> Result<DeviceBuffer, DeviceError> {
         if on_prefetch_thread() {
@@ -349,7 +349,7 @@ impl Device for Jitter {
             }
         }
         self.sleep();
-        let b = self.inner.create_buffer(size, flags, domain)?;
+        let b = self.inner.create_buffer(size, intent, domain)?;
         self.check_limit();
         Ok(b)
     }
@@ -366,12 +366,16 @@ impl Device for Jitter {
         r
     }
 
-    fn matmul_raw(
-        &self,
-        task: &MatmulTask<'_>,
-        out: &mut [i32],
-    ) -> Result<MatmulStats, DeviceError> {
-        self.inner.matmul_raw(task, out)
+    fn footprint(&self, size: u64) -> u64 {
+        self.inner.footprint(size)
+    }
+
+    fn prepare_weight(&self, weight: &ork_device::WeightRef<'_>) -> Result<(), DeviceError> {
+        self.inner.prepare_weight(weight)
+    }
+
+    fn as_integer(&self) -> Option<&dyn ork_device::IntegerOracle> {
+        self.inner.as_integer()
     }
 
     fn stats(&self) -> DeviceStats {

@@ -1,4 +1,4 @@
-//! The vendor `rknpu` DRM UAPI (driver 0.9.8 `rknpu_ioctl.h`, REFERENCE §2): `#[repr(C)]` structs
+//! The vendor `rknpu` DRM UAPI (driver 0.9.8 `rknpu_ioctl.h`, see `docs/device.md`): `#[repr(C)]` structs
 //! whose sizes are pinned at compile time and whose field offsets and request codes are unit-tested
 //! against the reference table.
 

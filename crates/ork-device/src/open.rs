@@ -1,0 +1,116 @@
+//! Opening a device by kind: the one place that decides which backend `auto` means.
+
+use std::sync::Arc;
+
+use crate::{Device, DeviceError, EmuConfig, EmuDevice};
+
+/// Which backend to open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeviceKind {
+    /// The policy of [`open`]: an NPU backend that opens and can do what the caller needs,
+    /// else the emulator.
+    #[default]
+    Auto,
+    /// The emulated RK3588 NPU ([`EmuDevice`]).
+    Emu,
+    /// The vendor `rknpu` DRM driver (Linux, on an RK3588 board).
+    Rknpu,
+}
+
+/// How to open a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OpenOptions {
+    /// IOMMU domains the emulator gets (1..=16; `None`: all 16). A hardware backend has the
+    /// domains its driver has.
+    pub domains: Option<u32>,
+    /// Whether the caller will submit matmuls (`true`, the default) or only allocates buffers
+    /// (the window probes). A backend that cannot compute ([`crate::DeviceInfo::computes`]) is
+    /// refused when asked for by name and skipped by `auto` when this is set.
+    pub compute: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            domains: None,
+            compute: true,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Options that need compute and give the emulator all 16 domains.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Give the emulator `domains` IOMMU domains.
+    pub fn domains(mut self, domains: u32) -> Self {
+        self.domains = Some(domains);
+        self
+    }
+
+    /// Whether the caller submits matmuls (see [`OpenOptions::compute`]).
+    pub fn compute(mut self, compute: bool) -> Self {
+        self.compute = compute;
+        self
+    }
+}
+
+/// Open a device of `kind`.
+///
+/// The `auto` policy, the only one in ork: try the NPU backends in order (today: rknpu); take the
+/// first that opens and can do what the caller needs (with `options.compute`, it must compute,
+/// which rknpu cannot yet); otherwise open the emulator and say in [`crate::DeviceInfo::name`]
+/// why (no NPU found, or found but unable to compute). Asking for `rknpu` by name gives its
+/// error instead: [`DeviceError::NotFound`] without a board, [`DeviceError::Unsupported`] when
+/// the caller needs compute.
+pub fn open(kind: DeviceKind, options: &OpenOptions) -> Result<Arc<dyn Device>, DeviceError> {
+    match kind {
+        DeviceKind::Emu => Ok(Arc::new(emulator(options)?)),
+        DeviceKind::Rknpu => rknpu(options),
+        DeviceKind::Auto => match rknpu(options) {
+            Ok(dev) => Ok(dev),
+            Err(e) => {
+                let why = match e {
+                    DeviceError::NotFound { .. } => "auto: no rknpu NPU found".to_string(),
+                    e => format!("auto: rknpu not used: {e}"),
+                };
+                Ok(Arc::new(emulator(options)?.with_note(why)))
+            }
+        },
+    }
+}
+
+fn emulator(options: &OpenOptions) -> Result<EmuDevice, DeviceError> {
+    match options.domains {
+        None => Ok(EmuDevice::new()),
+        Some(domains) => EmuDevice::with_config(EmuConfig {
+            domains,
+            ..EmuConfig::default()
+        }),
+    }
+}
+
+/// The rknpu device, if it opens and can do what `options` needs.
+#[cfg(target_os = "linux")]
+fn rknpu(options: &OpenOptions) -> Result<Arc<dyn Device>, DeviceError> {
+    let dev = crate::RknpuDevice::open()?;
+    if options.compute && !dev.info().computes {
+        return Err(DeviceError::Unsupported {
+            backend: "rknpu",
+            what: "matmul submission (buffers work, but register-command generation was never \
+                   run on a board); use --device emu",
+        });
+    }
+    Ok(Arc::new(dev))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn rknpu(_options: &OpenOptions) -> Result<Arc<dyn Device>, DeviceError> {
+    Err(DeviceError::NotFound {
+        what: "the rknpu backend exists on Linux only".to_string(),
+    })
+}
