@@ -17,6 +17,35 @@ pub enum StoreError {
         /// OS error.
         source: std::io::Error,
     },
+    /// The path names a directory, FIFO, device or socket, not a regular file (refused on open,
+    /// and as a write target).
+    #[error("{path}: is {kind}, not a regular file")]
+    NotRegularFile {
+        /// The path as given.
+        path: PathBuf,
+        /// What it is ("a directory", "a FIFO", …).
+        kind: &'static str,
+    },
+    /// The pack target is the model file itself (same device and inode: another spelling, a
+    /// symlink or a hard link); nothing was written.
+    #[error(
+        "{path}: is the model {model} itself; refusing to overwrite it (pass another --pack / -o)"
+    )]
+    WouldOverwriteModel {
+        /// The pack path as given.
+        path: PathBuf,
+        /// The model path as given.
+        model: PathBuf,
+    },
+    /// The pack target exists and may not be replaced (not an `.orkpack`, a dangling symlink, …);
+    /// nothing was written.
+    #[error("{path}: refusing to replace it: {reason}")]
+    RefuseOverwrite {
+        /// The pack path as given.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The file does not start (or end) with the `.orkpack` magic.
     #[error("{path}: not an .orkpack file (magic {found:02x?})")]
     BadMagic {
@@ -135,6 +164,12 @@ pub enum StoreError {
         /// The pack layer's error (boxed: it embeds GGUF errors and would bloat every
         /// `Result` of this crate).
         source: Box<ork_pack::PackError>,
+    },
+    /// The model file could not be read correctly (it changed while open).
+    #[error(transparent)]
+    Source {
+        /// The GGUF layer's error, naming file and tensor (boxed, see `Pack`).
+        source: Box<ork_gguf::GgufError>,
     },
     /// The pack thread pool could not be built.
     #[error("building the pack thread pool: {reason}")]
