@@ -276,6 +276,14 @@ impl Orkpack {
         Ok(h)
     }
 
+    /// `Ok` if every byte read from the file so far was the file's (it was not cut short while
+    /// open); otherwise [`StoreError::BlobUnreadable`] for `e`.
+    pub(crate) fn check_intact(&self, e: &Entry, what: &'static str) -> Result<(), StoreError> {
+        self.map
+            .intact()
+            .map_err(|source| self.unreadable(e, what, source))
+    }
+
     fn unreadable(&self, e: &Entry, what: &'static str, source: std::io::Error) -> StoreError {
         StoreError::BlobUnreadable {
             path: self.path.clone(),

@@ -364,7 +364,14 @@ impl OrkpackWriter {
             from.blob(e),
             e.blob_checksum(),
             &scale_bytes,
-        )
+        )?;
+        // Cut short while being copied: the bytes written may be zeros; refuse the entry (the
+        // caller repacks it).
+        if let Err(err) = from.check_intact(e, "blob") {
+            self.broken = true;
+            return Err(err);
+        }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -220,7 +220,7 @@ fn pack_of_another_model_with_the_same_shapes_is_stale() {
 }
 
 #[test]
-fn truncated_pack_and_wrong_magic_exit_2_naming_the_file() {
+fn truncated_or_bad_magic_pack_inspect_exits_2_verify_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     let good = std::fs::read(converted()).unwrap();
 
