@@ -3,7 +3,7 @@
 //! - [`WeightCache`]: a byte-budgeted LRU cache of device-resident weights, fed by a
 //!   [`WeightSource`] (the `.orkpack`, or packing from the GGUF on the fly), with pinning and
 //!   counters ([`CacheStats`]): hits, loads, packs, evictions, wall hits, bytes moved, peak.
-//! - [`plan`]: resident across IOMMU domains when the model fits them, else streamed.
+//! - [`plan()`]: resident across IOMMU domains when the model fits them, else streamed.
 //! - [`Prefetcher`]: a thread that fills the next slots of the schedule while the device
 //!   computes.
 //! - [`DeviceMatmul`]: `y = x · Wᵀ` by weight name on the device, w8a8.
