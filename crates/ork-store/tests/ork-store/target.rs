@@ -175,3 +175,32 @@ fn a_new_target_resolves_to_its_canonical_directory() {
     let e = resolve_target(&dir.path().join("nodir/new.orkpack"), None).unwrap_err();
     assert!(matches!(e, StoreError::Io { .. }), "{e:?}");
 }
+
+#[test]
+fn a_non_finite_scale_with_a_valid_checksum_is_refused_naming_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nan.orkpack");
+    let mut w = super::weight(PackDtype::I8, 64, 32, 7);
+    w.scales[5] = f32::NAN;
+    let source = ork_store::SourceInfo {
+        fingerprint: 1,
+        ggml_type: 0,
+    };
+    let mut writer = ork_store::OrkpackWriter::create(&path).unwrap();
+    writer
+        .add("good", &super::weight(PackDtype::I8, 64, 32, 8), source)
+        .unwrap();
+    writer.add("bad", &w, source).unwrap();
+    writer.finish().unwrap();
+    let pack = Orkpack::open(&path).unwrap();
+    assert!(pack.verify(pack.entry("good").unwrap()).is_ok());
+    for e in [
+        pack.verify(pack.entry("bad").unwrap()).unwrap_err(),
+        pack.load("bad", true).unwrap_err(),
+    ] {
+        match e {
+            StoreError::CorruptBlob { tensor, .. } => assert_eq!(tensor, "bad"),
+            other => panic!("expected CorruptBlob, got {other:?}"),
+        }
+    }
+}
