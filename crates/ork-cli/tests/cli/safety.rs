@@ -342,7 +342,7 @@ fn truncating_model_and_pack_under_a_streamed_run_never_kills_ork() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(100 + trial * 60));
+        std::thread::sleep(Duration::from_millis(200 + trial * 150));
         // In place, as `truncate -s` or a shell `>` would: the inodes stay mapped.
         let cut = |p: &Path, len: usize| {
             std::fs::OpenOptions::new()
@@ -352,8 +352,12 @@ fn truncating_model_and_pack_under_a_streamed_run_never_kills_ork() {
                 .set_len((len / 3) as u64)
                 .unwrap()
         };
+        // Odd trials cut only the pack: its weights are then repacked from the model and the
+        // run must finish with the right text.
         cut(&pack, p_bytes.len());
-        cut(&m, m_bytes.len());
+        if trial % 2 == 0 {
+            cut(&m, m_bytes.len());
+        }
         let o = child.wait_with_output().unwrap();
         assert_eq!(o.status.signal(), None, "trial {trial}: killed by a signal");
         match code(&o) {
@@ -371,6 +375,9 @@ fn truncating_model_and_pack_under_a_streamed_run_never_kills_ork() {
                     err.contains(s(&m)) || err.contains(s(&pack)),
                     "trial {trial}: error names neither file: {err}"
                 );
+                if outcomes.1 == 0 {
+                    eprintln!("first clean stop: {err}");
+                }
                 outcomes.1 += 1;
             }
             other => panic!("trial {trial}: exit {other:?}: {}", stderr(&o)),
