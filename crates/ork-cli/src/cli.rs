@@ -233,9 +233,8 @@ pub struct PerplexityArgs {
     /// Context length per window.
     #[arg(long, default_value_t = 512, value_parser = count_parser(2))]
     pub ctx: usize,
-    /// Score exactly this many windows (at least 2: like llama.cpp, perplexity needs two
-    /// windows of text).
-    #[arg(long, value_parser = count_parser(2))]
+    /// Score exactly this many windows (at least 1; the text must hold them).
+    #[arg(long, value_parser = count_parser(1))]
     pub chunks: Option<usize>,
     /// JSON output.
     #[arg(long)]

@@ -128,7 +128,7 @@ pub enum ExecError {
         what: String,
     },
     /// Perplexity needs at least two context windows of tokens.
-    #[error("perplexity needs at least {needed} tokens (2 × context {context}), got {got}")]
+    #[error("perplexity needs at least {needed} tokens (one window of {context}), got {got}")]
     NotEnoughTokens {
         /// Tokens needed.
         needed: usize,

@@ -360,10 +360,10 @@ fn perplexity_follows_llama_cpp_protocol() {
     assert!((report.running[0] - first).abs() < 1e-3 * first);
 
     assert!(matches!(
-        perplexity(&model, &lin, &tokens[..15], n_ctx, None),
+        perplexity(&model, &lin, &tokens[..n_ctx - 1], n_ctx, None),
         Err(ExecError::NotEnoughTokens {
-            needed: 16,
-            got: 15,
+            needed: 8,
+            got: 7,
             ..
         })
     ));
