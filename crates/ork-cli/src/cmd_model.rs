@@ -208,12 +208,9 @@ fn build_stack(gguf: &Arc<GgufFile>, opts: &ModelOpts, quiet: bool) -> Result<St
                     )
                 }
                 // The pack cannot be written (read-only directory, full disk): run from memory.
-                Err(ork_store::StoreError::Io { op, source, .. })
-                    if op != "open" && op != "mmap" && op != "stat" =>
-                {
+                Err(e) if e.is_write_failure() => {
                     eprintln!(
-                        "[ork] warning: cannot write the weight cache {} ({op}: {source}); running without it (as --no-pack)",
-                        path.display()
+                        "[ork] warning: cannot write the weight cache ({e}); running without it (as --no-pack)"
                     );
                     (
                         WeightSource::Gguf {

@@ -1,6 +1,16 @@
 //! Errors of the store layer.
 use std::path::PathBuf;
 
+/// The `op`s of [`StoreError::Io`] that mean a pack could not be written.
+const WRITE_OPS: [&str; 6] = [
+    "create temp file",
+    "write",
+    "write header",
+    "fsync",
+    "rename temp file over target",
+    "fsync directory",
+];
+
 /// Everything that can go wrong reading, writing or filling an `.orkpack` file. Each variant
 /// names the file and, where there is one, the tensor and the byte offset.
 #[derive(Debug, thiserror::Error)]
@@ -188,6 +198,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether this is a failure to *write* a pack (the temp file cannot be created, a write,
+    /// fsync or the rename fails: a read-only directory, a full disk, a quota) rather than a
+    /// problem with the files themselves. A caller may then run without the cache.
+    pub fn is_write_failure(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Io { op, .. } if WRITE_OPS.contains(op)
+        )
+    }
+
     /// Shorthand for [`StoreError::Io`].
     pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
         StoreError::Io {

@@ -204,3 +204,15 @@ fn a_non_finite_scale_with_a_valid_checksum_is_refused_naming_the_tensor() {
         }
     }
 }
+
+#[test]
+fn an_unwritable_directory_is_a_write_failure() {
+    // /proc/self accepts no new files, not even from root.
+    let e = ork_store::OrkpackWriter::create(Path::new("/proc/self/x.orkpack")).unwrap_err();
+    assert!(e.is_write_failure(), "{e:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, b"x").unwrap();
+    let e = ork_store::OrkpackWriter::create(&notes).unwrap_err();
+    assert!(!e.is_write_failure(), "{e:?}");
+}
