@@ -387,3 +387,37 @@ fn truncating_model_and_pack_under_a_streamed_run_never_kills_ork() {
         outcomes.0, outcomes.1
     );
 }
+
+#[test]
+fn run_says_why_it_rebuilds_a_pack() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("r.orkpack");
+    let m = model();
+    let go = |extra: &[&str]| {
+        let mut args = run_args(&m, s(&pack));
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let o = ork().args(&args).output().unwrap();
+        assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+        stderr(&o)
+    };
+    let first = go(&[]);
+    assert!(
+        !first.contains("rebuilt"),
+        "a first build is not a rebuild: {first}"
+    );
+    let mut bytes = std::fs::read(&pack).unwrap();
+    bytes[4096 + 100] ^= 0x5a;
+    std::fs::write(&pack, &bytes).unwrap();
+    let err = go(&[]);
+    assert!(err.contains("rebuilt") && err.contains("corrupt"), "{err}");
+    let err = go(&["--dtype", "i4"]);
+    assert!(err.contains("rebuilt") && err.contains("dtype"), "{err}");
+    std::fs::write(&pack, &bytes[..bytes.len() / 2]).unwrap();
+    let err = go(&["--dtype", "i4"]);
+    assert!(
+        err.contains("rebuilt") && err.contains("truncated"),
+        "{err}"
+    );
+    let quiet = go(&["--dtype", "i4"]);
+    assert!(!quiet.contains("rebuilt"), "nothing to rebuild: {quiet}");
+}
