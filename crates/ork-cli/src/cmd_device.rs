@@ -11,7 +11,7 @@ use ork_device::bench::{bench_gemm as run_gemm_bench, BenchOptions};
 use ork_device::{
     probe_dma, probe_stream, BufferIntent, Device, DeviceError, DmaProbeMode, DomainId, EmuDevice,
 };
-use ork_pack::{MatrixRows, PackDtype};
+use ork_pack::PackDtype;
 use ork_store::{fingerprint_bytes, Orkpack, OrkpackWriter, SourceInfo};
 use serde::Serialize;
 
@@ -127,6 +127,13 @@ fn stream(dev: &dyn Device, total_gb: f64, mb: u64, json: bool) -> Result<ExitCo
     if !(total_gb.is_finite() && total_gb > 0.0 && total_gb <= 1e6) {
         bail!("--total-gb {total_gb}: must be a positive number of GB (at most 1e6)");
     }
+    let window = dev.info().window_bytes;
+    if mb.saturating_mul(MIB) > window {
+        bail!(
+            "--mb {mb}: a buffer larger than the device window ({} MiB) cannot be mapped",
+            window / MIB
+        );
+    }
     // GB = 10^9 bytes, cycled in MiB-sized buffers: at least the requested total.
     let total_mib = (total_gb * 1e9 / MIB as f64).ceil() as u64;
     let t = Instant::now();
@@ -203,18 +210,43 @@ fn persist_shape(mb: u64) -> Result<(usize, usize)> {
     Ok((k, n))
 }
 
+/// A deterministic pseudo-random K×N weight whose rows are computed on demand (each row from
+/// its own xorshift seed, so any split into row ranges gives the same values).
+struct SyntheticRows {
+    k: usize,
+    n: usize,
+}
+
+impl SyntheticRows {
+    const SEED: u64 = 0x2545_F491_4F6C_DD1D;
+}
+
+impl ork_pack::RowSource for SyntheticRows {
+    fn k(&self) -> usize {
+        self.k
+    }
+    fn n(&self) -> usize {
+        self.n
+    }
+    fn read_rows(&self, first: usize, out: &mut [f32]) -> Result<(), ork_pack::PackError> {
+        for (i, row) in out.chunks_mut(self.k).enumerate() {
+            let mut seed = Self::SEED ^ ((first + i) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            for v in row {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                *v = (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            }
+        }
+        Ok(())
+    }
+}
+
 fn persist(dev: &dyn Device, mb: u64, json: bool) -> Result<ExitCode> {
     let (k, n) = persist_shape(mb)?;
-    let mut seed = 0x2545_F491_4F6C_DD1Du64;
-    let values: Vec<f32> = (0..k * n)
-        .map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect();
-    let rows = MatrixRows::new(&values, k, n)?;
+    // Rows are generated as the pack kernel asks for them: no f32 copy of the whole weight
+    // (that alone was 4× --mb of RAM).
+    let rows = SyntheticRows { k, n };
     // Pack: best of 3 (the host is shared).
     let mut pack_seconds = f64::INFINITY;
     let mut packed = None;
@@ -232,9 +264,12 @@ fn persist(dev: &dyn Device, mb: u64, json: bool) -> Result<ExitCode> {
         .context("creating a temp directory")?;
     let file = dir.path().join("persist.orkpack");
     let name = "probe.persist.weight";
-    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     let source = SourceInfo {
-        fingerprint: fingerprint_bytes(0, &[k as u64, n as u64], &raw),
+        fingerprint: fingerprint_bytes(
+            0,
+            &[k as u64, n as u64],
+            &SyntheticRows::SEED.to_le_bytes(),
+        ),
         ggml_type: 0,
     };
     let mut w = OrkpackWriter::create(&file)?;

@@ -14,6 +14,8 @@ mod device;
 mod model;
 #[path = "cli/pack.rs"]
 mod pack;
+#[path = "cli/safety.rs"]
+mod safety;
 
 /// A command running the `ork` binary under test.
 pub fn ork() -> Command {

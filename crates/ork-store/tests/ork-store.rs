@@ -20,6 +20,8 @@ use zerocopy::{FromBytes, IntoBytes};
 
 #[path = "ork-store/gguf_model.rs"]
 mod gguf_model;
+#[path = "ork-store/target.rs"]
+mod target;
 
 /// A deterministic synthetic packed weight.
 fn weight(dtype: PackDtype, k: usize, n: usize, seed: u32) -> PackedWeight {
@@ -506,7 +508,7 @@ fn dropping_an_unfinished_writer_leaves_no_temp_and_keeps_target() {
         let temp = w.temp_path().to_path_buf();
         assert_eq!(temp.parent(), Some(dir.path()), "temp beside the target");
         let name = temp.file_name().unwrap().to_str().unwrap().to_string();
-        let prefix = format!(".m.orkpack.tmp.{}.", std::process::id());
+        let prefix = format!(".orkpack-tmp.{}.", std::process::id());
         assert!(name.starts_with(&prefix), "{name}");
         w.add("x", &entries[3].1, entries[3].2).unwrap();
         assert!(temp.exists());
