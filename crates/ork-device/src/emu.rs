@@ -271,13 +271,16 @@ impl EmuDevice {
     /// Run `f` on a pool of `threads` workers (falls back to the global pool if the OS refuses
     /// new threads).
     ///
-    /// A caller that already runs on a worker of a pool with that many threads (the executor
-    /// runs its forward pass on one) keeps `f` on its own pool: handing it to a second pool
-    /// costs a cross-pool wake-up per task, and the idle workers of the caller's pool spin on
-    /// the same cores meanwhile (measured: decode with M = 1, 211 tasks per token).
+    /// A caller that already runs on a worker of a pool with at most that many threads (the
+    /// executor runs its forward pass on one; `--threads` sizes it) keeps `f` on its own pool:
+    /// handing it to a second pool costs a cross-pool wake-up per task, and the idle workers of
+    /// the caller's pool spin on the same cores meanwhile (measured: decode with M = 1, 211 tasks
+    /// per token). A caller's pool smaller than `threads` is the caller's thread limit, so a
+    /// 1-thread caller computes on 1 thread; only a pool larger than the task's cores hands
+    /// the task to a smaller pool.
     pub(crate) fn run_on<R: Send>(&self, threads: usize, f: impl FnOnce() -> R + Send) -> R {
         let i = threads.clamp(1, self.max_threads) - 1;
-        if rayon::current_thread_index().is_some() && rayon::current_num_threads() == i + 1 {
+        if rayon::current_thread_index().is_some() && rayon::current_num_threads() <= i + 1 {
             return f();
         }
         let pool = self.pools[i].get_or_init(|| {
