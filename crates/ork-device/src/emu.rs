@@ -446,21 +446,32 @@ impl Device for EmuDevice {
         let (m, w) = (task.m, task.weight.bytes.as_slice());
         let (sa, sw) = (task.act_scales, task.weight.scales);
         let a = task.activation_values();
+        // `out[m, n] = acc · sa[m] · sw[n]`, one run of a row at a time (a loop that vectorizes).
         self.run_on(cores, || match a {
             ActValues::Int8(a) if is_integer(l.dtype) => {
-                gemm::gemm_int(self.isa, &l, w, a, m, out, |acc, m, n| {
-                    acc as f32 * sa[m] * sw[n]
+                gemm::gemm_int(self.isa, &l, w, a, m, out, |acc, m, n0, o| {
+                    let s = sa[m];
+                    for ((o, &acc), &w) in o.iter_mut().zip(acc).zip(&sw[n0..n0 + acc.len()]) {
+                        *o = acc as f32 * s * w;
+                    }
                 })
             }
             ActValues::Int8(_) => {
                 let af = gemm::f32_rows(&a, m, l.k, l.k_pad());
-                gemm::gemm_float(self.isa, &l, w, &af, m, out, |acc, m, n| {
-                    acc * sa[m] * sw[n]
+                gemm::gemm_float(self.isa, &l, w, &af, m, out, |acc, m, n0, o| {
+                    let s = sa[m];
+                    for ((o, &acc), &w) in o.iter_mut().zip(acc).zip(&sw[n0..n0 + acc.len()]) {
+                        *o = acc * s * w;
+                    }
                 })
             }
             ActValues::F16(_) => {
                 let af = gemm::f32_rows(&a, m, l.k, l.k_pad());
-                gemm::gemm_float(self.isa, &l, w, &af, m, out, |acc, _, n| acc * sw[n])
+                gemm::gemm_float(self.isa, &l, w, &af, m, out, |acc, _, n0, o| {
+                    for ((o, &acc), &w) in o.iter_mut().zip(acc).zip(&sw[n0..n0 + acc.len()]) {
+                        *o = acc * w;
+                    }
+                })
             }
         });
         drop(guard);
@@ -483,7 +494,9 @@ impl Device for EmuDevice {
         let (guard, switched, cores) = self.begin(task, out.len())?;
         let w = task.weight.bytes.as_slice();
         self.run_on(cores, || {
-            gemm::gemm_int(self.isa, &l, w, a, task.m, out, |acc, _, _| acc)
+            gemm::gemm_int(self.isa, &l, w, a, task.m, out, |acc, _, _, o| {
+                o.copy_from_slice(acc)
+            })
         });
         drop(guard);
         Ok(self.finish(task, switched, t0))
