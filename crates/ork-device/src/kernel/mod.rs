@@ -10,11 +10,11 @@
 //! `vpmaddubsw`, which saturates at i16), AVX-VNNI (`vpdpbusd` on `a + 128` as u8, corrected by
 //! `128 · Σ_k w`; the wrap-around i32 arithmetic makes the result exact whenever the true dot
 //! product fits in i32, which [`MAX_K`] guarantees), AVX-512 VNNI (`vpdpbusd` on zmm with the
-//! weights biased to u8 instead and a per-row correction `128 · Σ_k a`, see [`avx512_vnni`]) and
+//! weights biased to u8 instead and a per-row correction `128 · Σ_k a`, see `avx512_vnni.rs`) and
 //! NEON (aarch64 only; compiled, never run here). The ISA is detected once at run time, the best
 //! available first: AVX-512 VNNI, AVX-VNNI, AVX2, scalar.
 //!
-//! Float kernels ([`float_tile_dot`]) serve fp16 activations (w8a16 / w4a16 / fp16×fp16) and
+//! Float kernels (`float_tile_dot`) serve fp16 activations (w8a16 / w4a16 / fp16×fp16) and
 //! int8 activations against fp16 weights: the activation rows arrive as f32 (converted once per
 //! task), the weight tile is read in its stored type. Kernels: the portable scalar twin and
 //! AVX2+FMA+F16C (x86-64; needs all three, detected once). On aarch64 the scalar twin runs (no
