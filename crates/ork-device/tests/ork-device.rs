@@ -823,3 +823,84 @@ fn suite_passes_the_unbroken_wrapper_without_an_oracle() {
         ork_device::conformance::integer_oracle_is_exact,
     );
 }
+
+#[test]
+fn every_kernel_isa_and_thread_count_gives_exact_sums() {
+    // Through the device's dispatch: the decode partition (M = 1, tiles split over the pool), the
+    // small-M and the prefill partition, for every ISA this CPU has, on 1 and 2 threads.
+    let (k, n) = (200, 96);
+    let mut rng = Lcg(0x5EED);
+    let a: Vec<i8> = (0..40 * k).map(|_| rng.next() as i8).collect();
+    let (wq, q) = random_weight(PackDtype::I8, k, n, &mut Lcg(7));
+    for isa in ork_device::kernel::Isa::available() {
+        for threads in [1, 2] {
+            let dev = EmuDevice::with_config(EmuConfig {
+                isa: Some(isa),
+                threads,
+                ..EmuConfig::default()
+            })
+            .unwrap();
+            let w = upload(&dev, &wq, DomainId(0)).unwrap();
+            for m in [1, 9, 40] {
+                let mut out = vec![0i32; m * n];
+                let scales = vec![1.0f32; m];
+                let t = MatmulTask {
+                    m,
+                    activations: Activations::Host(&a[..m * k]),
+                    act_scales: &scales,
+                    weight: w.as_weight(),
+                    cores: CoreMask::AUTO,
+                };
+                let stats = dev.matmul_raw(&t, &mut out).unwrap();
+                assert_eq!(stats.kernel, isa.name());
+                assert_eq!(
+                    out,
+                    naive(&a[..m * k], &q, m, n, k),
+                    "{isa:?}, M = {m}, {threads} threads"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_bench_names_the_isa_of_every_figure() {
+    use ork_device::bench::{bench_gemm, BenchOptions};
+    use ork_device::kernel::Isa;
+    let best = *Isa::available().last().unwrap();
+    // The device told to use the portable kernel: the roofline still uses the best ISA.
+    let dev = EmuDevice::with_config(EmuConfig {
+        isa: Some(Isa::Scalar),
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    let opts = BenchOptions {
+        ms: vec![1, 8],
+        shapes: vec![(64, 64)],
+        min_seconds: 0.0,
+        bandwidth_bytes: 1 << 20,
+        activations: vec![ActPrecision::Int8, ActPrecision::F16],
+        decode_layers: 1,
+    };
+    let r = bench_gemm(&dev, &opts).unwrap();
+    assert_eq!(r.peak_isa, best.name());
+    assert_eq!(r.isa, "scalar");
+    assert_eq!(r.cases.len(), 4);
+    for c in &r.cases {
+        let want = match c.activations {
+            ActPrecision::Int8 => "scalar",
+            _ => "f32-scalar",
+        };
+        assert_eq!(c.kernel, want);
+        assert!(c.seconds > 0.0 && c.gops > 0.0);
+    }
+    let d = r.decode.expect("decode pass requested");
+    assert_eq!(d.matmuls, 7 + 1);
+    let bytes: usize = ork_device::bench::SMOLLM2_LAYER
+        .iter()
+        .chain([&ork_device::bench::SMOLLM2_HEAD])
+        .map(|&(k, n)| TiledLayout::new(PackDtype::I8, k, n).blob_bytes())
+        .sum();
+    assert_eq!(d.weight_bytes, bytes as u64);
+    assert_eq!(d.kernel, "scalar");
+}
