@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use ork_gguf::writer::GgufBuilder;
 use ork_gguf::{GgmlType, MetaValue};
+use ork_testkit::SmallFs;
 
 use super::{code, converted, json, model, ork, other_files, run, stderr, stdout};
 
@@ -401,32 +402,6 @@ fn sigint_and_sigterm_during_convert_remove_the_temp_file() {
     }
 }
 
-/// A tmpfs of `size` mounted on a fresh directory, unmounted on drop (as in ork-store's tests).
-struct SmallFs {
-    dir: tempfile::TempDir,
-}
-
-impl SmallFs {
-    fn mount(size: &str) -> Result<SmallFs, String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .map_err(|e| format!("running mount: {e}"))?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
-        Ok(SmallFs { dir })
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
-    }
-}
-
 #[test]
 fn full_disk_during_convert_exits_2_and_keeps_the_target() {
     let fs = match SmallFs::mount("8m") {
@@ -439,7 +414,7 @@ fn full_disk_during_convert_exits_2_and_keeps_the_target() {
             return;
         }
     };
-    let dir = fs.dir.path();
+    let dir = fs.path();
     let tiny = std::env::temp_dir().join(format!("ork-cli-tiny-{}.gguf", std::process::id()));
     tiny_gguf(&tiny, 0.0);
     let target = dir.join("m.orkpack");
