@@ -2,7 +2,7 @@
 //! issue (corrupt, stale, truncated, unsupported, kill -9, SIGINT, full disk, concurrency).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use ork_gguf::writer::GgufBuilder;
