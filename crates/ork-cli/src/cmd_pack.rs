@@ -137,6 +137,7 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
         evict_src,
         threads: args.threads,
         progress: Some(&progress),
+        manifest: None,
     };
     let result = ork_store::convert(&model, &output, &opts);
     bar.finish();
@@ -406,7 +407,7 @@ fn deep_compare(
 pub fn verify(args: &VerifyArgs) -> Result<ExitCode> {
     let pack = Orkpack::open(&args.file)?;
     let model = GgufFile::open(&args.model)?;
-    let weights = matmul_weights(&model);
+    let weights = matmul_weights(&model)?;
     let mut problems = Vec::new();
     let mut valid = 0usize;
     for t in &weights {
@@ -703,7 +704,7 @@ fn convert_child(model: &Path, out: &Path, threads: usize, evict: bool) -> Resul
 pub fn bench_pack(model_path: &Path, threads: usize, json: bool) -> Result<ExitCode> {
     let threads = threads.max(1);
     let model = GgufFile::open(model_path)?;
-    let weights = matmul_weights(&model);
+    let weights = matmul_weights(&model)?;
     let note = |s: &str| {
         if !json {
             eprintln!("bench pack: {s}");
@@ -712,13 +713,7 @@ pub fn bench_pack(model_path: &Path, threads: usize, json: bool) -> Result<ExitC
 
     // (a) Pack throughput per source type.
     note("pack throughput");
-    let largest_of = |ty: GgmlType| {
-        weights
-            .iter()
-            .filter(|t| t.ty == ty)
-            .max_by_key(|t| t.size)
-            .copied()
-    };
+    let largest_of = |ty: GgmlType| weights.iter().filter(|t| t.ty == ty).max_by_key(|t| t.size);
     let mut pack = Vec::new();
     let mut real: Vec<&TensorInfo> = Vec::new();
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {

@@ -27,22 +27,11 @@ pub use prefetch::Prefetcher;
 pub use source::{Fetch, WeightSource};
 pub use trace::{Lane, Trace, TraceEvent};
 
-/// Matmul weight names of a llama-family model in the order a forward pass uses them: block by
-/// block `attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down` (plus any other 2-D
-/// tensor of the block, in file order), then the output projection (`output.weight`, or
-/// `token_embd.weight` when the embedding is tied).
-pub fn execution_order(model: &ork_gguf::GgufFile) -> Vec<String> {
-    let mut names: Vec<String> = ork_store::matmul_weights(model)
-        .into_iter()
-        .map(|t| t.name.clone())
-        .collect();
-    // matmul_weights puts token_embd first; in a forward pass it is only a matmul as the tied
-    // output projection, which comes last.
-    let has_output = names.iter().any(|n| n == "output.weight");
-    names.retain(|n| n != "token_embd.weight" || !has_output);
-    if let Some(i) = names.iter().position(|n| n == "token_embd.weight") {
-        let e = names.remove(i);
-        names.push(e);
-    }
-    names
+/// Cache keys (`.orkpack` entry names) of the model's matmul weights in the order a forward pass
+/// uses them, as its [`ork_manifest::Manifest`] lists them: block by block `attn_q, attn_k,
+/// attn_v, attn_output, ffn_gate, ffn_up, ffn_down` (plus any other 2-D tensor of the block, in
+/// file order), then the output projection (`output.weight`, or `token_embd.weight` when the
+/// embedding is tied).
+pub fn execution_order(manifest: &ork_manifest::Manifest) -> Vec<String> {
+    manifest.execution_order().map(|w| w.key.clone()).collect()
 }

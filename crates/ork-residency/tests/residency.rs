@@ -161,7 +161,7 @@ fn gguf_source() -> WeightSource {
 /// Matmul weights in execution order with their device bytes.
 fn weights() -> Vec<(String, u64)> {
     let m = model();
-    execution_order(&m)
+    execution_order(&ork_manifest::Manifest::from_gguf(&m).unwrap())
         .into_iter()
         .map(|name| {
             let t = m.tensor(&name).expect("listed");
@@ -1334,7 +1334,7 @@ fn execution_order_is_blocks_in_role_order_then_the_output() {
     // Tied: token_embd is the output projection, last.
     let mut want = blocks.clone();
     want.push("token_embd.weight".into());
-    let order = execution_order(&model());
+    let order = execution_order(&ork_manifest::Manifest::from_gguf(&model()).unwrap());
     assert_eq!(order.iter().collect::<HashSet<_>>().len(), order.len());
     assert_eq!(order, want);
 
@@ -1342,7 +1342,10 @@ fn execution_order_is_blocks_in_role_order_then_the_output() {
     let untied = GgufFile::from_bytes("untied.gguf", model_bytes(true)).unwrap();
     let mut want = blocks;
     want.push("output.weight".into());
-    assert_eq!(execution_order(&untied), want);
+    assert_eq!(
+        execution_order(&ork_manifest::Manifest::from_gguf(&untied).unwrap()),
+        want
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
