@@ -3,6 +3,8 @@
 //! - [`WeightCache`]: a byte-budgeted LRU cache of device-resident weights, fed by a
 //!   [`WeightSource`] (the `.orkpack`, or packing from the GGUF on the fly), with pinning and
 //!   counters ([`CacheStats`]): hits, loads, packs, evictions, wall hits, bytes moved, peak.
+//! - [`DeviceBudget`]: one byte budget per device and domain, shared by every cache on the
+//!   device; the eviction choice is an [`EvictionPolicy`] ([`Lru`] today).
 //! - [`plan`]: resident across IOMMU domains when the model fits them, else streamed.
 //! - [`Prefetcher`]: a thread that fills the next slots of the schedule while the device
 //!   computes.
@@ -11,6 +13,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod budget;
 mod cache;
 mod error;
 mod linear;
@@ -19,6 +22,7 @@ mod prefetch;
 mod source;
 mod trace;
 
+pub use budget::{Candidate, DeviceBudget, EvictionPolicy, Lru};
 pub use cache::{device_bytes, CacheConfig, CacheStats, WeightCache, WeightLease};
 pub use error::ResidencyError;
 pub use linear::{quantize_row, DeviceMatmul};

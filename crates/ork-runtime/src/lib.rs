@@ -21,8 +21,8 @@ use ork_gguf::GgufFile;
 use ork_manifest::Manifest;
 use ork_pack::PackDtype;
 use ork_residency::{
-    device_bytes, plan::domain_map, CacheConfig, CacheStats, DeviceMatmul, Mode, Plan, PlanInput,
-    Trace, WeightCache, WeightSource,
+    device_bytes, plan::domain_map, CacheConfig, CacheStats, DeviceBudget, DeviceMatmul, Mode,
+    Plan, PlanInput, Trace, WeightCache, WeightSource,
 };
 use ork_store::{ConvertOptions, ConvertReport};
 
@@ -345,6 +345,7 @@ pub struct Engine {
     device: Arc<dyn Device>,
     plan: Plan,
     cache: Arc<WeightCache>,
+    device_budget: Arc<DeviceBudget>,
     linear: Arc<EngineLinear>,
     trace: Option<Arc<Trace>>,
     convert: Option<ConvertReport>,
@@ -456,12 +457,21 @@ impl Engine {
             domains: info.domains,
             ..CacheConfig::new(budget)
         };
-        let cache = WeightCache::new(Arc::clone(&device), source, cache_config)?
-            .with_placement(domain_map(&plan));
+        // The device's one budget: a second cache on this device (a draft model, an expert
+        // cache) books its weights in the same ledger.
+        let device_budget = DeviceBudget::new(budget, info.domains);
+        let cache = WeightCache::with_budget(
+            Arc::clone(&device),
+            source,
+            cache_config,
+            Arc::clone(&device_budget),
+        )?
+        .with_placement(domain_map(&plan));
         for p in plan.pinned() {
             cache.pin(&p.name)?;
         }
         let cache = Arc::new(cache);
+        device_budget.register(&cache);
         let trace = config.trace.then(|| Arc::new(Trace::new()));
         let schedule = (config.prefetch && plan.mode == Mode::Streamed).then(|| {
             (
@@ -487,6 +497,7 @@ impl Engine {
             device,
             plan,
             cache,
+            device_budget,
             linear: Arc::new(EngineLinear(dm)),
             trace,
             convert,
@@ -543,6 +554,11 @@ impl Engine {
     /// The weight cache.
     pub fn cache(&self) -> &Arc<WeightCache> {
         &self.cache
+    }
+
+    /// The device's byte budget per domain, shared by every cache on it.
+    pub fn device_budget(&self) -> &Arc<DeviceBudget> {
+        &self.device_budget
     }
 
     /// The cache's counters so far.
