@@ -39,7 +39,7 @@ pub enum ExecError {
     TensorShape {
         /// Tensor name.
         tensor: String,
-        /// Dims the configuration implies (ne[0] first).
+        /// Dims the configuration implies (`ne[0]` first).
         expected: Vec<u64>,
         /// Dims in the file.
         found: Vec<u64>,

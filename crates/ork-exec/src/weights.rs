@@ -8,9 +8,9 @@ use rayon::prelude::*;
 pub struct WeightSpec {
     /// Tensor name in the GGUF.
     pub name: String,
-    /// Input width (ne[0]).
+    /// Input width (`ne[0]`).
     pub k: usize,
-    /// Output width (ne[1]).
+    /// Output width (`ne[1]`).
     pub n: usize,
 }
 

@@ -182,6 +182,14 @@ impl DeviceBudget {
         Ok(())
     }
 
+    /// Whether caches other than `me` are registered (and alive).
+    pub(crate) fn has_others(&self, me: u64) -> bool {
+        self.lock()
+            .members
+            .iter()
+            .any(|(id, w)| *id != me && w.strong_count() > 0)
+    }
+
     /// Ask every other registered cache to give back one entry of `domain`; whether any did.
     /// The caller must hold no cache lock (the others take theirs).
     pub(crate) fn reclaim_from_others(&self, me: u64, domain: DomainId) -> bool {

@@ -584,7 +584,7 @@ impl WeightCache {
                 }
                 continue;
             }
-            if by == Requester::Compute {
+            if by == Requester::Compute && self.budget.has_others(self.member) {
                 // Nothing of ours to give: ask the device's other caches, without our lock.
                 let (own, own_pinned) = (st.resident[d], st.pinned[d]);
                 drop(st);
@@ -603,6 +603,16 @@ impl WeightCache {
                         .budget
                         .others_hold_unpinned(domain, st.resident[d], st.pinned[d])
                 {
+                    continue;
+                }
+                // Our own state moved while unlocked: look again before judging it below.
+                if st.drop_spare(domain) {
+                    continue;
+                }
+                if st.evict(domain, by, &*self.policy) {
+                    if reuse.is_none() {
+                        reuse = st.take_spare(domain, size);
+                    }
                     continue;
                 }
             }

@@ -5,7 +5,7 @@
 //!   counters ([`CacheStats`]): hits, loads, packs, evictions, wall hits, bytes moved, peak.
 //! - [`DeviceBudget`]: one byte budget per device and domain, shared by every cache on the
 //!   device; the eviction choice is an [`EvictionPolicy`] ([`Lru`] today).
-//! - [`plan`]: resident across IOMMU domains when the model fits them, else streamed.
+//! - [`plan()`]: resident across IOMMU domains when the model fits them, else streamed.
 //! - [`Prefetcher`]: a thread that fills the next slots of the schedule while the device
 //!   computes.
 //! - [`DeviceMatmul`]: `y = x · Wᵀ` by weight name on the device, w8a8.
