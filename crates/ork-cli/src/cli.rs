@@ -385,7 +385,7 @@ pub struct PlanArgs {
 // buffers) stays far inside u64/usize.
 
 /// Largest MiB figure accepted (16 TiB): `MiB << 20` cannot overflow.
-pub const MAX_MIB: u64 = 1 << 24;
+pub const MAX_MIB: u64 = ork_runtime::MAX_BUDGET_MIB;
 /// Most IOMMU domains (the emulator's and the RK3588's limit).
 pub const MAX_DOMAINS: u32 = 16;
 /// Largest token / window / context count accepted.
@@ -425,16 +425,5 @@ fn parse_total_gb(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("{s} is not in (0, 1e6]"))
-    }
-}
-
-/// Parse a MiB figure given in the environment (`ORK_WCACHE_BUDGET_MB`) with the same bounds
-/// as the flags: an integer in 1..=[`MAX_MIB`].
-pub fn parse_env_mib(var: &str, value: &str) -> Result<u64, String> {
-    match value.trim().parse::<u64>() {
-        Ok(v) if (1..=MAX_MIB).contains(&v) => Ok(v),
-        _ => Err(format!(
-            "{var}={value:?}: expected a whole number of MiB in 1..={MAX_MIB}"
-        )),
     }
 }

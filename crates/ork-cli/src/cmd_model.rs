@@ -1,247 +1,70 @@
-//! Verbs that run a model end to end: `run`, `perplexity`, `plan`, `bench stream`.
-//!
-//! The stack, top to bottom: the executor's [`Session`] asks a [`Linear`] for every matmul;
-//! [`NpuLinear`] hands it to the residency layer's [`DeviceMatmul`], which leases the weight from
-//! the budgeted [`WeightCache`] (filled from the `.orkpack`, or packed from the GGUF) and submits
-//! the task to the [`Device`].
+//! Verbs that run a model end to end: `run`, `perplexity`, `plan`, `bench stream`. Argument
+//! parsing and output only: the model runs through [`ork_runtime::Engine`].
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use ork_device::{Device, EmuConfig};
 use ork_exec::{
-    generate, ChatMessage, ChatTemplate, ExecError, GenerateOptions, Linear, Model, Sampler,
-    SamplerOptions, Session, TextStream, Tokenizer,
+    generate, ChatMessage, GenerateOptions, Sampler, SamplerOptions, TextStream, Tokenizer,
 };
-use ork_gguf::GgufFile;
+use ork_manifest::Manifest;
 use ork_pack::PackDtype;
-use ork_residency::{
-    device_bytes, execution_order, plan::domain_map, CacheConfig, CacheStats, DeviceMatmul, Mode,
-    Plan, PlanInput, Trace, WeightCache, WeightSource,
-};
-use ork_store::{ConvertOptions, ConvertReport};
+use ork_residency::{CacheStats, Mode, Trace};
+use ork_runtime::{budget_bytes, default_slots, plan_weights, Engine, EngineConfig, PackChoice};
 use serde::Serialize;
 
-use crate::cli::{DeviceArg, ModelOpts, PerplexityArgs, PlanArgs, RunArgs};
-
-/// Default weight-cache budget per domain (MiB).
-const DEFAULT_BUDGET_MB: u64 = 3072;
-
-/// The executor's matmul interface served by the device through the weight cache.
-struct NpuLinear(DeviceMatmul);
-
-impl Linear for NpuLinear {
-    fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
-        self.0
-            .matmul(weight, x, m, y)
-            .map_err(|e| ExecError::Backend {
-                weight: weight.to_owned(),
-                source: Box::new(e),
-            })
-    }
-}
+use crate::cli::{ModelOpts, PerplexityArgs, PlanArgs, RunArgs};
 
 fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
-/// The budget in bytes per domain: `--budget-mb`, else `ORK_WCACHE_BUDGET_MB`, else 3072.
-fn budget_bytes(flag: Option<u64>) -> Result<u64> {
-    let mb = match flag {
-        Some(mb) => mb,
-        None => match std::env::var("ORK_WCACHE_BUDGET_MB") {
-            Ok(v) => {
-                crate::cli::parse_env_mib("ORK_WCACHE_BUDGET_MB", &v).map_err(anyhow::Error::msg)?
-            }
-            Err(_) => DEFAULT_BUDGET_MB,
+/// The engine configuration the command line asks for.
+fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
+    EngineConfig {
+        model: opts.model.clone(),
+        pack: match (&opts.pack, opts.no_pack) {
+            (_, true) => PackChoice::None,
+            (Some(p), false) => PackChoice::Path(p.clone()),
+            (None, false) => PackChoice::Default,
         },
-    };
-    if !(1..=crate::cli::MAX_MIB).contains(&mb) {
-        bail!("the weight budget must be 1..={} MiB", crate::cli::MAX_MIB);
+        budget_bytes: opts.budget_mb.map(|mb| mb << 20),
+        device: opts.device.into(),
+        domains: opts.domains,
+        dtype: opts.dtype.into(),
+        activations: opts.activations.into(),
+        threads: opts.threads,
+        prefetch: !opts.no_prefetch,
+        trace,
+        verify: !opts.no_verify,
+        evict_src: env_flag("ORK_EVICT_SRC"),
     }
-    Ok(mb << 20)
 }
 
-fn open_device(arg: DeviceArg, domains: u32) -> Result<Arc<dyn Device>> {
-    let options = ork_device::OpenOptions::new().domains(domains.max(1));
-    ork_device::open(arg.into(), &options).context("opening the device")
-}
-
-/// Everything a model run needs, built once.
-struct Stack {
-    plan: Plan,
-    cache: Arc<WeightCache>,
-    convert: Option<ConvertReport>,
-    pack_path: Option<PathBuf>,
-    cores: u32,
-    activations: ork_device::ActPrecision,
-}
-
-fn pack_path(opts: &ModelOpts) -> Option<PathBuf> {
-    if opts.no_pack {
-        return None;
+/// Open the engine, drawing the conversion bar unless `quiet`; say on stderr why an existing
+/// `.orkpack` was rebuilt, or that it could not be written and the run goes on from memory.
+fn open_engine(config: EngineConfig, quiet: bool) -> Result<Engine> {
+    let bar = crate::progress::ConvertBar::hidden_until_started(quiet);
+    let engine = Engine::open_observed(config, Some(&bar))?;
+    if let (Some(report), Some(path)) = (engine.convert_report(), engine.pack_path()) {
+        // Say why an existing file was rewritten (stale, corrupt, other dtype …).
+        if let Some(why) = report.rebuild.as_ref().filter(|_| report.rewritten) {
+            if *why != ork_store::RebuildReason::Missing {
+                eprintln!("[ork] rebuilt {}: {why}", path.display());
+            }
+        }
     }
-    opts.pack
-        .clone()
-        .or_else(|| std::env::var_os("ORK_PERSIST").map(PathBuf::from))
-        .or_else(|| Some(opts.model.with_extension("orkpack")))
-}
-
-fn plan_for(
-    gguf: &GgufFile,
-    dtype: PackDtype,
-    budget: u64,
-    window: u64,
-    domains: u32,
-    slots: usize,
-) -> Result<Plan> {
-    let mut weights = Vec::new();
-    for name in execution_order(gguf) {
-        let t = gguf.tensor(&name).expect("listed by the model");
-        let (k, n) =
-            ork_store::matmul_dims(t).with_context(|| format!("{}", gguf.path().display()))?;
-        weights.push((name, device_bytes(&ork_pack::TiledLayout::new(dtype, k, n))));
-    }
-    Ok(ork_residency::plan(&PlanInput {
-        weights,
-        budget_bytes: budget,
-        window_bytes: window,
-        domains,
-        slots,
-    }))
-}
-
-fn open_gguf(path: &Path) -> Result<Arc<GgufFile>> {
-    Ok(Arc::new(GgufFile::open(path)?))
-}
-
-/// Build the stack: device, .orkpack (self-populating), plan, cache with pins.
-fn build_stack(gguf: &Arc<GgufFile>, opts: &ModelOpts, quiet: bool) -> Result<Stack> {
-    let gguf = Arc::clone(gguf);
-    if let Some(n) = opts.threads {
-        // The first call wins; later stacks in the same process share the pool.
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(n.max(1))
-            .build_global();
-    }
-    let device = open_device(opts.device, opts.domains)?;
-    let info = device.info();
-    let budget = budget_bytes(opts.budget_mb)?;
-    let dtype = PackDtype::from(opts.dtype);
-    let slots = info.cores as usize + 1;
-    let plan = plan_for(&gguf, dtype, budget, info.window_bytes, info.domains, slots)?;
-    if !plan.runnable {
-        bail!(
-            "{}: a weight budget of {} MiB cannot hold weight '{}' ({:.1} MiB); the minimum budget is {} MiB",
-            opts.model.display(),
-            budget >> 20,
-            plan.largest.0,
-            plan.largest.1 as f64 / (1 << 20) as f64,
-            plan.min_budget_bytes.div_ceil(1 << 20)
+    if let Some(e) = engine.pack_unwritable() {
+        eprintln!(
+            "[ork] warning: cannot write the weight cache ({e}); running without it (as --no-pack)"
         );
     }
-    let pack_path = pack_path(opts);
-    let (source, convert) = match &pack_path {
-        Some(path) => {
-            let mut copts = ConvertOptions::new(dtype);
-            copts.verify = !opts.no_verify;
-            copts.evict_src = env_flag("ORK_EVICT_SRC");
-            copts.threads = opts.threads;
-            // Shows only while tensors are (re)packed or checked, on a terminal.
-            let bar = crate::progress::ConvertBar::new(&gguf, quiet)?;
-            let progress = |p: &ork_store::Progress<'_>| bar.tensor_done(p);
-            copts.progress = Some(&progress);
-            let result = ork_store::ensure(&gguf, path, &copts);
-            bar.finish();
-            match result {
-                Ok((pack, report)) => {
-                    // Say why an existing file was rewritten (stale, corrupt, other dtype …).
-                    if let Some(why) = report.rebuild.as_ref().filter(|_| report.rewritten) {
-                        if *why != ork_store::RebuildReason::Missing {
-                            eprintln!("[ork] rebuilt {}: {why}", path.display());
-                        }
-                    }
-                    (
-                        WeightSource::Pack {
-                            pack,
-                            model: Some(Arc::clone(&gguf)),
-                            verify: !opts.no_verify,
-                        },
-                        Some(report),
-                    )
-                }
-                // The pack cannot be written (read-only directory, full disk): run from memory.
-                Err(e) if e.is_write_failure() => {
-                    eprintln!(
-                        "[ork] warning: cannot write the weight cache ({e}); running without it (as --no-pack)"
-                    );
-                    (
-                        WeightSource::Gguf {
-                            model: Arc::clone(&gguf),
-                            dtype,
-                        },
-                        None,
-                    )
-                }
-                Err(e) => {
-                    return Err(anyhow::Error::new(e)
-                        .context(format!("preparing the weight cache {}", path.display())))
-                }
-            }
-        }
-        None => (
-            WeightSource::Gguf {
-                model: Arc::clone(&gguf),
-                dtype,
-            },
-            None,
-        ),
-    };
-    let config = CacheConfig {
-        domains: info.domains,
-        ..CacheConfig::new(budget)
-    };
-    let cache =
-        WeightCache::new(Arc::clone(&device), source, config)?.with_placement(domain_map(&plan));
-    for p in plan.pinned() {
-        cache.pin(&p.name)?;
-    }
-    Ok(Stack {
-        plan,
-        cache: Arc::new(cache),
-        convert,
-        pack_path,
-        cores: info.cores,
-        activations: opts.activations.into(),
-    })
-}
-
-impl Stack {
-    /// The matmul backend, with or without a prefetch thread, optionally traced.
-    fn linear(&self, prefetch: bool, trace: Option<&Arc<Trace>>) -> NpuLinear {
-        let schedule = (prefetch && self.plan.mode == Mode::Streamed).then(|| {
-            (
-                self.plan
-                    .placement
-                    .iter()
-                    .map(|p| p.name.clone())
-                    .collect::<Vec<_>>(),
-                self.cores as usize + 1,
-            )
-        });
-        self.cache.set_trace(trace.cloned());
-        let mut dm =
-            DeviceMatmul::new(Arc::clone(&self.cache), schedule).with_activations(self.activations);
-        if let Some(t) = trace {
-            dm = dm.with_trace(Arc::clone(t));
-        }
-        NpuLinear(dm)
-    }
+    Ok(engine)
 }
 
 /// The figures of one run, printed as the stats line or inside `--json`.
@@ -271,7 +94,7 @@ struct RunStats {
 
 impl RunStats {
     fn new(
-        stack: &Stack,
+        engine: &Engine,
         cache: &CacheStats,
         prefill: (usize, Duration),
         decode: (usize, Duration),
@@ -285,7 +108,7 @@ impl RunStats {
                 n as f64 / d.as_secs_f64()
             }
         };
-        let at_convert = stack.convert.as_ref().map_or(0, |r| r.packed as u64);
+        let at_convert = engine.convert_report().map_or(0, |r| r.packed as u64);
         RunStats {
             loaded: cache.loads,
             packed: cache.packs + at_convert,
@@ -298,9 +121,9 @@ impl RunStats {
             waits: cache.waits,
             stall_seconds: cache.stall_seconds,
             peak_resident_bytes: cache.peak_resident,
-            budget_bytes: stack.cache.budget(),
-            mode: stack.plan.mode,
-            activations: stack.activations.name(),
+            budget_bytes: engine.cache().budget(),
+            mode: engine.plan().mode,
+            activations: engine.activations().name(),
             prefill_tokens: prefill.0,
             prefill_tok_s: rate(prefill.0, prefill.1),
             decode_tokens: decode.0,
@@ -357,12 +180,22 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     if text.is_empty() {
         bail!("the prompt is empty: give some text with --prompt or --prompt-file");
     }
-    let gguf = open_gguf(&args.model.model)?;
-    let model = Model::load(&gguf).with_context(|| format!("{}", args.model.model.display()))?;
-    let tokenizer =
-        Tokenizer::from_gguf(&gguf).with_context(|| format!("{}", args.model.model.display()))?;
+    if let Some(path) = &args.model.trace {
+        // Find out now, not after the generation, whether the trace can be written.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("{}: cannot write the trace", path.display()))?;
+    }
+    let engine = open_engine(
+        engine_config(&args.model, args.model.trace.is_some()),
+        args.json,
+    )?;
+    let tokenizer = engine.tokenizer();
     let prompt = if args.chat {
-        let template = ChatTemplate::from_gguf(&gguf, &tokenizer)?.with_context(|| {
+        let template = engine.chat_template()?.with_context(|| {
             format!(
                 "{}: --chat, but the model has no chat template",
                 args.model.model.display()
@@ -373,7 +206,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     } else {
         tokenizer.encode(&text, true, false)?
     };
-    let context = model.config().context_length;
+    let context = engine.model().config().context_length;
     if prompt
         .len()
         .checked_add(args.n_predict)
@@ -386,19 +219,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             args.model.model.display()
         );
     }
-    if let Some(path) = &args.model.trace {
-        // Find out now, not after the generation, whether the trace can be written.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .with_context(|| format!("{}: cannot write the trace", path.display()))?;
-    }
-    let stack = build_stack(&gguf, &args.model, args.json)?;
-    let trace = args.model.trace.as_ref().map(|_| Arc::new(Trace::new()));
-    let linear = stack.linear(!args.model.no_prefetch, trace.as_ref());
-    let mut session = Session::new(&model, &linear);
+    let mut session = engine.session();
     let mut sampler = Sampler::new(SamplerOptions {
         temperature: args.temp,
         seed: args.seed,
@@ -408,7 +229,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         max_tokens: args.n_predict,
         stop_tokens: tokenizer.end_of_generation().to_vec(),
     };
-    let mut stream = TextStream::new(&tokenizer, false);
+    let mut stream = TextStream::new(tokenizer, false);
     let mut out = String::new();
     let mut ttft: Option<Duration> = None;
     let stdout = std::io::stdout();
@@ -428,15 +249,16 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     out.push_str(&tail);
     let ttft = ttft.unwrap_or_else(|| started.elapsed());
     let stats = RunStats::new(
-        &stack,
-        &stack.cache.stats(),
+        &engine,
+        &engine.cache_stats(),
         (gen.prompt_tokens, gen.prefill_time),
         (gen.decode_steps, gen.decode_time),
         ttft,
         started.elapsed(),
     );
-    if let (Some(path), Some(t)) = (&args.model.trace, &trace) {
-        drop(linear);
+    let pack = engine.pack_path().map(|p| p.display().to_string());
+    drop(session);
+    if let (Some(path), Some(t)) = (&args.model.trace, engine.close()) {
         t.write(path)
             .with_context(|| format!("writing the trace {}", path.display()))?;
     }
@@ -452,7 +274,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         let o = Out {
             text: &out,
             tokens: &gen.tokens,
-            pack: stack.pack_path.as_ref().map(|p| p.display().to_string()),
+            pack,
             stats: &stats,
         };
         println!("{}", serde_json::to_string(&o)?);
@@ -475,10 +297,8 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
             e.utf8_error().valid_up_to()
         )
     })?;
-    let gguf = open_gguf(&args.model.model)?;
-    let model = Model::load(&gguf)?;
-    let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let stack = build_stack(&gguf, &args.model, args.json)?;
+    let engine = open_engine(engine_config(&args.model, false), args.json)?;
+    let tokenizer = engine.tokenizer();
     let mut tokens = tokenizer.encode(&text, true, false)?;
     if let Some(chunks) = args.chunks {
         // Bounded by the parsers (2^24 each): no overflow.
@@ -493,13 +313,12 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
         }
         tokens.truncate(want);
     }
-    let linear = stack.linear(!args.model.no_prefetch, None);
     let bos = tokenizer.add_bos().then(|| tokenizer.bos()).flatten();
     let t0 = Instant::now();
-    let report = ork_exec::perplexity(&model, &linear, &tokens, args.ctx, bos)
+    let report = ork_exec::perplexity(engine.model(), &**engine.linear(), &tokens, args.ctx, bos)
         .with_context(|| format!("perplexity of {}", args.file.display()))?;
     let secs = t0.elapsed().as_secs_f64();
-    let cache = stack.cache.stats();
+    let cache = engine.cache_stats();
     if args.json {
         println!(
             "{}",
@@ -526,16 +345,15 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
 
 /// `ork plan`.
 pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
-    let gguf = open_gguf(&args.model)?;
-    let budget = budget_bytes(args.budget_mb)?;
-    let slots = EmuConfig::default().cores as usize + 1;
-    let p = plan_for(
-        &gguf,
+    let manifest = open_manifest(&args.model)?;
+    let budget = budget_bytes(args.budget_mb.map(|mb| mb << 20))?;
+    let p = plan_weights(
+        &manifest,
         args.dtype.into(),
         budget,
         args.window_mb << 20,
         args.domains,
-        slots,
+        default_slots(),
     )?;
     let per_prefill_tok = p.streamed_bytes_per_prefill_token(args.prefill_tokens);
     if args.json {
@@ -630,21 +448,22 @@ pub fn bench_stream(
     plot: Option<&Path>,
     json: bool,
 ) -> Result<ExitCode> {
-    let gguf = open_gguf(&opts.model)?;
-    let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let model = Model::load(&gguf)?;
-    let prompt = bench_prompt(&tokenizer, tokens)?;
+    let manifest = open_manifest(&opts.model)?;
     let dtype = PackDtype::from(opts.dtype);
-    let full = plan_for(&gguf, dtype, u64::MAX / 4, u64::MAX / 4, 1, 4)?.model_bytes;
+    let full = plan_weights(&manifest, dtype, u64::MAX / 4, u64::MAX / 4, 1, 4)?.model_bytes;
     let streamed_budget = match opts.budget_mb {
         Some(mb) => mb << 20,
-        None => (full / 4).max(plan_for(&gguf, dtype, 1, 1, 1, 4)?.min_budget_bytes + (8 << 20)),
+        None => {
+            (full / 4).max(plan_weights(&manifest, dtype, 1, 1, 1, 4)?.min_budget_bytes + (8 << 20))
+        }
     };
     let resident_budget = full + (64 << 20);
     // Make sure the .orkpack exists before timing anything.
-    let mut base = opts.clone();
-    base.budget_mb = Some(resident_budget >> 20);
-    drop(build_stack(&gguf, &base, json)?);
+    let mut base = engine_config(opts, false);
+    base.budget_bytes = Some((resident_budget >> 20) << 20);
+    let first = open_engine(base, json)?;
+    let prompt = bench_prompt(first.tokenizer(), tokens)?;
+    drop(first);
 
     let configs = [
         ("resident", resident_budget, true),
@@ -655,29 +474,29 @@ pub fn bench_stream(
     // each configuration's figure is the median of its rounds, after one warm-up pass each.
     let mut runs = Vec::new();
     for (label, budget, prefetch) in configs {
-        let mut o = opts.clone();
-        o.budget_mb = Some(budget.div_ceil(1 << 20));
-        let stack = build_stack(&gguf, &o, true)?;
-        let trace = Arc::new(Trace::new());
+        let mut config = engine_config(opts, true);
+        config.budget_bytes = Some(budget.div_ceil(1 << 20) << 20);
+        config.prefetch = prefetch;
+        let engine = open_engine(config, true)?;
+        let trace = Arc::clone(engine.trace().context("the engine records a trace")?);
         let trace_t0 = Instant::now();
-        let linear = stack.linear(prefetch, Some(&trace));
-        let mut session = Session::with_context(&model, &linear, tokens + 1)?;
+        let mut session = engine.session_with_context(tokens + 1)?;
         session.prefill(&prompt)?;
+        drop(session);
         runs.push(StreamRun {
             label,
             budget,
             prefetch,
-            stack,
+            engine,
             trace,
             trace_t0,
-            linear,
             seconds: Vec::new(),
             last_start_us: 0.0,
         });
     }
     for _ in 0..rounds.max(1) {
         for run in runs.iter_mut() {
-            let mut session = Session::with_context(&model, &run.linear, tokens + 1)?;
+            let mut session = run.engine.session_with_context(tokens + 1)?;
             let t0 = Instant::now();
             session.prefill(&prompt)?;
             run.seconds.push(t0.elapsed().as_secs_f64());
@@ -692,7 +511,7 @@ pub fn bench_stream(
             label,
             budget,
             prefetch,
-            stack,
+            engine,
             trace,
             seconds: secs,
             last_start_us: last_start,
@@ -701,7 +520,7 @@ pub fn bench_stream(
         let mut sorted = secs.clone();
         sorted.sort_by(f64::total_cmp);
         let median = sorted[sorted.len() / 2];
-        let stats = stack.cache.stats();
+        let stats = engine.cache_stats();
         if *label == "streamed" {
             trace_of_streamed = Some(
                 trace
@@ -757,12 +576,17 @@ struct StreamRun {
     label: &'static str,
     budget: u64,
     prefetch: bool,
-    stack: Stack,
+    engine: Engine,
     trace: Arc<Trace>,
     trace_t0: Instant,
-    linear: NpuLinear,
     seconds: Vec<f64>,
     last_start_us: f64,
+}
+
+/// The weight manifest of the GGUF at `path`.
+fn open_manifest(path: &Path) -> Result<Manifest> {
+    let gguf = ork_gguf::GgufFile::open(path)?;
+    Ok(Manifest::from_gguf(&gguf)?)
 }
 
 /// `tokens` tokens of varied English text (repeated as needed), BOS first if the model adds one.

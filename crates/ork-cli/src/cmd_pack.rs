@@ -123,7 +123,7 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
     // .orkpack) is decided by ork-store when the pack is written.
     let evict_src = args.evict_src || env_flag("ORK_EVICT_SRC");
     let dtype: PackDtype = args.dtype.into();
-    let model = GgufFile::open(&args.model)?;
+    let model = std::sync::Arc::new(GgufFile::open(&args.model)?);
     // Pack only what `run` can run: the same model check (architecture, metadata, every
     // tensor present with its shape) before anything is written.
     ork_exec::Model::load(&model).with_context(|| {
@@ -142,6 +142,7 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
         evict_src,
         threads: args.threads,
         progress: Some(&progress),
+        manifest: None,
     };
     let result = ork_store::convert(&model, &output, &opts);
     bar.finish();
@@ -414,7 +415,7 @@ fn deep_compare(
 /// `ork verify FILE.orkpack --model MODEL.gguf [--deep] [--dtype] [--json]`.
 pub fn verify(args: &VerifyArgs) -> Result<ExitCode> {
     let model = GgufFile::open(&args.model)?;
-    let weights = matmul_weights(&model);
+    let weights = matmul_weights(&model)?;
     let pack = match Orkpack::open(&args.file) {
         Ok(p) => p,
         // A damaged or foreign file is a verdict (exit 1), not an error: it was read, it is
@@ -742,7 +743,7 @@ fn convert_child(model: &Path, out: &Path, threads: usize, evict: bool) -> Resul
 pub fn bench_pack(model_path: &Path, threads: usize, json: bool) -> Result<ExitCode> {
     let threads = threads.max(1);
     let model = GgufFile::open(model_path)?;
-    let weights = matmul_weights(&model);
+    let weights = matmul_weights(&model)?;
     let note = |s: &str| {
         if !json {
             eprintln!("bench pack: {s}");
@@ -751,13 +752,7 @@ pub fn bench_pack(model_path: &Path, threads: usize, json: bool) -> Result<ExitC
 
     // (a) Pack throughput per source type.
     note("pack throughput");
-    let largest_of = |ty: GgmlType| {
-        weights
-            .iter()
-            .filter(|t| t.ty == ty)
-            .max_by_key(|t| t.size)
-            .copied()
-    };
+    let largest_of = |ty: GgmlType| weights.iter().filter(|t| t.ty == ty).max_by_key(|t| t.size);
     let mut pack = Vec::new();
     let mut real: Vec<&TensorInfo> = Vec::new();
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {

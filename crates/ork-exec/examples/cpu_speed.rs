@@ -13,7 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n_prompt: usize = args.next().map_or(Ok(128), |s| s.parse())?;
     let n_decode: usize = args.next().map_or(Ok(32), |s| s.parse())?;
 
-    let gguf = ork_gguf::GgufFile::open(std::path::Path::new(&path))?;
+    let gguf = std::sync::Arc::new(ork_gguf::GgufFile::open(std::path::Path::new(&path))?);
     let model = Model::load(&gguf)?;
     let tok = Tokenizer::from_gguf(&gguf)?;
     let text = "The quick brown fox jumps over the lazy dog. ".repeat(n_prompt);

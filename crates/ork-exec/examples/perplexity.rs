@@ -16,7 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kind = rest.get(1).map_or("f32", String::as_str);
     let max_chunks: Option<usize> = rest.get(2).map(|s| s.parse()).transpose()?;
 
-    let gguf = ork_gguf::GgufFile::open(std::path::Path::new(model_path))?;
+    let gguf = std::sync::Arc::new(ork_gguf::GgufFile::open(std::path::Path::new(model_path))?);
     let model = Model::load(&gguf)?;
     let tok = Tokenizer::from_gguf(&gguf)?;
     let text = std::fs::read_to_string(text_path)?;

@@ -6,6 +6,13 @@ use crate::ops::Rope;
 use crate::weights::{dequantize_tensor, tensor_info, RowTable, WeightSpec};
 use crate::ExecError;
 use ork_gguf::GgufFile;
+use ork_manifest::{tensor_name, Role};
+use std::sync::Arc;
+
+/// The name of a tensor that is not per block (from the manifest's name table).
+fn global(role: Role) -> String {
+    tensor_name(role, 0).expect("roles in the table have names")
+}
 
 /// Per-block tensors held by the executor, and names of the block's matmul weights.
 pub(crate) struct Layer {
@@ -25,12 +32,13 @@ pub(crate) struct Layer {
     pub(crate) w_down: String,
 }
 
-/// A model ready to run, borrowing the GGUF it was loaded from (the embedding rows are read from
-/// the map on demand).
-pub struct Model<'g> {
+/// A model ready to run. It holds an `Arc` of the GGUF it was loaded from (the embedding rows are
+/// read from the map on demand), so it can be shared by many sessions on many threads.
+pub struct Model {
+    gguf: Arc<GgufFile>,
+    embedding_name: String,
     config: ModelConfig,
     pub(crate) rope: Rope,
-    embedding: RowTable<'g>,
     pub(crate) layers: Vec<Layer>,
     pub(crate) output_norm: Vec<f32>,
     output_weight: String,
@@ -41,14 +49,17 @@ fn dims(k: usize, n: usize) -> [u64; 2] {
     [k as u64, n as u64]
 }
 
-impl<'g> Model<'g> {
+impl Model {
     /// Read the configuration and check that every tensor the architecture needs is present with
     /// the right shape. Small tensors are dequantized now; matmul weights are left to the
     /// [`crate::Linear`].
-    pub fn load(gguf: &'g GgufFile) -> Result<Model<'g>, ExecError> {
+    pub fn load(file: &Arc<GgufFile>) -> Result<Model, ExecError> {
+        let gguf: &GgufFile = file;
         let config = ModelConfig::from_gguf(gguf)?;
         let c = &config;
-        let embedding = RowTable::new(gguf, "token_embd.weight", &dims(c.n_embd, c.vocab_size))?;
+        let embd_name = global(Role::TokenEmbd);
+        // Checked now; read row by row later.
+        RowTable::new(gguf, &embd_name, &dims(c.n_embd, c.vocab_size))?;
 
         let mut weights = Vec::new();
         let mut spec = |name: String, k: usize, n: usize| -> Result<String, ExecError> {
@@ -71,65 +82,70 @@ impl<'g> Model<'g> {
 
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
-            let t = |s: &str| format!("blk.{i}.{s}");
+            let t = |role: Role| tensor_name(role, i).expect("roles in the table have names");
             let (q_bias, k_bias, v_bias) = match c.arch {
                 // llama.cpp loads qwen2's q/k/v biases as required tensors.
                 Arch::Qwen2 => (
-                    Some(vector(&t("attn_q.bias"), c.q_dim())?),
-                    Some(vector(&t("attn_k.bias"), c.k_dim())?),
-                    Some(vector(&t("attn_v.bias"), c.v_dim())?),
+                    Some(vector(&t(Role::AttnQBias), c.q_dim())?),
+                    Some(vector(&t(Role::AttnKBias), c.k_dim())?),
+                    Some(vector(&t(Role::AttnVBias), c.v_dim())?),
                 ),
                 // llama.cpp accepts optional biases for llama; qwen3 has none.
                 Arch::Llama => (
-                    optional(&t("attn_q.bias"), c.q_dim())?,
-                    optional(&t("attn_k.bias"), c.k_dim())?,
-                    optional(&t("attn_v.bias"), c.v_dim())?,
+                    optional(&t(Role::AttnQBias), c.q_dim())?,
+                    optional(&t(Role::AttnKBias), c.k_dim())?,
+                    optional(&t(Role::AttnVBias), c.v_dim())?,
                 ),
                 Arch::Qwen3 => (None, None, None),
             };
             let (q_norm, k_norm) = match c.arch {
                 Arch::Qwen3 => (
-                    Some(vector(&t("attn_q_norm.weight"), c.head_dim_k)?),
-                    Some(vector(&t("attn_k_norm.weight"), c.head_dim_k)?),
+                    Some(vector(&t(Role::AttnQNorm), c.head_dim_k)?),
+                    Some(vector(&t(Role::AttnKNorm), c.head_dim_k)?),
                 ),
                 Arch::Llama | Arch::Qwen2 => (None, None),
             };
             layers.push(Layer {
-                attn_norm: vector(&t("attn_norm.weight"), c.n_embd)?,
-                ffn_norm: vector(&t("ffn_norm.weight"), c.n_embd)?,
+                attn_norm: vector(&t(Role::AttnNorm), c.n_embd)?,
+                ffn_norm: vector(&t(Role::FfnNorm), c.n_embd)?,
                 q_bias,
                 k_bias,
                 v_bias,
                 q_norm,
                 k_norm,
-                wq: spec(t("attn_q.weight"), c.n_embd, c.q_dim())?,
-                wk: spec(t("attn_k.weight"), c.n_embd, c.k_dim())?,
-                wv: spec(t("attn_v.weight"), c.n_embd, c.v_dim())?,
-                wo: spec(t("attn_output.weight"), c.attn_out_dim(), c.n_embd)?,
-                w_gate: spec(t("ffn_gate.weight"), c.n_embd, c.n_ff)?,
-                w_up: spec(t("ffn_up.weight"), c.n_embd, c.n_ff)?,
-                w_down: spec(t("ffn_down.weight"), c.n_ff, c.n_embd)?,
+                wq: spec(t(Role::AttnQ), c.n_embd, c.q_dim())?,
+                wk: spec(t(Role::AttnK), c.n_embd, c.k_dim())?,
+                wv: spec(t(Role::AttnV), c.n_embd, c.v_dim())?,
+                wo: spec(t(Role::AttnOutput), c.attn_out_dim(), c.n_embd)?,
+                w_gate: spec(t(Role::FfnGate), c.n_embd, c.n_ff)?,
+                w_up: spec(t(Role::FfnUp), c.n_embd, c.n_ff)?,
+                w_down: spec(t(Role::FfnDown), c.n_ff, c.n_embd)?,
             });
         }
-        let output_norm = vector("output_norm.weight", c.n_embd)?;
+        let output_norm = vector(&global(Role::OutputNorm), c.n_embd)?;
         // Tied embeddings: without output.weight the embedding table is the output projection.
-        let output_name = if gguf.tensor("output.weight").is_some() {
-            "output.weight"
-        } else {
-            "token_embd.weight"
+        let output_name = match global(Role::Output) {
+            name if gguf.tensor(&name).is_some() => name,
+            _ => embd_name.clone(),
         };
-        let output_weight = spec(output_name.to_owned(), c.n_embd, c.vocab_size)?;
+        let output_weight = spec(output_name, c.n_embd, c.vocab_size)?;
 
         let rope = Rope::new(c.arch.rope_style(), c.n_rot, c.rope_base, c.rope_freq_scale);
         Ok(Model {
             config,
             rope,
-            embedding,
+            gguf: Arc::clone(file),
+            embedding_name: embd_name,
             layers,
             output_norm,
             output_weight,
             weights,
         })
+    }
+
+    /// The GGUF it was loaded from.
+    pub fn gguf(&self) -> &Arc<GgufFile> {
+        &self.gguf
     }
 
     /// Hyper-parameters.
@@ -154,7 +170,7 @@ impl<'g> Model<'g> {
         let d = self.config.n_embd;
         if out.len() != tokens.len() * d {
             return Err(ExecError::MatmulShape {
-                weight: self.embedding.name.clone(),
+                weight: self.embedding_name.clone(),
                 what: format!(
                     "output has {} values for {} tokens",
                     out.len(),
@@ -162,9 +178,14 @@ impl<'g> Model<'g> {
                 ),
             });
         }
+        let embedding = RowTable::new(
+            &self.gguf,
+            &self.embedding_name,
+            &dims(d, self.config.vocab_size),
+        )?;
         for (&tok, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
             self.check_token(tok)?;
-            self.embedding.dequantize_rows(tok as usize, row)?;
+            embedding.dequantize_rows(tok as usize, row)?;
         }
         Ok(())
     }

@@ -37,7 +37,7 @@ pub struct PerplexityReport {
 /// Perplexity of `tokens` in windows of `n_ctx`. `bos` is the BOS id if the vocabulary adds BOS
 /// (then every chunk starts with it), `None` otherwise.
 pub fn perplexity(
-    model: &Model<'_>,
+    model: &Model,
     linear: &dyn Linear,
     tokens: &[u32],
     n_ctx: usize,

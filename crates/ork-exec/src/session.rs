@@ -9,7 +9,7 @@ use crate::ExecError;
 /// Tokens are appended with [`Session::prefill`] (a batch, causal within itself and attending to
 /// everything cached before) and [`Session::decode`] (one token).
 pub struct Session<'a> {
-    model: &'a Model<'a>,
+    model: &'a Model,
     linear: &'a dyn Linear,
     context: usize,
     /// Per layer: `len × k_dim` keys (after RoPE) and `len × v_dim` values.
@@ -27,7 +27,7 @@ enum Logits {
 
 impl<'a> Session<'a> {
     /// A session limited to the model's trained context length.
-    pub fn new(model: &'a Model<'a>, linear: &'a dyn Linear) -> Session<'a> {
+    pub fn new(model: &'a Model, linear: &'a dyn Linear) -> Session<'a> {
         let context = model.config().context_length;
         Session {
             model,
@@ -41,7 +41,7 @@ impl<'a> Session<'a> {
 
     /// A session with an explicit context length (e.g. `--ctx`); it may exceed the trained one.
     pub fn with_context(
-        model: &'a Model<'a>,
+        model: &'a Model,
         linear: &'a dyn Linear,
         context: usize,
     ) -> Result<Session<'a>, ExecError> {
@@ -67,7 +67,7 @@ impl<'a> Session<'a> {
     }
 
     /// The model.
-    pub fn model(&self) -> &'a Model<'a> {
+    pub fn model(&self) -> &'a Model {
         self.model
     }
 

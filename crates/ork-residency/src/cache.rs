@@ -16,6 +16,7 @@ use std::time::Instant;
 use ork_device::{BufferIntent, Device, DeviceBuffer, DeviceError, DeviceWeight, DomainId};
 use ork_pack::TiledLayout;
 
+use crate::budget::{Candidate, DeviceBudget, EvictionPolicy, Lru, Reclaim};
 use crate::source::{Fetch, WeightSource};
 use crate::trace::{Lane, Trace};
 use crate::ResidencyError;
@@ -87,7 +88,6 @@ impl Slot {
     }
 }
 
-#[derive(Default)]
 struct State {
     slots: HashMap<String, Slot>,
     tick: u64,
@@ -99,6 +99,8 @@ struct State {
     /// allocating one per load, as the board's slots would.
     spare: Vec<(u64, DeviceBuffer)>,
     stats: CacheStats,
+    /// The device-wide ledger every change of `resident` is booked in.
+    ledger: Arc<DeviceBudget>,
 }
 
 impl State {
@@ -106,10 +108,16 @@ impl State {
         self.resident.iter().sum()
     }
 
+    /// Give `bytes` of `domain` back (to this cache's count and the device ledger).
+    fn release(&mut self, domain: DomainId, bytes: u64) {
+        self.resident[domain.0 as usize] -= bytes;
+        self.ledger.release(domain, bytes);
+    }
+
     /// Drop a slot that never became ready and return its reserved bytes.
     fn abandon(&mut self, name: &str) {
         if let Some(slot) = self.slots.remove(name) {
-            self.resident[slot.domain.0 as usize] -= slot.bytes;
+            self.release(slot.domain, slot.bytes);
         }
     }
 
@@ -122,17 +130,24 @@ impl State {
         })
     }
 
-    /// Evict the least-recently-used weight of `domain` that `by` may evict. Returns whether one was.
-    fn evict_lru(&mut self, domain: DomainId, by: Requester) -> bool {
-        let victim = self
+    /// Evict the weight of `domain` that `policy` picks among those `by` may evict. Returns
+    /// whether one was.
+    fn evict(&mut self, domain: DomainId, by: Requester, policy: &dyn EvictionPolicy) -> bool {
+        let candidates: Vec<Candidate<'_>> = self
             .slots
             .iter()
             .filter(|(_, s)| s.domain == domain && s.evictable(by))
-            .min_by_key(|(_, s)| s.last_use)
-            .map(|(n, _)| n.clone());
-        let Some(name) = victim else {
+            .map(|(n, s)| Candidate {
+                key: n,
+                bytes: s.bytes,
+                last_use: s.last_use,
+            })
+            .collect();
+        if candidates.is_empty() {
             return false;
-        };
+        }
+        let pick = policy.choose(&candidates).min(candidates.len() - 1);
+        let name = candidates[pick].key.to_owned();
         let slot = self.slots.remove(&name).expect("victim exists");
         self.stats.evictions += 1;
         // Evictable means no lease: this is the last reference, so the buffer is free to reuse.
@@ -140,9 +155,9 @@ impl State {
             SlotState::Ready(w) => match Arc::try_unwrap(w) {
                 Ok(w) => self.spare.push((slot.bytes, w.buffer)),
                 // Still shared (cannot happen for an evictable slot): it frees itself later.
-                Err(_) => self.resident[domain.0 as usize] -= slot.bytes,
+                Err(_) => self.release(domain, slot.bytes),
             },
-            SlotState::Loading => self.resident[domain.0 as usize] -= slot.bytes,
+            SlotState::Loading => self.release(domain, slot.bytes),
         }
         true
     }
@@ -155,7 +170,7 @@ impl State {
             .iter()
             .position(|(_, b)| b.domain() == domain && b.size() == size)?;
         let (bytes, b) = self.spare.swap_remove(i);
-        self.resident[domain.0 as usize] -= bytes;
+        self.release(domain, bytes);
         self.stats.buffers_reused += 1;
         Some(b)
     }
@@ -167,7 +182,7 @@ impl State {
             return false;
         };
         let (bytes, b) = self.spare.remove(i);
-        self.resident[domain.0 as usize] -= bytes;
+        self.release(domain, bytes);
         drop(b);
         true
     }
@@ -212,6 +227,11 @@ pub struct WeightCache {
     state: Mutex<State>,
     changed: Condvar,
     trace: Mutex<Option<Arc<Trace>>>,
+    /// The device-wide ledger (its own unless made with [`WeightCache::with_budget`]).
+    budget: Arc<DeviceBudget>,
+    /// This cache's id on the ledger.
+    member: u64,
+    policy: Box<dyn EvictionPolicy>,
 }
 
 impl std::fmt::Debug for WeightCache {
@@ -263,12 +283,31 @@ impl Drop for WeightLease<'_> {
 }
 
 impl WeightCache {
-    /// A cache over `device` fed by `source`.
+    /// A cache over `device` fed by `source`, with a budget of its own
+    /// (`config.budget_bytes` per domain).
     pub fn new(
         device: Arc<dyn Device>,
         source: WeightSource,
         config: CacheConfig,
     ) -> Result<Self, ResidencyError> {
+        let budget = DeviceBudget::new(config.budget_bytes, device.info().domains);
+        Self::with_budget(device, source, config, budget)
+    }
+
+    /// A cache over `device` fed by `source` that books its weights in `budget`, the ledger it
+    /// shares with the device's other caches (`config.budget_bytes` is ignored: the ledger's
+    /// budget rules). Register the cache on the ledger ([`DeviceBudget::register`]) once it is
+    /// in an `Arc`, so the other caches can ask it for room.
+    pub fn with_budget(
+        device: Arc<dyn Device>,
+        source: WeightSource,
+        config: CacheConfig,
+        budget: Arc<DeviceBudget>,
+    ) -> Result<Self, ResidencyError> {
+        let config = CacheConfig {
+            budget_bytes: budget.budget(),
+            ..config
+        };
         let domains = config.domains.max(1);
         if domains > device.info().domains {
             return Err(ResidencyError::Placement(format!(
@@ -286,13 +325,36 @@ impl WeightCache {
             placement: HashMap::new(),
             layouts: Mutex::new(HashMap::new()),
             state: Mutex::new(State {
+                slots: HashMap::new(),
+                tick: 0,
                 resident: vec![0; device_domains],
                 pinned: vec![0; device_domains],
-                ..State::default()
+                pinned_names: HashSet::new(),
+                spare: Vec::new(),
+                stats: CacheStats::default(),
+                ledger: Arc::clone(&budget),
             }),
             changed: Condvar::new(),
             trace: Mutex::new(None),
+            member: budget.new_member_id(),
+            budget,
+            policy: Box::new(Lru),
         })
+    }
+
+    /// Choose eviction victims with `policy` instead of [`Lru`].
+    pub fn with_policy(mut self, policy: Box<dyn EvictionPolicy>) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The device-wide ledger this cache books its weights in.
+    pub fn device_budget(&self) -> &Arc<DeviceBudget> {
+        &self.budget
+    }
+
+    pub(crate) fn member_id(&self) -> u64 {
+        self.member
     }
 
     /// Place weights in domains (weights not named go to domain 0). The cache's domain count
@@ -376,8 +438,11 @@ impl WeightCache {
             .footprint(self.layout(name)?.blob_bytes() as u64);
         let domain = self.checked_domain(name)?;
         let mut st = self.lock();
-        let pinned = st.pinned[domain.0 as usize];
-        if !st.pinned_names.contains(name) && pinned + bytes > self.config.budget_bytes {
+        if st.pinned_names.contains(name) {
+            return Ok(());
+        }
+        // Pins of every cache on the device count against the one budget.
+        if let Err(pinned) = self.budget.try_pin(domain, bytes) {
             return Err(ResidencyError::BudgetTooSmall {
                 name: name.to_owned(),
                 budget_mib: mib(self.config.budget_bytes),
@@ -495,7 +560,7 @@ impl WeightCache {
             };
         }
         let pinned_here = st.pinned_names.contains(name);
-        let pinned_other = st.pinned[d] - if pinned_here { bytes } else { 0 };
+        let pinned_other = self.budget.pinned(domain) - if pinned_here { bytes } else { 0 };
         if bytes + pinned_other > self.config.budget_bytes {
             return Err(ResidencyError::BudgetTooSmall {
                 name: name.to_owned(),
@@ -510,15 +575,47 @@ impl WeightCache {
         // spares, taken when they fit).
         let size = layout.blob_bytes() as u64;
         let mut reuse = st.take_spare(domain, size);
-        while st.resident[d] + bytes > self.config.budget_bytes {
+        while !self.budget.try_reserve(domain, bytes) {
             if st.drop_spare(domain) {
                 continue;
             }
-            if st.evict_lru(domain, by) {
+            if st.evict(domain, by, &*self.policy) {
                 if reuse.is_none() {
                     reuse = st.take_spare(domain, size);
                 }
                 continue;
+            }
+            if by == Requester::Compute && self.budget.has_others(self.member) {
+                // Nothing of ours to give: ask the device's other caches, without our lock.
+                let (own, own_pinned) = (st.resident[d], st.pinned[d]);
+                drop(st);
+                let got = self.budget.reclaim_from_others(self.member, domain);
+                if !got && self.budget.others_hold_unpinned(domain, own, own_pinned) {
+                    // Their room is leased or being filled: it comes back.
+                    self.budget.wait_for_release();
+                }
+                st = self.lock();
+                if st.slots.contains_key(name) {
+                    drop(st);
+                    return Ok(Fetched::Lease(Arc::clone(self.get(name)?.arc())));
+                }
+                if got
+                    || self
+                        .budget
+                        .others_hold_unpinned(domain, st.resident[d], st.pinned[d])
+                {
+                    continue;
+                }
+                // Our own state moved while unlocked: look again before judging it below.
+                if st.drop_spare(domain) {
+                    continue;
+                }
+                if st.evict(domain, by, &*self.policy) {
+                    if reuse.is_none() {
+                        reuse = st.take_spare(domain, size);
+                    }
+                    continue;
+                }
             }
             // A thread here holds no loading slot, so waiting for one cannot close a cycle.
             let loading = st
@@ -539,8 +636,8 @@ impl WeightCache {
                         name: name.to_owned(),
                         budget_mib: mib(self.config.budget_bytes),
                         need_mib: mib(bytes),
-                        pinned_mib: mib(st.resident[d]),
-                        min_mib: (bytes + st.resident[d]).div_ceil(1 << 20),
+                        pinned_mib: mib(self.budget.used(domain)),
+                        min_mib: (bytes + self.budget.used(domain)).div_ceil(1 << 20),
                     })
                 }
             }
@@ -641,7 +738,7 @@ impl WeightCache {
         if st.drop_spare(domain) {
             return true;
         }
-        if st.evict_lru(domain, by) {
+        if st.evict(domain, by, &*self.policy) {
             st.drop_spare(domain);
             return true;
         }
@@ -731,4 +828,21 @@ impl Drop for FillGuard<'_> {
 
 fn mib(b: u64) -> f64 {
     b as f64 / (1 << 20) as f64
+}
+
+impl Reclaim for WeightCache {
+    fn reclaim(&self, domain: DomainId) -> bool {
+        let mut st = self.lock();
+        let freed = st.drop_spare(domain)
+            || (st.evict(domain, Requester::Compute, &*self.policy) && {
+                // The victim's buffer became a spare: free it, its bytes go back to the ledger.
+                st.drop_spare(domain);
+                true
+            });
+        drop(st);
+        if freed {
+            self.changed.notify_all();
+        }
+        freed
+    }
 }

@@ -3,6 +3,8 @@
 //! - [`WeightCache`]: a byte-budgeted LRU cache of device-resident weights, fed by a
 //!   [`WeightSource`] (the `.orkpack`, or packing from the GGUF on the fly), with pinning and
 //!   counters ([`CacheStats`]): hits, loads, packs, evictions, wall hits, bytes moved, peak.
+//! - [`DeviceBudget`]: one byte budget per device and domain, shared by every cache on the
+//!   device; the eviction choice is an [`EvictionPolicy`] ([`Lru`] today).
 //! - [`plan()`]: resident across IOMMU domains when the model fits them, else streamed.
 //! - [`Prefetcher`]: a thread that fills the next slots of the schedule while the device
 //!   computes.
@@ -11,6 +13,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod budget;
 mod cache;
 mod error;
 mod linear;
@@ -19,6 +22,7 @@ mod prefetch;
 mod source;
 mod trace;
 
+pub use budget::{Candidate, DeviceBudget, EvictionPolicy, Lru};
 pub use cache::{device_bytes, CacheConfig, CacheStats, WeightCache, WeightLease};
 pub use error::ResidencyError;
 pub use linear::{quantize_row, DeviceMatmul};
@@ -27,22 +31,11 @@ pub use prefetch::Prefetcher;
 pub use source::{Fetch, WeightSource};
 pub use trace::{Lane, Trace, TraceEvent};
 
-/// Matmul weight names of a llama-family model in the order a forward pass uses them: block by
-/// block `attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down` (plus any other 2-D
-/// tensor of the block, in file order), then the output projection (`output.weight`, or
-/// `token_embd.weight` when the embedding is tied).
-pub fn execution_order(model: &ork_gguf::GgufFile) -> Vec<String> {
-    let mut names: Vec<String> = ork_store::matmul_weights(model)
-        .into_iter()
-        .map(|t| t.name.clone())
-        .collect();
-    // matmul_weights puts token_embd first; in a forward pass it is only a matmul as the tied
-    // output projection, which comes last.
-    let has_output = names.iter().any(|n| n == "output.weight");
-    names.retain(|n| n != "token_embd.weight" || !has_output);
-    if let Some(i) = names.iter().position(|n| n == "token_embd.weight") {
-        let e = names.remove(i);
-        names.push(e);
-    }
-    names
+/// Cache keys (`.orkpack` entry names) of the model's matmul weights in the order a forward pass
+/// uses them, as its [`ork_manifest::Manifest`] lists them: block by block `attn_q, attn_k,
+/// attn_v, attn_output, ffn_gate, ffn_up, ffn_down` (plus any other 2-D tensor of the block, in
+/// file order), then the output projection (`output.weight`, or `token_embd.weight` when the
+/// embedding is tied).
+pub fn execution_order(manifest: &ork_manifest::Manifest) -> Vec<String> {
+    manifest.execution_order().map(|w| w.key.clone()).collect()
 }

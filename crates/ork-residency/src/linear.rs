@@ -174,17 +174,24 @@ impl DeviceMatmul {
         let domain = weight.buffer.domain();
         let device = self.cache.device();
 
-        let mut acts = self.activations.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = acts
+        // Take the domain's activation buffer out for this call (the lock is not held across the
+        // parallel work below: a rayon worker waiting inside it could run another session's
+        // forward pass, which would then block on the lock its own stack holds). A concurrent
+        // call finds the slot empty and allocates a buffer of its own.
+        let mut slot = self
+            .activations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
             .get_mut(domain.0 as usize)
-            .ok_or_else(|| ResidencyError::Placement(format!("domain {domain} out of range")))?;
+            .ok_or_else(|| ResidencyError::Placement(format!("domain {domain} out of range")))?
+            .take();
         let need = (m * k * self.precision.bytes()) as u64;
         if slot.as_ref().is_none_or(|b| b.size() < need) {
             // Round up so a growing prompt does not reallocate every call.
             let size = need.next_power_of_two().max(64 * 1024);
-            *slot = None; // free the old one first: its IOVA returns to the window
-                          // Activations share the window with the weights but not the budget: when the window
-                          // is full, evict weights like a weight allocation would (a wall hit).
+            drop(slot.take()); // free the old one first: its IOVA returns to the window
+                               // Activations share the window with the weights but not the budget: when the window
+                               // is full, evict weights like a weight allocation would (a wall hit).
             let buffer = loop {
                 match device.create_buffer(size, BufferIntent::Activation, domain) {
                     Ok(b) => break b,
@@ -204,7 +211,7 @@ impl DeviceMatmul {
                     }
                 }
             };
-            *slot = Some(buffer);
+            slot = Some(buffer);
         }
         let buf = slot.as_mut().expect("allocated above");
         let bytes = &mut buf.as_mut_slice()[..need as usize];
@@ -264,6 +271,16 @@ impl DeviceMatmul {
             })?;
         if let Some(tr) = &self.trace {
             tr.span(Lane::Compute, "compute", name, t0, t0.elapsed());
+        }
+        // Put the buffer back for the next call, unless a concurrent call left a larger one.
+        let mut acts = self.activations.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(back) = acts.get_mut(domain.0 as usize) {
+            if back
+                .as_ref()
+                .is_none_or(|b| b.size() < slot.as_ref().map_or(0, |s| s.size()))
+            {
+                *back = slot;
+            }
         }
         Ok(())
     }

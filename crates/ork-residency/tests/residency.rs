@@ -161,7 +161,7 @@ fn gguf_source() -> WeightSource {
 /// Matmul weights in execution order with their device bytes.
 fn weights() -> Vec<(String, u64)> {
     let m = model();
-    execution_order(&m)
+    execution_order(&ork_manifest::Manifest::from_gguf(&m).unwrap())
         .into_iter()
         .map(|name| {
             let t = m.tensor(&name).expect("listed");
@@ -1338,7 +1338,7 @@ fn execution_order_is_blocks_in_role_order_then_the_output() {
     // Tied: token_embd is the output projection, last.
     let mut want = blocks.clone();
     want.push("token_embd.weight".into());
-    let order = execution_order(&model());
+    let order = execution_order(&ork_manifest::Manifest::from_gguf(&model()).unwrap());
     assert_eq!(order.iter().collect::<HashSet<_>>().len(), order.len());
     assert_eq!(order, want);
 
@@ -1346,7 +1346,10 @@ fn execution_order_is_blocks_in_role_order_then_the_output() {
     let untied = GgufFile::from_bytes("untied.gguf", model_bytes(true)).unwrap();
     let mut want = blocks;
     want.push("output.weight".into());
-    assert_eq!(execution_order(&untied), want);
+    assert_eq!(
+        execution_order(&ork_manifest::Manifest::from_gguf(&untied).unwrap()),
+        want
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1512,4 +1515,104 @@ fn f16_activations_clamp_overflow_and_refuse_nan() {
             Err(ResidencyError::Shape { .. })
         ));
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One budget per device, shared by every cache on it
+// ---------------------------------------------------------------------------------------------
+
+/// Two caches (say a model and its draft) on one device share one `DeviceBudget`: with random
+/// leases from a thread per cache, the bytes they hold together never exceed the budget, and each
+/// cache still gets every weight it asks for (it evicts its own entries, or the other cache gives
+/// room back through the ledger).
+#[test]
+fn two_caches_on_one_device_share_the_budget_and_both_progress() {
+    let device = emu(1, GIB4);
+    let largest = weights().iter().map(|w| w.1).max().unwrap();
+    let total: u64 = weights().iter().map(|w| w.1).sum();
+    // Holds a lease and a fetch of each cache at once, but far from both models.
+    let budget_bytes = 4 * largest;
+    assert!(2 * total > 2 * budget_bytes, "the test must force sharing");
+    let budget = ork_residency::DeviceBudget::new(budget_bytes, 1);
+    let make = |seed| {
+        let cache = Arc::new(
+            WeightCache::with_budget(
+                device.clone() as Arc<dyn Device>,
+                pack_source(&clean_pack_path(), false),
+                CacheConfig::new(1), // ignored: the ledger's budget rules
+                Arc::clone(&budget),
+            )
+            .unwrap(),
+        );
+        budget.register(&cache);
+        (cache, seed)
+    };
+    let caches = [make(1u64), make(2u64)];
+    let names = names();
+    let over = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    for (cache, seed) in caches.iter().cloned() {
+        let (names, budget, over, tx) = (
+            names.clone(),
+            Arc::clone(&budget),
+            Arc::clone(&over),
+            tx.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut rng = Rng(seed);
+            let mut done = 0;
+            for _ in 0..300 {
+                let name = &names[rng.below(names.len() as u64) as usize];
+                let lease = cache.get(name).expect("a weight within the budget");
+                if budget.used(DomainId(0)) > budget.budget() {
+                    over.store(true, Ordering::Relaxed);
+                }
+                assert_eq!(lease.layout, cache.layout(name).unwrap());
+                drop(lease);
+                done += 1;
+            }
+            tx.send(done).unwrap();
+        });
+    }
+    drop(tx);
+    for _ in 0..2 {
+        let done = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("both caches make progress");
+        assert_eq!(done, 300);
+    }
+    assert!(!over.load(Ordering::Relaxed), "the ledger went over budget");
+    let together: u64 = caches.iter().map(|(c, _)| c.resident()[0]).sum();
+    assert_eq!(together, budget.used(DomainId(0)));
+    assert!(together <= budget_bytes);
+    // Each cache on its own would have peaked at most at the budget; both had to evict.
+    for (c, _) in &caches {
+        let s = c.stats();
+        assert!(s.peak_resident <= budget_bytes, "{s:?}");
+        assert!(s.evictions > 0, "{s:?}");
+    }
+}
+
+/// Pins of all caches on a device count against its one budget.
+#[test]
+fn pins_of_two_caches_count_against_one_budget() {
+    let device = emu(1, GIB4);
+    let ws = weights();
+    let (name, bytes) = ws.iter().max_by_key(|w| w.1).unwrap().clone();
+    let budget = ork_residency::DeviceBudget::new(bytes + bytes / 2, 1);
+    let cache = |_| {
+        WeightCache::with_budget(
+            device.clone() as Arc<dyn Device>,
+            pack_source(&clean_pack_path(), false),
+            CacheConfig::new(1),
+            Arc::clone(&budget),
+        )
+        .unwrap()
+    };
+    let (a, b) = (cache(0), cache(1));
+    a.pin(&name).unwrap();
+    assert!(matches!(
+        b.pin(&name),
+        Err(ResidencyError::BudgetTooSmall { .. })
+    ));
 }

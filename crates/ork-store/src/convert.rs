@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use crate::checksum::Xxh3Stream;
 use ork_gguf::{GgufFile, TensorInfo};
+use ork_manifest::Manifest;
 use ork_pack::{GgufRows, PackDtype};
 
 use crate::check::{check_entry_key, stale_reason};
@@ -55,6 +56,8 @@ pub struct ConvertOptions<'a> {
     pub threads: Option<usize>,
     /// Called after each tensor.
     pub progress: Option<&'a (dyn Fn(&Progress<'_>) + Sync)>,
+    /// The model's manifest, when the caller has derived it already (`None`: derive it).
+    pub manifest: Option<&'a Manifest>,
 }
 
 impl<'a> ConvertOptions<'a> {
@@ -66,6 +69,7 @@ impl<'a> ConvertOptions<'a> {
             evict_src: false,
             threads: None,
             progress: None,
+            manifest: None,
         }
     }
 }
@@ -232,55 +236,36 @@ fn unusable_reason(e: &StoreError) -> RebuildReason {
     }
 }
 
-/// The model's matmul weights — every 2-D tensor — in the order a forward pass uses them:
-/// `token_embd.weight` first, then block by block (`attn_q`, `attn_k`, `attn_v`, `attn_output`,
-/// `ffn_gate`, `ffn_up`, `ffn_down`, then any other 2-D tensor of the block in file order), then
-/// `output.weight`, then any remaining 2-D tensors in file order. For SmolLM2-135M that is 211
+/// The model's matmul weights in pack order, as its [`Manifest`] lists them: `token_embd.weight`
+/// first, then block by block (`attn_q`, `attn_k`, `attn_v`, `attn_output`, `ffn_gate`, `ffn_up`,
+/// `ffn_down`, router, shared experts, each expert's slices, then any other 2-D tensor of the block
+/// in file order), then `output.weight`, then any remaining 2-D tensors in file order. Each is a
+/// 2-D view named by its `.orkpack` entry name: the tensor itself, or for a 3-D expert tensor one
+/// slice per expert named `TENSOR#EXPERT` (docs/orkpack.md). For SmolLM2-135M that is 211
 /// tensors; its output projection is tied to `token_embd.weight`.
-pub fn matmul_weights(model: &GgufFile) -> Vec<&TensorInfo> {
-    const ROLES: [&str; 7] = [
-        "attn_q.weight",
-        "attn_k.weight",
-        "attn_v.weight",
-        "attn_output.weight",
-        "ffn_gate.weight",
-        "ffn_up.weight",
-        "ffn_down.weight",
-    ];
-    let rank = |t: &TensorInfo| -> (u8, u64, usize) {
-        if t.name == "token_embd.weight" {
-            return (0, 0, 0);
-        }
-        if let Some(rest) = t.name.strip_prefix("blk.") {
-            if let Some((blk, role)) = rest.split_once('.') {
-                if let Ok(b) = blk.parse::<u64>() {
-                    let r = ROLES.iter().position(|&x| x == role).unwrap_or(ROLES.len());
-                    return (1, b, r);
-                }
-            }
-        }
-        if t.name == "output.weight" {
-            return (2, 0, 0);
-        }
-        (3, 0, 0)
-    };
-    let mut ws: Vec<&TensorInfo> = model
-        .tensors()
-        .iter()
-        .filter(|t| t.dims.len() == 2)
-        .collect();
-    ws.sort_by_key(|t| rank(t)); // stable: ties stay in file order
-    ws
+///
+/// # Errors
+/// [`StoreError::Manifest`] when the manifest cannot be derived (bad expert shapes, …).
+pub fn matmul_weights(model: &GgufFile) -> Result<Vec<TensorInfo>, StoreError> {
+    Ok(weights_of(&Manifest::from_gguf(model)?))
+}
+
+/// The 2-D views of a manifest's weights, in pack order.
+fn weights_of(manifest: &Manifest) -> Vec<TensorInfo> {
+    manifest.weights().iter().map(|w| w.slice.clone()).collect()
 }
 
 /// The informational identity of a model: its file length and an xxh3 over the fingerprints of
 /// its matmul weights.
-pub fn model_identity(model: &GgufFile) -> ModelIdentity {
-    let fps: Vec<u64> = matmul_weights(model)
-        .into_iter()
+///
+/// # Errors
+/// As [`matmul_weights`].
+pub fn model_identity(model: &GgufFile) -> Result<ModelIdentity, StoreError> {
+    let fps: Vec<u64> = matmul_weights(model)?
+        .iter()
         .map(|t| crate::fingerprint(model, t))
         .collect();
-    identity_of(model, &fps)
+    Ok(identity_of(model, &fps))
 }
 
 fn identity_of(model: &GgufFile, fingerprints: &[u64]) -> ModelIdentity {
@@ -451,17 +436,20 @@ fn entry_bytes(e: &crate::Entry) -> u64 {
 }
 
 /// The weights to store, their keys, and the resources to pack them with.
-struct Plan<'m, 'o> {
-    weights: Vec<&'m TensorInfo>,
+struct Plan<'o> {
+    weights: Vec<TensorInfo>,
     keys: Vec<EntryKey>,
     identity: ModelIdentity,
     pool: Option<rayon::ThreadPool>,
     opts: &'o ConvertOptions<'o>,
 }
 
-impl<'m, 'o> Plan<'m, 'o> {
-    fn new(model: &'m GgufFile, opts: &'o ConvertOptions<'o>) -> Result<Self, StoreError> {
-        let weights = matmul_weights(model);
+impl<'o> Plan<'o> {
+    fn new(model: &GgufFile, opts: &'o ConvertOptions<'o>) -> Result<Self, StoreError> {
+        let weights = match opts.manifest {
+            Some(m) => weights_of(m),
+            None => matmul_weights(model)?,
+        };
         // Fingerprints read a sample of every tensor up front; with `evict_src` those pages are
         // dropped right away, or they would stay resident until their tensor's turn (on
         // SmolLM2-135M the samples are 70 of its 98 MB, and the peak RSS doubled).
@@ -522,7 +510,7 @@ impl<'m, 'o> Plan<'m, 'o> {
 fn write_pack(
     model: &GgufFile,
     path: &Path,
-    plan: &Plan<'_, '_>,
+    plan: &Plan<'_>,
     old: Option<&Orkpack>,
     reuse: &dyn Fn(&str) -> bool,
     mut report: ConvertReport,
@@ -575,7 +563,7 @@ fn write_pack(
 fn pack_tensor(
     model: &GgufFile,
     t: &TensorInfo,
-    plan: &Plan<'_, '_>,
+    plan: &Plan<'_>,
 ) -> Result<ork_pack::PackedWeight, StoreError> {
     let wrap = |e| StoreError::Pack {
         tensor: t.name.clone(),

@@ -195,6 +195,9 @@ pub enum StoreError {
         /// Why.
         reason: String,
     },
+    /// The model's weight manifest cannot be derived (names the file and tensor).
+    #[error(transparent)]
+    Manifest(#[from] ork_manifest::ManifestError),
 }
 
 impl StoreError {

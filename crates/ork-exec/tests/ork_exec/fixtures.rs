@@ -167,11 +167,13 @@ pub fn builder(spec: &TinySpec, skip: Option<&str>) -> GgufBuilder {
 }
 
 /// The fixture as an open GGUF.
-pub fn build(spec: &TinySpec) -> GgufFile {
+pub fn build(spec: &TinySpec) -> std::sync::Arc<GgufFile> {
     from_builder(builder(spec, None))
 }
 
-pub fn from_builder(b: GgufBuilder) -> GgufFile {
-    GgufFile::from_bytes("fixture.gguf", b.to_bytes().expect("fixture bytes"))
-        .expect("fixture parses")
+pub fn from_builder(b: GgufBuilder) -> std::sync::Arc<GgufFile> {
+    std::sync::Arc::new(
+        GgufFile::from_bytes("fixture.gguf", b.to_bytes().expect("fixture bytes"))
+            .expect("fixture parses"),
+    )
 }

@@ -24,13 +24,13 @@ pub fn model_path() -> PathBuf {
 }
 
 /// The GGUF, opened once for all tests of this module.
-pub fn gguf() -> &'static GgufFile {
-    static G: OnceLock<GgufFile> = OnceLock::new();
-    G.get_or_init(|| GgufFile::open(&model_path()).expect("open real model"))
+pub fn gguf() -> &'static std::sync::Arc<GgufFile> {
+    static G: OnceLock<std::sync::Arc<GgufFile>> = OnceLock::new();
+    G.get_or_init(|| std::sync::Arc::new(GgufFile::open(&model_path()).expect("open real model")))
 }
 
-pub fn model() -> &'static Model<'static> {
-    static M: OnceLock<Model<'static>> = OnceLock::new();
+pub fn model() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
     M.get_or_init(|| Model::load(gguf()).expect("load real model"))
 }
 

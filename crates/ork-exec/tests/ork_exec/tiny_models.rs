@@ -405,7 +405,7 @@ fn an_absurd_block_count_is_refused_before_allocating() {
         + key.len();
     assert_eq!(bytes[at..at + 4], 4u32.to_le_bytes());
     bytes[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
-    let g = ork_gguf::GgufFile::from_bytes("absurd.gguf", bytes).unwrap();
+    let g = std::sync::Arc::new(ork_gguf::GgufFile::from_bytes("absurd.gguf", bytes).unwrap());
     match Model::load(&g) {
         Err(ExecError::InvalidMetadata { key, .. }) => assert_eq!(key, "llama.block_count"),
         Err(e) => panic!("expected InvalidMetadata, got {e}"),

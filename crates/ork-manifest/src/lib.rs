@@ -1,0 +1,693 @@
+//! ork — the **weight manifest**: the one place that knows tensor names.
+//!
+//! In the spirit of llama.cpp's tensor-name table (`LLM_TENSOR_NAMES` in `src/llama-arch.cpp`:
+//! `blk.%d.attn_q`, `blk.%d.ffn_gate_exps`, …), [`TENSOR_NAMES`] maps every tensor kind ork
+//! reads to its GGUF name template, and [`ARCHITECTURES`] lists, per architecture, the matmul
+//! roles a block may have in the order a forward pass uses them. [`Manifest::from_gguf`] derives,
+//! once per model, every matmul weight as a typed, interned [`WeightId`] with its shape `(K, N)`,
+//! [`Role`], layer and execution order. The store (which weights to pack), the residency layer
+//! (execution order, plan, cache keys, prefetch schedule) and the executor (the names of a block's
+//! weights) receive the manifest as data instead of deriving names themselves.
+//!
+//! 3-D expert tensors `blk.N.ffn_{gate,up,down}_exps.weight` (GGUF dims `[K, N, n_expert]`, i.e.
+//! numpy `[n_expert, N, K]`) are represented by their per-expert slices: one [`Weight`] per expert,
+//! whose [`Weight::key`] (the `.orkpack` entry name) is `TENSOR#EXPERT`, e.g.
+//! `blk.0.ffn_gate_exps.weight#3` (docs/orkpack.md), and whose [`Weight::slice`] is a 2-D view
+//! of the expert's bytes inside the tensor, usable wherever a 2-D tensor is.
+//!
+//! Why a crate of its own and not a module of `ork-gguf`: `ork-gguf` reads any GGUF file and knows
+//! nothing of model architectures; the manifest is model knowledge that the store, the residency
+//! layer and the executor share, and it depends on `ork-gguf` alone.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use ork_gguf::{GgufFile, TensorInfo};
+
+/// Errors of [`Manifest::from_gguf`]; each names the file and the tensor (or key).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManifestError {
+    /// A matmul weight's dims do not fit its role.
+    #[error("{}: tensor '{tensor}' has dims {dims:?}: {reason}", file.display())]
+    Shape {
+        /// The GGUF file.
+        file: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its dims as stored (`ne[0]` first).
+        dims: Vec<u64>,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A metadata key disagrees with the tensors.
+    #[error("{}: metadata key '{key}' {reason}", file.display())]
+    Metadata {
+        /// The GGUF file.
+        file: PathBuf,
+        /// The key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor's bytes do not split into its experts.
+    #[error("{}: tensor '{tensor}' ({size} bytes) does not split into {experts} experts", file.display())]
+    ExpertSplit {
+        /// The GGUF file.
+        file: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its byte size.
+        size: u64,
+        /// Its expert count.
+        experts: u64,
+    },
+}
+
+/// What a tensor is. Matmul roles come first; the others are the small tensors the executor
+/// reads itself (norms, biases, the embedding table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Role {
+    /// Attention query projection.
+    AttnQ,
+    /// Attention key projection.
+    AttnK,
+    /// Attention value projection.
+    AttnV,
+    /// Attention output projection.
+    AttnOutput,
+    /// Dense feed-forward gate.
+    FfnGate,
+    /// Dense feed-forward up projection.
+    FfnUp,
+    /// Dense feed-forward down projection.
+    FfnDown,
+    /// MoE router (`ffn_gate_inp`), `[n_embd, n_expert]`.
+    Router,
+    /// One expert's gate (a slice of `ffn_gate_exps`).
+    ExpertGate,
+    /// One expert's up projection (a slice of `ffn_up_exps`).
+    ExpertUp,
+    /// One expert's down projection (a slice of `ffn_down_exps`).
+    ExpertDown,
+    /// Shared expert gate (`ffn_gate_shexp`).
+    SharedExpertGate,
+    /// Shared expert up projection (`ffn_up_shexp`).
+    SharedExpertUp,
+    /// Shared expert down projection (`ffn_down_shexp`).
+    SharedExpertDown,
+    /// The output projection (`output.weight`).
+    Output,
+    /// The token embedding table; a matmul weight only as the tied output projection.
+    TokenEmbd,
+    /// Another 2-D tensor of the file (packed and streamed like the rest, unused by the
+    /// executor).
+    Other,
+    /// Attention RMSNorm weight (not a matmul).
+    AttnNorm,
+    /// Feed-forward RMSNorm weight (not a matmul).
+    FfnNorm,
+    /// Query bias (not a matmul).
+    AttnQBias,
+    /// Key bias (not a matmul).
+    AttnKBias,
+    /// Value bias (not a matmul).
+    AttnVBias,
+    /// Per-head query norm (qwen3; not a matmul).
+    AttnQNorm,
+    /// Per-head key norm (qwen3; not a matmul).
+    AttnKNorm,
+    /// Shared expert's sigmoid gate vector (qwen2moe; not a matmul).
+    SharedExpertGateInp,
+    /// Final RMSNorm weight (not a matmul).
+    OutputNorm,
+}
+
+/// The tensor-name table: every kind of tensor ork reads and its GGUF name; `{}` stands for the
+/// block index of per-block tensors.
+pub const TENSOR_NAMES: &[(Role, &str)] = &[
+    (Role::TokenEmbd, "token_embd.weight"),
+    (Role::Output, "output.weight"),
+    (Role::OutputNorm, "output_norm.weight"),
+    (Role::AttnNorm, "blk.{}.attn_norm.weight"),
+    (Role::AttnQ, "blk.{}.attn_q.weight"),
+    (Role::AttnK, "blk.{}.attn_k.weight"),
+    (Role::AttnV, "blk.{}.attn_v.weight"),
+    (Role::AttnQBias, "blk.{}.attn_q.bias"),
+    (Role::AttnKBias, "blk.{}.attn_k.bias"),
+    (Role::AttnVBias, "blk.{}.attn_v.bias"),
+    (Role::AttnQNorm, "blk.{}.attn_q_norm.weight"),
+    (Role::AttnKNorm, "blk.{}.attn_k_norm.weight"),
+    (Role::AttnOutput, "blk.{}.attn_output.weight"),
+    (Role::FfnNorm, "blk.{}.ffn_norm.weight"),
+    (Role::FfnGate, "blk.{}.ffn_gate.weight"),
+    (Role::FfnUp, "blk.{}.ffn_up.weight"),
+    (Role::FfnDown, "blk.{}.ffn_down.weight"),
+    (Role::Router, "blk.{}.ffn_gate_inp.weight"),
+    (Role::ExpertGate, "blk.{}.ffn_gate_exps.weight"),
+    (Role::ExpertUp, "blk.{}.ffn_up_exps.weight"),
+    (Role::ExpertDown, "blk.{}.ffn_down_exps.weight"),
+    (
+        Role::SharedExpertGateInp,
+        "blk.{}.ffn_gate_inp_shexp.weight",
+    ),
+    (Role::SharedExpertGate, "blk.{}.ffn_gate_shexp.weight"),
+    (Role::SharedExpertUp, "blk.{}.ffn_up_shexp.weight"),
+    (Role::SharedExpertDown, "blk.{}.ffn_down_shexp.weight"),
+];
+
+/// Matmul roles of one block in the order a forward pass uses them, with the expert roles last
+/// (they run per expert: gate, up, down of expert 0, then of expert 1, …).
+const BLOCK_ORDER: &[Role] = &[
+    Role::AttnQ,
+    Role::AttnK,
+    Role::AttnV,
+    Role::AttnOutput,
+    Role::FfnGate,
+    Role::FfnUp,
+    Role::FfnDown,
+    Role::Router,
+    Role::SharedExpertGate,
+    Role::SharedExpertUp,
+    Role::SharedExpertDown,
+    Role::ExpertGate,
+    Role::ExpertUp,
+    Role::ExpertDown,
+];
+
+/// Per architecture (`general.architecture`), the matmul roles its blocks may have. A file of an
+/// architecture not listed here is read with every role of the table.
+pub const ARCHITECTURES: &[(&str, &[Role])] = &[
+    (
+        "llama",
+        // Mixtral-style MoE files are `llama` with experts.
+        &[
+            Role::AttnQ,
+            Role::AttnK,
+            Role::AttnV,
+            Role::AttnOutput,
+            Role::FfnGate,
+            Role::FfnUp,
+            Role::FfnDown,
+            Role::Router,
+            Role::ExpertGate,
+            Role::ExpertUp,
+            Role::ExpertDown,
+        ],
+    ),
+    ("qwen2", &DENSE),
+    ("qwen3", &DENSE),
+    (
+        "qwen2moe",
+        &[
+            Role::AttnQ,
+            Role::AttnK,
+            Role::AttnV,
+            Role::AttnOutput,
+            Role::Router,
+            Role::ExpertGate,
+            Role::ExpertUp,
+            Role::ExpertDown,
+            Role::SharedExpertGate,
+            Role::SharedExpertUp,
+            Role::SharedExpertDown,
+        ],
+    ),
+    (
+        "qwen3moe",
+        &[
+            Role::AttnQ,
+            Role::AttnK,
+            Role::AttnV,
+            Role::AttnOutput,
+            Role::Router,
+            Role::ExpertGate,
+            Role::ExpertUp,
+            Role::ExpertDown,
+        ],
+    ),
+];
+
+const DENSE: [Role; 7] = [
+    Role::AttnQ,
+    Role::AttnK,
+    Role::AttnV,
+    Role::AttnOutput,
+    Role::FfnGate,
+    Role::FfnUp,
+    Role::FfnDown,
+];
+
+/// The GGUF name of tensor `role` (of block `layer` for per-block tensors; `layer` is ignored for
+/// the others). `None` for [`Role::Other`], which has no fixed name.
+pub fn tensor_name(role: Role, layer: usize) -> Option<String> {
+    TENSOR_NAMES
+        .iter()
+        .find(|(r, _)| *r == role)
+        .map(|(_, t)| t.replace("{}", &layer.to_string()))
+}
+
+/// Parse a tensor name against the table: its role and block index (per-block tensors).
+pub fn classify(name: &str) -> Option<(Role, Option<usize>)> {
+    if let Some(rest) = name.strip_prefix("blk.") {
+        let (_, suffix) = rest.split_once('.')?;
+        let layer = block_of(name)?;
+        return TENSOR_NAMES
+            .iter()
+            .find(|(_, t)| t.strip_prefix("blk.{}.") == Some(suffix))
+            .map(|(r, _)| (*r, Some(layer)));
+    }
+    TENSOR_NAMES
+        .iter()
+        .find(|(_, t)| *t == name)
+        .map(|(r, _)| (*r, None))
+}
+
+/// The block index of a `blk.N.…` name, whether or not the table knows the rest. The index is
+/// a `u32` printed plainly (`blk.01.` is no block): `layer + 1` cannot overflow.
+fn block_of(name: &str) -> Option<usize> {
+    let (blk, _) = name.strip_prefix("blk.")?.split_once('.')?;
+    let layer = blk.parse::<u32>().ok()? as usize;
+    (layer.to_string() == blk).then_some(layer)
+}
+
+/// A matmul weight: a small `Copy` index into its [`Manifest`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WeightId(pub u32);
+
+impl WeightId {
+    /// The index into [`Manifest::weights`].
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for WeightId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// One matmul weight of the model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Weight {
+    /// Its id.
+    pub id: WeightId,
+    /// The GGUF tensor it is (or is a slice of).
+    pub tensor: String,
+    /// The expert index for a slice of a 3-D expert tensor.
+    pub expert: Option<u32>,
+    /// The name of its `.orkpack` entry and cache key: the tensor name, `TENSOR#EXPERT` for an
+    /// expert slice.
+    pub key: String,
+    /// What it does.
+    pub role: Role,
+    /// Its block, for per-block weights.
+    pub layer: Option<u32>,
+    /// Input width (GGUF `ne[0]`).
+    pub k: usize,
+    /// Output width (GGUF `ne[1]`): `N` rows of `K` values.
+    pub n: usize,
+    /// The weight's bytes as a 2-D tensor of dims `[K, N]` named [`Weight::key`]: the tensor
+    /// itself, or the expert's slice of it.
+    pub slice: TensorInfo,
+}
+
+/// Every matmul weight of a model, derived once from its GGUF.
+#[derive(Clone, Debug)]
+pub struct Manifest {
+    file: PathBuf,
+    arch: Option<String>,
+    n_layer: usize,
+    n_expert: u32,
+    /// In pack order: `token_embd.weight` first, then block by block in [`BLOCK_ORDER`] (other
+    /// 2-D tensors of a block after its known roles, in file order), then `output.weight`, then
+    /// any remaining 2-D tensors in file order.
+    weights: Vec<Weight>,
+    /// The forward pass's order: blocks, then the output projection (`output.weight`, or
+    /// `token_embd.weight` when tied).
+    execution: Vec<WeightId>,
+    by_key: HashMap<String, WeightId>,
+    by_role: HashMap<(Role, u32, Option<u32>), WeightId>,
+}
+
+/// A weight found in the file with its sort keys: (pack rank, file index, expert).
+type Found = ((u8, usize, usize), usize, u32, Weight);
+
+/// Sort rank of a weight in pack order.
+fn pack_rank(role: Role, layer: Option<usize>) -> (u8, usize, usize) {
+    match (role, layer) {
+        (Role::TokenEmbd, _) => (0, 0, 0),
+        (_, Some(l)) => (
+            1,
+            l,
+            BLOCK_ORDER
+                .iter()
+                .position(|r| *r == role)
+                .unwrap_or(BLOCK_ORDER.len()),
+        ),
+        (Role::Output, None) => (2, 0, 0),
+        _ => (3, 0, 0),
+    }
+}
+
+impl Manifest {
+    /// Derive the manifest of `file`: every 2-D tensor is a matmul weight (classified by the name
+    /// table, [`Role::Other`] when it has no entry there), every 3-D expert tensor is split into
+    /// its experts; 1-D tensors and other 3-D tensors are not matmul weights.
+    ///
+    /// # Errors
+    /// A tensor whose role needs other dims (a 3-D tensor named like a dense weight, an expert
+    /// tensor that is not 3-D, gate/up/down experts that disagree with each other, with the
+    /// router or with `{arch}.expert_count`, a zero dim), or expert bytes that do not split
+    /// evenly: an error naming the file and the tensor.
+    pub fn from_gguf(file: &GgufFile) -> Result<Manifest, ManifestError> {
+        let path = file.path().to_path_buf();
+        let arch = file
+            .metadata("general.architecture")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned);
+        let allowed: Option<&[Role]> = arch
+            .as_deref()
+            .and_then(|a| ARCHITECTURES.iter().find(|(n, _)| *n == a))
+            .map(|(_, roles)| *roles);
+        let shape = |t: &TensorInfo, reason: String| ManifestError::Shape {
+            file: path.clone(),
+            tensor: t.name.clone(),
+            dims: t.dims.clone(),
+            reason,
+        };
+        let expert_key = arch.as_ref().map(|a| format!("{a}.expert_count"));
+        let meta_experts = expert_key
+            .as_deref()
+            .and_then(|k| file.metadata(k))
+            .and_then(|v| v.as_u64());
+
+        // (rank, file index, expert) → weight, sorted below.
+        let mut found: Vec<Found> = Vec::new();
+        let mut n_layer = 0usize;
+        let mut n_expert = 0u32;
+        // Per block, the expert shape (K, N of gate/up, expert count) seen so far.
+        let mut expert_shapes: HashMap<usize, (u64, u64, u64, String)> = HashMap::new();
+        let mut routers: Vec<&TensorInfo> = Vec::new();
+        for (fi, t) in file.tensors().iter().enumerate() {
+            let class = classify(&t.name);
+            let (mut role, layer) = class.unwrap_or((Role::Other, block_of(&t.name)));
+            if let Some(l) = layer {
+                n_layer = n_layer.max(l + 1);
+            }
+            let is_expert = matches!(role, Role::ExpertGate | Role::ExpertUp | Role::ExpertDown);
+            if t.dims.contains(&0) {
+                if t.dims.len() == 2 || is_expert {
+                    return Err(shape(t, "a matmul weight has no zero dim".into()));
+                }
+                continue;
+            }
+            if is_expert {
+                let [k, n, e] = t.dims[..] else {
+                    return Err(shape(
+                        t,
+                        format!(
+                            "an expert tensor has 3 dims [K, N, n_expert], this one has {}",
+                            t.dims.len()
+                        ),
+                    ));
+                };
+                if let Some(m) = meta_experts {
+                    if m != e {
+                        return Err(shape(
+                            t,
+                            format!(
+                                "{e} experts, but {} says {m}",
+                                expert_key.as_deref().unwrap_or("expert_count")
+                            ),
+                        ));
+                    }
+                }
+                let l = layer.expect("expert roles are per block");
+                // gate/up are [n_embd, n_ff, E], down is [n_ff, n_embd, E].
+                let (ek, en) = if role == Role::ExpertDown {
+                    (n, k)
+                } else {
+                    (k, n)
+                };
+                match expert_shapes.get(&l) {
+                    Some((k0, n0, e0, first)) if (*k0, *n0, *e0) != (ek, en, e) => {
+                        return Err(shape(
+                            t,
+                            format!(
+                                "disagrees with '{first}' of the same block (expected {} experts of \
+                                 [{}, {}]{})",
+                                e0,
+                                if role == Role::ExpertDown { n0 } else { k0 },
+                                if role == Role::ExpertDown { k0 } else { n0 },
+                                if role == Role::ExpertDown {
+                                    ", the transpose of gate/up"
+                                } else {
+                                    ""
+                                }
+                            ),
+                        ))
+                    }
+                    Some(_) => {}
+                    None => {
+                        expert_shapes.insert(l, (ek, en, e, t.name.clone()));
+                    }
+                }
+                if !t.size.is_multiple_of(e) {
+                    return Err(ManifestError::ExpertSplit {
+                        file: path.clone(),
+                        tensor: t.name.clone(),
+                        size: t.size,
+                        experts: e,
+                    });
+                }
+                let e32 = u32::try_from(e).map_err(|_| shape(t, "too many experts".into()))?;
+                n_expert = n_expert.max(e32);
+                let slice_bytes = t.size / e;
+                for x in 0..e32 {
+                    let key = format!("{}#{x}", t.name);
+                    let slice = TensorInfo {
+                        name: key.clone(),
+                        dims: vec![k, n],
+                        ty: t.ty,
+                        offset: t.offset + u64::from(x) * slice_bytes,
+                        size: slice_bytes,
+                    };
+                    found.push((
+                        pack_rank(role, layer),
+                        fi,
+                        x,
+                        weight(t, Some(x), key, role, layer, k, n, slice),
+                    ));
+                }
+                continue;
+            }
+            if t.dims.len() != 2 {
+                let matmul_role =
+                    class.is_some_and(|(r, _)| r < Role::AttnNorm && r != Role::TokenEmbd);
+                if matmul_role {
+                    return Err(shape(
+                        t,
+                        format!(
+                            "a matmul weight has 2 dims [K, N], this one has {}",
+                            t.dims.len()
+                        ),
+                    ));
+                }
+                continue;
+            }
+            // A 2-D tensor the table knows as a non-matmul one (e.g. a [n_embd, 1] gate vector)
+            // is still packed like any 2-D tensor, as a weight of no known role.
+            if role >= Role::AttnNorm {
+                role = Role::Other;
+            }
+            // A role the architecture does not have is kept, as an unused weight.
+            if allowed.is_some_and(|a| role < Role::Output && !a.contains(&role)) {
+                role = Role::Other;
+            }
+            if role == Role::Router {
+                routers.push(t);
+            }
+            found.push((
+                pack_rank(role, layer),
+                fi,
+                0,
+                weight(
+                    t,
+                    None,
+                    t.name.clone(),
+                    role,
+                    layer,
+                    t.dims[0],
+                    t.dims[1],
+                    t.clone(),
+                ),
+            ));
+        }
+        for r in routers {
+            let l = classify(&r.name).and_then(|(_, l)| l).unwrap_or(0);
+            if let Some((k, _, e, first)) = expert_shapes.get(&l) {
+                if r.dims[..] != [*k, *e] {
+                    return Err(shape(
+                        r,
+                        format!("a router of {e} experts over '{first}' has dims [{k}, {e}]"),
+                    ));
+                }
+            }
+        }
+        if let (Some(m), 0) = (meta_experts, n_expert) {
+            if m > 0 {
+                return Err(ManifestError::Metadata {
+                    file: path.clone(),
+                    key: expert_key.unwrap_or_default(),
+                    reason: format!("says {m} experts, but the file has no expert tensors"),
+                });
+            }
+        }
+        // Stable by rank, then file order, then expert; experts of one block interleave
+        // gate/up/down per expert (the order they run in).
+        found.sort_by_key(|(rank, fi, x, w)| {
+            let expert_role =
+                matches!(w.role, Role::ExpertGate | Role::ExpertUp | Role::ExpertDown);
+            if expert_role {
+                (
+                    rank.0,
+                    rank.1,
+                    BLOCK_ORDER.len() - 3,
+                    *x as usize,
+                    rank.2,
+                    *fi,
+                )
+            } else {
+                (rank.0, rank.1, rank.2, 0, 0, *fi)
+            }
+        });
+        let mut weights: Vec<Weight> = found.into_iter().map(|(_, _, _, w)| w).collect();
+        let mut by_key = HashMap::with_capacity(weights.len());
+        let mut by_role = HashMap::new();
+        for (i, w) in weights.iter_mut().enumerate() {
+            w.id = WeightId(i as u32);
+            by_key.insert(w.key.clone(), w.id);
+            if w.role != Role::Other {
+                by_role
+                    .entry((w.role, w.layer.unwrap_or(u32::MAX), w.expert))
+                    .or_insert(w.id);
+            }
+        }
+        let has_output = weights.iter().any(|w| w.role == Role::Output);
+        let mut execution: Vec<WeightId> = weights
+            .iter()
+            .filter(|w| w.role != Role::TokenEmbd)
+            .map(|w| w.id)
+            .collect();
+        if !has_output {
+            if let Some(e) = weights.iter().find(|w| w.role == Role::TokenEmbd) {
+                execution.push(e.id);
+            }
+        }
+        Ok(Manifest {
+            file: path,
+            arch,
+            n_layer,
+            n_expert,
+            weights,
+            execution,
+            by_key,
+            by_role,
+        })
+    }
+
+    /// The GGUF file it was derived from.
+    pub fn file(&self) -> &std::path::Path {
+        &self.file
+    }
+
+    /// `general.architecture`, if the file has one.
+    pub fn arch(&self) -> Option<&str> {
+        self.arch.as_deref()
+    }
+
+    /// Blocks seen in tensor names.
+    pub fn n_layer(&self) -> usize {
+        self.n_layer
+    }
+
+    /// Experts per MoE block (0 for a dense model).
+    pub fn n_expert(&self) -> u32 {
+        self.n_expert
+    }
+
+    /// Every matmul weight in pack order: `token_embd.weight` first, then block by block
+    /// (`attn_q`, `attn_k`, `attn_v`, `attn_output`, `ffn_gate`, `ffn_up`, `ffn_down`, router,
+    /// shared experts, then each expert's gate, up, down; any other 2-D tensor of the block after
+    /// them in file order), then `output.weight`, then the remaining 2-D tensors in file order.
+    /// Indexed by [`WeightId`].
+    pub fn weights(&self) -> &[Weight] {
+        &self.weights
+    }
+
+    /// The weights a forward pass uses, in its order: block by block as in
+    /// [`Manifest::weights`], then the output projection (`output.weight`, or
+    /// `token_embd.weight` when the embedding is tied; the embedding is otherwise a lookup, not
+    /// a matmul).
+    pub fn execution_order(&self) -> impl ExactSizeIterator<Item = &Weight> + '_ {
+        self.execution.iter().map(|id| &self.weights[id.index()])
+    }
+
+    /// A weight by id.
+    ///
+    /// # Panics
+    /// If `id` is not of this manifest (ids are only made by it).
+    pub fn get(&self, id: WeightId) -> &Weight {
+        &self.weights[id.index()]
+    }
+
+    /// The id of the weight whose key (tensor name, or `TENSOR#EXPERT`) is `key`.
+    pub fn id(&self, key: &str) -> Option<WeightId> {
+        self.by_key.get(key).copied()
+    }
+
+    /// The weight with `role` in block `layer` (`None` for the output projection and the
+    /// embedding), and `expert` for expert slices.
+    pub fn find(&self, role: Role, layer: Option<u32>, expert: Option<u32>) -> Option<WeightId> {
+        self.by_role
+            .get(&(role, layer.unwrap_or(u32::MAX), expert))
+            .copied()
+    }
+
+    /// The output projection: `output.weight`, or the tied `token_embd.weight`.
+    pub fn output(&self) -> Option<WeightId> {
+        self.find(Role::Output, None, None)
+            .or_else(|| self.find(Role::TokenEmbd, None, None))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn weight(
+    t: &TensorInfo,
+    expert: Option<u32>,
+    key: String,
+    role: Role,
+    layer: Option<usize>,
+    k: u64,
+    n: u64,
+    slice: TensorInfo,
+) -> Weight {
+    Weight {
+        id: WeightId(u32::MAX),
+        tensor: t.name.clone(),
+        expert,
+        key,
+        role,
+        layer: layer.map(|l| l as u32),
+        // The parser caps dims far below usize::MAX on 64-bit targets.
+        k: k as usize,
+        n: n as usize,
+        slice,
+    }
+}

@@ -1,0 +1,229 @@
+//! One byte budget per device and domain, shared by every [`crate::WeightCache`] on the device,
+//! and the eviction choice as a trait.
+//!
+//! A [`DeviceBudget`] is a per-domain ledger of the bytes all its caches hold (resident weights,
+//! weights being filled, spare buffers) and of the bytes they pin. A cache reserves room in the
+//! ledger before it fills a weight and returns it when the weight (or spare buffer) is freed, so
+//! caches sharing a ledger never hold more than the budget together. A cache that needs room
+//! first evicts its own entries ([`EvictionPolicy`] picks which), then asks the other caches
+//! registered on the ledger ([`DeviceBudget::register`]) to give back one unpinned, unleased entry
+//! each, and, when they have none free yet, waits until one of them releases bytes.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use ork_device::DomainId;
+
+/// A cache entry the eviction policy may choose: not pinned, not leased, ready.
+#[derive(Clone, Copy, Debug)]
+pub struct Candidate<'a> {
+    /// The weight's cache key.
+    pub key: &'a str,
+    /// Device bytes.
+    pub bytes: u64,
+    /// The cache's use counter at its last use (higher = more recent).
+    pub last_use: u64,
+}
+
+/// Which evictable entry of a domain to evict. The mechanism (reserve, evict, retry) lives in the
+/// cache; a policy only chooses, so an expert-aware policy can replace [`Lru`] alone.
+pub trait EvictionPolicy: Send + Sync + std::fmt::Debug {
+    /// The index in `candidates` (never empty) of the entry to evict.
+    fn choose(&self, candidates: &[Candidate<'_>]) -> usize;
+}
+
+/// Least recently used first.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Lru;
+
+impl EvictionPolicy for Lru {
+    fn choose(&self, candidates: &[Candidate<'_>]) -> usize {
+        candidates
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, c)| c.last_use)
+            .map_or(0, |(i, _)| i)
+    }
+}
+
+/// A cache that can give room back to the ledger on another cache's request.
+pub(crate) trait Reclaim: Send + Sync {
+    /// Free one spare buffer or evict one evictable entry of `domain`; whether anything was.
+    fn reclaim(&self, domain: DomainId) -> bool;
+}
+
+#[derive(Default)]
+struct Ledger {
+    /// Bytes held per domain by all caches.
+    used: Vec<u64>,
+    /// Bytes pinned per domain by all caches.
+    pinned: Vec<u64>,
+    /// Caches that can be asked for room, by id.
+    members: Vec<(u64, Weak<dyn Reclaim>)>,
+    next_id: u64,
+}
+
+/// The shared per-domain byte ledger of one device.
+pub struct DeviceBudget {
+    budget_bytes: u64,
+    ledger: Mutex<Ledger>,
+    released: Condvar,
+}
+
+impl std::fmt::Debug for DeviceBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let l = self.lock();
+        f.debug_struct("DeviceBudget")
+            .field("budget_bytes", &self.budget_bytes)
+            .field("used", &l.used)
+            .field("pinned", &l.pinned)
+            .field("members", &l.members.len())
+            .finish()
+    }
+}
+
+impl DeviceBudget {
+    /// A ledger of `budget_bytes` per domain for `domains` domains.
+    pub fn new(budget_bytes: u64, domains: u32) -> Arc<DeviceBudget> {
+        let d = domains.max(1) as usize;
+        Arc::new(DeviceBudget {
+            budget_bytes,
+            ledger: Mutex::new(Ledger {
+                used: vec![0; d],
+                pinned: vec![0; d],
+                ..Ledger::default()
+            }),
+            released: Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Budget per domain, in bytes.
+    pub fn budget(&self) -> u64 {
+        self.budget_bytes
+    }
+
+    /// Bytes all caches hold in `domain` now.
+    pub fn used(&self, domain: DomainId) -> u64 {
+        self.lock()
+            .used
+            .get(domain.0 as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Bytes all caches pin in `domain`.
+    pub fn pinned(&self, domain: DomainId) -> u64 {
+        self.lock()
+            .pinned
+            .get(domain.0 as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Let the other caches of this ledger ask `cache` for room. A cache that is not registered
+    /// still keeps within the budget, but can only wait for the others to free room themselves.
+    pub fn register(&self, cache: &Arc<crate::WeightCache>) {
+        let weak: Weak<dyn Reclaim> = Arc::downgrade(cache) as Weak<dyn Reclaim>;
+        let mut l = self.lock();
+        l.members.retain(|(_, w)| w.strong_count() > 0);
+        let id = cache.member_id();
+        if !l.members.iter().any(|(i, _)| *i == id) {
+            l.members.push((id, weak));
+        }
+    }
+
+    /// A fresh id for a cache of this ledger.
+    pub(crate) fn new_member_id(&self) -> u64 {
+        let mut l = self.lock();
+        l.next_id += 1;
+        l.next_id
+    }
+
+    fn slot(v: &mut Vec<u64>, d: usize) -> &mut u64 {
+        if v.len() <= d {
+            v.resize(d + 1, 0);
+        }
+        &mut v[d]
+    }
+
+    /// Reserve `bytes` in `domain` if they fit the budget.
+    pub(crate) fn try_reserve(&self, domain: DomainId, bytes: u64) -> bool {
+        let mut l = self.lock();
+        let used = Self::slot(&mut l.used, domain.0 as usize);
+        if *used + bytes > self.budget_bytes {
+            return false;
+        }
+        *used += bytes;
+        true
+    }
+
+    /// Return `bytes` of `domain` and wake caches waiting for room.
+    pub(crate) fn release(&self, domain: DomainId, bytes: u64) {
+        let mut l = self.lock();
+        let used = Self::slot(&mut l.used, domain.0 as usize);
+        *used = used.saturating_sub(bytes);
+        drop(l);
+        self.released.notify_all();
+    }
+
+    /// Pin `bytes` more in `domain` if all caches' pins then fit the budget; returns the bytes
+    /// pinned before when they do not.
+    pub(crate) fn try_pin(&self, domain: DomainId, bytes: u64) -> Result<(), u64> {
+        let mut l = self.lock();
+        let pinned = Self::slot(&mut l.pinned, domain.0 as usize);
+        if *pinned + bytes > self.budget_bytes {
+            return Err(*pinned);
+        }
+        *pinned += bytes;
+        Ok(())
+    }
+
+    /// Whether caches other than `me` are registered (and alive).
+    pub(crate) fn has_others(&self, me: u64) -> bool {
+        self.lock()
+            .members
+            .iter()
+            .any(|(id, w)| *id != me && w.strong_count() > 0)
+    }
+
+    /// Ask every other registered cache to give back one entry of `domain`; whether any did.
+    /// The caller must hold no cache lock (the others take theirs).
+    pub(crate) fn reclaim_from_others(&self, me: u64, domain: DomainId) -> bool {
+        let others: Vec<Arc<dyn Reclaim>> = self
+            .lock()
+            .members
+            .iter()
+            .filter(|(id, _)| *id != me)
+            .filter_map(|(_, w)| w.upgrade())
+            .collect();
+        let mut any = false;
+        for o in others {
+            any |= o.reclaim(domain);
+        }
+        any
+    }
+
+    /// Whether caches other than one holding `own` bytes of `domain` hold bytes there that are
+    /// not pinned (leased or being filled: they come back eventually).
+    pub(crate) fn others_hold_unpinned(&self, domain: DomainId, own: u64, own_pinned: u64) -> bool {
+        let l = self.lock();
+        let d = domain.0 as usize;
+        let used = l.used.get(d).copied().unwrap_or(0);
+        let pinned = l.pinned.get(d).copied().unwrap_or(0);
+        used.saturating_sub(own) > pinned.saturating_sub(own_pinned)
+    }
+
+    /// Wait (briefly) until some cache releases bytes.
+    pub(crate) fn wait_for_release(&self) {
+        let l = self.lock();
+        // The timeout covers a release that happened between the caller's check and this wait.
+        let _ = self
+            .released
+            .wait_timeout(l, Duration::from_millis(2))
+            .unwrap_or_else(|p| p.into_inner());
+    }
+}

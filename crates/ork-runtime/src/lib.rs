@@ -1,0 +1,604 @@
+//! ork — the **engine**: one object that front ends (the `ork` CLI today; a server, a draft model
+//! beside a verifier tomorrow) run models through.
+//!
+//! [`Engine::open`] takes an [`EngineConfig`] and owns everything a model run needs: the GGUF
+//! (`Arc<GgufFile>`), its weight [`Manifest`], the [`Model`], [`Tokenizer`] and chat template, the
+//! device, the residency [`Plan`], the self-populating `.orkpack`, the budgeted [`WeightCache`] and
+//! the prefetcher; it hands out [`Session`]s and exposes what a front end reports (plan, cache
+//! stats, convert report). The stack, top to bottom: a [`Session`] asks the engine's [`Linear`]
+//! for every matmul; it hands the matmul to the residency layer's [`DeviceMatmul`], which leases
+//! the weight from the cache (filled from the `.orkpack`, or packed from the GGUF) and submits the
+//! task to the device.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ork_device::{ActPrecision, Device, EmuConfig};
+use ork_exec::{ChatTemplate, ExecError, Linear, Model, Session, Tokenizer};
+use ork_gguf::GgufFile;
+use ork_manifest::Manifest;
+use ork_pack::PackDtype;
+use ork_residency::{
+    device_bytes, plan::domain_map, CacheConfig, CacheStats, DeviceBudget, DeviceMatmul, Mode,
+    Plan, PlanInput, Trace, WeightCache, WeightSource,
+};
+use ork_store::{ConvertOptions, ConvertReport};
+
+/// Default weight-cache budget per domain (MiB) when neither the config nor
+/// `ORK_WCACHE_BUDGET_MB` gives one.
+pub const DEFAULT_BUDGET_MB: u64 = 3072;
+
+/// What can go wrong opening or running an engine. Each variant names the file (and, through its
+/// source, the tensor) it concerns.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// The GGUF cannot be opened or parsed.
+    #[error(transparent)]
+    Gguf(#[from] ork_gguf::GgufError),
+    /// The model's weight manifest cannot be derived.
+    #[error(transparent)]
+    Manifest(#[from] ork_manifest::ManifestError),
+    /// The model (configuration, tensors, tokenizer, template) cannot be loaded.
+    #[error("{}", model.display())]
+    Model {
+        /// The GGUF file.
+        model: PathBuf,
+        /// The executor's error.
+        #[source]
+        source: ExecError,
+    },
+    /// A weight cannot be planned (a tensor that is no matmul weight).
+    #[error("{}", model.display())]
+    Plan {
+        /// The GGUF file.
+        model: PathBuf,
+        /// The store's error naming the tensor.
+        #[source]
+        source: ork_store::StoreError,
+    },
+    /// The budget cannot hold the largest weight.
+    #[error(
+        "{}: a weight budget of {budget_mib} MiB cannot hold weight '{weight}' ({weight_mib:.1} MiB); \
+         the minimum budget is {min_mib} MiB",
+        model.display()
+    )]
+    BudgetTooSmall {
+        /// The GGUF file.
+        model: PathBuf,
+        /// The budget per domain, MiB.
+        budget_mib: u64,
+        /// The largest weight.
+        weight: String,
+        /// Its device size, MiB.
+        weight_mib: f64,
+        /// The smallest budget that runs the model, MiB.
+        min_mib: u64,
+    },
+    /// A budget setting is not usable.
+    #[error("{what}")]
+    Budget {
+        /// What is wrong.
+        what: String,
+    },
+    /// The `.orkpack` cannot be prepared.
+    #[error("preparing the weight cache {}", path.display())]
+    Pack {
+        /// The `.orkpack` path.
+        path: PathBuf,
+        /// The store's error.
+        #[source]
+        source: ork_store::StoreError,
+    },
+    /// The weight cache cannot be set up (pinning, placement).
+    #[error(transparent)]
+    Residency(#[from] ork_residency::ResidencyError),
+    /// The device cannot be opened or configured.
+    #[error("{what}")]
+    Device {
+        /// What was being done.
+        what: String,
+        /// The device's error, if it gave one.
+        #[source]
+        source: Option<ork_device::DeviceError>,
+    },
+}
+
+/// Which device backend to open (the device layer's choice and its one `auto` policy, see
+/// `docs/device.md`).
+pub use ork_device::DeviceKind;
+
+/// Where the packed weights come from.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum PackChoice {
+    /// `ORK_PERSIST`, else `MODEL.orkpack` next to the model.
+    #[default]
+    Default,
+    /// This `.orkpack` (read if valid, else built).
+    Path(PathBuf),
+    /// No `.orkpack`: pack every weight from the GGUF when it is needed.
+    None,
+}
+
+/// Told about the `.orkpack` conversion while [`Engine::open`] runs it (a front end's progress
+/// bar).
+pub trait ConvertObserver: Sync {
+    /// Conversion is about to check or pack the weights of `manifest`.
+    fn started(&self, manifest: &Manifest);
+    /// One weight was handled.
+    fn tensor_done(&self, progress: &ork_store::Progress<'_>);
+    /// Conversion is over (also after an error).
+    fn finished(&self);
+}
+
+/// Everything [`Engine::open`] needs.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// The GGUF model.
+    pub model: PathBuf,
+    /// The `.orkpack` to use.
+    pub pack: PackChoice,
+    /// Weight budget per domain in bytes (`None`: `ORK_WCACHE_BUDGET_MB`, else
+    /// [`DEFAULT_BUDGET_MB`]).
+    pub budget_bytes: Option<u64>,
+    /// The device backend.
+    pub device: DeviceKind,
+    /// IOMMU domains to use.
+    pub domains: u32,
+    /// Weight dtype on the device.
+    pub dtype: PackDtype,
+    /// Activation precision of the device matmuls.
+    pub activations: ActPrecision,
+    /// Compute threads (`None`: all cores). The first engine of a process sizes rayon's global
+    /// pool.
+    pub threads: Option<usize>,
+    /// Run the prefetch thread when the plan streams.
+    pub prefetch: bool,
+    /// Record a timeline of loads, computes and waits ([`Engine::trace`]).
+    pub trace: bool,
+    /// Verify checksums of blobs loaded from the `.orkpack`.
+    pub verify: bool,
+    /// Drop source pages once each tensor is converted (`ORK_EVICT_SRC`).
+    pub evict_src: bool,
+}
+
+impl EngineConfig {
+    /// Defaults for `model`: default `.orkpack`, budget from the environment, auto device, one
+    /// domain, int8 weights and activations, prefetch and verification on, no trace.
+    pub fn new(model: impl Into<PathBuf>) -> Self {
+        EngineConfig {
+            model: model.into(),
+            pack: PackChoice::Default,
+            budget_bytes: None,
+            device: DeviceKind::Auto,
+            domains: 1,
+            dtype: PackDtype::I8,
+            activations: ActPrecision::Int8,
+            threads: None,
+            prefetch: true,
+            trace: false,
+            verify: true,
+            evict_src: false,
+        }
+    }
+
+    /// The `.orkpack` path this config uses, if any.
+    pub fn pack_path(&self) -> Option<PathBuf> {
+        match &self.pack {
+            PackChoice::None => None,
+            PackChoice::Path(p) => Some(p.clone()),
+            PackChoice::Default => std::env::var_os("ORK_PERSIST")
+                .map(PathBuf::from)
+                .or_else(|| Some(self.model.with_extension("orkpack"))),
+        }
+    }
+}
+
+/// Largest weight budget per domain accepted, in MiB (16 TiB: far above any window, small
+/// enough that MiB → bytes cannot overflow).
+pub const MAX_BUDGET_MIB: u64 = 1 << 24;
+
+/// The budget in bytes per domain: `flag_bytes`, else `ORK_WCACHE_BUDGET_MB` (a whole number of
+/// MiB in 1..=[`MAX_BUDGET_MIB`]), else [`DEFAULT_BUDGET_MB`]; at least 1 MiB. Refused, never
+/// clamped.
+pub fn budget_bytes(flag_bytes: Option<u64>) -> Result<u64, RuntimeError> {
+    let bytes = match flag_bytes {
+        Some(b) => b,
+        None => match std::env::var("ORK_WCACHE_BUDGET_MB") {
+            Ok(v) => match v.trim().parse::<u64>() {
+                Ok(mb) if (1..=MAX_BUDGET_MIB).contains(&mb) => mb << 20,
+                _ => {
+                    return Err(RuntimeError::Budget {
+                        what: format!(
+                            "ORK_WCACHE_BUDGET_MB={v:?}: expected a whole number of MiB in \
+                             1..={MAX_BUDGET_MIB}"
+                        ),
+                    })
+                }
+            },
+            Err(_) => DEFAULT_BUDGET_MB << 20,
+        },
+    };
+    if !((1 << 20)..=(MAX_BUDGET_MIB << 20)).contains(&bytes) {
+        return Err(RuntimeError::Budget {
+            what: format!("the weight budget must be 1..={MAX_BUDGET_MIB} MiB"),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Open the device backend `kind` with `domains` IOMMU domains, through the device layer's one
+/// [`ork_device::open`] (its `auto` policy: an NPU backend that opens and can compute, else the
+/// emulator, which says why in its name).
+pub fn open_device(kind: DeviceKind, domains: u32) -> Result<Arc<dyn Device>, RuntimeError> {
+    let options = ork_device::OpenOptions::new().domains(domains);
+    ork_device::open(kind, &options).map_err(|e| RuntimeError::Device {
+        what: "opening the device".to_owned(),
+        source: Some(e),
+    })
+}
+
+/// Prefetch slots of the default emulated device (`cores + 1`), for planning without a device.
+pub fn default_slots() -> usize {
+    EmuConfig::default().cores as usize + 1
+}
+
+/// Plan `manifest`'s weights (execution order, device bytes at `dtype`) for a budget and window
+/// per domain, `domains` domains and `slots` prefetch slots.
+pub fn plan_weights(
+    manifest: &Manifest,
+    dtype: PackDtype,
+    budget: u64,
+    window: u64,
+    domains: u32,
+    slots: usize,
+) -> Result<Plan, RuntimeError> {
+    let mut weights = Vec::new();
+    for w in manifest.execution_order() {
+        let (k, n) = ork_store::matmul_dims(&w.slice).map_err(|source| RuntimeError::Plan {
+            model: manifest.file().to_path_buf(),
+            source,
+        })?;
+        weights.push((
+            w.key.clone(),
+            device_bytes(&ork_pack::TiledLayout::new(dtype, k, n)),
+        ));
+    }
+    Ok(ork_residency::plan(&PlanInput {
+        weights,
+        budget_bytes: budget,
+        window_bytes: window,
+        domains,
+        slots,
+    }))
+}
+
+/// The executor's matmul interface served by the device through the weight cache.
+pub struct EngineLinear(DeviceMatmul);
+
+impl Linear for EngineLinear {
+    fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        self.0
+            .matmul(weight, x, m, y)
+            .map_err(|e| ExecError::Backend {
+                weight: weight.to_owned(),
+                source: Box::new(e),
+            })
+    }
+}
+
+impl EngineLinear {
+    /// The device matmul behind it.
+    pub fn device_matmul(&self) -> &DeviceMatmul {
+        &self.0
+    }
+}
+
+/// A model opened on a device: see the crate documentation.
+pub struct Engine {
+    config: EngineConfig,
+    gguf: Arc<GgufFile>,
+    manifest: Arc<Manifest>,
+    model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    device: Arc<dyn Device>,
+    plan: Plan,
+    cache: Arc<WeightCache>,
+    device_budget: Arc<DeviceBudget>,
+    linear: Arc<EngineLinear>,
+    trace: Option<Arc<Trace>>,
+    convert: Option<ConvertReport>,
+    pack_path: Option<PathBuf>,
+    pack_unwritable: Option<ork_store::StoreError>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.config)
+            .field("mode", &self.plan.mode)
+            .field("cache", &self.cache)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Open the model of `config` (see the crate documentation).
+    ///
+    /// # Errors
+    /// Any failure to open, check, plan, convert or place the model, naming the file and tensor.
+    pub fn open(config: EngineConfig) -> Result<Engine, RuntimeError> {
+        Self::open_observed(config, None)
+    }
+
+    /// [`Engine::open`], telling `observer` about the `.orkpack` conversion.
+    pub fn open_observed(
+        config: EngineConfig,
+        observer: Option<&dyn ConvertObserver>,
+    ) -> Result<Engine, RuntimeError> {
+        let gguf = Arc::new(GgufFile::open(&config.model)?);
+        let model_err = |source| RuntimeError::Model {
+            model: config.model.clone(),
+            source,
+        };
+        let model = Arc::new(Model::load(&gguf).map_err(model_err)?);
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).map_err(model_err)?);
+        let manifest = Arc::new(Manifest::from_gguf(&gguf)?);
+        if let Some(n) = config.threads {
+            // The first call wins; later engines in the same process share the pool.
+            let _ = rayon::ThreadPoolBuilder::new()
+                .num_threads(n.max(1))
+                .build_global();
+        }
+        let device = open_device(config.device, config.domains)?;
+        let info = device.info();
+        let budget = budget_bytes(config.budget_bytes)?;
+        let slots = info.cores as usize + 1;
+        let plan = plan_weights(
+            &manifest,
+            config.dtype,
+            budget,
+            info.window_bytes,
+            info.domains,
+            slots,
+        )?;
+        if !plan.runnable {
+            return Err(RuntimeError::BudgetTooSmall {
+                model: config.model.clone(),
+                budget_mib: budget >> 20,
+                weight: plan.largest.0.clone(),
+                weight_mib: plan.largest.1 as f64 / (1 << 20) as f64,
+                min_mib: plan.min_budget_bytes.div_ceil(1 << 20),
+            });
+        }
+        let mut pack_path = config.pack_path();
+        let mut pack_unwritable = None;
+        let (source, convert) = match &pack_path {
+            Some(path) => {
+                let mut copts = ConvertOptions::new(config.dtype);
+                copts.verify = config.verify;
+                copts.evict_src = config.evict_src;
+                copts.threads = config.threads;
+                copts.manifest = Some(&manifest);
+                let progress = |p: &ork_store::Progress<'_>| {
+                    if let Some(o) = observer {
+                        o.tensor_done(p);
+                    }
+                };
+                copts.progress = Some(&progress);
+                if let Some(o) = observer {
+                    o.started(&manifest);
+                }
+                let result = ork_store::ensure(&gguf, path, &copts);
+                if let Some(o) = observer {
+                    o.finished();
+                }
+                match result {
+                    Ok((pack, report)) => (
+                        WeightSource::Pack {
+                            pack,
+                            model: Some(Arc::clone(&gguf)),
+                            verify: config.verify,
+                        },
+                        Some(report),
+                    ),
+                    // The pack cannot be written (read-only directory, full disk): run from
+                    // memory, as without a pack, and say so (`Engine::pack_unwritable`).
+                    Err(e) if e.is_write_failure() => {
+                        pack_unwritable = Some(e);
+                        (
+                            WeightSource::Gguf {
+                                model: Arc::clone(&gguf),
+                                dtype: config.dtype,
+                            },
+                            None,
+                        )
+                    }
+                    Err(source) => {
+                        return Err(RuntimeError::Pack {
+                            path: path.clone(),
+                            source,
+                        })
+                    }
+                }
+            }
+            None => (
+                WeightSource::Gguf {
+                    model: Arc::clone(&gguf),
+                    dtype: config.dtype,
+                },
+                None,
+            ),
+        };
+        if pack_unwritable.is_some() {
+            pack_path = None;
+        }
+        let cache_config = CacheConfig {
+            domains: info.domains,
+            ..CacheConfig::new(budget)
+        };
+        // The device's one budget: a second cache on this device (a draft model, an expert
+        // cache) books its weights in the same ledger.
+        let device_budget = DeviceBudget::new(budget, info.domains);
+        let cache = WeightCache::with_budget(
+            Arc::clone(&device),
+            source,
+            cache_config,
+            Arc::clone(&device_budget),
+        )?
+        .with_placement(domain_map(&plan));
+        for p in plan.pinned() {
+            cache.pin(&p.name)?;
+        }
+        let cache = Arc::new(cache);
+        device_budget.register(&cache);
+        let trace = config.trace.then(|| Arc::new(Trace::new()));
+        let schedule = (config.prefetch && plan.mode == Mode::Streamed).then(|| {
+            (
+                plan.placement
+                    .iter()
+                    .map(|p| p.name.clone())
+                    .collect::<Vec<_>>(),
+                slots,
+            )
+        });
+        cache.set_trace(trace.clone());
+        let mut dm =
+            DeviceMatmul::new(Arc::clone(&cache), schedule).with_activations(config.activations);
+        if let Some(t) = &trace {
+            dm = dm.with_trace(Arc::clone(t));
+        }
+        Ok(Engine {
+            config,
+            gguf,
+            manifest,
+            model,
+            tokenizer,
+            device,
+            plan,
+            cache,
+            device_budget,
+            linear: Arc::new(EngineLinear(dm)),
+            trace,
+            convert,
+            pack_path,
+            pack_unwritable,
+        })
+    }
+
+    /// The configuration it was opened with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The GGUF file.
+    pub fn gguf(&self) -> &Arc<GgufFile> {
+        &self.gguf
+    }
+
+    /// The model's weight manifest.
+    pub fn manifest(&self) -> &Arc<Manifest> {
+        &self.manifest
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The model's chat template, if it has one.
+    ///
+    /// # Errors
+    /// A template that does not parse, naming the file.
+    pub fn chat_template(&self) -> Result<Option<ChatTemplate>, RuntimeError> {
+        ChatTemplate::from_gguf(&self.gguf, &self.tokenizer).map_err(|source| RuntimeError::Model {
+            model: self.config.model.clone(),
+            source,
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// The residency plan in force.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The weight cache.
+    pub fn cache(&self) -> &Arc<WeightCache> {
+        &self.cache
+    }
+
+    /// The device's byte budget per domain, shared by every cache on it.
+    pub fn device_budget(&self) -> &Arc<DeviceBudget> {
+        &self.device_budget
+    }
+
+    /// The cache's counters so far.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// What the self-populating `.orkpack` did at open (`None` without a pack).
+    pub fn convert_report(&self) -> Option<&ConvertReport> {
+        self.convert.as_ref()
+    }
+
+    /// Why the configured `.orkpack` could not be written, when the engine runs from memory
+    /// instead (read-only directory, full disk …); `None` when the pack is in use or none was
+    /// asked for.
+    pub fn pack_unwritable(&self) -> Option<&ork_store::StoreError> {
+        self.pack_unwritable.as_ref()
+    }
+
+    /// The `.orkpack` in use, if any.
+    pub fn pack_path(&self) -> Option<&PathBuf> {
+        self.pack_path.as_ref()
+    }
+
+    /// The timeline, when the config asked for one.
+    pub fn trace(&self) -> Option<&Arc<Trace>> {
+        self.trace.as_ref()
+    }
+
+    /// The matmul backend sessions use.
+    pub fn linear(&self) -> &Arc<EngineLinear> {
+        &self.linear
+    }
+
+    /// Activation precision of the device matmuls.
+    pub fn activations(&self) -> ActPrecision {
+        self.config.activations
+    }
+
+    /// A new session over the model's trained context.
+    pub fn session(&self) -> Session<'_> {
+        Session::new(&self.model, &*self.linear)
+    }
+
+    /// A new session with an explicit context length.
+    ///
+    /// # Errors
+    /// A context of 0.
+    pub fn session_with_context(&self, context: usize) -> Result<Session<'_>, ExecError> {
+        Session::with_context(&self.model, &*self.linear, context)
+    }
+
+    /// Stop the prefetcher and drop the device state, keeping the trace (complete once the
+    /// engine is closed).
+    pub fn close(self) -> Option<Arc<Trace>> {
+        let Engine { trace, linear, .. } = self;
+        drop(linear);
+        trace
+    }
+}

@@ -1,0 +1,81 @@
+//! The engine on the real model: sessions on several threads agree with one at a time; errors
+//! are typed.
+
+use ork_exec::{generate, GenerateOptions, Sampler, SamplerOptions};
+use ork_runtime::{DeviceKind, Engine, EngineConfig, PackChoice, RuntimeError};
+
+fn model_path() -> std::path::PathBuf {
+    let p = std::env::var_os("ORK_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        p.is_file(),
+        "real model not found at {}: run scripts/fetch-model.sh (or set ORK_MODEL)",
+        p.display()
+    );
+    p
+}
+
+fn config(pack: &std::path::Path, budget_mb: u64) -> EngineConfig {
+    let mut c = EngineConfig::new(model_path());
+    c.pack = PackChoice::Path(pack.to_path_buf());
+    c.budget_bytes = Some(budget_mb << 20);
+    c.device = DeviceKind::Emu;
+    c
+}
+
+fn greedy(engine: &Engine, prompt: &str, n: usize) -> Vec<u32> {
+    let tokens = engine.tokenizer().encode(prompt, true, false).unwrap();
+    let mut session = engine.session();
+    let mut sampler = Sampler::new(SamplerOptions::default()).unwrap();
+    let options = GenerateOptions {
+        max_tokens: n,
+        stop_tokens: Vec::new(),
+    };
+    generate(&mut session, &tokens, &options, &mut sampler, |_| Ok(()))
+        .unwrap()
+        .tokens
+}
+
+#[test]
+fn sessions_on_two_threads_match_one_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = ["The capital of France is", "Water boils at"];
+    // Streamed (a third of the model): both threads share the cache and its budget.
+    for budget_mb in [1024, 48] {
+        let engine = Engine::open(config(&dir.path().join("m.orkpack"), budget_mb)).unwrap();
+        let alone: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&engine, p, 8)).collect();
+        let together: Vec<Vec<u32>> = std::thread::scope(|s| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    let engine = &engine;
+                    s.spawn(move || greedy(engine, p, 8))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(alone, together, "budget {budget_mb} MiB");
+        assert!(engine.device_budget().used(ork_device::DomainId(0)) <= budget_mb << 20);
+    }
+}
+
+#[test]
+fn a_budget_below_the_largest_weight_is_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    match Engine::open(config(&dir.path().join("m.orkpack"), 8)) {
+        Err(RuntimeError::BudgetTooSmall {
+            weight, min_mib, ..
+        }) => {
+            assert_eq!(weight, "token_embd.weight");
+            assert_eq!(min_mib, 27);
+        }
+        other => panic!("expected BudgetTooSmall, got {other:?}"),
+    }
+    let mut c = config(&dir.path().join("m.orkpack"), 1024);
+    c.model = dir.path().join("missing.gguf");
+    assert!(matches!(Engine::open(c), Err(RuntimeError::Gguf(_))));
+}
