@@ -315,8 +315,14 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
     }
     let bos = tokenizer.add_bos().then(|| tokenizer.bos()).flatten();
     let t0 = Instant::now();
-    let report = ork_exec::perplexity(engine.model(), &**engine.linear(), &tokens, args.ctx, bos)
-        .with_context(|| format!("perplexity of {}", args.file.display()))?;
+    let report = ork_exec::perplexity(
+        engine.model(),
+        &engine.shared_linear(),
+        &tokens,
+        args.ctx,
+        bos,
+    )
+    .with_context(|| format!("perplexity of {}", args.file.display()))?;
     let secs = t0.elapsed().as_secs_f64();
     let cache = engine.cache_stats();
     if args.json {

@@ -3,6 +3,7 @@
 //!
 //! `cargo run -p ork-exec --profile test --example cpu_speed -- [MODEL.gguf] [PROMPT_TOKENS] [DECODE_TOKENS]`
 use ork_exec::{CpuF32Linear, CpuW8A8Linear, Linear, Model, Session, Tokenizer};
+use std::sync::Arc;
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -14,7 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n_decode: usize = args.next().map_or(Ok(32), |s| s.parse())?;
 
     let gguf = std::sync::Arc::new(ork_gguf::GgufFile::open(std::path::Path::new(&path))?);
-    let model = Model::load(&gguf)?;
+    let model = Arc::new(Model::load(&gguf)?);
     let tok = Tokenizer::from_gguf(&gguf)?;
     let text = "The quick brown fox jumps over the lazy dog. ".repeat(n_prompt);
     let prompt: Vec<u32> = tok
@@ -24,14 +25,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
 
     let t = Instant::now();
-    let f32_linear = CpuF32Linear::from_gguf(&gguf, model.matmul_weights())?;
+    let f32_linear: Arc<dyn Linear> =
+        Arc::new(CpuF32Linear::from_gguf(&gguf, model.matmul_weights())?);
     println!("dequantize to f32: {:.2} s", t.elapsed().as_secs_f64());
     let t = Instant::now();
-    let w8a8 = CpuW8A8Linear::from_gguf(&gguf, model.matmul_weights())?;
+    let w8a8: Arc<dyn Linear> = Arc::new(CpuW8A8Linear::from_gguf(&gguf, model.matmul_weights())?);
     println!("quantize to w8a8: {:.2} s", t.elapsed().as_secs_f64());
 
-    for (name, linear) in [("f32", &f32_linear as &dyn Linear), ("w8a8", &w8a8)] {
-        let mut session = Session::new(&model, linear);
+    for (name, linear) in [("f32", f32_linear), ("w8a8", w8a8)] {
+        let mut session = Session::new(Arc::clone(&model), linear);
         let t = Instant::now();
         let mut logits = session.prefill(&prompt)?;
         let prefill = t.elapsed().as_secs_f64();

@@ -17,7 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let max_chunks: Option<usize> = rest.get(2).map(|s| s.parse()).transpose()?;
 
     let gguf = std::sync::Arc::new(ork_gguf::GgufFile::open(std::path::Path::new(model_path))?);
-    let model = Model::load(&gguf)?;
+    let model = std::sync::Arc::new(Model::load(&gguf)?);
     let tok = Tokenizer::from_gguf(&gguf)?;
     let text = std::fs::read_to_string(text_path)?;
     // As llama-perplexity: tokenize with BOS if the vocabulary adds it, no special parsing.
@@ -25,14 +25,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(c) = max_chunks {
         tokens.truncate(c * n_ctx);
     }
-    let linear: Box<dyn Linear> = match kind {
-        "f32" => Box::new(CpuF32Linear::from_gguf(&gguf, model.matmul_weights())?),
-        "w8a8" => Box::new(CpuW8A8Linear::from_gguf(&gguf, model.matmul_weights())?),
+    let linear: std::sync::Arc<dyn Linear> = match kind {
+        "f32" => std::sync::Arc::new(CpuF32Linear::from_gguf(&gguf, model.matmul_weights())?),
+        "w8a8" => std::sync::Arc::new(CpuW8A8Linear::from_gguf(&gguf, model.matmul_weights())?),
         other => return Err(format!("unknown linear '{other}' (f32 or w8a8)").into()),
     };
     let bos = tok.add_bos().then(|| tok.bos()).flatten();
     let t = Instant::now();
-    let r = perplexity(&model, linear.as_ref(), &tokens, n_ctx, bos)?;
+    let r = perplexity(&model, &linear, &tokens, n_ctx, bos)?;
     let secs = t.elapsed().as_secs_f64();
     for (i, p) in r.running.iter().enumerate() {
         print!("[{}]{p:.4},", i + 1);

@@ -47,7 +47,7 @@ pub struct Generation {
 /// `max_tokens` together exceed the session's context, and with [`ExecError::EmptyPrompt`] for an
 /// empty prompt.
 pub fn generate(
-    session: &mut Session<'_>,
+    session: &mut Session,
     prompt: &[u32],
     options: &GenerateOptions,
     sampler: &mut Sampler,

@@ -15,9 +15,9 @@ use std::collections::HashMap;
 /// A provider of matrix products with the model's 2-D weights.
 ///
 /// A weight named `weight` has GGUF dims `[K, N]` (`ne[0]` = K contiguous): N rows of K values.
-/// Implementations must be usable from several threads (`Sync`) and object-safe so the executor
-/// can hold a `&dyn Linear`.
-pub trait Linear: Sync {
+/// Implementations must be usable from several threads (`Send + Sync`) and object-safe so a
+/// [`crate::Session`] can hold an `Arc<dyn Linear>` and move to another thread.
+pub trait Linear: Send + Sync {
     /// `y[m, n] = Σ_k x[m, k] · W[n, k]` for the named weight; `x` is `m × K` row-major f32,
     /// `y` is `m × N` row-major and fully overwritten.
     fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError>;

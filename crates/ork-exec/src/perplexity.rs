@@ -14,6 +14,7 @@ use crate::model::Model;
 use crate::session::Session;
 use crate::ExecError;
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// Result of [`perplexity`].
 #[derive(Clone, Debug, PartialEq)]
@@ -37,8 +38,8 @@ pub struct PerplexityReport {
 /// Perplexity of `tokens` in windows of `n_ctx`. `bos` is the BOS id if the vocabulary adds BOS
 /// (then every chunk starts with it), `None` otherwise.
 pub fn perplexity(
-    model: &Model,
-    linear: &dyn Linear,
+    model: &Arc<Model>,
+    linear: &Arc<dyn Linear>,
     tokens: &[u32],
     n_ctx: usize,
     bos: Option<u32>,
@@ -63,7 +64,7 @@ pub fn perplexity(
     }
     let vocab = model.config().vocab_size;
     let chunks = tokens.len() / n_ctx;
-    let mut session = Session::with_context(model, linear, n_ctx)?;
+    let mut session = Session::with_context(Arc::clone(model), Arc::clone(linear), n_ctx)?;
     let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
     let mut running = Vec::with_capacity(chunks);
     let mut chunk = vec![0u32; n_ctx];

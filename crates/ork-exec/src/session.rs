@@ -3,14 +3,19 @@ use crate::linear::Linear;
 use crate::model::Model;
 use crate::ops::{attention, rms_norm, swiglu, AttentionShape};
 use crate::ExecError;
+use std::sync::Arc;
 
 /// A running sequence: a KV cache over one model, and the [`Linear`] that does its matmuls.
 ///
 /// Tokens are appended with [`Session::prefill`] (a batch, causal within itself and attending to
 /// everything cached before) and [`Session::decode`] (one token).
-pub struct Session<'a> {
-    model: &'a Model,
-    linear: &'a dyn Linear,
+///
+/// A session owns what it runs on: it holds `Arc`s of the model and of the matmul backend, so it
+/// is `Send + 'static` and can be handed to another thread or an async task; the model and
+/// backend live as long as any session using them.
+pub struct Session {
+    model: Arc<Model>,
+    linear: Arc<dyn Linear>,
     context: usize,
     /// Per layer: `len × k_dim` keys (after RoPE) and `len × v_dim` values.
     keys: Vec<Vec<f32>>,
@@ -25,26 +30,27 @@ enum Logits {
     All,
 }
 
-impl<'a> Session<'a> {
+impl Session {
     /// A session limited to the model's trained context length.
-    pub fn new(model: &'a Model, linear: &'a dyn Linear) -> Session<'a> {
+    pub fn new(model: Arc<Model>, linear: Arc<dyn Linear>) -> Session {
         let context = model.config().context_length;
+        let n_layer = model.config().n_layer;
         Session {
             model,
             linear,
             context,
-            keys: vec![Vec::new(); model.config().n_layer],
-            values: vec![Vec::new(); model.config().n_layer],
+            keys: vec![Vec::new(); n_layer],
+            values: vec![Vec::new(); n_layer],
             len: 0,
         }
     }
 
     /// A session with an explicit context length (e.g. `--ctx`); it may exceed the trained one.
     pub fn with_context(
-        model: &'a Model,
-        linear: &'a dyn Linear,
+        model: Arc<Model>,
+        linear: Arc<dyn Linear>,
         context: usize,
-    ) -> Result<Session<'a>, ExecError> {
+    ) -> Result<Session, ExecError> {
         if context == 0 {
             return Err(ExecError::InvalidContext {
                 context,
@@ -67,8 +73,13 @@ impl<'a> Session<'a> {
     }
 
     /// The model.
-    pub fn model(&self) -> &'a Model {
-        self.model
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The matmul backend.
+    pub fn linear(&self) -> &Arc<dyn Linear> {
+        &self.linear
     }
 
     /// Forget every cached position.
@@ -140,7 +151,7 @@ impl<'a> Session<'a> {
     }
 
     fn forward_inner(&mut self, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ExecError> {
-        let model = self.model;
+        let model = Arc::clone(&self.model);
         let c = model.config();
         let m = tokens.len();
         let d = c.n_embd;

@@ -29,13 +29,16 @@ fn config(pack: &std::path::Path, budget_mb: u64) -> EngineConfig {
 
 fn greedy(engine: &Engine, prompt: &str, n: usize) -> Vec<u32> {
     let tokens = engine.tokenizer().encode(prompt, true, false).unwrap();
-    let mut session = engine.session();
+    run_greedy(engine.session(), &tokens, n)
+}
+
+fn run_greedy(mut session: ork_exec::Session, tokens: &[u32], n: usize) -> Vec<u32> {
     let mut sampler = Sampler::new(SamplerOptions::default()).unwrap();
     let options = GenerateOptions {
         max_tokens: n,
         stop_tokens: Vec::new(),
     };
-    generate(&mut session, &tokens, &options, &mut sampler, |_| Ok(()))
+    generate(&mut session, tokens, &options, &mut sampler, |_| Ok(()))
         .unwrap()
         .tokens
 }
@@ -61,6 +64,27 @@ fn sessions_on_two_threads_match_one_at_a_time() {
         assert_eq!(alone, together, "budget {budget_mb} MiB");
         assert!(engine.device_budget().used(ork_device::DomainId(0)) <= budget_mb << 20);
     }
+}
+
+/// A session is owned (`Send + 'static`): it moves into a plain (not scoped) thread and runs
+/// there after the engine that made it is dropped, keeping the model, cache, device and
+/// prefetcher alive through its `Arc`s.
+#[test]
+fn an_owned_session_runs_on_a_spawned_thread_after_the_engine_is_dropped() {
+    fn assert_send_static<T: Send + 'static>(_: &T) {}
+    let dir = tempfile::tempdir().unwrap();
+    // Streamed, so the prefetcher is running while the session moves.
+    let engine = Engine::open(config(&dir.path().join("m.orkpack"), 48)).unwrap();
+    let prompt = "The capital of France is";
+    let here = greedy(&engine, prompt, 8);
+    let tokens = engine.tokenizer().encode(prompt, true, false).unwrap();
+    let session = engine.session();
+    assert_send_static(&session);
+    drop(engine);
+    let there = std::thread::spawn(move || run_greedy(session, &tokens, 8))
+        .join()
+        .unwrap();
+    assert_eq!(here, there);
 }
 
 #[test]

@@ -42,7 +42,9 @@ fn logits_and_perplexity_match_llama_cpp() {
     let (model, linear) = (model(), f32_linear());
     assert_eq!(g.add_bos, tokenizer().add_bos());
 
-    let logits = Session::new(model, linear).forward_all(&g.tokens).unwrap();
+    let logits = Session::new(std::sync::Arc::clone(model), std::sync::Arc::clone(linear))
+        .forward_all(&g.tokens)
+        .unwrap();
     let v = model.config().vocab_size;
     let (mut agree, mut worst) = (0, 0.0f32);
     for (i, top) in g.top5.iter().enumerate() {

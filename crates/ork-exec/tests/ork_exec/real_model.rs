@@ -1,11 +1,11 @@
 //! Tests on the real SmolLM2-135M-Instruct Q4_1 model.
 use ork_exec::{
-    generate, ChatMessage, ChatTemplate, CpuF32Linear, CpuW8A8Linear, GenerateOptions, Model,
-    Sampler, Session, StopReason, TextStream, Tokenizer,
+    generate, ChatMessage, ChatTemplate, CpuF32Linear, CpuW8A8Linear, GenerateOptions, Linear,
+    Model, Sampler, Session, StopReason, TextStream, Tokenizer,
 };
 use ork_gguf::GgufFile;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// The model path: `ORK_MODEL`, or the default cache location. Missing file = test failure.
 pub fn model_path() -> PathBuf {
@@ -29,14 +29,16 @@ pub fn gguf() -> &'static std::sync::Arc<GgufFile> {
     G.get_or_init(|| std::sync::Arc::new(GgufFile::open(&model_path()).expect("open real model")))
 }
 
-pub fn model() -> &'static Model {
-    static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| Model::load(gguf()).expect("load real model"))
+pub fn model() -> &'static Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| Arc::new(Model::load(gguf()).expect("load real model")))
 }
 
-pub fn f32_linear() -> &'static CpuF32Linear {
-    static L: OnceLock<CpuF32Linear> = OnceLock::new();
-    L.get_or_init(|| CpuF32Linear::from_gguf(gguf(), model().matmul_weights()).expect("dequantize"))
+pub fn f32_linear() -> &'static Arc<dyn Linear> {
+    static L: OnceLock<Arc<dyn Linear>> = OnceLock::new();
+    L.get_or_init(|| {
+        Arc::new(CpuF32Linear::from_gguf(gguf(), model().matmul_weights()).expect("dequantize"))
+    })
 }
 
 pub fn tokenizer() -> &'static Tokenizer {
@@ -45,10 +47,10 @@ pub fn tokenizer() -> &'static Tokenizer {
 }
 
 /// Greedy continuation of `prompt` as text.
-fn greedy(linear: &dyn ork_exec::Linear, prompt: &str, n: usize) -> String {
+fn greedy(linear: &Arc<dyn Linear>, prompt: &str, n: usize) -> String {
     let tok = tokenizer();
     let ids = tok.encode(prompt, true, false).unwrap();
-    let mut session = Session::new(model(), linear);
+    let mut session = Session::new(Arc::clone(model()), Arc::clone(linear));
     let mut stream = TextStream::new(tok, false);
     let mut text = String::new();
     let opts = GenerateOptions {
@@ -96,7 +98,8 @@ fn greedy_capital_of_france_is_paris() {
 /// " ==" vs " <"), and top-1 agreement on most teacher-forced positions.
 #[test]
 fn w8a8_reference_tracks_f32() {
-    let w8a8 = CpuW8A8Linear::from_gguf(gguf(), model().matmul_weights()).unwrap();
+    let w8a8: Arc<dyn Linear> =
+        Arc::new(CpuW8A8Linear::from_gguf(gguf(), model().matmul_weights()).unwrap());
     let tok = tokenizer();
     for prompt in [
         "The capital of France is",
@@ -104,8 +107,8 @@ fn w8a8_reference_tracks_f32() {
         "Once upon a time",
     ] {
         let ids = tok.encode(prompt, true, false).unwrap();
-        let run = |linear: &dyn ork_exec::Linear| {
-            let mut session = Session::new(model(), linear);
+        let run = |linear: &Arc<dyn Linear>| {
+            let mut session = Session::new(Arc::clone(model()), Arc::clone(linear));
             let opts = GenerateOptions {
                 max_tokens: 3,
                 stop_tokens: vec![],
@@ -135,10 +138,12 @@ fn w8a8_reference_tracks_f32() {
     let text = "The capital of France is Paris. The quick brown fox jumps over the lazy dog.\n\
                 def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n";
     let ids = tok.encode(text, true, false).unwrap();
-    let a = Session::new(model(), f32_linear())
+    let a = Session::new(Arc::clone(model()), Arc::clone(f32_linear()))
         .forward_all(&ids)
         .unwrap();
-    let b = Session::new(model(), &w8a8).forward_all(&ids).unwrap();
+    let b = Session::new(Arc::clone(model()), Arc::clone(&w8a8))
+        .forward_all(&ids)
+        .unwrap();
     let v = model().config().vocab_size;
     let agree = (0..ids.len())
         .filter(|&i| {
@@ -170,7 +175,7 @@ fn chat_prompt_uses_control_tokens_and_stops_at_end_of_turn() {
     let im_start = tok.bos().unwrap();
     assert_eq!(ids[0], im_start, "<|im_start|> is one token");
     assert_eq!(ids.iter().filter(|&&t| t == im_start).count(), 3);
-    let mut session = Session::new(model(), f32_linear());
+    let mut session = Session::new(Arc::clone(model()), Arc::clone(f32_linear()));
     let opts = GenerateOptions {
         max_tokens: 48,
         stop_tokens: tok.end_of_generation().to_vec(),
@@ -194,7 +199,7 @@ fn empty_prompt_is_an_error_because_smollm2_adds_no_bos() {
     let tok = tokenizer();
     let ids = tok.encode("", true, false).unwrap();
     assert!(ids.is_empty());
-    let mut session = Session::new(model(), f32_linear());
+    let mut session = Session::new(Arc::clone(model()), Arc::clone(f32_linear()));
     let opts = GenerateOptions {
         max_tokens: 1,
         stop_tokens: vec![],

@@ -7,6 +7,7 @@ use ork_exec::{
     Sampler, Session,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 const TOKENS: [u32; 9] = [3, 17, 5, 39, 0, 22, 22, 8, 31];
 
@@ -37,10 +38,13 @@ fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
 fn forward_matches_naive_reference_for_each_arch() {
     for spec in specs() {
         let g = build(&spec);
-        let model = Model::load(&g).unwrap();
-        let lin = CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap();
+        let model = Arc::new(Model::load(&g).unwrap());
+        let lin: Arc<dyn Linear> =
+            Arc::new(CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap());
         let want = Reference::new(&g).all_logits(&TOKENS);
-        let got = Session::new(&model, &lin).forward_all(&TOKENS).unwrap();
+        let got = Session::new(Arc::clone(&model), Arc::clone(&lin))
+            .forward_all(&TOKENS)
+            .unwrap();
         let v = spec.vocab;
         // The logits must be informative, not all alike, or the comparison proves little.
         let spread = want[0].iter().cloned().fold(f32::MIN, f32::max)
@@ -61,12 +65,15 @@ fn forward_matches_naive_reference_for_each_arch() {
 fn prefill_then_decode_equals_full_recompute() {
     for spec in specs() {
         let g = build(&spec);
-        let model = Model::load(&g).unwrap();
-        let lin = CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap();
+        let model = Arc::new(Model::load(&g).unwrap());
+        let lin: Arc<dyn Linear> =
+            Arc::new(CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap());
         let v = spec.vocab;
-        let full = Session::new(&model, &lin).forward_all(&TOKENS).unwrap();
+        let full = Session::new(Arc::clone(&model), Arc::clone(&lin))
+            .forward_all(&TOKENS)
+            .unwrap();
 
-        let mut s = Session::new(&model, &lin);
+        let mut s = Session::new(Arc::clone(&model), Arc::clone(&lin));
         let last = s.prefill(&TOKENS[..4]).unwrap();
         assert_close(&last, &full[3 * v..4 * v], 1e-5, "prefill last row");
         for (i, &t) in TOKENS.iter().enumerate().skip(4) {
@@ -81,7 +88,7 @@ fn prefill_then_decode_equals_full_recompute() {
         assert_eq!(s.position(), TOKENS.len());
 
         // Two prefills in a row (a second turn) also continue the same sequence.
-        let mut s = Session::new(&model, &lin);
+        let mut s = Session::new(Arc::clone(&model), Arc::clone(&lin));
         s.prefill(&TOKENS[..5]).unwrap();
         let rest = s.forward_all(&TOKENS[5..]).unwrap();
         assert_close(&rest, &full[5 * v..], 1e-5, "second batch");
@@ -92,11 +99,16 @@ fn prefill_then_decode_equals_full_recompute() {
 fn w8a8_is_close_to_f32_on_fixture() {
     let spec = TinySpec::new("qwen2");
     let g = build(&spec);
-    let model = Model::load(&g).unwrap();
-    let f = CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap();
-    let q = CpuW8A8Linear::from_gguf(&g, model.matmul_weights()).unwrap();
-    let a = Session::new(&model, &f).forward_all(&TOKENS).unwrap();
-    let b = Session::new(&model, &q).forward_all(&TOKENS).unwrap();
+    let model = Arc::new(Model::load(&g).unwrap());
+    let f: Arc<dyn Linear> = Arc::new(CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap());
+    let q: Arc<dyn Linear> =
+        Arc::new(CpuW8A8Linear::from_gguf(&g, model.matmul_weights()).unwrap());
+    let a = Session::new(Arc::clone(&model), Arc::clone(&f))
+        .forward_all(&TOKENS)
+        .unwrap();
+    let b = Session::new(Arc::clone(&model), Arc::clone(&q))
+        .forward_all(&TOKENS)
+        .unwrap();
     let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
     let err = a
         .iter()
@@ -161,10 +173,11 @@ fn missing_and_misshapen_tensors_are_named() {
 fn context_limit_empty_prompt_and_bad_tokens_are_errors() {
     let spec = TinySpec::new("llama");
     let g = build(&spec);
-    let model = Model::load(&g).unwrap();
-    let lin = CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap();
+    let model = Arc::new(Model::load(&g).unwrap());
+    let lin: Arc<dyn Linear> =
+        Arc::new(CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap());
 
-    let mut s = Session::with_context(&model, &lin, 8).unwrap();
+    let mut s = Session::with_context(Arc::clone(&model), Arc::clone(&lin), 8).unwrap();
     assert!(matches!(
         s.prefill(&TOKENS),
         Err(ExecError::ContextOverflow {
@@ -184,7 +197,7 @@ fn context_limit_empty_prompt_and_bad_tokens_are_errors() {
     ));
 
     // Trained context of the fixture is 32: prompt + n beyond it fails before any work.
-    let mut s = Session::new(&model, &lin);
+    let mut s = Session::new(Arc::clone(&model), Arc::clone(&lin));
     let opts = GenerateOptions {
         max_tokens: 30,
         stop_tokens: vec![],
@@ -213,7 +226,7 @@ fn context_limit_empty_prompt_and_bad_tokens_are_errors() {
     ));
     assert_eq!(s.position(), 0);
     assert!(matches!(
-        Session::with_context(&model, &lin, 0),
+        Session::with_context(Arc::clone(&model), Arc::clone(&lin), 0),
         Err(ExecError::InvalidContext { .. })
     ));
 }
@@ -222,13 +235,14 @@ fn context_limit_empty_prompt_and_bad_tokens_are_errors() {
 fn generation_stops_at_stop_token_or_length() {
     let spec = TinySpec::new("qwen3");
     let g = build(&spec);
-    let model = Model::load(&g).unwrap();
-    let lin = CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap();
+    let model = Arc::new(Model::load(&g).unwrap());
+    let lin: Arc<dyn Linear> =
+        Arc::new(CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap());
     let opts = GenerateOptions {
         max_tokens: 6,
         stop_tokens: vec![],
     };
-    let mut s = Session::new(&model, &lin);
+    let mut s = Session::new(Arc::clone(&model), Arc::clone(&lin));
     let mut seen = Vec::new();
     let out = generate(&mut s, &TOKENS[..3], &opts, &mut Sampler::greedy(), |t| {
         seen.push(t);
@@ -257,7 +271,7 @@ fn generation_stops_at_stop_token_or_length() {
         max_tokens: 6,
         stop_tokens: vec![stop],
     };
-    let mut s = Session::new(&model, &lin);
+    let mut s = Session::new(Arc::clone(&model), Arc::clone(&lin));
     let out2 = generate(&mut s, &TOKENS[..3], &opts, &mut Sampler::greedy(), |_| {
         Ok(())
     })
@@ -268,8 +282,8 @@ fn generation_stops_at_stop_token_or_length() {
 }
 
 /// A backend that fails on one weight while armed.
-struct FailOn<'a> {
-    inner: &'a CpuF32Linear,
+struct FailOn {
+    inner: Arc<dyn Linear>,
     weight: &'static str,
     armed: AtomicBool,
 }
@@ -278,7 +292,7 @@ struct FailOn<'a> {
 #[error("device lost")]
 struct DeviceLost;
 
-impl Linear for FailOn<'_> {
+impl Linear for FailOn {
     fn matmul(&self, w: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
         if w == self.weight && self.armed.load(Ordering::Relaxed) {
             return Err(ExecError::Backend {
@@ -294,14 +308,15 @@ impl Linear for FailOn<'_> {
 fn backend_failure_leaves_the_cache_consistent() {
     let spec = TinySpec::new("llama");
     let g = build(&spec);
-    let model = Model::load(&g).unwrap();
-    let lin = CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap();
-    let failing = FailOn {
-        inner: &lin,
+    let model = Arc::new(Model::load(&g).unwrap());
+    let lin: Arc<dyn Linear> =
+        Arc::new(CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap());
+    let failing = Arc::new(FailOn {
+        inner: Arc::clone(&lin),
         weight: "blk.1.ffn_down.weight",
         armed: AtomicBool::new(true),
-    };
-    let mut s = Session::new(&model, &failing);
+    });
+    let mut s = Session::new(Arc::clone(&model), Arc::clone(&failing) as Arc<dyn Linear>);
     match s.prefill(&TOKENS[..4]) {
         Err(ExecError::Backend { weight, .. }) => assert_eq!(weight, "blk.1.ffn_down.weight"),
         other => panic!("expected Backend error, got {other:?}"),
@@ -309,7 +324,7 @@ fn backend_failure_leaves_the_cache_consistent() {
     assert_eq!(s.position(), 0);
 
     // A failed decode is as if it had not been attempted: the session continues exactly.
-    let mut good = Session::new(&model, &lin);
+    let mut good = Session::new(Arc::clone(&model), Arc::clone(&lin));
     good.prefill(&TOKENS[..4]).unwrap();
     let want = good.decode(TOKENS[4]).unwrap();
     failing.armed.store(false, Ordering::Relaxed);
@@ -328,8 +343,9 @@ fn backend_failure_leaves_the_cache_consistent() {
 fn perplexity_follows_llama_cpp_protocol() {
     let spec = TinySpec::new("qwen2");
     let g = build(&spec);
-    let model = Model::load(&g).unwrap();
-    let lin = CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap();
+    let model = Arc::new(Model::load(&g).unwrap());
+    let lin: Arc<dyn Linear> =
+        Arc::new(CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap());
     let tokens: Vec<u32> = (0..21u32).map(|i| (i * 7 + 3) % 40).collect();
     let (n_ctx, bos) = (8usize, 1u32);
     let report = perplexity(&model, &lin, &tokens, n_ctx, Some(bos)).unwrap();
