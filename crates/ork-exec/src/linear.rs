@@ -21,6 +21,13 @@ pub trait Linear: Send + Sync {
     /// `y[m, n] = Σ_k x[m, k] · W[n, k]` for the named weight; `x` is `m × K` row-major f32,
     /// `y` is `m × N` row-major and fully overwritten.
     fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError>;
+
+    /// The executor will ask for `weights` next, in this order (a router's expert choice, a
+    /// draft's batch): a backend that streams weights may start loading them. A hint only: the
+    /// results never depend on it. The default ignores it.
+    fn upcoming(&self, weights: &[&str]) {
+        let _ = weights;
+    }
 }
 
 /// Check buffer lengths against a `[K, N]` weight.

@@ -7,7 +7,8 @@
 //!   device; the eviction choice is an [`EvictionPolicy`] ([`Lru`] today).
 //! - [`plan()`]: resident across IOMMU domains when the model fits them, else streamed.
 //! - [`Prefetcher`]: a thread that fills the next slots of the schedule while the device
-//!   computes.
+//!   computes; the schedule is a [`ScheduleSource`] (the plan order, [`PlanOrder`], with the
+//!   weights the executor announces served first, [`Announced`]).
 //! - [`DeviceMatmul`]: `y = x · Wᵀ` by weight name on the device, w8a8.
 //! - [`Trace`]: a Perfetto / Chrome trace of loads, computes and waits.
 #![forbid(unsafe_code)]
@@ -27,7 +28,7 @@ pub use cache::{device_bytes, CacheConfig, CacheStats, WeightCache, WeightLease}
 pub use error::ResidencyError;
 pub use linear::{quantize_row, DeviceMatmul};
 pub use plan::{plan, Mode, Placement, Plan, PlanInput};
-pub use prefetch::Prefetcher;
+pub use prefetch::{Announced, PlanOrder, Prefetcher, ScheduleSource};
 pub use source::{Fetch, WeightSource};
 pub use trace::{Lane, Trace, TraceEvent};
 

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use zerocopy::FromBytes;
 
 use crate::cache::{Requester, WeightCache};
-use crate::prefetch::Prefetcher;
+use crate::prefetch::{Prefetcher, ScheduleSource};
 use crate::trace::{Lane, Trace};
 use crate::ResidencyError;
 
@@ -93,10 +93,26 @@ impl std::fmt::Debug for DeviceMatmul {
 impl DeviceMatmul {
     /// Matmuls through `cache`; with `prefetch = Some((schedule, slots))` a prefetch thread runs
     /// `slots` weights ahead along `schedule`.
+    /// The schedule is the plan order with announced weights first ([`Prefetcher::start`]).
     pub fn new(cache: Arc<WeightCache>, prefetch: Option<(Vec<String>, usize)>) -> Self {
-        let domains = cache.device().info().domains as usize;
         let prefetcher = prefetch
             .map(|(schedule, slots)| Prefetcher::start(Arc::clone(&cache), schedule, slots));
+        Self::build(cache, prefetcher)
+    }
+
+    /// Matmuls through `cache` with a prefetch thread that runs `slots` weights ahead along
+    /// `source`.
+    pub fn with_schedule(
+        cache: Arc<WeightCache>,
+        source: Box<dyn ScheduleSource>,
+        slots: usize,
+    ) -> Self {
+        let prefetcher = Prefetcher::with_source(Arc::clone(&cache), source, slots);
+        Self::build(cache, Some(prefetcher))
+    }
+
+    fn build(cache: Arc<WeightCache>, prefetcher: Option<Prefetcher>) -> Self {
+        let domains = cache.device().info().domains as usize;
         DeviceMatmul {
             cache,
             prefetcher,
@@ -134,6 +150,15 @@ impl DeviceMatmul {
     /// The cache.
     pub fn cache(&self) -> &Arc<WeightCache> {
         &self.cache
+    }
+
+    /// Tell the prefetcher (if any) that `names` are the weights used next, in this order (a
+    /// router's expert choice, a draft's batch); its [`ScheduleSource`] decides what to do with
+    /// them.
+    pub fn upcoming(&self, names: &[&str]) {
+        if let Some(p) = &self.prefetcher {
+            p.announce(names);
+        }
     }
 
     /// Whether a prefetch thread is attached and alive.

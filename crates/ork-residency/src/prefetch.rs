@@ -1,11 +1,13 @@
 //! The prefetch thread: while the device computes with weight *i*, it fills the slots for the
-//! weights that follow in the execution schedule.
+//! weights that come next.
 //!
-//! The schedule is the model's matmul order for one forward pass; passes repeat (prefill, then
-//! every decoded token), so the schedule wraps around. The compute path reports its position
-//! with [`Prefetcher::advance`]; the thread then fetches up to `slots` weights ahead, as long as
-//! the cache can make room without evicting a weight it prefetched that has not been used yet.
-//! With `cores + 1` slots every core has a ready weight and one is always loading.
+//! What comes next is a [`ScheduleSource`]'s answer. [`PlanOrder`] is the model's matmul order
+//! for one forward pass; passes repeat (prefill, then every decoded token), so it wraps around.
+//! [`Announced`] serves the weights the executor announced ([`Prefetcher::announce`]: a router's
+//! expert choice, a draft's batch) before its inner source's order. The compute path reports its
+//! position with [`Prefetcher::advance`]; the thread then fetches up to `slots` weights ahead,
+//! as long as the cache can make room without evicting a weight it prefetched that has not been
+//! used yet. With `cores + 1` slots every core has a ready weight and one is always loading.
 //!
 //! The thread is a plain `std::thread` fed by a channel, outside the rayon pool that computes.
 //! A failed prefetch (an error, or a panic inside the fetch) drops its slot and wakes anyone
@@ -13,62 +15,194 @@
 //! reports (naming the tensor) is its own, and a transient failure costs only time. A dead
 //! thread likewise only means the compute path fetches everything on demand.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::cache::WeightCache;
 
+/// Where the prefetcher's lookahead comes from: which weights compute uses next.
+///
+/// The prefetch thread owns the source and asks it, after every message, for the weights ahead
+/// of compute ([`ScheduleSource::ahead`]) until it has `slots` of them in the cache. The source
+/// only names weights; the thread fetches them, so a wrong guess costs time and budget, never a
+/// wrong result.
+pub trait ScheduleSource: Send {
+    /// Compute is about to use `name`. Returns how many entries the lookahead moved by (the
+    /// entry that was `ahead(i)` is now `ahead(i - moved)`), so the thread does not ask the
+    /// cache again for those it already handled; [`usize::MAX`] when the lookahead changed in
+    /// another way (the thread then walks it from the start: asking for a resident weight is
+    /// cheap).
+    fn advance(&mut self, name: &str) -> usize;
+
+    /// The executor announced `names` as the weights it uses next, in order (a router's expert
+    /// choice, a draft's batch). The default ignores them.
+    fn announce(&mut self, names: Vec<String>) {
+        let _ = names;
+    }
+
+    /// The `i`-th weight after the one compute is at (`0` is the next), or `None` past what the
+    /// source knows.
+    fn ahead(&self, i: usize) -> Option<&str>;
+}
+
+/// The static plan order: the model's matmul weights in execution order, wrapping around from
+/// the last to the first (the next pass). Names not in the schedule leave it where it is.
+#[derive(Debug, Clone)]
+pub struct PlanOrder {
+    schedule: Vec<String>,
+    positions: HashMap<String, usize>,
+    cursor: Option<usize>,
+}
+
+impl PlanOrder {
+    /// The order `schedule` (weight names in execution order).
+    pub fn new(schedule: Vec<String>) -> Self {
+        let positions = schedule
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i))
+            .collect();
+        PlanOrder {
+            schedule,
+            positions,
+            cursor: None,
+        }
+    }
+}
+
+impl ScheduleSource for PlanOrder {
+    fn advance(&mut self, name: &str) -> usize {
+        let Some(&pos) = self.positions.get(name) else {
+            return 0;
+        };
+        let len = self.schedule.len();
+        let moved = self.cursor.map_or(0, |old| (pos + len - old) % len);
+        self.cursor = Some(pos);
+        moved
+    }
+
+    fn ahead(&self, i: usize) -> Option<&str> {
+        let cur = self.cursor?;
+        let len = self.schedule.len();
+        // Never the current weight again (the schedule wraps after len - 1 others).
+        (i + 1 < len).then(|| self.schedule[(cur + 1 + i) % len].as_str())
+    }
+}
+
+/// Announced weights first, then `inner`'s order: the executor feeds the prefetcher as it goes
+/// ([`Prefetcher::announce`]). A new announcement replaces what is left of the previous one;
+/// compute using an announced weight drops it and every announced weight before it. Without
+/// announcements it is exactly `inner`.
+#[derive(Debug, Clone)]
+pub struct Announced<S> {
+    queue: VecDeque<String>,
+    inner: S,
+}
+
+impl<S: ScheduleSource> Announced<S> {
+    /// Nothing announced yet: `inner`'s order.
+    pub fn new(inner: S) -> Self {
+        Announced {
+            queue: VecDeque::new(),
+            inner,
+        }
+    }
+}
+
+impl<S: ScheduleSource> ScheduleSource for Announced<S> {
+    fn advance(&mut self, name: &str) -> usize {
+        let inner = self.inner.advance(name);
+        if self.queue.is_empty() {
+            return inner;
+        }
+        match self.queue.iter().position(|n| n == name) {
+            Some(i) => {
+                self.queue.drain(..=i);
+                // The announced part moved by i + 1, the inner part by its own step.
+                if self.queue.is_empty() {
+                    usize::MAX
+                } else {
+                    i + 1
+                }
+            }
+            None => usize::MAX,
+        }
+    }
+
+    fn announce(&mut self, names: Vec<String>) {
+        self.queue = names.into();
+    }
+
+    fn ahead(&self, i: usize) -> Option<&str> {
+        match self.queue.get(i) {
+            Some(n) => Some(n),
+            None => self.inner.ahead(i - self.queue.len()),
+        }
+    }
+}
+
 enum Msg {
-    /// The compute path is about to use schedule position `pos`.
-    At(usize),
+    /// The compute path is about to use this weight.
+    At(String),
+    /// The executor announced these weights as the next it uses.
+    Announce(Vec<String>),
     Stop,
 }
 
 /// Handle of the prefetch thread; dropping it stops and joins the thread.
 pub struct Prefetcher {
     tx: Sender<Msg>,
-    positions: HashMap<String, usize>,
     handle: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Prefetcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prefetcher")
-            .field("schedule_len", &self.positions.len())
+            .field("alive", &self.is_alive())
             .finish_non_exhaustive()
     }
 }
 
 impl Prefetcher {
-    /// Start the thread over `cache` with `schedule` (weight names in execution order) and
-    /// `slots` weights of lookahead (at least 1).
+    /// Start the thread over `cache` following `schedule` (weight names in execution order,
+    /// [`PlanOrder`]) with announcements served first ([`Announced`]), `slots` weights of
+    /// lookahead (at least 1).
     pub fn start(cache: Arc<WeightCache>, schedule: Vec<String>, slots: usize) -> Self {
-        let positions = schedule
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.clone(), i))
-            .collect();
+        Self::with_source(
+            cache,
+            Box::new(Announced::new(PlanOrder::new(schedule))),
+            slots,
+        )
+    }
+
+    /// Start the thread over `cache` following `source`, `slots` weights of lookahead (at
+    /// least 1).
+    pub fn with_source(
+        cache: Arc<WeightCache>,
+        source: Box<dyn ScheduleSource>,
+        slots: usize,
+    ) -> Self {
         let (tx, rx) = mpsc::channel();
         let slots = slots.max(1);
         let handle = std::thread::Builder::new()
             .name("ork-prefetch".into())
-            .spawn(move || run(&cache, &schedule, slots, &rx))
+            .spawn(move || run(&cache, source, slots, &rx))
             .ok();
-        Prefetcher {
-            tx,
-            positions,
-            handle,
-        }
+        Prefetcher { tx, handle }
     }
 
-    /// Tell the thread the compute path is about to use `name` (unknown names are ignored).
+    /// Tell the thread the compute path is about to use `name`.
     pub fn advance(&self, name: &str) {
-        if let Some(&pos) = self.positions.get(name) {
-            // A dead thread is not an error: compute then fetches on demand.
-            let _ = self.tx.send(Msg::At(pos));
-        }
+        // A dead thread is not an error: compute then fetches on demand.
+        let _ = self.tx.send(Msg::At(name.to_owned()));
+    }
+
+    /// Tell the thread the executor uses `names` next, in this order.
+    pub fn announce(&self, names: &[&str]) {
+        let names = names.iter().map(|n| (*n).to_owned()).collect();
+        let _ = self.tx.send(Msg::Announce(names));
     }
 
     /// Whether the thread is still running.
@@ -87,19 +221,15 @@ impl Drop for Prefetcher {
     }
 }
 
-fn run(cache: &WeightCache, schedule: &[String], slots: usize, rx: &Receiver<Msg>) {
-    if schedule.is_empty() {
-        return;
-    }
-    let len = schedule.len();
-    // Next position to fetch, and how far ahead of the compute cursor we may go.
-    let mut cursor: Option<usize> = None;
-    let mut next = 0usize; // offset ahead of the cursor already handled
-    let mut blocked = false; // the cache had no room: wait until compute moves on
-    let slots = slots.min(len.saturating_sub(1)).max(1);
+fn run(cache: &WeightCache, mut source: Box<dyn ScheduleSource>, slots: usize, rx: &Receiver<Msg>) {
+    // Lookahead entries already handled, and whether the cache had no room (then wait until
+    // compute moves on).
+    let mut next = 0usize;
+    let mut blocked = false;
     loop {
+        let idle = next >= slots || blocked || source.ahead(next).is_none();
         // Block for a message when there is nothing to do, else just drain what is queued.
-        let msg = if cursor.is_none() || next >= slots || blocked {
+        let msg = if idle {
             match rx.recv() {
                 Ok(m) => Some(m),
                 Err(_) => return,
@@ -112,24 +242,22 @@ fn run(cache: &WeightCache, schedule: &[String], slots: usize, rx: &Receiver<Msg
             }
         };
         if let Some(first) = msg {
-            // Apply every position queued so far before fetching anything: when compute runs
-            // ahead of this thread, fetching for a stale cursor would load weights compute has
-            // already passed (and evict the ones it needs next).
+            // Apply every message queued so far before fetching anything: when compute runs
+            // ahead of this thread, fetching for a stale position would load weights compute
+            // has already passed (and evict the ones it needs next).
             let mut msg = first;
             loop {
                 match msg {
                     Msg::Stop => return,
-                    Msg::At(pos) => {
-                        if let Some(old) = cursor {
-                            let moved = (pos + len - old) % len;
-                            next = next.saturating_sub(moved);
-                        } else {
-                            next = 0;
-                        }
-                        cursor = Some(pos);
-                        blocked = false;
+                    Msg::At(name) => {
+                        next = next.saturating_sub(source.advance(&name));
+                    }
+                    Msg::Announce(names) => {
+                        source.announce(names);
+                        next = 0;
                     }
                 }
+                blocked = false;
                 msg = match rx.try_recv() {
                     Ok(m) => m,
                     Err(mpsc::TryRecvError::Empty) => break,
@@ -138,8 +266,9 @@ fn run(cache: &WeightCache, schedule: &[String], slots: usize, rx: &Receiver<Msg
             }
             continue;
         }
-        let Some(cur) = cursor else { continue };
-        let name = &schedule[(cur + 1 + next) % len];
+        let Some(name) = source.ahead(next) else {
+            continue;
+        };
         match cache.prefetch(name) {
             Ok(true) => next += 1,
             // No room yet: wait for the compute path to move on.
@@ -147,5 +276,50 @@ fn run(cache: &WeightCache, schedule: &[String], slots: usize, rx: &Receiver<Msg
             // The slot was dropped; compute will fetch (and report) it itself. Move on.
             Err(_) => next += 1,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(n: usize) -> PlanOrder {
+        PlanOrder::new((0..n).map(|i| format!("w{i}")).collect())
+    }
+
+    fn lookahead(s: &dyn ScheduleSource, k: usize) -> Vec<String> {
+        (0..k)
+            .map_while(|i| s.ahead(i).map(str::to_owned))
+            .collect()
+    }
+
+    #[test]
+    fn plan_order_wraps_and_reports_how_far_it_moved() {
+        let mut p = plan(4);
+        assert_eq!(p.ahead(0), None, "nothing known before compute starts");
+        assert_eq!(p.advance("w0"), 0);
+        assert_eq!(lookahead(&p, 9), ["w1", "w2", "w3"]);
+        assert_eq!(p.advance("w2"), 2);
+        assert_eq!(lookahead(&p, 9), ["w3", "w0", "w1"]);
+        assert_eq!(p.advance("w1"), 3, "wrapped to the next pass");
+        assert_eq!(p.advance("unknown"), 0);
+        assert_eq!(lookahead(&p, 1), ["w2"]);
+    }
+
+    #[test]
+    fn announced_weights_come_first_then_the_inner_order() {
+        let mut a = Announced::new(plan(5));
+        assert_eq!(a.advance("w0"), 0);
+        assert_eq!(lookahead(&a, 2), ["w1", "w2"]);
+        a.announce(vec!["w4".into(), "w3".into()]);
+        assert_eq!(lookahead(&a, 4), ["w4", "w3", "w1", "w2"]);
+        assert_eq!(a.advance("w4"), 1);
+        assert_eq!(lookahead(&a, 2), ["w3", "w0"]);
+        assert_eq!(a.advance("w3"), usize::MAX, "announcements used up");
+        assert_eq!(lookahead(&a, 2), ["w4", "w0"]);
+        // A new announcement replaces what is left of the old one.
+        a.announce(vec!["w1".into(), "w2".into()]);
+        a.announce(vec!["w0".into()]);
+        assert_eq!(lookahead(&a, 2), ["w0", "w4"]);
     }
 }

@@ -24,7 +24,7 @@ use ork_pack::{PackDtype, TiledLayout};
 use ork_residency::plan::domain_map;
 use ork_residency::{
     device_bytes, execution_order, plan, CacheConfig, CacheStats, DeviceMatmul, Lane, Mode,
-    PlanInput, ResidencyError, Trace, WeightCache, WeightSource,
+    PlanInput, ResidencyError, ScheduleSource, Trace, WeightCache, WeightSource,
 };
 use ork_store::{ensure, ConvertOptions, Orkpack, StoreError};
 use proptest::prelude::*;
@@ -1615,4 +1615,121 @@ fn pins_of_two_caches_count_against_one_budget() {
         b.pin(&name),
         Err(ResidencyError::BudgetTooSmall { .. })
     ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Schedule sources
+// ---------------------------------------------------------------------------------------------
+
+/// Names the prefetch thread loaded, in order, from the cache's trace.
+fn prefetched_in_order(trace: &Trace) -> Vec<String> {
+    trace
+        .events()
+        .into_iter()
+        .filter(|e| e.tid == Lane::Prefetch as u32 && e.cat == "load")
+        .map(|e| e.name)
+        .collect()
+}
+
+#[test]
+fn the_prefetcher_loads_announced_weights_in_the_announced_order() {
+    let schedule = names();
+    // Not the plan order: every other weight, the last first (a router's choice).
+    let announced: Vec<String> = schedule.iter().rev().step_by(2).cloned().collect();
+    assert!(announced.len() >= 3);
+    let trace = Arc::new(Trace::new());
+    let cache = Arc::new(
+        WeightCache::new(
+            emu(1, GIB4),
+            pack_source(&clean_pack_path(), false),
+            CacheConfig::new(total()),
+        )
+        .unwrap()
+        .with_trace(Arc::clone(&trace)),
+    );
+    let dm = DeviceMatmul::new(Arc::clone(&cache), Some((schedule.clone(), schedule.len())));
+    let refs: Vec<&str> = announced.iter().map(String::as_str).collect();
+    dm.upcoming(&refs);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !announced.iter().all(|n| cache.is_resident(n)) {
+        assert!(Instant::now() < deadline, "announced weights never loaded");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(dm); // joins the thread: nothing else is loading
+              // Compute never ran, so the plan order contributed nothing: exactly the announcement.
+    assert_eq!(prefetched_in_order(&trace), announced);
+    assert_eq!(cache.stats().prefetched, announced.len() as u64);
+}
+
+/// A source that ignores where compute is and always names the plan backwards.
+struct Backwards(Vec<String>);
+
+impl ScheduleSource for Backwards {
+    fn advance(&mut self, _name: &str) -> usize {
+        0
+    }
+    fn ahead(&self, i: usize) -> Option<&str> {
+        self.0.iter().rev().nth(i).map(String::as_str)
+    }
+}
+
+#[test]
+fn any_schedule_source_or_announcement_keeps_outputs_bit_identical() {
+    let passes = 2;
+    let reference = reference_outputs(passes);
+    let schedule = names();
+    let tight = largest() + 4096;
+    for budget in [tight, (tight + total()) / 2] {
+        let cache = |trace: &Arc<Trace>| {
+            Arc::new(
+                WeightCache::new(
+                    emu(1, GIB4),
+                    pack_source(&clean_pack_path(), false),
+                    CacheConfig::new(budget),
+                )
+                .unwrap()
+                .with_trace(Arc::clone(trace)),
+            )
+        };
+        // A wrong source: it costs loads, never a wrong output.
+        let trace = Arc::new(Trace::new());
+        let c = cache(&trace);
+        let dm = DeviceMatmul::with_schedule(
+            Arc::clone(&c),
+            Box::new(Backwards(schedule.clone())),
+            SLOTS,
+        );
+        assert_eq!(run_passes(&dm, &schedule, passes).unwrap(), reference);
+        drop(dm);
+        assert!(c.resident()[0] <= budget);
+        assert!(resident_matches_slots(&c));
+
+        // The plan order with announcements of the next weights in reverse before each one.
+        let trace = Arc::new(Trace::new());
+        let c = cache(&trace);
+        let dm = DeviceMatmul::new(Arc::clone(&c), Some((schedule.clone(), SLOTS)));
+        let mut outs = Vec::new();
+        for _ in 0..passes {
+            for (i, name) in schedule.iter().enumerate() {
+                let next: Vec<&str> = schedule[i + 1..]
+                    .iter()
+                    .take(3)
+                    .rev()
+                    .map(String::as_str)
+                    .collect();
+                dm.upcoming(&next);
+                let l = c.layout(name).unwrap();
+                let mut y = vec![0f32; M * l.n];
+                dm.matmul(name, &input(name, l.k), M, &mut y).unwrap();
+                outs.push(y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+            }
+        }
+        drop(dm);
+        assert!(resident_matches_slots(&c));
+        assert!(
+            c.stats().prefetched > 0,
+            "budget {budget}: nothing prefetched"
+        );
+        assert_eq!(outs, reference, "budget {budget} with announcements");
+    }
 }

@@ -287,6 +287,11 @@ impl Linear for EngineLinear {
                 source: Box::new(e),
             })
     }
+
+    /// Forwarded to the prefetcher, which serves announced weights before the plan order.
+    fn upcoming(&self, weights: &[&str]) {
+        self.0.upcoming(weights);
+    }
 }
 
 impl EngineLinear {
