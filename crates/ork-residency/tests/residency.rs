@@ -1726,10 +1726,6 @@ fn any_schedule_source_or_announcement_keeps_outputs_bit_identical() {
         }
         drop(dm);
         assert!(resident_matches_slots(&c));
-        assert!(
-            c.stats().prefetched > 0,
-            "budget {budget}: nothing prefetched"
-        );
         assert_eq!(outs, reference, "budget {budget} with announcements");
     }
 }
