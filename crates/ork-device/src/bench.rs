@@ -154,6 +154,7 @@ pub fn bench_gemm(dev: &EmuDevice, opts: &BenchOptions) -> Result<GemmBenchRepor
                 layout,
                 data,
                 scales: vec![0.01; n],
+                group: ork_pack::ScaleGroup::PerChannel,
             },
             DomainId(0),
         )?;

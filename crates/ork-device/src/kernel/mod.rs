@@ -24,6 +24,7 @@ use std::sync::OnceLock;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_f32;
+pub(crate) mod group;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "x86_64")]
