@@ -21,8 +21,8 @@ use ork_pack::{PackDtype, PackedWeight, ScaleGroup, TiledLayout};
 
 use crate::soc::{ChipLimit, ElemType};
 use crate::{
-    upload, ActPrecision, Activations, BufferIntent, CoreMask, Device, DeviceError, DeviceWeight, DomainId,
-    MatmulTask,
+    upload, ActPrecision, Activations, BufferIntent, CoreMask, Device, DeviceError, DeviceWeight,
+    DomainId, MatmulTask,
 };
 
 /// Opens a fresh instance of the backend under test.

@@ -437,7 +437,11 @@ impl Device for EmuDevice {
     fn info(&self) -> DeviceInfo {
         DeviceInfo {
             name: match &self.note {
-                None => format!("emulated {} NPU ({} kernel)", self.soc_label(), self.isa.name()),
+                None => format!(
+                    "emulated {} NPU ({} kernel)",
+                    self.soc_label(),
+                    self.isa.name()
+                ),
                 Some(n) => format!(
                     "emulated {} NPU ({} kernel; {n})",
                     self.soc_label(),

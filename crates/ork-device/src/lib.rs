@@ -64,10 +64,10 @@ pub use buffer::{BackendBuffer, BufferIntent, BufferView, DeviceBuffer, SyncDir}
 pub use emu::{EmuConfig, EmuDevice, SwitchWait};
 pub use error::DeviceError;
 pub use open::{open, DeviceKind, OpenOptions};
-pub use soc::{ChipLimit, ElemType, MatmulShape, Soc};
 pub use probe::{probe_dma, probe_stream, DmaProbeMode, DmaProbeReport, StreamProbeReport};
 #[cfg(target_os = "linux")]
 pub use rknpu::RknpuDevice;
+pub use soc::{ChipLimit, ElemType, MatmulShape, Soc};
 pub use task::{
     upload, ActPrecision, Activations, CoreMask, DeviceWeight, MatmulStats, MatmulTask, WeightRef,
 };

@@ -53,11 +53,7 @@ pub struct Part {
 /// # Errors
 /// [`DeviceError::Shape`] for a zero dimension or a scale group that K-segments of the chip's
 /// segment size would cut.
-pub fn split(
-    layout: &TiledLayout,
-    group: ScaleGroup,
-    soc: Soc,
-) -> Result<Vec<Part>, DeviceError> {
+pub fn split(layout: &TiledLayout, group: ScaleGroup, soc: Soc) -> Result<Vec<Part>, DeviceError> {
     let (k, n, dtype) = (layout.k, layout.n, layout.dtype);
     let shape = |reason| DeviceError::Shape { m: 0, k, n, reason };
     if k == 0 || n == 0 {
@@ -148,7 +144,9 @@ pub fn part_weight(w: &PackedWeight, part: &Part) -> Result<PackedWeight, Device
         || !k.start.is_multiple_of(32)
         || pl != TiledLayout::new(l.dtype, k.len(), n.len())
     {
-        return Err(shape("part does not lie inside the weight on tile boundaries"));
+        return Err(shape(
+            "part does not lie inside the weight on tile boundaries",
+        ));
     }
     let data = match &part.bytes {
         PartBytes::Range(r) => w

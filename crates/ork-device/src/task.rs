@@ -105,7 +105,9 @@ fn check_group(l: TiledLayout, group: ScaleGroup, m: usize) -> Result<usize, Dev
             return Err(shape("fp16 weights have no scales to group"));
         }
         if g > crate::kernel::group::MAX_GROUP {
-            return Err(shape("scale group exceeds 1024 (partial sums inexact in f32)"));
+            return Err(shape(
+                "scale group exceeds 1024 (partial sums inexact in f32)",
+            ));
         }
     }
     group

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use half::f16;
 use ork_device::window::{PAGE_BYTES, WINDOW_BYTES};
 use ork_device::{
-    upload, ActPrecision, Activations, BufferIntent, CoreMask, Device, DeviceError, DeviceKind,
-    ChipLimit, DomainId, EmuConfig, EmuDevice, IntegerOracle, MatmulTask, OpenOptions, Soc,
+    upload, ActPrecision, Activations, BufferIntent, ChipLimit, CoreMask, Device, DeviceError,
+    DeviceKind, DomainId, EmuConfig, EmuDevice, IntegerOracle, MatmulTask, OpenOptions, Soc,
 };
 use ork_pack::{PackDtype, PackedWeight, ScaleGroup, TiledLayout};
 use proptest::prelude::*;
@@ -210,7 +210,11 @@ fn check_dtype(dtype: PackDtype, m: usize, k: usize, n: usize, seed: u64) {
     let w88 = upload(&rk3588, &pw, DomainId(0)).unwrap();
     let mut out = vec![0f32; m * n];
     let r = rk3588.matmul(&task(m, &a, &sa, &w88), &mut out);
-    assert_eq!(is_type_pair_refusal(&r), dtype != PackDtype::I8, "{dtype:?} on rk3588: {r:?}");
+    assert_eq!(
+        is_type_pair_refusal(&r),
+        dtype != PackDtype::I8,
+        "{dtype:?} on rk3588: {r:?}"
+    );
     if dtype == PackDtype::F16 {
         let r = dev.matmul(&task(m, &a, &sa, &w), &mut out);
         assert!(is_type_pair_refusal(&r), "int8 × fp16 on rk3576: {r:?}");
@@ -301,7 +305,11 @@ fn check_f16(dtype: PackDtype, m: usize, k: usize, n: usize, seed: u64, on_devic
         },
         &mut out,
     );
-    assert_eq!(is_type_pair_refusal(&r), dtype != PackDtype::F16, "fp16 × {dtype:?} on rk3588: {r:?}");
+    assert_eq!(
+        is_type_pair_refusal(&r),
+        dtype != PackDtype::F16,
+        "fp16 × {dtype:?} on rk3588: {r:?}"
+    );
     let st = dev.matmul(&t, &mut out).unwrap();
     assert!(st.kernel.starts_with("f32-"), "{}", st.kernel);
     let kpad = pw.layout.k_pad() as f64;

@@ -55,7 +55,11 @@ impl PackedWeight {
                 reason: "fp16 weights have no scales to group",
             });
         }
-        expect_len("scales", self.group.scales_len(l.k, l.n)?, self.scales.len())?;
+        expect_len(
+            "scales",
+            self.group.scales_len(l.k, l.n)?,
+            self.scales.len(),
+        )?;
         self.group.groups(l.k)
     }
 }

@@ -203,7 +203,10 @@ mod tests {
             let ga = GroupedA::new(isa, rows, k, MAX_GROUP, &a);
             let mut got = vec![0i32; 2 * rows * tn];
             group_partials(&ga, 0, rows, &wt, tn, &mut got);
-            assert!(got.iter().all(|&p| p == 128 * 127 * MAX_GROUP as i32), "{isa:?}");
+            assert!(
+                got.iter().all(|&p| p == 128 * 127 * MAX_GROUP as i32),
+                "{isa:?}"
+            );
             assert_eq!(
                 got[0] as f32 as i64,
                 i64::from(got[0]),

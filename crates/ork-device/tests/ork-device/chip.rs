@@ -337,7 +337,10 @@ fn the_lm_head_splits_into_contiguous_n_chunks_that_reproduce_it() {
         .unwrap();
     assert_eq!(raw, want_raw);
     // Each column is computed alone either way: the f32 results are identical too.
-    assert!(out.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert!(out
+        .iter()
+        .zip(&want)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
 }
 
 #[test]
@@ -395,11 +398,19 @@ fn split_refuses_what_it_cannot_cut_and_bad_parts() {
     // chip size, so only the helper's own check speaks).
     assert!(split(&l, ScaleGroup::Group(256), Soc::Rk3588).is_ok());
     assert!(matches!(
-        split(&TiledLayout::new(PackDtype::I8, 11520, 64), ScaleGroup::Group(768), Soc::Rk3588),
+        split(
+            &TiledLayout::new(PackDtype::I8, 11520, 64),
+            ScaleGroup::Group(768),
+            Soc::Rk3588
+        ),
         Err(DeviceError::Shape { .. })
     ));
     assert!(matches!(
-        split(&TiledLayout::new(PackDtype::I8, 0, 64), ScaleGroup::PerChannel, Soc::Rk3588),
+        split(
+            &TiledLayout::new(PackDtype::I8, 0, 64),
+            ScaleGroup::PerChannel,
+            Soc::Rk3588
+        ),
         Err(DeviceError::Shape { .. })
     ));
     // A weight within the limits is one part: its whole blob.
@@ -411,13 +422,19 @@ fn split_refuses_what_it_cannot_cut_and_bad_parts() {
     let pw = int8_weight(64, 64, 6);
     let mut p = split(&pw.layout, pw.group, Soc::Rk3588).unwrap().remove(0);
     p.n = 16..48; // not on a tile boundary
-    assert!(matches!(part_weight(&pw, &p), Err(DeviceError::Shape { .. })));
+    assert!(matches!(
+        part_weight(&pw, &p),
+        Err(DeviceError::Shape { .. })
+    ));
     let mut short = pw.clone();
     short.scales.pop();
     let p = split(&pw.layout, pw.group, Soc::Rk3588).unwrap().remove(0);
     assert!(matches!(
         part_weight(&short, &p),
-        Err(DeviceError::Length { operand: "weight scales", .. })
+        Err(DeviceError::Length {
+            operand: "weight scales",
+            ..
+        })
     ));
 }
 
@@ -425,7 +442,9 @@ fn split_refuses_what_it_cannot_cut_and_bad_parts() {
 fn per_group_weights_from_the_pack_layer_match_their_dequantization() {
     let (k, n, m) = (1536, 96, 4);
     let src: Vec<f32> = (0..n * k)
-        .map(|i| (((i * 2_654_435_761) % 4001) as f32 / 2000.0 - 1.0) * (1.0 + (i % k) as f32 / 64.0))
+        .map(|i| {
+            (((i * 2_654_435_761) % 4001) as f32 / 2000.0 - 1.0) * (1.0 + (i % k) as f32 / 64.0)
+        })
         .collect();
     let rows = MatrixRows::new(&src, k, n).unwrap();
     let dev = emu_limits(Soc::Rk3588, true);
@@ -468,7 +487,11 @@ fn per_group_misuse_is_a_typed_error() {
     let src: Vec<f32> = (0..n * k).map(|i| (i % 97) as f32 - 48.0).collect();
     let rows = MatrixRows::new(&src, k, n).unwrap();
     // A group that does not divide K, or is not a multiple of 32, or an fp16 weight.
-    for (g, d) in [(384, PackDtype::I8), (48, PackDtype::I8), (128, PackDtype::F16)] {
+    for (g, d) in [
+        (384, PackDtype::I8),
+        (48, PackDtype::I8),
+        (128, PackDtype::F16),
+    ] {
         assert!(
             matches!(
                 pack_grouped(&rows, d, g),
