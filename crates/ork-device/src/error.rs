@@ -100,7 +100,7 @@ pub enum DeviceError {
     },
     /// The modelled chip cannot run this matmul: no such type pair, no per-group mode for it, or
     /// a K / N limit (see `docs/chip.md`).
-    #[error("{soc} cannot run a {a} × {b} matmul with k={k} n={n}: {limit}")]
+    #[error("{soc} cannot run an {a} × {b} matmul with k={k} n={n}: {limit}")]
     Chip {
         /// The chip.
         soc: Soc,
