@@ -2,7 +2,10 @@
 //! tile into the RK3588 native weight layout.
 //!
 //! API CONTRACT (other crates rely on these names): [`PackDtype`], [`LayoutId`], [`TiledLayout`],
-//! [`PackedWeight`], [`RowSource`], [`pack`], [`untile()`].
+//! [`PackedWeight`], [`ScaleGroup`], [`RowSource`], [`pack`], [`pack_grouped`], [`untile()`].
+//!
+//! [`pack_grouped`] quantizes with one scale per output channel and group of `g` consecutive k
+//! (the chip's per-group mode, `docs/chip.md`) into the same native layout.
 //!
 //! The kernel ([`pack`], [`pack_into`], [`pack_in`]) is fused and streaming: it runs in parallel
 //! over the output's N-tiles; each task decodes the `tn` source rows of its tile through
