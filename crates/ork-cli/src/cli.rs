@@ -104,7 +104,7 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub evict_src: bool,
     /// Worker threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = threads_parser())]
     pub threads: Option<usize>,
     /// Print one JSON object instead of text; no progress bar.
     #[arg(long)]
@@ -153,13 +153,13 @@ pub struct ModelOpts {
     #[arg(long, conflicts_with = "pack")]
     pub no_pack: bool,
     /// Weight-cache budget in MiB (default: ORK_WCACHE_BUDGET_MB or 3072).
-    #[arg(long)]
+    #[arg(long, value_parser = mib_parser())]
     pub budget_mb: Option<u64>,
     /// Device backend.
     #[arg(long, value_enum, default_value = "auto")]
     pub device: DeviceArg,
-    /// IOMMU domains to use (emulator: up to 16).
-    #[arg(long, default_value_t = 1)]
+    /// IOMMU domains to use (1..=16).
+    #[arg(long, default_value_t = 1, value_parser = domains_parser())]
     pub domains: u32,
     /// Skip checksum verification of blobs loaded from the .orkpack.
     #[arg(long)]
@@ -171,7 +171,7 @@ pub struct ModelOpts {
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Worker threads for compute (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = threads_parser())]
     pub threads: Option<usize>,
     /// Activation precision on the NPU: int8 per token (w8a8) or fp16 (w8a16; no activation
     /// quantization error, slower).
@@ -216,7 +216,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub prompt_file: Option<PathBuf>,
     /// Tokens to generate.
-    #[arg(short = 'n', long, default_value_t = 64)]
+    #[arg(short = 'n', long, default_value_t = 64, value_parser = count_parser(0))]
     pub n_predict: usize,
     /// Sampling temperature (0 = greedy).
     #[arg(long, default_value_t = 0.0)]
@@ -241,10 +241,10 @@ pub struct PerplexityArgs {
     #[arg(long)]
     pub file: PathBuf,
     /// Context length per window.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = count_parser(2))]
     pub ctx: usize,
-    /// Score at most this many windows.
-    #[arg(long)]
+    /// Score exactly this many windows (at least 1; the text must hold them).
+    #[arg(long, value_parser = count_parser(1))]
     pub chunks: Option<usize>,
     /// JSON output.
     #[arg(long)]
@@ -268,7 +268,7 @@ pub enum BenchCommand {
         #[arg(long)]
         model: PathBuf,
         /// Threads.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = threads_parser())]
         threads: usize,
         /// JSON output.
         #[arg(long)]
@@ -285,10 +285,10 @@ pub enum BenchCommand {
         #[command(flatten)]
         model: ModelOpts,
         /// Prefill tokens.
-        #[arg(long, default_value_t = 512)]
+        #[arg(long, default_value_t = 512, value_parser = count_parser(1))]
         tokens: usize,
         /// Interleaved timed rounds per configuration (the median is reported).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
         rounds: usize,
         /// Draw the timeline and bars as an SVG.
         #[arg(long)]
@@ -327,29 +327,29 @@ pub enum DmaMode {
 pub enum ProbeCommand {
     /// Allocate DMA buffers until the window is full.
     Dma {
-        /// Buffer size in MB.
-        #[arg(long, default_value_t = 64)]
+        /// Buffer size in MB (at most the 4096 MiB window).
+        #[arg(long, default_value_t = 64, value_parser = window_mib_parser())]
         mb: u64,
         /// Create mode.
         #[arg(long, value_enum, default_value = "create")]
         mode: DmaMode,
-        /// Domains to spread over.
-        #[arg(long, default_value_t = 1)]
+        /// Domains to spread over (1..=16).
+        #[arg(long, default_value_t = 1, value_parser = domains_parser())]
         domains: u32,
     },
     /// Pack/free cycles through the window.
     Stream {
-        /// Total GB to cycle.
-        #[arg(long, default_value_t = 26.8)]
+        /// Total GB to cycle (0 < GB <= 1e6).
+        #[arg(long, default_value_t = 26.8, value_parser = parse_total_gb)]
         total_gb: f64,
-        /// Weight size in MB.
-        #[arg(long, default_value_t = 268)]
+        /// Weight size in MB (at most the 4096 MiB window).
+        #[arg(long, default_value_t = 268, value_parser = window_mib_parser())]
         mb: u64,
     },
     /// Dump a packed weight, reload it into a fresh buffer, compare; pack vs load time.
     Persist {
-        /// Weight size in MB (a synthetic K×N weight).
-        #[arg(long, default_value_t = 16)]
+        /// Weight size in MB (a synthetic K×N weight; at most the 4096 MiB window).
+        #[arg(long, default_value_t = 16, value_parser = window_mib_parser())]
         mb: u64,
     },
 }
@@ -361,21 +361,80 @@ pub struct PlanArgs {
     #[arg(long)]
     pub model: PathBuf,
     /// Window per domain in MiB.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = mib_parser())]
     pub window_mb: u64,
-    /// Domains available.
-    #[arg(long, default_value_t = 1)]
+    /// Domains available (1..=16).
+    #[arg(long, default_value_t = 1, value_parser = domains_parser())]
     pub domains: u32,
     /// Weight-cache budget in MiB (default: ORK_WCACHE_BUDGET_MB or 3072).
-    #[arg(long)]
+    #[arg(long, value_parser = mib_parser())]
     pub budget_mb: Option<u64>,
     /// Weight dtype.
     #[arg(long, value_enum, default_value = "i8")]
     pub dtype: DtypeArg,
     /// Prefill tokens assumed for the per-token figures.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = count_parser(1))]
     pub prefill_tokens: usize,
     /// JSON output.
     #[arg(long)]
     pub json: bool,
+}
+
+// Bounds of every user-given number: a value outside is refused with clap's usage error (exit
+// 2), never clamped or reinterpreted, and every later multiplication (MiB → bytes, counts →
+// buffers) stays far inside u64/usize.
+
+/// Largest MiB figure accepted (16 TiB): `MiB << 20` cannot overflow.
+pub const MAX_MIB: u64 = 1 << 24;
+/// Most IOMMU domains (the emulator's and the RK3588's limit).
+pub const MAX_DOMAINS: u32 = 16;
+/// Largest token / window / context count accepted.
+pub const MAX_COUNT: u64 = 1 << 24;
+/// Largest buffer a probe allocates, in MiB: one IOVA window (4 GiB).
+pub const WINDOW_MIB: u64 = 4096;
+
+/// 1..=[`MAX_MIB`].
+pub fn mib_parser() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::builder::RangedU64ValueParser::new().range(1..=MAX_MIB)
+}
+
+/// 1..=[`WINDOW_MIB`].
+fn window_mib_parser() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::builder::RangedU64ValueParser::new().range(1..=WINDOW_MIB)
+}
+
+/// 1..=[`MAX_DOMAINS`].
+fn domains_parser() -> clap::builder::RangedU64ValueParser<u32> {
+    clap::builder::RangedU64ValueParser::new().range(1..=u64::from(MAX_DOMAINS))
+}
+
+/// 1..=1024 threads.
+fn threads_parser() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..=1024)
+}
+
+/// `min..=MAX_COUNT`.
+fn count_parser(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(min..=MAX_COUNT)
+}
+
+/// A finite GB figure in (0, 1e6].
+fn parse_total_gb(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v > 0.0 && v <= 1e6 {
+        Ok(v)
+    } else {
+        Err(format!("{s} is not in (0, 1e6]"))
+    }
+}
+
+/// Parse a MiB figure given in the environment (`ORK_WCACHE_BUDGET_MB`) with the same bounds
+/// as the flags: an integer in 1..=[`MAX_MIB`].
+pub fn parse_env_mib(var: &str, value: &str) -> Result<u64, String> {
+    match value.trim().parse::<u64>() {
+        Ok(v) if (1..=MAX_MIB).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{var}={value:?}: expected a whole number of MiB in 1..={MAX_MIB}"
+        )),
+    }
 }

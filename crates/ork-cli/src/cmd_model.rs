@@ -55,15 +55,14 @@ fn budget_bytes(flag: Option<u64>) -> Result<u64> {
     let mb = match flag {
         Some(mb) => mb,
         None => match std::env::var("ORK_WCACHE_BUDGET_MB") {
-            Ok(v) => v
-                .trim()
-                .parse::<u64>()
-                .with_context(|| format!("ORK_WCACHE_BUDGET_MB={v:?} is not a number of MiB"))?,
+            Ok(v) => {
+                crate::cli::parse_env_mib("ORK_WCACHE_BUDGET_MB", &v).map_err(anyhow::Error::msg)?
+            }
             Err(_) => DEFAULT_BUDGET_MB,
         },
     };
-    if mb == 0 {
-        bail!("the weight budget must be at least 1 MiB");
+    if !(1..=crate::cli::MAX_MIB).contains(&mb) {
+        bail!("the weight budget must be 1..={} MiB", crate::cli::MAX_MIB);
     }
     Ok(mb << 20)
 }
@@ -159,16 +158,41 @@ fn build_stack(gguf: &Arc<GgufFile>, opts: &ModelOpts, quiet: bool) -> Result<St
             copts.progress = Some(&progress);
             let result = ork_store::ensure(&gguf, path, &copts);
             bar.finish();
-            let (pack, report) =
-                result.with_context(|| format!("preparing the weight cache {}", path.display()))?;
-            (
-                WeightSource::Pack {
-                    pack,
-                    model: Some(Arc::clone(&gguf)),
-                    verify: !opts.no_verify,
-                },
-                Some(report),
-            )
+            match result {
+                Ok((pack, report)) => {
+                    // Say why an existing file was rewritten (stale, corrupt, other dtype …).
+                    if let Some(why) = report.rebuild.as_ref().filter(|_| report.rewritten) {
+                        if *why != ork_store::RebuildReason::Missing {
+                            eprintln!("[ork] rebuilt {}: {why}", path.display());
+                        }
+                    }
+                    (
+                        WeightSource::Pack {
+                            pack,
+                            model: Some(Arc::clone(&gguf)),
+                            verify: !opts.no_verify,
+                        },
+                        Some(report),
+                    )
+                }
+                // The pack cannot be written (read-only directory, full disk): run from memory.
+                Err(e) if e.is_write_failure() => {
+                    eprintln!(
+                        "[ork] warning: cannot write the weight cache ({e}); running without it (as --no-pack)"
+                    );
+                    (
+                        WeightSource::Gguf {
+                            model: Arc::clone(&gguf),
+                            dtype,
+                        },
+                        None,
+                    )
+                }
+                Err(e) => {
+                    return Err(anyhow::Error::new(e)
+                        .context(format!("preparing the weight cache {}", path.display())))
+                }
+            }
         }
         None => (
             WeightSource::Gguf {
@@ -350,13 +374,26 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         tokenizer.encode(&text, true, false)?
     };
     let context = model.config().context_length;
-    if prompt.len() + args.n_predict > context {
+    if prompt
+        .len()
+        .checked_add(args.n_predict)
+        .is_none_or(|n| n > context)
+    {
         bail!(
             "the prompt has {} tokens and -n asks for {} more, but the context of {} is {context} tokens",
             prompt.len(),
             args.n_predict,
             args.model.model.display()
         );
+    }
+    if let Some(path) = &args.model.trace {
+        // Find out now, not after the generation, whether the trace can be written.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("{}: cannot write the trace", path.display()))?;
     }
     let stack = build_stack(&gguf, &args.model, args.json)?;
     let trace = args.model.trace.as_ref().map(|_| Arc::new(Trace::new()));
@@ -444,7 +481,17 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
     let stack = build_stack(&gguf, &args.model, args.json)?;
     let mut tokens = tokenizer.encode(&text, true, false)?;
     if let Some(chunks) = args.chunks {
-        tokens.truncate(chunks.saturating_mul(args.ctx).max(2 * args.ctx));
+        // Bounded by the parsers (2^24 each): no overflow.
+        let want = chunks.saturating_mul(args.ctx);
+        if tokens.len() < want {
+            bail!(
+                "{}: --chunks {chunks} needs {want} tokens of text at --ctx {}, it has {}",
+                args.file.display(),
+                args.ctx,
+                tokens.len()
+            );
+        }
+        tokens.truncate(want);
     }
     let linear = stack.linear(!args.model.no_prefetch, None);
     let bos = tokenizer.add_bos().then(|| tokenizer.bos()).flatten();

@@ -13,7 +13,7 @@ use ork_gguf::{GgmlType, GgufFile, TensorInfo};
 use ork_pack::{GgufRows, PackDtype, PackedWeight, RowSource};
 use ork_store::{
     check_entry, fingerprint, matmul_weights, ConvertOptions, EntryStatus, Orkpack, OrkpackWriter,
-    SourceInfo,
+    SourceInfo, StoreError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -119,15 +119,20 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
         .output
         .clone()
         .unwrap_or_else(|| args.model.with_extension("orkpack"));
-    if output == args.model {
-        bail!(
-            "{}: output would overwrite the model (pass -o OUT.orkpack)",
-            output.display()
-        );
-    }
+    // Which files may be replaced (never the model, under any spelling or link; only an
+    // .orkpack) is decided by ork-store when the pack is written.
     let evict_src = args.evict_src || env_flag("ORK_EVICT_SRC");
     let dtype: PackDtype = args.dtype.into();
     let model = GgufFile::open(&args.model)?;
+    // Pack only what `run` can run: the same model check (architecture, metadata, every
+    // tensor present with its shape) before anything is written.
+    ork_exec::Model::load(&model).with_context(|| {
+        format!(
+            "{}: not a model ork can run, nothing converted",
+            args.model.display()
+        )
+    })?;
+    ork_store::resolve_target(&output, Some(&args.model))?;
 
     let bar = crate::progress::ConvertBar::new(&model, args.json)?;
     let progress = |p: &ork_store::Progress<'_>| bar.tensor_done(p);
@@ -358,6 +363,10 @@ struct VerifyJson {
     checked: usize,
     valid: usize,
     ok: bool,
+    /// Why the file as a whole cannot be used (bad magic, truncated, corrupt index, other
+    /// version); then no entry was checked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unusable: Option<String>,
     problems: Vec<Problem>,
 }
 
@@ -404,9 +413,38 @@ fn deep_compare(
 
 /// `ork verify FILE.orkpack --model MODEL.gguf [--deep] [--dtype] [--json]`.
 pub fn verify(args: &VerifyArgs) -> Result<ExitCode> {
-    let pack = Orkpack::open(&args.file)?;
     let model = GgufFile::open(&args.model)?;
     let weights = matmul_weights(&model);
+    let pack = match Orkpack::open(&args.file) {
+        Ok(p) => p,
+        // A damaged or foreign file is a verdict (exit 1), not an error: it was read, it is
+        // not a valid cache. I/O errors (missing file, FIFO, directory) stay errors (exit 2).
+        Err(
+            e @ (StoreError::BadMagic { .. }
+            | StoreError::Truncated { .. }
+            | StoreError::CorruptIndex { .. }
+            | StoreError::UnsupportedVersion { .. }
+            | StoreError::UnsupportedFlags { .. }),
+        ) => {
+            let out = VerifyJson {
+                file: args.file.clone(),
+                model: args.model.clone(),
+                deep: args.deep,
+                checked: 0,
+                valid: 0,
+                ok: false,
+                unusable: Some(e.to_string()),
+                problems: Vec::new(),
+            };
+            if args.json {
+                print_json(&out)?;
+            } else {
+                println!("UNUSABLE {e}");
+            }
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) => return Err(e.into()),
+    };
     let mut problems = Vec::new();
     let mut valid = 0usize;
     for t in &weights {
@@ -455,6 +493,7 @@ pub fn verify(args: &VerifyArgs) -> Result<ExitCode> {
         checked: weights.len(),
         valid,
         ok: problems.is_empty(),
+        unusable: None,
         problems,
     };
     if args.json {

@@ -46,10 +46,15 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            // One line: the outermost context first, then the causes.
+            // One line: the outermost context first, then the causes. Many library errors
+            // already print their source inside their own message; a cause whose text the line
+            // already holds is not repeated.
             let mut msg = format!("error: {e}");
             for cause in e.chain().skip(1) {
-                msg.push_str(&format!(": {cause}"));
+                let text = cause.to_string();
+                if !msg.contains(&text) {
+                    msg.push_str(&format!(": {text}"));
+                }
             }
             eprintln!("{msg}");
             ExitCode::from(2)

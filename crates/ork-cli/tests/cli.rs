@@ -14,6 +14,8 @@ mod device;
 mod model;
 #[path = "cli/pack.rs"]
 mod pack;
+#[path = "cli/safety.rs"]
+mod safety;
 
 /// A command running the `ork` binary under test.
 pub fn ork() -> Command {
@@ -51,18 +53,7 @@ pub fn json(o: &Output) -> serde_json::Value {
 
 /// The real test model; panics with the fix if it is missing.
 pub fn model() -> PathBuf {
-    let path = std::env::var_os("ORK_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.is_file(),
-        "real model missing at {}: run scripts/fetch-model.sh (or set ORK_MODEL)",
-        path.display()
-    );
-    path
+    ork_testkit::model_path()
 }
 
 /// The real model converted once per test run (int8), shared by the tests that only read it.

@@ -21,19 +21,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let r = bench_gemm(&dev, &opts)?;
     println!(
-        "isa {} threads {} int8 peak {:.1} GOP/s, bandwidth {:.1} GB/s",
-        r.isa, r.threads, r.peak_gops, r.bandwidth_gbs
+        "isa {} threads {} int8 peak {:.1} GOP/s ({}), bandwidth {:.1} GB/s",
+        r.isa, r.threads, r.peak_gops, r.peak_isa, r.bandwidth_gbs
     );
     for c in &r.cases {
         println!(
-            "{:>4} M={:<4} K={:<5} N={:<6} {:>9.3} ms {:>7.1} GOP/s {:>6.2} GB/s",
+            "{:>4} {:>12} M={:<4} K={:<5} N={:<6} {:>9.3} ms {:>7.1} GOP/s {:>6.2} GB/s",
             c.activations.name(),
+            c.kernel,
             c.m,
             c.k,
             c.n,
             c.seconds * 1e3,
             c.gops,
             c.weight_gbs
+        );
+    }
+    if let Some(d) = &r.decode {
+        println!(
+            "decode pass ({}): {} matmuls, {:.0} MB, {:.2} ms, {:.2} GB/s ({:.0}% of bandwidth)",
+            d.kernel,
+            d.matmuls,
+            d.weight_bytes as f64 / 1e6,
+            d.seconds * 1e3,
+            d.weight_gbs,
+            d.bandwidth_ratio * 100.0
         );
     }
     Ok(())

@@ -1,4 +1,9 @@
 //! GEMM benchmark of the emulator against this machine's own rooflines, measured in the same run.
+//!
+//! The compute roofline is the peak of the best int8 multiply-add instruction the CPU has
+//! (AVX-512 VNNI `vpdpbusd` zmm where present), whatever kernel the device was told to use, so a
+//! slower kernel shows as a lower ratio instead of hiding behind its own peak; every figure says
+//! which ISA made it.
 
 use std::time::Instant;
 
@@ -10,6 +15,24 @@ use crate::{
     upload, ActPrecision, Activations, CoreMask, Device, DeviceError, DomainId, EmuDevice,
     MatmulTask,
 };
+
+/// SmolLM2-135M's matmuls of one transformer layer in the order a forward pass runs them,
+/// `(K, N)`: q, k, v, o, gate, up, down.
+pub const SMOLLM2_LAYER: [(usize, usize); 7] = [
+    (576, 576),
+    (576, 192),
+    (576, 192),
+    (576, 576),
+    (576, 1536),
+    (576, 1536),
+    (1536, 576),
+];
+
+/// SmolLM2-135M's transformer layers.
+pub const SMOLLM2_LAYERS: usize = 30;
+
+/// SmolLM2-135M's LM head `(K, N)` (tied to the token embedding).
+pub const SMOLLM2_HEAD: (usize, usize) = (576, 49152);
 
 /// SmolLM2-135M matmul shapes, `(K, N)`: q/o proj, k/v proj, gate/up, down, lm head.
 pub const SMOLLM2_SHAPES: [(usize, usize); 5] = [
@@ -33,6 +56,9 @@ pub struct BenchOptions {
     pub bandwidth_bytes: usize,
     /// Activation precisions to run every case in (int8 = w8a8, fp16 = w8a16); default int8 only.
     pub activations: Vec<ActPrecision>,
+    /// Layers of the decode pass ([`DecodePass`]): M = 1 through `layers ×` [`SMOLLM2_LAYER`] and
+    /// the LM head, every weight distinct (a model-sized working set); 0 skips it.
+    pub decode_layers: usize,
 }
 
 impl Default for BenchOptions {
@@ -43,6 +69,7 @@ impl Default for BenchOptions {
             min_seconds: 0.3,
             bandwidth_bytes: 512 << 20,
             activations: vec![ActPrecision::Int8],
+            decode_layers: SMOLLM2_LAYERS,
         }
     }
 }
@@ -52,6 +79,9 @@ impl Default for BenchOptions {
 pub struct GemmCase {
     /// Activation precision (the weight is int8 in every case).
     pub activations: ActPrecision,
+    /// Kernel that computed the case (the device's int8 ISA, or its float kernel for fp16
+    /// activations).
+    pub kernel: &'static str,
     /// Rows.
     pub m: usize,
     /// Reduction dim.
@@ -71,25 +101,56 @@ pub struct GemmCase {
     pub bandwidth_ratio: f64,
 }
 
+/// The matmuls of one decode step of a SmolLM2-135M-sized model at M = 1, int8 activations, each
+/// weight distinct so that the pass streams the whole model from memory as a real decode step
+/// does (the per-shape M = 1 cases reread one cache-resident weight). Run inside the device's
+/// worker pool, as the executor runs its forward pass.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodePass {
+    /// Matmuls per pass.
+    pub matmuls: usize,
+    /// Weight bytes per pass.
+    pub weight_bytes: u64,
+    /// Seconds per pass (median of the repetitions).
+    pub seconds: f64,
+    /// Weight bytes streamed per second, GB/s.
+    pub weight_gbs: f64,
+    /// `weight_gbs / bandwidth_gbs`.
+    pub bandwidth_ratio: f64,
+    /// Kernel that computed the pass.
+    pub kernel: &'static str,
+}
+
 /// Benchmark result.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GemmBenchReport {
-    /// Kernel ISA.
+    /// Kernel ISA of the device (int8 activations).
     pub isa: &'static str,
     /// Worker threads.
     pub threads: usize,
-    /// Peak int8 ops/s (2 per multiply-add) of the ISA's multiply-add instruction, in-register, on
-    /// `threads` threads, GOP/s.
+    /// ISA of the compute roofline: the best int8 ISA this CPU has.
+    pub peak_isa: &'static str,
+    /// Peak int8 ops/s (2 per multiply-add) of `peak_isa`'s multiply-add instruction,
+    /// in-register, on `threads` threads, GOP/s.
     pub peak_gops: f64,
     /// Read bandwidth of a large buffer on `threads` threads, GB/s.
     pub bandwidth_gbs: f64,
     /// The cases.
     pub cases: Vec<GemmCase>,
+    /// The model-sized decode pass (`None` when `decode_layers` is 0).
+    pub decode: Option<DecodePass>,
 }
 
-fn peak_gops(dev: &EmuDevice) -> f64 {
+/// The best int8 ISA this CPU has (the roofline's instruction), regardless of `ORK_KERNEL`.
+fn best_isa() -> kernel::Isa {
+    kernel::Isa::available()
+        .last()
+        .copied()
+        .unwrap_or(kernel::Isa::Scalar)
+}
+
+fn peak_gops(dev: &EmuDevice, isa: kernel::Isa) -> f64 {
     let threads = dev.max_threads();
-    let isa = dev.isa();
     // Many short runs, best kept: the host is shared, and a quiet slice shows the true peak.
     let iters = 2_000_000u64;
     let _ = kernel::peak_loop(isa, iters / 10); // warm-up (clocks, pool)
@@ -135,7 +196,8 @@ fn bandwidth_gbs(dev: &EmuDevice, bytes: usize) -> f64 {
 /// Measure prefill and decode GEMMs on `dev` (all cores) for every `(M, K, N)` in `opts`, plus
 /// the machine's compute and bandwidth rooflines in the same run.
 pub fn bench_gemm(dev: &EmuDevice, opts: &BenchOptions) -> Result<GemmBenchReport, DeviceError> {
-    let peak = peak_gops(dev);
+    let peak_isa = best_isa();
+    let peak = peak_gops(dev, peak_isa);
     let bw = bandwidth_gbs(dev, opts.bandwidth_bytes);
     let mut cases = Vec::new();
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
@@ -180,7 +242,7 @@ pub fn bench_gemm(dev: &EmuDevice, opts: &BenchOptions) -> Result<GemmBenchRepor
                     weight: w.as_weight(),
                     cores: CoreMask::AUTO,
                 };
-                dev.matmul(&task, &mut out)?; // warm-up
+                let kernel = dev.matmul(&task, &mut out)?.kernel; // warm-up
                 let mut best = f64::MAX;
                 let start = Instant::now();
                 let mut reps = 0;
@@ -194,6 +256,7 @@ pub fn bench_gemm(dev: &EmuDevice, opts: &BenchOptions) -> Result<GemmBenchRepor
                 let weight_gbs = layout.blob_bytes() as f64 / best / 1e9;
                 cases.push(GemmCase {
                     activations: precision,
+                    kernel,
                     m,
                     k,
                     n,
@@ -206,11 +269,89 @@ pub fn bench_gemm(dev: &EmuDevice, opts: &BenchOptions) -> Result<GemmBenchRepor
             }
         }
     }
+    let decode = match opts.decode_layers {
+        0 => None,
+        layers => Some(decode_pass(dev, layers, opts.min_seconds, bw, &mut rnd)?),
+    };
     Ok(GemmBenchReport {
         isa: dev.isa().name(),
         threads: dev.max_threads(),
+        peak_isa: peak_isa.name(),
         peak_gops: peak,
         bandwidth_gbs: bw,
         cases,
+        decode,
+    })
+}
+
+/// Upload `layers ×` [`SMOLLM2_LAYER`] + [`SMOLLM2_HEAD`] distinct random int8 weights and time M =
+/// 1 through all of them in order, inside the device's pool (median of at least 5 passes).
+fn decode_pass(
+    dev: &EmuDevice,
+    layers: usize,
+    min_seconds: f64,
+    bandwidth_gbs: f64,
+    rnd: &mut impl FnMut() -> u8,
+) -> Result<DecodePass, DeviceError> {
+    let shapes: Vec<(usize, usize)> = (0..layers)
+        .flat_map(|_| SMOLLM2_LAYER)
+        .chain([SMOLLM2_HEAD])
+        .collect();
+    let mut weights = Vec::with_capacity(shapes.len());
+    let mut weight_bytes = 0u64;
+    for &(k, n) in &shapes {
+        let layout = TiledLayout::new(PackDtype::I8, k, n);
+        let data: Vec<u8> = (0..layout.blob_bytes()).map(|_| rnd()).collect();
+        weight_bytes += data.len() as u64;
+        weights.push(upload(
+            dev,
+            &PackedWeight {
+                layout,
+                data,
+                scales: vec![0.01; n],
+                group: ork_pack::ScaleGroup::PerChannel,
+            },
+            DomainId(0),
+        )?);
+    }
+    let kmax = shapes.iter().map(|s| s.0).max().unwrap_or(0);
+    let nmax = shapes.iter().map(|s| s.1).max().unwrap_or(0);
+    let a: Vec<i8> = (0..kmax).map(|_| rnd() as i8).collect();
+    let sa = [0.02f32];
+    let mut out = vec![0f32; nmax];
+    let pass = |out: &mut [f32]| -> Result<&'static str, DeviceError> {
+        let mut kernel = "";
+        for (w, &(k, n)) in weights.iter().zip(&shapes) {
+            let task = MatmulTask {
+                m: 1,
+                activations: Activations::Host(&a[..k]),
+                act_scales: &sa,
+                weight: w.as_weight(),
+                cores: CoreMask::AUTO,
+            };
+            kernel = dev.matmul(&task, &mut out[..n])?.kernel;
+        }
+        Ok(kernel)
+    };
+    dev.run_on(dev.max_threads(), || {
+        let kernel = pass(&mut out)?; // warm-up
+        let mut times = Vec::new();
+        let start = Instant::now();
+        while times.len() < 5 || start.elapsed().as_secs_f64() < min_seconds {
+            let t = Instant::now();
+            pass(&mut out)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        let seconds = times[times.len() / 2];
+        let weight_gbs = weight_bytes as f64 / seconds / 1e9;
+        Ok(DecodePass {
+            matmuls: shapes.len(),
+            weight_bytes,
+            seconds,
+            weight_gbs,
+            bandwidth_ratio: weight_gbs / bandwidth_gbs,
+            kernel,
+        })
     })
 }

@@ -355,13 +355,16 @@ impl EmuDevice {
     /// Run `f` on a pool of `threads` workers (falls back to the global pool if the OS refuses
     /// new threads).
     ///
-    /// A caller that already runs on a worker of a pool with that many threads (the executor
-    /// runs its forward pass on one) keeps `f` on its own pool: handing it to a second pool
-    /// costs a cross-pool wake-up per task, and the idle workers of the caller's pool spin on
-    /// the same cores meanwhile (measured: decode with M = 1, 211 tasks per token).
+    /// A caller that already runs on a worker of a pool with at most that many threads (the
+    /// executor runs its forward pass on one; `--threads` sizes it) keeps `f` on its own pool:
+    /// handing it to a second pool costs a cross-pool wake-up per task, and the idle workers of
+    /// the caller's pool spin on the same cores meanwhile (measured: decode with M = 1, 211 tasks
+    /// per token). A caller's pool smaller than `threads` is the caller's thread limit, so a
+    /// 1-thread caller computes on 1 thread; only a pool larger than the task's cores hands
+    /// the task to a smaller pool.
     pub(crate) fn run_on<R: Send>(&self, threads: usize, f: impl FnOnce() -> R + Send) -> R {
         let i = threads.clamp(1, self.max_threads) - 1;
-        if rayon::current_thread_index().is_some() && rayon::current_num_threads() == i + 1 {
+        if rayon::current_thread_index().is_some() && rayon::current_num_threads() <= i + 1 {
             return f();
         }
         let pool = self.pools[i].get_or_init(|| {
@@ -555,27 +558,43 @@ impl Device for EmuDevice {
         let (sa, sw) = (task.act_scales, task.weight.scales);
         let a = task.activation_values();
         let group = task.weight.group.size();
+        // `out[m, n] = acc · sa[m] · sw[n]`, one run of a row at a time (a loop that vectorizes).
         // Per-group scales with anything but int8 × integer were refused by `begin`.
         self.run_on(cores, || match (&a, group) {
             (ActValues::Int8(a), Some(g)) if is_integer(l.dtype) => {
-                gemm::gemm_grouped(self.isa, &l, w, a, m, g, sw, out, |acc, m, _| acc * sa[m])
+                gemm::gemm_grouped(self.isa, &l, w, a, m, g, sw, out, |acc, m, _, o| {
+                    let s = sa[m];
+                    for (o, &acc) in o.iter_mut().zip(acc) {
+                        *o = acc * s;
+                    }
+                })
             }
             (ActValues::Int8(a), _) if is_integer(l.dtype) => {
-                gemm::gemm_int(self.isa, &l, w, a, m, out, |acc, m, n| {
-                    acc as f32 * sa[m] * sw[n]
+                gemm::gemm_int(self.isa, &l, w, a, m, out, |acc, m, n0, o| {
+                    let s = sa[m];
+                    for ((o, &acc), &w) in o.iter_mut().zip(acc).zip(&sw[n0..n0 + acc.len()]) {
+                        *o = acc as f32 * s * w;
+                    }
                 })
             }
             // int8 × fp16 weights: no modelled chip has the pair (`begin` refuses it); the
             // arithmetic stays defined for every operand combination all the same.
             (ActValues::Int8(_), _) => {
                 let af = gemm::f32_rows(&a, m, l.k, l.k_pad());
-                gemm::gemm_float(self.isa, &l, w, &af, m, out, |acc, m, n| {
-                    acc * sa[m] * sw[n]
+                gemm::gemm_float(self.isa, &l, w, &af, m, out, |acc, m, n0, o| {
+                    let s = sa[m];
+                    for ((o, &acc), &w) in o.iter_mut().zip(acc).zip(&sw[n0..n0 + acc.len()]) {
+                        *o = acc * s * w;
+                    }
                 })
             }
             (ActValues::F16(_), _) => {
                 let af = gemm::f32_rows(&a, m, l.k, l.k_pad());
-                gemm::gemm_float(self.isa, &l, w, &af, m, out, |acc, _, n| acc * sw[n])
+                gemm::gemm_float(self.isa, &l, w, &af, m, out, |acc, _, n0, o| {
+                    for ((o, &acc), &w) in o.iter_mut().zip(acc).zip(&sw[n0..n0 + acc.len()]) {
+                        *o = acc * w;
+                    }
+                })
             }
         });
         drop(guard);
@@ -617,7 +636,9 @@ impl IntegerOracle for EmuDevice {
         let (guard, switched, cores) = self.begin(task, out.len())?;
         let w = task.weight.bytes.as_slice();
         self.run_on(cores, || {
-            gemm::gemm_int(self.isa, &l, w, a, task.m, out, |acc, _, _| acc)
+            gemm::gemm_int(self.isa, &l, w, a, task.m, out, |acc, _, _, o| {
+                o.copy_from_slice(acc)
+            })
         });
         drop(guard);
         Ok(self.finish(task, switched, t0))

@@ -37,8 +37,10 @@ fn tile_i8<'s>(l: &TiledLayout, w: &'s [u8], t: usize, scratch: &'s mut Vec<i8>)
     }
 }
 
-/// Run `tile_fn(scratch, t, m0, m1, acc)` over all tiles and rows, and write
-/// `conv(acc, m, n)` into the row-major `m × n` output.
+/// Run `tile_fn(scratch, t, m0, m1, acc)` over all tiles and rows, and write the row-major
+/// `m × n` output through `conv(acc, m, n0, out)`, which converts the accumulators of row `m`,
+/// columns `n0..n0 + out.len()` (`acc.len() == out.len()`), one run of a tile at a time, so that
+/// the conversion loop vectorizes.
 #[allow(clippy::too_many_arguments)]
 fn drive<Acc, T, S>(
     m: usize,
@@ -47,7 +49,7 @@ fn drive<Acc, T, S>(
     tiles: usize,
     out: &mut [T],
     tile_fn: impl Fn(&mut S, usize, usize, usize, &mut [Acc]) + Sync,
-    conv: impl Fn(Acc, usize, usize) -> T + Sync,
+    conv: impl Fn(&[Acc], usize, usize, &mut [T]) + Sync,
 ) where
     Acc: Copy + Default + Send + Sync,
     T: Send,
@@ -64,9 +66,7 @@ fn drive<Acc, T, S>(
             || (S::default(), vec![Acc::default(); tn]),
             |(s, acc), (t, o)| {
                 tile_fn(s, t, 0, 1, acc);
-                for (j, (o, &a)) in o.iter_mut().zip(acc.iter()).enumerate() {
-                    *o = conv(a, 0, t * tn + j);
-                }
+                conv(&acc[..o.len()], 0, t * tn, o);
             },
         );
     } else if m <= SMALL_M {
@@ -75,9 +75,9 @@ fn drive<Acc, T, S>(
             .enumerate()
             .for_each_init(S::default, |s, (t, chunk)| tile_fn(s, t, 0, m, chunk));
         out.par_chunks_mut(n).enumerate().for_each(|(r, row)| {
-            for (j, o) in row.iter_mut().enumerate() {
-                let (t, jj) = (j / tn, j % tn);
-                *o = conv(acc[(t * m + r) * tn + jj], r, j);
+            for (t, o) in row.chunks_mut(tn).enumerate() {
+                let a = &acc[(t * m + r) * tn..][..o.len()];
+                conv(a, r, t * tn, o);
             }
         });
     } else {
@@ -91,9 +91,7 @@ fn drive<Acc, T, S>(
                     let cols = tn.min(n - t * tn);
                     for r in 0..rows {
                         let dst = &mut rows_out[r * n + t * tn..r * n + t * tn + cols];
-                        for (j, o) in dst.iter_mut().enumerate() {
-                            *o = conv(blk[r * tn + j], m0 + r, t * tn + j);
-                        }
+                        conv(&blk[r * tn..r * tn + cols], m0 + r, t * tn, dst);
                     }
                 }
             },
@@ -101,7 +99,8 @@ fn drive<Acc, T, S>(
     }
 }
 
-/// Integer weights (int8, int4): exact i32 accumulators, converted by `conv(acc, m, n)`.
+/// Integer weights (int8, int4): exact i32 accumulators, converted a run at a time by
+/// `conv(acc, m, n0, out)` (see [`drive`]).
 pub(crate) fn gemm_int<T: Send>(
     isa: Isa,
     l: &TiledLayout,
@@ -109,7 +108,7 @@ pub(crate) fn gemm_int<T: Send>(
     a: &[i8],
     m: usize,
     out: &mut [T],
-    conv: impl Fn(i32, usize, usize) -> T + Sync,
+    conv: impl Fn(&[i32], usize, usize, &mut [T]) + Sync,
 ) {
     let tn = l.dtype.n_tile();
     let tiles = l.n_pad() / tn;
@@ -130,7 +129,7 @@ pub(crate) fn gemm_int<T: Send>(
 
 /// Integer weights with per-group scales (`scales`: `[N][K/group]`) and int8 activations: exact
 /// i32 partial sums per group, folded in f32 as `kernel::group` documents, converted by
-/// `conv(acc, m, n)` (which applies the activation scale).
+/// `conv(accs, m, n0, out)` for one run of a row (which applies the activation scale).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_grouped(
     isa: Isa,
@@ -141,7 +140,7 @@ pub(crate) fn gemm_grouped(
     group: usize,
     scales: &[f32],
     out: &mut [f32],
-    conv: impl Fn(f32, usize, usize) -> f32 + Sync,
+    conv: impl Fn(&[f32], usize, usize, &mut [f32]) + Sync,
 ) {
     let tn = l.dtype.n_tile();
     let tiles = l.n_pad() / tn;
@@ -204,7 +203,8 @@ struct FloatScratch {
 }
 
 /// f32 activation rows (`m × kpad`, from [`f32_rows`]) against any weight: f32 accumulation in
-/// the order [`kernel::float_tile_dot`] documents, converted by `conv(acc, m, n)`.
+/// the order [`kernel::float_tile_dot`] documents, converted a run at a time by
+/// `conv(acc, m, n0, out)` (see [`drive`]).
 pub(crate) fn gemm_float(
     isa: Isa,
     l: &TiledLayout,
@@ -212,7 +212,7 @@ pub(crate) fn gemm_float(
     af: &[f32],
     m: usize,
     out: &mut [f32],
-    conv: impl Fn(f32, usize, usize) -> f32 + Sync,
+    conv: impl Fn(&[f32], usize, usize, &mut [f32]) + Sync,
 ) {
     let tn = l.dtype.n_tile();
     let tiles = l.n_pad() / tn;

@@ -92,19 +92,7 @@ fn open_by_kind() {
 
 // ---------- matmul (emulator; rknpu submission is not implemented) ----------
 
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn i8(&mut self) -> i8 {
-        self.next() as i8
-    }
-}
+use ork_testkit::Rng;
 
 /// Tile an untiled `n × k` matrix of element values into the native blob of `layout`.
 fn tile_i8(layout: TiledLayout, q: &[i8]) -> Vec<u8> {
@@ -141,11 +129,11 @@ fn naive(a: &[i8], q: &[i8], m: usize, n: usize, k: usize) -> Vec<i32> {
     o
 }
 
-fn random_weight(dtype: PackDtype, k: usize, n: usize, rng: &mut Lcg) -> (PackedWeight, Vec<i8>) {
+fn random_weight(dtype: PackDtype, k: usize, n: usize, rng: &mut Rng) -> (PackedWeight, Vec<i8>) {
     let layout = TiledLayout::new(dtype, k, n);
     let q: Vec<i8> = (0..n * k)
         .map(|_| match dtype {
-            PackDtype::I4 => (rng.next() % 16) as i8 - 8,
+            PackDtype::I4 => (rng.next_u64() % 16) as i8 - 8,
             _ => rng.i8(),
         })
         .collect();
@@ -200,7 +188,7 @@ fn is_type_pair_refusal<T>(r: &Result<T, DeviceError>) -> bool {
 /// only int8 × int8; int8 × fp16 exists on neither and is refused, never computed.
 fn check_dtype(dtype: PackDtype, m: usize, k: usize, n: usize, seed: u64) {
     let dev = emu_on(Soc::Rk3576);
-    let mut rng = Lcg(seed);
+    let mut rng = Rng(seed);
     let (pw, q) = random_weight(dtype, k, n, &mut rng);
     let w = upload(&dev, &pw, DomainId(0)).unwrap();
     let a: Vec<i8> = (0..m * k).map(|_| rng.i8()).collect();
@@ -250,10 +238,10 @@ proptest! {
 }
 
 /// fp16 activations (`m × k`, every 5th channel an outlier up to ±3000) from `rng`.
-fn random_f16(m: usize, k: usize, rng: &mut Lcg) -> Vec<f16> {
+fn random_f16(m: usize, k: usize, rng: &mut Rng) -> Vec<f16> {
     (0..m * k)
         .map(|i| {
-            let u = (rng.next() % 20001) as f32 / 10000.0 - 1.0;
+            let u = (rng.next_u64() % 20001) as f32 / 10000.0 - 1.0;
             f16::from_f32(if (i % k) % 5 == 2 {
                 u * 3000.0
             } else {
@@ -268,7 +256,7 @@ fn random_f16(m: usize, k: usize, rng: &mut Lcg) -> Vec<f16> {
 /// On the RK3576 (which has fp16 × int8 / int4 / fp16); the RK3588 refuses fp16 × int8 / int4.
 fn check_f16(dtype: PackDtype, m: usize, k: usize, n: usize, seed: u64, on_device: bool) {
     let dev = emu_on(Soc::Rk3576);
-    let mut rng = Lcg(seed);
+    let mut rng = Rng(seed);
     let (pw, q) = random_weight(dtype, k, n, &mut rng);
     let w = upload(&dev, &pw, DomainId(0)).unwrap();
     let a = random_f16(m, k, &mut rng);
@@ -346,7 +334,7 @@ proptest! {
 #[test]
 fn f16_activations_at_an_odd_offset_and_bad_operands() {
     let dev = emu_on(Soc::Rk3576);
-    let mut rng = Lcg(11);
+    let mut rng = Rng(11);
     let (m, k, n) = (3, 64, 32);
     let (pw, _) = random_weight(PackDtype::I8, k, n, &mut rng);
     let w = upload(&dev, &pw, DomainId(0)).unwrap();
@@ -442,7 +430,7 @@ fn f16_activations_at_an_odd_offset_and_bad_operands() {
 #[test]
 fn f16_activations_are_closer_than_int8_with_outliers() {
     let dev = emu_on(Soc::Rk3576);
-    let mut rng = Lcg(21);
+    let mut rng = Rng(21);
     let (m, k, n) = (8, 576, 64);
     let (pw, q) = random_weight(PackDtype::I8, k, n, &mut rng);
     let w = upload(&dev, &pw, DomainId(0)).unwrap();
@@ -452,7 +440,7 @@ fn f16_activations_are_closer_than_int8_with_outliers() {
             if i % k == 17 {
                 40.0
             } else {
-                (rng.next() % 20001) as f32 / 10000.0 - 1.0
+                (rng.next_u64() % 20001) as f32 / 10000.0 - 1.0
             }
         })
         .collect();
@@ -509,7 +497,7 @@ fn f16_activations_are_closer_than_int8_with_outliers() {
 #[test]
 fn matmul_on_a_view_inside_an_arena() {
     let dev = EmuDevice::new();
-    let mut rng = Lcg(7);
+    let mut rng = Rng(7);
     let (pw, q) = random_weight(PackDtype::I8, 96, 40, &mut rng);
     let bytes = pw.data.len() as u64;
     let mut arena = dev
@@ -541,7 +529,7 @@ fn matmul_on_a_view_inside_an_arena() {
 #[test]
 fn device_activations_and_cross_domain() {
     let dev = EmuDevice::new();
-    let mut rng = Lcg(9);
+    let mut rng = Rng(9);
     let (pw, q) = random_weight(PackDtype::I8, 64, 32, &mut rng);
     let w = upload(&dev, &pw, DomainId(1)).unwrap();
     let a: Vec<i8> = (0..3 * 64).map(|_| rng.i8()).collect();
@@ -583,7 +571,7 @@ fn device_activations_and_cross_domain() {
 #[test]
 fn shape_mismatches_are_typed_errors() {
     let dev = EmuDevice::new();
-    let mut rng = Lcg(3);
+    let mut rng = Rng(3);
     let (pw, _) = random_weight(PackDtype::I8, 64, 32, &mut rng);
     let w = upload(&dev, &pw, DomainId(0)).unwrap();
     let a = vec![0i8; 2 * 64];
@@ -662,7 +650,7 @@ fn shape_mismatches_are_typed_errors() {
 #[test]
 fn domain_switches_are_counted() {
     let dev = EmuDevice::new();
-    let mut rng = Lcg(5);
+    let mut rng = Rng(5);
     let (pw, _) = random_weight(PackDtype::I8, 32, 32, &mut rng);
     let w0 = upload(&dev, &pw, DomainId(0)).unwrap();
     let w3 = upload(&dev, &pw, DomainId(3)).unwrap();
@@ -891,4 +879,87 @@ fn suite_passes_the_unbroken_wrapper_without_an_oracle() {
         &|| broken(false, false),
         ork_device::conformance::integer_oracle_is_exact,
     );
+}
+
+#[test]
+fn every_kernel_isa_and_thread_count_gives_exact_sums() {
+    // Through the device's dispatch: the decode partition (M = 1, tiles split over the pool), the
+    // small-M and the prefill partition, for every ISA this CPU has, on 1 and 2 threads.
+    let (k, n) = (200, 96);
+    let mut rng = Rng(0x5EED);
+    let a: Vec<i8> = (0..40 * k).map(|_| rng.next_u64() as i8).collect();
+    let (wq, q) = random_weight(PackDtype::I8, k, n, &mut Rng(7));
+    for isa in ork_device::kernel::Isa::available() {
+        for threads in [1, 2] {
+            let dev = EmuDevice::with_config(EmuConfig {
+                isa: Some(isa),
+                threads,
+                ..EmuConfig::default()
+            })
+            .unwrap();
+            let w = upload(&dev, &wq, DomainId(0)).unwrap();
+            for m in [1, 9, 40] {
+                let mut out = vec![0i32; m * n];
+                let scales = vec![1.0f32; m];
+                let t = MatmulTask {
+                    m,
+                    activations: Activations::Host(&a[..m * k]),
+                    act_scales: &scales,
+                    weight: w.as_weight(),
+                    cores: CoreMask::AUTO,
+                };
+                let stats = dev.matmul_raw(&t, &mut out).unwrap();
+                assert_eq!(stats.kernel, isa.name());
+                assert_eq!(
+                    out,
+                    naive(&a[..m * k], &q, m, n, k),
+                    "{isa:?}, M = {m}, {threads} threads"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_bench_names_the_isa_of_every_figure() {
+    use ork_device::bench::{bench_gemm, BenchOptions};
+    use ork_device::kernel::Isa;
+    let best = *Isa::available().last().unwrap();
+    // The device told to use the portable kernel: the roofline still uses the best ISA. The
+    // RK3576, whose fp16 × int8 the fp16 cases run.
+    let dev = EmuDevice::with_config(EmuConfig {
+        isa: Some(Isa::Scalar),
+        soc: Soc::Rk3576,
+        ..EmuConfig::default()
+    })
+    .unwrap();
+    let opts = BenchOptions {
+        ms: vec![1, 8],
+        shapes: vec![(64, 64)],
+        min_seconds: 0.0,
+        bandwidth_bytes: 1 << 20,
+        activations: vec![ActPrecision::Int8, ActPrecision::F16],
+        decode_layers: 1,
+    };
+    let r = bench_gemm(&dev, &opts).unwrap();
+    assert_eq!(r.peak_isa, best.name());
+    assert_eq!(r.isa, "scalar");
+    assert_eq!(r.cases.len(), 4);
+    for c in &r.cases {
+        let want = match c.activations {
+            ActPrecision::Int8 => "scalar",
+            _ => "f32-scalar",
+        };
+        assert_eq!(c.kernel, want);
+        assert!(c.seconds > 0.0 && c.gops > 0.0);
+    }
+    let d = r.decode.expect("decode pass requested");
+    assert_eq!(d.matmuls, 7 + 1);
+    let bytes: usize = ork_device::bench::SMOLLM2_LAYER
+        .iter()
+        .chain([&ork_device::bench::SMOLLM2_HEAD])
+        .map(|&(k, n)| TiledLayout::new(PackDtype::I8, k, n).blob_bytes())
+        .sum();
+    assert_eq!(d.weight_bytes, bytes as u64);
+    assert_eq!(d.kernel, "scalar");
 }

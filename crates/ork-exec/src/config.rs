@@ -120,6 +120,31 @@ impl ModelConfig {
                 return Err(invalid(&key(name), "must be positive"));
             }
         }
+        // Counts size allocations (per-layer weights and KV cache, activations): refuse absurd
+        // ones before anything is allocated. Every block has tensors of its own, so a file
+        // cannot describe more blocks than it has tensors; widths are capped like the pack
+        // format's dimensions.
+        let n_tensors = gguf.tensors().len();
+        if n_layer > n_tensors {
+            return Err(invalid(
+                &key("block_count"),
+                &format!("{n_layer} blocks, but the file has only {n_tensors} tensors"),
+            ));
+        }
+        const MAX_WIDTH: usize = 1 << 24;
+        for (name, v) in [
+            ("embedding_length", n_embd),
+            ("feed_forward_length", n_ff),
+            ("attention.head_count", n_head),
+            ("attention.head_count_kv", n_head_kv),
+        ] {
+            if v > MAX_WIDTH {
+                return Err(invalid(
+                    &key(name),
+                    &format!("{v} exceeds the cap {MAX_WIDTH}"),
+                ));
+            }
+        }
         if n_head % n_head_kv != 0 {
             return Err(invalid(
                 &key("attention.head_count_kv"),
@@ -150,6 +175,12 @@ impl ModelConfig {
             })?,
         };
         let n_rot = opt_usize(gguf, &key("rope.dimension_count"))?.unwrap_or(head_dim_k);
+        if head_dim_k > MAX_WIDTH || head_dim_v > MAX_WIDTH {
+            return Err(invalid(
+                &key("attention.key_length"),
+                &format!("head size exceeds the cap {MAX_WIDTH}"),
+            ));
+        }
         if head_dim_k == 0 || head_dim_v == 0 {
             return Err(invalid(
                 &key("attention.key_length"),

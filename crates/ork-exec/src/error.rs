@@ -39,7 +39,7 @@ pub enum ExecError {
     TensorShape {
         /// Tensor name.
         tensor: String,
-        /// Dims the configuration implies (ne[0] first).
+        /// Dims the configuration implies (`ne[0]` first).
         expected: Vec<u64>,
         /// Dims in the file.
         found: Vec<u64>,
@@ -128,7 +128,7 @@ pub enum ExecError {
         what: String,
     },
     /// Perplexity needs at least two context windows of tokens.
-    #[error("perplexity needs at least {needed} tokens (2 × context {context}), got {got}")]
+    #[error("perplexity needs at least {needed} tokens (one window of {context}), got {got}")]
     NotEnoughTokens {
         /// Tokens needed.
         needed: usize,

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 /// A provider of matrix products with the model's 2-D weights.
 ///
-/// A weight named `weight` has GGUF dims `[K, N]` (ne[0] = K contiguous): N rows of K values.
+/// A weight named `weight` has GGUF dims `[K, N]` (`ne[0]` = K contiguous): N rows of K values.
 /// Implementations must be usable from several threads (`Sync`) and object-safe so the executor
 /// can hold a `&dyn Linear`.
 pub trait Linear: Sync {

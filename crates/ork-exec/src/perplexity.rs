@@ -51,7 +51,9 @@ pub fn perplexity(
                 .to_owned(),
         });
     }
-    let needed = 2 * n_ctx;
+    // One whole window is enough (llama-perplexity insists on two; `ork perplexity --chunks 1`
+    // asks for exactly one).
+    let needed = n_ctx;
     if tokens.len() < needed {
         return Err(ExecError::NotEnoughTokens {
             needed,

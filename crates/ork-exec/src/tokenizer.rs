@@ -316,14 +316,24 @@ impl Tokenizer {
             .iter()
             .enumerate()
             .map(|(i, m)| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
-                    .ok_or_else(|| {
-                        invalid(
+                let (a, b) = m.split_once(' ').ok_or_else(|| {
+                    invalid(
+                        "tokenizer.ggml.merges",
+                        &format!("entry {i} {m:?} is not 'left right'"),
+                    )
+                })?;
+                // Checked here, not left to the BPE builder: `tokenizers` 0.23 indexes past its
+                // buffer (a panic) when a merge's result is longer than every token, which a
+                // hostile file can arrange (found by fuzz/fuzz_targets/tokenizer.rs).
+                for part in [a, b, &format!("{a}{b}")] {
+                    if !map.contains_key(part) {
+                        return Err(invalid(
                             "tokenizer.ggml.merges",
-                            &format!("entry {i} {m:?} is not 'left right'"),
-                        )
-                    })
+                            &format!("entry {i} {m:?}: {part:?} is not in the vocabulary"),
+                        ));
+                    }
+                }
+                Ok((a.to_owned(), b.to_owned()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let bpe = BPE::builder()
@@ -734,6 +744,25 @@ mod tests {
         assert_eq!(s.push(ids[1]).unwrap(), "\u{FFFD}");
         assert_eq!(s.push(ids[0]).unwrap(), "");
         assert_eq!(s.finish(), "\u{FFFD}");
+    }
+
+    #[test]
+    fn a_merge_whose_result_is_not_a_token_is_an_error_not_a_panic() {
+        // From the tokenizer fuzz target: "ichuui" is longer than every token, which made the
+        // BPE builder index past its buffer.
+        for merges in [vec!["ich uui"], vec!["ich zz"], vec!["zz ich"]] {
+            let r = Tokenizer::new(Vocabulary {
+                model: "gpt2".into(),
+                pre: "smollm".into(),
+                tokens: vec!["ich".into(), "uui".into()],
+                merges: merges.iter().map(|m| m.to_string()).collect(),
+                ..Vocabulary::default()
+            });
+            assert!(
+                matches!(r, Err(ExecError::InvalidMetadata { ref key, .. }) if key == "tokenizer.ggml.merges"),
+                "{merges:?}: {r:?}"
+            );
+        }
     }
 
     #[test]

@@ -8,9 +8,9 @@ use rayon::prelude::*;
 pub struct WeightSpec {
     /// Tensor name in the GGUF.
     pub name: String,
-    /// Input width (ne[0]).
+    /// Input width (`ne[0]`).
     pub k: usize,
-    /// Output width (ne[1]).
+    /// Output width (`ne[1]`).
     pub n: usize,
 }
 
@@ -35,6 +35,9 @@ pub(crate) fn tensor_info<'g>(
 
 /// Rows of a tensor as stored: the bytes of each row of `dims[0]` values are contiguous.
 pub(crate) struct RowTable<'g> {
+    /// The file the rows are borrowed from (checked after each read: a model cut short while
+    /// open reads zeros instead of faulting, see `GgufFile::check_intact`).
+    gguf: &'g GgufFile,
     pub(crate) name: String,
     pub(crate) ty: GgmlType,
     pub(crate) data: &'g [u8],
@@ -64,6 +67,7 @@ impl<'g> RowTable<'g> {
             });
         }
         Ok(RowTable {
+            gguf,
             name: name.to_owned(),
             ty: info.ty,
             data,
@@ -78,7 +82,8 @@ impl<'g> RowTable<'g> {
         let n = out.len() / self.row_len;
         debug_assert!(r0 + n <= self.rows && out.len().is_multiple_of(self.row_len));
         let src = &self.data[r0 * self.row_bytes..(r0 + n) * self.row_bytes];
-        dequant::dequantize(self.ty, src, out).map_err(ExecError::from)
+        dequant::dequantize(self.ty, src, out).map_err(ExecError::from)?;
+        self.gguf.check_intact(&self.name).map_err(ExecError::from)
     }
 
     /// Dequantize the whole tensor, in parallel over groups of rows.

@@ -17,6 +17,39 @@ pub enum GgufError {
         /// OS error.
         source: std::io::Error,
     },
+    /// The path names a directory, FIFO, device or socket, not a regular file.
+    #[error("{path}: is {kind}, not a regular file")]
+    NotRegularFile {
+        /// File.
+        path: PathBuf,
+        /// What it is ("a directory", "a FIFO", …).
+        kind: &'static str,
+    },
+    /// The file changed while open (cut short by another program): bytes read from it since
+    /// may be zeros instead of the file's, so the result that used them is refused.
+    #[error("{path}: changed while open, reading tensor '{tensor}': {source}")]
+    Changed {
+        /// File.
+        path: PathBuf,
+        /// The tensor being read when the change was noticed.
+        tensor: String,
+        /// What was noticed (`UnexpectedEof`).
+        source: std::io::Error,
+    },
+    /// Two tensors' data ranges overlap.
+    #[error("{path}: tensor '{tensor}' ({offset}+{size}) overlaps tensor '{other}'")]
+    OverlappingTensors {
+        /// File.
+        path: PathBuf,
+        /// The tensor that starts inside the other's data.
+        tensor: String,
+        /// The tensor whose data it overlaps.
+        other: String,
+        /// Absolute offset of `tensor`'s data.
+        offset: u64,
+        /// Byte size of `tensor`'s data.
+        size: u64,
+    },
     /// A structural problem at a byte offset that has no more specific variant (invalid UTF-8,
     /// a bool that is neither 0 nor 1, a badly typed `general.alignment`, …).
     #[error("{path}: {what} (at byte {offset})")]

@@ -1,9 +1,58 @@
 //! GGUF container: metadata values, tensor infos and the open file.
-use crate::mmap::Map;
+use crate::mmap::GuardedMap;
 use crate::parse::{self, Header};
 use crate::{dequant, GgmlType, GgufError};
 use std::fs::File;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+/// Why [`open_regular`] refused a path.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OpenRegularError {
+    /// `open` or `fstat` failed.
+    Io(std::io::Error),
+    /// The path names something other than a regular file (the kind: "a directory", "a FIFO",
+    /// "a character device", "a block device", "a socket").
+    NotRegular(&'static str),
+}
+
+/// Open `path` read-only if it is a regular file (symlinks followed). The open never blocks:
+/// it uses `O_NONBLOCK` (a FIFO would otherwise wait for a writer forever), then `fstat`s the
+/// opened file, so what is checked is what was opened.
+pub fn open_regular(path: &Path) -> Result<File, OpenRegularError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(OpenRegularError::Io)?;
+    let ft = file.metadata().map_err(OpenRegularError::Io)?.file_type();
+    if ft.is_file() {
+        return Ok(file);
+    }
+    Err(OpenRegularError::NotRegular(describe_kind(ft)))
+}
+
+/// "a directory", "a FIFO", … for a file type that is not a regular file.
+pub fn describe_kind(ft: std::fs::FileType) -> &'static str {
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else if ft.is_file() {
+        "a regular file"
+    } else {
+        "not a regular file"
+    }
+}
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -114,7 +163,7 @@ impl TensorInfo {
 
 /// Where the file's bytes live.
 enum Bytes {
-    Mapped(Map),
+    Mapped(GuardedMap),
     Owned(Vec<u8>),
 }
 
@@ -143,16 +192,25 @@ impl std::fmt::Debug for GgufFile {
 impl GgufFile {
     /// Map and validate.
     ///
-    /// The file must not be truncated or rewritten while it is open (as with any mmap reader:
-    /// truncation makes later reads fault, rewriting changes the bytes under the borrows).
+    /// Only a regular file is opened (a FIFO, device or directory is refused with
+    /// [`GgufError::NotRegularFile`], without blocking). If the file is cut short by another
+    /// program while it is open, reads of the vanished bytes yield zeros instead of killing the
+    /// process; [`GgufFile::check_intact`] reports it, and callers check it after reading.
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
         let io = |source| GgufError::Io {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
-        let map = Map::new(&file).map_err(io)?;
+        let file = open_regular(path).map_err(|e| match e {
+            OpenRegularError::Io(e) => io(e),
+            OpenRegularError::NotRegular(kind) => GgufError::NotRegularFile {
+                path: path.to_path_buf(),
+                kind,
+            },
+        })?;
+        let map = GuardedMap::new(file).map_err(io)?;
         let header = parse::parse(map.bytes(), path)?;
+        map.intact().map_err(io)?;
         Ok(GgufFile {
             path: path.to_path_buf(),
             bytes: Bytes::Mapped(map),
@@ -243,6 +301,20 @@ impl GgufFile {
         let start = usize::try_from(offset).ok()?;
         let end = start.checked_add(usize::try_from(len).ok()?)?;
         self.bytes().get(start..end)
+    }
+
+    /// Check that the bytes read from the file so far were the file's: it was not cut short
+    /// while open (see the crate docs). `tensor` names what was just read, for the error.
+    /// Always `Ok` for in-memory files.
+    pub fn check_intact(&self, tensor: &str) -> Result<(), GgufError> {
+        let Bytes::Mapped(map) = &self.bytes else {
+            return Ok(());
+        };
+        map.intact().map_err(|source| GgufError::Changed {
+            path: self.path.clone(),
+            tensor: tensor.to_owned(),
+            source,
+        })
     }
 
     /// Drop the page-aligned interior of the tensor's pages (madvise DONTNEED).

@@ -36,5 +36,6 @@ mod types;
 pub mod writer;
 
 pub use error::GgufError;
-pub use file::{GgufFile, MetaValue, TensorInfo};
+pub use file::{describe_kind, open_regular, GgufFile, MetaValue, OpenRegularError, TensorInfo};
+pub use mmap::GuardedMap;
 pub use types::GgmlType;

@@ -383,6 +383,24 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Header, GgufError> {
         }
         t.offset = abs;
     }
+    // No two tensors may share bytes (a crafted file could alias one weight's data as
+    // another's, which no writer produces).
+    let mut order: Vec<usize> = (0..tensors.len())
+        .filter(|&i| tensors[i].size > 0)
+        .collect();
+    order.sort_unstable_by_key(|&i| tensors[i].offset);
+    for w in order.windows(2) {
+        let (a, b) = (&tensors[w[0]], &tensors[w[1]]);
+        if b.offset < a.offset + a.size {
+            return Err(GgufError::OverlappingTensors {
+                path: path.to_path_buf(),
+                tensor: b.name.clone(),
+                other: a.name.clone(),
+                offset: b.offset,
+                size: b.size,
+            });
+        }
+    }
 
     Ok(Header {
         version,

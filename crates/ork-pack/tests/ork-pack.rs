@@ -489,18 +489,7 @@ fn gguf_rows_refuse_non_matrices() {
 /// The real model (SmolLM2-135M-Instruct Q4_1): `ORK_MODEL` or the path `scripts/fetch-model.sh`
 /// downloads to.
 fn model() -> ork_gguf::GgufFile {
-    let path = std::env::var_os("ORK_MODEL")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.exists(),
-        "real model not found at {}: run scripts/fetch-model.sh (or set ORK_MODEL)",
-        path.display()
-    );
-    ork_gguf::GgufFile::open(&path).expect("open model")
+    ork_gguf::GgufFile::open(&ork_testkit::model_path()).expect("open model")
 }
 
 #[test]

@@ -134,6 +134,13 @@ fn pack_from(
     let rows = GgufRows::new(model, t).map_err(pack_err)?;
     let (_, n) = matmul_dims(t)?;
     let mut scales = vec![0f32; n];
-    ork_pack::pack_into(&rows, dtype, dst, &mut scales).map_err(pack_err)?;
+    let packed = ork_pack::pack_into(&rows, dtype, dst, &mut scales);
+    // The model cut short while being read: the bytes packed may be zeros, not the weight.
+    model
+        .check_intact(name)
+        .map_err(|source| ork_store::StoreError::Source {
+            source: Box::new(source),
+        })?;
+    packed.map_err(pack_err)?;
     Ok(scales)
 }

@@ -101,6 +101,135 @@ pub struct ConvertReport {
     pub discarded: Option<String>,
     /// Entries of the existing file that were repacked, with the reason (stale / corrupt).
     pub repacked: Vec<(String, String)>,
+    /// Why the file was (re)written, when it was (`None`: reused untouched) — for a line on
+    /// stderr.
+    pub rebuild: Option<RebuildReason>,
+}
+
+/// Why [`ensure`] (re)wrote a pack file.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum RebuildReason {
+    /// There was no file.
+    Missing,
+    /// [`convert`] always builds from scratch.
+    Requested,
+    /// The file was empty.
+    Empty,
+    /// The file was shorter than its header says (an interrupted copy, a cut download).
+    Truncated {
+        /// Length the header records.
+        expected: u64,
+        /// Actual length.
+        actual: u64,
+    },
+    /// The file is of another format version.
+    OtherVersion {
+        /// Its version.
+        found: u32,
+    },
+    /// The header, footer or index was damaged (the store error's text).
+    Corrupt {
+        /// What was wrong.
+        detail: String,
+    },
+    /// The entries hold another dtype than the one asked for.
+    OtherDtype {
+        /// The dtype in the file.
+        found: PackDtype,
+        /// The dtype asked for.
+        wanted: PackDtype,
+    },
+    /// Entries packed from a different source tensor (the model changed).
+    Stale {
+        /// How many.
+        count: usize,
+        /// The first one and why.
+        tensor: String,
+        /// What differs.
+        reason: String,
+    },
+    /// Entries whose blob or scales fail their checksum.
+    CorruptEntries {
+        /// How many.
+        count: usize,
+        /// The first one.
+        tensor: String,
+        /// What failed.
+        reason: String,
+    },
+    /// Weights of the model without an entry.
+    MissingEntries {
+        /// How many.
+        count: usize,
+    },
+    /// Entries for tensors the model does not have.
+    ExtraEntries {
+        /// How many.
+        count: usize,
+    },
+}
+
+impl std::fmt::Display for RebuildReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RebuildReason::Missing => write!(f, "no pack file yet"),
+            RebuildReason::Requested => write!(f, "converting from scratch"),
+            RebuildReason::Empty => write!(f, "the pack file is empty"),
+            RebuildReason::Truncated { expected, actual } => write!(
+                f,
+                "the pack file is truncated ({actual} bytes, expected {expected})"
+            ),
+            RebuildReason::OtherVersion { found } => {
+                write!(f, "the pack file has format version {found}")
+            }
+            RebuildReason::Corrupt { detail } => write!(f, "the pack file is corrupt: {detail}"),
+            RebuildReason::OtherDtype { found, wanted } => write!(
+                f,
+                "the pack holds dtype {}, {} was asked for",
+                found.name(),
+                wanted.name()
+            ),
+            RebuildReason::Stale {
+                count,
+                tensor,
+                reason,
+            } => write!(
+                f,
+                "{count} stale entries (the model changed; first: '{tensor}': {reason})"
+            ),
+            RebuildReason::CorruptEntries {
+                count,
+                tensor,
+                reason,
+            } => write!(f, "{count} corrupt entries (first: '{tensor}': {reason})"),
+            RebuildReason::MissingEntries { count } => {
+                write!(f, "{count} weights of the model have no entry")
+            }
+            RebuildReason::ExtraEntries { count } => {
+                write!(f, "{count} entries for tensors the model does not have")
+            }
+        }
+    }
+}
+
+/// The reason for a whole file that cannot be used.
+fn unusable_reason(e: &StoreError) -> RebuildReason {
+    match e {
+        StoreError::Truncated { actual: 0, .. } => RebuildReason::Empty,
+        StoreError::Truncated {
+            expected, actual, ..
+        } => RebuildReason::Truncated {
+            expected: *expected,
+            actual: *actual,
+        },
+        StoreError::UnsupportedVersion { found, .. } => {
+            RebuildReason::OtherVersion { found: *found }
+        }
+        other => RebuildReason::Corrupt {
+            detail: other.to_string(),
+        },
+    }
 }
 
 /// The model's matmul weights — every 2-D tensor — in the order a forward pass uses them:
@@ -178,25 +307,40 @@ pub fn ensure(
     opts: &ConvertOptions<'_>,
 ) -> Result<(Orkpack, ConvertReport), StoreError> {
     let started = Instant::now();
-    let (existing, discarded) = match Orkpack::open(path) {
-        Ok(p) => (Some(p), None),
-        Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            (None, None)
+    let target = crate::resolve_target(path, Some(model.path()))?;
+    let (existing, discarded) = if !target.exists {
+        (None, None)
+    } else {
+        match Orkpack::open(&target.path) {
+            Ok(p) => (Some(p), None),
+            Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                (None, None)
+            }
+            Err(e @ StoreError::Io { .. }) => return Err(e),
+            Err(e) => (None, Some(e)),
         }
-        Err(e @ StoreError::Io { .. }) => return Err(e),
-        Err(e) => (None, Some(e.to_string())),
     };
     let plan = Plan::new(model, opts)?;
     let mut report = ConvertReport {
-        discarded,
+        rebuild: Some(match &discarded {
+            Some(e) => unusable_reason(e),
+            None => RebuildReason::Missing,
+        }),
+        discarded: discarded.map(|e| e.to_string()),
         ..ConvertReport::default()
     };
     let mut reusable: HashSet<&str> = HashSet::new();
     if let Some(old) = &existing {
+        let (mut missing, mut stale, mut corrupt) = (0usize, Vec::new(), Vec::new());
+        let mut other_dtype = None;
         for (t, key) in plan.weights.iter().zip(&plan.keys) {
             let Some(e) = old.entry(&t.name) else {
+                missing += 1;
                 continue;
             };
+            if e.layout().dtype != key.layout.dtype {
+                other_dtype = Some((e.layout().dtype, key.layout.dtype));
+            }
             let status = if opts.verify {
                 check_entry_key(old, e, key)
             } else {
@@ -209,14 +353,45 @@ pub fn ensure(
                 EntryStatus::Valid => {
                     reusable.insert(&t.name);
                 }
-                EntryStatus::Stale { reason } | EntryStatus::Corrupt { reason } => {
+                EntryStatus::Stale { reason } => {
+                    stale.push((t.name.clone(), reason.clone()));
+                    report.repacked.push((t.name.clone(), reason));
+                }
+                EntryStatus::Corrupt { reason } => {
+                    corrupt.push((t.name.clone(), reason.clone()));
                     report.repacked.push((t.name.clone(), reason));
                 }
             }
         }
+        let extra = old
+            .entries()
+            .len()
+            .saturating_sub(plan.weights.len() - missing);
+        report.rebuild = if let Some((found, wanted)) = other_dtype {
+            Some(RebuildReason::OtherDtype { found, wanted })
+        } else if let Some((tensor, reason)) = corrupt.first().cloned() {
+            Some(RebuildReason::CorruptEntries {
+                count: corrupt.len(),
+                tensor,
+                reason,
+            })
+        } else if let Some((tensor, reason)) = stale.first().cloned() {
+            Some(RebuildReason::Stale {
+                count: stale.len(),
+                tensor,
+                reason,
+            })
+        } else if missing > 0 {
+            Some(RebuildReason::MissingEntries { count: missing })
+        } else if extra > 0 {
+            Some(RebuildReason::ExtraEntries { count: extra })
+        } else {
+            None
+        };
         let all_valid = reusable.len() == plan.weights.len();
         if all_valid && old.entries().len() == plan.weights.len() {
             let old = existing.expect("checked above");
+            report.rebuild = None;
             report.reused = plan.weights.len();
             report.bytes_out = old.entries().iter().map(entry_bytes).sum();
             for (i, t) in plan.weights.iter().enumerate() {
@@ -237,7 +412,7 @@ pub fn ensure(
     let reuse = |name: &str| reusable.contains(name);
     write_pack(
         model,
-        path,
+        &target.path,
         &plan,
         existing.as_ref(),
         &reuse,
@@ -254,14 +429,18 @@ pub fn convert(
     opts: &ConvertOptions<'_>,
 ) -> Result<(Orkpack, ConvertReport), StoreError> {
     let started = Instant::now();
+    let target = crate::resolve_target(path, Some(model.path()))?;
     let plan = Plan::new(model, opts)?;
     write_pack(
         model,
-        path,
+        &target.path,
         &plan,
         None,
         &|_| false,
-        ConvertReport::default(),
+        ConvertReport {
+            rebuild: Some(RebuildReason::Requested),
+            ..ConvertReport::default()
+        },
         started,
     )
 }
@@ -296,6 +475,13 @@ impl<'m, 'o> Plan<'m, 'o> {
                 key
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(t) = weights.last() {
+            model
+                .check_intact(&t.name)
+                .map_err(|source| StoreError::Source {
+                    source: Box::new(source),
+                })?;
+        }
         let fps: Vec<u64> = keys.iter().map(|k| k.source.fingerprint).collect();
         let identity = identity_of(model, &fps);
         let pool = match opts.threads {
@@ -400,5 +586,11 @@ fn pack_tensor(
         Some(pool) => ork_pack::pack_in(pool, &rows, plan.opts.dtype),
         None => ork_pack::pack(&rows, plan.opts.dtype),
     };
+    // The model cut short while being read: what was packed may be zeros, not the weight.
+    model
+        .check_intact(&t.name)
+        .map_err(|source| StoreError::Source {
+            source: Box::new(source),
+        })?;
     packed.map_err(wrap)
 }

@@ -1,6 +1,16 @@
 //! Errors of the store layer.
 use std::path::PathBuf;
 
+/// The `op`s of [`StoreError::Io`] that mean a pack could not be written.
+const WRITE_OPS: [&str; 6] = [
+    "create temp file",
+    "write",
+    "write header",
+    "fsync",
+    "rename temp file over target",
+    "fsync directory",
+];
+
 /// Everything that can go wrong reading, writing or filling an `.orkpack` file. Each variant
 /// names the file and, where there is one, the tensor and the byte offset.
 #[derive(Debug, thiserror::Error)]
@@ -16,6 +26,35 @@ pub enum StoreError {
         op: &'static str,
         /// OS error.
         source: std::io::Error,
+    },
+    /// The path names a directory, FIFO, device or socket, not a regular file (refused on open,
+    /// and as a write target).
+    #[error("{path}: is {kind}, not a regular file")]
+    NotRegularFile {
+        /// The path as given.
+        path: PathBuf,
+        /// What it is ("a directory", "a FIFO", …).
+        kind: &'static str,
+    },
+    /// The pack target is the model file itself (same device and inode: another spelling, a
+    /// symlink or a hard link); nothing was written.
+    #[error(
+        "{path}: is the model {model} itself; refusing to overwrite it (pass another --pack / -o)"
+    )]
+    WouldOverwriteModel {
+        /// The pack path as given.
+        path: PathBuf,
+        /// The model path as given.
+        model: PathBuf,
+    },
+    /// The pack target exists and may not be replaced (not an `.orkpack`, a dangling symlink, …);
+    /// nothing was written.
+    #[error("{path}: refusing to replace it: {reason}")]
+    RefuseOverwrite {
+        /// The pack path as given.
+        path: PathBuf,
+        /// Why.
+        reason: String,
     },
     /// The file does not start (or end) with the `.orkpack` magic.
     #[error("{path}: not an .orkpack file (magic {found:02x?})")]
@@ -136,6 +175,12 @@ pub enum StoreError {
         /// `Result` of this crate).
         source: Box<ork_pack::PackError>,
     },
+    /// The model file could not be read correctly (it changed while open).
+    #[error(transparent)]
+    Source {
+        /// The GGUF layer's error, naming file and tensor (boxed, see `Pack`).
+        source: Box<ork_gguf::GgufError>,
+    },
     /// The pack thread pool could not be built.
     #[error("building the pack thread pool: {reason}")]
     Threads {
@@ -153,6 +198,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether this is a failure to *write* a pack (the temp file cannot be created, a write,
+    /// fsync or the rename fails: a read-only directory, a full disk, a quota) rather than a
+    /// problem with the files themselves. A caller may then run without the cache.
+    pub fn is_write_failure(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Io { op, .. } if WRITE_OPS.contains(op)
+        )
+    }
+
     /// Shorthand for [`StoreError::Io`].
     pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
         StoreError::Io {

@@ -18,7 +18,7 @@
 //! 130 for Ctrl-C). An application that wants to survive these signals must not hold an
 //! `OrkpackWriter` when they arrive. kill -9 cannot be handled: its temp file is removed by the
 //! next writer of the same target.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
@@ -30,18 +30,19 @@ mod convert;
 mod error;
 mod fingerprint;
 pub mod format;
-#[allow(unsafe_code)]
 mod map;
 mod reader;
+mod target;
 mod writer;
 
 pub use bench::{bench_load, LoadBench};
 pub use check::{check_entry, check_entry_key, matmul_dims, EntryKey, EntryStatus};
 pub use convert::{
     convert, ensure, matmul_weights, model_identity, Action, ConvertOptions, ConvertReport,
-    Progress,
+    Progress, RebuildReason,
 };
 pub use error::StoreError;
 pub use fingerprint::{fingerprint, fingerprint_bytes, FULL_HASH_LIMIT};
 pub use reader::{Entry, ModelIdentity, Orkpack, SourceInfo};
+pub use target::{resolve_target, PackTarget};
 pub use writer::OrkpackWriter;

@@ -1,7 +1,6 @@
 //! [`Orkpack`]: a validated, memory-mapped `.orkpack` file.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -15,6 +14,7 @@ use crate::format::{
 };
 use crate::map::ReadMap;
 use crate::StoreError;
+use ork_gguf::GuardedMap;
 
 /// Where an entry's weight came from: the staleness key stored beside every blob.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -92,11 +92,9 @@ impl Entry {
 /// Blob contents are verified against their checksums when loaded (see [`Orkpack::load_into`]).
 pub struct Orkpack {
     path: PathBuf,
+    /// The bytes; a mapping reports (`intact`) whether the file was cut short under it, so a
+    /// file cut short in place while open gives an error naming the tensor instead of SIGBUS.
     map: ReadMap,
-    /// The open file: before a blob is copied out of the map, its current length is checked so
-    /// that a file cut short in place while open gives an error naming the tensor instead of
-    /// SIGBUS. `None` for in-memory images.
-    file: Option<File>,
     identity: Option<ModelIdentity>,
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
@@ -126,15 +124,24 @@ const CHUNK: usize = 4 * 1024;
 impl Orkpack {
     /// Map and validate an `.orkpack` file: magic, version, flags, header/footer/index checksums,
     /// and every entry's bounds, alignment and sizes (against `TiledLayout::blob_bytes`).
+    ///
+    /// Only a regular file is opened: a FIFO, device or directory is refused with
+    /// [`StoreError::NotRegularFile`] without blocking.
     pub fn open(path: &Path) -> Result<Orkpack, StoreError> {
-        let file = File::open(path).map_err(|e| StoreError::io(path, "open", e))?;
-        let len = file
-            .metadata()
-            .map_err(|e| StoreError::io(path, "stat", e))?
-            .len();
-        let map = ReadMap::new(&file, len).map_err(|e| StoreError::io(path, "mmap", e))?;
-        let mut pack = Orkpack::from_map(path.to_path_buf(), map)?;
-        pack.file = Some(file);
+        let file = ork_gguf::open_regular(path).map_err(|e| match e {
+            ork_gguf::OpenRegularError::NotRegular(kind) => StoreError::NotRegularFile {
+                path: path.to_path_buf(),
+                kind,
+            },
+            ork_gguf::OpenRegularError::Io(e) => StoreError::io(path, "open", e),
+            _ => StoreError::io(path, "open", std::io::Error::other("cannot open")),
+        })?;
+        let map = GuardedMap::new(file).map_err(|e| StoreError::io(path, "mmap", e))?;
+        let pack = Orkpack::from_map(path.to_path_buf(), ReadMap::Mapped(map))?;
+        // Cut short while being validated: the zeros read would have failed a checksum; say so.
+        pack.map
+            .intact()
+            .map_err(|e| StoreError::io(path, "read", e))?;
         Ok(pack)
     }
 
@@ -157,7 +164,6 @@ impl Orkpack {
         Ok(Orkpack {
             path,
             map,
-            file: None,
             identity: parsed.identity,
             entries,
             by_name,
@@ -250,33 +256,32 @@ impl Orkpack {
         hash: bool,
     ) -> Result<u64, StoreError> {
         let end = offset + dst.len() as u64;
-        if let Some(file) = &self.file {
-            // The map is only safe to read while the file still covers it: a file cut short in
-            // place (by another program) would turn the copy into SIGBUS. Check the open file's
-            // current length first (one fstat per load); what remains is the window between this
-            // check and the copy.
-            let len = file
-                .metadata()
-                .map(|m| m.len())
-                .map_err(|source| self.unreadable(e, what, source))?;
-            if len < end {
-                return Err(self.unreadable(
-                    e,
-                    what,
-                    std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        format!("the file was cut to {len} bytes while open; the {what} ends at byte {end}"),
-                    ),
-                ));
-            }
-        }
+        // A file cut short in place by another program does not fault here: vanished pages
+        // read as zeros (`GuardedMap`), and `intact` — checked before, so nothing is copied in
+        // vain, and after, so nothing read during the cut is trusted — reports it.
+        let check = || {
+            self.map
+                .intact()
+                .map_err(|source| self.unreadable(e, what, source))
+        };
+        check()?;
         let src = &self.map.bytes()[offset as usize..end as usize];
-        Ok(if hash {
+        let h = if hash {
             copy_and_hash(src, dst)
         } else {
             dst.copy_from_slice(src);
             0
-        })
+        };
+        check()?;
+        Ok(h)
+    }
+
+    /// `Ok` if every byte read from the file so far was the file's (it was not cut short while
+    /// open); otherwise [`StoreError::BlobUnreadable`] for `e`.
+    pub(crate) fn check_intact(&self, e: &Entry, what: &'static str) -> Result<(), StoreError> {
+        self.map
+            .intact()
+            .map_err(|source| self.unreadable(e, what, source))
     }
 
     fn unreadable(&self, e: &Entry, what: &'static str, source: std::io::Error) -> StoreError {
@@ -289,13 +294,32 @@ impl Orkpack {
     }
 
     /// Check an entry's blob and scales against their checksums without copying.
+    ///
+    /// Also checks that the scales are finite: a NaN or infinite scale with a valid checksum
+    /// (a file written by another tool, or damaged before it was checksummed) is refused as
+    /// [`StoreError::CorruptBlob`] naming the tensor.
     pub fn verify(&self, e: &Entry) -> Result<(), StoreError> {
         let e = self.own(e);
-        if xxh3(self.blob(e)) != e.blob_checksum {
+        let blob_ok = xxh3(self.blob(e)) == e.blob_checksum;
+        self.map
+            .intact()
+            .map_err(|source| self.unreadable(e, "blob", source))?;
+        if !blob_ok {
             return Err(self.corrupt(e, "blob checksum"));
         }
-        if xxh3(self.scale_bytes(e)) != e.scale_checksum {
+        let scales = self.scale_bytes(e);
+        let scales_ok = xxh3(scales) == e.scale_checksum;
+        self.map
+            .intact()
+            .map_err(|source| self.unreadable(e, "scales", source))?;
+        if !scales_ok {
             return Err(self.corrupt(e, "scale checksum"));
+        }
+        if let Some(i) = scales
+            .chunks_exact(4)
+            .position(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite())
+        {
+            return Err(self.corrupt(e, &format!("scale of output channel {i} (not finite)")));
         }
         Ok(())
     }
@@ -307,10 +331,14 @@ impl Orkpack {
         if self.read_range(e, "scales", e.scale_offset, &mut bytes, true)? != e.scale_checksum {
             return Err(self.corrupt(e, "scale checksum"));
         }
-        Ok(bytes
+        let scales: Vec<f32> = bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+            .collect();
+        if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
+            return Err(self.corrupt(e, &format!("scale of output channel {i} (not finite)")));
+        }
+        Ok(scales)
     }
 
     /// Load a whole packed weight by name (blob verified when `verify`, scales always).

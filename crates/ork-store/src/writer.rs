@@ -115,13 +115,13 @@ impl Drop for Temp {
     }
 }
 
-/// Name prefix of a target's temp files: `.NAME.tmp.` (then `<pid>.<random>`).
-fn temp_prefix(target: &Path) -> Option<OsString> {
-    let name = target.file_name()?;
-    let mut p = OsString::from(".");
-    p.push(name);
-    p.push(".tmp.");
-    Some(p)
+/// Name prefix of the writers' temp files: `.orkpack-tmp.` (then `<pid>.<random>`). Short and
+/// independent of the target's name, so a target whose name is near the file-name limit (255
+/// bytes) still gets a temp file in its directory.
+const TEMP_PREFIX: &str = ".orkpack-tmp.";
+
+fn temp_prefix() -> OsString {
+    OsString::from(TEMP_PREFIX)
 }
 
 /// Remove temp files of `target` left behind by processes that no longer exist (kill -9, power
@@ -163,7 +163,10 @@ fn remove_stale_temps(dir: &Path, prefix: &OsString) {
 /// atomically replaces the target. Dropping the writer before `finish` deletes the temp file and
 /// leaves the target untouched.
 pub struct OrkpackWriter {
+    /// The target as given (for messages).
     target: PathBuf,
+    /// The file the rename replaces ([`crate::resolve_target`]: symlinks written through).
+    dest: PathBuf,
     // Field order = drop order: the buffered file is closed before its temp path is deleted.
     out: BufWriter<File>,
     temp: Temp,
@@ -190,18 +193,17 @@ impl std::fmt::Debug for OrkpackWriter {
 const ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
 
 impl OrkpackWriter {
-    /// Start writing a new file that will replace `target` on [`OrkpackWriter::finish`]. The
-    /// temp file `.NAME.tmp.<pid>.<random>` is created in the target's directory; stale temps
-    /// of dead processes for the same target are removed first.
+    /// Start writing a new file that will replace `target` on [`OrkpackWriter::finish`].
+    ///
+    /// `target` must be allowed to be replaced ([`crate::resolve_target`]: no file, an empty
+    /// file, or a regular file carrying the `.orkpack` magic; a symlink is written through);
+    /// otherwise nothing is created and the error says why. The temp file
+    /// `.orkpack-tmp.<pid>.<random>` is created in the directory of the file being replaced;
+    /// stale temps of dead processes there are removed first.
     pub fn create(target: &Path) -> Result<OrkpackWriter, StoreError> {
-        let prefix = temp_prefix(target).ok_or_else(|| {
-            StoreError::io(
-                target,
-                "create",
-                std::io::Error::new(std::io::ErrorKind::InvalidInput, "target has no file name"),
-            )
-        })?;
-        let dir = match target.parent() {
+        let dest = crate::resolve_target(target, None)?.path;
+        let prefix = temp_prefix();
+        let dir = match dest.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
@@ -226,6 +228,7 @@ impl OrkpackWriter {
         };
         let mut w = OrkpackWriter {
             target: target.to_path_buf(),
+            dest,
             out: BufWriter::with_capacity(1 << 20, file),
             temp,
             pos: 0,
@@ -361,7 +364,14 @@ impl OrkpackWriter {
             from.blob(e),
             e.blob_checksum(),
             &scale_bytes,
-        )
+        )?;
+        // Cut short while being copied: the bytes written may be zeros; refuse the entry (the
+        // caller repacks it).
+        if let Err(err) = from.check_intact(e, "blob") {
+            self.broken = true;
+            return Err(err);
+        }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -461,6 +471,7 @@ impl OrkpackWriter {
         debug_assert_eq!(HEADER_LEN, header.as_bytes().len());
 
         let target = self.target.clone();
+        let dest = self.dest.clone();
         let t = &target;
         let io = |op: &'static str| move |e| StoreError::io(t, op, e);
         self.out.flush().map_err(io("write"))?;
@@ -470,9 +481,9 @@ impl OrkpackWriter {
         file.sync_all().map_err(io("fsync"))?;
         let OrkpackWriter { temp, out, .. } = self;
         drop(out);
-        temp.publish(&target)
+        temp.publish(&dest)
             .map_err(io("rename temp file over target"))?;
-        let dir = match target.parent() {
+        let dir = match dest.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
         };
@@ -510,11 +521,15 @@ mod tests {
     }
 
     #[test]
-    fn temp_prefix_names_the_target() {
+    fn temp_names_are_short_whatever_the_target() {
+        let dir = tempfile::tempdir().unwrap();
+        // 250 bytes: the old `.NAME.tmp.<pid>.<random>` temp name would exceed NAME_MAX.
+        let target = dir.path().join(format!("{}.orkpack", "x".repeat(242)));
+        let w = OrkpackWriter::create(&target).unwrap();
+        assert!(w.temp_path().file_name().unwrap().len() < 40);
         assert_eq!(
-            temp_prefix(Path::new("/x/model.orkpack")).unwrap(),
-            OsString::from(".model.orkpack.tmp.")
+            w.temp_path().parent(),
+            Some(&*std::fs::canonicalize(dir.path()).unwrap())
         );
-        assert!(temp_prefix(Path::new("/")).is_none());
     }
 }

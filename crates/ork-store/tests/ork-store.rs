@@ -14,12 +14,15 @@ use ork_store::{
     check_entry_key, EntryKey, EntryStatus, ModelIdentity, Orkpack, OrkpackWriter, SourceInfo,
     StoreError,
 };
+use ork_testkit::SmallFs;
 use proptest::prelude::*;
 use xxhash_rust::xxh3::xxh3_64;
 use zerocopy::{FromBytes, IntoBytes};
 
 #[path = "ork-store/gguf_model.rs"]
 mod gguf_model;
+#[path = "ork-store/target.rs"]
+mod target;
 
 /// A deterministic synthetic packed weight.
 fn weight(dtype: PackDtype, k: usize, n: usize, seed: u32) -> PackedWeight {
@@ -507,7 +510,7 @@ fn dropping_an_unfinished_writer_leaves_no_temp_and_keeps_target() {
         let temp = w.temp_path().to_path_buf();
         assert_eq!(temp.parent(), Some(dir.path()), "temp beside the target");
         let name = temp.file_name().unwrap().to_str().unwrap().to_string();
-        let prefix = format!(".m.orkpack.tmp.{}.", std::process::id());
+        let prefix = format!(".orkpack-tmp.{}.", std::process::id());
         assert!(name.starts_with(&prefix), "{name}");
         w.add("x", &entries[3].1, entries[3].2).unwrap();
         assert!(temp.exists());
@@ -791,32 +794,6 @@ fn sigint_mid_write_removes_the_temp() {
 // ---------------------------------------------------------------------------------------------
 // Full disk.
 
-/// A tmpfs of `size` mounted on a fresh directory, unmounted on drop.
-struct SmallFs {
-    dir: tempfile::TempDir,
-}
-
-impl SmallFs {
-    fn mount(size: &str) -> Result<SmallFs, String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .map_err(|e| format!("running mount: {e}"))?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
-        Ok(SmallFs { dir })
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
-    }
-}
-
 #[test]
 fn full_disk_errors_keeps_target_and_removes_temp() {
     let fs = match SmallFs::mount("1m") {
@@ -826,7 +803,7 @@ fn full_disk_errors_keeps_target_and_removes_temp() {
             return full_disk_by_rlimit();
         }
     };
-    let dir = fs.dir.path();
+    let dir = fs.path();
     let path = dir.join("m.orkpack");
     let entries = sample_entries();
     write_pack(&path, &entries[..2]);

@@ -315,6 +315,24 @@ fn perplexity_is_finite_and_plausible() {
     let ppl = v["ppl"].as_f64().unwrap();
     // Repeated text is very predictable: far below the vocabulary size, and above 1.
     assert!(ppl > 1.0 && ppl < 50.0, "{v}");
+    assert_eq!(v["chunks"], 2, "--chunks is honoured exactly: {v}");
+    // One chunk is one chunk (it used to be silently raised to two).
+    let o = run(&[
+        "perplexity",
+        "--model",
+        m.to_str().unwrap(),
+        "--pack",
+        pack.to_str().unwrap(),
+        "--file",
+        text.to_str().unwrap(),
+        "--ctx",
+        "128",
+        "--chunks",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert_eq!(json(&o)["chunks"], 1);
 }
 
 #[test]

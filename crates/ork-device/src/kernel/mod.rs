@@ -9,10 +9,12 @@
 //! operands sign-extended to i16, `vpmaddwd`: products and pair sums are exact in i32, unlike
 //! `vpmaddubsw`, which saturates at i16), AVX-VNNI (`vpdpbusd` on `a + 128` as u8, corrected by
 //! `128 · Σ_k w`; the wrap-around i32 arithmetic makes the result exact whenever the true dot
-//! product fits in i32, which [`MAX_K`] guarantees) and NEON (aarch64 only; compiled, never run
-//! here). The ISA is detected once at run time.
+//! product fits in i32, which [`MAX_K`] guarantees), AVX-512 VNNI (`vpdpbusd` on zmm with the
+//! weights biased to u8 instead and a per-row correction `128 · Σ_k a`, see `avx512_vnni.rs`) and
+//! NEON (aarch64 only; compiled, never run here). The ISA is detected once at run time, the best
+//! available first: AVX-512 VNNI, AVX-VNNI, AVX2, scalar.
 //!
-//! Float kernels ([`float_tile_dot`]) serve fp16 activations (w8a16 / w4a16 / fp16×fp16) and
+//! Float kernels (`float_tile_dot`) serve fp16 activations (w8a16 / w4a16 / fp16×fp16) and
 //! int8 activations against fp16 weights: the activation rows arrive as f32 (converted once per
 //! task), the weight tile is read in its stored type. Kernels: the portable scalar twin and
 //! AVX2+FMA+F16C (x86-64; needs all three, detected once). On aarch64 the scalar twin runs (no
@@ -24,6 +26,8 @@ use std::sync::OnceLock;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_f32;
+#[cfg(target_arch = "x86_64")]
+mod avx512_vnni;
 pub(crate) mod group;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -43,6 +47,8 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-VNNI (`vpdpbusd`, 256-bit).
     AvxVnni,
+    /// x86-64 AVX-512 VNNI (`vpdpbusd`, 512-bit; needs AVX-512 F as well).
+    Avx512Vnni,
     /// aarch64 NEON (`smull` + `sadalp`).
     Neon,
 }
@@ -54,11 +60,12 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::AvxVnni => "avx-vnni",
+            Isa::Avx512Vnni => "avx512-vnni",
             Isa::Neon => "neon",
         }
     }
 
-    /// Every ISA this CPU can run, scalar first.
+    /// Every ISA this CPU can run, scalar first, the fastest last.
     pub fn available() -> Vec<Isa> {
         let mut v = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
@@ -68,6 +75,11 @@ impl Isa {
                 if std::arch::is_x86_feature_detected!("avxvnni") {
                     v.push(Isa::AvxVnni);
                 }
+            }
+            // zmm `vpdpbusd` does twice the multiply-adds per instruction of AVX-VNNI's ymm form
+            // (same or better throughput per multiply-add on every CPU that has both).
+            if avx512_vnni::available() {
+                v.push(Isa::Avx512Vnni);
             }
         }
         #[cfg(target_arch = "aarch64")]
@@ -79,7 +91,7 @@ impl Isa {
         v
     }
 
-    /// The fastest available ISA, detected once. `ORK_KERNEL=scalar|avx2|avx-vnni|neon` picks
+    /// The fastest available ISA, detected once. `ORK_KERNEL=scalar|avx2|avx-vnni|avx512-vnni|neon` picks
     /// another one if the CPU has it (for comparisons).
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
@@ -100,8 +112,10 @@ impl Isa {
 pub(crate) struct PreparedA {
     isa: Isa,
     kpad: usize,
-    /// `rows × kpad` i8, zero padded (scalar, NEON).
+    /// `rows × kpad` i8, zero padded (scalar, NEON, AVX-512 VNNI).
     i8s: Vec<i8>,
+    /// `128 · Σ_k a[r, k]` per row (AVX-512 VNNI's correction for its biased weights).
+    row_corr: Vec<i32>,
     /// `rows × kpad` i16 (AVX2).
     i16s: Vec<i16>,
     /// `rows × kpad` u8 = a + 128 (AVX-VNNI); padding is 128 (a = 0).
@@ -116,6 +130,7 @@ impl PreparedA {
             isa,
             kpad,
             i8s: Vec::new(),
+            row_corr: Vec::new(),
             i16s: Vec::new(),
             u8s: Vec::new(),
         };
@@ -136,10 +151,19 @@ impl PreparedA {
                         .for_each(|(d, &s)| *d = (s as u8) ^ 0x80);
                 }
             }
-            Isa::Scalar | Isa::Neon => {
+            Isa::Scalar | Isa::Neon | Isa::Avx512Vnni => {
                 p.i8s = vec![0; rows * kpad];
                 for (dst, src) in p.i8s.chunks_exact_mut(kpad).zip(a.chunks_exact(k.max(1))) {
                     dst[..k].copy_from_slice(src);
+                }
+                if isa == Isa::Avx512Vnni {
+                    // |Σ a| ≤ 128 · MAX_K = 2^23, so 128 · Σ a fits in an i32.
+                    p.row_corr = a
+                        .chunks_exact(k.max(1))
+                        .take(rows)
+                        .map(|row| 128 * row.iter().map(|&x| i32::from(x)).sum::<i32>())
+                        .collect();
+                    p.row_corr.resize(rows, 0);
                 }
             }
         }
@@ -148,16 +172,26 @@ impl PreparedA {
 }
 
 /// `out[(r - m0)·tn + j] = Σ_k a[r, k] · w[j, k]` for rows `m0..m1` and all `tn` channels of one
-/// tile (`w.len() == tn · kpad`, `out.len() ≥ (m1 - m0) · tn`).
+/// tile (`w.len() == tn · kpad`, `out.len() ≥ (m1 - m0) · tn`, `tn` a multiple of 8: ork-pack's
+/// integer tiles are 32 and 64 wide).
 pub(crate) fn tile_dot(a: &PreparedA, m0: usize, m1: usize, w: &[i8], tn: usize, out: &mut [i32]) {
     let kpad = a.kpad;
-    assert!(w.len() == tn * kpad && out.len() >= (m1 - m0) * tn && tn.is_multiple_of(2));
+    assert!(w.len() == tn * kpad && out.len() >= (m1 - m0) * tn && tn.is_multiple_of(8));
     match a.isa {
         Isa::Scalar => scalar_tile_dot(&a.i8s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => avx2::tile_dot(&a.i16s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
         #[cfg(target_arch = "x86_64")]
         Isa::AvxVnni => vnni::tile_dot(&a.u8s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => avx512_vnni::tile_dot(
+            &a.i8s[m0 * kpad..m1 * kpad],
+            &a.row_corr[m0..m1],
+            kpad,
+            w,
+            tn,
+            out,
+        ),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::tile_dot(&a.i8s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
         // An ISA of another architecture is never detected here; `Isa::available` is the only
@@ -228,7 +262,7 @@ pub(crate) fn float_kernel_name(isa: Isa) -> &'static str {
 fn float_simd(isa: Isa) -> bool {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni => avx2_f32::available(),
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni => avx2_f32::available(),
         _ => false,
     }
 }
@@ -303,6 +337,11 @@ pub(crate) fn peak_loop(isa: Isa, iters: u64) -> (u64, i32) {
         Isa::AvxVnni => (iters * vnni::PEAK_MACS_PER_ITER, vnni::peak(iters)),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => (iters * avx2::PEAK_MACS_PER_ITER, avx2::peak(iters)),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => (
+            iters * avx512_vnni::PEAK_MACS_PER_ITER,
+            avx512_vnni::peak(iters),
+        ),
         // Scalar / NEON: the kernel itself on an L1-resident 4 × 32 tile of 256-wide K.
         _ => {
             let a = vec![3i8; 4 * 256];
@@ -404,6 +443,37 @@ mod tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+        /// Every SIMD kernel equals its scalar twin bit for bit on one tile: row counts that mix
+        /// 4-row blocks with leftover rows, every tile width the kernels accept (multiples of 8,
+        /// so AVX-512 VNNI's 8-channel remainder path runs too), and values drawn mostly from the
+        /// i8 extremes, where biasing (`a + 128`, `w ^ 0x80`) and i32 wrap-around matter.
+        #[test]
+        fn every_isa_matches_scalar_twin(rows in 1usize..14, kt_n in 1usize..12, tn8 in 1usize..9, seed in any::<u64>()) {
+            let (tn, kpad) = (8 * tn8, 32 * kt_n);
+            let mut s = seed | 1;
+            let mut next = || {
+                s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+                match s % 8 { 0 => -128, 1 => 127, 2 => -1, 3 => 0, _ => (s >> 8) as i8 }
+            };
+            let a: Vec<i8> = (0..rows * kpad).map(|_| next()).collect();
+            let w: Vec<i8> = (0..tn * kpad).map(|_| next()).collect();
+            let mut want = vec![0i32; rows * tn];
+            scalar_tile_dot(&a, kpad, &w, tn, &mut want);
+            for isa in Isa::available() {
+                let p = PreparedA::new(isa, rows, kpad, kpad, &a);
+                // A sub-range of rows as the drivers pass it (m0 > 0), and the whole block.
+                let m0 = rows / 3;
+                let mut got = vec![i32::MIN; rows * tn];
+                tile_dot(&p, m0, rows, &w, tn, &mut got);
+                prop_assert_eq!(&got[..(rows - m0) * tn], &want[m0 * tn..], "{:?} rows {}..{}", isa, m0, rows);
+                tile_dot(&p, 0, rows, &w, tn, &mut got);
+                prop_assert_eq!(&got, &want, "{:?}", isa);
+            }
+        }
+    }
+
     #[test]
     fn extremes_are_exact_at_max_k() {
         // All -128 × -128 over a long K is the worst case for i16 saturation and i32 range.
@@ -414,6 +484,36 @@ mod tests {
         for isa in Isa::available() {
             let got = run(isa, &a, m, k, &wt, kpad, npad, 32);
             assert!(got.iter().all(|&x| x == 128 * 128 * 4096), "{isa:?}");
+        }
+    }
+
+    #[test]
+    fn largest_sums_are_exact_at_the_k_limit() {
+        // K = MAX_K: a = -128 everywhere against channels of all -128 (+2^30), all 127
+        // (-127·2^23) and alternating signs; 5 rows run a 4-row block and a single row.
+        let (m, k, n) = (5, MAX_K, 32);
+        let a = vec![-128i8; m * k];
+        let w: Vec<i8> = (0..n * k)
+            .map(|i| match (i / k) % 3 {
+                0 => -128,
+                1 => 127,
+                _ if i % 2 == 0 => 127,
+                _ => -128,
+            })
+            .collect();
+        let want: Vec<i32> = (0..n)
+            .map(|j| match j % 3 {
+                0 => 1 << 30,
+                1 => -127 << 23,
+                _ => (-128 * 127 + 128 * 128) * (MAX_K as i32 / 2),
+            })
+            .collect();
+        let (wt, kpad, npad) = tile(&w, n, k, 32);
+        for isa in Isa::available() {
+            let got = run(isa, &a, m, k, &wt, kpad, npad, 32);
+            for r in 0..m {
+                assert_eq!(&got[r * npad..r * npad + n], &want[..], "{isa:?} row {r}");
+            }
         }
     }
 

@@ -13,7 +13,7 @@ pub(super) fn tile_dot(a: &[u8], kpad: usize, w: &[i8], tn: usize, out: &mut [i3
         kpad.is_multiple_of(32)
             && a.len() == rows * kpad
             && w.len() == tn * kpad
-            && tn.is_multiple_of(2)
+            && tn.is_multiple_of(4)
             && tn <= 64
     );
     assert!(out.len() >= rows * tn && std::arch::is_x86_feature_detected!("avxvnni"));
@@ -33,7 +33,7 @@ fn hsum(v: __m256i) -> i32 {
 
 /// # Safety
 /// The CPU must support AVX2 and AVX-VNNI; `a` is `rows × kpad` biased u8, `w` is `tn × kpad` i8
-/// in tile order, `kpad % 32 == 0`, `tn` even and ≤ 64, `out.len() ≥ rows · tn`.
+/// in tile order, `kpad % 32 == 0`, `tn` a multiple of 4 and ≤ 64, `out.len() ≥ rows · tn`.
 #[target_feature(enable = "avx2,avxvnni")]
 unsafe fn tile_dot_vnni(a: &[u8], kpad: usize, w: &[i8], tn: usize, out: &mut [i32]) {
     let rows = a.len() / kpad;

@@ -202,7 +202,7 @@ fn every_limit_is_checked_at_its_edge() {
 
 /// A random int8 weight `k × n` with per-channel scales.
 fn int8_weight(k: usize, n: usize, seed: u64) -> PackedWeight {
-    let mut rng = Lcg(seed);
+    let mut rng = Rng(seed);
     random_weight(PackDtype::I8, k, n, &mut rng).0
 }
 
@@ -324,7 +324,7 @@ fn the_lm_head_splits_into_contiguous_n_chunks_that_reproduce_it() {
     }
     let dev = emu_limits(Soc::Rk3588, true);
     let whole = emu_limits(Soc::Rk3588, false);
-    let mut rng = Lcg(3);
+    let mut rng = Rng(3);
     let a: Vec<i8> = (0..m * k).map(|_| rng.i8()).collect();
     let sa = [0.5, 0.25, 0.125];
     let (out, raw) = run_parts(&dev, &pw, &a, m, &sa);
@@ -347,7 +347,7 @@ fn the_lm_head_splits_into_contiguous_n_chunks_that_reproduce_it() {
 fn a_long_k_splits_into_segments_whose_sums_reproduce_it() {
     // A 7B-style ffn_down: K = 11008 > 10240, cut into 8192 + 2816.
     let (k, n, m) = (11008, 96, 5);
-    let mut rng = Lcg(4);
+    let mut rng = Rng(4);
     let a: Vec<i8> = (0..m * k).map(|_| rng.i8()).collect();
     let sa: Vec<f32> = (0..m).map(|i| 0.01 + i as f32 * 1e-3).collect();
     let dev = emu_limits(Soc::Rk3588, true);
@@ -448,7 +448,7 @@ fn per_group_weights_from_the_pack_layer_match_their_dequantization() {
         .collect();
     let rows = MatrixRows::new(&src, k, n).unwrap();
     let dev = emu_limits(Soc::Rk3588, true);
-    let mut rng = Lcg(7);
+    let mut rng = Rng(7);
     let a: Vec<i8> = (0..m * k).map(|_| rng.i8()).collect();
     let sa: Vec<f32> = (0..m).map(|i| 0.02 + i as f32 * 1e-3).collect();
     for g in [128, 256, 512] {

@@ -360,10 +360,10 @@ fn perplexity_follows_llama_cpp_protocol() {
     assert!((report.running[0] - first).abs() < 1e-3 * first);
 
     assert!(matches!(
-        perplexity(&model, &lin, &tokens[..15], n_ctx, None),
+        perplexity(&model, &lin, &tokens[..n_ctx - 1], n_ctx, None),
         Err(ExecError::NotEnoughTokens {
-            needed: 16,
-            got: 15,
+            needed: 8,
+            got: 7,
             ..
         })
     ));
@@ -389,5 +389,26 @@ fn rope_scaling_is_read_or_refused() {
         Err(ExecError::InvalidMetadata { key, .. }) => assert_eq!(key, "llama.rope.scaling.type"),
         Err(e) => panic!("expected InvalidMetadata, got {e}"),
         Ok(_) => panic!("yarn scaling must be refused, not ignored"),
+    }
+}
+
+#[test]
+fn an_absurd_block_count_is_refused_before_allocating() {
+    let spec = TinySpec::new("llama");
+    let mut bytes = builder(&spec, None).to_bytes().unwrap();
+    // Patch the u32 value of `llama.block_count` (key, then type id 4 = u32, then the value).
+    let key = b"llama.block_count";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("key present")
+        + key.len();
+    assert_eq!(bytes[at..at + 4], 4u32.to_le_bytes());
+    bytes[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let g = ork_gguf::GgufFile::from_bytes("absurd.gguf", bytes).unwrap();
+    match Model::load(&g) {
+        Err(ExecError::InvalidMetadata { key, .. }) => assert_eq!(key, "llama.block_count"),
+        Err(e) => panic!("expected InvalidMetadata, got {e}"),
+        Ok(_) => panic!("4294967295 blocks must be refused"),
     }
 }

@@ -382,3 +382,33 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn overlapping_tensor_data_is_refused() {
+    let bytes = GgufBuilder::new()
+        .tensor_f32("a", &[32], GgmlType::F32, &[1.0; 32])
+        .unwrap()
+        .tensor_f32("b", &[32], GgmlType::F32, &[2.0; 32])
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    assert!(GgufFile::from_bytes("ok.gguf", bytes.clone()).is_ok());
+    // Tensor info of "b": u64 name length, "b", u32 n_dims, u64 dim, u32 type, u64 offset.
+    let name = [&1u64.to_le_bytes()[..], b"b"].concat();
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("tensor info of b")
+        + name.len()
+        + 4
+        + 8
+        + 4;
+    let mut bad = bytes;
+    bad[at..at + 8].copy_from_slice(&0u64.to_le_bytes()); // b's data = a's data
+    match GgufFile::from_bytes("overlap.gguf", bad) {
+        Err(GgufError::OverlappingTensors { tensor, other, .. }) => {
+            assert_eq!((tensor.as_str(), other.as_str()), ("b", "a"));
+        }
+        other => panic!("expected OverlappingTensors, got {other:?}"),
+    }
+}

@@ -1,7 +1,7 @@
 //! Shared fixtures.
 use ork_gguf::writer::{quantize, GgufBuilder};
 use ork_gguf::{GgmlType, MetaValue};
-use std::path::PathBuf;
+pub use ork_testkit::{model_path, Rng};
 use std::sync::Mutex;
 
 /// Held by tests that fault in or drop many file pages, so the RSS measurement of the eviction
@@ -10,42 +10,6 @@ pub static PAGE_HEAVY: Mutex<()> = Mutex::new(());
 
 pub fn lock_pages() -> std::sync::MutexGuard<'static, ()> {
     PAGE_HEAVY.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The real model: `$ORK_MODEL` or the repository's `.cache/`. Fails (never skips) if missing.
-pub fn model_path() -> PathBuf {
-    let path = std::env::var_os("ORK_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.is_file(),
-        "real model not found at {}: run scripts/fetch-model.sh (or set ORK_MODEL)",
-        path.display()
-    );
-    path
-}
-
-/// Deterministic pseudo-random values (SplitMix64), so fixtures need no RNG crate.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    pub fn f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next_u64() as u8).collect()
-    }
 }
 
 /// A small file with every metadata value type (nested arrays included) and three tensors.

@@ -10,7 +10,7 @@ use ork_gguf::GgufFile;
 use ork_pack::{GgufRows, PackDtype};
 use ork_store::{
     bench_load, check_entry, convert, ensure, fingerprint, matmul_weights, Action, ConvertOptions,
-    EntryStatus, Orkpack, OrkpackWriter, SourceInfo, StoreError,
+    EntryStatus, Orkpack, OrkpackWriter, RebuildReason, SourceInfo, StoreError,
 };
 
 use super::weight;
@@ -236,11 +236,19 @@ fn ensure_packs_reuses_and_repacks_only_what_changed() {
     assert_eq!(pack.entries()[0].layout().dtype, PackDtype::I4);
     drop(pack);
 
-    // 6. Garbage in place of the file: discarded and rebuilt.
-    std::fs::write(&pack_path, b"not a pack").unwrap();
+    // 6. A damaged pack (its magic, then garbage): discarded and rebuilt, and the reason says so.
+    std::fs::write(&pack_path, b"ORKPK01\0 and then garbage").unwrap();
     let (_, r) = ensure(&b, &pack_path, &opts).unwrap();
     assert!(r.discarded.is_some());
+    assert!(matches!(r.rebuild, Some(RebuildReason::Truncated { .. })));
     assert_eq!(r.packed, 2);
+
+    // 6b. A file that is not a pack is never replaced.
+    std::fs::write(&pack_path, b"not a pack").unwrap();
+    let err = ensure(&b, &pack_path, &opts).unwrap_err();
+    assert!(matches!(err, StoreError::RefuseOverwrite { .. }), "{err:?}");
+    assert_eq!(std::fs::read(&pack_path).unwrap(), b"not a pack");
+    std::fs::remove_file(&pack_path).unwrap();
 
     // 7. convert always repacks.
     let (_, r) = convert(&b, &pack_path, &opts).unwrap();

@@ -1,0 +1,125 @@
+//! Helpers that ork's test suites share, so that each exists once: where the real test model
+//! is, a seeded generator for fixture data, and a small filesystem that fills up on demand.
+//!
+//! A dev-dependency only: no library crate of ork depends on it.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The real test model (SmolLM2-135M-Instruct Q4_1): `$ORK_MODEL`, or where
+/// `scripts/fetch-model.sh` puts it (`.cache/` at the repository root).
+///
+/// # Panics
+/// If the file is missing, naming the fix: the real-model tests fail, they never skip.
+pub fn model_path() -> PathBuf {
+    let path = std::env::var_os("ORK_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        path.is_file(),
+        "real model not found at {}: run scripts/fetch-model.sh (or set ORK_MODEL)",
+        path.display()
+    );
+    path
+}
+
+/// A deterministic generator (SplitMix64) for fixture weights, inputs and access sequences:
+/// the same seed gives the same stream on every machine, with no RNG crate.
+#[derive(Clone, Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (`n > 0`; the modulo bias is irrelevant for fixtures).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    /// Uniform in [-1, 1), on a grid of 2⁻²³.
+    pub fn f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    /// `n` values uniform in [-scale, scale).
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+    /// `n` random bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+    /// A random int8 value.
+    pub fn i8(&mut self) -> i8 {
+        self.next_u64() as i8
+    }
+}
+
+/// A tmpfs of a given size mounted on a fresh directory and unmounted on drop: a disk that
+/// really fills up (ENOSPC), for the full-disk tests.
+#[derive(Debug)]
+pub struct SmallFs {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    /// Mount a tmpfs of `size` (as `mount -o size=`, e.g. `"1m"`).
+    ///
+    /// # Errors
+    /// Why it could not be mounted (not root, no `mount`, a sandbox): the caller decides whether
+    /// to fall back or to skip with that reason printed.
+    pub fn mount(size: &str) -> Result<SmallFs, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("running mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(SmallFs { dir })
+    }
+    /// The mounted directory.
+    pub fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generator_is_splitmix64() {
+        // First outputs of SplitMix64 seeded with 0 (the reference sequence).
+        let mut r = Rng::new(0);
+        assert_eq!(r.next_u64(), 0xE220_A839_7B1D_CDAF);
+        assert_eq!(r.next_u64(), 0x6E78_9E6A_A1B9_65F4);
+        let mut r = Rng::new(9);
+        for _ in 0..1000 {
+            let x = r.f32();
+            assert!((-1.0..1.0).contains(&x));
+            assert!(r.below(7) < 7);
+        }
+    }
+}
