@@ -115,9 +115,10 @@ fn check_group(l: TiledLayout, group: ScaleGroup, m: usize) -> Result<usize, Dev
         .map_err(|_| shape("scale group is not a multiple of 32 dividing K"))
 }
 
-/// Precision of a task's activations (the A operand). The RK3588 multiplies int8 activations by
-/// int8 / int4 weights into i32 accumulators (w8a8, per-token scales applied afterwards) and fp16
-/// activations by int8 / int4 / fp16 weights into fp32 (w8a16: no activation quantization).
+/// Precision of a task's activations (the A operand): int8 with per-token scales (w8a8, i32
+/// accumulators, scales applied afterwards) or fp16 (no activation quantization). Which weight
+/// types each goes with depends on the chip (`docs/chip.md`): the RK3588 has int8 × int8 and
+/// fp16 × fp16 only; fp16 × int8 / int4 (w8a16, w4a16) and int8 × int4 are RK3576 types.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ActPrecision {
     /// Symmetric int8 with one scale per row (`MatmulTask::act_scales`).
