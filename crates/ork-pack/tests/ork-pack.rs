@@ -63,7 +63,8 @@ fn element_bits(dtype: PackDtype, data: &[u8], e: usize) -> u16 {
     }
 }
 
-/// The tiled index written out from REFERENCE.md §4, independent of `TiledLayout::index`.
+/// The tiled index written out from `docs/chip.md` ("Native operand layouts"), independent of
+/// `TiledLayout::index`.
 fn spec_index(dtype: PackDtype, k_pad: usize, k: usize, n: usize) -> usize {
     let tn = match dtype {
         PackDtype::I8 => 32,
