@@ -26,6 +26,24 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// The chip whose matmul types and limits a run keeps to (docs/chip.md).
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum SocArg {
+    /// RK3588: w8a8 (int8 × int8) and fp16 × fp16; no fp16 × int8/int4.
+    Rk3588,
+    /// RK3576: also fp16 × int8 (w8a16), fp16 × int4 (w4a16) and int8 × int4.
+    Rk3576,
+}
+
+impl From<SocArg> for ork_device::Soc {
+    fn from(s: SocArg) -> Self {
+        match s {
+            SocArg::Rk3588 => ork_device::Soc::Rk3588,
+            SocArg::Rk3576 => ork_device::Soc::Rk3576,
+        }
+    }
+}
+
 /// Weight dtype on the device.
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum DtypeArg {
@@ -180,6 +198,10 @@ pub struct ModelOpts {
     /// Weight dtype on the device (the .orkpack is repacked if it holds another).
     #[arg(long, value_enum, default_value = "i8")]
     pub dtype: DtypeArg,
+    /// The chip to keep to: a matmul type the chip lacks is refused (fp16 activations with
+    /// int8/int4 weights exist on the rk3576 only).
+    #[arg(long, value_enum, default_value = "rk3588")]
+    pub soc: SocArg,
 }
 
 /// Activation precision of the device matmuls.

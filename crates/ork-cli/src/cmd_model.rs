@@ -38,6 +38,7 @@ fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
         domains: opts.domains,
         dtype: opts.dtype.into(),
         activations: opts.activations.into(),
+        soc: opts.soc.into(),
         threads: opts.threads,
         prefetch: !opts.no_prefetch,
         trace,
@@ -84,6 +85,9 @@ struct RunStats {
     budget_bytes: u64,
     mode: Mode,
     activations: &'static str,
+    /// The chip the run kept to, and the matmul type every weight used on it.
+    soc: &'static str,
+    matmul_type: String,
     prefill_tokens: usize,
     prefill_tok_s: f64,
     decode_tokens: usize,
@@ -124,6 +128,12 @@ impl RunStats {
             budget_bytes: engine.cache().budget(),
             mode: engine.plan().mode,
             activations: engine.activations().name(),
+            soc: engine.config().soc.name(),
+            matmul_type: format!(
+                "{}x{}",
+                ork_device::ElemType::of_activations(engine.activations()).name(),
+                ork_device::ElemType::of_weight(engine.config().dtype).name()
+            ),
             prefill_tokens: prefill.0,
             prefill_tok_s: rate(prefill.0, prefill.1),
             decode_tokens: decode.0,

@@ -1,6 +1,7 @@
-//! Memory figures of this process, read from `/proc/self/status` (no crate does this; see
-//! shared/STYLE.md). RssAnon is reported apart from the peak: file pages of the GGUF map count in
-//! VmHWM but are dropped by `--evict-src`.
+//! Memory figures of this process, read from `/proc/self/status` (no well-kept crate reads
+//! VmHWM/RssAnon of the current process; a dozen lines did not justify one). RssAnon is reported
+//! apart from the peak: file pages of the GGUF map count in VmHWM but are dropped by
+//! `--evict-src`.
 
 use serde::Serialize;
 

@@ -1,15 +1,19 @@
 //! `cargo run -p ork-device --example bench_gemm [M...]`: emulated GEMM on SmolLM2's shapes with
-//! int8 and fp16 activations (int8 weights), GOP/s, in one run.
+//! int8 and fp16 activations (int8 weights), GOP/s, in one run. The emulator models the RK3576
+//! here: fp16 × int8 (w8a16) is not an RK3588 type (docs/chip.md).
 
 use ork_device::bench::{bench_gemm, BenchOptions};
-use ork_device::{ActPrecision, EmuDevice};
+use ork_device::{ActPrecision, EmuConfig, EmuDevice, Soc};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ms: Vec<usize> = std::env::args()
         .skip(1)
         .map(|a| a.parse())
         .collect::<Result<_, _>>()?;
-    let dev = EmuDevice::new();
+    let dev = EmuDevice::with_config(EmuConfig {
+        soc: Soc::Rk3576,
+        ..EmuConfig::default()
+    })?;
     let opts = BenchOptions {
         ms: if ms.is_empty() { vec![1, 128, 512] } else { ms },
         activations: vec![ActPrecision::Int8, ActPrecision::F16],

@@ -54,7 +54,8 @@ pub struct BenchOptions {
     pub min_seconds: f64,
     /// Bytes read by the bandwidth probe.
     pub bandwidth_bytes: usize,
-    /// Activation precisions to run every case in (int8 = w8a8, fp16 = w8a16); default int8 only.
+    /// Activation precisions to run every case in (int8 = w8a8, fp16 = w8a16, which needs a device
+    /// modelling the RK3576); default int8 only.
     pub activations: Vec<ActPrecision>,
     /// Layers of the decode pass ([`DecodePass`]): M = 1 through `layers ×` [`SMOLLM2_LAYER`] and
     /// the LM head, every weight distinct (a model-sized working set); 0 skips it.
@@ -216,6 +217,7 @@ pub fn bench_gemm(dev: &EmuDevice, opts: &BenchOptions) -> Result<GemmBenchRepor
                 layout,
                 data,
                 scales: vec![0.01; n],
+                group: ork_pack::ScaleGroup::PerChannel,
             },
             DomainId(0),
         )?;
@@ -308,6 +310,7 @@ fn decode_pass(
                 layout,
                 data,
                 scales: vec![0.01; n],
+                group: ork_pack::ScaleGroup::PerChannel,
             },
             DomainId(0),
         )?);

@@ -17,11 +17,12 @@
 use std::sync::Arc;
 
 use half::f16;
-use ork_pack::{PackDtype, PackedWeight, TiledLayout};
+use ork_pack::{PackDtype, PackedWeight, ScaleGroup, TiledLayout};
 
+use crate::soc::{ChipLimit, ElemType};
 use crate::{
-    upload, Activations, BufferIntent, CoreMask, Device, DeviceError, DeviceWeight, DomainId,
-    MatmulTask,
+    upload, ActPrecision, Activations, BufferIntent, CoreMask, Device, DeviceError, DeviceWeight,
+    DomainId, MatmulTask,
 };
 
 /// Opens a fresh instance of the backend under test.
@@ -52,6 +53,7 @@ macro_rules! device_conformance {
                 integer_weights_match_f64_reference,
                 fp16_activations_match_f64_reference,
                 integer_oracle_is_exact,
+                per_group_int8_matches_f64_reference,
                 cross_domain_operand_rejected,
                 foreign_buffer_rejected,
                 operand_lengths_are_checked,
@@ -101,6 +103,33 @@ fn computing(ctor: &Ctor, test: &str) -> Option<Arc<dyn Device>> {
         eprintln!("{test}: skipped, {} does not submit matmuls", info.name);
         None
     }
+}
+
+/// Whether the device can run `activations` × `dtype` weights by its chip table (`true` for a
+/// backend that models no chip). Where it cannot, the checks expect [`DeviceError::Chip`] with
+/// [`ChipLimit::TypePair`] instead of a result.
+fn chip_has(dev: &dyn Device, activations: ActPrecision, dtype: PackDtype) -> bool {
+    dev.info().soc.is_none_or(|soc| {
+        !soc.outputs(
+            ElemType::of_activations(activations),
+            ElemType::of_weight(dtype),
+        )
+        .is_empty()
+    })
+}
+
+/// Assert that `r` is the chip refusing the type pair (and nothing ran).
+fn assert_type_pair_refused<T: std::fmt::Debug>(r: Result<T, DeviceError>, what: &str) {
+    assert!(
+        matches!(
+            r,
+            Err(DeviceError::Chip {
+                limit: ChipLimit::TypePair,
+                ..
+            })
+        ),
+        "{what}: the chip lacks the type pair, expected DeviceError::Chip(TypePair), got {r:?}"
+    );
 }
 
 /// A deterministic generator (no test may depend on the OS's randomness).
@@ -154,6 +183,7 @@ fn random_weight(dtype: PackDtype, k: usize, n: usize, rng: &mut Lcg) -> (Packed
             layout,
             data,
             scales,
+            group: ScaleGroup::PerChannel,
         },
         q,
     )
@@ -425,11 +455,15 @@ pub fn integer_weights_match_f64_reference(ctor: &Ctor) {
             let a: Vec<i8> = (0..m * k).map(|_| rng.i8()).collect();
             let sa: Vec<f32> = (0..m).map(|i| 0.5 + i as f32 * 0.01).collect();
             let mut out = vec![0f32; m * n];
-            dev.matmul(&task(m, Activations::Host(&a), &sa, &w), &mut out)
-                .unwrap();
+            let what = format!("{dtype:?} weights, int8 activations");
+            let r = dev.matmul(&task(m, Activations::Host(&a), &sa, &w), &mut out);
+            if !chip_has(dev.as_ref(), ActPrecision::Int8, dtype) {
+                assert_type_pair_refused(r, &what);
+                continue;
+            }
+            r.unwrap();
             let af: Vec<f64> = a.iter().map(|&x| f64::from(x)).collect();
             let rs: Vec<f64> = sa.iter().map(|&x| f64::from(x)).collect();
-            let what = format!("{dtype:?} weights, int8 activations");
             assert_close(
                 &what,
                 &out,
@@ -476,9 +510,14 @@ pub fn fp16_activations_match_f64_reference(ctor: &Ctor) {
                 Activations::DeviceF16(abuf.full_view())
             };
             let mut out = vec![0f32; m * n];
-            dev.matmul(&task(m, acts, &[], &w), &mut out).unwrap();
-            let af: Vec<f64> = a.iter().map(|&x| f64::from(x.to_f32())).collect();
             let what = format!("{dtype:?} weights, fp16 activations");
+            let r = dev.matmul(&task(m, acts, &[], &w), &mut out);
+            if !chip_has(dev.as_ref(), ActPrecision::F16, dtype) {
+                assert_type_pair_refused(r, &what);
+                continue;
+            }
+            r.unwrap();
+            let af: Vec<f64> = a.iter().map(|&x| f64::from(x.to_f32())).collect();
             assert_close(
                 &what,
                 &out,
@@ -513,9 +552,12 @@ pub fn integer_oracle_is_exact(ctor: &Ctor) {
             let w = upload(dev.as_ref(), &pw, DomainId(0)).unwrap();
             let a: Vec<i8> = (0..m * k).map(|_| rng.i8()).collect();
             let mut raw = vec![0i32; m * n];
-            oracle
-                .matmul_raw(&task(m, Activations::Host(&a), &vec![1.0; m], &w), &mut raw)
-                .unwrap();
+            let r = oracle.matmul_raw(&task(m, Activations::Host(&a), &vec![1.0; m], &w), &mut raw);
+            if !chip_has(dev.as_ref(), ActPrecision::Int8, dtype) {
+                assert_type_pair_refused(r, &format!("raw {dtype:?}"));
+                continue;
+            }
+            r.unwrap();
             for i in 0..m {
                 for j in 0..n {
                     let want: i32 = (0..k)
@@ -536,6 +578,79 @@ pub fn integer_oracle_is_exact(ctor: &Ctor) {
     let mut raw = vec![0i32; 16];
     let r = oracle.matmul_raw(&task(1, Activations::Host(&a), &[1.0], &wf), &mut raw);
     assert!(matches!(r, Err(DeviceError::NotInteger { .. })), "{r:?}");
+}
+
+/// Per-group int8 weights (int8 activations; the chip's per-group mode) equal the f64 reference
+/// `Σ_j (Σ_{k in j} a·q) · s[n, j] · sa[m]` for every group size the chip accepts (128, 256 and
+/// 512 on a backend that models no chip), with M across both work partitions; a group size the
+/// chip lacks (64) is [`DeviceError::Chip`] with [`ChipLimit::Group`].
+pub fn per_group_int8_matches_f64_reference(ctor: &Ctor) {
+    let Some(dev) = computing(ctor, "per_group_int8_matches_f64_reference") else {
+        return;
+    };
+    let soc = dev.info().soc;
+    let sizes: Vec<usize> = match soc {
+        Some(soc) => soc.group_sizes(ElemType::Int8, ElemType::Int8).to_vec(),
+        None => vec![128, 256, 512],
+    };
+    let mut rng = Lcg(4);
+    for &g in &sizes {
+        for (m, groups, n) in [(1, 1, 32), (3, 3, 64), (33, 2, 96)] {
+            let k = g * groups;
+            let (mut pw, q) = random_weight(PackDtype::I8, k, n, &mut rng);
+            pw.scales = (0..n * groups)
+                .map(|i| 0.001 + (rng.next() % 1000) as f32 * 1e-5 + i as f32 * 1e-7)
+                .collect();
+            pw.group = ScaleGroup::Group(g);
+            let w = upload(dev.as_ref(), &pw, DomainId(0)).unwrap();
+            let a: Vec<i8> = (0..m * k).map(|_| rng.i8()).collect();
+            let sa: Vec<f32> = (0..m).map(|i| 0.25 + i as f32 * 0.01).collect();
+            let mut out = vec![0f32; m * n];
+            dev.matmul(&task(m, Activations::Host(&a), &sa, &w), &mut out)
+                .unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut exact, mut mag) = (0f64, 0f64);
+                    for kk in 0..k {
+                        let p = f64::from(a[i * k + kk])
+                            * f64::from(q[j * k + kk])
+                            * f64::from(pw.scales[j * groups + kk / g]);
+                        exact += p;
+                        mag += p.abs();
+                    }
+                    let s = f64::from(sa[i]);
+                    // A rounding per group product and sum, and the final scale multiply.
+                    let bound = ((groups + 2) as f64 * mag * 2f64.powi(-24) * 1.01) * s
+                        + f64::from(f32::MIN_POSITIVE);
+                    let got = f64::from(out[i * n + j]);
+                    assert!(
+                        (got - exact * s).abs() <= bound,
+                        "g{g} m={m} k={k} n={n} [{i},{j}]: {got} vs {} (bound {bound})",
+                        exact * s
+                    );
+                }
+            }
+        }
+    }
+    if soc.is_some() {
+        let (mut pw, _) = random_weight(PackDtype::I8, 128, 32, &mut rng);
+        pw.scales = vec![0.01; 32 * 2];
+        pw.group = ScaleGroup::Group(64);
+        let w = upload(dev.as_ref(), &pw, DomainId(0)).unwrap();
+        let a = vec![1i8; 128];
+        let mut out = vec![0f32; 32];
+        let r = dev.matmul(&task(1, Activations::Host(&a), &[1.0], &w), &mut out);
+        assert!(
+            matches!(
+                r,
+                Err(DeviceError::Chip {
+                    limit: ChipLimit::Group { group: 64 },
+                    ..
+                })
+            ),
+            "group 64 with int8 × int8: {r:?}"
+        );
+    }
 }
 
 /// An activation buffer in another domain than the weight is `CrossDomain`.

@@ -4,10 +4,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use ork_pack::ScaleGroup;
+
 use crate::buffer::{BackendBuffer, SyncDir};
 use crate::host_map::HostMap;
 use crate::kernel::Isa;
 use crate::rknpu::flags::MemFlags;
+use crate::soc::{ElemType, MatmulShape, Soc};
 use crate::task::{is_integer, ActValues};
 use crate::window::{footprint, AllocFailure, IovaAlign, Window, WindowConfig, WINDOW_BYTES};
 use crate::{
@@ -41,6 +44,17 @@ pub struct EmuConfig {
     pub threads: usize,
     /// Kernel ISA; `None` = the best the CPU has ([`Isa::best`]).
     pub isa: Option<Isa>,
+    /// The chip modelled (default RK3588). A task whose activation × weight types (or per-group
+    /// mode) the chip lacks fails with [`DeviceError::Chip`]; it never runs.
+    pub soc: Soc,
+    /// Also refuse tasks beyond the chip's K / N limits (K a multiple of 32 and ≤ 10240, N
+    /// aligned to the weight type and, on the RK3588, ≤ 4096 for int8 / fp16, ≤ 8192 for int4).
+    ///
+    /// Off by default for now: the model path still submits weights beyond them (SmolLM2's lm
+    /// head has N = 49152), and splitting those into chip-sized parts
+    /// ([`crate::split`]) is wired into the residency layer in a later change. Turn it on there;
+    /// the conformance suite and this crate's tests run with it on.
+    pub enforce_limits: bool,
 }
 
 impl Default for EmuConfig {
@@ -53,6 +67,8 @@ impl Default for EmuConfig {
             switch_wait: SwitchWait::Sleep,
             threads: 0,
             isa: None,
+            soc: Soc::Rk3588,
+            enforce_limits: false,
         }
     }
 }
@@ -177,6 +193,8 @@ pub struct EmuDevice {
     window_bytes: u64,
     max_threads: usize,
     isa: Isa,
+    soc: Soc,
+    enforce_limits: bool,
     /// Worker pools by thread count (index = threads - 1), built on first use.
     pools: Vec<OnceLock<Option<rayon::ThreadPool>>>,
 }
@@ -187,6 +205,8 @@ impl std::fmt::Debug for EmuDevice {
             .field("cores", &self.cores)
             .field("domains", &self.domains)
             .field("isa", &self.isa)
+            .field("soc", &self.soc)
+            .field("enforce_limits", &self.enforce_limits)
             .field("max_threads", &self.max_threads)
             .finish()
     }
@@ -267,8 +287,15 @@ impl EmuDevice {
             window_bytes: config.window.size,
             max_threads,
             isa: config.isa.unwrap_or_else(Isa::best),
+            soc: config.soc,
+            enforce_limits: config.enforce_limits,
             pools: (0..max_threads).map(|_| OnceLock::new()).collect(),
         }
+    }
+
+    /// "RK3588" / "RK3576".
+    fn soc_label(&self) -> String {
+        self.soc.name().to_ascii_uppercase()
     }
 
     /// Say in [`DeviceInfo::name`] why this device was chosen.
@@ -295,6 +322,29 @@ impl EmuDevice {
     /// Kernel ISA in use.
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// The chip modelled.
+    pub fn soc(&self) -> Soc {
+        self.soc
+    }
+
+    /// Refuse what the modelled chip cannot run: its type pairs and per-group modes always, its
+    /// K / N limits when [`EmuConfig::enforce_limits`] is on; then what the emulator itself does
+    /// not implement (per-group scales with fp16 activations).
+    fn check_chip(&self, task: &MatmulTask<'_>) -> Result<(), DeviceError> {
+        let shape = MatmulShape::of_task(task);
+        self.soc.check_types(&shape)?;
+        if self.enforce_limits {
+            self.soc.check_limits(&shape)?;
+        }
+        if shape.group != ScaleGroup::PerChannel && shape.a != ElemType::Int8 {
+            return Err(DeviceError::Unsupported {
+                backend: "emu",
+                what: "per-group weight scales with fp16 activations (w4a16-gN)",
+            });
+        }
+        Ok(())
     }
 
     /// Host threads a task with all cores uses.
@@ -347,6 +397,7 @@ impl EmuDevice {
         out_len: usize,
     ) -> Result<(Attached<'_>, bool, usize), DeviceError> {
         task.check(out_len)?;
+        self.check_chip(task)?;
         let wbuf = task.weight.bytes.buffer();
         self.check_owned(task.weight.bytes, "weight")?;
         if let Some(v) = task.activations.view() {
@@ -389,14 +440,23 @@ impl Device for EmuDevice {
     fn info(&self) -> DeviceInfo {
         DeviceInfo {
             name: match &self.note {
-                None => format!("emulated RK3588 NPU ({} kernel)", self.isa.name()),
-                Some(n) => format!("emulated RK3588 NPU ({} kernel; {n})", self.isa.name()),
+                None => format!(
+                    "emulated {} NPU ({} kernel)",
+                    self.soc_label(),
+                    self.isa.name()
+                ),
+                Some(n) => format!(
+                    "emulated {} NPU ({} kernel; {n})",
+                    self.soc_label(),
+                    self.isa.name()
+                ),
             },
             cores: self.cores,
             domains: self.domains,
             window_bytes: self.window_bytes,
             driver_version: None,
             computes: true,
+            soc: Some(self.soc),
         }
     }
 
@@ -471,11 +531,23 @@ impl Device for EmuDevice {
         footprint(size)
     }
 
-    /// Nothing to bind on the emulator; checks the weight (ownership, bytes, scales, K limit) so
-    /// a bad weight fails when it is loaded rather than at its first task.
+    /// Nothing to bind on the emulator; checks the weight (ownership, bytes, scales, K limit,
+    /// and the chip's K / N limits when they are enforced) so a bad weight fails when it is
+    /// loaded rather than at its first task.
     fn prepare_weight(&self, weight: &WeightRef<'_>) -> Result<(), DeviceError> {
         self.check_owned(weight.bytes, "weight")?;
-        weight.check(0)
+        weight.check(0)?;
+        if self.enforce_limits {
+            let b = ElemType::of_weight(weight.layout.dtype);
+            self.soc.check_limits(&MatmulShape {
+                a: b,
+                b,
+                k: weight.layout.k,
+                n: weight.layout.n,
+                group: weight.group,
+            })?;
+        }
+        Ok(())
     }
 
     fn matmul(&self, task: &MatmulTask<'_>, out: &mut [f32]) -> Result<MatmulStats, DeviceError> {
@@ -485,9 +557,19 @@ impl Device for EmuDevice {
         let (m, w) = (task.m, task.weight.bytes.as_slice());
         let (sa, sw) = (task.act_scales, task.weight.scales);
         let a = task.activation_values();
+        let group = task.weight.group.size();
         // `out[m, n] = acc · sa[m] · sw[n]`, one run of a row at a time (a loop that vectorizes).
-        self.run_on(cores, || match a {
-            ActValues::Int8(a) if is_integer(l.dtype) => {
+        // Per-group scales with anything but int8 × integer were refused by `begin`.
+        self.run_on(cores, || match (&a, group) {
+            (ActValues::Int8(a), Some(g)) if is_integer(l.dtype) => {
+                gemm::gemm_grouped(self.isa, &l, w, a, m, g, sw, out, |acc, m, _, o| {
+                    let s = sa[m];
+                    for (o, &acc) in o.iter_mut().zip(acc) {
+                        *o = acc * s;
+                    }
+                })
+            }
+            (ActValues::Int8(a), _) if is_integer(l.dtype) => {
                 gemm::gemm_int(self.isa, &l, w, a, m, out, |acc, m, n0, o| {
                     let s = sa[m];
                     for ((o, &acc), &w) in o.iter_mut().zip(acc).zip(&sw[n0..n0 + acc.len()]) {
@@ -495,7 +577,9 @@ impl Device for EmuDevice {
                     }
                 })
             }
-            ActValues::Int8(_) => {
+            // int8 × fp16 weights: no modelled chip has the pair (`begin` refuses it); the
+            // arithmetic stays defined for every operand combination all the same.
+            (ActValues::Int8(_), _) => {
                 let af = gemm::f32_rows(&a, m, l.k, l.k_pad());
                 gemm::gemm_float(self.isa, &l, w, &af, m, out, |acc, m, n0, o| {
                     let s = sa[m];
@@ -504,7 +588,7 @@ impl Device for EmuDevice {
                     }
                 })
             }
-            ActValues::F16(_) => {
+            (ActValues::F16(_), _) => {
                 let af = gemm::f32_rows(&a, m, l.k, l.k_pad());
                 gemm::gemm_float(self.isa, &l, w, &af, m, out, |acc, _, n0, o| {
                     for ((o, &acc), &w) in o.iter_mut().zip(acc).zip(&sw[n0..n0 + acc.len()]) {

@@ -1,5 +1,6 @@
 //! The device layer's error type.
 
+use crate::soc::{ChipLimit, ElemType, Soc};
 use crate::{ActPrecision, DomainId};
 use ork_pack::PackDtype;
 
@@ -96,6 +97,29 @@ pub enum DeviceError {
         dtype: PackDtype,
         /// The activations' precision.
         activations: ActPrecision,
+    },
+    /// The modelled chip cannot run this matmul: no such type pair, no per-group mode for it, or
+    /// a K / N limit (see `docs/chip.md`).
+    #[error("{soc} cannot run an {a} × {b} matmul with k={k} n={n}: {limit}")]
+    Chip {
+        /// The chip.
+        soc: Soc,
+        /// Activation type.
+        a: ElemType,
+        /// Weight type.
+        b: ElemType,
+        /// Reduction dim of the task.
+        k: usize,
+        /// Output channels of the task.
+        n: usize,
+        /// What the chip refuses.
+        limit: ChipLimit,
+    },
+    /// A SoC name that is not one ork models ("rk3588", "rk3576").
+    #[error("unknown SoC '{name}' (known: rk3588, rk3576)")]
+    UnknownSoc {
+        /// The name given.
+        name: String,
     },
     /// The core mask names cores the device does not have.
     #[error("core mask {mask:#x} invalid for a device with {cores} cores")]

@@ -14,13 +14,17 @@
 //!
 //! ```
 //! use ork_device::{upload, Activations, CoreMask, Device, DomainId, EmuDevice, MatmulTask};
-//! use ork_pack::{PackDtype, PackedWeight, TiledLayout};
+//! use ork_pack::{PackDtype, PackedWeight, ScaleGroup, TiledLayout};
 //!
 //! let dev = EmuDevice::new();
 //! let layout = TiledLayout::new(PackDtype::I8, 64, 32);
 //! let mut data = vec![0u8; layout.blob_bytes()];
 //! data[layout.index(3, 5)] = 2; // q[n=5, k=3] = 2
-//! let w = upload(&dev, &PackedWeight { layout, data, scales: vec![0.5; 32] }, DomainId(0))?;
+//! let w = upload(
+//!     &dev,
+//!     &PackedWeight { layout, data, scales: vec![0.5; 32], group: ScaleGroup::PerChannel },
+//!     DomainId(0),
+//! )?;
 //! let mut a = vec![0i8; 64];
 //! a[3] = 10;
 //! let mut out = vec![0f32; 32];
@@ -48,6 +52,8 @@ pub mod kernel;
 mod open;
 mod probe;
 mod rknpu;
+pub mod soc;
+pub mod split;
 mod task;
 pub mod window;
 
@@ -61,6 +67,7 @@ pub use open::{open, DeviceKind, OpenOptions};
 pub use probe::{probe_dma, probe_stream, DmaProbeMode, DmaProbeReport, StreamProbeReport};
 #[cfg(target_os = "linux")]
 pub use rknpu::RknpuDevice;
+pub use soc::{ChipLimit, ElemType, MatmulShape, Soc};
 pub use task::{
     upload, ActPrecision, Activations, CoreMask, DeviceWeight, MatmulStats, MatmulTask, WeightRef,
 };
@@ -95,6 +102,9 @@ pub struct DeviceInfo {
     /// allocate buffers). [`open`] never picks a backend that cannot compute for a caller that
     /// needs to.
     pub computes: bool,
+    /// The chip whose matmul table the backend enforces (see `docs/chip.md`): a task the chip
+    /// cannot run fails with [`DeviceError::Chip`]. `None` for a backend that models no chip.
+    pub soc: Option<Soc>,
 }
 
 /// Counters of a device since it was opened.

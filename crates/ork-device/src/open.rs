@@ -29,6 +29,8 @@ pub struct OpenOptions {
     /// (the window probes). A backend that cannot compute ([`crate::DeviceInfo::computes`]) is
     /// refused when asked for by name and skipped by `auto` when this is set.
     pub compute: bool,
+    /// The chip the emulator models (default RK3588; see `docs/chip.md`).
+    pub soc: crate::Soc,
 }
 
 impl Default for OpenOptions {
@@ -36,6 +38,7 @@ impl Default for OpenOptions {
         OpenOptions {
             domains: None,
             compute: true,
+            soc: crate::Soc::Rk3588,
         }
     }
 }
@@ -55,6 +58,12 @@ impl OpenOptions {
     /// Whether the caller submits matmuls (see [`OpenOptions::compute`]).
     pub fn compute(mut self, compute: bool) -> Self {
         self.compute = compute;
+        self
+    }
+
+    /// Model this chip in the emulator.
+    pub fn soc(mut self, soc: crate::Soc) -> Self {
+        self.soc = soc;
         self
     }
 }
@@ -85,13 +94,12 @@ pub fn open(kind: DeviceKind, options: &OpenOptions) -> Result<Arc<dyn Device>, 
 }
 
 fn emulator(options: &OpenOptions) -> Result<EmuDevice, DeviceError> {
-    match options.domains {
-        None => Ok(EmuDevice::new()),
-        Some(domains) => EmuDevice::with_config(EmuConfig {
-            domains,
-            ..EmuConfig::default()
-        }),
-    }
+    let defaults = EmuConfig::default();
+    EmuDevice::with_config(EmuConfig {
+        domains: options.domains.unwrap_or(defaults.domains),
+        soc: options.soc,
+        ..defaults
+    })
 }
 
 /// The rknpu device, if it opens and can do what `options` needs.

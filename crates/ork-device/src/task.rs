@@ -1,7 +1,7 @@
 //! Matmul tasks and weights on a device.
 
 use half::f16;
-use ork_pack::{PackDtype, PackedWeight, TiledLayout};
+use ork_pack::{PackDtype, PackedWeight, ScaleGroup, TiledLayout};
 
 use crate::kernel::MAX_K;
 use crate::{BufferIntent, BufferView, Device, DeviceBuffer, DeviceError, DomainId};
@@ -14,8 +14,11 @@ pub struct DeviceWeight {
     pub layout: TiledLayout,
     /// Buffer holding exactly `layout.blob_bytes()` tiled bytes at offset 0.
     pub buffer: DeviceBuffer,
-    /// One scale per output channel (`layout.n`).
+    /// One scale per output channel (`layout.n`), or per output channel and group (`[N][K/g]`)
+    /// with [`ScaleGroup::Group`].
     pub scales: Vec<f32>,
+    /// How the scales cover K.
+    pub group: ScaleGroup,
 }
 
 impl DeviceWeight {
@@ -25,6 +28,7 @@ impl DeviceWeight {
             layout: self.layout,
             bytes: self.buffer.full_view(),
             scales: &self.scales,
+            group: self.group,
         }
     }
 }
@@ -37,8 +41,11 @@ pub struct WeightRef<'a> {
     pub layout: TiledLayout,
     /// The tiled blob (`layout.blob_bytes()` bytes).
     pub bytes: BufferView<'a>,
-    /// One scale per output channel (`layout.n`).
+    /// One scale per output channel (`layout.n`), or `layout.n · k/g` in the order `[N][K/g]`
+    /// with [`ScaleGroup::Group`]`(g)`.
     pub scales: &'a [f32],
+    /// How the scales cover K.
+    pub group: ScaleGroup,
 }
 
 impl WeightRef<'_> {
@@ -71,10 +78,11 @@ impl WeightRef<'_> {
                 got: self.bytes.len() as usize,
             });
         }
-        if self.scales.len() != n {
+        let want_scales = check_group(l, self.group, m)?;
+        if self.scales.len() != want_scales {
             return Err(DeviceError::Length {
                 operand: "weight scales",
-                expected: n,
+                expected: want_scales,
                 got: self.scales.len(),
             });
         }
@@ -82,9 +90,35 @@ impl WeightRef<'_> {
     }
 }
 
-/// Precision of a task's activations (the A operand). The RK3588 multiplies int8 activations by
-/// int8 / int4 weights into i32 accumulators (w8a8, per-token scales applied afterwards) and fp16
-/// activations by int8 / int4 / fp16 weights into fp32 (w8a16: no activation quantization).
+/// The number of scales a weight with this layout and scale group carries, or
+/// [`DeviceError::Shape`] if the group does not fit (fp16, a size that is not a multiple of 32
+/// up to 1024, or does not divide K).
+fn check_group(l: TiledLayout, group: ScaleGroup, m: usize) -> Result<usize, DeviceError> {
+    let shape = |reason| DeviceError::Shape {
+        m,
+        k: l.k,
+        n: l.n,
+        reason,
+    };
+    if let Some(g) = group.size() {
+        if l.dtype == PackDtype::F16 {
+            return Err(shape("fp16 weights have no scales to group"));
+        }
+        if g > crate::kernel::group::MAX_GROUP {
+            return Err(shape(
+                "scale group exceeds 1024 (partial sums inexact in f32)",
+            ));
+        }
+    }
+    group
+        .scales_len(l.k, l.n)
+        .map_err(|_| shape("scale group is not a multiple of 32 dividing K"))
+}
+
+/// Precision of a task's activations (the A operand): int8 with per-token scales (w8a8, i32
+/// accumulators, scales applied afterwards) or fp16 (no activation quantization). Which weight
+/// types each goes with depends on the chip (`docs/chip.md`): the RK3588 has int8 × int8 and
+/// fp16 × fp16 only; fp16 × int8 / int4 (w8a16, w4a16) and int8 × int4 are RK3576 types.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ActPrecision {
     /// Symmetric int8 with one scale per row (`MatmulTask::act_scales`).
@@ -174,7 +208,10 @@ impl CoreMask {
 
 /// One matmul: `out[m, n] = (Σ_k a[m, k] · q[n, k]) · act_scales[m] · weight.scales[n]` for int8
 /// activations, `out[m, n] = (Σ_k a[m, k] · q[n, k]) · weight.scales[n]` for fp16 activations
-/// (the sum in f32; see [`crate::kernel`] for its order).
+/// (the sum in f32; see [`crate::kernel`] for its order). A weight with per-group scales
+/// ([`ScaleGroup::Group`]`(g)`, int8 × int8 only) gives
+/// `out[m, n] = (Σ_j (Σ_{k in group j} a[m, k] · q[n, k]) · weight.scales[n, j]) · act_scales[m]`
+/// (the chip's per-group mode; integer partial sums, f32 across groups).
 #[derive(Clone, Copy, Debug)]
 pub struct MatmulTask<'a> {
     /// Rows of activations (tokens).
@@ -331,10 +368,11 @@ pub fn upload(
             got: w.data.len(),
         });
     }
-    if w.scales.len() != w.layout.n {
+    let want_scales = check_group(w.layout, w.group, 0)?;
+    if w.scales.len() != want_scales {
         return Err(DeviceError::Length {
             operand: "weight scales",
-            expected: w.layout.n,
+            expected: want_scales,
             got: w.scales.len(),
         });
     }
@@ -345,6 +383,7 @@ pub fn upload(
         layout: w.layout,
         buffer,
         scales: w.scales.clone(),
+        group: w.group,
     };
     dev.prepare_weight(&weight.as_weight())?;
     Ok(weight)

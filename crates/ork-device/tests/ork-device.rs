@@ -7,10 +7,10 @@ use std::sync::Arc;
 use half::f16;
 use ork_device::window::{PAGE_BYTES, WINDOW_BYTES};
 use ork_device::{
-    upload, ActPrecision, Activations, BufferIntent, CoreMask, Device, DeviceError, DeviceKind,
-    DomainId, EmuConfig, EmuDevice, IntegerOracle, MatmulTask, OpenOptions,
+    upload, ActPrecision, Activations, BufferIntent, ChipLimit, CoreMask, Device, DeviceError,
+    DeviceKind, DomainId, EmuConfig, EmuDevice, IntegerOracle, MatmulTask, OpenOptions, Soc,
 };
-use ork_pack::{PackDtype, PackedWeight, TiledLayout};
+use ork_pack::{PackDtype, PackedWeight, ScaleGroup, TiledLayout};
 use proptest::prelude::*;
 
 ork_device::device_conformance!(emu, || Ok(Arc::new(EmuDevice::new()) as Arc<dyn Device>));
@@ -27,6 +27,19 @@ ork_device::device_conformance!(emu_small, || {
     })
     .map(|d| Arc::new(d) as Arc<dyn Device>)
 });
+
+// The RK3576 (fp16 × int8 / int4, int8 × int4). Its K / N limits stay off: the suite's shapes
+// sit at odd tile edges on purpose (the limits are tested in `chip`).
+ork_device::device_conformance!(emu_rk3576, || {
+    EmuDevice::with_config(EmuConfig {
+        soc: Soc::Rk3576,
+        ..EmuConfig::default()
+    })
+    .map(|d| Arc::new(d) as Arc<dyn Device>)
+});
+
+#[path = "ork-device/chip.rs"]
+mod chip;
 
 #[cfg(target_os = "linux")]
 ork_device::device_conformance!(rknpu, || {
@@ -130,6 +143,7 @@ fn random_weight(dtype: PackDtype, k: usize, n: usize, rng: &mut Rng) -> (Packed
             layout,
             data: tile_i8(layout, &q),
             scales,
+            group: ScaleGroup::PerChannel,
         },
         q,
     )
@@ -150,15 +164,51 @@ fn task<'a>(
     }
 }
 
+/// An emulator of `soc` (defaults otherwise).
+fn emu_on(soc: Soc) -> EmuDevice {
+    EmuDevice::with_config(EmuConfig {
+        soc,
+        ..EmuConfig::default()
+    })
+    .unwrap()
+}
+
+/// Whether `r` is the chip refusing the task's type pair.
+fn is_type_pair_refusal<T>(r: &Result<T, DeviceError>) -> bool {
+    matches!(
+        r,
+        Err(DeviceError::Chip {
+            limit: ChipLimit::TypePair,
+            ..
+        })
+    )
+}
+
+/// int8 activations × `dtype` weights. The RK3576 runs int8 × int8 and int8 × int4; the RK3588
+/// only int8 × int8; int8 × fp16 exists on neither and is refused, never computed.
 fn check_dtype(dtype: PackDtype, m: usize, k: usize, n: usize, seed: u64) {
-    let dev = EmuDevice::new();
+    let dev = emu_on(Soc::Rk3576);
     let mut rng = Rng(seed);
     let (pw, q) = random_weight(dtype, k, n, &mut rng);
     let w = upload(&dev, &pw, DomainId(0)).unwrap();
     let a: Vec<i8> = (0..m * k).map(|_| rng.i8()).collect();
     let sa: Vec<f32> = (0..m).map(|i| 0.5 + i as f32 * 0.01).collect();
     let want = naive(&a, &q, m, n, k);
-    if dtype != PackDtype::F16 {
+    let rk3588 = emu_on(Soc::Rk3588);
+    let w88 = upload(&rk3588, &pw, DomainId(0)).unwrap();
+    let mut out = vec![0f32; m * n];
+    let r = rk3588.matmul(&task(m, &a, &sa, &w88), &mut out);
+    assert_eq!(
+        is_type_pair_refusal(&r),
+        dtype != PackDtype::I8,
+        "{dtype:?} on rk3588: {r:?}"
+    );
+    if dtype == PackDtype::F16 {
+        let r = dev.matmul(&task(m, &a, &sa, &w), &mut out);
+        assert!(is_type_pair_refusal(&r), "int8 × fp16 on rk3576: {r:?}");
+        return;
+    }
+    {
         let mut raw = vec![0i32; m * n];
         dev.matmul_raw(&task(m, &a, &sa, &w), &mut raw).unwrap();
         assert_eq!(raw, want, "{dtype:?} m={m} k={k} n={n}");
@@ -203,8 +253,9 @@ fn random_f16(m: usize, k: usize, rng: &mut Rng) -> Vec<f16> {
 
 /// fp16 activations × every weight dtype equal the f64 reference
 /// `(Σ_k a·q) · w_scale` within f32 summation error (`Kpad · 2⁻²⁴ · Σ|a·q|`, scaled).
+/// On the RK3576 (which has fp16 × int8 / int4 / fp16); the RK3588 refuses fp16 × int8 / int4.
 fn check_f16(dtype: PackDtype, m: usize, k: usize, n: usize, seed: u64, on_device: bool) {
-    let dev = EmuDevice::new();
+    let dev = emu_on(Soc::Rk3576);
     let mut rng = Rng(seed);
     let (pw, q) = random_weight(dtype, k, n, &mut rng);
     let w = upload(&dev, &pw, DomainId(0)).unwrap();
@@ -230,6 +281,23 @@ fn check_f16(dtype: PackDtype, m: usize, k: usize, n: usize, seed: u64, on_devic
         cores: CoreMask::AUTO,
     };
     let mut out = vec![0f32; m * n];
+    let rk3588 = emu_on(Soc::Rk3588);
+    let w88 = upload(&rk3588, &pw, DomainId(0)).unwrap();
+    let r = rk3588.matmul(
+        &MatmulTask {
+            m,
+            activations: Activations::HostF16(&a),
+            act_scales: &[],
+            weight: w88.as_weight(),
+            cores: CoreMask::AUTO,
+        },
+        &mut out,
+    );
+    assert_eq!(
+        is_type_pair_refusal(&r),
+        dtype != PackDtype::F16,
+        "fp16 × {dtype:?} on rk3588: {r:?}"
+    );
     let st = dev.matmul(&t, &mut out).unwrap();
     assert!(st.kernel.starts_with("f32-"), "{}", st.kernel);
     let kpad = pw.layout.k_pad() as f64;
@@ -265,7 +333,7 @@ proptest! {
 
 #[test]
 fn f16_activations_at_an_odd_offset_and_bad_operands() {
-    let dev = EmuDevice::new();
+    let dev = emu_on(Soc::Rk3576);
     let mut rng = Rng(11);
     let (m, k, n) = (3, 64, 32);
     let (pw, _) = random_weight(PackDtype::I8, k, n, &mut rng);
@@ -361,7 +429,7 @@ fn f16_activations_at_an_odd_offset_and_bad_operands() {
 /// fp16 activations beat per-token int8 on rows with an outlier channel (the SmolLM2 case).
 #[test]
 fn f16_activations_are_closer_than_int8_with_outliers() {
-    let dev = EmuDevice::new();
+    let dev = emu_on(Soc::Rk3576);
     let mut rng = Rng(21);
     let (m, k, n) = (8, 576, 64);
     let (pw, q) = random_weight(PackDtype::I8, k, n, &mut rng);
@@ -441,6 +509,7 @@ fn matmul_on_a_view_inside_an_arena() {
         layout: pw.layout,
         bytes: view,
         scales: &pw.scales,
+        group: ScaleGroup::PerChannel,
     };
     let a: Vec<i8> = (0..2 * 96).map(|_| rng.i8()).collect();
     let mut raw = vec![0i32; 2 * 40];
@@ -856,9 +925,11 @@ fn gemm_bench_names_the_isa_of_every_figure() {
     use ork_device::bench::{bench_gemm, BenchOptions};
     use ork_device::kernel::Isa;
     let best = *Isa::available().last().unwrap();
-    // The device told to use the portable kernel: the roofline still uses the best ISA.
+    // The device told to use the portable kernel: the roofline still uses the best ISA. The
+    // RK3576, whose fp16 × int8 the fp16 cases run.
     let dev = EmuDevice::with_config(EmuConfig {
         isa: Some(Isa::Scalar),
+        soc: Soc::Rk3576,
         ..EmuConfig::default()
     })
     .unwrap();

@@ -32,6 +32,7 @@ pub fn pack(src: &dyn RowSource, dtype: PackDtype) -> Result<PackedWeight, PackE
         layout,
         data,
         scales,
+        group: crate::ScaleGroup::PerChannel,
     })
 }
 

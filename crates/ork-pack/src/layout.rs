@@ -1,5 +1,5 @@
 //! The RK3588 native B (weight) layouts, from `rknn_matmul_api.h` (SDK 2.3.2), see
-//! `shared/REFERENCE.md` §4.
+//! `docs/chip.md` ("Native operand layouts").
 //!
 //! A GGUF weight of dims `[K, N]` (ne0 = K contiguous) is `N` rows of `K` values; as the matmul's
 //! B operand it is `K × N`. Native layouts tile it as `(N/tn, K/32, tn, 32)`: outer N-tile, then
@@ -82,7 +82,7 @@ impl LayoutId {
 }
 
 /// Nibble order of int4 values inside a byte: `true` = the even-k element sits in the low nibble.
-/// Not documented by Rockchip; unverified until run on a board (REFERENCE.md §4).
+/// Not documented by Rockchip; unverified until run on a board (`docs/chip.md`).
 pub const INT4_EVEN_K_IN_LOW_NIBBLE: bool = true;
 
 /// Geometry of one tiled weight: logical K × N, padded to the dtype's alignment.

@@ -2,7 +2,10 @@
 //! tile into the RK3588 native weight layout.
 //!
 //! API CONTRACT (other crates rely on these names): [`PackDtype`], [`LayoutId`], [`TiledLayout`],
-//! [`PackedWeight`], [`RowSource`], [`pack`], [`untile()`].
+//! [`PackedWeight`], [`ScaleGroup`], [`RowSource`], [`pack`], [`pack_grouped`], [`untile()`].
+//!
+//! [`pack_grouped`] quantizes with one scale per output channel and group of `g` consecutive k
+//! (the chip's per-group mode, `docs/chip.md`) into the same native layout.
 //!
 //! The kernel ([`pack`], [`pack_into`], [`pack_in`]) is fused and streaming: it runs in parallel
 //! over the output's N-tiles; each task decodes the `tn` source rows of its tile through
@@ -27,6 +30,7 @@ mod bench;
 #[allow(unsafe_code)]
 mod dispatch;
 mod encode;
+mod group;
 mod kernel;
 mod layout;
 mod quant;
@@ -34,6 +38,7 @@ mod source;
 mod untile;
 
 pub use bench::{bench_pack, PackBenchResult};
+pub use group::{pack_grouped, ScaleGroup};
 pub use kernel::{pack, pack_in, pack_into};
 pub use layout::{LayoutId, PackDtype, TiledLayout, INT4_EVEN_K_IN_LOW_NIBBLE};
 pub use source::{GgufRows, MatrixRows};
@@ -46,8 +51,13 @@ pub struct PackedWeight {
     pub layout: TiledLayout,
     /// Tiled bytes, exactly `layout.blob_bytes()` long, padding zero.
     pub data: Vec<u8>,
-    /// One f32 scale per output channel (`layout.n` entries; fp16 → all 1.0).
+    /// The scales: with [`ScaleGroup::PerChannel`] one f32 per output channel (`layout.n`
+    /// entries; fp16 → all 1.0); with [`ScaleGroup::Group`]`(g)` one per output channel and group
+    /// of `g` consecutive k, `layout.n · k/g` entries in the order `[N][K/g]` (the order the
+    /// vendor runtime most likely expects; unverified on a board, see `docs/chip.md`).
     pub scales: Vec<f32>,
+    /// How the scales cover K.
+    pub group: ScaleGroup,
 }
 
 /// Where the pack kernel reads rows of the source weight from (rows = output channels, each of
@@ -145,6 +155,17 @@ pub enum PackError {
     NotQuantized {
         /// The weight's dtype.
         dtype: PackDtype,
+    },
+    /// A scale group that does not fit the weight (not a positive multiple of 32, or not a
+    /// divisor of K), or a dtype without per-group quantization.
+    #[error("scale group {group} for k={k}: {reason}")]
+    Group {
+        /// The group size asked for.
+        group: usize,
+        /// The weight's K.
+        k: usize,
+        /// What is wrong.
+        reason: &'static str,
     },
     /// The thread pool for a measured run could not be built.
     #[error("building the pack thread pool: {0}")]

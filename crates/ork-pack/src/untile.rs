@@ -2,25 +2,28 @@
 
 use crate::kernel::expect_len;
 use crate::quant::unpack_nibbles;
-use crate::{PackDtype, PackError, PackedWeight, TiledLayout};
+use crate::{PackDtype, PackError, PackedWeight, ScaleGroup, TiledLayout};
 use half::f16;
 
 impl PackedWeight {
-    /// Check the weight is well formed: blob and scales lengths match the layout, every scale is
-    /// finite and non-negative, every padding element is zero.
+    /// Check the weight is well formed: blob and scales lengths match the layout and scale group,
+    /// every scale is finite and non-negative, every padding element is zero.
     ///
     /// # Errors
-    /// [`PackError::Shape`], [`PackError::Length`], [`PackError::Scale`] or
+    /// [`PackError::Shape`], [`PackError::Length`], [`PackError::Group`], [`PackError::Scale`] or
     /// [`PackError::Padding`], naming the first problem found.
     pub fn check(&self) -> Result<(), PackError> {
-        self.check_lengths()?;
-        if let Some((row, &scale)) = self
+        let groups = self.check_lengths()?;
+        if let Some((i, &scale)) = self
             .scales
             .iter()
             .enumerate()
             .find(|(_, s)| !(s.is_finite() && s.is_sign_positive()))
         {
-            return Err(PackError::Scale { row, scale });
+            return Err(PackError::Scale {
+                row: i / groups,
+                scale,
+            });
         }
         let l = &self.layout;
         let pad_k = (0..l.n).flat_map(|n| (l.k..l.k_pad()).map(move |k| (k, n)));
@@ -34,7 +37,8 @@ impl PackedWeight {
         Ok(())
     }
 
-    fn check_lengths(&self) -> Result<(), PackError> {
+    /// Check blob and scale lengths; returns the number of scale groups along K.
+    pub(crate) fn check_lengths(&self) -> Result<usize, PackError> {
         let l = &self.layout;
         let Some(bytes) = l.checked_blob_bytes() else {
             return Err(PackError::Shape {
@@ -44,7 +48,19 @@ impl PackedWeight {
             });
         };
         expect_len("packed blob", bytes, self.data.len())?;
-        expect_len("scales", l.n, self.scales.len())
+        if self.group != ScaleGroup::PerChannel && l.dtype == PackDtype::F16 {
+            return Err(PackError::Group {
+                group: self.group.size().unwrap_or(0),
+                k: l.k,
+                reason: "fp16 weights have no scales to group",
+            });
+        }
+        expect_len(
+            "scales",
+            self.group.scales_len(l.k, l.n)?,
+            self.scales.len(),
+        )?;
+        self.group.groups(l.k)
     }
 }
 
@@ -86,8 +102,8 @@ pub fn untile_q(w: &PackedWeight) -> Result<Vec<i8>, PackError> {
     Ok(out)
 }
 
-/// The weight dequantized back to f32 as a row-major `N × K` matrix (`code · scale[n]`, or the
-/// fp16 value), padding dropped.
+/// The weight dequantized back to f32 as a row-major `N × K` matrix (`code · scale[n]`, per group
+/// `code · scale[n, k/g]`, or the fp16 value), padding dropped.
 ///
 /// # Errors
 /// [`PackError::Length`] / [`PackError::Shape`] if the blob or scales do not match the layout.
@@ -96,9 +112,14 @@ pub fn untile(w: &PackedWeight) -> Result<Vec<f32>, PackError> {
     match l.dtype {
         PackDtype::I8 | PackDtype::I4 => {
             let q = untile_q(w)?;
+            let groups = w.check_lengths()?;
             Ok(q.chunks_exact(l.k)
-                .zip(&w.scales)
-                .flat_map(|(row, &s)| row.iter().map(move |&c| f32::from(c) * s))
+                .enumerate()
+                .flat_map(|(n, row)| {
+                    row.iter().enumerate().map(move |(k, &c)| {
+                        f32::from(c) * w.scales[w.group.scale_index(groups, n, k)]
+                    })
+                })
                 .collect())
         }
         PackDtype::F16 => {

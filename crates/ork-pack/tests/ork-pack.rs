@@ -63,7 +63,8 @@ fn element_bits(dtype: PackDtype, data: &[u8], e: usize) -> u16 {
     }
 }
 
-/// The tiled index written out from REFERENCE.md §4, independent of `TiledLayout::index`.
+/// The tiled index written out from `docs/chip.md` ("Native operand layouts"), independent of
+/// `TiledLayout::index`.
 fn spec_index(dtype: PackDtype, k_pad: usize, k: usize, n: usize) -> usize {
     let tn = match dtype {
         PackDtype::I8 => 32,
@@ -618,4 +619,115 @@ fn bench_pack_reports_the_run() {
         ork_pack::bench_pack(&empty, PackDtype::I8, 1, 1),
         Err(PackError::Shape { .. })
     ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-group scales
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// `pack_grouped` equals the per-row reference applied to every group on its own (the rows of
+    /// `K/g` groups reshaped into `N·K/g` rows of `g` keep the `[N][K/g]` scale order), for int8
+    /// and int4, over group sizes, group counts and tiny / zero groups; `untile` dequantizes with
+    /// the group's scale and `check` accepts the weight.
+    #[test]
+    fn grouped_matches_the_reference_per_group(
+        gi in 0usize..4, groups in 1usize..5, n in 1usize..70, int4 in any::<bool>(),
+        exp in -6i32..=6, seed in any::<u64>(),
+    ) {
+        let g = [32, 64, 128, 256][gi];
+        let k = g * groups;
+        let dtype = if int4 { PackDtype::I4 } else { PackDtype::I8 };
+        let mut s = seed | 1;
+        let mut next = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s };
+        let range = 10f32.powi(exp / 2);
+        let mut w: Vec<f32> = (0..n * k)
+            .map(|_| ((next() % 20001) as f32 / 10000.0 - 1.0) * range)
+            .collect();
+        // A zero group and a subnormal group where there are enough.
+        if n * groups > 2 {
+            w[g..2 * g].fill(0.0);
+            w[2 * g..3 * g].iter_mut().for_each(|x| *x *= 1e-40);
+        }
+        let pw = ork_pack::pack_grouped(&MatrixRows::new(&w, k, n).unwrap(), dtype, g).unwrap();
+        prop_assert_eq!(pw.group, ork_pack::ScaleGroup::Group(g));
+        let (q, scales) = reference_quantize(&w, g, lim(dtype));
+        prop_assert_eq!(&pw.scales, &scales);
+        prop_assert_eq!(untile_q(&pw).unwrap(), q.clone());
+        pw.check().unwrap();
+        assert_padding_zero(&pw);
+        let deq = untile(&pw).unwrap();
+        for (i, (&d, &c)) in deq.iter().zip(&q).enumerate() {
+            prop_assert_eq!(d, f32::from(c) * scales[i / g]);
+        }
+    }
+}
+
+#[test]
+fn grouped_refuses_groups_that_do_not_fit() {
+    let w = vec![1.0f32; 96 * 4];
+    let rows = MatrixRows::new(&w, 96, 4).unwrap();
+    for (g, d) in [
+        (64, PackDtype::I8),
+        (0, PackDtype::I8),
+        (40, PackDtype::I4),
+        (32, PackDtype::F16),
+    ] {
+        assert!(
+            matches!(ork_pack::pack_grouped(&rows, d, g), Err(PackError::Group { group, k: 96, .. }) if group == g),
+            "g{g} {d:?}"
+        );
+    }
+    // A per-group weight whose scale count or group does not match is refused by `check`.
+    let mut pw = ork_pack::pack_grouped(&rows, PackDtype::I8, 32).unwrap();
+    pw.scales.pop();
+    assert!(matches!(
+        pw.check(),
+        Err(PackError::Length { what: "scales", .. })
+    ));
+    let mut pw = ork_pack::pack_grouped(&rows, PackDtype::I8, 32).unwrap();
+    pw.group = ork_pack::ScaleGroup::Group(64);
+    assert!(matches!(
+        pw.check(),
+        Err(PackError::Group { group: 64, .. })
+    ));
+    let mut pw = ork_pack::pack_grouped(&rows, PackDtype::I8, 32).unwrap();
+    pw.scales[5] = f32::NAN;
+    // Scale 5 of 3 groups per channel belongs to output channel 1.
+    assert!(matches!(pw.check(), Err(PackError::Scale { row: 1, .. })));
+}
+
+#[test]
+fn real_model_groups_shrink_the_quantization_error() {
+    // blk.7.ffn_down (K = 1536): relative RMS error vs the GGUF's own f32 dequantization falls
+    // from per-channel to g512 to g256 to g128 (figures: `examples/group_error.rs`).
+    let file = model();
+    let t = file.tensor("blk.7.ffn_down.weight").expect("ffn_down");
+    let dense = file.dequantize_tensor(t).unwrap();
+    let (k, n) = (1536, 576);
+    let rows = GgufRows::new(&file, t).unwrap();
+    let err = |pw: &PackedWeight| {
+        let deq = untile(pw).unwrap();
+        let e: f64 = deq
+            .iter()
+            .zip(&dense)
+            .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+            .sum();
+        let s: f64 = dense.iter().map(|&x| f64::from(x).powi(2)).sum();
+        (e / s).sqrt()
+    };
+    let channel = err(&pack(&rows, PackDtype::I8).unwrap());
+    let mut last = channel;
+    for g in [512, 256, 128] {
+        let pw = ork_pack::pack_grouped(&rows, PackDtype::I8, g).unwrap();
+        // The GGUF rows stream to the same bytes as the decoded matrix.
+        let dense_pw =
+            ork_pack::pack_grouped(&MatrixRows::new(&dense, k, n).unwrap(), PackDtype::I8, g)
+                .unwrap();
+        assert!(pw == dense_pw, "g{g}: GGUF rows differ from decoded rows");
+        let e = err(&pw);
+        assert!(e < last, "g{g}: error {e} not below {last}");
+        last = e;
+    }
+    assert!(last < 0.8 * channel, "g128 {last} vs per-channel {channel}");
 }

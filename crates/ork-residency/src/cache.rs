@@ -796,6 +796,8 @@ impl WeightCache {
             layout,
             buffer,
             scales,
+            // The sources (.orkpack, GGUF repack) give per-channel scales only for now.
+            group: ork_pack::ScaleGroup::PerChannel,
         };
         self.device
             .prepare_weight(&weight.as_weight())

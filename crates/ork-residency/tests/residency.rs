@@ -201,6 +201,18 @@ fn emu(domains: u32, window: u64) -> Arc<EmuDevice> {
     Arc::new(EmuDevice::with_config(emu_config(domains, window)).expect("emu config"))
 }
 
+/// The RK3576, the chip with fp16 × int8 / int4 (w8a16) and int8 × int4; the default RK3588
+/// refuses them (docs/chip.md).
+fn emu_rk3576() -> Arc<EmuDevice> {
+    Arc::new(
+        EmuDevice::with_config(EmuConfig {
+            soc: ork_device::Soc::Rk3576,
+            ..emu_config(1, GIB4)
+        })
+        .expect("emu config"),
+    )
+}
+
 /// Fixed activations for `name`: `M × K` values.
 fn input(name: &str, k: usize) -> Vec<f32> {
     let mut h = std::hash::DefaultHasher::new();
@@ -1423,6 +1435,7 @@ fn f64_reference(cache: &WeightCache, name: &str, x: &[f32], rows: usize) -> Vec
         layout: lease.layout,
         data: lease.buffer.as_slice().to_vec(),
         scales: lease.scales.clone(),
+        group: lease.group,
     };
     let w = ork_pack::untile(&packed).expect("untile");
     let (k, n) = (lease.layout.k, lease.layout.n);
@@ -1455,11 +1468,11 @@ fn f16_activations_match_the_f32_reference_and_beat_int8_on_outliers() {
             dtype,
         };
         let int8 = DeviceMatmul::new(
-            Arc::new(WeightCache::new(emu(1, GIB4), source(), CacheConfig::new(total())).unwrap()),
+            Arc::new(WeightCache::new(emu_rk3576(), source(), CacheConfig::new(total())).unwrap()),
             None,
         );
         let fp16 = DeviceMatmul::new(
-            Arc::new(WeightCache::new(emu(1, GIB4), source(), CacheConfig::new(total())).unwrap()),
+            Arc::new(WeightCache::new(emu_rk3576(), source(), CacheConfig::new(total())).unwrap()),
             None,
         )
         .with_activations(ActPrecision::F16);
@@ -1489,7 +1502,7 @@ fn f16_activations_match_the_f32_reference_and_beat_int8_on_outliers() {
 #[test]
 fn f16_activations_clamp_overflow_and_refuse_nan() {
     let dm = DeviceMatmul::new(
-        Arc::new(WeightCache::new(emu(1, GIB4), gguf_source(), CacheConfig::new(total())).unwrap()),
+        Arc::new(WeightCache::new(emu_rk3576(), gguf_source(), CacheConfig::new(total())).unwrap()),
         None,
     )
     .with_activations(ActPrecision::F16);

@@ -95,6 +95,18 @@ pub enum RuntimeError {
     /// The weight cache cannot be set up (pinning, placement).
     #[error(transparent)]
     Residency(#[from] ork_residency::ResidencyError),
+    /// The chip the run models cannot run the weights' matmuls in the asked precision (e.g.
+    /// fp16 activations × int8 weights on the RK3588): refused before anything is converted.
+    #[error("{}: {source}; {hint}", model.display())]
+    Chip {
+        /// The GGUF file.
+        model: PathBuf,
+        /// What to use instead.
+        hint: String,
+        /// The device layer's refusal, naming the chip, the type pair and the limit.
+        #[source]
+        source: ork_device::DeviceError,
+    },
     /// The device cannot be opened or configured.
     #[error("{what}")]
     Device {
@@ -147,6 +159,8 @@ pub struct EngineConfig {
     pub device: DeviceKind,
     /// IOMMU domains to use.
     pub domains: u32,
+    /// The chip whose matmul types and limits the run keeps to (`docs/chip.md`).
+    pub soc: ork_device::Soc,
     /// Weight dtype on the device.
     pub dtype: PackDtype,
     /// Activation precision of the device matmuls.
@@ -174,6 +188,7 @@ impl EngineConfig {
             budget_bytes: None,
             device: DeviceKind::Auto,
             domains: 1,
+            soc: ork_device::Soc::Rk3588,
             dtype: PackDtype::I8,
             activations: ActPrecision::Int8,
             threads: None,
@@ -232,12 +247,61 @@ pub fn budget_bytes(flag_bytes: Option<u64>) -> Result<u64, RuntimeError> {
 /// Open the device backend `kind` with `domains` IOMMU domains, through the device layer's one
 /// [`ork_device::open`] (its `auto` policy: an NPU backend that opens and can compute, else the
 /// emulator, which says why in its name).
-pub fn open_device(kind: DeviceKind, domains: u32) -> Result<Arc<dyn Device>, RuntimeError> {
-    let options = ork_device::OpenOptions::new().domains(domains);
+pub fn open_device(
+    kind: DeviceKind,
+    domains: u32,
+    soc: ork_device::Soc,
+) -> Result<Arc<dyn Device>, RuntimeError> {
+    let options = ork_device::OpenOptions::new().domains(domains).soc(soc);
     ork_device::open(kind, &options).map_err(|e| RuntimeError::Device {
         what: "opening the device".to_owned(),
         source: Some(e),
     })
+}
+
+/// Refuse, before anything is converted or allocated, a precision the chip has no matmul type
+/// for (the device would refuse every task later): every weight is checked as the device will
+/// see it (per-channel scales; its K and N limits are the split's business, not checked here).
+fn check_chip(config: &EngineConfig, manifest: &Manifest) -> Result<(), RuntimeError> {
+    use ork_device::{ElemType, MatmulShape};
+    for w in manifest.execution_order() {
+        let (k, n) = ork_store::matmul_dims(&w.slice).map_err(|source| RuntimeError::Plan {
+            model: manifest.file().to_path_buf(),
+            source,
+        })?;
+        let shape = MatmulShape {
+            a: ElemType::of_activations(config.activations),
+            b: ElemType::of_weight(config.dtype),
+            k,
+            n,
+            group: ork_pack::ScaleGroup::PerChannel,
+        };
+        if let Err(source) = config.soc.check_types(&shape) {
+            let hint = match (config.activations, config.dtype) {
+                (ActPrecision::F16, PackDtype::I8 | PackDtype::I4) => format!(
+                    "the {} has no fp16 × int{} matmul (no w{}a16): use --act i8 (w8a8), \
+                     --dtype f16 --act f16, or --soc rk3576 for a chip that has it",
+                    config.soc,
+                    if config.dtype == PackDtype::I8 { 8 } else { 4 },
+                    if config.dtype == PackDtype::I8 { 8 } else { 4 },
+                ),
+                (ActPrecision::Int8, PackDtype::I4) => format!(
+                    "the {} has no int8 × int4 matmul: use --dtype i8 (w8a8), or --soc rk3576",
+                    config.soc
+                ),
+                (ActPrecision::Int8, PackDtype::F16) => {
+                    "no chip has int8 × fp16: use --act f16 with --dtype f16".to_owned()
+                }
+                _ => "see docs/chip.md for the chip's matmul types".to_owned(),
+            };
+            return Err(RuntimeError::Chip {
+                model: config.model.clone(),
+                hint,
+                source,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Prefetch slots of the default emulated device (`cores + 1`), for planning without a device.
@@ -357,7 +421,8 @@ impl Engine {
                 .num_threads(n.max(1))
                 .build_global();
         }
-        let device = open_device(config.device, config.domains)?;
+        check_chip(&config, &manifest)?;
+        let device = open_device(config.device, config.domains, config.soc)?;
         let info = device.info();
         let budget = budget_bytes(config.budget_bytes)?;
         let slots = info.cores as usize + 1;

@@ -354,6 +354,8 @@ impl Orkpack {
             layout: e.layout,
             data,
             scales,
+            // The format holds per-channel scales only (docs/orkpack.md).
+            group: ork_pack::ScaleGroup::PerChannel,
         })
     }
 

@@ -43,6 +43,7 @@ fn weight(dtype: PackDtype, k: usize, n: usize, seed: u32) -> PackedWeight {
         layout,
         data,
         scales,
+        group: ork_pack::ScaleGroup::PerChannel,
     }
 }
 

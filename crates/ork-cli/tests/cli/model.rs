@@ -134,11 +134,63 @@ fn int4_weights_run_in_half_the_device_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let pack = dir.path().join("i4.orkpack");
     let i8 = run_json(&pack, 1024, &[]);
-    // The same file is repacked to int4 (every entry is stale for the other dtype).
-    let i4 = run_json(&pack, 1024, &["--dtype", "i4"]);
+    // The same file is repacked to int4 (every entry is stale for the other dtype). int8
+    // activations × int4 weights exist on the RK3576 only.
+    let i4 = run_json(&pack, 1024, &["--dtype", "i4", "--soc", "rk3576"]);
+    assert_eq!(
+        (i4["soc"].as_str(), i4["matmul_type"].as_str()),
+        (Some("rk3576"), Some("int8xint4"))
+    );
+    assert_eq!(
+        (i8["soc"].as_str(), i8["matmul_type"].as_str()),
+        (Some("rk3588"), Some("int8xint8"))
+    );
     assert_eq!(u(&i4, "packed"), 211, "{i4}");
     let (a, b) = (u(&i8, "peak_resident_bytes"), u(&i4, "peak_resident_bytes"));
     assert!(b * 2 <= a + (211 << 12), "int4 {b} vs int8 {a} bytes");
+}
+
+#[test]
+fn a_matmul_type_the_chip_lacks_is_refused_before_converting() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("chip.orkpack");
+    let m = model();
+    for (extra, needle) in [
+        (&["--act", "f16"][..], "fp16 × int8"),
+        (&["--act", "f16", "--dtype", "i4"][..], "fp16 × int4"),
+        (&["--dtype", "i4"][..], "int8 × int4"),
+        (&["--dtype", "f16"][..], "int8 × fp16"),
+    ] {
+        let mut args = vec!["run", "--model", m.to_str().unwrap(), "--pack"];
+        args.push(pack.to_str().unwrap());
+        args.extend(["--prompt", "Hi", "-n", "2"]);
+        args.extend(extra);
+        let o = run(&args);
+        assert_eq!(code(&o), Some(2), "{extra:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("rk3588") && err.contains(needle),
+            "{extra:?}: {err}"
+        );
+        assert!(
+            !pack.exists(),
+            "{extra:?}: nothing may be converted for a refused run"
+        );
+    }
+    // The same fp16 activations are the RK3576's w8a16.
+    let v = run_json(&pack, 1024, &["--act", "f16", "--soc", "rk3576"]);
+    assert_eq!(v["matmul_type"].as_str(), Some("fp16xint8"), "{v}");
+    let o = run(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--soc",
+        "rk9999",
+        "--prompt",
+        "Hi",
+    ]);
+    assert_eq!(code(&o), Some(2));
+    assert!(stderr(&o).contains("rk9999"), "{}", stderr(&o));
 }
 
 #[test]

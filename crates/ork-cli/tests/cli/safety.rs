@@ -410,14 +410,14 @@ fn run_says_why_it_rebuilds_a_pack() {
     std::fs::write(&pack, &bytes).unwrap();
     let err = go(&[]);
     assert!(err.contains("rebuilt") && err.contains("corrupt"), "{err}");
-    let err = go(&["--dtype", "i4"]);
+    let err = go(&["--dtype", "i4", "--soc", "rk3576"]);
     assert!(err.contains("rebuilt") && err.contains("dtype"), "{err}");
     std::fs::write(&pack, &bytes[..bytes.len() / 2]).unwrap();
-    let err = go(&["--dtype", "i4"]);
+    let err = go(&["--dtype", "i4", "--soc", "rk3576"]);
     assert!(
         err.contains("rebuilt") && err.contains("truncated"),
         "{err}"
     );
-    let quiet = go(&["--dtype", "i4"]);
+    let quiet = go(&["--dtype", "i4", "--soc", "rk3576"]);
     assert!(!quiet.contains("rebuilt"), "nothing to rebuild: {quiet}");
 }

@@ -28,6 +28,7 @@ mod avx2;
 mod avx2_f32;
 #[cfg(target_arch = "x86_64")]
 mod avx512_vnni;
+pub(crate) mod group;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "x86_64")]

@@ -271,6 +271,8 @@ impl Device for RknpuDevice {
             window_bytes: WINDOW_BYTES,
             driver_version: Some(format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100)),
             computes: false,
+            // The chip is not identified yet (and nothing is submitted to it).
+            soc: None,
         }
     }
 

@@ -1,0 +1,426 @@
+//! What each Rockchip chip's NPU can multiply, as data in one place (see `docs/chip.md`).
+//!
+//! [`Soc::caps`] is the table: the matmul type triples (activation × weight → output), the
+//! per-group weight-scale modes and the shape limits of each chip, restated from Rockchip's RKNPU
+//! User Guide (tables 3-6 and 3-7) and the rkllm quantization lists. [`Soc::check`] refuses a
+//! [`MatmulShape`] the chip cannot run with [`DeviceError::Chip`], naming the chip, the type
+//! pair and the violated [`ChipLimit`]. The emulator enforces it (`EmuConfig::soc`).
+
+use std::fmt;
+
+use ork_pack::{PackDtype, ScaleGroup};
+
+use crate::{ActPrecision, DeviceError};
+
+/// A Rockchip SoC whose NPU ork models.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Soc {
+    /// RK3588 (3 NPU cores): w8a8 and fp16 only; no fp16 × int8/int4.
+    #[default]
+    Rk3588,
+    /// RK3576 (2 NPU cores): the RK3588's types plus fp16 × int8, fp16 × int4 and int8 × int4.
+    Rk3576,
+}
+
+/// Element type of a matmul operand, in the vendor's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ElemType {
+    /// IEEE binary16.
+    Fp16,
+    /// Signed 8-bit integer.
+    Int8,
+    /// Signed 4-bit integer (two per byte).
+    Int4,
+    /// Signed 16-bit integer (the output of int4 × int4).
+    Int16,
+    /// Signed 32-bit integer accumulators.
+    Int32,
+    /// IEEE binary32.
+    Fp32,
+}
+
+impl ElemType {
+    /// Short name ("fp16", "int8", …).
+    pub const fn name(self) -> &'static str {
+        match self {
+            ElemType::Fp16 => "fp16",
+            ElemType::Int8 => "int8",
+            ElemType::Int4 => "int4",
+            ElemType::Int16 => "int16",
+            ElemType::Int32 => "int32",
+            ElemType::Fp32 => "fp32",
+        }
+    }
+
+    /// The element type of a packed weight's dtype.
+    pub const fn of_weight(d: PackDtype) -> ElemType {
+        match d {
+            PackDtype::I8 => ElemType::Int8,
+            PackDtype::I4 => ElemType::Int4,
+            PackDtype::F16 => ElemType::Fp16,
+        }
+    }
+
+    /// The element type of activations in `p`.
+    pub const fn of_activations(p: ActPrecision) -> ElemType {
+        match p {
+            ActPrecision::Int8 => ElemType::Int8,
+            ActPrecision::F16 => ElemType::Fp16,
+        }
+    }
+}
+
+impl fmt::Display for ElemType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One matmul type of a chip: activation (A) × weight (B) → output (C).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulType {
+    /// Activation type.
+    pub a: ElemType,
+    /// Weight type.
+    pub b: ElemType,
+    /// Output type.
+    pub c: ElemType,
+}
+
+/// A per-group weight-scale mode: the types it runs in and the group sizes along K it accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GroupMode {
+    /// The type triple it runs in.
+    pub ty: MatmulType,
+    /// Accepted group sizes (k values per scale).
+    pub sizes: &'static [usize],
+}
+
+/// Shape limits of one chip's matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Limits {
+    /// K must be a multiple of this (all types).
+    pub k_align: usize,
+    /// Largest K.
+    pub k_max: usize,
+    /// Above this K the chip splits B into `⌈K / k_segment⌉` segments itself (informative; the
+    /// split helpers cut K-segments of this size for weights beyond `k_max`).
+    pub k_segment: usize,
+    /// Largest N for int8 weights, `None` where unknown.
+    pub n_max_int8: Option<usize>,
+    /// Largest N for fp16 weights, `None` where unknown.
+    pub n_max_fp16: Option<usize>,
+    /// Largest N for int4 weights, `None` where unknown.
+    pub n_max_int4: Option<usize>,
+}
+
+impl Limits {
+    /// N must be a multiple of this for weights of type `b` (int8 32, fp16 16, int4 64).
+    pub const fn n_align(&self, b: ElemType) -> usize {
+        match b {
+            ElemType::Int4 => 64,
+            ElemType::Fp16 => 16,
+            _ => 32,
+        }
+    }
+
+    /// Largest N for weights of type `b`, `None` where unknown.
+    pub const fn n_max(&self, b: ElemType) -> Option<usize> {
+        match b {
+            ElemType::Int8 => self.n_max_int8,
+            ElemType::Fp16 => self.n_max_fp16,
+            ElemType::Int4 => self.n_max_int4,
+            _ => None,
+        }
+    }
+}
+
+/// Everything one chip's matmul can do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Caps {
+    /// Supported type triples.
+    pub types: &'static [MatmulType],
+    /// Supported per-group weight-scale modes.
+    pub groups: &'static [GroupMode],
+    /// Shape limits.
+    pub limits: Limits,
+}
+
+const fn t(a: ElemType, b: ElemType, c: ElemType) -> MatmulType {
+    MatmulType { a, b, c }
+}
+
+use ElemType::{Fp16, Fp32, Int16, Int32, Int4, Int8};
+
+/// RK3588 types (RKNPU User Guide table 3-6).
+const RK3588_TYPES: &[MatmulType] = &[
+    t(Fp16, Fp16, Fp16),
+    t(Fp16, Fp16, Fp32),
+    t(Int8, Int8, Int32),
+    t(Int8, Int8, Fp32),
+    t(Int8, Int8, Int8),
+    t(Int4, Int4, Int16),
+];
+
+/// RK3576 types: the RK3588's plus the mixed ones.
+const RK3576_TYPES: &[MatmulType] = &[
+    t(Fp16, Fp16, Fp16),
+    t(Fp16, Fp16, Fp32),
+    t(Int8, Int8, Int32),
+    t(Int8, Int8, Fp32),
+    t(Int8, Int8, Int8),
+    t(Int4, Int4, Int16),
+    t(Fp16, Int8, Fp32),
+    t(Fp16, Int4, Fp16),
+    t(Fp16, Int4, Fp32),
+    t(Int8, Int4, Int32),
+];
+
+/// rkllm's w8a8_g128 / g256 / g512.
+const W8A8_GROUPS: GroupMode = GroupMode {
+    ty: t(Int8, Int8, Fp32),
+    sizes: &[128, 256, 512],
+};
+
+/// rkllm's w4a16_g32 / g64 / g128 (RK3576 only).
+const W4A16_GROUPS: GroupMode = GroupMode {
+    ty: t(Fp16, Int4, Fp32),
+    sizes: &[32, 64, 128],
+};
+
+const RK3588_CAPS: Caps = Caps {
+    types: RK3588_TYPES,
+    groups: &[W8A8_GROUPS],
+    limits: Limits {
+        k_align: 32,
+        k_max: 10240,
+        k_segment: 8192,
+        n_max_int8: Some(4096),
+        n_max_fp16: Some(4096),
+        n_max_int4: Some(8192),
+    },
+};
+
+const RK3576_CAPS: Caps = Caps {
+    types: RK3576_TYPES,
+    groups: &[W8A8_GROUPS, W4A16_GROUPS],
+    limits: Limits {
+        k_align: 32,
+        k_max: 10240,
+        k_segment: 8192,
+        // Table 3-7 gives N limits for the RK3588 only; the RK3576's are not known here.
+        n_max_int8: None,
+        n_max_fp16: None,
+        n_max_int4: None,
+    },
+};
+
+impl Soc {
+    /// Every modelled chip.
+    pub const ALL: [Soc; 2] = [Soc::Rk3588, Soc::Rk3576];
+
+    /// Lower-case name ("rk3588").
+    pub const fn name(self) -> &'static str {
+        match self {
+            Soc::Rk3588 => "rk3588",
+            Soc::Rk3576 => "rk3576",
+        }
+    }
+
+    /// NPU cores of the chip.
+    pub const fn cores(self) -> u32 {
+        match self {
+            Soc::Rk3588 => 3,
+            Soc::Rk3576 => 2,
+        }
+    }
+
+    /// The chip's table.
+    pub const fn caps(self) -> &'static Caps {
+        match self {
+            Soc::Rk3588 => &RK3588_CAPS,
+            Soc::Rk3576 => &RK3576_CAPS,
+        }
+    }
+
+    /// Output types the chip offers for activations `a` × weights `b` (empty: the pair does
+    /// not exist on this chip).
+    pub fn outputs(self, a: ElemType, b: ElemType) -> Vec<ElemType> {
+        self.caps()
+            .types
+            .iter()
+            .filter(|ty| ty.a == a && ty.b == b)
+            .map(|ty| ty.c)
+            .collect()
+    }
+
+    /// Group sizes the chip accepts for per-group weight scales with `a` × `b` (empty: no
+    /// per-group mode for the pair).
+    pub fn group_sizes(self, a: ElemType, b: ElemType) -> &'static [usize] {
+        self.caps()
+            .groups
+            .iter()
+            .find(|g| g.ty.a == a && g.ty.b == b)
+            .map_or(&[], |g| g.sizes)
+    }
+
+    /// Check that the chip has the task's type pair (and, for per-group scales, a per-group mode
+    /// with its group size).
+    ///
+    /// # Errors
+    /// [`DeviceError::Chip`] with [`ChipLimit::TypePair`] or [`ChipLimit::Group`].
+    pub fn check_types(self, s: &MatmulShape) -> Result<(), DeviceError> {
+        if self.outputs(s.a, s.b).is_empty() {
+            return Err(self.refuse(s, ChipLimit::TypePair));
+        }
+        if let Some(g) = s.group.size() {
+            if !self.group_sizes(s.a, s.b).contains(&g) {
+                return Err(self.refuse(s, ChipLimit::Group { group: g }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Check the task's K and N against the chip's limits.
+    ///
+    /// # Errors
+    /// [`DeviceError::Chip`] with [`ChipLimit::KAlign`], [`ChipLimit::KMax`],
+    /// [`ChipLimit::NAlign`] or [`ChipLimit::NMax`].
+    pub fn check_limits(self, s: &MatmulShape) -> Result<(), DeviceError> {
+        let l = &self.caps().limits;
+        if !s.k.is_multiple_of(l.k_align) {
+            return Err(self.refuse(s, ChipLimit::KAlign { align: l.k_align }));
+        }
+        if s.k > l.k_max {
+            return Err(self.refuse(s, ChipLimit::KMax { max: l.k_max }));
+        }
+        let align = l.n_align(s.b);
+        if !s.n.is_multiple_of(align) {
+            return Err(self.refuse(s, ChipLimit::NAlign { align }));
+        }
+        if let Some(max) = l.n_max(s.b) {
+            if s.n > max {
+                return Err(self.refuse(s, ChipLimit::NMax { max }));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Soc::check_types`], then [`Soc::check_limits`].
+    ///
+    /// # Errors
+    /// As those two.
+    pub fn check(self, s: &MatmulShape) -> Result<(), DeviceError> {
+        self.check_types(s)?;
+        self.check_limits(s)
+    }
+
+    fn refuse(self, s: &MatmulShape, limit: ChipLimit) -> DeviceError {
+        DeviceError::Chip {
+            soc: self,
+            a: s.a,
+            b: s.b,
+            k: s.k,
+            n: s.n,
+            limit,
+        }
+    }
+}
+
+impl fmt::Display for Soc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Soc {
+    type Err = DeviceError;
+
+    /// Parse "rk3588" or "rk3576" (ASCII case ignored).
+    fn from_str(s: &str) -> Result<Self, DeviceError> {
+        Soc::ALL
+            .into_iter()
+            .find(|c| c.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| DeviceError::UnknownSoc { name: s.to_owned() })
+    }
+}
+
+/// What a chip refuses about a matmul (carried by [`DeviceError::Chip`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ChipLimit {
+    /// The chip has no matmul for this activation × weight type pair.
+    TypePair,
+    /// The chip has no per-group weight scales for this type pair, or not this group size.
+    Group {
+        /// The group size asked for.
+        group: usize,
+    },
+    /// K is not a multiple of `align`.
+    KAlign {
+        /// Required multiple.
+        align: usize,
+    },
+    /// K exceeds `max` (split the weight into K-segments).
+    KMax {
+        /// Largest K.
+        max: usize,
+    },
+    /// N is not a multiple of `align` for this weight type.
+    NAlign {
+        /// Required multiple.
+        align: usize,
+    },
+    /// N exceeds `max` for this weight type (split the weight into N-chunks).
+    NMax {
+        /// Largest N.
+        max: usize,
+    },
+}
+
+impl fmt::Display for ChipLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ChipLimit::TypePair => f.write_str("no matmul of this type pair on the chip"),
+            ChipLimit::Group { group } => write!(
+                f,
+                "no per-group weight scales with group size {group} for this type pair"
+            ),
+            ChipLimit::KAlign { align } => write!(f, "K must be a multiple of {align}"),
+            ChipLimit::KMax { max } => write!(f, "K exceeds {max} (split into K-segments)"),
+            ChipLimit::NAlign { align } => write!(f, "N must be a multiple of {align}"),
+            ChipLimit::NMax { max } => write!(f, "N exceeds {max} (split into N-chunks)"),
+        }
+    }
+}
+
+/// The part of a matmul a chip's table speaks about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulShape {
+    /// Activation type.
+    pub a: ElemType,
+    /// Weight type.
+    pub b: ElemType,
+    /// Reduction dim.
+    pub k: usize,
+    /// Output channels.
+    pub n: usize,
+    /// Weight-scale granularity.
+    pub group: ScaleGroup,
+}
+
+impl MatmulShape {
+    /// The shape of `task`.
+    pub fn of_task(task: &crate::MatmulTask<'_>) -> Self {
+        let l = task.weight.layout;
+        MatmulShape {
+            a: ElemType::of_activations(task.activations.precision()),
+            b: ElemType::of_weight(l.dtype),
+            k: l.k,
+            n: l.n,
+            group: task.weight.group,
+        }
+    }
+}
