@@ -80,6 +80,10 @@ fn an_owned_session_runs_on_a_spawned_thread_after_the_engine_is_dropped() {
     let tokens = engine.tokenizer().encode(prompt, true, false).unwrap();
     let session = engine.session();
     assert_send_static(&session);
+    // An announcement through the executor's hook reaches the prefetcher; it is a hint only.
+    session
+        .linear()
+        .upcoming(&["blk.29.ffn_down.weight", "blk.0.attn_q.weight"]);
     drop(engine);
     let there = std::thread::spawn(move || run_greedy(session, &tokens, 8))
         .join()
