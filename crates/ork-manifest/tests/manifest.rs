@@ -5,20 +5,9 @@ use ork_gguf::writer::GgufBuilder;
 use ork_gguf::{GgmlType, GgufFile, MetaValue};
 use ork_manifest::{classify, tensor_name, Manifest, ManifestError, Role, WeightId};
 
-/// The real model: `ORK_MODEL`, or the repository's `.cache/`. Missing file = test failure.
+/// The real model (a missing file is a test failure).
 fn real_model() -> GgufFile {
-    let path = std::env::var_os("ORK_MODEL")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.exists(),
-        "real model not found at {}: run scripts/fetch-model.sh (or set ORK_MODEL)",
-        path.display()
-    );
-    GgufFile::open(&path).unwrap()
+    GgufFile::open(&ork_testkit::model_path()).unwrap()
 }
 
 #[test]

@@ -43,26 +43,8 @@ const ACT_BYTES: u64 = 64 * KIB;
 // Fixtures
 // ---------------------------------------------------------------------------------------------
 
-/// A deterministic generator (SplitMix64) for weights, inputs, access sequences and jitter.
-#[derive(Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// Uniform in [-1, 1).
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
+/// The shared SplitMix64 generator for weights, inputs, access sequences and jitter.
+use ork_testkit::Rng;
 
 /// Per block: (role, K, N, type). Types and shapes vary between blocks so that F32 and Q8_0
 /// sources, padded N (40 → 64) and K = 64..512 are all exercised.

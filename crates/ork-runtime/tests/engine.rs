@@ -4,20 +4,7 @@
 use ork_exec::{generate, GenerateOptions, Sampler, SamplerOptions};
 use ork_runtime::{DeviceKind, Engine, EngineConfig, PackChoice, RuntimeError};
 
-fn model_path() -> std::path::PathBuf {
-    let p = std::env::var_os("ORK_MODEL")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        p.is_file(),
-        "real model not found at {}: run scripts/fetch-model.sh (or set ORK_MODEL)",
-        p.display()
-    );
-    p
-}
+use ork_testkit::model_path;
 
 fn config(pack: &std::path::Path, budget_mb: u64) -> EngineConfig {
     let mut c = EngineConfig::new(model_path());

@@ -45,28 +45,8 @@ impl TinySpec {
     }
 }
 
-/// splitmix64: a tiny deterministic generator for fixture weights.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    pub fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uniform() * scale).collect()
-    }
-}
+/// The shared SplitMix64 fixture generator (its `f32` is the uniform [-1, 1) this file used).
+pub use ork_testkit::Rng;
 
 /// The fixture's GGUF builder, leaving out the tensor named `skip` (for negative tests).
 pub fn builder(spec: &TinySpec, skip: Option<&str>) -> GgufBuilder {

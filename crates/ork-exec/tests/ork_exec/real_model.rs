@@ -4,24 +4,8 @@ use ork_exec::{
     Model, Sampler, Session, StopReason, TextStream, Tokenizer,
 };
 use ork_gguf::GgufFile;
-use std::path::PathBuf;
+pub use ork_testkit::model_path;
 use std::sync::{Arc, OnceLock};
-
-/// The model path: `ORK_MODEL`, or the default cache location. Missing file = test failure.
-pub fn model_path() -> PathBuf {
-    let p = std::env::var_os("ORK_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        p.is_file(),
-        "real model not found at {}: run scripts/fetch-model.sh (or set ORK_MODEL)",
-        p.display()
-    );
-    p
-}
 
 /// The GGUF, opened once for all tests of this module.
 pub fn gguf() -> &'static std::sync::Arc<GgufFile> {

@@ -265,20 +265,9 @@ fn ensure_packs_reuses_and_repacks_only_what_changed() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
-/// The real model (env ORK_MODEL or the fetch script's default path).
+/// The real model.
 fn real_model() -> GgufFile {
-    let path = std::env::var_os("ORK_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.exists(),
-        "model {} missing: run scripts/fetch-model.sh",
-        path.display()
-    );
-    GgufFile::open(&path).unwrap()
+    GgufFile::open(&ork_testkit::model_path()).unwrap()
 }
 
 #[test]
