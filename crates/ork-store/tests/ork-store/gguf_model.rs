@@ -3,7 +3,6 @@
 use std::path::Path;
 
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ork_gguf::GgufFile;
