@@ -50,8 +50,13 @@ fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
 /// Open the engine, drawing the conversion bar unless `quiet`; say on stderr why an existing
 /// `.orkpack` was rebuilt, or that it could not be written and the run goes on from memory.
 fn open_engine(config: EngineConfig, quiet: bool) -> Result<Engine> {
+    open_loaded(Engine::load(config)?, quiet)
+}
+
+/// [`open_engine`] for a model already loaded (and checked by the caller).
+fn open_loaded(loaded: ork_runtime::LoadedModel, quiet: bool) -> Result<Engine> {
     let bar = crate::progress::ConvertBar::hidden_until_started(quiet);
-    let engine = Engine::open_observed(config, Some(&bar))?;
+    let engine = loaded.open(Some(&bar))?;
     if let (Some(report), Some(path)) = (engine.convert_report(), engine.pack_path()) {
         // Say why an existing file was rewritten (stale, corrupt, other dtype …).
         if let Some(why) = report.rebuild.as_ref().filter(|_| report.rewritten) {
@@ -199,13 +204,12 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             .open(path)
             .with_context(|| format!("{}: cannot write the trace", path.display()))?;
     }
-    let engine = open_engine(
-        engine_config(&args.model, args.model.trace.is_some()),
-        args.json,
-    )?;
-    let tokenizer = engine.tokenizer();
+    // The prompt is checked against the context before the device is opened or the .orkpack
+    // converted (minutes on a large model).
+    let loaded = Engine::load(engine_config(&args.model, args.model.trace.is_some()))?;
+    let tokenizer = Arc::clone(loaded.tokenizer());
     let prompt = if args.chat {
-        let template = engine.chat_template()?.with_context(|| {
+        let template = loaded.chat_template()?.with_context(|| {
             format!(
                 "{}: --chat, but the model has no chat template",
                 args.model.model.display()
@@ -216,7 +220,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     } else {
         tokenizer.encode(&text, true, false)?
     };
-    let context = engine.model().config().context_length;
+    let context = loaded.model().config().context_length;
     if prompt
         .len()
         .checked_add(args.n_predict)
@@ -229,6 +233,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             args.model.model.display()
         );
     }
+    let engine = open_loaded(loaded, args.json)?;
     let mut session = engine.session();
     let mut sampler = Sampler::new(SamplerOptions {
         temperature: args.temp,
@@ -239,7 +244,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         max_tokens: args.n_predict,
         stop_tokens: tokenizer.end_of_generation().to_vec(),
     };
-    let mut stream = TextStream::new(tokenizer, false);
+    let mut stream = TextStream::new(&tokenizer, false);
     let mut out = String::new();
     let mut ttft: Option<Duration> = None;
     let stdout = std::io::stdout();

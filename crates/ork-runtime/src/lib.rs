@@ -407,6 +407,17 @@ impl Engine {
         config: EngineConfig,
         observer: Option<&dyn ConvertObserver>,
     ) -> Result<Engine, RuntimeError> {
+        Engine::load(config)?.open(observer)
+    }
+
+    /// The first half of [`Engine::open`]: read and check the model, its tokenizer and its weight
+    /// manifest, without opening a device or touching the `.orkpack`, so that a front end can
+    /// refuse a request (a prompt longer than the context …) before a conversion that may take
+    /// minutes on a large model.
+    ///
+    /// # Errors
+    /// The GGUF cannot be opened, or its model, tokenizer or manifest is not usable.
+    pub fn load(config: EngineConfig) -> Result<LoadedModel, RuntimeError> {
         let gguf = Arc::new(GgufFile::open(&config.model)?);
         let model_err = |source| RuntimeError::Model {
             model: config.model.clone(),
@@ -415,6 +426,68 @@ impl Engine {
         let model = Arc::new(Model::load(&gguf).map_err(model_err)?);
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).map_err(model_err)?);
         let manifest = Arc::new(Manifest::from_gguf(&gguf)?);
+        Ok(LoadedModel {
+            config,
+            gguf,
+            model,
+            tokenizer,
+            manifest,
+        })
+    }
+}
+
+/// A model read and checked by [`Engine::load`], not yet on a device.
+pub struct LoadedModel {
+    config: EngineConfig,
+    gguf: Arc<GgufFile>,
+    model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    manifest: Arc<Manifest>,
+}
+
+impl std::fmt::Debug for LoadedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadedModel {
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The model's chat template, if it has one.
+    ///
+    /// # Errors
+    /// A template that does not parse, naming the file.
+    pub fn chat_template(&self) -> Result<Option<ChatTemplate>, RuntimeError> {
+        ChatTemplate::from_gguf(&self.gguf, &self.tokenizer).map_err(|source| RuntimeError::Model {
+            model: self.config.model.clone(),
+            source,
+        })
+    }
+
+    /// The second half of [`Engine::open`]: the device, the plan, the `.orkpack` (converted if
+    /// needed, telling `observer`), the cache and the prefetcher.
+    ///
+    /// # Errors
+    /// Any failure to open the device, plan, convert or place the model, naming file and tensor.
+    pub fn open(self, observer: Option<&dyn ConvertObserver>) -> Result<Engine, RuntimeError> {
+        let LoadedModel {
+            config,
+            gguf,
+            model,
+            tokenizer,
+            manifest,
+        } = self;
         if let Some(n) = config.threads {
             // The first call wins; later engines in the same process share the pool.
             let _ = rayon::ThreadPoolBuilder::new()
@@ -557,7 +630,9 @@ impl Engine {
             pack_unwritable,
         })
     }
+}
 
+impl Engine {
     /// The configuration it was opened with.
     pub fn config(&self) -> &EngineConfig {
         &self.config

@@ -245,13 +245,26 @@ fn bad_inputs_fail_with_one_clear_line() {
         &["run", "--model", ms, "--pack", ps, "--prompt", ""],
         "empty",
     );
-    // Prompt longer than the context.
+    // Prompt longer than the context: refused before the .orkpack is converted.
     let long = "word ".repeat(9000);
+    let fresh = dir.path().join("never.orkpack");
     check(
         &[
-            "run", "--model", ms, "--pack", ps, "--prompt", &long, "-n", "1",
+            "run",
+            "--model",
+            ms,
+            "--pack",
+            fresh.to_str().unwrap(),
+            "--prompt",
+            &long,
+            "-n",
+            "1",
         ],
         "context",
+    );
+    assert!(
+        !fresh.exists(),
+        "a refused prompt must not cost a conversion"
     );
     // Invalid UTF-8 in --prompt-file names the file.
     let bad = dir.path().join("bad.txt");
