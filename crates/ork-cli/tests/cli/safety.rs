@@ -421,3 +421,43 @@ fn run_says_why_it_rebuilds_a_pack() {
     let quiet = go(&["--dtype", "i4", "--soc", "rk3576"]);
     assert!(!quiet.contains("rebuilt"), "nothing to rebuild: {quiet}");
 }
+
+/// An error line names each cause once: no `: `-separated part of it is repeated (the causes of
+/// library errors often already carry their source's text), and it is one line.
+#[test]
+fn error_causes_are_printed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let truncated = dir.path().join("truncated.gguf");
+    let bytes = std::fs::read(model()).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 3]).unwrap();
+    let garbage = dir.path().join("garbage.orkpack");
+    std::fs::write(&garbage, b"not a pack at all, only words").unwrap();
+    let missing = dir.path().join("missing.gguf");
+    let out = dir.path().join("o.orkpack");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["run", "--model", s(&missing), "--prompt", "Hi", "-n", "1"],
+        vec!["run", "--model", s(dir.path()), "--prompt", "Hi", "-n", "1"],
+        vec!["inspect", s(&truncated)],
+        vec!["verify", s(&garbage)],
+        vec!["convert", s(&truncated), "-o", s(&out)],
+    ];
+    for args in cases {
+        let o = run(&args);
+        assert_eq!(code(&o), Some(2), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: one error line expected:\n{err}");
+        let parts: Vec<&str> = lines[0]
+            .split(": ")
+            .map(str::trim)
+            .filter(|p| p.len() >= 12)
+            .collect();
+        for (i, p) in parts.iter().enumerate() {
+            assert!(
+                !parts[i + 1..].contains(p),
+                "{args:?}: cause {p:?} printed twice in {:?}",
+                lines[0]
+            );
+        }
+    }
+}
