@@ -50,10 +50,9 @@ pub struct EmuConfig {
     /// Also refuse tasks beyond the chip's K / N limits (K a multiple of 32 and ≤ 10240, N
     /// aligned to the weight type and, on the RK3588, ≤ 4096 for int8 / fp16, ≤ 8192 for int4).
     ///
-    /// Off by default for now: the model path still submits weights beyond them (SmolLM2's lm
-    /// head has N = 49152), and splitting those into chip-sized parts
-    /// ([`crate::split`]) is wired into the residency layer in a later change. Turn it on there;
-    /// the conformance suite and this crate's tests run with it on.
+    /// On by default: the residency layer computes every weight beyond the limits as chip-sized
+    /// parts ([`crate::split`], `docs/chip.md`), so nothing over them is ever submitted. Turn it
+    /// off only to run a whole over-limit weight as a reference (tests).
     pub enforce_limits: bool,
 }
 
@@ -68,7 +67,7 @@ impl Default for EmuConfig {
             threads: 0,
             isa: None,
             soc: Soc::Rk3588,
-            enforce_limits: false,
+            enforce_limits: true,
         }
     }
 }
@@ -336,7 +335,8 @@ impl EmuDevice {
         let shape = MatmulShape::of_task(task);
         self.soc.check_types(&shape)?;
         if self.enforce_limits {
-            self.soc.check_limits(&shape)?;
+            self.soc
+                .check_limits(&submitted(&shape, &task.weight.layout))?;
         }
         if shape.group != ScaleGroup::PerChannel && shape.a != ElemType::Int8 {
             return Err(DeviceError::Unsupported {
@@ -539,13 +539,14 @@ impl Device for EmuDevice {
         weight.check(0)?;
         if self.enforce_limits {
             let b = ElemType::of_weight(weight.layout.dtype);
-            self.soc.check_limits(&MatmulShape {
+            let shape = MatmulShape {
                 a: b,
                 b,
                 k: weight.layout.k,
                 n: weight.layout.n,
                 group: weight.group,
-            })?;
+            };
+            self.soc.check_limits(&submitted(&shape, &weight.layout))?;
         }
         Ok(())
     }
@@ -616,6 +617,18 @@ impl Device for EmuDevice {
             tasks: self.shared.tasks.load(Ordering::Relaxed),
             attached,
         }
+    }
+}
+
+/// The shape the chip is given for a weight: K and N padded to the weight's tiles, as its
+/// native blob holds them (the pad is zeros; a backend pads the activations to K and drops the
+/// pad's outputs). A weight in ork's layout is therefore always aligned; its maxima are what
+/// can be exceeded.
+fn submitted(shape: &MatmulShape, layout: &ork_pack::TiledLayout) -> MatmulShape {
+    MatmulShape {
+        k: layout.k_pad(),
+        n: layout.n_pad(),
+        ..*shape
     }
 }
 

@@ -100,39 +100,141 @@ pub fn split(layout: &TiledLayout, group: ScaleGroup, soc: Soc) -> Result<Vec<Pa
     Ok(parts)
 }
 
-/// The part's own packed weight: its native bytes (copied from the range, or gathered k-tile by
-/// k-tile from every N-tile of the chunk) and its scales (the chunk's channel scales, or its
-/// channels' scales of the segment's groups).
+/// Whether the parts, stored one after another in split order, are the whole weight's native
+/// blob unchanged: every part is a [`PartBytes::Range`] starting where the previous one ended.
+/// True for N-chunks of an unsplit K (and for a weight that fits whole); false once K is
+/// segmented.
+pub fn native_order(parts: &[Part]) -> bool {
+    let mut at = 0;
+    parts.iter().all(|p| match &p.bytes {
+        PartBytes::Range(r) if r.start == at => {
+            at = r.end;
+            true
+        }
+        _ => false,
+    })
+}
+
+/// Byte offset of each part's blob in the **split order**: the parts' own native blobs stored
+/// one after another, N-chunk by N-chunk and, inside a chunk, K-segment by K-segment. Where
+/// [`native_order`] holds, these are the parts' [`PartBytes::Range`] starts. The total (the
+/// last offset plus the last part's `blob_bytes`) equals the whole weight's `blob_bytes`: a
+/// K-segment boundary falls on a k-tile, so no padding is added or lost.
+pub fn part_offsets(parts: &[Part]) -> Vec<usize> {
+    let mut at = 0;
+    parts
+        .iter()
+        .map(|p| {
+            let o = at;
+            at += p.layout.blob_bytes();
+            o
+        })
+        .collect()
+}
+
+/// Rewrite a weight's native blob `src` into the split order of `parts` ([`part_offsets`]) in
+/// `dst` (same length). With [`native_order`] this is a copy.
 ///
 /// # Errors
-/// [`DeviceError::Length`] if `w`'s blob or scales do not match its layout, [`DeviceError::Shape`]
-/// if `part` does not lie inside `w` on tile boundaries.
-pub fn part_weight(w: &PackedWeight, part: &Part) -> Result<PackedWeight, DeviceError> {
-    let l = w.layout;
-    let shape = |reason| DeviceError::Shape {
+/// [`DeviceError::Length`] if `src` or `dst` is not `layout.blob_bytes()` long,
+/// [`DeviceError::Shape`] if a part does not lie inside the weight on tile boundaries.
+pub fn arrange(
+    layout: &TiledLayout,
+    src: &[u8],
+    parts: &[Part],
+    dst: &mut [u8],
+) -> Result<(), DeviceError> {
+    for (operand, len) in [
+        ("weight bytes", src.len()),
+        ("split weight bytes", dst.len()),
+    ] {
+        if len != layout.blob_bytes() {
+            return Err(DeviceError::Length {
+                operand,
+                expected: layout.blob_bytes(),
+                got: len,
+            });
+        }
+    }
+    let mut at = 0;
+    for part in parts {
+        let len = part.layout.blob_bytes();
+        let out = dst
+            .get_mut(at..at + len)
+            .ok_or_else(|| bad_part(layout, "parts hold more bytes than the weight"))?;
+        part_bytes_into(layout, src, part, out)?;
+        at += len;
+    }
+    if at != dst.len() {
+        return Err(bad_part(layout, "parts do not cover the weight"));
+    }
+    Ok(())
+}
+
+/// The scales of `part` of a weight with `scales` (per channel: `n`; per group: `[N][K/g]`)
+/// and scale group `group`: the chunk's channel scales (borrowed), or its channels' scales of
+/// the segment's groups (gathered; borrowed when the part covers all of K).
+///
+/// # Errors
+/// [`DeviceError::Length`] if `scales` do not match the layout, [`DeviceError::Shape`] if the
+/// group does not fit K or the part does not lie inside the weight on group boundaries.
+pub fn part_scales<'a>(
+    layout: &TiledLayout,
+    scales: &'a [f32],
+    group: ScaleGroup,
+    part: &Part,
+) -> Result<std::borrow::Cow<'a, [f32]>, DeviceError> {
+    use std::borrow::Cow;
+    let groups = group
+        .groups(layout.k)
+        .map_err(|_| bad_part(layout, "scale group does not fit K"))?;
+    if scales.len() != layout.n * groups {
+        return Err(DeviceError::Length {
+            operand: "weight scales",
+            expected: layout.n * groups,
+            got: scales.len(),
+        });
+    }
+    let (n, k) = (part.n.clone(), part.k.clone());
+    if n.start >= n.end || n.end > layout.n || k.start >= k.end || k.end > layout.k {
+        return Err(bad_part(layout, "part does not lie inside the weight"));
+    }
+    Ok(match group {
+        ScaleGroup::PerChannel => Cow::Borrowed(&scales[n]),
+        ScaleGroup::Group(g) => {
+            if !k.start.is_multiple_of(g) || !(k.end == layout.k || k.end.is_multiple_of(g)) {
+                return Err(bad_part(layout, "part cuts a scale group"));
+            }
+            let (j0, j1) = (k.start / g, k.end.div_ceil(g));
+            if j0 == 0 && j1 == groups {
+                Cow::Borrowed(&scales[n.start * groups..n.end * groups])
+            } else {
+                Cow::Owned(
+                    n.flat_map(|c| scales[c * groups + j0..c * groups + j1].iter().copied())
+                        .collect(),
+                )
+            }
+        }
+    })
+}
+
+fn bad_part(l: &TiledLayout, reason: &'static str) -> DeviceError {
+    DeviceError::Shape {
         m: 0,
         k: l.k,
         n: l.n,
         reason,
-    };
-    if w.data.len() != l.blob_bytes() {
-        return Err(DeviceError::Length {
-            operand: "weight bytes",
-            expected: l.blob_bytes(),
-            got: w.data.len(),
-        });
     }
-    let groups = w
-        .group
-        .groups(l.k)
-        .map_err(|_| shape("scale group does not fit K"))?;
-    if w.scales.len() != l.n * groups {
-        return Err(DeviceError::Length {
-            operand: "weight scales",
-            expected: l.n * groups,
-            got: w.scales.len(),
-        });
-    }
+}
+
+/// Write `part`'s own native blob, taken from the whole weight's native blob `src`, into `out`
+/// (`part.layout.blob_bytes()` long).
+fn part_bytes_into(
+    l: &TiledLayout,
+    src: &[u8],
+    part: &Part,
+    out: &mut [u8],
+) -> Result<(), DeviceError> {
     let tn = l.dtype.n_tile();
     let (n, k) = (part.n.clone(), part.k.clone());
     let pl = part.layout;
@@ -143,42 +245,56 @@ pub fn part_weight(w: &PackedWeight, part: &Part) -> Result<PackedWeight, Device
         || !n.start.is_multiple_of(tn)
         || !k.start.is_multiple_of(32)
         || pl != TiledLayout::new(l.dtype, k.len(), n.len())
+        || out.len() != pl.blob_bytes()
     {
-        return Err(shape(
+        return Err(bad_part(
+            l,
             "part does not lie inside the weight on tile boundaries",
         ));
     }
-    let data = match &part.bytes {
-        PartBytes::Range(r) => w
-            .data
-            .get(r.clone())
-            .filter(|d| d.len() == pl.blob_bytes())
-            .ok_or(shape("part byte range does not match its layout"))?
-            .to_vec(),
+    match &part.bytes {
+        PartBytes::Range(r) => {
+            let bytes = src
+                .get(r.clone())
+                .filter(|d| d.len() == pl.blob_bytes())
+                .ok_or(bad_part(l, "part byte range does not match its layout"))?;
+            out.copy_from_slice(bytes);
+        }
         PartBytes::Repack => {
             // Bytes of one k-tile of one N-tile (tn rows × 32 values).
             let kt_bytes = l.n_tile_bytes() / (l.k_pad() / 32);
             let (kt0, kt1) = (k.start / 32, k.end.div_ceil(32));
-            let mut data = Vec::with_capacity(pl.blob_bytes());
-            for t in n.start / tn..n.end.div_ceil(tn) {
-                let tile = &w.data[t * l.n_tile_bytes()..(t + 1) * l.n_tile_bytes()];
-                data.extend_from_slice(&tile[kt0 * kt_bytes..kt1 * kt_bytes]);
+            let run = (kt1 - kt0) * kt_bytes;
+            for (i, t) in (n.start / tn..n.end.div_ceil(tn)).enumerate() {
+                let tile = &src[t * l.n_tile_bytes()..(t + 1) * l.n_tile_bytes()];
+                out[i * run..(i + 1) * run].copy_from_slice(&tile[kt0 * kt_bytes..kt1 * kt_bytes]);
             }
-            data
         }
-    };
-    let scales = match w.group {
-        ScaleGroup::PerChannel => w.scales[n].to_vec(),
-        ScaleGroup::Group(g) => n
-            .flat_map(|c| {
-                w.scales[c * groups + k.start / g..c * groups + k.end / g]
-                    .iter()
-                    .copied()
-            })
-            .collect(),
-    };
+    }
+    Ok(())
+}
+
+/// The part's own packed weight: its native bytes (copied from the range, or gathered k-tile by
+/// k-tile from every N-tile of the chunk) and its scales (the chunk's channel scales, or its
+/// channels' scales of the segment's groups).
+///
+/// # Errors
+/// [`DeviceError::Length`] if `w`'s blob or scales do not match its layout, [`DeviceError::Shape`]
+/// if `part` does not lie inside `w` on tile boundaries.
+pub fn part_weight(w: &PackedWeight, part: &Part) -> Result<PackedWeight, DeviceError> {
+    let l = w.layout;
+    if w.data.len() != l.blob_bytes() {
+        return Err(DeviceError::Length {
+            operand: "weight bytes",
+            expected: l.blob_bytes(),
+            got: w.data.len(),
+        });
+    }
+    let scales = part_scales(&l, &w.scales, w.group, part)?.into_owned();
+    let mut data = vec![0u8; part.layout.blob_bytes()];
+    part_bytes_into(&l, &w.data, part, &mut data)?;
     Ok(PackedWeight {
-        layout: pl,
+        layout: part.layout,
         data,
         scales,
         group: w.group,

@@ -13,8 +13,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use ork_device::{BufferIntent, Device, DeviceBuffer, DeviceError, DeviceWeight, DomainId};
-use ork_pack::TiledLayout;
+use ork_device::split::{arrange, native_order, split, Part};
+use ork_device::{BufferIntent, Device, DeviceBuffer, DeviceError, DeviceWeight, DomainId, Soc};
+use ork_pack::{ScaleGroup, TiledLayout};
 
 use crate::budget::{Candidate, DeviceBudget, EvictionPolicy, Lru, Reclaim};
 use crate::source::{Fetch, WeightSource};
@@ -224,6 +225,10 @@ pub struct WeightCache {
     config: CacheConfig,
     placement: HashMap<String, DomainId>,
     layouts: Mutex<HashMap<String, TiledLayout>>,
+    /// The chip whose limits the device enforces (`None`: no chip, weights run whole).
+    soc: Option<Soc>,
+    /// Each weight's chip-sized parts (computed once per name).
+    parts: Mutex<HashMap<String, Arc<[Part]>>>,
     state: Mutex<State>,
     changed: Condvar,
     trace: Mutex<Option<Arc<Trace>>>,
@@ -317,8 +322,11 @@ impl WeightCache {
         }
         // Counters exist for every domain of the device, so a placement naming any of them
         // can be accounted; `domain_of` refuses the others.
-        let device_domains = device.info().domains as usize;
+        let info = device.info();
+        let device_domains = info.domains as usize;
         Ok(WeightCache {
+            soc: info.soc,
+            parts: Mutex::new(HashMap::new()),
             device,
             source,
             config: CacheConfig { domains, ..config },
@@ -410,6 +418,40 @@ impl WeightCache {
         let l = self.source.layout(name)?;
         layouts.insert(name.to_owned(), l);
         Ok(l)
+    }
+
+    /// The scale group of a weight's scales (per channel for every source today).
+    pub fn group(&self, name: &str) -> Result<ScaleGroup, ResidencyError> {
+        self.layout(name)?;
+        Ok(ScaleGroup::PerChannel)
+    }
+
+    /// The chip-sized parts a weight is computed in (see `docs/chip.md`): N-chunks of at most
+    /// the chip's N limit, K-segments when K exceeds its K limit; one part, the whole weight,
+    /// when it fits or when the device models no chip. The weight's device buffer holds the
+    /// parts' blobs one after another ([`ork_device::split::part_offsets`]).
+    pub fn parts(&self, name: &str) -> Result<Arc<[Part]>, ResidencyError> {
+        let mut parts = self.parts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = parts.get(name) {
+            return Ok(Arc::clone(p));
+        }
+        let layout = self.layout(name)?;
+        let group = self.group(name)?;
+        let device_err = |source| ResidencyError::Device {
+            name: name.to_owned(),
+            source,
+        };
+        let p: Arc<[Part]> = match self.soc {
+            Some(soc) => split(&layout, group, soc).map_err(device_err)?.into(),
+            None => Arc::new([Part {
+                n: 0..layout.n,
+                k: 0..layout.k,
+                layout,
+                bytes: ork_device::split::PartBytes::Range(0..layout.blob_bytes()),
+            }]),
+        };
+        parts.insert(name.to_owned(), Arc::clone(&p));
+        Ok(p)
     }
 
     /// The domain a weight lives in.
@@ -785,26 +827,30 @@ impl WeightCache {
                 }
             }
         };
+        let device_err = |source| ResidencyError::Device {
+            name: name.to_owned(),
+            source,
+        };
+        let parts = self.parts(name)?;
         let (scales, how) = self.source.fetch_into(name, buffer.as_mut_slice())?;
-        buffer
-            .sync_to_device()
-            .map_err(|source| ResidencyError::Device {
-                name: name.to_owned(),
-                source,
-            })?;
+        if !native_order(&parts) {
+            // K-segments: store the parts' own blobs one after another (one copy, at fill time).
+            let native = buffer.as_slice().to_vec();
+            arrange(&layout, &native, &parts, buffer.as_mut_slice()).map_err(device_err)?;
+        }
+        buffer.sync_to_device().map_err(device_err)?;
         let weight = DeviceWeight {
             layout,
             buffer,
             scales,
-            // The sources (.orkpack, GGUF repack) give per-channel scales only for now.
-            group: ork_pack::ScaleGroup::PerChannel,
+            group: self.group(name)?,
         };
-        self.device
-            .prepare_weight(&weight.as_weight())
-            .map_err(|source| ResidencyError::Device {
-                name: name.to_owned(),
-                source,
-            })?;
+        // The device sees the parts, never the whole weight beyond the chip's limits.
+        for part in crate::parts::operands(&weight, &parts).map_err(device_err)? {
+            self.device
+                .prepare_weight(&part.weight())
+                .map_err(device_err)?;
+        }
         Ok((weight, how))
     }
 }

@@ -18,6 +18,7 @@ mod budget;
 mod cache;
 mod error;
 mod linear;
+mod parts;
 pub mod plan;
 mod prefetch;
 mod source;

@@ -2,18 +2,21 @@
 //! token, the default) or w8a16 (activations converted to fp16, the NPU's fp16 × int8 / int4 →
 //! fp32 matmul; no activation quantization, so outlier channels cost nothing).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use half::{f16, slice::HalfFloatSliceExt};
+use ork_device::split::Part;
 use ork_device::{
-    ActPrecision, Activations, BufferIntent, CoreMask, DeviceBuffer, DeviceError, MatmulTask,
+    ActPrecision, Activations, BufferIntent, BufferView, CoreMask, DeviceBuffer, DeviceError,
+    DeviceWeight, MatmulTask, WeightRef,
 };
 use rayon::prelude::*;
 use zerocopy::FromBytes;
 
 use crate::cache::{Requester, WeightCache};
+use crate::parts::operands;
 use crate::prefetch::{Prefetcher, ScheduleSource};
 use crate::trace::{Lane, Trace};
 use crate::ResidencyError;
@@ -78,6 +81,9 @@ pub struct DeviceMatmul {
     precision: ActPrecision,
     /// fp16 activations clamped to ±65504 so far.
     clamped: AtomicU64,
+    /// Largest K and N submitted to the device so far.
+    max_k: AtomicUsize,
+    max_n: AtomicUsize,
 }
 
 impl std::fmt::Debug for DeviceMatmul {
@@ -120,6 +126,8 @@ impl DeviceMatmul {
             trace: None,
             precision: ActPrecision::Int8,
             clamped: AtomicU64::new(0),
+            max_k: AtomicUsize::new(0),
+            max_n: AtomicUsize::new(0),
         }
     }
 
@@ -166,6 +174,104 @@ impl DeviceMatmul {
         self.prefetcher.as_ref().is_some_and(Prefetcher::is_alive)
     }
 
+    /// The largest K and N of any task submitted so far (each the maximum on its own). With a
+    /// chip's limits in force these never exceed them: weights beyond them run as parts.
+    pub fn max_submitted(&self) -> (usize, usize) {
+        (
+            self.max_k.load(Ordering::Relaxed),
+            self.max_n.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Submit one task on `weight` with the activations in `view`; `out` is `m × n`.
+    fn submit(
+        &self,
+        view: BufferView<'_>,
+        scales: &[f32],
+        weight: WeightRef<'_>,
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), DeviceError> {
+        self.max_k.fetch_max(weight.layout.k, Ordering::Relaxed);
+        self.max_n.fetch_max(weight.layout.n, Ordering::Relaxed);
+        let task = MatmulTask {
+            m,
+            activations: match self.precision {
+                ActPrecision::Int8 => Activations::Device(view),
+                ActPrecision::F16 => Activations::DeviceF16(view),
+            },
+            act_scales: scales,
+            weight,
+            cores: CoreMask::AUTO,
+        };
+        self.cache.device().matmul(&task, out).map(drop)
+    }
+
+    /// Run a weight stored as chip-sized `parts` (see `docs/chip.md`): each N-chunk's output is
+    /// its columns of `y`; the K-segments of a chunk are partial sums added in f32, in segment
+    /// order. `buf` holds the whole activations (`m × K`) at offset 0, with room for one
+    /// segment's columns after them.
+    fn matmul_parts(
+        &self,
+        weight: &DeviceWeight,
+        parts: &[Part],
+        buf: &mut DeviceBuffer,
+        m: usize,
+        scales: &[f32],
+        y: &mut [f32],
+    ) -> Result<(), DeviceError> {
+        let (k, n) = (weight.layout.k, weight.layout.n);
+        let vb = self.precision.bytes();
+        let need = (m * k * vb) as u64;
+        let operands = operands(weight, parts)?;
+        let (mut chunk, mut partial) = (Vec::new(), Vec::new());
+        let mut synced = false;
+        for (i, (part, op)) in parts.iter().zip(&operands).enumerate() {
+            let nc = part.n.len();
+            let first = i == 0 || parts[i - 1].n != part.n;
+            let view = if part.k.len() == k {
+                if !synced {
+                    buf.sync_to_device()?;
+                    synced = true;
+                }
+                buf.view(0, need)?
+            } else {
+                // Copy the segment's columns of every row after the whole activations.
+                let (whole, seg) = buf.as_mut_slice().split_at_mut(need as usize);
+                let (c0, c1) = (part.k.start * vb, part.k.end * vb);
+                let w = c1 - c0;
+                for (r, dst) in seg[..m * w].chunks_exact_mut(w).enumerate() {
+                    dst.copy_from_slice(&whole[r * k * vb + c0..r * k * vb + c1]);
+                }
+                buf.sync_to_device()?;
+                synced = true;
+                buf.view(need, (m * w) as u64)?
+            };
+            let out = if first {
+                chunk.clear();
+                chunk.resize(m * nc, 0f32);
+                &mut chunk
+            } else {
+                partial.clear();
+                partial.resize(m * nc, 0f32);
+                &mut partial
+            };
+            self.submit(view, scales, op.weight(), m, out)?;
+            if !first {
+                for (c, p) in chunk.iter_mut().zip(&partial) {
+                    *c += p;
+                }
+            }
+            let last = parts.get(i + 1).is_none_or(|next| next.n != part.n);
+            if last {
+                for (row, out) in y.chunks_exact_mut(n).zip(chunk.chunks_exact(nc)) {
+                    row[part.n.clone()].copy_from_slice(out);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `y[m, n] = Σ_k x[m, k] · W[n, k]` for weight `name` (GGUF dims `[K, N]`).
     pub fn matmul(
         &self,
@@ -195,6 +301,7 @@ impl DeviceMatmul {
         if let Some(p) = &self.prefetcher {
             p.advance(name);
         }
+        let parts = self.cache.parts(name)?;
         let weight = self.cache.get(name)?;
         let domain = weight.buffer.domain();
         let device = self.cache.device();
@@ -211,9 +318,13 @@ impl DeviceMatmul {
             .ok_or_else(|| ResidencyError::Placement(format!("domain {domain} out of range")))?
             .take();
         let need = (m * k * self.precision.bytes()) as u64;
-        if slot.as_ref().is_none_or(|b| b.size() < need) {
+        // A weight cut into K-segments needs room for one segment's columns after the whole
+        // activations.
+        let segmented = parts.iter().any(|p| p.k.len() != k);
+        let room = if segmented { 2 * need } else { need };
+        if slot.as_ref().is_none_or(|b| b.size() < room) {
             // Round up so a growing prompt does not reallocate every call.
-            let size = need.next_power_of_two().max(64 * 1024);
+            let size = room.next_power_of_two().max(64 * 1024);
             drop(slot.take()); // free the old one first: its IOVA returns to the window
                                // Activations share the window with the weights but not the budget: when the window
                                // is full, evict weights like a weight allocation would (a wall hit).
@@ -268,32 +379,20 @@ impl DeviceMatmul {
                 self.clamped.fetch_add(clamped as u64, Ordering::Relaxed);
             }
         }
-        buf.sync_to_device()
-            .map_err(|source| ResidencyError::Device {
-                name: name.to_owned(),
-                source,
-            })?;
-        let view = buf.view(0, need).map_err(|source| ResidencyError::Device {
+        let device_err = |source| ResidencyError::Device {
             name: name.to_owned(),
             source,
-        })?;
-        let task = MatmulTask {
-            m,
-            activations: match self.precision {
-                ActPrecision::Int8 => Activations::Device(view),
-                ActPrecision::F16 => Activations::DeviceF16(view),
-            },
-            act_scales: &scales,
-            weight: weight.as_weight(),
-            cores: CoreMask::AUTO,
         };
         let t0 = Instant::now();
-        device
-            .matmul(&task, y)
-            .map_err(|source| ResidencyError::Device {
-                name: name.to_owned(),
-                source,
-            })?;
+        if parts.len() == 1 {
+            buf.sync_to_device().map_err(device_err)?;
+            let view = buf.view(0, need).map_err(device_err)?;
+            self.submit(view, &scales, weight.as_weight(), m, y)
+                .map_err(device_err)?;
+        } else {
+            self.matmul_parts(&weight, &parts, buf, m, &scales, y)
+                .map_err(device_err)?;
+        }
         if let Some(tr) = &self.trace {
             tr.span(Lane::Compute, "compute", name, t0, t0.elapsed());
         }

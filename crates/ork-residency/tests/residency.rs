@@ -1724,3 +1724,128 @@ fn any_schedule_source_or_announcement_keeps_outputs_bit_identical() {
         assert_eq!(outs, reference, "budget {budget} with announcements");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Chip-sized parts (docs/chip.md): weights beyond the RK3588's limits run split
+// ---------------------------------------------------------------------------------------------
+
+/// A model whose `token_embd` (the tied lm head) has N = 8288 > 4096 (N-chunks 4096 + 4096 +
+/// 96) and whose one `ffn_down` has K = 11008 > 10240 (K-segments 8192 + 2816).
+fn over_limit_model() -> Arc<GgufFile> {
+    let mut rng = Rng(0x0BE7);
+    let mut builder = GgufBuilder::new().kv(
+        "general.architecture",
+        ork_gguf::MetaValue::String("llama".into()),
+    );
+    for (name, dims, ty) in [
+        ("token_embd.weight", vec![64u64, 8288], GgmlType::Q8_0),
+        ("blk.0.ffn_down.weight", vec![11008, 96], GgmlType::F32),
+    ] {
+        let count: u64 = dims.iter().product();
+        let values: Vec<f32> = (0..count).map(|_| rng.f32() * 0.5).collect();
+        builder = builder
+            .tensor_f32(name, &dims, ty, &values)
+            .expect("fixture tensor");
+    }
+    Arc::new(
+        GgufFile::from_bytes("over-limit.gguf", builder.to_bytes().expect("model")).expect("parse"),
+    )
+}
+
+/// The unsplit reference: the whole weight on an emulator that does not enforce the limits,
+/// with the activations quantized as `DeviceMatmul` quantizes them.
+fn unsplit_reference(model: &GgufFile, name: &str, x: &[f32], m: usize) -> Vec<f32> {
+    let dev = EmuDevice::with_config(EmuConfig {
+        enforce_limits: false,
+        ..emu_config(1, GIB4)
+    })
+    .expect("emu");
+    let t = model.tensor(name).expect("tensor");
+    let rows = ork_pack::GgufRows::new(model, t).expect("rows");
+    let pw = ork_pack::pack(&rows, PackDtype::I8).expect("pack");
+    let w = ork_device::upload(&dev, &pw, DomainId(0)).expect("upload whole");
+    let k = pw.layout.k;
+    let mut q = vec![0i8; m * k];
+    let sa: Vec<f32> = q
+        .chunks_mut(k)
+        .zip(x.chunks(k))
+        .map(|(q, x)| ork_residency::quantize_row(x, q))
+        .collect();
+    let mut y = vec![0f32; m * pw.layout.n];
+    let task = MatmulTask {
+        m,
+        activations: ork_device::Activations::Host(&q),
+        act_scales: &sa,
+        weight: w.as_weight(),
+        cores: ork_device::CoreMask::AUTO,
+    };
+    dev.matmul(&task, &mut y).expect("whole matmul");
+    y
+}
+
+#[test]
+fn weights_beyond_the_chip_limits_run_as_parts_and_match_the_unsplit_result() {
+    let model = over_limit_model();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("over-limit.orkpack");
+    ensure(&model, &path, &ConvertOptions::new(PackDtype::I8)).expect("ensure");
+    let sources = [
+        WeightSource::Gguf {
+            model: Arc::clone(&model),
+            dtype: PackDtype::I8,
+        },
+        WeightSource::Pack {
+            pack: Orkpack::open(&path).expect("open pack"),
+            model: None,
+            verify: true,
+        },
+    ];
+    let mut from_sources = Vec::new();
+    for source in sources {
+        // The default emulator models the RK3588 and enforces its limits.
+        let dev = emu(1, GIB4);
+        let cache = Arc::new(WeightCache::new(dev, source, CacheConfig::new(GIB4)).expect("cache"));
+        let head = cache.parts("token_embd.weight").expect("parts");
+        assert_eq!(
+            head.iter().map(|p| p.n.len()).collect::<Vec<_>>(),
+            [4096, 4096, 96]
+        );
+        let down = cache.parts("blk.0.ffn_down.weight").expect("parts");
+        assert_eq!(
+            down.iter().map(|p| p.k.clone()).collect::<Vec<_>>(),
+            [0..8192, 8192..11008]
+        );
+        let dm = DeviceMatmul::new(Arc::clone(&cache), None);
+        let mut outs = Vec::new();
+        for name in ["token_embd.weight", "blk.0.ffn_down.weight"] {
+            let l = cache.layout(name).expect("layout");
+            for m in [1, M] {
+                let x = input(name, l.k)[..m * l.k].to_vec();
+                let mut y = vec![0f32; m * l.n];
+                dm.matmul(name, &x, m, &mut y).expect("split matmul");
+                let want = unsplit_reference(&model, name, &x, m);
+                if l.k <= 10240 {
+                    // N-chunks: every output is computed alone either way, bit for bit.
+                    assert!(
+                        y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{name} m={m}: N-chunks differ from the whole weight"
+                    );
+                } else {
+                    // K-segments: integer partial sums added in f32, within rounding.
+                    let mag = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    for (a, b) in y.iter().zip(&want) {
+                        assert!((a - b).abs() <= mag * 1e-5, "{name} m={m}: {a} vs {b}");
+                    }
+                }
+                outs.push(y);
+            }
+        }
+        // Nothing beyond the RK3588's limits reached the device.
+        let (k, n) = dm.max_submitted();
+        assert!(k <= 10240 && n <= 4096, "submitted K {k}, N {n}");
+        assert_eq!((k, n), (8192, 4096));
+        from_sources.push(outs);
+    }
+    // The pack (native order, rearranged at fill) and the GGUF give the same bits.
+    assert_eq!(from_sources[0], from_sources[1]);
+}

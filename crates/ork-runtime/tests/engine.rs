@@ -94,3 +94,31 @@ fn a_budget_below_the_largest_weight_is_a_typed_error() {
     c.model = dir.path().join("missing.gguf");
     assert!(matches!(Engine::open(c), Err(RuntimeError::Gguf(_))));
 }
+
+/// On the RK3588 the lm head (N = 49152) runs as twelve N-chunks of 4096 and nothing beyond the
+/// chip's limits reaches the device; the RK3576 (no documented N limit) runs it whole. Both
+/// compute int8 × int8 with the same kernel, so the greedy tokens are the same.
+#[test]
+fn the_lm_head_runs_in_chip_sized_chunks_with_unchanged_greedy_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = "The capital of France is";
+    let mut runs = Vec::new();
+    for (soc, chunks, max_n) in [
+        (ork_device::Soc::Rk3588, 12, 4096),
+        (ork_device::Soc::Rk3576, 1, 49152),
+    ] {
+        let mut c = config(&dir.path().join(format!("{soc}.orkpack")), 1024);
+        c.soc = soc;
+        let engine = Engine::open(c).unwrap();
+        assert_eq!(engine.device().info().soc, Some(soc));
+        assert_eq!(
+            engine.cache().parts("token_embd.weight").unwrap().len(),
+            chunks
+        );
+        let tokens = greedy(&engine, prompt, 8);
+        let (k, n) = engine.linear().device_matmul().max_submitted();
+        assert_eq!((k, n), (1536, max_n), "{soc}: largest K and N submitted");
+        runs.push(tokens);
+    }
+    assert_eq!(runs[0], runs[1]);
+}

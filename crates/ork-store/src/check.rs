@@ -1,7 +1,7 @@
 //! Validating cache entries against the model they were packed from.
 
 use ork_gguf::{GgufFile, TensorInfo};
-use ork_pack::{LayoutId, PackDtype, PackedWeight, TiledLayout};
+use ork_pack::{LayoutId, PackDtype, PackedWeight, ScaleGroup, TiledLayout};
 
 use crate::format::MAX_DIM;
 use crate::{fingerprint, Entry, Orkpack, SourceInfo, StoreError};
@@ -15,6 +15,8 @@ pub struct EntryKey {
     pub layout_id: LayoutId,
     /// Source fingerprint and ggml type.
     pub source: SourceInfo,
+    /// How the scales cover K.
+    pub group: ScaleGroup,
 }
 
 impl EntryKey {
@@ -25,6 +27,17 @@ impl EntryKey {
         t: &TensorInfo,
         dtype: PackDtype,
     ) -> Result<EntryKey, StoreError> {
+        Self::for_tensor_grouped(file, t, dtype, ScaleGroup::PerChannel)
+    }
+
+    /// The key for packing `t` as `dtype` with scale groups `group` where they fit
+    /// ([`effective_group`]: per channel for a weight whose K the group does not divide).
+    pub fn for_tensor_grouped(
+        file: &GgufFile,
+        t: &TensorInfo,
+        dtype: PackDtype,
+        group: ScaleGroup,
+    ) -> Result<EntryKey, StoreError> {
         let (k, n) = matmul_dims(t)?;
         Ok(EntryKey {
             layout: TiledLayout::new(dtype, k, n),
@@ -33,7 +46,24 @@ impl EntryKey {
                 fingerprint: fingerprint(file, t),
                 ggml_type: t.ty.id(),
             },
+            group: effective_group(group, dtype, k),
         })
+    }
+}
+
+/// The scale group a weight of `dtype` with reduction length `k` gets when `group` is asked for:
+/// `group` itself when it is a multiple of 32 that divides `k` (the chip's per-group mode needs
+/// whole groups; `docs/chip.md`), per channel otherwise (and always for fp16, which has no
+/// scales to group). SmolLM2's K = 576 weights therefore stay per channel under g128, g256 and
+/// g512; only its `ffn_down` (K = 1536) is grouped.
+pub fn effective_group(group: ScaleGroup, dtype: PackDtype, k: usize) -> ScaleGroup {
+    match group {
+        ScaleGroup::Group(g)
+            if dtype != PackDtype::F16 && g > 0 && g.is_multiple_of(32) && k.is_multiple_of(g) =>
+        {
+            group
+        }
+        _ => ScaleGroup::PerChannel,
     }
 }
 
@@ -121,6 +151,13 @@ pub(crate) fn stale_reason(entry: &Entry, key: &EntryKey) -> Option<String> {
             "layout {:?}, wanted {:?}",
             entry.layout_id(),
             key.layout_id
+        ));
+    }
+    if entry.group() != key.group {
+        return Some(format!(
+            "{} scales, wanted {}",
+            entry.group().name(),
+            key.group.name()
         ));
     }
     let (hs, ws) = (entry.source(), key.source);

@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::checksum::Xxh3Stream;
 use ork_gguf::{GgufFile, TensorInfo};
 use ork_manifest::Manifest;
-use ork_pack::{GgufRows, PackDtype};
+use ork_pack::{GgufRows, PackDtype, ScaleGroup};
 
 use crate::check::{check_entry_key, stale_reason};
 use crate::{EntryKey, EntryStatus, ModelIdentity, Orkpack, OrkpackWriter, StoreError};
@@ -58,6 +58,12 @@ pub struct ConvertOptions<'a> {
     pub progress: Option<&'a (dyn Fn(&Progress<'_>) + Sync)>,
     /// The model's manifest, when the caller has derived it already (`None`: derive it).
     pub manifest: Option<&'a Manifest>,
+    /// Scale groups to pack with: per channel (the default), or `Group(g)` for every weight
+    /// whose K `g` divides (the others stay per channel; [`crate::effective_group`]).
+    pub group: ScaleGroup,
+    /// The chip the pack is made for, recorded in the header (`None`: none recorded). A pack
+    /// recorded for another chip is rebuilt ([`RebuildReason::OtherTarget`]).
+    pub target: Option<&'a str>,
 }
 
 impl<'a> ConvertOptions<'a> {
@@ -70,6 +76,8 @@ impl<'a> ConvertOptions<'a> {
             threads: None,
             progress: None,
             manifest: None,
+            group: ScaleGroup::PerChannel,
+            target: None,
         }
     }
 }
@@ -81,6 +89,8 @@ impl std::fmt::Debug for ConvertOptions<'_> {
             .field("verify", &self.verify)
             .field("evict_src", &self.evict_src)
             .field("threads", &self.threads)
+            .field("group", &self.group)
+            .field("target", &self.target)
             .field("progress", &self.progress.is_some())
             .finish()
     }
@@ -144,6 +154,22 @@ pub enum RebuildReason {
         /// The dtype asked for.
         wanted: PackDtype,
     },
+    /// The pack was made for another chip (or records none).
+    OtherTarget {
+        /// The chip recorded in the file (`None`: none).
+        found: Option<String>,
+        /// The chip asked for.
+        wanted: String,
+    },
+    /// Entries whose scales cover K differently from what was asked for (another `--quant`).
+    OtherGroup {
+        /// How many.
+        count: usize,
+        /// The first one.
+        tensor: String,
+        /// What differs.
+        reason: String,
+    },
     /// Entries packed from a different source tensor (the model changed).
     Stale {
         /// How many.
@@ -193,6 +219,19 @@ impl std::fmt::Display for RebuildReason {
                 "the pack holds dtype {}, {} was asked for",
                 found.name(),
                 wanted.name()
+            ),
+            RebuildReason::OtherTarget { found, wanted } => write!(
+                f,
+                "the pack was made for {}, {wanted} was asked for",
+                found.as_deref().unwrap_or("no recorded chip")
+            ),
+            RebuildReason::OtherGroup {
+                count,
+                tensor,
+                reason,
+            } => write!(
+                f,
+                "{count} entries quantized differently (another --quant; first: '{tensor}': {reason})"
             ),
             RebuildReason::Stale {
                 count,
@@ -318,6 +357,7 @@ pub fn ensure(
     if let Some(old) = &existing {
         let (mut missing, mut stale, mut corrupt) = (0usize, Vec::new(), Vec::new());
         let mut other_dtype = None;
+        let mut other_group = Vec::new();
         for (t, key) in plan.weights.iter().zip(&plan.keys) {
             let Some(e) = old.entry(&t.name) else {
                 missing += 1;
@@ -325,6 +365,12 @@ pub fn ensure(
             };
             if e.layout().dtype != key.layout.dtype {
                 other_dtype = Some((e.layout().dtype, key.layout.dtype));
+            }
+            if e.group() != key.group {
+                other_group.push((
+                    t.name.clone(),
+                    format!("{} scales, wanted {}", e.group().name(), key.group.name()),
+                ));
             }
             let status = if opts.verify {
                 check_entry_key(old, e, key)
@@ -352,8 +398,23 @@ pub fn ensure(
             .entries()
             .len()
             .saturating_sub(plan.weights.len() - missing);
+        let other_target = match opts.target {
+            Some(wanted) if old.target() != Some(wanted) => Some(RebuildReason::OtherTarget {
+                found: old.target().map(str::to_owned),
+                wanted: wanted.to_owned(),
+            }),
+            _ => None,
+        };
         report.rebuild = if let Some((found, wanted)) = other_dtype {
             Some(RebuildReason::OtherDtype { found, wanted })
+        } else if let Some((tensor, reason)) = other_group.first().cloned() {
+            Some(RebuildReason::OtherGroup {
+                count: other_group.len(),
+                tensor,
+                reason,
+            })
+        } else if other_target.is_some() {
+            other_target
         } else if let Some((tensor, reason)) = corrupt.first().cloned() {
             Some(RebuildReason::CorruptEntries {
                 count: corrupt.len(),
@@ -374,7 +435,7 @@ pub fn ensure(
             None
         };
         let all_valid = reusable.len() == plan.weights.len();
-        if all_valid && old.entries().len() == plan.weights.len() {
+        if all_valid && old.entries().len() == plan.weights.len() && report.rebuild.is_none() {
             let old = existing.expect("checked above");
             report.rebuild = None;
             report.reused = plan.weights.len();
@@ -456,7 +517,7 @@ impl<'o> Plan<'o> {
         let keys = weights
             .iter()
             .map(|t| {
-                let key = EntryKey::for_tensor(model, t, opts.dtype);
+                let key = EntryKey::for_tensor_grouped(model, t, opts.dtype, opts.group);
                 if opts.evict_src {
                     model.evict(t);
                 }
@@ -518,6 +579,9 @@ fn write_pack(
 ) -> Result<(Orkpack, ConvertReport), StoreError> {
     let mut w = OrkpackWriter::create(path)?;
     w.set_model_identity(plan.identity);
+    if let Some(chip) = plan.opts.target {
+        w.set_target(chip)?;
+    }
     for (i, (t, key)) in plan.weights.iter().zip(&plan.keys).enumerate() {
         let copied = match old.and_then(|o| o.entry(&t.name).map(|e| (o, e))) {
             Some((o, e)) if reuse(&t.name) => match w.copy_entry(o, e) {
@@ -539,7 +603,7 @@ fn write_pack(
                 (Action::Reused, bytes)
             }
             None => {
-                let pw = pack_tensor(model, t, plan)?;
+                let pw = pack_tensor(model, t, key.group, plan)?;
                 w.add(&t.name, &pw, key.source)?;
                 report.packed += 1;
                 report.bytes_in += t.size;
@@ -563,6 +627,7 @@ fn write_pack(
 fn pack_tensor(
     model: &GgufFile,
     t: &TensorInfo,
+    group: ScaleGroup,
     plan: &Plan<'_>,
 ) -> Result<ork_pack::PackedWeight, StoreError> {
     let wrap = |e| StoreError::Pack {
@@ -570,9 +635,14 @@ fn pack_tensor(
         source: Box::new(e),
     };
     let rows = GgufRows::new(model, t).map_err(wrap)?;
+    let dtype = plan.opts.dtype;
+    let pack = || match group {
+        ScaleGroup::PerChannel => ork_pack::pack(&rows, dtype),
+        ScaleGroup::Group(g) => ork_pack::pack_grouped(&rows, dtype, g),
+    };
     let packed = match &plan.pool {
-        Some(pool) => ork_pack::pack_in(pool, &rows, plan.opts.dtype),
-        None => ork_pack::pack(&rows, plan.opts.dtype),
+        Some(pool) => pool.install(pack),
+        None => pack(),
     };
     // The model cut short while being read: what was packed may be zeros, not the weight.
     model

@@ -11,8 +11,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 /// File magic, at the start of the header and at the very end of the footer.
 pub const MAGIC: [u8; 8] = *b"ORKPK01\0";
-/// The one format version this build reads and writes.
-pub const VERSION: u32 = 1;
+/// The one format version this build reads and writes (2: per-group scales and the target
+/// chip; see `docs/orkpack.md`).
+pub const VERSION: u32 = 2;
 /// Blob alignment and size of the header page (bytes).
 pub const PAGE: u64 = 4096;
 /// Required-feature flags this build understands (none yet). A file with any other required bit
@@ -22,6 +23,9 @@ pub const KNOWN_REQUIRED_FLAGS: u32 = 0;
 /// Upper bound on the number of index entries (a 1000-layer MoE model with 8 experts and 7
 /// matmuls per layer is 56 000; the cap keeps a corrupt count from driving an allocation).
 pub const MAX_ENTRIES: u32 = 1 << 20;
+/// Largest scale group an entry may record (partial sums of 1024 int8 products are exact in
+/// f32).
+pub const MAX_GROUP: usize = 1024;
 /// Upper bound on a tensor name in bytes.
 pub const MAX_NAME_LEN: usize = 1024;
 /// Upper bound on K and N of one entry (2^24; the NPU's own K limit is 10240).
@@ -47,8 +51,9 @@ pub struct FileHeader {
     pub model_len: U64,
     /// Informational: fingerprint of the source model file (0 = not recorded).
     pub model_fingerprint: U64,
-    /// Zero on write, ignored on read.
-    pub reserved: [u8; 8],
+    /// The chip the pack was made for: its lower-case name in ASCII, zero-padded (all zeros:
+    /// none recorded). A pack made for another chip is rebuilt by `ensure`.
+    pub target: [u8; 8],
     /// xxh3-64 of the 56 bytes before this field.
     pub checksum: U64,
 }
@@ -110,8 +115,11 @@ pub struct EntryRecord {
     pub scale_checksum: U64,
     /// Fingerprint of the source tensor (see `fingerprint`).
     pub source_fingerprint: U64,
+    /// Scale group: 0 = one scale per output channel, else the number of consecutive k one
+    /// scale covers (a multiple of 32 dividing K, at most 1024); the scales are `[N][K/g]`.
+    pub group: U32,
     /// Zero on write, ignored on read.
-    pub reserved: [u8; 8],
+    pub reserved: [u8; 4],
 }
 const _: () = assert!(size_of::<EntryRecord>() == 88);
 

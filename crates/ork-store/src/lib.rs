@@ -36,7 +36,9 @@ mod target;
 mod writer;
 
 pub use bench::{bench_load, LoadBench};
-pub use check::{check_entry, check_entry_key, matmul_dims, EntryKey, EntryStatus};
+pub use check::{
+    check_entry, check_entry_key, effective_group, matmul_dims, EntryKey, EntryStatus,
+};
 pub use convert::{
     convert, ensure, matmul_weights, model_identity, Action, ConvertOptions, ConvertReport,
     Progress, RebuildReason,

@@ -5,12 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::checksum::{xxh3, Xxh3Stream};
-use ork_pack::{LayoutId, PackDtype, PackedWeight, TiledLayout};
+use ork_pack::{LayoutId, PackDtype, PackedWeight, ScaleGroup, TiledLayout};
 use zerocopy::FromBytes;
 
 use crate::format::{
     align_up, Cursor, EntryRecord, FileHeader, Footer, FOOTER_LEN, HEADER_LEN,
-    KNOWN_REQUIRED_FLAGS, MAGIC, MAX_DIM, MAX_ENTRIES, MAX_NAME_LEN, PAGE, RECORD_LEN, VERSION,
+    KNOWN_REQUIRED_FLAGS, MAGIC, MAX_DIM, MAX_ENTRIES, MAX_GROUP, MAX_NAME_LEN, PAGE, RECORD_LEN,
+    VERSION,
 };
 use crate::map::ReadMap;
 use crate::StoreError;
@@ -49,6 +50,7 @@ pub struct Entry {
     scale_size: u64,
     blob_checksum: u64,
     scale_checksum: u64,
+    group: ScaleGroup,
     pack_id: u64,
     index: usize,
 }
@@ -86,6 +88,11 @@ impl Entry {
     pub fn scale_checksum(&self) -> u64 {
         self.scale_checksum
     }
+    /// How the scales cover K: per output channel, or per group of `g` consecutive k
+    /// (`N · K/g` scales, order `[N][K/g]`).
+    pub fn group(&self) -> ScaleGroup {
+        self.group
+    }
 }
 
 /// An open `.orkpack` file: mapped, with footer, index and every entry's geometry validated.
@@ -96,6 +103,7 @@ pub struct Orkpack {
     /// file cut short in place while open gives an error naming the tensor instead of SIGBUS.
     map: ReadMap,
     identity: Option<ModelIdentity>,
+    target: Option<String>,
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
     id: u64,
@@ -165,6 +173,7 @@ impl Orkpack {
             path,
             map,
             identity: parsed.identity,
+            target: parsed.target,
             entries,
             by_name,
             id,
@@ -179,6 +188,11 @@ impl Orkpack {
     /// The model identity recorded by the writer, if any.
     pub fn model_identity(&self) -> Option<ModelIdentity> {
         self.identity
+    }
+
+    /// The chip the pack was made for, as the writer recorded it (`None`: not recorded).
+    pub fn target(&self) -> Option<&str> {
+        self.target.as_deref()
     }
 
     /// All entries in file order.
@@ -354,8 +368,7 @@ impl Orkpack {
             layout: e.layout,
             data,
             scales,
-            // The format holds per-channel scales only (docs/orkpack.md).
-            group: ork_pack::ScaleGroup::PerChannel,
+            group: e.group,
         })
     }
 
@@ -382,6 +395,7 @@ pub(crate) fn copy_and_hash(src: &[u8], dst: &mut [u8]) -> u64 {
 /// What [`parse`] extracts from a file.
 struct Parsed {
     identity: Option<ModelIdentity>,
+    target: Option<String>,
     entries: Vec<Entry>,
 }
 
@@ -474,6 +488,8 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
                 fingerprint: header.model_fingerprint.get(),
             }
         });
+    let target = target_name(&header.target)
+        .map_err(|what| corrupt_index(path, 48, format!("target chip: {what}")))?;
 
     // Footer.
     let footer_at = file_len - FOOTER_LEN as u64;
@@ -564,7 +580,28 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
         ));
     }
     check_no_overlap(path, &entries)?;
-    Ok(Parsed { identity, entries })
+    Ok(Parsed {
+        identity,
+        target,
+        entries,
+    })
+}
+
+/// The header's target chip name: lower-case ASCII letters and digits, zero-padded; all zeros
+/// is none.
+fn target_name(bytes: &[u8; 8]) -> Result<Option<String>, String> {
+    let len = bytes.iter().position(|&b| b == 0).unwrap_or(8);
+    if bytes[len..].iter().any(|&b| b != 0) {
+        return Err("bytes after the terminating zero".to_string());
+    }
+    let name = &bytes[..len];
+    if !name
+        .iter()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        return Err(format!("{name:?} is not a chip name"));
+    }
+    Ok((len > 0).then(|| String::from_utf8_lossy(name).into_owned()))
 }
 
 /// Turn a record into an [`Entry`], checking every field against the file's structure.
@@ -591,8 +628,20 @@ fn validate_entry(
     if bs != expected_blob {
         return Err(bad(format!("blob size {bs}, layout needs {expected_blob}")));
     }
-    if ss != 4 * n {
-        return Err(bad(format!("scale size {ss}, expected {}", 4 * n)));
+    let group = match rec.group.get() {
+        0 => ScaleGroup::PerChannel,
+        g if g as usize > MAX_GROUP => return Err(bad(format!("scale group {g} > {MAX_GROUP}"))),
+        g => ScaleGroup::Group(g as usize),
+    };
+    if dtype == PackDtype::F16 && group != ScaleGroup::PerChannel {
+        return Err(bad("fp16 entry with grouped scales".to_string()));
+    }
+    // k ≤ 2^24 and n ≤ 2^24: the scale count fits in u64.
+    let scales = group
+        .scales_len(k as usize, n as usize)
+        .map_err(|e| bad(e.to_string()))? as u64;
+    if ss != 4 * scales {
+        return Err(bad(format!("scale size {ss}, expected {}", 4 * scales)));
     }
     if bo < PAGE || bo % PAGE != 0 {
         return Err(bad(format!(
@@ -622,6 +671,7 @@ fn validate_entry(
         scale_size: ss,
         blob_checksum: rec.blob_checksum.get(),
         scale_checksum: rec.scale_checksum.get(),
+        group,
         pack_id: 0,
         index: 0,
     })

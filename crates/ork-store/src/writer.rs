@@ -29,7 +29,7 @@ use zerocopy::IntoBytes;
 
 use crate::format::{
     align_up, EntryRecord, FileHeader, Footer, FOOTER_LEN, HEADER_LEN, MAGIC, MAX_DIM, MAX_ENTRIES,
-    MAX_NAME_LEN, PAGE, VERSION,
+    MAX_GROUP, MAX_NAME_LEN, PAGE, VERSION,
 };
 use crate::reader::{Entry, ModelIdentity, Orkpack, SourceInfo};
 use crate::StoreError;
@@ -174,6 +174,8 @@ pub struct OrkpackWriter {
     records: Vec<(EntryRecord, String)>,
     names: HashSet<String>,
     identity: Option<ModelIdentity>,
+    /// The target chip's name for the header (zeros: none).
+    target_chip: [u8; 8],
     /// Set by a failed write: the file's contents no longer match `pos`, so every later
     /// `add` / `finish` is refused.
     broken: bool,
@@ -235,6 +237,7 @@ impl OrkpackWriter {
             records: Vec::new(),
             names: HashSet::new(),
             identity: None,
+            target_chip: [0; 8],
             broken: false,
         };
         // Header page placeholder; the real header is written by `finish`.
@@ -245,6 +248,28 @@ impl OrkpackWriter {
     /// The temp file being written.
     pub fn temp_path(&self) -> &Path {
         self.temp.path()
+    }
+
+    /// Record the chip the pack is made for in the header (`ensure` rebuilds a pack made for
+    /// another chip). The name is lower-case ASCII letters and digits, at most 8 bytes.
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidEntry`] (naming the header) for any other name.
+    pub fn set_target(&mut self, chip: &str) -> Result<(), StoreError> {
+        let ok = !chip.is_empty()
+            && chip.len() <= 8
+            && chip
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        if !ok {
+            return Err(self.invalid(
+                "(header)",
+                format!("target chip '{chip}': 1..=8 lower-case letters and digits"),
+            ));
+        }
+        self.target_chip = [0; 8];
+        self.target_chip[..chip.len()].copy_from_slice(chip.as_bytes());
+        Ok(())
     }
 
     /// Record the identity of the source model in the header (informational).
@@ -316,8 +341,31 @@ impl OrkpackWriter {
                 ),
             ));
         }
-        if w.scales.len() != l.n {
-            return Err(self.invalid(name, format!("{} scales for n={}", w.scales.len(), l.n)));
+        if let Some(g) = w.group.size() {
+            if l.dtype == ork_pack::PackDtype::F16 || g > MAX_GROUP {
+                return Err(self.invalid(
+                    name,
+                    format!(
+                        "scale group {g} on {} (int8 / int4, at most {MAX_GROUP})",
+                        l.dtype.name()
+                    ),
+                ));
+            }
+        }
+        let want = w
+            .group
+            .scales_len(l.k, l.n)
+            .map_err(|e| self.invalid(name, e.to_string()))?;
+        if w.scales.len() != want {
+            return Err(self.invalid(
+                name,
+                format!(
+                    "{} scales for n={} with {} scales",
+                    w.scales.len(),
+                    l.n,
+                    w.group.name()
+                ),
+            ));
         }
         Ok(())
     }
@@ -339,6 +387,7 @@ impl OrkpackWriter {
             &w.data,
             xxh3(&w.data),
             &scale_bytes,
+            w.group,
         )
     }
 
@@ -364,6 +413,7 @@ impl OrkpackWriter {
             from.blob(e),
             e.blob_checksum(),
             &scale_bytes,
+            e.group(),
         )?;
         // Cut short while being copied: the bytes written may be zeros; refuse the entry (the
         // caller repacks it).
@@ -384,6 +434,7 @@ impl OrkpackWriter {
         blob: &[u8],
         blob_checksum: u64,
         scale_bytes: &[u8],
+        group: ork_pack::ScaleGroup,
     ) -> Result<(), StoreError> {
         self.pad_to(PAGE)?;
         let blob_offset = self.pos;
@@ -405,7 +456,9 @@ impl OrkpackWriter {
             blob_checksum: U64::new(blob_checksum),
             scale_checksum: U64::new(xxh3(scale_bytes)),
             source_fingerprint: U64::new(source.fingerprint),
-            reserved: [0; 8],
+            // Admitted groups are at most MAX_GROUP.
+            group: U32::new(group.size().unwrap_or(0) as u32),
+            reserved: [0; 4],
         };
         self.names.insert(name.to_string());
         self.records.push((rec, name.to_string()));
@@ -464,7 +517,7 @@ impl OrkpackWriter {
             file_len: U64::new(self.pos),
             model_len: U64::new(id.file_len),
             model_fingerprint: U64::new(id.fingerprint),
-            reserved: [0; 8],
+            target: self.target_chip,
             checksum: U64::new(0),
         };
         header.checksum = U64::new(xxh3(header.checksum_input()));

@@ -140,6 +140,7 @@ fn roundtrip_preserves_bytes_scales_and_meta() {
             layout: pw.layout,
             layout_id: LayoutId::Rk3588NativeB,
             source: *src,
+            group: pw.group,
         };
         assert_eq!(check_entry_key(&pack, e, &key), EntryStatus::Valid);
         assert!(pack.load_keyed(name, &key, true).is_ok());
@@ -248,6 +249,7 @@ fn flipped_blob_byte_is_refused_naming_the_tensor() {
         layout: e.layout(),
         layout_id: e.layout_id(),
         source: e.source(),
+        group: e.group(),
     };
     assert!(matches!(
         check_entry_key(&pack, e, &key),
@@ -344,12 +346,13 @@ fn edit_header(bytes: &mut [u8], f: impl FnOnce(&mut FileHeader)) {
 #[test]
 fn wrong_version_is_unsupported() {
     let (mut bytes, _) = valid_pack_bytes();
-    edit_header(&mut bytes, |h| h.version.set(2));
+    // Version 1 (per-channel scales only, no target chip) is another format now.
+    edit_header(&mut bytes, |h| h.version.set(1));
     let (_d, _p, r) = open_bytes(&bytes);
     match r {
         Err(StoreError::UnsupportedVersion {
             found, supported, ..
-        }) => assert_eq!((found, supported), (2, 1)),
+        }) => assert_eq!((found, supported), (1, 2)),
         other => panic!("expected UnsupportedVersion, got {:?}", other.err()),
     }
     // Even without a matching checksum (the checksum scheme of another version is unknown).

@@ -3,7 +3,7 @@
 
 use super::*;
 use ork_device::soc::{ElemType, Limits, MatmulType};
-use ork_device::split::{part_weight, split, PartBytes};
+use ork_device::split::{arrange, native_order, part_offsets, part_weight, split, PartBytes};
 use ork_device::MatmulShape;
 use ork_pack::{pack_grouped, MatrixRows};
 
@@ -544,4 +544,47 @@ fn per_group_misuse_is_a_typed_error() {
             assert!(is_type_pair_refusal(&r), "{r:?}");
         }
     }
+}
+
+#[test]
+fn the_split_order_stores_each_part_as_its_own_blob() {
+    // N-chunks and K-segments at once: K 10272 > 10240 (8192 + 2080), N 4160 > 4096.
+    let (k, n) = (10272, 4160);
+    let layout = TiledLayout::new(PackDtype::I8, k, n);
+    let mut rng = Rng(9);
+    let pw = PackedWeight {
+        layout,
+        data: rng.bytes(layout.blob_bytes()),
+        scales: (0..n).map(|i| i as f32).collect(),
+        group: ScaleGroup::PerChannel,
+    };
+    let parts = split(&layout, pw.group, Soc::Rk3588).unwrap();
+    assert_eq!(parts.len(), 4);
+    assert!(!native_order(&parts));
+    let mut dst = vec![0u8; layout.blob_bytes()];
+    arrange(&layout, &pw.data, &parts, &mut dst).unwrap();
+    let offsets = part_offsets(&parts);
+    for (p, &o) in parts.iter().zip(&offsets) {
+        let own = part_weight(&pw, p).unwrap();
+        assert_eq!(
+            &dst[o..o + own.data.len()],
+            &own.data[..],
+            "{:?} {:?}",
+            p.n,
+            p.k
+        );
+    }
+    let last = parts.last().unwrap();
+    assert_eq!(
+        offsets.last().unwrap() + last.layout.blob_bytes(),
+        layout.blob_bytes()
+    );
+    // N-chunks alone are the native blob unchanged.
+    let head = TiledLayout::new(PackDtype::I8, 576, 49152);
+    let head_parts = split(&head, ScaleGroup::PerChannel, Soc::Rk3588).unwrap();
+    assert!(native_order(&head_parts));
+    assert!(matches!(
+        arrange(&layout, &pw.data, &parts, &mut dst[1..]),
+        Err(DeviceError::Length { .. })
+    ));
 }

@@ -323,3 +323,117 @@ fn real_model_convert_then_reload() {
         b.hash_gb_s
     );
 }
+
+/// A model whose `ffn_down` has K = 256 (a multiple of 128) and whose `attn_q` has K = 96 (not).
+fn tiny_grouped(path: &Path) {
+    let mat = |k: usize, n: usize| -> Vec<f32> {
+        (0..k * n)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0 * if i % 97 == 0 { 8.0 } else { 1.0 })
+            .collect()
+    };
+    write_tiny_gguf(
+        path,
+        &[
+            ("blk.0.attn_q.weight", vec![96, 32], mat(96, 32)),
+            ("blk.0.ffn_down.weight", vec![256, 64], mat(256, 64)),
+        ],
+    );
+}
+
+#[test]
+fn grouped_scales_roundtrip_and_another_quant_or_chip_is_rebuilt_with_a_reason() {
+    use ork_pack::ScaleGroup;
+    let dir = tempfile::tempdir().unwrap();
+    let model_path = dir.path().join("g.gguf");
+    tiny_grouped(&model_path);
+    let model = GgufFile::open(&model_path).unwrap();
+    let pack_path = dir.path().join("g.orkpack");
+    let mut g128 = ConvertOptions::new(PackDtype::I8);
+    g128.group = ScaleGroup::Group(128);
+    g128.target = Some("rk3588");
+    let (pack, r) = ensure(&model, &pack_path, &g128).unwrap();
+    assert_eq!(r.packed, 2);
+    assert_eq!(pack.target(), Some("rk3588"));
+    // K = 256: two groups per channel, stored and loaded as `[N][K/g]`; K = 96: per channel.
+    let down = pack.entry("blk.0.ffn_down.weight").unwrap();
+    assert_eq!(down.group(), ScaleGroup::Group(128));
+    let t = model.tensor("blk.0.ffn_down.weight").unwrap();
+    let want =
+        ork_pack::pack_grouped(&GgufRows::new(&model, t).unwrap(), PackDtype::I8, 128).unwrap();
+    assert_eq!(want.scales.len(), 64 * 2);
+    assert_eq!(pack.load("blk.0.ffn_down.weight", true).unwrap(), want);
+    assert_eq!(
+        pack.entry("blk.0.attn_q.weight").unwrap().group(),
+        ScaleGroup::PerChannel
+    );
+    drop(pack);
+    // Same settings: reused untouched.
+    let (_, r) = ensure(&model, &pack_path, &g128).unwrap();
+    assert!(!r.rewritten, "{:?}", r.rebuild);
+    // Another quant: the grouped entry is repacked, with the reason.
+    let mut per_channel = g128;
+    per_channel.group = ScaleGroup::PerChannel;
+    let (pack, r) = ensure(&model, &pack_path, &per_channel).unwrap();
+    assert!(
+        matches!(&r.rebuild, Some(RebuildReason::OtherGroup { count: 1, tensor, .. })
+            if tensor == "blk.0.ffn_down.weight"),
+        "{:?}",
+        r.rebuild
+    );
+    assert_eq!((r.packed, r.reused), (1, 1));
+    assert_eq!(
+        pack.entry("blk.0.ffn_down.weight").unwrap().group(),
+        ScaleGroup::PerChannel
+    );
+    drop(pack);
+    // Another chip: rebuilt (entries copied, they do not depend on the chip), with the reason.
+    let mut rk3576 = per_channel;
+    rk3576.target = Some("rk3576");
+    let (pack, r) = ensure(&model, &pack_path, &rk3576).unwrap();
+    assert!(
+        matches!(&r.rebuild, Some(RebuildReason::OtherTarget { found: Some(f), wanted })
+            if f == "rk3588" && wanted == "rk3576"),
+        "{:?}",
+        r.rebuild
+    );
+    assert_eq!((r.packed, r.reused), (0, 2));
+    assert_eq!(pack.target(), Some("rk3576"));
+}
+
+#[test]
+fn the_writer_refuses_grouped_scales_that_do_not_fit_naming_the_tensor() {
+    use ork_pack::ScaleGroup;
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = OrkpackWriter::create(&dir.path().join("bad.orkpack")).unwrap();
+    // K = 64 with g128: the group does not divide K.
+    let mut pw = weight(PackDtype::I8, 64, 32, 1);
+    pw.group = ScaleGroup::Group(128);
+    match w.add(
+        "blk.0.attn_q.weight",
+        &pw,
+        SourceInfo {
+            fingerprint: 1,
+            ggml_type: 0,
+        },
+    ) {
+        Err(StoreError::InvalidEntry { tensor, .. }) => assert_eq!(tensor, "blk.0.attn_q.weight"),
+        other => panic!("expected InvalidEntry, got {other:?}"),
+    }
+    // g32 divides 64, but per-channel scales are too few for it.
+    pw.group = ScaleGroup::Group(32);
+    assert!(matches!(
+        w.add(
+            "blk.0.attn_k.weight",
+            &pw,
+            SourceInfo {
+                fingerprint: 1,
+                ggml_type: 0
+            }
+        ),
+        Err(StoreError::InvalidEntry { .. })
+    ));
+    assert!(matches!(
+        w.set_target("RK3588!"),
+        Err(StoreError::InvalidEntry { .. })
+    ));
+}
