@@ -127,6 +127,13 @@ pub enum ExecError {
         /// What is wrong.
         what: String,
     },
+    /// A batched step ([`crate::Session::step`]) mixes sessions of different models or matmul
+    /// backends: one step runs every matmul once for all of its parts.
+    #[error("batched step: part {part} runs on another model or matmul backend than part 0")]
+    BatchMismatch {
+        /// Index of the part that differs.
+        part: usize,
+    },
     /// Perplexity needs at least two context windows of tokens.
     #[error("perplexity needs at least {needed} tokens (one window of {context}), got {got}")]
     NotEnoughTokens {

@@ -4,7 +4,8 @@
 //! - [`ModelConfig`] / [`Model`]: hyper-parameters and the non-matmul tensors, checked at load.
 //! - [`Linear`]: `y = x·Wᵀ` by weight name; [`CpuF32Linear`] is the correctness reference,
 //!   [`CpuW8A8Linear`] the device's quantization scheme on the CPU.
-//! - [`Session`]: KV cache, batched prefill, decode, all-position logits.
+//! - [`Session`]: KV cache, batched prefill, decode, all-position logits, and one step over
+//!   several sessions ([`Session::step`], continuous batching).
 //! - [`Tokenizer`], [`TextStream`], [`ChatTemplate`]: text in and out, as llama.cpp does it.
 //! - [`Sampler`], [`generate`]: token selection and the generation loop.
 //! - [`perplexity`]: llama.cpp's `llama-perplexity` protocol.
@@ -32,6 +33,6 @@ pub use linear::{dot_i8, quantize_row_i8, CpuF32Linear, CpuW8A8Linear, Linear};
 pub use model::Model;
 pub use perplexity::{perplexity, PerplexityReport};
 pub use sample::{Sampler, SamplerOptions};
-pub use session::Session;
+pub use session::{BatchPart, Session};
 pub use tokenizer::{TextStream, TokenKind, Tokenizer, Vocabulary};
 pub use weights::WeightSpec;

@@ -26,6 +26,7 @@ pub struct Session {
 /// Which positions of a forward pass produce logits.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Logits {
+    None,
     Last,
     All,
 }
@@ -116,129 +117,237 @@ impl Session {
         self.forward(tokens, Logits::All)
     }
 
+    /// One batched step over several sessions of the same model and matmul backend (continuous
+    /// batching): every matmul runs once with `M` = the parts' tokens together, attention and
+    /// RoPE per part against its own KV cache and positions. A part is one decode token or a
+    /// prefill chunk. Returns, per part, the logits of its last token when it asked for them.
+    ///
+    /// Each part's results are those of running it alone ([`Session::prefill`] /
+    /// [`Session::decode`]): every operator works row by row (the device quantizes activations
+    /// per token), so the rows of other parts do not change a part's numbers.
+    ///
+    /// # Errors
+    /// [`ExecError::BatchMismatch`] for parts on different models or backends,
+    /// [`ExecError::EmptyPrompt`] for a part without tokens, [`ExecError::ContextOverflow`] for
+    /// a part beyond its context; a failure while running leaves every session as it was.
+    pub fn step(parts: &mut [BatchPart<'_, '_>]) -> Result<Vec<Option<Vec<f32>>>, ExecError> {
+        let mut parts: Vec<Part<'_, '_>> = parts
+            .iter_mut()
+            .map(|p| Part {
+                session: &mut *p.session,
+                tokens: p.tokens,
+                logits: if p.logits { Logits::Last } else { Logits::None },
+            })
+            .collect();
+        forward_parts(&mut parts)
+    }
+
     fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ExecError> {
-        if tokens.is_empty() {
+        let mut parts = [Part {
+            session: self,
+            tokens,
+            logits,
+        }];
+        let mut out = forward_parts(&mut parts)?;
+        Ok(out.pop().flatten().unwrap_or_default())
+    }
+}
+
+/// One sequence's share of a batched step ([`Session::step`]).
+pub struct BatchPart<'s, 't> {
+    /// The sequence; its KV cache grows by `tokens`.
+    pub session: &'s mut Session,
+    /// One token for a decode step, or a chunk of a prompt.
+    pub tokens: &'t [u32],
+    /// Compute the logits of the last token (a prefill chunk that does not end its prompt
+    /// needs none, which saves the output matmul's rows).
+    pub logits: bool,
+}
+
+/// A part of a forward pass: a session, the tokens it appends and the logits it wants.
+struct Part<'s, 't> {
+    session: &'s mut Session,
+    tokens: &'t [u32],
+    logits: Logits,
+}
+
+/// Check the parts, run them as one forward pass, and commit (or roll back) their caches.
+fn forward_parts(parts: &mut [Part<'_, '_>]) -> Result<Vec<Option<Vec<f32>>>, ExecError> {
+    let Some(first) = parts.first() else {
+        return Ok(Vec::new());
+    };
+    let model = Arc::clone(&first.session.model);
+    let linear = Arc::clone(&first.session.linear);
+    for (i, p) in parts.iter().enumerate() {
+        if !Arc::ptr_eq(&p.session.model, &model) || !Arc::ptr_eq(&p.session.linear, &linear) {
+            return Err(ExecError::BatchMismatch { part: i });
+        }
+        if p.tokens.is_empty() {
             return Err(ExecError::EmptyPrompt);
         }
-        let needed = self.len + tokens.len();
-        if needed > self.context {
+        let needed = p.session.len + p.tokens.len();
+        if needed > p.session.context {
             return Err(ExecError::ContextOverflow {
                 needed,
-                context: self.context,
+                context: p.session.context,
             });
         }
-        let start = self.len;
-        // The forward pass runs on a worker of the current rayon pool, so its parallel
-        // operators and the device's matmul tasks fork onto that pool directly; called from a
-        // thread outside it, each of them would inject a job and block on a latch instead
-        // (hundreds of cross-thread wake-ups per decoded token).
-        let result = if rayon::current_thread_index().is_some() {
-            self.forward_inner(tokens, logits)
-        } else {
-            rayon::scope(|_| self.forward_inner(tokens, logits))
-        };
-        match result {
-            Ok(out) => {
-                self.len = start + tokens.len();
-                Ok(out)
+    }
+    // The forward pass runs on a worker of the current rayon pool, so its parallel
+    // operators and the device's matmul tasks fork onto that pool directly; called from a
+    // thread outside it, each of them would inject a job and block on a latch instead
+    // (hundreds of cross-thread wake-ups per decoded token).
+    let result = if rayon::current_thread_index().is_some() {
+        forward_inner(&model, &*linear, parts)
+    } else {
+        rayon::scope(|_| forward_inner(&model, &*linear, parts))
+    };
+    match result {
+        Ok(out) => {
+            for p in parts.iter_mut() {
+                p.session.len += p.tokens.len();
             }
-            Err(e) => {
-                // Keep the cache consistent: drop whatever layers appended before the failure.
-                self.truncate(start);
-                Err(e)
+            Ok(out)
+        }
+        Err(e) => {
+            // Keep the caches consistent: drop whatever layers appended before the failure.
+            for p in parts.iter_mut() {
+                let len = p.session.len;
+                p.session.truncate(len);
             }
+            Err(e)
         }
     }
+}
 
-    fn forward_inner(&mut self, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ExecError> {
-        let model = Arc::clone(&self.model);
-        let c = model.config();
-        let m = tokens.len();
-        let d = c.n_embd;
-        let mut x = vec![0.0f32; m * d];
-        model.embed(tokens, &mut x)?;
-        let angles: Vec<_> = (0..m).map(|i| model.rope.angles(self.len + i)).collect();
-
-        let mut h = vec![0.0f32; m * d];
-        let mut q = vec![0.0f32; m * c.q_dim()];
-        let mut k = vec![0.0f32; m * c.k_dim()];
-        let mut v = vec![0.0f32; m * c.v_dim()];
-        let mut attn = vec![0.0f32; m * c.attn_out_dim()];
-        let mut proj = vec![0.0f32; m * d];
-        let mut gate = vec![0.0f32; m * c.n_ff];
-        let mut up = vec![0.0f32; m * c.n_ff];
-        let shape = AttentionShape {
-            n_head: c.n_head,
-            n_head_kv: c.n_head_kv,
-            head_dim_k: c.head_dim_k,
-            head_dim_v: c.head_dim_v,
-        };
-
-        for (il, layer) in model.layers.iter().enumerate() {
-            // Attention block.
-            h.copy_from_slice(&x);
-            rms_norm(&mut h, &layer.attn_norm, c.rms_eps);
-            self.project(&layer.wq, &h, m, &mut q, layer.q_bias.as_deref())?;
-            self.project(&layer.wk, &h, m, &mut k, layer.k_bias.as_deref())?;
-            self.project(&layer.wv, &h, m, &mut v, layer.v_bias.as_deref())?;
-            if let Some(w) = &layer.q_norm {
-                rms_norm(&mut q, w, c.rms_eps);
-            }
-            if let Some(w) = &layer.k_norm {
-                rms_norm(&mut k, w, c.rms_eps);
-            }
-            for (i, a) in angles.iter().enumerate() {
-                model
-                    .rope
-                    .apply(&mut q[i * c.q_dim()..][..c.q_dim()], c.head_dim_k, a);
-                model
-                    .rope
-                    .apply(&mut k[i * c.k_dim()..][..c.k_dim()], c.head_dim_k, a);
-            }
-            self.keys[il].extend_from_slice(&k);
-            self.values[il].extend_from_slice(&v);
-            attention(shape, &q, &self.keys[il], &self.values[il], m, &mut attn);
-            self.linear.matmul(&layer.wo, &attn, m, &mut proj)?;
-            add(&mut x, &proj);
-
-            // Feed-forward block.
-            h.copy_from_slice(&x);
-            rms_norm(&mut h, &layer.ffn_norm, c.rms_eps);
-            self.linear.matmul(&layer.w_gate, &h, m, &mut gate)?;
-            self.linear.matmul(&layer.w_up, &h, m, &mut up)?;
-            swiglu(&mut gate, &up);
-            self.linear.matmul(&layer.w_down, &gate, m, &mut proj)?;
-            add(&mut x, &proj);
-        }
-
-        let rows = match logits {
-            Logits::All => &mut x[..],
-            Logits::Last => &mut x[(m - 1) * d..],
-        };
-        let n_rows = rows.len() / d;
-        rms_norm(rows, &model.output_norm, c.rms_eps);
-        let mut out = vec![0.0f32; n_rows * c.vocab_size];
-        self.linear
-            .matmul(model.output_weight(), rows, n_rows, &mut out)?;
-        Ok(out)
+fn forward_inner(
+    model: &Model,
+    linear: &dyn Linear,
+    parts: &mut [Part<'_, '_>],
+) -> Result<Vec<Option<Vec<f32>>>, ExecError> {
+    let c = model.config();
+    let m: usize = parts.iter().map(|p| p.tokens.len()).sum();
+    let d = c.n_embd;
+    let mut x = vec![0.0f32; m * d];
+    let mut angles = Vec::with_capacity(m);
+    let mut row = 0;
+    for p in parts.iter() {
+        let n = p.tokens.len();
+        model.embed(p.tokens, &mut x[row * d..(row + n) * d])?;
+        angles.extend((0..n).map(|i| model.rope.angles(p.session.len + i)));
+        row += n;
     }
 
-    fn project(
-        &self,
-        weight: &str,
-        x: &[f32],
-        m: usize,
-        y: &mut [f32],
-        bias: Option<&[f32]>,
-    ) -> Result<(), ExecError> {
-        self.linear.matmul(weight, x, m, y)?;
-        if let Some(b) = bias {
-            for row in y.chunks_exact_mut(b.len()) {
-                add(row, b);
-            }
+    let mut h = vec![0.0f32; m * d];
+    let mut q = vec![0.0f32; m * c.q_dim()];
+    let mut k = vec![0.0f32; m * c.k_dim()];
+    let mut v = vec![0.0f32; m * c.v_dim()];
+    let mut attn = vec![0.0f32; m * c.attn_out_dim()];
+    let mut proj = vec![0.0f32; m * d];
+    let mut gate = vec![0.0f32; m * c.n_ff];
+    let mut up = vec![0.0f32; m * c.n_ff];
+    let shape = AttentionShape {
+        n_head: c.n_head,
+        n_head_kv: c.n_head_kv,
+        head_dim_k: c.head_dim_k,
+        head_dim_v: c.head_dim_v,
+    };
+    let (qd, kd, vd, ad) = (c.q_dim(), c.k_dim(), c.v_dim(), c.attn_out_dim());
+
+    for (il, layer) in model.layers.iter().enumerate() {
+        // Attention block.
+        h.copy_from_slice(&x);
+        rms_norm(&mut h, &layer.attn_norm, c.rms_eps);
+        project(linear, &layer.wq, &h, m, &mut q, layer.q_bias.as_deref())?;
+        project(linear, &layer.wk, &h, m, &mut k, layer.k_bias.as_deref())?;
+        project(linear, &layer.wv, &h, m, &mut v, layer.v_bias.as_deref())?;
+        if let Some(w) = &layer.q_norm {
+            rms_norm(&mut q, w, c.rms_eps);
         }
-        Ok(())
+        if let Some(w) = &layer.k_norm {
+            rms_norm(&mut k, w, c.rms_eps);
+        }
+        for (i, a) in angles.iter().enumerate() {
+            model.rope.apply(&mut q[i * qd..][..qd], c.head_dim_k, a);
+            model.rope.apply(&mut k[i * kd..][..kd], c.head_dim_k, a);
+        }
+        // Each part attends over its own cache, its rows being the newest positions.
+        let mut row = 0;
+        for p in parts.iter_mut() {
+            let (n, s) = (p.tokens.len(), &mut *p.session);
+            s.keys[il].extend_from_slice(&k[row * kd..(row + n) * kd]);
+            s.values[il].extend_from_slice(&v[row * vd..(row + n) * vd]);
+            attention(
+                shape,
+                &q[row * qd..(row + n) * qd],
+                &s.keys[il],
+                &s.values[il],
+                n,
+                &mut attn[row * ad..(row + n) * ad],
+            );
+            row += n;
+        }
+        linear.matmul(&layer.wo, &attn, m, &mut proj)?;
+        add(&mut x, &proj);
+
+        // Feed-forward block.
+        h.copy_from_slice(&x);
+        rms_norm(&mut h, &layer.ffn_norm, c.rms_eps);
+        linear.matmul(&layer.w_gate, &h, m, &mut gate)?;
+        linear.matmul(&layer.w_up, &h, m, &mut up)?;
+        swiglu(&mut gate, &up);
+        linear.matmul(&layer.w_down, &gate, m, &mut proj)?;
+        add(&mut x, &proj);
     }
+
+    // The rows that produce logits, gathered so the output matmul runs once.
+    let mut rows = Vec::new();
+    let mut counts = Vec::with_capacity(parts.len());
+    let mut row = 0;
+    for p in parts.iter() {
+        let n = p.tokens.len();
+        let (from, count) = match p.logits {
+            Logits::None => (row + n, 0),
+            Logits::Last => (row + n - 1, 1),
+            Logits::All => (row, n),
+        };
+        rows.extend_from_slice(&x[from * d..(from + count) * d]);
+        counts.push(count);
+        row += n;
+    }
+    let n_rows = rows.len() / d;
+    let mut out = vec![0.0f32; n_rows * c.vocab_size];
+    if n_rows > 0 {
+        rms_norm(&mut rows, &model.output_norm, c.rms_eps);
+        linear.matmul(model.output_weight(), &rows, n_rows, &mut out)?;
+    }
+    let mut logits = Vec::with_capacity(parts.len());
+    let mut at = 0;
+    for (p, count) in parts.iter().zip(counts) {
+        logits.push((p.logits != Logits::None).then(|| {
+            let part = out[at * c.vocab_size..(at + count) * c.vocab_size].to_vec();
+            at += count;
+            part
+        }));
+    }
+    Ok(logits)
+}
+
+fn project(
+    linear: &dyn Linear,
+    weight: &str,
+    x: &[f32],
+    m: usize,
+    y: &mut [f32],
+    bias: Option<&[f32]>,
+) -> Result<(), ExecError> {
+    linear.matmul(weight, x, m, y)?;
+    if let Some(b) = bias {
+        for row in y.chunks_exact_mut(b.len()) {
+            add(row, b);
+        }
+    }
+    Ok(())
 }
 
 fn add(acc: &mut [f32], v: &[f32]) {

@@ -121,4 +121,121 @@ fn the_lm_head_runs_in_chip_sized_chunks_with_unchanged_greedy_text() {
         runs.push(tokens);
     }
     assert_eq!(runs[0], runs[1]);
+/// Continuous batching: four prompts run through [`ork_exec::Session::step`] — admitted one
+/// step apart, their prompts prefilled in chunks of 3 tokens riding beside the others' decode
+/// tokens — give each the greedy tokens it gives alone, resident and at a quarter budget.
+#[test]
+fn batched_steps_give_each_sequence_its_greedy_tokens_alone() {
+    use ork_exec::{ops::argmax, BatchPart, Session};
+    const N: usize = 8;
+    const CHUNK: usize = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = [
+        "The capital of France is",
+        "Water boils at",
+        "Once upon a time, in a small village by the sea, there lived",
+        "1, 2, 3, 4,",
+    ];
+    for budget_mb in [1024, 33] {
+        let engine = Engine::open(config(&dir.path().join("m.orkpack"), budget_mb)).unwrap();
+        let alone: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&engine, p, N)).collect();
+
+        struct Seq {
+            session: Session,
+            prompt: Vec<u32>,
+            fed: usize,
+            out: Vec<u32>,
+        }
+        let mut seqs: Vec<Seq> = prompts
+            .iter()
+            .map(|p| Seq {
+                session: engine.session(),
+                prompt: engine.tokenizer().encode(p, true, false).unwrap(),
+                fed: 0,
+                out: Vec::new(),
+            })
+            .collect();
+        let mut step = 0;
+        let mut widest = 0;
+        while seqs.iter().any(|s| s.out.len() < N) {
+            // Sequence i joins at step i; the unfinished ones each bring a chunk or a token.
+            let active: Vec<usize> = (0..seqs.len().min(step + 1))
+                .filter(|&i| seqs[i].out.len() < N)
+                .collect();
+            let inputs: Vec<(Vec<u32>, bool)> = active
+                .iter()
+                .map(|&i| {
+                    let s = &seqs[i];
+                    if s.fed < s.prompt.len() {
+                        let end = (s.fed + CHUNK).min(s.prompt.len());
+                        (s.prompt[s.fed..end].to_vec(), end == s.prompt.len())
+                    } else {
+                        (vec![*s.out.last().unwrap()], true)
+                    }
+                })
+                .collect();
+            let mut refs: Vec<&mut Seq> = seqs
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| active.contains(i))
+                .map(|(_, s)| s)
+                .collect();
+            let mut parts: Vec<BatchPart<'_, '_>> = refs
+                .iter_mut()
+                .zip(&inputs)
+                .map(|(s, (tokens, logits))| BatchPart {
+                    session: &mut s.session,
+                    tokens,
+                    logits: *logits,
+                })
+                .collect();
+            widest = widest.max(parts.len());
+            let logits = Session::step(&mut parts).unwrap();
+            drop(parts);
+            for ((s, (tokens, _)), l) in refs.iter_mut().zip(&inputs).zip(logits) {
+                if s.fed < s.prompt.len() {
+                    s.fed += tokens.len();
+                }
+                if let Some(l) = l {
+                    s.out.push(argmax(&l).unwrap() as u32);
+                }
+            }
+            step += 1;
+        }
+        assert_eq!(widest, prompts.len(), "all four ran in one step");
+        let batched: Vec<Vec<u32>> = seqs.into_iter().map(|s| s.out).collect();
+        assert_eq!(alone, batched, "budget {budget_mb} MiB");
+    }
+}
+
+/// A batched step refuses a part beyond its context and leaves every session unchanged.
+#[test]
+fn a_batched_step_with_an_overflowing_part_changes_no_session() {
+    use ork_exec::{BatchPart, ExecError, Session};
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(&dir.path().join("m.orkpack"), 1024)).unwrap();
+    let mut a = engine.session();
+    let mut b = engine.session_with_context(4).unwrap();
+    let tokens = [1u32, 2, 3];
+    let five = [1u32, 2, 3, 4, 5];
+    let mut parts = [
+        BatchPart {
+            session: &mut a,
+            tokens: &tokens,
+            logits: true,
+        },
+        BatchPart {
+            session: &mut b,
+            tokens: &five,
+            logits: true,
+        },
+    ];
+    assert!(matches!(
+        Session::step(&mut parts),
+        Err(ExecError::ContextOverflow {
+            needed: 5,
+            context: 4
+        })
+    ));
+    assert_eq!((a.position(), b.position()), (0, 0));
 }
