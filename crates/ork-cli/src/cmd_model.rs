@@ -44,6 +44,7 @@ fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
         trace,
         verify: !opts.no_verify,
         evict_src: env_flag("ORK_EVICT_SRC"),
+        draft: None,
     }
 }
 

@@ -36,8 +36,9 @@ pub use perplexity::{perplexity, PerplexityReport};
 pub use sample::{Distribution, Sampler, SamplerOptions};
 pub use session::Session;
 pub use speculative::{
-    generate_speculative, Acceptance, Draft, LookupDraft, ModelDraft, Proposal,
-    SpeculativeGeneration, SpeculativeOptions, SpeculativeStats, StandardAcceptance,
+    check_draft_vocabulary, generate_speculative, Acceptance, Draft, LookupDraft, ModelDraft,
+    Proposal, SpeculativeGeneration, SpeculativeOptions, SpeculativeStats, StandardAcceptance,
+    DRAFT_VOCAB_MAX_SIZE_DIFFERENCE,
 };
 pub use tokenizer::{TextStream, TokenKind, Tokenizer, Vocabulary};
 pub use weights::WeightSpec;

@@ -15,6 +15,7 @@
 use crate::generate::{GenerateOptions, Generation, StopReason};
 use crate::sample::{Distribution, Sampler};
 use crate::session::Session;
+use crate::tokenizer::Tokenizer;
 use crate::ExecError;
 use std::time::{Duration, Instant};
 
@@ -186,6 +187,70 @@ impl Draft for ModelDraft {
         }
         Ok(out)
     }
+}
+
+/// Largest difference in vocabulary size between a draft model and the verifier (llama.cpp's
+/// `SPEC_VOCAB_MAX_SIZE_DIFFERENCE`).
+pub const DRAFT_VOCAB_MAX_SIZE_DIFFERENCE: usize = 128;
+
+/// First token id whose text must match (llama.cpp's `SPEC_VOCAB_CHECK_START_TOKEN_ID`: some
+/// model families differ only in the first special tokens).
+const DRAFT_VOCAB_CHECK_START: usize = 5;
+
+/// Check that a draft model's vocabulary is the verifier's, as llama.cpp does before speculative
+/// decoding: sizes within [`DRAFT_VOCAB_MAX_SIZE_DIFFERENCE`], the same BOS and EOS tokens and
+/// BOS policy, and the same text for every token id both have from id 5 on.
+///
+/// # Errors
+/// [`ExecError::DraftVocabMismatch`] naming `draft_file` and the first difference.
+pub fn check_draft_vocabulary(
+    verifier: &Tokenizer,
+    draft: &Tokenizer,
+    draft_file: &str,
+) -> Result<(), ExecError> {
+    let mismatch = |what: String| ExecError::DraftVocabMismatch {
+        draft: draft_file.to_owned(),
+        what,
+    };
+    let (nv, nd) = (verifier.vocab_size(), draft.vocab_size());
+    if nv.abs_diff(nd) > DRAFT_VOCAB_MAX_SIZE_DIFFERENCE {
+        return Err(mismatch(format!(
+            "{nd} tokens against the model's {nv} (at most {DRAFT_VOCAB_MAX_SIZE_DIFFERENCE} apart)"
+        )));
+    }
+    if verifier.bos() != draft.bos() || verifier.add_bos() != draft.add_bos() {
+        return Err(mismatch(format!(
+            "BOS token {:?} (added: {}) against the model's {:?} (added: {})",
+            draft.bos(),
+            draft.add_bos(),
+            verifier.bos(),
+            verifier.add_bos()
+        )));
+    }
+    if verifier.eos() != draft.eos() {
+        return Err(mismatch(format!(
+            "EOS token {:?} against the model's {:?}",
+            draft.eos(),
+            verifier.eos()
+        )));
+    }
+    for id in DRAFT_VOCAB_CHECK_START..nv.min(nd) {
+        let id = id as u32;
+        if verifier.token_bytes(id, true) != draft.token_bytes(id, true) {
+            return Err(mismatch(format!(
+                "token {id} is {:?} in the draft and {:?} in the model",
+                draft
+                    .token_bytes(id, true)
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default(),
+                verifier
+                    .token_bytes(id, true)
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// How a drafted token is judged against the verifier's distribution at its position.
