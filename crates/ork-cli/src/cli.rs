@@ -249,9 +249,94 @@ pub struct RunArgs {
     /// Apply the model's chat template to the prompt.
     #[arg(long)]
     pub chat: bool,
+    #[command(flatten)]
+    pub speculative: SpecArgs,
     /// Print one JSON object (with the text) instead of streaming.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Where draft tokens for speculative decoding come from (`docs/speculative.md`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DraftArg {
+    /// Prompt lookup: n-grams of the prompt and output so far, no model.
+    Lookup,
+    /// The model's own first N blocks and output projection (`self`: N chosen to fit).
+    SelfLayers(Option<usize>),
+    /// A second GGUF with the same vocabulary.
+    Model(PathBuf),
+}
+
+impl DraftArg {
+    /// What the engine keeps on the device for this draft.
+    pub fn engine_source(&self) -> Option<ork_runtime::DraftSource> {
+        match self {
+            DraftArg::Lookup => None,
+            DraftArg::SelfLayers(n) => Some(ork_runtime::DraftSource::SelfLayers(*n)),
+            DraftArg::Model(p) => Some(ork_runtime::DraftSource::Model(p.clone())),
+        }
+    }
+
+    /// A short name for tables: `lookup`, `self`, `self:N`, or the file name.
+    pub fn label(&self) -> String {
+        match self {
+            DraftArg::Lookup => "lookup".to_owned(),
+            DraftArg::SelfLayers(None) => "self".to_owned(),
+            DraftArg::SelfLayers(Some(n)) => format!("self:{n}"),
+            DraftArg::Model(p) => p.file_name().map_or_else(
+                || p.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
+        }
+    }
+}
+
+/// `lookup`, `self`, `self:N` or a GGUF path.
+fn parse_draft(s: &str) -> Result<DraftArg, String> {
+    match s {
+        "lookup" => Ok(DraftArg::Lookup),
+        "self" => Ok(DraftArg::SelfLayers(None)),
+        _ => match s.strip_prefix("self:") {
+            Some(n) => match n.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(DraftArg::SelfLayers(Some(n))),
+                _ => Err(format!(
+                    "self:{n}: the number of blocks must be a whole number ≥ 1"
+                )),
+            },
+            None if s.is_empty() => Err("give lookup, self, self:N or a GGUF file".to_owned()),
+            None => Ok(DraftArg::Model(PathBuf::from(s))),
+        },
+    }
+}
+
+/// Default `--draft-max`, chosen by measurement (`docs/speculative.md`).
+pub const DEFAULT_DRAFT_MAX: usize = 8;
+
+/// Speculative decoding options of `ork run`.
+#[derive(Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding: draft tokens with `lookup` (prompt n-grams), `self` / `self:N` (the
+    /// model's first N blocks) or a smaller GGUF with the same vocabulary, and verify them in
+    /// one batched pass of the model.
+    #[arg(long, value_parser = parse_draft)]
+    pub draft: Option<DraftArg>,
+    /// Most draft tokens per verifier pass (at least 1).
+    #[arg(long, requires = "draft", default_value_t = DEFAULT_DRAFT_MAX, value_parser = count_parser(0))]
+    pub draft_max: usize,
+    /// A draft model stops drafting where its most likely token is below this probability.
+    #[arg(long, requires = "draft", default_value_t = 0.0, value_parser = parse_unit)]
+    pub draft_p_min: f32,
+    /// Keep the draft length at --draft-max (no adapting to acceptance).
+    #[arg(long, requires = "draft")]
+    pub draft_fixed: bool,
+}
+
+/// A number in [0, 1].
+fn parse_unit(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s} is not a number in [0, 1]")),
+    }
 }
 
 /// `ork perplexity`.
@@ -298,6 +383,32 @@ pub enum BenchCommand {
     },
     /// Emulated int8 matmul GOP/s against this machine's roofline.
     Gemm {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Speculative decoding: generation tok/s with each draft kind vs without, streamed at
+    /// several budgets and resident, same run.
+    Spec {
+        #[command(flatten)]
+        model: ModelOpts,
+        /// Tokens to generate per run.
+        #[arg(long, default_value_t = 64, value_parser = count_parser(2))]
+        tokens: usize,
+        /// Interleaved timed rounds per configuration (the median is reported).
+        #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+        rounds: usize,
+        /// Most draft tokens per verifier pass.
+        #[arg(long, default_value_t = DEFAULT_DRAFT_MAX, value_parser = count_parser(1))]
+        draft_max: usize,
+        /// The draft model (default: the model's first eighth of blocks, written to a temporary
+        /// GGUF).
+        #[arg(long)]
+        draft_model: Option<PathBuf>,
+        /// Weight budgets in MiB to stream at (default: 1/4, 1/2 and 3/4 of the model), besides
+        /// the resident run.
+        #[arg(long, value_delimiter = ',')]
+        budgets_mb: Vec<u64>,
         /// JSON output.
         #[arg(long)]
         json: bool,

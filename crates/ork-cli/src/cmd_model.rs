@@ -25,7 +25,7 @@ fn env_flag(name: &str) -> bool {
 }
 
 /// The engine configuration the command line asks for.
-fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
+pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
     EngineConfig {
         model: opts.model.clone(),
         pack: match (&opts.pack, opts.no_pack) {
@@ -44,12 +44,13 @@ fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
         trace,
         verify: !opts.no_verify,
         evict_src: env_flag("ORK_EVICT_SRC"),
+        draft: None,
     }
 }
 
 /// Open the engine, drawing the conversion bar unless `quiet`; say on stderr why an existing
 /// `.orkpack` was rebuilt, or that it could not be written and the run goes on from memory.
-fn open_engine(config: EngineConfig, quiet: bool) -> Result<Engine> {
+pub(crate) fn open_engine(config: EngineConfig, quiet: bool) -> Result<Engine> {
     open_loaded(Engine::load(config)?, quiet)
 }
 
@@ -99,6 +100,11 @@ struct RunStats {
     decode_tok_s: f64,
     ttft_seconds: f64,
     total_seconds: f64,
+    /// Weight bytes copied into device buffers during generation, per generated token.
+    streamed_bytes_per_token: f64,
+    /// Speculative decoding's counters (`--draft`).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    speculative: Option<crate::cmd_spec::SpecReport>,
 }
 
 impl RunStats {
@@ -145,10 +151,24 @@ impl RunStats {
             decode_tok_s: rate(decode.0, decode.1),
             ttft_seconds: ttft.as_secs_f64(),
             total_seconds: total.as_secs_f64(),
+            streamed_bytes_per_token: 0.0,
+            speculative: None,
         }
     }
 
     fn line(&self) -> String {
+        let mut line = self.base_line();
+        if let Some(s) = &self.speculative {
+            line.push_str(&s.line());
+        }
+        line.push_str(&format!(
+            " | {:.1} MiB streamed/token",
+            self.streamed_bytes_per_token / (1 << 20) as f64
+        ));
+        line
+    }
+
+    fn base_line(&self) -> String {
         format!(
             "[ork] loaded {} | packed {} | evictions {} | wall hits {} | peak resident {:.1} MiB (budget {:.0} MiB, {}) | \
              prefill {} tok {:.1} tok/s | decode {} tok {:.1} tok/s | ttft {:.3} s",
@@ -206,7 +226,14 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     }
     // The prompt is checked against the context before the device is opened or the .orkpack
     // converted (minutes on a large model).
-    let loaded = Engine::load(engine_config(&args.model, args.model.trace.is_some()))?;
+    let spec_options = crate::cmd_spec::options(&args.speculative)?;
+    let mut config = engine_config(&args.model, args.model.trace.is_some());
+    config.draft = args
+        .speculative
+        .draft
+        .as_ref()
+        .and_then(crate::cli::DraftArg::engine_source);
+    let loaded = Engine::load(config)?;
     let tokenizer = Arc::clone(loaded.tokenizer());
     let prompt = if args.chat {
         let template = loaded.chat_template()?.with_context(|| {
@@ -248,7 +275,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let mut out = String::new();
     let mut ttft: Option<Duration> = None;
     let stdout = std::io::stdout();
-    let gen = generate(&mut session, &prompt, &options, &mut sampler, |tok| {
+    let mut on_token = |tok| {
         ttft.get_or_insert_with(|| started.elapsed());
         let piece = stream.push(tok)?;
         if !args.json {
@@ -258,12 +285,42 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         }
         out.push_str(&piece);
         Ok(())
-    })
-    .with_context(|| format!("running {}", args.model.model.display()))?;
+    };
+    let moved_before = crate::cmd_spec::bytes_moved(&engine);
+    let (gen, spec) = match (&args.speculative.draft, spec_options) {
+        (Some(kind), Some(spec_options)) => {
+            let mut draft = crate::cmd_spec::make_draft(
+                &engine,
+                kind,
+                args.temp,
+                args.seed,
+                args.speculative.draft_p_min,
+            )?;
+            let g = ork_exec::generate_speculative(
+                &mut session,
+                draft.as_mut(),
+                &prompt,
+                &options,
+                &spec_options,
+                &mut sampler,
+                &mut ork_exec::StandardAcceptance,
+                &mut on_token,
+            )
+            .with_context(|| format!("running {}", args.model.model.display()))?;
+            let report = crate::cmd_spec::SpecReport::new(&engine, kind, &spec_options, &g);
+            (g.generation, Some(report))
+        }
+        _ => (
+            generate(&mut session, &prompt, &options, &mut sampler, &mut on_token)
+                .with_context(|| format!("running {}", args.model.model.display()))?,
+            None,
+        ),
+    };
+    let moved = crate::cmd_spec::bytes_moved(&engine) - moved_before;
     let tail = stream.finish();
     out.push_str(&tail);
     let ttft = ttft.unwrap_or_else(|| started.elapsed());
-    let stats = RunStats::new(
+    let mut stats = RunStats::new(
         &engine,
         &engine.cache_stats(),
         (gen.prompt_tokens, gen.prefill_time),
@@ -271,6 +328,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         ttft,
         started.elapsed(),
     );
+    stats.streamed_bytes_per_token = moved as f64 / gen.tokens.len().max(1) as f64;
+    stats.speculative = spec;
     let pack = engine.pack_path().map(|p| p.display().to_string());
     drop(session);
     if let (Some(path), Some(t)) = (&args.model.trace, engine.close()) {
@@ -605,13 +664,13 @@ struct StreamRun {
 }
 
 /// The weight manifest of the GGUF at `path`.
-fn open_manifest(path: &Path) -> Result<Manifest> {
+pub(crate) fn open_manifest(path: &Path) -> Result<Manifest> {
     let gguf = ork_gguf::GgufFile::open(path)?;
     Ok(Manifest::from_gguf(&gguf)?)
 }
 
 /// `tokens` tokens of varied English text (repeated as needed), BOS first if the model adds one.
-fn bench_prompt(tokenizer: &Tokenizer, tokens: usize) -> Result<Vec<u32>> {
+pub(crate) fn bench_prompt(tokenizer: &Tokenizer, tokens: usize) -> Result<Vec<u32>> {
     const TEXT: &str = "The history of computing is a story of machines that outgrew their memory. \
         Engineers learned to page data in and out, to overlap transfers with computation, and to \
         keep the most useful pieces close at hand. Every generation of hardware repeats the lesson: \

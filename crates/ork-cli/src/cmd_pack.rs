@@ -143,6 +143,8 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
         threads: args.threads,
         progress: Some(&progress),
         manifest: None,
+        group: Default::default(),
+        target: None,
     };
     let result = ork_store::convert(&model, &output, &opts);
     bar.finish();

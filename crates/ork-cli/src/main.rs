@@ -7,6 +7,7 @@ mod cli;
 mod cmd_device;
 mod cmd_model;
 mod cmd_pack;
+mod cmd_spec;
 mod plot;
 mod progress;
 mod rss;
@@ -38,6 +39,25 @@ fn main() -> ExitCode {
                 plot,
                 json,
             } => cmd_model::bench_stream(&model, tokens, rounds, plot.as_deref(), json),
+            BenchCommand::Spec {
+                model,
+                tokens,
+                rounds,
+                draft_max,
+                draft_model,
+                budgets_mb,
+                json,
+            } => cmd_spec::bench_spec(
+                &model,
+                &cmd_spec::SpecBench {
+                    tokens,
+                    rounds,
+                    draft_max,
+                    draft_model,
+                    budgets_mb,
+                },
+                json,
+            ),
         },
         Command::Run(a) => cmd_model::run(&a),
         Command::Perplexity(a) => cmd_model::perplexity(&a),

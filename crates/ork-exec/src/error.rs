@@ -134,6 +134,22 @@ pub enum ExecError {
         /// Index of the part that differs.
         part: usize,
     },
+    /// A speculative-decoding setting or draft that cannot be used (`--draft-max 0`, a self draft
+    /// with more layers than the model …).
+    #[error("speculative decoding: {what}")]
+    InvalidDraft {
+        /// What is wrong.
+        what: String,
+    },
+    /// The draft model's vocabulary is not the verifier's (checked as llama.cpp does: size,
+    /// special tokens, and the text of every shared token).
+    #[error("draft model {draft}: its vocabulary does not match the model's: {what}")]
+    DraftVocabMismatch {
+        /// The draft model's file.
+        draft: String,
+        /// What differs (sizes, which special token, the first differing token id).
+        what: String,
+    },
     /// Perplexity needs at least two context windows of tokens.
     #[error("perplexity needs at least {needed} tokens (one window of {context}), got {got}")]
     NotEnoughTokens {

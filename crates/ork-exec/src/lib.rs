@@ -8,6 +8,7 @@
 //!   several sessions ([`Session::step`], continuous batching).
 //! - [`Tokenizer`], [`TextStream`], [`ChatTemplate`]: text in and out, as llama.cpp does it.
 //! - [`Sampler`], [`generate`]: token selection and the generation loop.
+//! - [`generate_speculative`]: speculative decoding, a draft's tokens verified in batches.
 //! - [`perplexity`]: llama.cpp's `llama-perplexity` protocol.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -22,6 +23,7 @@ pub mod ops;
 mod perplexity;
 mod sample;
 mod session;
+mod speculative;
 mod tokenizer;
 mod weights;
 
@@ -32,7 +34,12 @@ pub use generate::{generate, GenerateOptions, Generation, StopReason};
 pub use linear::{dot_i8, quantize_row_i8, CpuF32Linear, CpuW8A8Linear, Linear};
 pub use model::Model;
 pub use perplexity::{perplexity, PerplexityReport};
-pub use sample::{Sampler, SamplerOptions};
+pub use sample::{Distribution, Sampler, SamplerOptions};
 pub use session::{BatchPart, Session};
+pub use speculative::{
+    check_draft_vocabulary, generate_speculative, Acceptance, Draft, LookupDraft, ModelDraft,
+    Proposal, SpeculativeGeneration, SpeculativeOptions, SpeculativeStats, StandardAcceptance,
+    DRAFT_VOCAB_MAX_SIZE_DIFFERENCE,
+};
 pub use tokenizer::{TextStream, TokenKind, Tokenizer, Vocabulary};
 pub use weights::WeightSpec;

@@ -15,6 +15,7 @@ fn global(role: Role) -> String {
 }
 
 /// Per-block tensors held by the executor, and names of the block's matmul weights.
+#[derive(Clone)]
 pub(crate) struct Layer {
     pub(crate) attn_norm: Vec<f32>,
     pub(crate) ffn_norm: Vec<f32>,
@@ -139,6 +140,57 @@ impl Model {
             layers,
             output_norm,
             output_weight,
+            weights,
+        })
+    }
+
+    /// The first `n_layer` blocks of this model followed by its output norm and projection: an
+    /// early-exit draft that runs on the model's own weights (`--draft self`,
+    /// `docs/speculative.md`). Its matmul weights are a subset of this model's.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidDraft`] unless `1 <= n_layer <= ` the model's block count.
+    pub fn truncated(&self, n_layer: usize) -> Result<Model, ExecError> {
+        if n_layer == 0 || n_layer > self.config.n_layer {
+            return Err(ExecError::InvalidDraft {
+                what: format!(
+                    "a self draft of {n_layer} layers: the model has {} (use 1..={})",
+                    self.config.n_layer, self.config.n_layer
+                ),
+            });
+        }
+        let layers = self.layers[..n_layer].to_vec();
+        let mut used: Vec<&str> = layers
+            .iter()
+            .flat_map(|l| {
+                [
+                    l.wq.as_str(),
+                    l.wk.as_str(),
+                    l.wv.as_str(),
+                    l.wo.as_str(),
+                    l.w_gate.as_str(),
+                    l.w_up.as_str(),
+                    l.w_down.as_str(),
+                ]
+            })
+            .collect();
+        used.push(&self.output_weight);
+        let weights = self
+            .weights
+            .iter()
+            .filter(|w| used.contains(&w.name.as_str()))
+            .cloned()
+            .collect();
+        let mut config = self.config.clone();
+        config.n_layer = n_layer;
+        Ok(Model {
+            gguf: Arc::clone(&self.gguf),
+            embedding_name: self.embedding_name.clone(),
+            config,
+            rope: self.rope.clone(),
+            layers,
+            output_norm: self.output_norm.clone(),
+            output_weight: self.output_weight.clone(),
             weights,
         })
     }

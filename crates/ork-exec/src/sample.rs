@@ -70,13 +70,25 @@ impl Sampler {
     }
 
     /// Pick a token from `logits`. Errors if no logit is a number.
+    ///
+    /// The same as drawing ([`Sampler::draw`]) from [`Sampler::distribution`], without the
+    /// distribution being built for greedy decoding.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, ExecError> {
-        let no_finite = || ExecError::InvalidSampling {
-            param: "logits",
-            what: "no logit is a number".to_owned(),
-        };
         if self.options.temperature == 0.0 {
             return argmax(logits).map(|i| i as u32).ok_or_else(no_finite);
+        }
+        let dist = self.distribution(logits)?;
+        Ok(self.draw(&dist))
+    }
+
+    /// The distribution [`Sampler::sample`] draws from: top-k, top-p, temperature applied to
+    /// `logits` (greedy: all mass on the argmax). Errors if no logit is a number.
+    pub fn distribution(&self, logits: &[f32]) -> Result<Distribution, ExecError> {
+        if self.options.temperature == 0.0 {
+            let best = argmax(logits).ok_or_else(no_finite)?;
+            return Ok(Distribution {
+                entries: vec![(best as u32, 1.0)],
+            });
         }
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
@@ -105,17 +117,90 @@ impl Sampler {
             cand.truncate(keep);
         }
         let probs = softmax(cand.iter().map(|c| c.1), self.options.temperature);
-        // Uniform in [0, 1) from the top 53 bits.
-        let u = (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+        Ok(Distribution {
+            entries: cand.iter().map(|c| c.0).zip(probs).collect(),
+        })
+    }
+
+    /// Draw a token from `dist` with this sampler's random stream.
+    pub fn draw(&mut self, dist: &Distribution) -> u32 {
+        let u = self.uniform();
         let mut cum = 0.0;
-        for (c, p) in cand.iter().zip(&probs) {
+        for &(id, p) in &dist.entries {
             cum += p;
             if u < cum {
-                return Ok(c.0);
+                return id;
             }
         }
         // Rounding left the sum a hair below u: the last candidate.
-        Ok(cand[cand.len() - 1].0)
+        dist.entries.last().map_or(0, |e| e.0)
+    }
+
+    /// Uniform in [0, 1) from the top 53 bits of the random stream.
+    pub fn uniform(&mut self) -> f64 {
+        (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+fn no_finite() -> ExecError {
+    ExecError::InvalidSampling {
+        param: "logits",
+        what: "no logit is a number".to_owned(),
+    }
+}
+
+/// A probability distribution over token ids: the candidates a [`Sampler`] keeps, most likely
+/// first, with probabilities summing to 1 (ids not listed have probability 0).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Distribution {
+    entries: Vec<(u32, f64)>,
+}
+
+impl Distribution {
+    /// All mass on `token`.
+    pub fn point(token: u32) -> Distribution {
+        Distribution {
+            entries: vec![(token, 1.0)],
+        }
+    }
+
+    /// From `(id, weight)` pairs with weights ≥ 0, normalized to sum 1; `None` when the weights
+    /// do not sum to a positive finite number or an id repeats.
+    pub fn from_weights(mut entries: Vec<(u32, f64)>) -> Option<Distribution> {
+        entries.retain(|e| e.1 > 0.0);
+        let sum: f64 = entries.iter().map(|e| e.1).sum();
+        if !(sum.is_finite() && sum > 0.0) || entries.iter().any(|e| !e.1.is_finite()) {
+            return None;
+        }
+        let mut ids: Vec<u32> = entries.iter().map(|e| e.0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.len() != entries.len() {
+            return None;
+        }
+        entries.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for e in &mut entries {
+            e.1 /= sum;
+        }
+        Some(Distribution { entries })
+    }
+
+    /// The probability of `token`.
+    pub fn prob(&self, token: u32) -> f64 {
+        self.entries
+            .iter()
+            .find(|e| e.0 == token)
+            .map_or(0.0, |e| e.1)
+    }
+
+    /// `(id, probability)`, most likely first.
+    pub fn entries(&self) -> &[(u32, f64)] {
+        &self.entries
+    }
+
+    /// The most likely token.
+    pub fn top(&self) -> u32 {
+        self.entries[0].0
     }
 }
 

@@ -5,6 +5,7 @@ mod ork_exec {
     pub mod llama_cpp_logits;
     pub mod real_model;
     pub mod reference;
+    pub mod speculative;
     pub mod tiny_models;
     pub mod tokenizer_golden;
 }

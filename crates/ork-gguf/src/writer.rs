@@ -59,6 +59,34 @@ impl GgufBuilder {
         }
     }
 
+    /// A copy of `file`: every metadata pair in order, with the values of `overrides` replaced
+    /// (or appended when absent), and the tensors whose names `keep` accepts, their bytes copied.
+    /// For fixtures derived from a real model: its first blocks as a draft model, a changed
+    /// vocabulary.
+    pub fn from_file(
+        file: &crate::GgufFile,
+        keep: impl Fn(&str) -> bool,
+        overrides: &[(&str, MetaValue)],
+    ) -> Self {
+        let mut b = GgufBuilder::new();
+        for (key, value) in file.metadata_iter() {
+            let value = overrides
+                .iter()
+                .find(|o| o.0 == key)
+                .map_or_else(|| value.clone(), |o| o.1.clone());
+            b = b.kv(key, value);
+        }
+        for (key, value) in overrides {
+            if file.metadata(key).is_none() {
+                b = b.kv(*key, value.clone());
+            }
+        }
+        for t in file.tensors().iter().filter(|t| keep(&t.name)) {
+            b = b.tensor(&t.name, &t.dims, t.ty, file.tensor_data(t).to_vec());
+        }
+        b
+    }
+
     /// Write GGUF version `version` instead of 3 (2 has the same layout; other values make an
     /// invalid file, for negative tests).
     pub fn version(mut self, version: u32) -> Self {

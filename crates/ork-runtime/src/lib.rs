@@ -107,6 +107,36 @@ pub enum RuntimeError {
         #[source]
         source: ork_device::DeviceError,
     },
+    /// The draft model cannot be opened or used (`--draft MODEL.gguf`): unreadable, not a model
+    /// ork runs, or a vocabulary other than the model's ([`ExecError::DraftVocabMismatch`]).
+    #[error("draft {}", draft.display())]
+    DraftModel {
+        /// The draft's GGUF file.
+        draft: PathBuf,
+        /// The executor's error.
+        #[source]
+        source: ExecError,
+    },
+    /// The draft's resident weights and the model's smallest working set do not fit the budget
+    /// together.
+    #[error(
+        "{}: the draft ({draft}) keeps {draft_mib:.1} MiB resident and the model needs at least          {model_min_mib:.1} MiB beside it, but the weight budget is {budget_mib} MiB: use a budget          of at least {need_mib} MiB or a smaller draft",
+        model.display()
+    )]
+    DraftTooLarge {
+        /// The GGUF file.
+        model: PathBuf,
+        /// Which draft (`self:N` or the draft's file).
+        draft: String,
+        /// The draft's resident bytes, MiB.
+        draft_mib: f64,
+        /// The model's largest remaining weight, MiB.
+        model_min_mib: f64,
+        /// The budget per domain, MiB.
+        budget_mib: u64,
+        /// The smallest budget that holds both, MiB.
+        need_mib: u64,
+    },
     /// The device cannot be opened or configured.
     #[error("{what}")]
     Device {
@@ -176,6 +206,24 @@ pub struct EngineConfig {
     pub verify: bool,
     /// Drop source pages once each tensor is converted (`ORK_EVICT_SRC`).
     pub evict_src: bool,
+    /// A draft model for speculative decoding kept on the device beside the model, its bytes
+    /// taken from the same budget (`docs/speculative.md`); `None` for none (prompt lookup needs
+    /// no model).
+    pub draft: Option<DraftSource>,
+}
+
+/// A draft that lives on the device beside the model (speculative decoding,
+/// `docs/speculative.md`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DraftSource {
+    /// The model's own first blocks and its output projection (an early exit), pinned in the
+    /// model's weight cache, which the model's passes use too; `None` chooses the number of
+    /// blocks: as many as fit beside the model's streaming working set, at most a quarter of
+    /// them.
+    SelfLayers(Option<usize>),
+    /// A second, smaller GGUF with the model's vocabulary, packed at open into a cache of its
+    /// own on the same device and budget, every weight pinned.
+    Model(PathBuf),
 }
 
 impl EngineConfig {
@@ -196,6 +244,7 @@ impl EngineConfig {
             trace: false,
             verify: true,
             evict_src: false,
+            draft: None,
         }
     }
 
@@ -339,6 +388,22 @@ pub fn plan_weights(
     }))
 }
 
+/// Device bytes of every matmul weight of `manifest` at `dtype`, in execution order.
+fn weight_bytes(manifest: &Manifest, dtype: PackDtype) -> Result<Vec<(String, u64)>, RuntimeError> {
+    let mut weights = Vec::new();
+    for w in manifest.execution_order() {
+        let (k, n) = ork_store::matmul_dims(&w.slice).map_err(|source| RuntimeError::Plan {
+            model: manifest.file().to_path_buf(),
+            source,
+        })?;
+        weights.push((
+            w.key.clone(),
+            device_bytes(&ork_pack::TiledLayout::new(dtype, k, n)),
+        ));
+    }
+    Ok(weights)
+}
+
 /// The executor's matmul interface served by the device through the weight cache.
 pub struct EngineLinear(DeviceMatmul);
 
@@ -381,6 +446,93 @@ pub struct Engine {
     convert: Option<ConvertReport>,
     pack_path: Option<PathBuf>,
     pack_unwritable: Option<ork_store::StoreError>,
+    draft: Option<EngineDraft>,
+}
+
+/// The draft an engine keeps beside its model ([`EngineConfig::draft`]).
+pub struct EngineDraft {
+    source: DraftSource,
+    label: String,
+    model: Arc<Model>,
+    linear: Arc<dyn Linear>,
+    cache: Option<Arc<WeightCache>>,
+    bytes: u64,
+}
+
+impl std::fmt::Debug for EngineDraft {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineDraft")
+            .field("draft", &self.label)
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EngineDraft {
+    /// What the draft is: `self:N` (the model's first N blocks and output projection) or the
+    /// draft model's file.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The source it was opened from (with the number of blocks chosen, for a self draft).
+    pub fn source(&self) -> &DraftSource {
+        &self.source
+    }
+
+    /// The draft's model (for a self draft, the truncated model).
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Device bytes the draft keeps resident, taken from the budget.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The draft model's own cache (`None` for a self draft, whose weights are pinned in the
+    /// model's cache).
+    pub fn cache(&self) -> Option<&Arc<WeightCache>> {
+        self.cache.as_ref()
+    }
+
+    /// A new session of the draft (owned, as [`Engine::session`]).
+    pub fn session(&self) -> Session {
+        Session::new(Arc::clone(&self.model), Arc::clone(&self.linear))
+    }
+}
+
+/// A draft model read and checked, before the plan.
+struct LoadedDraft {
+    path: PathBuf,
+    gguf: Arc<GgufFile>,
+    model: Arc<Model>,
+    weights: Vec<(String, u64)>,
+}
+
+fn load_draft_model(
+    path: &std::path::Path,
+    config: &EngineConfig,
+    tokenizer: &Tokenizer,
+) -> Result<LoadedDraft, RuntimeError> {
+    let err = |source: ExecError| RuntimeError::DraftModel {
+        draft: path.to_path_buf(),
+        source,
+    };
+    let gguf = Arc::new(GgufFile::open(path).map_err(|e| err(e.into()))?);
+    let model = Arc::new(Model::load(&gguf).map_err(err)?);
+    let draft_tokenizer = Tokenizer::from_gguf(&gguf).map_err(err)?;
+    ork_exec::check_draft_vocabulary(tokenizer, &draft_tokenizer, &path.display().to_string())
+        .map_err(err)?;
+    let manifest = Manifest::from_gguf(&gguf)?;
+    check_chip(config, &manifest)?;
+    let weights = weight_bytes(&manifest, config.dtype)?;
+    Ok(LoadedDraft {
+        path: path.to_path_buf(),
+        gguf,
+        model,
+        weights,
+    })
 }
 
 impl std::fmt::Debug for Engine {
@@ -499,14 +651,113 @@ impl LoadedModel {
         let info = device.info();
         let budget = budget_bytes(config.budget_bytes)?;
         let slots = info.cores as usize + 1;
-        let plan = plan_weights(
-            &manifest,
-            config.dtype,
-            budget,
-            info.window_bytes,
-            info.domains,
+        let all = weight_bytes(&manifest, config.dtype)?;
+        let capacity = budget.min(info.window_bytes);
+        let model_err = |source| RuntimeError::Model {
+            model: config.model.clone(),
+            source,
+        };
+        // The draft's resident weights come out of the budget before the model is planned.
+        let mut draft_model = None;
+        let mut self_layers = None;
+        let mut draft_names = std::collections::HashSet::new();
+        let mut draft_bytes = 0u64;
+        match &config.draft {
+            None => {}
+            Some(DraftSource::Model(path)) => {
+                let d = load_draft_model(path, &config, &tokenizer)?;
+                draft_bytes = d.weights.iter().map(|w| w.1).sum();
+                draft_model = Some(d);
+            }
+            Some(DraftSource::SelfLayers(n)) => {
+                let names_for =
+                    |n: usize| -> Result<std::collections::HashSet<String>, RuntimeError> {
+                        Ok(model
+                            .truncated(n)
+                            .map_err(model_err)?
+                            .matmul_weights()
+                            .iter()
+                            .map(|w| w.name.clone())
+                            .collect())
+                    };
+                let bytes_of = |set: &std::collections::HashSet<String>| -> u64 {
+                    all.iter().filter(|w| set.contains(&w.0)).map(|w| w.1).sum()
+                };
+                let n = match n {
+                    Some(n) => *n,
+                    None => {
+                        // As many blocks as fit beside the model's streaming working set (the
+                        // planner's `slots + 1` largest remaining weights), at most a quarter.
+                        let mut best = 1;
+                        for cand in 1..=(model.config().n_layer / 4).max(1) {
+                            let set = names_for(cand)?;
+                            let mut rest: Vec<u64> = all
+                                .iter()
+                                .filter(|w| !set.contains(&w.0))
+                                .map(|w| w.1)
+                                .collect();
+                            rest.sort_unstable_by(|a, b| b.cmp(a));
+                            let reserve: u64 = rest.iter().take(slots + 1).sum();
+                            if bytes_of(&set) + reserve > capacity {
+                                break;
+                            }
+                            best = cand;
+                        }
+                        best
+                    }
+                };
+                draft_names = names_for(n)?;
+                draft_bytes = bytes_of(&draft_names);
+                self_layers = Some(n);
+            }
+        }
+        let rest: Vec<(String, u64)> = all
+            .iter()
+            .filter(|w| !draft_names.contains(&w.0))
+            .cloned()
+            .collect();
+        if draft_bytes > 0 {
+            let largest = rest.iter().map(|w| w.1).max().unwrap_or(0);
+            if draft_bytes + largest > capacity {
+                let mib = |b: u64| b as f64 / (1 << 20) as f64;
+                return Err(RuntimeError::DraftTooLarge {
+                    model: config.model.clone(),
+                    draft: match (&draft_model, self_layers) {
+                        (Some(d), _) => d.path.display().to_string(),
+                        (None, n) => format!("self:{}", n.unwrap_or(0)),
+                    },
+                    draft_mib: mib(draft_bytes),
+                    model_min_mib: mib(largest),
+                    budget_mib: budget >> 20,
+                    need_mib: (draft_bytes + largest).div_ceil(1 << 20),
+                });
+            }
+        }
+        let mut plan = ork_residency::plan(&PlanInput {
+            weights: rest,
+            budget_bytes: budget - draft_bytes,
+            window_bytes: info.window_bytes.saturating_sub(draft_bytes),
+            domains: info.domains,
             slots,
-        )?;
+        });
+        if !draft_names.is_empty() {
+            // A self draft's weights are the model's own: pinned in domain 0, in execution order.
+            let mut planned = std::mem::take(&mut plan.placement).into_iter();
+            for (name, bytes) in &all {
+                if draft_names.contains(name) {
+                    plan.placement.push(ork_residency::Placement {
+                        name: name.clone(),
+                        bytes: *bytes,
+                        domain: 0,
+                        resident: true,
+                    });
+                } else if let Some(p) = planned.next() {
+                    plan.placement.push(p);
+                }
+            }
+            plan.model_bytes += draft_bytes;
+            plan.resident_bytes += draft_bytes;
+        }
         if !plan.runnable {
             return Err(RuntimeError::BudgetTooSmall {
                 model: config.model.clone(),
@@ -613,6 +864,51 @@ impl LoadedModel {
         if let Some(t) = &trace {
             dm = dm.with_trace(Arc::clone(t));
         }
+        let linear = Arc::new(EngineLinear(dm));
+        let draft = match (draft_model, self_layers) {
+            (Some(d), _) => {
+                let dcache = WeightCache::with_budget(
+                    Arc::clone(&device),
+                    WeightSource::Gguf {
+                        model: Arc::clone(&d.gguf),
+                        dtype: config.dtype,
+                    },
+                    CacheConfig {
+                        domains: info.domains,
+                        ..CacheConfig::new(budget)
+                    },
+                    Arc::clone(&device_budget),
+                )?;
+                for (name, _) in &d.weights {
+                    dcache.pin(name)?;
+                }
+                let dcache = Arc::new(dcache);
+                device_budget.register(&dcache);
+                // Pack every draft weight now: no pass waits for one later.
+                for (name, _) in &d.weights {
+                    drop(dcache.get(name)?);
+                }
+                let dm = DeviceMatmul::new(Arc::clone(&dcache), None)
+                    .with_activations(config.activations);
+                Some(EngineDraft {
+                    label: d.path.display().to_string(),
+                    source: DraftSource::Model(d.path),
+                    model: d.model,
+                    linear: Arc::new(EngineLinear(dm)),
+                    cache: Some(dcache),
+                    bytes: draft_bytes,
+                })
+            }
+            (None, Some(n)) => Some(EngineDraft {
+                source: DraftSource::SelfLayers(Some(n)),
+                label: format!("self:{n}"),
+                model: Arc::new(model.truncated(n).map_err(model_err)?),
+                linear: Arc::clone(&linear) as Arc<dyn Linear>,
+                cache: None,
+                bytes: draft_bytes,
+            }),
+            (None, None) => None,
+        };
         Ok(Engine {
             config,
             gguf,
@@ -623,11 +919,12 @@ impl LoadedModel {
             plan,
             cache,
             device_budget,
-            linear: Arc::new(EngineLinear(dm)),
+            linear,
             trace,
             convert,
             pack_path,
             pack_unwritable,
+            draft,
         })
     }
 }
@@ -714,6 +1011,11 @@ impl Engine {
     /// The timeline, when the config asked for one.
     pub fn trace(&self) -> Option<&Arc<Trace>> {
         self.trace.as_ref()
+    }
+
+    /// The draft kept beside the model, when the config asked for one.
+    pub fn draft(&self) -> Option<&EngineDraft> {
+        self.draft.as_ref()
     }
 
     /// The matmul backend sessions use.

@@ -121,6 +121,8 @@ fn the_lm_head_runs_in_chip_sized_chunks_with_unchanged_greedy_text() {
         runs.push(tokens);
     }
     assert_eq!(runs[0], runs[1]);
+}
+
 /// Continuous batching: four prompts run through [`ork_exec::Session::step`] — admitted one
 /// step apart, their prompts prefilled in chunks of 3 tokens riding beside the others' decode
 /// tokens — give each the greedy tokens it gives alone, resident and at a quarter budget.

@@ -1,0 +1,577 @@
+//! Speculative decoding: a cheap draft proposes the next tokens and the model (the *verifier*)
+//! checks them all in one batched forward pass, so a verifier whose weights stream through a
+//! small device budget copies its weights once for several tokens (`docs/speculative.md`).
+//!
+//! Each verifier pass takes the last accepted token and up to `k` drafted ones as one batch
+//! (M = k + 1) and gets the logits of every position ([`Session::forward_all`]). Drafts are
+//! judged left to right by an [`Acceptance`] rule; the accepted prefix stays in the verifier's KV
+//! cache and the rest is rolled back ([`Session::truncate`]); the first rejected position, or the
+//! position after the last draft when all are accepted, gives one more token from the verifier
+//! itself. A position's logits do not depend on the batch it was computed in (per-token
+//! activation scales, per-row attention and norms, exact integer accumulation), so with greedy
+//! sampling the output is token for token the verifier's plain greedy output; with temperature,
+//! [`StandardAcceptance`] (accept with min(1, p/q), else resample from max(0, p − q)) makes the
+//! output distribution the verifier's.
+use crate::generate::{GenerateOptions, Generation, StopReason};
+use crate::sample::{Distribution, Sampler};
+use crate::session::Session;
+use crate::tokenizer::Tokenizer;
+use crate::ExecError;
+use std::time::{Duration, Instant};
+
+/// A drafted token and the distribution the draft drew it from (a point mass for a draft that
+/// picks deterministically, such as greedy drafting or prompt lookup).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Proposal {
+    /// The drafted token.
+    pub token: u32,
+    /// The draft's distribution `q` at this position.
+    pub q: Distribution,
+}
+
+/// A source of draft tokens.
+pub trait Draft: Send {
+    /// Propose up to `max` tokens to follow `history` (the prompt and every token accepted so
+    /// far, the last one included). Fewer (or none) when the draft has no confident guess.
+    ///
+    /// # Errors
+    /// A draft model's forward pass failing.
+    fn propose(&mut self, history: &[u32], max: usize) -> Result<Vec<Proposal>, ExecError>;
+}
+
+/// Prompt lookup drafting (llama.cpp's lookup decoding, without a model): find the most recent
+/// earlier occurrence of the history's last n tokens (longest n first, `ngram_max` down to
+/// `ngram_min`) and propose the tokens that followed it, continuing periodically when the match
+/// runs into the end of the history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LookupDraft {
+    /// Shortest n-gram matched.
+    pub ngram_min: usize,
+    /// Longest n-gram matched.
+    pub ngram_max: usize,
+}
+
+impl Default for LookupDraft {
+    /// n-grams of 1 to 4 tokens, as llama.cpp's `lookup` example.
+    fn default() -> Self {
+        LookupDraft {
+            ngram_min: 1,
+            ngram_max: 4,
+        }
+    }
+}
+
+impl Draft for LookupDraft {
+    fn propose(&mut self, history: &[u32], max: usize) -> Result<Vec<Proposal>, ExecError> {
+        let len = history.len();
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        for n in (self.ngram_min.max(1)..=self.ngram_max).rev() {
+            if n >= len {
+                continue;
+            }
+            let pattern = &history[len - n..];
+            // The most recent earlier start: i + n < len, so a token follows the match.
+            let Some(start) = (0..len - n).rev().find(|&i| &history[i..i + n] == pattern) else {
+                continue;
+            };
+            let mut buf = history.to_vec();
+            let mut out = Vec::with_capacity(max);
+            let mut j = start + n;
+            while out.len() < max {
+                let t = buf[j];
+                out.push(Proposal {
+                    token: t,
+                    q: Distribution::point(t),
+                });
+                buf.push(t);
+                j += 1;
+            }
+            return Ok(out);
+        }
+        Ok(Vec::new())
+    }
+}
+
+/// A draft that is a model: a smaller model sharing the vocabulary (`--draft MODEL.gguf`) or the
+/// verifier's own first layers (`--draft self`), in a [`Session`] of its own. Its KV cache is kept
+/// in step with the verifier's: before drafting it is truncated to the longest prefix it shares
+/// with the accepted history, and only the tokens after that prefix are fed.
+pub struct ModelDraft {
+    session: Session,
+    cached: Vec<u32>,
+    sampler: Sampler,
+    p_min: f32,
+}
+
+impl ModelDraft {
+    /// Draft with `session`, drawing tokens with `sampler` (greedy for greedy verification; the
+    /// verifier's temperature, top-k and top-p otherwise, with a seed of its own), and stop
+    /// drafting at a position where the draft's most likely token has a probability below
+    /// `p_min` (softmax of the raw logits; 0 never stops).
+    pub fn new(session: Session, sampler: Sampler, p_min: f32) -> ModelDraft {
+        ModelDraft {
+            session,
+            cached: Vec::new(),
+            sampler,
+            p_min,
+        }
+    }
+
+    /// The draft's session.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+}
+
+/// Probability of the most likely token under softmax(logits).
+fn top_probability(logits: &[f32]) -> f64 {
+    let max = logits
+        .iter()
+        .filter(|l| !l.is_nan())
+        .fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    if !max.is_finite() {
+        return 0.0;
+    }
+    let sum: f64 = logits
+        .iter()
+        .filter(|l| !l.is_nan())
+        .map(|&l| f64::from(l - max).exp())
+        .sum();
+    1.0 / sum
+}
+
+impl Draft for ModelDraft {
+    fn propose(&mut self, history: &[u32], max: usize) -> Result<Vec<Proposal>, ExecError> {
+        // Feeding the history takes history.len() positions, each draft but the last one more.
+        let room = (self.session.context() + 1).saturating_sub(history.len());
+        let max = max.min(room);
+        if max == 0 || history.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut common = self
+            .cached
+            .iter()
+            .zip(history)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // The logits after the whole history are needed: feed at least its last token.
+        if common == history.len() {
+            common -= 1;
+        }
+        self.session.truncate(common);
+        self.cached.truncate(common);
+        let mut logits = self.session.prefill(&history[common..])?;
+        self.cached.extend_from_slice(&history[common..]);
+        let vocab = self.session.model().config().vocab_size;
+        let mut out = Vec::with_capacity(max);
+        for j in 0..max {
+            if self.p_min > 0.0 && top_probability(&logits) < f64::from(self.p_min) {
+                break;
+            }
+            let q = self.sampler.distribution(&logits)?;
+            let token = if self.sampler.options().temperature == 0.0 {
+                q.top()
+            } else {
+                self.sampler.draw(&q)
+            };
+            if token as usize >= vocab {
+                break;
+            }
+            out.push(Proposal { token, q });
+            if j + 1 < max {
+                logits = self.session.decode(token)?;
+                self.cached.push(token);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Largest difference in vocabulary size between a draft model and the verifier (llama.cpp's
+/// `SPEC_VOCAB_MAX_SIZE_DIFFERENCE`).
+pub const DRAFT_VOCAB_MAX_SIZE_DIFFERENCE: usize = 128;
+
+/// First token id whose text must match (llama.cpp's `SPEC_VOCAB_CHECK_START_TOKEN_ID`: some
+/// model families differ only in the first special tokens).
+const DRAFT_VOCAB_CHECK_START: usize = 5;
+
+/// Check that a draft model's vocabulary is the verifier's, as llama.cpp does before speculative
+/// decoding: sizes within [`DRAFT_VOCAB_MAX_SIZE_DIFFERENCE`], the same BOS and EOS tokens and
+/// BOS policy, and the same text for every token id both have from id 5 on.
+///
+/// # Errors
+/// [`ExecError::DraftVocabMismatch`] naming `draft_file` and the first difference.
+pub fn check_draft_vocabulary(
+    verifier: &Tokenizer,
+    draft: &Tokenizer,
+    draft_file: &str,
+) -> Result<(), ExecError> {
+    let mismatch = |what: String| ExecError::DraftVocabMismatch {
+        draft: draft_file.to_owned(),
+        what,
+    };
+    let (nv, nd) = (verifier.vocab_size(), draft.vocab_size());
+    if nv.abs_diff(nd) > DRAFT_VOCAB_MAX_SIZE_DIFFERENCE {
+        return Err(mismatch(format!(
+            "{nd} tokens against the model's {nv} (at most {DRAFT_VOCAB_MAX_SIZE_DIFFERENCE} apart)"
+        )));
+    }
+    if verifier.bos() != draft.bos() || verifier.add_bos() != draft.add_bos() {
+        return Err(mismatch(format!(
+            "BOS token {:?} (added: {}) against the model's {:?} (added: {})",
+            draft.bos(),
+            draft.add_bos(),
+            verifier.bos(),
+            verifier.add_bos()
+        )));
+    }
+    if verifier.eos() != draft.eos() {
+        return Err(mismatch(format!(
+            "EOS token {:?} against the model's {:?}",
+            draft.eos(),
+            verifier.eos()
+        )));
+    }
+    for id in DRAFT_VOCAB_CHECK_START..nv.min(nd) {
+        let id = id as u32;
+        if verifier.token_bytes(id, true) != draft.token_bytes(id, true) {
+            return Err(mismatch(format!(
+                "token {id} is {:?} in the draft and {:?} in the model",
+                draft
+                    .token_bytes(id, true)
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default(),
+                verifier
+                    .token_bytes(id, true)
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// How a drafted token is judged against the verifier's distribution at its position.
+pub trait Acceptance: Send {
+    /// Judge `token`, drafted from `q`, where the verifier's distribution is `p`: `None` accepts
+    /// it; `Some(t)` rejects it and emits `t` instead (which ends the verifier pass). Random
+    /// draws come from `sampler` (the verifier's stream).
+    fn judge(
+        &mut self,
+        p: &Distribution,
+        q: &Distribution,
+        token: u32,
+        sampler: &mut Sampler,
+    ) -> Option<u32>;
+}
+
+/// The rule of speculative sampling (Leviathan et al. 2023, Chen et al. 2023; llama.cpp's
+/// `speculative` example): accept with probability min(1, p(x)/q(x)); on rejection draw from
+/// max(0, p − q) normalized. The emitted token is then distributed as `p`. With greedy `p` and
+/// `q` (point masses) it accepts exactly when the draft is the verifier's argmax and emits the
+/// argmax otherwise, drawing nothing at random.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StandardAcceptance;
+
+impl Acceptance for StandardAcceptance {
+    fn judge(
+        &mut self,
+        p: &Distribution,
+        q: &Distribution,
+        token: u32,
+        sampler: &mut Sampler,
+    ) -> Option<u32> {
+        let (pd, qd) = (p.prob(token), q.prob(token));
+        if qd > 0.0 && pd >= qd {
+            return None;
+        }
+        if qd > 0.0 && pd > 0.0 && sampler.uniform() < pd / qd {
+            return None;
+        }
+        // Rejected: the residual max(0, p − q), normalized (p itself if nothing is left, which
+        // only rounding can cause).
+        let q_of = dense(q);
+        let residual: Vec<(u32, f64)> = p
+            .entries()
+            .iter()
+            .map(|&(id, pv)| {
+                let qv = q_of.get(id as usize).copied().unwrap_or(0.0);
+                (id, (pv - qv).max(0.0))
+            })
+            .collect();
+        match Distribution::from_weights(residual) {
+            Some(r) if r.entries().len() == 1 => Some(r.top()),
+            Some(r) => Some(sampler.draw(&r)),
+            None => Some(sampler.draw(p)),
+        }
+    }
+}
+
+/// `q` as a dense vector indexed by token id.
+fn dense(q: &Distribution) -> Vec<f64> {
+    let len = q
+        .entries()
+        .iter()
+        .map(|e| e.0 as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut v = vec![0.0; len];
+    for &(id, p) in q.entries() {
+        v[id as usize] = p;
+    }
+    v
+}
+
+/// How many tokens to draft per verifier pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpeculativeOptions {
+    /// Most drafted tokens per pass (`--draft-max`, at least 1): the verifier batch is at most
+    /// `draft_max + 1` positions.
+    pub draft_max: usize,
+    /// Adapt the draft length: halve it (down to one more than the accepted count) after a
+    /// rejection, double it (up to `draft_max`) when every draft was accepted. Off: always
+    /// `draft_max`.
+    pub adaptive: bool,
+}
+
+impl SpeculativeOptions {
+    /// Check the options.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidDraft`] for `draft_max == 0`.
+    pub fn check(&self) -> Result<(), ExecError> {
+        if self.draft_max == 0 {
+            return Err(ExecError::InvalidDraft {
+                what: "--draft-max 0: draft at least one token per pass (or run without --draft)"
+                    .to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Counters of a speculative generation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SpeculativeStats {
+    /// Draft tokens sent to the verifier.
+    pub drafted: usize,
+    /// Draft tokens the verifier accepted.
+    pub accepted: usize,
+    /// Verifier forward passes (batches) run after the prompt.
+    pub passes: usize,
+    /// Time spent drafting.
+    pub draft_time: Duration,
+    /// Time spent in verifier passes.
+    pub verify_time: Duration,
+}
+
+impl SpeculativeStats {
+    /// `accepted / drafted` (0 when nothing was drafted).
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+}
+
+/// The result of [`generate_speculative`].
+#[derive(Clone, Debug)]
+pub struct SpeculativeGeneration {
+    /// Tokens and timings, as [`crate::generate`] reports them; `decode_steps` counts the
+    /// generated tokens and `decode_time` every verifier pass and all drafting (the last prompt
+    /// token is evaluated in the first pass, not in the prefill).
+    pub generation: Generation,
+    /// Draft and verifier counters.
+    pub stats: SpeculativeStats,
+}
+
+impl SpeculativeGeneration {
+    /// Generated tokens per verifier pass.
+    pub fn tokens_per_pass(&self) -> f64 {
+        if self.stats.passes == 0 {
+            0.0
+        } else {
+            self.generation.tokens.len() as f64 / self.stats.passes as f64
+        }
+    }
+}
+
+/// Generate like [`crate::generate`], verifying `draft`'s proposals in batches (see the module
+/// documentation). `sampler` is the verifier's; `acceptance` judges each draft
+/// ([`StandardAcceptance`]).
+///
+/// # Errors
+/// As [`crate::generate`]; [`ExecError::InvalidDraft`] for `draft_max == 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_speculative(
+    session: &mut Session,
+    draft: &mut dyn Draft,
+    prompt: &[u32],
+    options: &GenerateOptions,
+    speculative: &SpeculativeOptions,
+    sampler: &mut Sampler,
+    acceptance: &mut dyn Acceptance,
+    mut on_token: impl FnMut(u32) -> Result<(), ExecError>,
+) -> Result<SpeculativeGeneration, ExecError> {
+    speculative.check()?;
+    let Some((&first_last, head)) = prompt.split_last() else {
+        return Err(ExecError::EmptyPrompt);
+    };
+    let needed = session.position() + prompt.len() + options.max_tokens;
+    if needed > session.context() {
+        return Err(ExecError::ContextOverflow {
+            needed,
+            context: session.context(),
+        });
+    }
+    let vocab = session.model().config().vocab_size;
+    let t0 = Instant::now();
+    // All but the last prompt token; the last one opens the first verifier batch.
+    if !head.is_empty() {
+        session.prefill(head)?;
+    }
+    let prefill_time = t0.elapsed();
+
+    let mut stats = SpeculativeStats::default();
+    let mut history = prompt.to_vec();
+    let mut last = first_last;
+    let mut tokens = Vec::new();
+    let mut k = speculative.draft_max;
+    let stop = 'outer: loop {
+        let remaining = options.max_tokens - tokens.len();
+        if remaining == 0 {
+            break StopReason::MaxTokens;
+        }
+        // A pass emits the accepted drafts and one more token.
+        let want = k.min(remaining - 1);
+        let td = Instant::now();
+        let mut drafts = if want > 0 {
+            draft.propose(&history, want)?
+        } else {
+            Vec::new()
+        };
+        stats.draft_time += td.elapsed();
+        drafts.truncate(want);
+        if let Some(bad) = drafts.iter().position(|d| d.token as usize >= vocab) {
+            drafts.truncate(bad);
+        }
+        let mut batch = Vec::with_capacity(drafts.len() + 1);
+        batch.push(last);
+        batch.extend(drafts.iter().map(|d| d.token));
+        let base = session.position();
+        let tv = Instant::now();
+        let logits = session.forward_all(&batch)?;
+        stats.verify_time += tv.elapsed();
+        stats.passes += 1;
+        stats.drafted += drafts.len();
+
+        let mut accepted = 0;
+        let mut correction = None;
+        for (i, d) in drafts.iter().enumerate() {
+            let p = sampler.distribution(&logits[i * vocab..][..vocab])?;
+            match acceptance.judge(&p, &d.q, d.token, sampler) {
+                None => accepted += 1,
+                Some(t) => {
+                    correction = Some(t);
+                    break;
+                }
+            }
+        }
+        let next = match correction {
+            Some(t) => t,
+            None => sampler.sample(&logits[drafts.len() * vocab..][..vocab])?,
+        };
+        stats.accepted += accepted;
+        // The verifier's cache keeps `last` and the accepted drafts.
+        session.truncate(base + 1 + accepted);
+        if speculative.adaptive && !drafts.is_empty() {
+            k = if accepted == drafts.len() {
+                (k * 2).min(speculative.draft_max)
+            } else {
+                (k / 2).max(accepted + 1).min(speculative.draft_max)
+            };
+        }
+
+        let emitted = drafts[..accepted].iter().map(|d| d.token).chain([next]);
+        for (e, t) in emitted.enumerate() {
+            if options.stop_tokens.contains(&t) {
+                // As plain generation: every emitted token is in the cache.
+                session.truncate(base + 1 + e);
+                break 'outer StopReason::EndOfGeneration(t);
+            }
+            tokens.push(t);
+            history.push(t);
+            on_token(t)?;
+            if tokens.len() == options.max_tokens {
+                // As plain generation: the last emitted token is not in the cache.
+                session.truncate(base + 1 + e);
+                break 'outer StopReason::MaxTokens;
+            }
+        }
+        last = next;
+    };
+    let decode_time = t0.elapsed() - prefill_time;
+    Ok(SpeculativeGeneration {
+        generation: Generation {
+            decode_steps: tokens.len(),
+            tokens,
+            stop,
+            prompt_tokens: prompt.len(),
+            prefill_time,
+            decode_time,
+        },
+        stats,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proposed(d: &mut LookupDraft, h: &[u32], max: usize) -> Vec<u32> {
+        d.propose(h, max)
+            .unwrap()
+            .into_iter()
+            .map(|p| p.token)
+            .collect()
+    }
+
+    #[test]
+    fn lookup_proposes_what_followed_the_longest_recent_match() {
+        let mut d = LookupDraft::default();
+        // "5 6" occurred before, followed by 7 8; the most recent occurrence wins.
+        assert_eq!(
+            proposed(&mut d, &[1, 5, 6, 9, 2, 5, 6, 7, 8, 3, 5, 6], 2),
+            [7, 8]
+        );
+        // A longer match beats a more recent shorter one.
+        assert_eq!(proposed(&mut d, &[4, 5, 6, 1, 9, 6, 2, 4, 5, 6], 1), [1]);
+        // Nothing to match: nothing proposed.
+        assert!(proposed(&mut d, &[1, 2, 3], 4).is_empty());
+        assert!(proposed(&mut d, &[1, 2, 1], 0).is_empty());
+        // The continuation repeats when it runs into the end of the history.
+        assert_eq!(proposed(&mut d, &[1, 2, 1], 4), [2, 1, 2, 1]);
+    }
+
+    #[test]
+    fn standard_rule_is_greedy_for_point_masses() {
+        let mut s = Sampler::greedy();
+        let p = Distribution::point(3);
+        let mut rule = StandardAcceptance;
+        assert_eq!(rule.judge(&p, &Distribution::point(3), 3, &mut s), None);
+        assert_eq!(rule.judge(&p, &Distribution::point(5), 5, &mut s), Some(3));
+    }
+
+    #[test]
+    fn zero_draft_max_is_an_error() {
+        let o = SpeculativeOptions {
+            draft_max: 0,
+            adaptive: true,
+        };
+        assert!(matches!(o.check(), Err(ExecError::InvalidDraft { .. })));
+    }
+}
