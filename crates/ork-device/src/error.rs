@@ -184,4 +184,35 @@ pub enum DeviceError {
         /// The OS error (errno).
         source: std::io::Error,
     },
+    /// The vendor runtime library (`librknnrt.so`, or `ORK_RKNN_LIB`) did not load, or lacks a
+    /// symbol ork calls.
+    #[error("runtime library {library}: {}{reason}", symbol.map(|s| format!("symbol {s} missing: ")).unwrap_or_default())]
+    Library {
+        /// The path or name tried.
+        library: String,
+        /// The missing symbol, if the library loaded.
+        symbol: Option<&'static str>,
+        /// What the dynamic loader said.
+        reason: String,
+    },
+    /// The vendor runtime is older than a feature ork needs (per-context IOMMU domains need
+    /// 2.0.0, dynamic M shapes 2.1.0).
+    #[error("runtime library {library} is {found}; ork needs runtime {needed} or newer (IOMMU domain per matmul context, dynamic shapes): update librknnrt.so")]
+    RuntimeTooOld {
+        /// The library.
+        library: String,
+        /// The version it reports (or which symbol it lacks).
+        found: String,
+        /// The oldest version that works.
+        needed: &'static str,
+    },
+    /// A vendor runtime call returned an error code (or NULL for a memory object: code
+    /// `i32::MIN`).
+    #[error("{call} failed with code {code} ({})", crate::rknn::sys::code_name(*code))]
+    Runtime {
+        /// The C function.
+        call: &'static str,
+        /// Its return code (`RKNN_ERR_*`).
+        code: i32,
+    },
 }

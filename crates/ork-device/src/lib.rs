@@ -51,6 +51,7 @@ mod host_map;
 pub mod kernel;
 mod open;
 mod probe;
+pub mod rknn;
 mod rknpu;
 pub mod soc;
 pub mod split;
@@ -65,6 +66,7 @@ pub use emu::{EmuConfig, EmuDevice, SwitchWait};
 pub use error::DeviceError;
 pub use open::{open, DeviceKind, OpenOptions};
 pub use probe::{probe_dma, probe_stream, DmaProbeMode, DmaProbeReport, StreamProbeReport};
+pub use rknn::RknnDevice;
 #[cfg(target_os = "linux")]
 pub use rknpu::RknpuDevice;
 pub use soc::{ChipLimit, ElemType, MatmulShape, Soc};

@@ -16,6 +16,9 @@ pub enum DeviceKind {
     Emu,
     /// The vendor `rknpu` DRM driver (Linux, on an RK3588 board).
     Rknpu,
+    /// The vendor runtime `librknnrt.so` ([`crate::RknnDevice`], `ORK_RKNN_LIB` or the usual
+    /// paths), computing through its matmul API.
+    Rknn,
 }
 
 /// How to open a device.
@@ -29,7 +32,8 @@ pub struct OpenOptions {
     /// (the window probes). A backend that cannot compute ([`crate::DeviceInfo::computes`]) is
     /// refused when asked for by name and skipped by `auto` when this is set.
     pub compute: bool,
-    /// The chip the emulator models (default RK3588; see `docs/chip.md`).
+    /// The chip the emulator models and the `rknn` backend keeps to (default RK3588; see
+    /// `docs/chip.md`).
     pub soc: crate::Soc,
 }
 
@@ -70,27 +74,39 @@ impl OpenOptions {
 
 /// Open a device of `kind`.
 ///
-/// The `auto` policy, the only one in ork: try the NPU backends in order (today: rknpu); take the
-/// first that opens and can do what the caller needs (with `options.compute`, it must compute,
-/// which rknpu cannot yet); otherwise open the emulator and say in [`crate::DeviceInfo::name`]
-/// why (no NPU found, or found but unable to compute). Asking for `rknpu` by name gives its
-/// error instead: [`DeviceError::NotFound`] without a board, [`DeviceError::Unsupported`] when
-/// the caller needs compute.
+/// The `auto` policy, the only one in ork: where an rknpu NPU is present (its render node
+/// opens), use the vendor runtime (`rknn`) if it loads, else the rknpu backend itself if it can
+/// do what the caller needs (with `options.compute`, it must compute, which rknpu cannot yet);
+/// otherwise open the emulator and say in [`crate::DeviceInfo::name`] why (no NPU found, or
+/// found but unusable). `auto` never takes the runtime library on a machine without an NPU (the
+/// CI stand-in is such a library). Asking for a backend by name gives its error instead:
+/// [`DeviceError::NotFound`] without a board (rknpu) or without a runtime library (rknn),
+/// [`DeviceError::Unsupported`] when rknpu is asked to compute.
 pub fn open(kind: DeviceKind, options: &OpenOptions) -> Result<Arc<dyn Device>, DeviceError> {
     match kind {
         DeviceKind::Emu => Ok(Arc::new(emulator(options)?)),
         DeviceKind::Rknpu => rknpu(options),
-        DeviceKind::Auto => match rknpu(options) {
-            Ok(dev) => Ok(dev),
-            Err(e) => {
-                let why = match e {
-                    DeviceError::NotFound { .. } => "auto: no rknpu NPU found".to_string(),
-                    e => format!("auto: rknpu not used: {e}"),
-                };
-                Ok(Arc::new(emulator(options)?.with_note(why)))
-            }
-        },
+        DeviceKind::Rknn => rknn(options),
+        DeviceKind::Auto => {
+            let npu = rknpu(&options.clone().compute(false));
+            let why = match npu {
+                Err(DeviceError::NotFound { .. }) => "auto: no rknpu NPU found".to_string(),
+                Err(e) => format!("auto: rknpu not used: {e}"),
+                // Buffers only (the probes): the driver itself.
+                Ok(npu) if !options.compute => return Ok(npu),
+                Ok(_) => match rknn(options) {
+                    Ok(dev) => return Ok(dev),
+                    Err(e) => format!("auto: NPU found, but the rknn runtime is not usable: {e}"),
+                },
+            };
+            Ok(Arc::new(emulator(options)?.with_note(why)))
+        }
     }
+}
+
+/// The vendor-runtime backend for `options.soc`.
+fn rknn(options: &OpenOptions) -> Result<Arc<dyn Device>, DeviceError> {
+    Ok(Arc::new(crate::RknnDevice::open(options.soc)?))
 }
 
 fn emulator(options: &OpenOptions) -> Result<EmuDevice, DeviceError> {

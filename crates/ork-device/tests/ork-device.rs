@@ -963,3 +963,16 @@ fn gemm_bench_names_the_isa_of_every_figure() {
     assert_eq!(d.weight_bytes, bytes as u64);
     assert_eq!(d.kernel, "scalar");
 }
+
+// The rknn backend against the CI stand-in runtime (built by scripts/test.sh; the tests fail
+// naming the fix when it is missing).
+ork_device::device_conformance!(rknn_standin, || {
+    ork_device::RknnDevice::open_path(
+        &ork_testkit::rknn_standin().to_string_lossy(),
+        ork_device::Soc::Rk3588,
+    )
+    .map(|d| Arc::new(d) as Arc<dyn Device>)
+});
+
+#[path = "ork-device/rknn.rs"]
+mod rknn_backend;

@@ -28,6 +28,28 @@ pub fn model_path() -> PathBuf {
     path
 }
 
+/// The CI stand-in of the vendor NPU runtime (`crates/ork-rknn-standin`, a shared library):
+/// `$ORK_RKNN_LIB`, or `target/debug/libork_rknn_standin.so` at the repository root, where
+/// `scripts/test.sh` builds it (`cargo build -p ork-rknn-standin`) before the tests run.
+///
+/// # Panics
+/// If the file is missing, naming the fix: the tests that need it fail, they never skip.
+pub fn rknn_standin() -> PathBuf {
+    let path = std::env::var_os("ORK_RKNN_LIB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../target/debug/libork_rknn_standin.so")
+        });
+    assert!(
+        path.is_file(),
+        "the rknn stand-in runtime is not at {}: run `cargo build -p ork-rknn-standin` \
+         (scripts/test.sh does) or set ORK_RKNN_LIB",
+        path.display()
+    );
+    path
+}
+
 /// A deterministic generator (SplitMix64) for fixture weights, inputs and access sequences:
 /// the same seed gives the same stream on every machine, with no RNG crate.
 #[derive(Clone, Debug)]

@@ -1,0 +1,410 @@
+//! The `rknn` backend against the CI stand-in runtime (`crates/ork-rknn-standin`, loaded through
+//! the same dlopen path as `librknnrt.so`): every type pair the chip has equals the emulator,
+//! dynamic M, N-chunks of a wide weight, weights in several domains, and the errors of a missing
+//! library, a missing symbol, an old runtime and a failing call.
+//!
+//! The stand-in must be built first (`scripts/test.sh` does it); without it these tests fail
+//! naming the fix (`ork_testkit::rknn_standin`).
+
+use std::process::Command;
+use std::sync::Arc;
+
+use half::f16;
+use ork_device::rknn::sys;
+use ork_device::{
+    upload, Activations, CoreMask, Device, DeviceError, DomainId, EmuDevice, MatmulTask,
+    RknnDevice, Soc,
+};
+use ork_pack::{PackDtype, PackedWeight, ScaleGroup, TiledLayout};
+use ork_testkit::Rng;
+
+fn standin() -> String {
+    ork_testkit::rknn_standin().to_string_lossy().into_owned()
+}
+
+fn rknn() -> RknnDevice {
+    RknnDevice::open_path(&standin(), Soc::Rk3588).expect("the stand-in opens")
+}
+
+/// A random weight of `dtype`, tiled (per-channel scales, or `group`).
+fn weight(dtype: PackDtype, k: usize, n: usize, group: ScaleGroup, rng: &mut Rng) -> PackedWeight {
+    let layout = TiledLayout::new(dtype, k, n);
+    let mut data = vec![0u8; layout.blob_bytes()];
+    for nn in 0..n {
+        for kk in 0..k {
+            let e = layout.index(kk, nn);
+            match dtype {
+                PackDtype::I8 => data[e] = rng.i8() as u8,
+                PackDtype::I4 => {
+                    let nib = (rng.below(16) as u8) & 0x0F;
+                    let low = e.is_multiple_of(2) == ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE;
+                    data[e / 2] |= if low { nib } else { nib << 4 };
+                }
+                PackDtype::F16 => data[2 * e..2 * e + 2]
+                    .copy_from_slice(&f16::from_f32(rng.f32() * 2.0).to_le_bytes()),
+            }
+        }
+    }
+    let scales = (0..group.scales_len(k, n).unwrap())
+        .map(|i| 0.01 + rng.f32().abs() * 0.01 + i as f32 * 1e-6)
+        .collect();
+    PackedWeight {
+        layout,
+        data,
+        scales,
+        group,
+    }
+}
+
+/// Run the same task on both devices; `(rknn, emu)` outputs.
+fn both(
+    dev: &RknnDevice,
+    emu: &EmuDevice,
+    pw: &PackedWeight,
+    m: usize,
+    f16_acts: bool,
+    domain: DomainId,
+    rng: &mut Rng,
+) -> (Vec<f32>, Vec<f32>) {
+    let k = pw.layout.k;
+    let a8: Vec<i8> = (0..m * k).map(|_| rng.i8()).collect();
+    let a16: Vec<f16> = (0..m * k).map(|_| f16::from_f32(rng.f32() * 4.0)).collect();
+    let sa: Vec<f32> = (0..m).map(|i| 0.02 + i as f32 * 1e-3).collect();
+    let acts = if f16_acts {
+        Activations::HostF16(&a16)
+    } else {
+        Activations::Host(&a8)
+    };
+    let sa: &[f32] = if f16_acts { &[] } else { &sa };
+    let mut outs = Vec::new();
+    for d in [dev as &dyn Device, emu as &dyn Device] {
+        let w = upload(d, pw, domain).unwrap();
+        let mut out = vec![0f32; m * pw.layout.n];
+        let t = MatmulTask {
+            m,
+            activations: acts,
+            act_scales: sa,
+            weight: w.as_weight(),
+            cores: CoreMask::AUTO,
+        };
+        d.matmul(&t, &mut out).unwrap();
+        outs.push(out);
+    }
+    let e = outs.pop().unwrap();
+    (outs.pop().unwrap(), e)
+}
+
+#[test]
+fn struct_layouts_are_the_vendor_headers() {
+    use std::mem::{offset_of, size_of};
+    assert_eq!(size_of::<sys::MatmulInfo>(), 64);
+    assert_eq!(offset_of!(sys::MatmulInfo, iommu_domain_id), 24);
+    assert_eq!(offset_of!(sys::MatmulInfo, group_size), 28);
+    assert_eq!(size_of::<sys::TensorAttr>(), 332);
+    assert_eq!(size_of::<sys::IoAttr>(), 3 * 332);
+    assert_eq!(size_of::<sys::TensorMem>(), 40);
+    assert_eq!(offset_of!(sys::TensorMem, fd), 16);
+    assert_eq!(offset_of!(sys::TensorMem, size), 24);
+    assert_eq!(size_of::<sys::MatmulShape>(), 12);
+    assert_eq!(size_of::<sys::QuantParams>(), 288);
+    assert_eq!(size_of::<sys::SdkVersion>(), 512);
+}
+
+#[test]
+fn opens_and_reports_the_stand_in_versions() {
+    let dev = rknn();
+    let v = dev.version();
+    assert!(v.runtime.starts_with("2.3.2"), "{v:?}");
+    assert!(v.runtime.contains("stand-in"), "{v:?}");
+    let info = dev.info();
+    assert!(info.computes);
+    assert_eq!(
+        (info.cores, info.domains, info.soc),
+        (3, 16, Some(Soc::Rk3588))
+    );
+    assert!(info.name.contains("stand-in"), "{}", info.name);
+}
+
+/// int8 × int8 (and per-group int8) equal the emulator bit for bit, fp16 × fp16 within rounding,
+/// at decode and prefill M (M above the largest bucket included), K and N off the tile.
+#[test]
+fn every_rk3588_type_pair_equals_the_emulator() {
+    let dev = rknn();
+    let emu = EmuDevice::new();
+    let mut rng = Rng::new(11);
+    for &(k, n) in &[(64, 32), (100, 70), (576, 192), (1536, 576)] {
+        for &m in &[1, 3, 17, 33, 300] {
+            let pw = weight(PackDtype::I8, k, n, ScaleGroup::PerChannel, &mut rng);
+            let (r, e) = both(&dev, &emu, &pw, m, false, DomainId(0), &mut rng);
+            assert!(r == e, "int8 k={k} n={n} m={m}: differs from the emulator");
+            let pw = weight(PackDtype::F16, k, n, ScaleGroup::PerChannel, &mut rng);
+            let (r, e) = both(&dev, &emu, &pw, m, true, DomainId(0), &mut rng);
+            for (i, (x, y)) in r.iter().zip(&e).enumerate() {
+                let tol = 1e-5 * (1.0 + y.abs()) * k as f32;
+                assert!(
+                    (x - y).abs() <= tol,
+                    "fp16 k={k} n={n} m={m} [{i}]: {x} vs {y}"
+                );
+            }
+        }
+    }
+    for g in [128, 256, 512] {
+        for &m in &[1, 5, 40] {
+            let pw = weight(PackDtype::I8, 2 * g, 96, ScaleGroup::Group(g), &mut rng);
+            let (r, e) = both(&dev, &emu, &pw, m, false, DomainId(0), &mut rng);
+            assert!(r == e, "int8 g{g} m={m}: differs from the emulator");
+        }
+    }
+}
+
+/// A weight wider than the chip's N limit (SmolLM2's lm head, N = 49152) runs as N-chunks bound
+/// inside its one memory object, equal to the emulator bit for bit; contexts are per shape, not
+/// per M.
+#[test]
+fn wide_weight_runs_in_n_chunks_and_m_is_dynamic() {
+    let dev = rknn();
+    let emu = EmuDevice::new();
+    let mut rng = Rng::new(12);
+    let pw = weight(PackDtype::I8, 576, 49152, ScaleGroup::PerChannel, &mut rng);
+    for m in [1, 7] {
+        let (r, e) = both(&dev, &emu, &pw, m, false, DomainId(0), &mut rng);
+        assert!(r == e, "lm head m={m}");
+    }
+    // One context for the 4096-wide chunks of K = 576, whatever M was.
+    assert_eq!(dev.contexts(), 1);
+    // An N that is not a multiple of the chunk: 12 full chunks and a 64-wide one.
+    let pw = weight(
+        PackDtype::I8,
+        64,
+        4096 * 2 + 64,
+        ScaleGroup::PerChannel,
+        &mut rng,
+    );
+    let (r, e) = both(&dev, &emu, &pw, 2, false, DomainId(0), &mut rng);
+    assert!(r == e);
+    assert_eq!(dev.contexts(), 3);
+}
+
+/// Weights in several domains: each runs in its own domain's contexts, switches are counted, and
+/// freeing returns every window share.
+#[test]
+fn weights_in_several_domains() {
+    let dev = rknn();
+    let emu = EmuDevice::new();
+    let mut rng = Rng::new(13);
+    let pw = weight(PackDtype::I8, 128, 64, ScaleGroup::PerChannel, &mut rng);
+    for d in [0, 1, 5, 15] {
+        let (r, e) = both(&dev, &emu, &pw, 4, false, DomainId(d), &mut rng);
+        assert!(r == e, "domain {d}");
+    }
+    assert_eq!(dev.contexts(), 4, "one context per domain");
+    let s = dev.stats();
+    assert_eq!(s.domain_switches, 3);
+    assert_eq!(s.attached, DomainId(15));
+    assert_eq!((s.buffers_live, s.resident_total()), (0, 0));
+}
+
+/// The exact integer accumulators of the runtime's int32 output equal the emulator's.
+#[test]
+fn integer_oracle_equals_the_emulator() {
+    let dev = rknn();
+    let emu = EmuDevice::new();
+    let mut rng = Rng::new(14);
+    let pw = weight(
+        PackDtype::I8,
+        320,
+        4096 + 32,
+        ScaleGroup::PerChannel,
+        &mut rng,
+    );
+    let a: Vec<i8> = (0..9 * 320).map(|_| rng.i8()).collect();
+    let mut outs = Vec::new();
+    for d in [&dev as &dyn Device, &emu as &dyn Device] {
+        let w = upload(d, &pw, DomainId(0)).unwrap();
+        let mut raw = vec![0i32; 9 * pw.layout.n];
+        let t = MatmulTask {
+            m: 9,
+            activations: Activations::Host(&a),
+            act_scales: &[1.0; 9],
+            weight: w.as_weight(),
+            cores: CoreMask(0b101),
+        };
+        d.as_integer().unwrap().matmul_raw(&t, &mut raw).unwrap();
+        outs.push(raw);
+    }
+    assert_eq!(outs[0], outs[1]);
+}
+
+#[test]
+fn a_missing_library_or_symbol_is_named() {
+    let r = RknnDevice::open_path("/nonexistent/librknnrt.so", Soc::Rk3588);
+    match r {
+        Err(DeviceError::Library {
+            library,
+            symbol: None,
+            ..
+        }) => assert_eq!(library, "/nonexistent/librknnrt.so"),
+        other => panic!("{other:?}"),
+    }
+    // The C library loads but has none of the runtime's symbols.
+    let r = RknnDevice::open_path("libc.so.6", Soc::Rk3588);
+    assert!(
+        matches!(
+            r,
+            Err(DeviceError::Library {
+                symbol: Some("rknn_matmul_create"),
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+/// Run this test binary's `child` test in a child process with `env` set; it must pass.
+fn child(name: &str, env: &[(&str, &str)]) {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--exact",
+        &format!("rknn_backend::{name}"),
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    cmd.env("ORK_RKNN_LIB", standin());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "child {name} with {env:?}: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A failing call (the stand-in told to fail it through `ORK_RKNN_STANDIN_FAIL`) surfaces as
+/// `DeviceError::Runtime` naming that call and its code.
+#[test]
+fn an_error_code_from_any_call_names_the_call() {
+    for (call, code) in [
+        ("rknn_matmul_create", "-3"),
+        ("rknn_create_mem2", "-4"),
+        ("rknn_create_mem_from_fd", "-5"),
+        ("rknn_mem_sync", "-1"),
+        ("rknn_matmul_create_dynamic_shape", "-5"),
+        ("rknn_matmul_set_core_mask", "-5"),
+        ("rknn_matmul_set_dynamic_shape", "-5"),
+        ("rknn_matmul_set_io_mem", "-7"),
+        ("rknn_matmul_set_quant_params", "-5"),
+        ("rknn_matmul_run", "-2"),
+    ] {
+        child(
+            "failing_call_child",
+            &[
+                ("ORK_RKNN_STANDIN_FAIL", &format!("{call}={code}")),
+                ("ORK_RKNN_CHILD_CALL", call),
+                ("ORK_RKNN_CHILD_CODE", code),
+            ],
+        );
+    }
+}
+
+#[test]
+#[ignore = "run in a child process by an_error_code_from_any_call_names_the_call"]
+fn failing_call_child() {
+    let call = std::env::var("ORK_RKNN_CHILD_CALL").expect("run by its parent test");
+    let code: i32 = std::env::var("ORK_RKNN_CHILD_CODE")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut rng = Rng::new(15);
+    let r = (|| -> Result<(), DeviceError> {
+        let dev = RknnDevice::open_path(&standin(), Soc::Rk3588)?;
+        // N-chunks (memory inside memory) and per-group scales (quant params) in one run.
+        let pw = weight(
+            PackDtype::I8,
+            256,
+            4096 + 32,
+            ScaleGroup::Group(128),
+            &mut rng,
+        );
+        let w = upload(&dev, &pw, DomainId(0))?;
+        let a = vec![1i8; 2 * 256];
+        let mut out = vec![0f32; 2 * pw.layout.n];
+        dev.matmul(
+            &MatmulTask {
+                m: 2,
+                activations: Activations::Host(&a),
+                act_scales: &[1.0; 2],
+                weight: w.as_weight(),
+                cores: CoreMask(1),
+            },
+            &mut out,
+        )?;
+        Ok(())
+    })();
+    let want = if call.starts_with("rknn_create_mem") {
+        sys::NULL_MEM
+    } else {
+        code
+    };
+    match r {
+        Err(DeviceError::Runtime { call: c, code: got }) => {
+            assert_eq!((c, got), (call.as_str(), want));
+        }
+        other => panic!("{call}: expected DeviceError::Runtime, got {other:?}"),
+    }
+}
+
+/// A runtime older than 2.1.0 is refused by version.
+#[test]
+fn an_old_runtime_is_refused() {
+    child(
+        "old_runtime_child",
+        &[("ORK_RKNN_STANDIN_VERSION", "1.6.0 (an old runtime)")],
+    );
+}
+
+#[test]
+#[ignore = "run in a child process by an_old_runtime_is_refused"]
+fn old_runtime_child() {
+    let r = RknnDevice::open_path(&standin(), Soc::Rk3588);
+    match r {
+        Err(DeviceError::RuntimeTooOld { found, needed, .. }) => {
+            assert!(found.contains("1.6.0"), "{found}");
+            assert_eq!(needed, "2.1.0");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `open(DeviceKind::Rknn)` takes `ORK_RKNN_LIB`; `auto` never takes the runtime library on a
+/// machine without an NPU.
+#[test]
+fn open_by_kind_rknn() {
+    let opts = ork_device::OpenOptions::new();
+    // The default search (ORK_RKNN_LIB may be set by scripts/test.sh): either the stand-in or
+    // a clear NotFound, never another backend.
+    match ork_device::open(ork_device::DeviceKind::Rknn, &opts) {
+        Ok(d) => assert!(
+            d.info().name.starts_with("rknn runtime"),
+            "{}",
+            d.info().name
+        ),
+        Err(DeviceError::NotFound { what }) => assert!(what.contains("librknnrt.so"), "{what}"),
+        Err(e) => panic!("{e}"),
+    }
+    let auto = ork_device::open(ork_device::DeviceKind::Auto, &opts).unwrap();
+    if std::path::Path::new("/dev/dri").exists() {
+        return; // A machine with DRM nodes may have an NPU; nothing to assert here.
+    }
+    assert!(
+        auto.info().name.starts_with("emulated"),
+        "{}",
+        auto.info().name
+    );
+    let _: Arc<dyn Device> = auto;
+}
