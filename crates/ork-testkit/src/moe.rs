@@ -257,7 +257,7 @@ fn rows(src: &GgufFile, t: &TensorInfo, r0: usize, r1: usize) -> Result<Vec<u8>,
 /// Columns `c0..c1` (values of each row) of a 2-D quantized tensor; block-aligned.
 fn columns(src: &GgufFile, t: &TensorInfo, c0: usize, c1: usize) -> Result<Vec<u8>, String> {
     let (per, block, _) = block_geometry(t.ty)?;
-    if c0 % per != 0 || c1 % per != 0 {
+    if !c0.is_multiple_of(per) || !c1.is_multiple_of(per) {
         return Err(format!(
             "columns {c0}..{c1} of '{}' are not block-aligned",
             t.name
