@@ -1,7 +1,7 @@
 //! One conversation with a model: the KV cache and the forward pass.
 use crate::linear::Linear;
 use crate::model::Model;
-use crate::ops::{attention, rms_norm, swiglu, AttentionShape};
+use crate::ops::{attention, rms_norm, AttentionShape};
 use crate::ExecError;
 use std::sync::Arc;
 
@@ -165,8 +165,6 @@ impl Session {
         let mut v = vec![0.0f32; m * c.v_dim()];
         let mut attn = vec![0.0f32; m * c.attn_out_dim()];
         let mut proj = vec![0.0f32; m * d];
-        let mut gate = vec![0.0f32; m * c.n_ff];
-        let mut up = vec![0.0f32; m * c.n_ff];
         let shape = AttentionShape {
             n_head: c.n_head,
             n_head_kv: c.n_head_kv,
@@ -204,10 +202,7 @@ impl Session {
             // Feed-forward block.
             h.copy_from_slice(&x);
             rms_norm(&mut h, &layer.ffn_norm, c.rms_eps);
-            self.linear.matmul(&layer.w_gate, &h, m, &mut gate)?;
-            self.linear.matmul(&layer.w_up, &h, m, &mut up)?;
-            swiglu(&mut gate, &up);
-            self.linear.matmul(&layer.w_down, &gate, m, &mut proj)?;
+            layer.ffn.forward(self.linear.as_ref(), &h, m, &mut proj)?;
             add(&mut x, &proj);
         }
 
