@@ -13,6 +13,12 @@ pub enum Arch {
     Qwen2,
     /// `qwen3`: no q/k/v biases; per-head RMSNorm of q and k before RoPE.
     Qwen3,
+    /// `qwen2moe`: qwen2's attention; a Mixture-of-Experts feed-forward with a shared expert
+    /// behind a sigmoid gate; routing weights not renormalized (docs/moe.md).
+    Qwen2Moe,
+    /// `qwen3moe`: qwen3's attention; a Mixture-of-Experts feed-forward, no shared expert;
+    /// routing weights renormalized.
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -22,6 +28,8 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "qwen2moe" => Ok(Arch::Qwen2Moe),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
             other => Err(ExecError::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -34,18 +42,26 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen2Moe => "qwen2moe",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 
     /// How this architecture pairs head values for RoPE, per llama.cpp's
     /// `llama_model_rope_type()` (src/llama-model.cpp): LLAMA is `LLAMA_ROPE_TYPE_NORM`
     /// (convert_hf_to_gguf.py permutes HF llama q/k rows so that consecutive pairs rotate),
-    /// QWEN2 and QWEN3 are `LLAMA_ROPE_TYPE_NEOX`.
+    /// QWEN2, QWEN3 and their MoE variants are `LLAMA_ROPE_TYPE_NEOX`.
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama => RopeStyle::Interleaved,
-            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe => RopeStyle::Neox,
         }
+    }
+
+    /// Whether every block's feed-forward is a Mixture of Experts (`llama` is one when its
+    /// `expert_count` is positive, as in llama.cpp).
+    pub fn is_moe(self) -> bool {
+        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe)
     }
 }
 
@@ -67,7 +83,8 @@ pub struct ModelConfig {
     pub n_layer: usize,
     /// Hidden size (`embedding_length`).
     pub n_embd: usize,
-    /// Feed-forward inner size.
+    /// Feed-forward inner size (`feed_forward_length`; 0 when a MoE architecture's file has
+    /// none).
     pub n_ff: usize,
     /// Query heads.
     pub n_head: usize,
@@ -89,7 +106,124 @@ pub struct ModelConfig {
     pub context_length: usize,
     /// Vocabulary size (number of rows of the embedding).
     pub vocab_size: usize,
+    /// Mixture-of-Experts parameters; `None` for a dense feed-forward.
+    pub moe: Option<MoeConfig>,
 }
+
+/// Mixture-of-Experts hyper-parameters (`{arch}.expert_*` keys) and routing, as llama.cpp
+/// computes it (docs/moe.md): softmax over all experts, the top `n_expert_used`, their weights
+/// renormalized to sum 1 when [`MoeConfig::renormalize`], then scaled by
+/// [`MoeConfig::weights_scale`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per block (`expert_count`).
+    pub n_expert: usize,
+    /// Experts used per token (`expert_used_count`), `1..=n_expert`.
+    pub n_expert_used: usize,
+    /// Inner size of one expert's FFN (`expert_feed_forward_length`; llama uses
+    /// `feed_forward_length`).
+    pub n_ff_exp: usize,
+    /// Inner size of the shared expert (qwen2moe: `expert_shared_feed_forward_length`, else
+    /// `feed_forward_length`); `None` without a shared expert.
+    pub n_ff_shexp: Option<usize>,
+    /// Renormalize the chosen experts' weights to sum 1. Fixed per architecture in llama.cpp, not
+    /// read from the file: on for llama (Mixtral) and qwen3moe, off for qwen2moe.
+    pub renormalize: bool,
+    /// `expert_weights_scale` when present and non-zero: multiplies every routing weight.
+    pub weights_scale: Option<f32>,
+}
+
+impl MoeConfig {
+    /// Read the MoE keys of `arch` (prefix `p`). `None` for a dense model: a non-MoE
+    /// architecture, or `llama` whose `expert_count` is absent or 0.
+    fn from_gguf(gguf: &GgufFile, arch: Arch, n_ff: usize) -> Result<Option<MoeConfig>, ExecError> {
+        let p = arch.name();
+        let key = |suffix: &str| format!("{p}.{suffix}");
+        let count_key = key("expert_count");
+        let n_expert = match (arch, opt_usize(gguf, &count_key)?) {
+            (Arch::Llama, None | Some(0)) => return Ok(None),
+            (Arch::Qwen2 | Arch::Qwen3, _) => return Ok(None),
+            (_, None) => return Err(missing(&count_key)),
+            (_, Some(0)) => return Err(invalid(&count_key, "a MoE model needs at least 1 expert")),
+            (_, Some(n)) => n,
+        };
+        // Sizes per-token routing buffers; checked against the expert tensors' dims at load.
+        const MAX_EXPERTS: usize = 1 << 16;
+        if n_expert > MAX_EXPERTS {
+            return Err(invalid(
+                &count_key,
+                &format!("{n_expert} experts exceed the cap {MAX_EXPERTS}"),
+            ));
+        }
+        let used_key = key("expert_used_count");
+        let n_expert_used = meta_usize(gguf, &used_key)?;
+        if n_expert_used == 0 || n_expert_used > n_expert {
+            return Err(invalid(
+                &used_key,
+                &format!("{n_expert_used} must be between 1 and expert_count {n_expert}"),
+            ));
+        }
+        let ff_key = key("expert_feed_forward_length");
+        let n_ff_exp = match arch {
+            Arch::Llama => n_ff,
+            Arch::Qwen2Moe => match opt_usize(gguf, &ff_key)? {
+                Some(v) => v,
+                None => n_ff / n_expert_used,
+            },
+            _ => meta_usize(gguf, &ff_key)?,
+        };
+        let width = |k: &str, v: usize| -> Result<usize, ExecError> {
+            if v == 0 || v > MAX_WIDTH {
+                Err(invalid(k, &format!("{v} is not in 1..={MAX_WIDTH}")))
+            } else {
+                Ok(v)
+            }
+        };
+        let n_ff_exp = width(
+            if arch == Arch::Llama {
+                "feed_forward_length"
+            } else {
+                &ff_key
+            },
+            n_ff_exp,
+        )?;
+        let n_ff_shexp = if arch == Arch::Qwen2Moe {
+            let k = key("expert_shared_feed_forward_length");
+            Some(width(&k, opt_usize(gguf, &k)?.unwrap_or(n_ff))?)
+        } else {
+            None
+        };
+        let scale_key = key("expert_weights_scale");
+        let weights_scale = match opt_f32(gguf, &scale_key)? {
+            None => None,
+            // As llama.cpp's hyper-parameter: 0 means "not set".
+            Some(0.0) => None,
+            Some(f) if f.is_finite() => Some(f),
+            Some(_) => return Err(invalid(&scale_key, "not a finite number")),
+        };
+        let gating_key = key("expert_gating_func");
+        match opt_usize(gguf, &gating_key)? {
+            None | Some(1) => {}
+            Some(other) => {
+                return Err(invalid(
+                    &gating_key,
+                    &format!("gating function {other} is not supported (1 = softmax is)"),
+                ))
+            }
+        }
+        Ok(Some(MoeConfig {
+            n_expert,
+            n_expert_used,
+            n_ff_exp,
+            n_ff_shexp,
+            renormalize: arch != Arch::Qwen2Moe,
+            weights_scale,
+        }))
+    }
+}
+
+/// Widths are capped like the pack format's dimensions.
+const MAX_WIDTH: usize = 1 << 24;
 
 impl ModelConfig {
     /// Read the configuration of the model in `gguf`.
@@ -101,17 +235,24 @@ impl ModelConfig {
 
         let n_layer = meta_usize(gguf, &key("block_count"))?;
         let n_embd = meta_usize(gguf, &key("embedding_length"))?;
-        let n_ff = meta_usize(gguf, &key("feed_forward_length"))?;
+        // A MoE architecture may leave the dense width out (its experts have their own).
+        let n_ff = if arch.is_moe() {
+            opt_usize(gguf, &key("feed_forward_length"))?.unwrap_or(0)
+        } else {
+            meta_usize(gguf, &key("feed_forward_length"))?
+        };
         let n_head = meta_usize(gguf, &key("attention.head_count"))?;
         let n_head_kv = opt_usize(gguf, &key("attention.head_count_kv"))?.unwrap_or(n_head);
         let rms_eps = meta_f32(gguf, &key("attention.layer_norm_rms_epsilon"))?;
         let rope_base = opt_f32(gguf, &key("rope.freq_base"))?.unwrap_or(10_000.0);
         let context_length = meta_usize(gguf, &key("context_length"))?;
 
+        if n_ff == 0 && !arch.is_moe() {
+            return Err(invalid(&key("feed_forward_length"), "must be positive"));
+        }
         for (name, v) in [
             ("block_count", n_layer),
             ("embedding_length", n_embd),
-            ("feed_forward_length", n_ff),
             ("attention.head_count", n_head),
             ("attention.head_count_kv", n_head_kv),
             ("context_length", context_length),
@@ -131,7 +272,6 @@ impl ModelConfig {
                 &format!("{n_layer} blocks, but the file has only {n_tensors} tensors"),
             ));
         }
-        const MAX_WIDTH: usize = 1 << 24;
         for (name, v) in [
             ("embedding_length", n_embd),
             ("feed_forward_length", n_ff),
@@ -218,7 +358,10 @@ impl ModelConfig {
             return Err(invalid("tokenizer.ggml.tokens", "empty vocabulary"));
         }
 
+        let moe = MoeConfig::from_gguf(gguf, arch, n_ff)?;
+
         Ok(ModelConfig {
+            moe,
             arch,
             n_layer,
             n_embd,

@@ -9,7 +9,9 @@ pub enum ExecError {
     #[error(transparent)]
     Gguf(#[from] ork_gguf::GgufError),
     /// `general.architecture` names a model family ork-exec cannot run.
-    #[error("unsupported architecture '{arch}' (supported: llama, qwen2, qwen3)")]
+    #[error(
+        "unsupported architecture '{arch}' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe)"
+    )]
     UnsupportedArchitecture {
         /// The architecture string from the file.
         arch: String,
@@ -43,6 +45,17 @@ pub enum ExecError {
         expected: Vec<u64>,
         /// Dims in the file.
         found: Vec<u64>,
+    },
+    /// A Mixture-of-Experts tensor disagrees with an expert metadata key (expert count, expert
+    /// width), or a router exists where the metadata says the model is dense.
+    #[error("tensor '{tensor}' disagrees with metadata key '{key}': {what}")]
+    ExpertMismatch {
+        /// Tensor name.
+        tensor: String,
+        /// The metadata key it disagrees with.
+        key: String,
+        /// How.
+        what: String,
     },
     /// A tensor's data cannot be laid out as its dims say (overflow, ragged rows).
     #[error("tensor '{tensor}': {what}")]

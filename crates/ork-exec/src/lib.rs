@@ -1,4 +1,5 @@
-//! ork layer 6 — **executor**: runs llama-family models (llama, qwen2, qwen3) from GGUF, with
+//! ork layer 6 — **executor**: runs llama-family models (llama, qwen2, qwen3, and the
+//! Mixture-of-Experts llama (Mixtral layout), qwen2moe and qwen3moe) from GGUF, with
 //! every matmul delegated to a [`Linear`] so weights can live anywhere (CPU, NPU weight cache).
 //!
 //! - [`ModelConfig`] / [`Model`]: hyper-parameters and the non-matmul tensors, checked at load.
@@ -19,6 +20,7 @@ mod error;
 mod generate;
 mod linear;
 mod model;
+mod moe;
 pub mod ops;
 mod perplexity;
 mod sample;
@@ -28,7 +30,7 @@ mod tokenizer;
 mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate};
-pub use config::{Arch, ModelConfig, RopeStyle};
+pub use config::{Arch, ModelConfig, MoeConfig, RopeStyle};
 pub use error::ExecError;
 pub use generate::{generate, GenerateOptions, Generation, StopReason};
 pub use linear::{dot_i8, quantize_row_i8, CpuF32Linear, CpuW8A8Linear, Linear};

@@ -6,7 +6,7 @@
 //! [`CpuW8A8Linear`] (the device's quantization scheme computed on the CPU, so quantization error
 //! can be told apart from device bugs).
 use crate::ops::dot;
-use crate::weights::{dequantize_tensor, WeightSpec};
+use crate::weights::{dequantize_weight, WeightSpec};
 use crate::ExecError;
 use ork_gguf::GgufFile;
 use rayon::prelude::*;
@@ -114,7 +114,7 @@ impl CpuF32Linear {
     pub fn from_gguf(gguf: &GgufFile, specs: &[WeightSpec]) -> Result<CpuF32Linear, ExecError> {
         let mut weights = HashMap::with_capacity(specs.len());
         for spec in specs {
-            let data = dequantize_tensor(gguf, &spec.name, &[spec.k as u64, spec.n as u64])?;
+            let data = dequantize_weight(gguf, spec)?;
             weights.insert(
                 spec.name.clone(),
                 F32Weight {
@@ -239,7 +239,7 @@ impl CpuW8A8Linear {
     pub fn from_gguf(gguf: &GgufFile, specs: &[WeightSpec]) -> Result<CpuW8A8Linear, ExecError> {
         let mut weights = HashMap::with_capacity(specs.len());
         for spec in specs {
-            let data = dequantize_tensor(gguf, &spec.name, &[spec.k as u64, spec.n as u64])?;
+            let data = dequantize_weight(gguf, spec)?;
             weights.insert(
                 spec.name.clone(),
                 Self::quantize(&spec.name, spec.k, spec.n, &data)?,

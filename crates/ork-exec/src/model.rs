@@ -1,7 +1,8 @@
 //! A loaded model: configuration, the small f32 tensors (norms, biases), the embedding table
 //! borrowed from the GGUF map, and the names and shapes of the matmul weights a [`crate::Linear`]
 //! must provide.
-use crate::config::{Arch, ModelConfig};
+use crate::config::{Arch, ModelConfig, MoeConfig};
+use crate::moe::{Expert, FeedForward, MoeFfn, SharedExpert};
 use crate::ops::Rope;
 use crate::weights::{dequantize_tensor, tensor_info, RowTable, WeightSpec};
 use crate::ExecError;
@@ -28,9 +29,7 @@ pub(crate) struct Layer {
     pub(crate) wk: String,
     pub(crate) wv: String,
     pub(crate) wo: String,
-    pub(crate) w_gate: String,
-    pub(crate) w_up: String,
-    pub(crate) w_down: String,
+    pub(crate) ffn: FeedForward,
 }
 
 /// A model ready to run. It holds an `Arc` of the GGUF it was loaded from (the embedding rows are
@@ -63,8 +62,11 @@ impl Model {
         RowTable::new(gguf, &embd_name, &dims(c.n_embd, c.vocab_size))?;
 
         let mut weights = Vec::new();
+        // Expert slices (`TENSOR#EXPERT`) are checked by `load_moe` through their 3-D tensor.
         let mut spec = |name: String, k: usize, n: usize| -> Result<String, ExecError> {
-            tensor_info(gguf, &name, &dims(k, n))?;
+            if !name.contains('#') {
+                tensor_info(gguf, &name, &dims(k, n))?;
+            }
             weights.push(WeightSpec {
                 name: name.clone(),
                 k,
@@ -85,8 +87,8 @@ impl Model {
         for i in 0..c.n_layer {
             let t = |role: Role| tensor_name(role, i).expect("roles in the table have names");
             let (q_bias, k_bias, v_bias) = match c.arch {
-                // llama.cpp loads qwen2's q/k/v biases as required tensors.
-                Arch::Qwen2 => (
+                // llama.cpp loads qwen2's (and qwen2moe's) q/k/v biases as required tensors.
+                Arch::Qwen2 | Arch::Qwen2Moe => (
                     Some(vector(&t(Role::AttnQBias), c.q_dim())?),
                     Some(vector(&t(Role::AttnKBias), c.k_dim())?),
                     Some(vector(&t(Role::AttnVBias), c.v_dim())?),
@@ -97,14 +99,38 @@ impl Model {
                     optional(&t(Role::AttnKBias), c.k_dim())?,
                     optional(&t(Role::AttnVBias), c.v_dim())?,
                 ),
-                Arch::Qwen3 => (None, None, None),
+                Arch::Qwen3 | Arch::Qwen3Moe => (None, None, None),
             };
             let (q_norm, k_norm) = match c.arch {
-                Arch::Qwen3 => (
+                Arch::Qwen3 | Arch::Qwen3Moe => (
                     Some(vector(&t(Role::AttnQNorm), c.head_dim_k)?),
                     Some(vector(&t(Role::AttnKNorm), c.head_dim_k)?),
                 ),
-                Arch::Llama | Arch::Qwen2 => (None, None),
+                Arch::Llama | Arch::Qwen2 | Arch::Qwen2Moe => (None, None),
+            };
+            let wq = spec(t(Role::AttnQ), c.n_embd, c.q_dim())?;
+            let wk = spec(t(Role::AttnK), c.n_embd, c.k_dim())?;
+            let wv = spec(t(Role::AttnV), c.n_embd, c.v_dim())?;
+            let wo = spec(t(Role::AttnOutput), c.attn_out_dim(), c.n_embd)?;
+            let ffn = match &c.moe {
+                None => {
+                    if gguf.tensor(&t(Role::Router)).is_some() {
+                        return Err(ExecError::ExpertMismatch {
+                            tensor: t(Role::Router),
+                            key: format!("{}.expert_count", c.arch.name()),
+                            what: "the block has a router, but the key says the model is dense \
+                                   (absent or 0)"
+                                .to_owned(),
+                        });
+                    }
+                    FeedForward::Dense {
+                        gate: spec(t(Role::FfnGate), c.n_embd, c.n_ff)?,
+                        up: spec(t(Role::FfnUp), c.n_embd, c.n_ff)?,
+                        down: spec(t(Role::FfnDown), c.n_ff, c.n_embd)?,
+                        n_ff: c.n_ff,
+                    }
+                }
+                Some(moe) => FeedForward::Moe(Box::new(load_moe(gguf, c, moe, i, &mut spec)?)),
             };
             layers.push(Layer {
                 attn_norm: vector(&t(Role::AttnNorm), c.n_embd)?,
@@ -114,13 +140,11 @@ impl Model {
                 v_bias,
                 q_norm,
                 k_norm,
-                wq: spec(t(Role::AttnQ), c.n_embd, c.q_dim())?,
-                wk: spec(t(Role::AttnK), c.n_embd, c.k_dim())?,
-                wv: spec(t(Role::AttnV), c.n_embd, c.v_dim())?,
-                wo: spec(t(Role::AttnOutput), c.attn_out_dim(), c.n_embd)?,
-                w_gate: spec(t(Role::FfnGate), c.n_embd, c.n_ff)?,
-                w_up: spec(t(Role::FfnUp), c.n_embd, c.n_ff)?,
-                w_down: spec(t(Role::FfnDown), c.n_ff, c.n_embd)?,
+                wq,
+                wk,
+                wv,
+                wo,
+                ffn,
             });
         }
         let output_norm = vector(&global(Role::OutputNorm), c.n_embd)?;
@@ -163,15 +187,9 @@ impl Model {
         let mut used: Vec<&str> = layers
             .iter()
             .flat_map(|l| {
-                [
-                    l.wq.as_str(),
-                    l.wk.as_str(),
-                    l.wv.as_str(),
-                    l.wo.as_str(),
-                    l.w_gate.as_str(),
-                    l.w_up.as_str(),
-                    l.w_down.as_str(),
-                ]
+                [l.wq.as_str(), l.wk.as_str(), l.wv.as_str(), l.wo.as_str()]
+                    .into_iter()
+                    .chain(ffn_weights(&l.ffn))
             })
             .collect();
         used.push(&self.output_weight);
@@ -251,6 +269,176 @@ impl Model {
                 token,
                 vocab: self.config.vocab_size,
             })
+        }
+    }
+}
+
+/// The MoE feed-forward of block `layer`: router, expert tensors (checked against the expert
+/// keys, each error naming the tensor and the key) and qwen2moe's shared expert. `spec` records
+/// each matmul weight in first-use order: router, shared expert, then expert by expert.
+fn load_moe(
+    gguf: &GgufFile,
+    c: &ModelConfig,
+    moe: &MoeConfig,
+    layer: usize,
+    spec: &mut impl FnMut(String, usize, usize) -> Result<String, ExecError>,
+) -> Result<MoeFfn, ExecError> {
+    let t = |role: Role| tensor_name(role, layer).expect("roles in the table have names");
+    let p = c.arch.name();
+    let count_key = format!("{p}.expert_count");
+    let ff_key = if c.arch == Arch::Llama {
+        format!("{p}.feed_forward_length")
+    } else {
+        format!("{p}.expert_feed_forward_length")
+    };
+    let (e, ff, d) = (moe.n_expert as u64, moe.n_ff_exp as u64, c.n_embd as u64);
+    let mismatch = |tensor: &str, key: &str, what: String| ExecError::ExpertMismatch {
+        tensor: tensor.to_owned(),
+        key: key.to_owned(),
+        what,
+    };
+    let shape = |tensor: &str, expected: Vec<u64>, found: &[u64]| ExecError::TensorShape {
+        tensor: tensor.to_owned(),
+        expected,
+        found: found.to_vec(),
+    };
+
+    let router_name = t(Role::Router);
+    let router = gguf
+        .tensor(&router_name)
+        .ok_or_else(|| ExecError::MissingTensor {
+            tensor: router_name.clone(),
+        })?;
+    match router.dims[..] {
+        [k, n] if k == d && n == e => {}
+        [k, n] if k == d => {
+            return Err(mismatch(
+                &router_name,
+                &count_key,
+                format!("the router scores {n} experts, the key says {e}"),
+            ))
+        }
+        _ => return Err(shape(&router_name, vec![d, e], &router.dims)),
+    }
+    let router = spec(router_name, c.n_embd, moe.n_expert)?;
+
+    let shared = match moe.n_ff_shexp {
+        None => None,
+        Some(n_ff) => {
+            let gate_inp = t(Role::SharedExpertGateInp);
+            let found = gguf
+                .tensor(&gate_inp)
+                .ok_or_else(|| ExecError::MissingTensor {
+                    tensor: gate_inp.clone(),
+                })?;
+            // gguf-py writes the gate vector as [n_embd] (llama.cpp also accepts [n_embd, 1]).
+            if found.dims != [d] && found.dims != [d, 1] {
+                return Err(shape(&gate_inp, vec![d], &found.dims));
+            }
+            let gate_inp_values = dequantize_tensor(gguf, &gate_inp, &found.dims.clone())?;
+            let sff_key = format!("{p}.expert_shared_feed_forward_length");
+            let sff = n_ff as u64;
+            for (role, k, n) in [
+                (Role::SharedExpertGate, d, sff),
+                (Role::SharedExpertUp, d, sff),
+                (Role::SharedExpertDown, sff, d),
+            ] {
+                let name = t(role);
+                let info = gguf.tensor(&name).ok_or_else(|| ExecError::MissingTensor {
+                    tensor: name.clone(),
+                })?;
+                if info.dims.len() == 2 && info.dims != [k, n] && info.dims.contains(&d) {
+                    return Err(mismatch(
+                        &name,
+                        &sff_key,
+                        format!("dims {:?}, the key implies {:?}", info.dims, [k, n]),
+                    ));
+                }
+            }
+            Some(SharedExpert {
+                gate: spec(t(Role::SharedExpertGate), c.n_embd, n_ff)?,
+                up: spec(t(Role::SharedExpertUp), c.n_embd, n_ff)?,
+                down: spec(t(Role::SharedExpertDown), n_ff, c.n_embd)?,
+                n_ff,
+                gate_inp: gate_inp_values,
+            })
+        }
+    };
+
+    // [K, N, n_expert] for gate/up ([n_embd, n_ff_exp, E]) and down ([n_ff_exp, n_embd, E]).
+    let mut names = Vec::with_capacity(3);
+    for (role, down) in [
+        (Role::ExpertGate, false),
+        (Role::ExpertUp, false),
+        (Role::ExpertDown, true),
+    ] {
+        let name = t(role);
+        let info = gguf.tensor(&name).ok_or_else(|| ExecError::MissingTensor {
+            tensor: name.clone(),
+        })?;
+        let expected = if down { vec![ff, d, e] } else { vec![d, ff, e] };
+        let [k, n, experts] = info.dims[..] else {
+            return Err(shape(&name, expected, &info.dims));
+        };
+        let (width, ff_found) = if down { (n, k) } else { (k, n) };
+        if width != d {
+            return Err(shape(&name, expected, &info.dims));
+        }
+        if experts != e {
+            return Err(mismatch(
+                &name,
+                &count_key,
+                format!("the tensor holds {experts} experts, the key says {e}"),
+            ));
+        }
+        if ff_found != ff {
+            return Err(mismatch(
+                &name,
+                &ff_key,
+                format!("experts are {ff_found} wide, the key says {ff}"),
+            ));
+        }
+        if !info.size.is_multiple_of(e) {
+            return Err(ExecError::TensorData {
+                tensor: name,
+                what: format!("{} bytes do not split into {e} experts", info.size),
+            });
+        }
+        names.push(name);
+    }
+    let mut experts = Vec::with_capacity(moe.n_expert);
+    for x in 0..moe.n_expert {
+        let key = |i: usize| format!("{}#{x}", names[i]);
+        experts.push(Expert {
+            gate: spec(key(0), c.n_embd, moe.n_ff_exp)?,
+            up: spec(key(1), c.n_embd, moe.n_ff_exp)?,
+            down: spec(key(2), moe.n_ff_exp, c.n_embd)?,
+        });
+    }
+    Ok(MoeFfn {
+        router,
+        experts,
+        shared,
+        n_used: moe.n_expert_used,
+        n_ff_exp: moe.n_ff_exp,
+        renormalize: moe.renormalize,
+        weights_scale: moe.weights_scale,
+    })
+}
+
+/// The matmul weights of a feed-forward block (router, experts and shared expert of a MoE).
+fn ffn_weights(ffn: &FeedForward) -> Vec<&str> {
+    match ffn {
+        FeedForward::Dense { gate, up, down, .. } => vec![gate, up, down],
+        FeedForward::Moe(moe) => {
+            let mut w = vec![moe.router.as_str()];
+            for e in &moe.experts {
+                w.extend([e.gate.as_str(), e.up.as_str(), e.down.as_str()]);
+            }
+            if let Some(s) = &moe.shared {
+                w.extend([s.gate.as_str(), s.up.as_str(), s.down.as_str()]);
+            }
+            w
         }
     }
 }

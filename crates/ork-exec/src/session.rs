@@ -1,7 +1,7 @@
 //! One conversation with a model: the KV cache and the forward pass.
 use crate::linear::Linear;
 use crate::model::Model;
-use crate::ops::{attention, rms_norm, swiglu, AttentionShape};
+use crate::ops::{attention, rms_norm, AttentionShape};
 use crate::ExecError;
 use std::sync::Arc;
 
@@ -244,8 +244,6 @@ fn forward_inner(
     let mut v = vec![0.0f32; m * c.v_dim()];
     let mut attn = vec![0.0f32; m * c.attn_out_dim()];
     let mut proj = vec![0.0f32; m * d];
-    let mut gate = vec![0.0f32; m * c.n_ff];
-    let mut up = vec![0.0f32; m * c.n_ff];
     let shape = AttentionShape {
         n_head: c.n_head,
         n_head_kv: c.n_head_kv,
@@ -293,10 +291,7 @@ fn forward_inner(
         // Feed-forward block.
         h.copy_from_slice(&x);
         rms_norm(&mut h, &layer.ffn_norm, c.rms_eps);
-        linear.matmul(&layer.w_gate, &h, m, &mut gate)?;
-        linear.matmul(&layer.w_up, &h, m, &mut up)?;
-        swiglu(&mut gate, &up);
-        linear.matmul(&layer.w_down, &gate, m, &mut proj)?;
+        layer.ffn.forward(linear, &h, m, &mut proj)?;
         add(&mut x, &proj);
     }
 

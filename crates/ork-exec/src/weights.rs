@@ -54,6 +54,21 @@ impl<'g> RowTable<'g> {
         dims: &[u64],
     ) -> Result<RowTable<'g>, ExecError> {
         let info = tensor_info(gguf, name, dims)?;
+        Self::from_info(gguf, info)
+    }
+
+    /// Borrow the rows of a tensor (or a view of one, such as an expert's slice) as described.
+    pub(crate) fn from_info(
+        gguf: &'g GgufFile,
+        info: &TensorInfo,
+    ) -> Result<RowTable<'g>, ExecError> {
+        let (name, dims) = (info.name.as_str(), &info.dims[..]);
+        if dims.is_empty() {
+            return Err(ExecError::TensorData {
+                tensor: name.to_owned(),
+                what: "no dimensions".to_owned(),
+            });
+        }
         let data = gguf.tensor_data(info);
         let row_len = usize::try_from(dims[0]).map_err(|_| too_big(name))?;
         let rows = dims[1..]
@@ -115,4 +130,25 @@ pub(crate) fn dequantize_tensor(
     dims: &[u64],
 ) -> Result<Vec<f32>, ExecError> {
     RowTable::new(gguf, name, dims)?.dequantize_all()
+}
+
+/// Dequantize a matmul weight to f32 (`spec.n` rows of `spec.k`): a 2-D tensor, or an expert's
+/// slice named `TENSOR#EXPERT` of a 3-D expert tensor.
+pub(crate) fn dequantize_weight(gguf: &GgufFile, spec: &WeightSpec) -> Result<Vec<f32>, ExecError> {
+    let dims = [spec.k as u64, spec.n as u64];
+    if !spec.name.contains('#') {
+        return dequantize_tensor(gguf, &spec.name, &dims);
+    }
+    let view =
+        ork_manifest::weight_view(gguf, &spec.name).ok_or_else(|| ExecError::MissingTensor {
+            tensor: spec.name.clone(),
+        })?;
+    if view.dims != dims {
+        return Err(ExecError::TensorShape {
+            tensor: spec.name.clone(),
+            expected: dims.to_vec(),
+            found: view.dims,
+        });
+    }
+    RowTable::from_info(gguf, &view)?.dequantize_all()
 }

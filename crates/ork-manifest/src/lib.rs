@@ -275,6 +275,33 @@ fn block_of(name: &str) -> Option<usize> {
     (layer.to_string() == blk).then_some(layer)
 }
 
+/// The weight named `key` in `file`: the tensor of that name (as stored; the caller checks that
+/// it is 2-D), or for `TENSOR#EXPERT` expert `EXPERT`'s 2-D slice of the 3-D tensor `TENSOR`
+/// (dims `[K, N]`, its bytes inside the tensor), as [`Manifest::from_gguf`] derives it. `None`
+/// when there is no such tensor or expert, or the tensor's bytes do not split into its experts
+/// (the manifest reports that as an error).
+pub fn weight_view(file: &GgufFile, key: &str) -> Option<TensorInfo> {
+    let Some((tensor, expert)) = key.rsplit_once('#') else {
+        return file.tensor(key).cloned();
+    };
+    let t = file.tensor(tensor)?;
+    let x: u64 = expert.parse().ok()?;
+    let [k, n, e] = t.dims[..] else {
+        return None;
+    };
+    if x >= e || !t.size.is_multiple_of(e) || expert != x.to_string() {
+        return None;
+    }
+    let slice_bytes = t.size / e;
+    Some(TensorInfo {
+        name: key.to_owned(),
+        dims: vec![k, n],
+        ty: t.ty,
+        offset: t.offset + x * slice_bytes,
+        size: slice_bytes,
+    })
+}
+
 /// A matmul weight: a small `Copy` index into its [`Manifest`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WeightId(pub u32);

@@ -287,3 +287,24 @@ fn unknown_2d_tensors_are_other_weights_in_file_order() {
     assert_eq!(m.get(WeightId(2)).role, Role::Other);
     assert_eq!(m.output(), None);
 }
+
+#[test]
+fn weight_view_finds_every_weight_of_the_manifest_by_key() {
+    let g = moe_file(|_, d| d, EXPERTS);
+    let m = Manifest::from_gguf(&g).unwrap();
+    for w in m.weights() {
+        assert_eq!(
+            ork_manifest::weight_view(&g, &w.key).as_ref(),
+            Some(&w.slice)
+        );
+    }
+    for bad in [
+        "blk.0.ffn_gate_exps.weight#4",
+        "blk.0.ffn_gate_exps.weight#01",
+        "blk.0.ffn_gate_exps.weight#x",
+        "blk.0.attn_q.weight#0",
+        "nope",
+    ] {
+        assert_eq!(ork_manifest::weight_view(&g, bad), None, "{bad}");
+    }
+}

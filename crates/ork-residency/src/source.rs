@@ -62,8 +62,8 @@ impl WeightSource {
                 .map(|e| e.layout())
                 .ok_or_else(|| self.unknown(name)),
             WeightSource::Gguf { model, dtype } => {
-                let t = model.tensor(name).ok_or_else(|| self.unknown(name))?;
-                let (k, n) = matmul_dims(t)?;
+                let t = ork_manifest::weight_view(model, name).ok_or_else(|| self.unknown(name))?;
+                let (k, n) = matmul_dims(&t)?;
                 Ok(TiledLayout::new(*dtype, k, n))
             }
         }
@@ -114,19 +114,20 @@ impl WeightSource {
     }
 }
 
-/// Pack tensor `name` of `model` straight into `dst`.
+/// Pack weight `name` of `model` (a 2-D tensor, or an expert's slice `TENSOR#EXPERT`) straight
+/// into `dst`.
 fn pack_from(
     model: &GgufFile,
     name: &str,
     dtype: PackDtype,
     dst: &mut [u8],
 ) -> Result<Vec<f32>, ResidencyError> {
-    let t = model
-        .tensor(name)
-        .ok_or_else(|| ResidencyError::UnknownWeight {
+    let t =
+        ork_manifest::weight_view(model, name).ok_or_else(|| ResidencyError::UnknownWeight {
             name: name.to_owned(),
             source_desc: model.path().display().to_string(),
         })?;
+    let t = &t;
     let pack_err = |source| ResidencyError::Pack {
         name: name.to_owned(),
         source: Box::new(source),

@@ -5,6 +5,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod moe;
+
 use std::path::PathBuf;
 use std::process::Command;
 

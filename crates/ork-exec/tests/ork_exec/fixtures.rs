@@ -20,6 +20,14 @@ pub struct TinySpec {
     /// Store the embedding as Q8_0 (like SmolLM2) instead of F32.
     pub embd_q8: bool,
     pub seed: u64,
+    /// Experts per block (0: a dense FFN).
+    pub n_expert: usize,
+    /// Experts used per token.
+    pub n_expert_used: usize,
+    /// Expert FFN width.
+    pub n_ff_exp: usize,
+    /// Shared expert width (qwen2moe).
+    pub n_ff_shexp: usize,
 }
 
 impl TinySpec {
@@ -31,12 +39,29 @@ impl TinySpec {
             n_ff: 48,
             n_head: 4,
             n_head_kv: 2,
-            head_dim: if arch == "qwen3" { Some(16) } else { None },
+            head_dim: if arch.starts_with("qwen3") {
+                Some(16)
+            } else {
+                None
+            },
             vocab: 40,
             context: 32,
             tied: false,
             embd_q8: false,
             seed: 0x5eed ^ arch.len() as u64,
+            n_expert: if arch.ends_with("moe") { 4 } else { 0 },
+            n_expert_used: 2,
+            n_ff_exp: 16,
+            n_ff_shexp: 24,
+        }
+    }
+
+    /// A llama-arch MoE (Mixtral layout): 4 experts, top-2.
+    pub fn mixtral() -> TinySpec {
+        TinySpec {
+            n_expert: 4,
+            seed: 0x313,
+            ..TinySpec::new("llama")
         }
     }
 
@@ -75,6 +100,23 @@ pub fn builder(spec: &TinySpec, skip: Option<&str>) -> GgufBuilder {
                     .collect(),
             ),
         );
+    if spec.n_expert > 0 {
+        b = b
+            .kv(format!("{a}.expert_count"), u32v(spec.n_expert))
+            .kv(format!("{a}.expert_used_count"), u32v(spec.n_expert_used));
+        if a != "llama" {
+            b = b.kv(
+                format!("{a}.expert_feed_forward_length"),
+                u32v(spec.n_ff_exp),
+            );
+        }
+        if a == "qwen2moe" {
+            b = b.kv(
+                format!("{a}.expert_shared_feed_forward_length"),
+                u32v(spec.n_ff_shexp),
+            );
+        }
+    }
     if let Some(h) = spec.head_dim {
         b = b
             .kv(format!("{a}.attention.key_length"), u32v(h))
@@ -110,12 +152,12 @@ pub fn builder(spec: &TinySpec, skip: Option<&str>) -> GgufBuilder {
         b = add(b, t("attn_q.weight"), &[d, q_dim], ws(d), 0.0, f32t);
         b = add(b, t("attn_k.weight"), &[d, kv_dim], ws(d), 0.0, f32t);
         b = add(b, t("attn_v.weight"), &[d, kv_dim], ws(d), 0.0, f32t);
-        if a == "qwen2" {
+        if a == "qwen2" || a == "qwen2moe" {
             b = add(b, t("attn_q.bias"), &[q_dim], 0.3, 0.0, f32t);
             b = add(b, t("attn_k.bias"), &[kv_dim], 0.3, 0.0, f32t);
             b = add(b, t("attn_v.bias"), &[kv_dim], 0.3, 0.0, f32t);
         }
-        if a == "qwen3" {
+        if a == "qwen3" || a == "qwen3moe" {
             b = add(b, t("attn_q_norm.weight"), &[hd], 0.2, 1.0, f32t);
             b = add(b, t("attn_k_norm.weight"), &[hd], 0.2, 1.0, f32t);
         }
@@ -128,9 +170,24 @@ pub fn builder(spec: &TinySpec, skip: Option<&str>) -> GgufBuilder {
             f32t,
         );
         b = add(b, t("ffn_norm.weight"), &[d], 0.2, 1.0, f32t);
-        b = add(b, t("ffn_gate.weight"), &[d, ff], ws(d), 0.0, f32t);
-        b = add(b, t("ffn_up.weight"), &[d, ff], ws(d), 0.0, f32t);
-        b = add(b, t("ffn_down.weight"), &[ff, d], ws(ff), 0.0, f32t);
+        if spec.n_expert == 0 {
+            b = add(b, t("ffn_gate.weight"), &[d, ff], ws(d), 0.0, f32t);
+            b = add(b, t("ffn_up.weight"), &[d, ff], ws(d), 0.0, f32t);
+            b = add(b, t("ffn_down.weight"), &[ff, d], ws(ff), 0.0, f32t);
+            continue;
+        }
+        let (e, fe) = (spec.n_expert, if a == "llama" { ff } else { spec.n_ff_exp });
+        b = add(b, t("ffn_gate_inp.weight"), &[d, e], 1.0, 0.0, f32t);
+        if a == "qwen2moe" {
+            let sf = spec.n_ff_shexp;
+            b = add(b, t("ffn_gate_inp_shexp.weight"), &[d], 0.5, 0.0, f32t);
+            b = add(b, t("ffn_gate_shexp.weight"), &[d, sf], ws(d), 0.0, f32t);
+            b = add(b, t("ffn_up_shexp.weight"), &[d, sf], ws(d), 0.0, f32t);
+            b = add(b, t("ffn_down_shexp.weight"), &[sf, d], ws(sf), 0.0, f32t);
+        }
+        b = add(b, t("ffn_gate_exps.weight"), &[d, fe, e], ws(d), 0.0, f32t);
+        b = add(b, t("ffn_up_exps.weight"), &[d, fe, e], ws(d), 0.0, f32t);
+        b = add(b, t("ffn_down_exps.weight"), &[fe, d, e], ws(fe), 0.0, f32t);
     }
     b = add(b, "output_norm.weight".into(), &[d], 0.2, 1.0, f32t);
     if !spec.tied {

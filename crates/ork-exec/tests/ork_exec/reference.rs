@@ -12,6 +12,8 @@ pub struct Reference {
     head_dim: usize,
     eps: f64,
     base: f64,
+    /// Experts used per token (MoE fixtures).
+    n_used: usize,
     t: HashMap<String, Vec<f32>>,
 }
 
@@ -48,6 +50,7 @@ impl Reference {
                     .unwrap(),
             ),
             base: f64::from(g.metadata(&k("rope.freq_base")).unwrap().as_f32().unwrap()),
+            n_used: meta_u(g, &k("expert_used_count")).unwrap_or(0),
             arch,
             t,
         }
@@ -65,6 +68,80 @@ impl Reference {
         w.chunks(k)
             .map(|row| row.iter().zip(x).map(|(&a, &b)| f64::from(a) * b).sum())
             .collect()
+    }
+
+    /// SwiGLU FFN with weights given as row-major slices.
+    fn ffn(&self, gate: &[f32], up: &[f32], down: &[f32], h: &[f64]) -> Vec<f64> {
+        let mv = |w: &[f32], x: &[f64]| -> Vec<f64> {
+            w.chunks(x.len())
+                .map(|row| row.iter().zip(x).map(|(&a, &b)| f64::from(a) * b).sum())
+                .collect()
+        };
+        let (g, u) = (mv(gate, h), mv(up, h));
+        let act: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+            .collect();
+        mv(down, &act)
+    }
+
+    /// Mixture of Experts: softmax over the router's logits, top `n_used` (renormalized except
+    /// for qwen2moe), each chosen expert's FFN weighted; qwen2moe adds the sigmoid-gated shared
+    /// expert.
+    fn moe(&self, l: usize, h: &[f64]) -> Vec<f64> {
+        let p = |s: &str| format!("blk.{l}.{s}");
+        let logits = self.matvec(&p("ffn_gate_inp.weight"), h);
+        let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = logits.iter().map(|v| (v - m).exp()).collect();
+        let z: f64 = e.iter().sum();
+        let probs: Vec<f64> = e.iter().map(|v| v / z).collect();
+        let mut order: Vec<usize> = (0..probs.len()).collect();
+        order.sort_by(|&a, &b| probs[b].partial_cmp(&probs[a]).unwrap());
+        let chosen = &order[..self.n_used];
+        let sum: f64 = chosen.iter().map(|&x| probs[x]).sum();
+        let n_expert = probs.len();
+        let slice = |name: &str, x: usize| {
+            let w = self.w(&p(name));
+            let per = w.len() / n_expert;
+            &w[x * per..(x + 1) * per]
+        };
+        let mut out = vec![0.0; h.len()];
+        for &x in chosen {
+            let w = if self.arch == "qwen2moe" {
+                probs[x]
+            } else {
+                probs[x] / sum
+            };
+            let y = self.ffn(
+                slice("ffn_gate_exps.weight", x),
+                slice("ffn_up_exps.weight", x),
+                slice("ffn_down_exps.weight", x),
+                h,
+            );
+            for (o, v) in out.iter_mut().zip(y) {
+                *o += w * v;
+            }
+        }
+        if self.t.contains_key(&p("ffn_gate_inp_shexp.weight")) {
+            let y = self.ffn(
+                self.w(&p("ffn_gate_shexp.weight")),
+                self.w(&p("ffn_up_shexp.weight")),
+                self.w(&p("ffn_down_shexp.weight")),
+                h,
+            );
+            let g: f64 = self
+                .w(&p("ffn_gate_inp_shexp.weight"))
+                .iter()
+                .zip(h)
+                .map(|(&a, &b)| f64::from(a) * b)
+                .sum();
+            let g = 1.0 / (1.0 + (-g).exp());
+            for (o, v) in out.iter_mut().zip(y) {
+                *o += g * v;
+            }
+        }
+        out
     }
 
     fn rmsnorm(&self, x: &[f64], name: &str) -> Vec<f64> {
@@ -117,7 +194,7 @@ impl Reference {
                 let mut q = self.matvec(&p("attn_q.weight"), &h);
                 let mut k = self.matvec(&p("attn_k.weight"), &h);
                 let mut v = self.matvec(&p("attn_v.weight"), &h);
-                if self.arch == "qwen2" {
+                if self.arch == "qwen2" || self.arch == "qwen2moe" {
                     for (y, name) in [
                         (&mut q, "attn_q.bias"),
                         (&mut k, "attn_k.bias"),
@@ -133,7 +210,7 @@ impl Reference {
                     (&mut k, "attn_k_norm.weight"),
                 ] {
                     for head in y.chunks_mut(hd) {
-                        if self.arch == "qwen3" {
+                        if self.arch == "qwen3" || self.arch == "qwen3moe" {
                             let n = self.rmsnorm(head, &p(norm));
                             head.copy_from_slice(&n);
                         }
@@ -169,14 +246,16 @@ impl Reference {
                     *a += b;
                 }
                 let h = self.rmsnorm(&xs[i], &p("ffn_norm.weight"));
-                let gate = self.matvec(&p("ffn_gate.weight"), &h);
-                let up = self.matvec(&p("ffn_up.weight"), &h);
-                let act: Vec<f64> = gate
-                    .iter()
-                    .zip(&up)
-                    .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                    .collect();
-                let down = self.matvec(&p("ffn_down.weight"), &act);
+                let down = if self.t.contains_key(&p("ffn_gate_inp.weight")) {
+                    self.moe(l, &h)
+                } else {
+                    self.ffn(
+                        self.w(&p("ffn_gate.weight")),
+                        self.w(&p("ffn_up.weight")),
+                        self.w(&p("ffn_down.weight")),
+                        &h,
+                    )
+                };
                 for (a, b) in xs[i].iter_mut().zip(down) {
                     *a += b;
                 }

@@ -21,6 +21,9 @@ fn specs() -> Vec<TinySpec> {
         tied_q8,
         TinySpec::new("qwen2"),
         TinySpec::new("qwen3"),
+        TinySpec::mixtral(),
+        TinySpec::new("qwen2moe"),
+        TinySpec::new("qwen3moe"),
     ]
 }
 

@@ -1,0 +1,320 @@
+//! The feed-forward block: dense SwiGLU, or a Mixture of Experts computed as llama.cpp's
+//! `build_moe_ffn` (`src/llama-graph.cpp`) does it for llama (Mixtral layout), qwen2moe and
+//! qwen3moe (docs/moe.md):
+//!
+//! 1. router logits `h · W_routerᵀ` (`ffn_gate_inp`, one matmul over the batch);
+//! 2. per token, softmax over all experts, the `k` most probable (descending), their
+//!    probabilities as weights, renormalized to sum 1 for llama and qwen3moe (not qwen2moe),
+//!    times `expert_weights_scale` when the file has one;
+//! 3. tokens grouped per expert: each chosen expert runs gate, up, SwiGLU and down **once**, over
+//!    every token routed to it (M > 1 in prefill); the experts needed are announced to the
+//!    [`Linear`] in that order first ([`Linear::upcoming`]) so a streaming backend loads expert
+//!    e + 1 while e computes;
+//! 4. per token, the weighted expert outputs summed in slot order (llama.cpp adds the k views
+//!    of its `[n_embd, k, tokens]` result one after another);
+//! 5. qwen2moe: plus the shared expert's SwiGLU output times `sigmoid(h · ffn_gate_inp_shexp)`.
+use crate::linear::Linear;
+use crate::ops::{dot, swiglu};
+use crate::ExecError;
+
+/// A block's feed-forward network.
+#[derive(Clone)]
+pub(crate) enum FeedForward {
+    /// Dense SwiGLU: `down(silu(gate·x) ⊙ up·x)`.
+    Dense {
+        /// `ffn_gate` weight name.
+        gate: String,
+        /// `ffn_up` weight name.
+        up: String,
+        /// `ffn_down` weight name.
+        down: String,
+        /// Inner width.
+        n_ff: usize,
+    },
+    /// Mixture of Experts.
+    Moe(Box<MoeFfn>),
+}
+
+/// One expert's weight names (`TENSOR#EXPERT` keys of the 3-D expert tensors).
+#[derive(Clone)]
+pub(crate) struct Expert {
+    pub(crate) gate: String,
+    pub(crate) up: String,
+    pub(crate) down: String,
+}
+
+/// qwen2moe's shared expert: a SwiGLU FFN every token runs, scaled by a sigmoid gate.
+#[derive(Clone)]
+pub(crate) struct SharedExpert {
+    pub(crate) gate: String,
+    pub(crate) up: String,
+    pub(crate) down: String,
+    pub(crate) n_ff: usize,
+    /// `ffn_gate_inp_shexp`: the gate is `sigmoid(h · gate_inp)`.
+    pub(crate) gate_inp: Vec<f32>,
+}
+
+/// A Mixture-of-Experts feed-forward block.
+#[derive(Clone)]
+pub(crate) struct MoeFfn {
+    /// `ffn_gate_inp`: `[n_embd, n_expert]`.
+    pub(crate) router: String,
+    pub(crate) experts: Vec<Expert>,
+    pub(crate) shared: Option<SharedExpert>,
+    pub(crate) n_used: usize,
+    pub(crate) n_ff_exp: usize,
+    pub(crate) renormalize: bool,
+    pub(crate) weights_scale: Option<f32>,
+}
+
+/// Per token, the chosen experts and their weights, in slot order (most probable first).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    /// Experts chosen per token.
+    pub k: usize,
+    /// `tokens × k` expert indices.
+    pub experts: Vec<usize>,
+    /// `tokens × k` weights.
+    pub weights: Vec<f32>,
+}
+
+impl Routing {
+    /// Route `logits` (`tokens × n_expert`, row-major) as llama.cpp does: softmax over all
+    /// experts, top `k` by probability (ties to the lower index), weights renormalized to sum 1
+    /// when `renormalize`, then multiplied by `scale`.
+    pub fn from_logits(
+        logits: &[f32],
+        n_expert: usize,
+        k: usize,
+        renormalize: bool,
+        scale: Option<f32>,
+    ) -> Routing {
+        let tokens = logits.len() / n_expert;
+        let mut experts = Vec::with_capacity(tokens * k);
+        let mut weights = Vec::with_capacity(tokens * k);
+        let mut probs = vec![0.0f32; n_expert];
+        let mut order: Vec<usize> = Vec::with_capacity(n_expert);
+        for row in logits.chunks_exact(n_expert) {
+            softmax_into(row, &mut probs);
+            order.clear();
+            order.extend(0..n_expert);
+            // Descending probability; NaN sorts last. Stable: equal values keep index order.
+            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+            let chosen = &order[..k];
+            let sum: f32 = chosen.iter().map(|&e| probs[e]).sum();
+            for &e in chosen {
+                let mut w = probs[e];
+                if renormalize {
+                    w /= sum;
+                }
+                if let Some(s) = scale {
+                    w *= s;
+                }
+                experts.push(e);
+                weights.push(w);
+            }
+        }
+        Routing {
+            k,
+            experts,
+            weights,
+        }
+    }
+
+    /// The experts used by any token, each once, ascending.
+    pub fn used(&self) -> Vec<usize> {
+        let mut u = self.experts.clone();
+        u.sort_unstable();
+        u.dedup();
+        u
+    }
+}
+
+/// `out = softmax(x)` (max-subtracted, as ggml's `soft_max`).
+fn softmax_into(x: &[f32], out: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = (v - max).exp();
+        sum += *o;
+    }
+    for o in out.iter_mut() {
+        *o /= sum;
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+impl FeedForward {
+    /// `out = FFN(h)` for `m` tokens (`h` and `out` are `m × n_embd`).
+    pub(crate) fn forward(
+        &self,
+        linear: &dyn Linear,
+        h: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), ExecError> {
+        match self {
+            FeedForward::Dense {
+                gate,
+                up,
+                down,
+                n_ff,
+            } => swiglu_ffn(linear, [gate, up, down], *n_ff, h, m, out),
+            FeedForward::Moe(moe) => moe.forward(linear, h, m, out),
+        }
+    }
+}
+
+/// `out = down(silu(gate·x) ⊙ up·x)` for `m` rows of `x`.
+fn swiglu_ffn(
+    linear: &dyn Linear,
+    [gate, up, down]: [&str; 3],
+    n_ff: usize,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+) -> Result<(), ExecError> {
+    let mut g = vec![0.0f32; m * n_ff];
+    let mut u = vec![0.0f32; m * n_ff];
+    linear.matmul(gate, x, m, &mut g)?;
+    linear.matmul(up, x, m, &mut u)?;
+    swiglu(&mut g, &u);
+    linear.matmul(down, &g, m, out)
+}
+
+impl MoeFfn {
+    /// The router's choice for `m` tokens of `h`.
+    pub(crate) fn route(
+        &self,
+        linear: &dyn Linear,
+        h: &[f32],
+        m: usize,
+    ) -> Result<Routing, ExecError> {
+        let n_expert = self.experts.len();
+        let mut logits = vec![0.0f32; m * n_expert];
+        linear.matmul(&self.router, h, m, &mut logits)?;
+        Ok(Routing::from_logits(
+            &logits,
+            n_expert,
+            self.n_used,
+            self.renormalize,
+            self.weights_scale,
+        ))
+    }
+
+    /// The weight names of `experts`, in compute order (gate, up, down of each).
+    pub(crate) fn expert_weights(&self, experts: &[usize]) -> Vec<&str> {
+        experts
+            .iter()
+            .flat_map(|&e| {
+                let x = &self.experts[e];
+                [x.gate.as_str(), x.up.as_str(), x.down.as_str()]
+            })
+            .collect()
+    }
+
+    fn forward(
+        &self,
+        linear: &dyn Linear,
+        h: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), ExecError> {
+        let d = h.len() / m;
+        let routing = self.route(linear, h, m)?;
+        let k = routing.k;
+        let used = routing.used();
+        linear.upcoming(&self.expert_weights(&used));
+
+        let shared = match &self.shared {
+            Some(s) => {
+                let mut y = vec![0.0f32; m * d];
+                swiglu_ffn(linear, [&s.gate, &s.up, &s.down], s.n_ff, h, m, &mut y)?;
+                for (row, x) in y.chunks_exact_mut(d).zip(h.chunks_exact(d)) {
+                    let g = sigmoid(dot(&s.gate_inp, x));
+                    row.iter_mut().for_each(|v| *v *= g);
+                }
+                Some(y)
+            }
+            None => None,
+        };
+
+        // Per (token, slot): the weighted output of the slot's expert.
+        let mut slots = vec![0.0f32; m * k * d];
+        let mut rows: Vec<usize> = Vec::with_capacity(m * k);
+        let mut xe: Vec<f32> = Vec::with_capacity(m * k * d);
+        let mut ye: Vec<f32> = Vec::new();
+        for &e in &used {
+            rows.clear();
+            rows.extend(
+                routing
+                    .experts
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &x)| x == e)
+                    .map(|(i, _)| i),
+            );
+            xe.clear();
+            for &i in &rows {
+                xe.extend_from_slice(&h[(i / k) * d..][..d]);
+            }
+            ye.clear();
+            ye.resize(rows.len() * d, 0.0);
+            let x = &self.experts[e];
+            swiglu_ffn(
+                linear,
+                [&x.gate, &x.up, &x.down],
+                self.n_ff_exp,
+                &xe,
+                rows.len(),
+                &mut ye,
+            )?;
+            for (&i, y) in rows.iter().zip(ye.chunks_exact(d)) {
+                let w = routing.weights[i];
+                for (s, v) in slots[i * d..][..d].iter_mut().zip(y) {
+                    *s = v * w;
+                }
+            }
+        }
+        for (t, o) in out.chunks_exact_mut(d).enumerate() {
+            o.copy_from_slice(&slots[t * k * d..][..d]);
+            for j in 1..k {
+                for (a, b) in o.iter_mut().zip(&slots[(t * k + j) * d..][..d]) {
+                    *a += b;
+                }
+            }
+        }
+        if let Some(y) = shared {
+            for (a, b) in out.iter_mut().zip(&y) {
+                *a += b;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_is_softmax_top_k_renormalized_and_scaled() {
+        let logits = [0.0, 2.0, 1.0, 2.0, /* token 2 */ 5.0, -1.0, 0.0, 0.0];
+        let r = Routing::from_logits(&logits, 4, 2, false, None);
+        // Ties keep the lower index first.
+        assert_eq!(r.experts, [1, 3, 0, 2]);
+        let z: f32 = [0.0f32, 2.0, 1.0, 2.0].iter().map(|v| v.exp()).sum();
+        assert!((r.weights[0] - 2f32.exp() / z).abs() < 1e-6);
+        assert!((r.weights[1] - 2f32.exp() / z).abs() < 1e-6);
+        let n = Routing::from_logits(&logits, 4, 2, true, Some(2.0));
+        assert_eq!(n.experts, r.experts);
+        assert!((n.weights[0] - 1.0).abs() < 1e-6 && (n.weights[1] - 1.0).abs() < 1e-6);
+        let p0 = 5f32.exp();
+        let p2 = 1.0;
+        assert!((n.weights[2] - 2.0 * p0 / (p0 + p2)).abs() < 1e-5);
+        assert_eq!(n.used(), vec![0, 1, 2, 3]);
+    }
+}
