@@ -130,7 +130,7 @@ fn opens_and_reports_the_stand_in_versions() {
 #[test]
 fn every_rk3588_type_pair_equals_the_emulator() {
     let dev = rknn();
-    let emu = EmuDevice::new();
+    let emu = reference_emulator();
     let mut rng = Rng::new(11);
     for &(k, n) in &[(64, 32), (100, 70), (576, 192), (1536, 576)] {
         for &m in &[1, 3, 17, 33, 300] {
@@ -163,7 +163,7 @@ fn every_rk3588_type_pair_equals_the_emulator() {
 #[test]
 fn wide_weight_runs_in_n_chunks_and_m_is_dynamic() {
     let dev = rknn();
-    let emu = EmuDevice::new();
+    let emu = reference_emulator();
     let mut rng = Rng::new(12);
     let pw = weight(PackDtype::I8, 576, 49152, ScaleGroup::PerChannel, &mut rng);
     for m in [1, 7] {
@@ -190,7 +190,7 @@ fn wide_weight_runs_in_n_chunks_and_m_is_dynamic() {
 #[test]
 fn weights_in_several_domains() {
     let dev = rknn();
-    let emu = EmuDevice::new();
+    let emu = reference_emulator();
     let mut rng = Rng::new(13);
     let pw = weight(PackDtype::I8, 128, 64, ScaleGroup::PerChannel, &mut rng);
     for d in [0, 1, 5, 15] {
@@ -208,7 +208,7 @@ fn weights_in_several_domains() {
 #[test]
 fn integer_oracle_equals_the_emulator() {
     let dev = rknn();
-    let emu = EmuDevice::new();
+    let emu = reference_emulator();
     let mut rng = Rng::new(14);
     let pw = weight(
         PackDtype::I8,
@@ -407,4 +407,14 @@ fn open_by_kind_rknn() {
         auto.info().name
     );
     let _: Arc<dyn Device> = auto;
+}
+
+/// The emulator as the reference: the whole shape at once (limits not enforced), so the rknn
+/// backend's own N-chunking is compared against an unsplit computation.
+fn reference_emulator() -> EmuDevice {
+    EmuDevice::with_config(ork_device::EmuConfig {
+        enforce_limits: false,
+        ..Default::default()
+    })
+    .expect("default emulator config")
 }
