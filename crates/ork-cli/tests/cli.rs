@@ -16,6 +16,8 @@ mod model;
 mod pack;
 #[path = "cli/safety.rs"]
 mod safety;
+#[path = "cli/spec.rs"]
+mod spec;
 
 /// A command running the `ork` binary under test.
 pub fn ork() -> Command {

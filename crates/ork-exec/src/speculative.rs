@@ -39,10 +39,11 @@ pub trait Draft: Send {
     fn propose(&mut self, history: &[u32], max: usize) -> Result<Vec<Proposal>, ExecError>;
 }
 
-/// Prompt lookup drafting (llama.cpp's lookup decoding, without a model): find the most recent
-/// earlier occurrence of the history's last n tokens (longest n first, `ngram_max` down to
-/// `ngram_min`) and propose the tokens that followed it, continuing periodically when the match
-/// runs into the end of the history.
+/// Prompt lookup drafting (llama.cpp's lookup decoding, without a model), one token at a time:
+/// the last n tokens (longest n first, `ngram_max` down to `ngram_min`) are looked up among the
+/// earlier tokens, and the token that most often followed them is drafted (the most recent one
+/// on a tie, as llama.cpp's n-gram cache picks its most frequent continuation); the drafted token
+/// joins the tokens looked up for the next one. Drafting stops where no n-gram matches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LookupDraft {
     /// Shortest n-gram matched.
@@ -61,36 +62,48 @@ impl Default for LookupDraft {
     }
 }
 
-impl Draft for LookupDraft {
-    fn propose(&mut self, history: &[u32], max: usize) -> Result<Vec<Proposal>, ExecError> {
-        let len = history.len();
-        if max == 0 {
-            return Ok(Vec::new());
-        }
+impl LookupDraft {
+    /// The token that most often followed the longest matching suffix n-gram of `tokens`.
+    fn next(&self, tokens: &[u32]) -> Option<u32> {
+        let len = tokens.len();
         for n in (self.ngram_min.max(1)..=self.ngram_max).rev() {
             if n >= len {
                 continue;
             }
-            let pattern = &history[len - n..];
-            // The most recent earlier start: i + n < len, so a token follows the match.
-            let Some(start) = (0..len - n).rev().find(|&i| &history[i..i + n] == pattern) else {
-                continue;
-            };
-            let mut buf = history.to_vec();
-            let mut out = Vec::with_capacity(max);
-            let mut j = start + n;
-            while out.len() < max {
-                let t = buf[j];
-                out.push(Proposal {
-                    token: t,
-                    q: Distribution::point(t),
-                });
-                buf.push(t);
-                j += 1;
+            let pattern = &tokens[len - n..];
+            // (token, count, most recent start); starts i with i + n < len have a follower.
+            let mut seen: Vec<(u32, usize, usize)> = Vec::new();
+            for i in (0..len - n).filter(|&i| &tokens[i..i + n] == pattern) {
+                let t = tokens[i + n];
+                match seen.iter_mut().find(|s| s.0 == t) {
+                    Some(s) => {
+                        s.1 += 1;
+                        s.2 = i;
+                    }
+                    None => seen.push((t, 1, i)),
+                }
             }
-            return Ok(out);
+            if let Some(best) = seen.iter().max_by_key(|s| (s.1, s.2)) {
+                return Some(best.0);
+            }
         }
-        Ok(Vec::new())
+        None
+    }
+}
+
+impl Draft for LookupDraft {
+    fn propose(&mut self, history: &[u32], max: usize) -> Result<Vec<Proposal>, ExecError> {
+        let mut buf = history.to_vec();
+        let mut out = Vec::with_capacity(max);
+        while out.len() < max {
+            let Some(t) = self.next(&buf) else { break };
+            out.push(Proposal {
+                token: t,
+                q: Distribution::point(t),
+            });
+            buf.push(t);
+        }
+        Ok(out)
     }
 }
 
@@ -541,19 +554,21 @@ mod tests {
     }
 
     #[test]
-    fn lookup_proposes_what_followed_the_longest_recent_match() {
+    fn lookup_drafts_the_most_frequent_follower_of_the_longest_match() {
         let mut d = LookupDraft::default();
-        // "5 6" occurred before, followed by 7 8; the most recent occurrence wins.
+        // "5 6" was followed by 7 twice and by 9 once (most recently): 7; then "6 7" → 8.
         assert_eq!(
-            proposed(&mut d, &[1, 5, 6, 9, 2, 5, 6, 7, 8, 3, 5, 6], 2),
+            proposed(&mut d, &[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 9, 2, 5, 6], 2),
             [7, 8]
         );
-        // A longer match beats a more recent shorter one.
-        assert_eq!(proposed(&mut d, &[4, 5, 6, 1, 9, 6, 2, 4, 5, 6], 1), [1]);
+        // A tie goes to the most recent follower.
+        assert_eq!(proposed(&mut d, &[1, 5, 6, 9, 2, 5, 6, 7, 3, 5, 6], 1), [7]);
+        // A longer match beats a more frequent shorter one.
+        assert_eq!(proposed(&mut d, &[4, 5, 6, 1, 6, 2, 6, 2, 4, 5, 6], 1), [1]);
         // Nothing to match: nothing proposed.
         assert!(proposed(&mut d, &[1, 2, 3], 4).is_empty());
         assert!(proposed(&mut d, &[1, 2, 1], 0).is_empty());
-        // The continuation repeats when it runs into the end of the history.
+        // Drafted tokens are looked up too: a cycle continues.
         assert_eq!(proposed(&mut d, &[1, 2, 1], 4), [2, 1, 2, 1]);
     }
 

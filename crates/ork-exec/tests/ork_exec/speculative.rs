@@ -45,6 +45,7 @@ fn plain(t: &Tiny, prompt: &[u32], n: usize, sampler: &mut Sampler) -> Vec<u32> 
         .tokens
 }
 
+#[allow(clippy::too_many_arguments)]
 fn speculative(
     t: &Tiny,
     draft: &mut dyn Draft,
