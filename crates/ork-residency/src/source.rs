@@ -19,6 +19,8 @@ pub enum Fetch {
 }
 
 /// The origin of non-resident weights.
+// One per cache, made once: the size of the `Pack` variant does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum WeightSource {
     /// Pre-tiled weights from an `.orkpack`. A blob whose checksum fails at load time is
     /// repacked from `model` when one is given, otherwise the load fails naming the tensor.
