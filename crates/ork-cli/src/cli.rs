@@ -74,6 +74,9 @@ pub enum DeviceArg {
     Emu,
     /// The Rockchip rknpu DRM driver (Linux, on the board).
     Rknpu,
+    /// Rockchip's vendor runtime librknnrt.so (ORK_RKNN_LIB or the usual paths), computing
+    /// through its matmul API (docs/rknn.md).
+    Rknn,
 }
 
 impl From<DeviceArg> for ork_device::DeviceKind {
@@ -82,6 +85,7 @@ impl From<DeviceArg> for ork_device::DeviceKind {
             DeviceArg::Auto => ork_device::DeviceKind::Auto,
             DeviceArg::Emu => ork_device::DeviceKind::Emu,
             DeviceArg::Rknpu => ork_device::DeviceKind::Rknpu,
+            DeviceArg::Rknn => ork_device::DeviceKind::Rknn,
         }
     }
 }

@@ -969,10 +969,19 @@ fn gemm_bench_names_the_isa_of_every_figure() {
 ork_device::device_conformance!(rknn_standin, || {
     ork_device::RknnDevice::open_path(
         &ork_testkit::rknn_standin().to_string_lossy(),
-        ork_device::Soc::Rk3588,
+        &ork_device::OpenOptions::new(),
     )
     .map(|d| Arc::new(d) as Arc<dyn Device>)
 });
 
 #[path = "ork-device/rknn.rs"]
 mod rknn_backend;
+
+// The same with two domains (the suite must not assume the defaults).
+ork_device::device_conformance!(rknn_standin_two_domains, || {
+    ork_device::RknnDevice::open_path(
+        &ork_testkit::rknn_standin().to_string_lossy(),
+        &ork_device::OpenOptions::new().domains(2),
+    )
+    .map(|d| Arc::new(d) as Arc<dyn Device>)
+});

@@ -22,7 +22,9 @@
 //!   `2.3.2 (ork stand-in)`).
 //!
 //! Memory objects' `fd`s are ids of the stand-in (from 1000 up), not open files, and their
-//! `phys_addr` is a stand-in address in the domain's 4 GiB space.
+//! `phys_addr` is a stand-in address in the domain's 4 GiB space. The stand-in keeps no byte
+//! limit per domain (all device instances of a test process share it); the window limit is the
+//! backend's own model, which refuses a full window before it calls the runtime.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -15,6 +15,7 @@ use crate::rknpu::flags::MemFlags;
 use crate::soc::{ChipLimit, ElemType, MatmulShape, Soc};
 use crate::task::ActValues;
 use crate::window::{footprint, AllocFailure, IovaAlign, Window, WindowConfig, WINDOW_BYTES};
+use crate::OpenOptions;
 use crate::{
     BufferIntent, BufferView, Device, DeviceBuffer, DeviceError, DeviceInfo, DeviceStats, DomainId,
     IntegerOracle, MatmulStats, MatmulTask, WeightRef, MAX_DOMAINS,
@@ -269,25 +270,34 @@ struct Plan {
 }
 
 impl RknnDevice {
-    /// Load the runtime (`ORK_RKNN_LIB`, else the usual names and paths) and open it for `soc`.
+    /// Load the runtime (`ORK_RKNN_LIB`, else the usual names and paths) and open it for
+    /// `options.soc`, with `options.domains` IOMMU domains (default 16), so that budgets and
+    /// window accounting match an emulator opened with the same options.
     ///
     /// # Errors
     /// [`DeviceError::NotFound`] when no library is found (and `ORK_RKNN_LIB` is unset);
     /// [`DeviceError::Library`], [`DeviceError::RuntimeTooOld`] or [`DeviceError::Runtime`]
-    /// when it is found but unusable.
-    pub fn open(soc: Soc) -> Result<Self, DeviceError> {
-        Self::with_lib(RuntimeLib::load_default()?, soc)
+    /// when it is found but unusable; [`DeviceError::BadConfig`] for domains outside 1..=16.
+    pub fn open(options: &OpenOptions) -> Result<Self, DeviceError> {
+        Self::with_lib(RuntimeLib::load_default()?, options)
     }
 
-    /// Open the runtime library at `path` for `soc`.
+    /// Open the runtime library at `path` (a path, or a name for the dynamic linker's search).
     ///
     /// # Errors
     /// As [`RknnDevice::open`], with [`DeviceError::Library`] for a library that does not load.
-    pub fn open_path(path: &str, soc: Soc) -> Result<Self, DeviceError> {
-        Self::with_lib(RuntimeLib::load(path)?, soc)
+    pub fn open_path(path: &str, options: &OpenOptions) -> Result<Self, DeviceError> {
+        Self::with_lib(RuntimeLib::load(path)?, options)
     }
 
-    fn with_lib(lib: RuntimeLib, soc: Soc) -> Result<Self, DeviceError> {
+    fn with_lib(lib: RuntimeLib, options: &OpenOptions) -> Result<Self, DeviceError> {
+        let soc = options.soc;
+        let domains = options.domains.unwrap_or(MAX_DOMAINS);
+        if domains == 0 || domains > MAX_DOMAINS {
+            return Err(DeviceError::BadConfig {
+                reason: "domains must be 1..=16",
+            });
+        }
         let lib = Arc::new(lib);
         let (ctx0, _) = lib.create(&mut alloc_info(0))?;
         let (runtime, driver) = match lib.sdk_version(ctx0) {
@@ -304,7 +314,7 @@ impl RknnDevice {
                 });
             }
         }
-        let mut alloc = vec![None; MAX_DOMAINS as usize];
+        let mut alloc = vec![None; domains as usize];
         alloc[0] = Some(ctx0);
         let window = WindowConfig::default();
         let shared = Shared {
@@ -315,10 +325,10 @@ impl RknnDevice {
             },
             lib,
             soc,
-            domains: MAX_DOMAINS,
+            domains,
             alloc: Mutex::new(alloc),
             residency: Mutex::new(Residency {
-                windows: (0..MAX_DOMAINS).map(|_| Window::new(&window)).collect(),
+                windows: (0..domains).map(|_| Window::new(&window)).collect(),
                 buffers_live: 0,
                 peak: 0,
             }),

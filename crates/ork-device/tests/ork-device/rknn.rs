@@ -23,7 +23,7 @@ fn standin() -> String {
 }
 
 fn rknn() -> RknnDevice {
-    RknnDevice::open_path(&standin(), Soc::Rk3588).expect("the stand-in opens")
+    RknnDevice::open_path(&standin(), &ork_device::OpenOptions::new()).expect("the stand-in opens")
 }
 
 /// A random weight of `dtype`, tiled (per-channel scales, or `group`).
@@ -237,7 +237,7 @@ fn integer_oracle_equals_the_emulator() {
 
 #[test]
 fn a_missing_library_or_symbol_is_named() {
-    let r = RknnDevice::open_path("/nonexistent/librknnrt.so", Soc::Rk3588);
+    let r = RknnDevice::open_path("/nonexistent/librknnrt.so", &ork_device::OpenOptions::new());
     match r {
         Err(DeviceError::Library {
             library,
@@ -247,7 +247,7 @@ fn a_missing_library_or_symbol_is_named() {
         other => panic!("{other:?}"),
     }
     // The C library loads but has none of the runtime's symbols.
-    let r = RknnDevice::open_path("libc.so.6", Soc::Rk3588);
+    let r = RknnDevice::open_path("libc.so.6", &ork_device::OpenOptions::new());
     assert!(
         matches!(
             r,
@@ -322,7 +322,7 @@ fn failing_call_child() {
         .unwrap();
     let mut rng = Rng::new(15);
     let r = (|| -> Result<(), DeviceError> {
-        let dev = RknnDevice::open_path(&standin(), Soc::Rk3588)?;
+        let dev = RknnDevice::open_path(&standin(), &ork_device::OpenOptions::new())?;
         // N-chunks (memory inside memory) and per-group scales (quant params) in one run.
         let pw = weight(
             PackDtype::I8,
@@ -371,7 +371,7 @@ fn an_old_runtime_is_refused() {
 #[test]
 #[ignore = "run in a child process by an_old_runtime_is_refused"]
 fn old_runtime_child() {
-    let r = RknnDevice::open_path(&standin(), Soc::Rk3588);
+    let r = RknnDevice::open_path(&standin(), &ork_device::OpenOptions::new());
     match r {
         Err(DeviceError::RuntimeTooOld { found, needed, .. }) => {
             assert!(found.contains("1.6.0"), "{found}");
