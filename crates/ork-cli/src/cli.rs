@@ -109,6 +109,24 @@ pub enum Command {
     Probe(ProbeArgs),
     /// Placement plan: resident across domains, or streamed through the budgeted cache.
     Plan(PlanArgs),
+    /// What this machine has for ork (CPU, NPU driver, librknnrt, IOMMU domains) and, where an
+    /// NPU is there, whether it computes what the CPU computes: exit 0 if every check that
+    /// could run passed, 1 if one failed.
+    Doctor(DoctorArgs),
+}
+
+/// `ork doctor`.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// A model for the tiny run (8 greedy tokens on the NPU vs the emulator).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The chip the matmul checks keep to.
+    #[arg(long, value_enum, default_value = "rk3588")]
+    pub soc: SocArg,
+    /// One JSON object instead of the text report.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `ork convert`.

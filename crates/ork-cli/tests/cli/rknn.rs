@@ -79,3 +79,72 @@ fn a_failing_runtime_call_ends_the_run_naming_it() {
         stderr(&o)
     );
 }
+
+/// `ork doctor` on this machine (no NPU; the runtime library hidden): exit 0, says there is no
+/// NPU and what it would check.
+#[test]
+fn doctor_without_an_npu_passes_and_says_what_it_would_check() {
+    let o = ork()
+        .args(["doctor"])
+        .env("ORK_RKNN_LIB", "/nonexistent/librknnrt.so")
+        .output()
+        .unwrap();
+    // An ORK_RKNN_LIB that does not load is a failed check (exit 1), naming it.
+    assert_eq!(code(&o), Some(1), "{}", crate::stdout(&o));
+    assert!(crate::stdout(&o).contains("/nonexistent/librknnrt.so"));
+    let o = ork()
+        .args(["doctor", "--json"])
+        .env_remove("ORK_RKNN_LIB")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), Some(0), "{}", crate::stdout(&o));
+    let v = json(&o);
+    assert_eq!(v["passed"], true);
+    assert_eq!(v["target"], "none");
+    let checks = v["checks"].as_array().unwrap();
+    let skipped: Vec<&serde_json::Value> =
+        checks.iter().filter(|c| c["status"] == "skip").collect();
+    assert!(skipped.len() >= 5, "{v}");
+    assert!(skipped.iter().all(|c| c["detail"]
+        .as_str()
+        .unwrap()
+        .contains("no NPU: would check")));
+    let o = ork()
+        .args(["doctor"])
+        .env_remove("ORK_RKNN_LIB")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), Some(0));
+    assert!(
+        crate::stdout(&o).contains("no NPU here"),
+        "{}",
+        crate::stdout(&o)
+    );
+}
+
+/// Against the stand-in the matmul and DMA checks run, labelled as the stand-in's.
+#[test]
+fn doctor_against_the_stand_in_runs_the_matmul_checks() {
+    let o = ork()
+        .args(["doctor", "--json"])
+        .env("ORK_RKNN_LIB", standin())
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), Some(0), "{}", crate::stdout(&o));
+    let v = json(&o);
+    assert_eq!(v["target"], "stand-in");
+    let passed: Vec<String> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "pass")
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(passed.len() >= 6, "{v}");
+    assert!(
+        passed.iter().all(|n| n.ends_with("[stand-in]")),
+        "{passed:?}"
+    );
+    assert!(passed.iter().any(|n| n.contains("per-group")));
+    assert!(passed.iter().any(|n| n.contains("N-chunks")));
+}
