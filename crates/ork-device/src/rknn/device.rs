@@ -116,6 +116,10 @@ struct Shared {
     tasks: AtomicU64,
     switches: AtomicU64,
     next_mem: AtomicU64,
+    /// `rknn_matmul_run` calls and the nanoseconds spent inside them (what the runtime itself
+    /// costs; the rest of a task is this backend's overhead).
+    runs: AtomicU64,
+    run_nanos: AtomicU64,
 }
 
 impl Drop for Shared {
@@ -337,6 +341,8 @@ impl RknnDevice {
             tasks: AtomicU64::new(0),
             switches: AtomicU64::new(0),
             next_mem: AtomicU64::new(1),
+            runs: AtomicU64::new(0),
+            run_nanos: AtomicU64::new(0),
         };
         Ok(RknnDevice {
             shared: Arc::new(shared),
@@ -346,6 +352,15 @@ impl RknnDevice {
     /// The runtime's and driver's versions.
     pub fn version(&self) -> &RuntimeVersion {
         &self.shared.version
+    }
+
+    /// `rknn_matmul_run` calls so far and the time spent inside them: a task's time minus this
+    /// is the backend's own overhead (context lookup, binding, A/C copies, syncs).
+    pub fn run_time(&self) -> (u64, std::time::Duration) {
+        (
+            self.shared.runs.load(Ordering::Relaxed),
+            std::time::Duration::from_nanos(self.shared.run_nanos.load(Ordering::Relaxed)),
+        )
     }
 
     /// Matmul contexts created so far (one per type, K, N-chunk and domain used).
@@ -617,7 +632,12 @@ impl RknnDevice {
                     what: "a context without A memory",
                 })?;
                 lib.mem_sync(c_ctx, a_mem, sys::SYNC_TO_DEVICE)?;
+                let t_run = Instant::now();
                 lib.run(c_ctx)?;
+                self.shared
+                    .run_nanos
+                    .fetch_add(t_run.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                self.shared.runs.fetch_add(1, Ordering::Relaxed);
                 let c_mem = mc.c.as_ref().ok_or(DeviceError::Unsupported {
                     backend: "rknn",
                     what: "a context without C memory",
