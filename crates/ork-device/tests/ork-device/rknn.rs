@@ -408,3 +408,49 @@ fn open_by_kind_rknn() {
     );
     let _: Arc<dyn Device> = auto;
 }
+
+/// The RK3576's extra pairs (fp16 × int8 / int4, int8 × int4) against the stand-in keeping to
+/// the RK3576 table (a child process: the stand-in reads its chip once).
+#[test]
+fn rk3576_type_pairs_equal_the_emulator() {
+    child("rk3576_child", &[("ORK_RKNN_STANDIN_SOC", "rk3576")]);
+}
+
+#[test]
+#[ignore = "run in a child process by rk3576_type_pairs_equal_the_emulator"]
+fn rk3576_child() {
+    let opts = ork_device::OpenOptions::new().soc(Soc::Rk3576);
+    let dev = RknnDevice::open_path(&standin(), &opts).unwrap();
+    assert_eq!(dev.info().cores, 2);
+    let emu = EmuDevice::with_config(ork_device::EmuConfig {
+        soc: Soc::Rk3576,
+        ..ork_device::EmuConfig::default()
+    })
+    .unwrap();
+    let mut rng = Rng::new(16);
+    for (dtype, f16_acts) in [
+        (PackDtype::I4, false),
+        (PackDtype::I8, true),
+        (PackDtype::I4, true),
+        (PackDtype::I8, false),
+        (PackDtype::F16, true),
+    ] {
+        for &(k, n) in &[(100, 70), (576, 192)] {
+            for m in [1, 5, 40] {
+                let pw = weight(dtype, k, n, ScaleGroup::PerChannel, &mut rng);
+                let (r, e) = both(&dev, &emu, &pw, m, f16_acts, DomainId(0), &mut rng);
+                if f16_acts {
+                    for (i, (x, y)) in r.iter().zip(&e).enumerate() {
+                        let tol = 1e-5 * (1.0 + y.abs()) * k as f32;
+                        assert!(
+                            (x - y).abs() <= tol,
+                            "{dtype:?} f16 m={m} [{i}]: {x} vs {y}"
+                        );
+                    }
+                } else {
+                    assert!(r == e, "{dtype:?} int8 acts k={k} n={n} m={m}");
+                }
+            }
+        }
+    }
+}
