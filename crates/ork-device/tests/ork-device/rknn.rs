@@ -454,3 +454,41 @@ fn rk3576_child() {
         }
     }
 }
+
+/// Tasks of one shape from several threads at once: each checks out its own context, every
+/// result equals the emulator's.
+#[test]
+fn tasks_on_several_threads() {
+    let dev = rknn();
+    let emu = EmuDevice::new();
+    let mut rng = Rng::new(17);
+    let pw = weight(PackDtype::I8, 576, 576, ScaleGroup::PerChannel, &mut rng);
+    let (w, we) = (
+        upload(&dev, &pw, DomainId(0)).unwrap(),
+        upload(&emu, &pw, DomainId(0)).unwrap(),
+    );
+    let a: Vec<i8> = (0..3 * 576).map(|_| rng.i8()).collect();
+    fn task<'a>(a: &'a [i8], w: &'a ork_device::DeviceWeight) -> MatmulTask<'a> {
+        MatmulTask {
+            m: 3,
+            activations: Activations::Host(a),
+            act_scales: &[0.5, 0.25, 0.125],
+            weight: w.as_weight(),
+            cores: CoreMask::AUTO,
+        }
+    }
+    let mut want = vec![0f32; 3 * 576];
+    emu.matmul(&task(&a, &we), &mut want).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for _ in 0..20 {
+                    let mut out = vec![0f32; 3 * 576];
+                    dev.matmul(&task(&a, &w), &mut out).unwrap();
+                    assert!(out == want);
+                }
+            });
+        }
+    });
+    assert!((1..=4).contains(&dev.contexts()), "{}", dev.contexts());
+}
