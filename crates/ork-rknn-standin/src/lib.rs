@@ -17,7 +17,7 @@
 //! Environment:
 //! * `ORK_RKNN_STANDIN_SOC=rk3588|rk3576` — the chip whose table it keeps to (default rk3588);
 //! * `ORK_RKNN_STANDIN_FAIL=call[=code][,call…]` — make the named C functions fail with `code`
-//!   (default -1; NULL for the functions that return memory objects), read on every call;
+//!   (default -1; NULL for the functions that return memory objects), read once per process;
 //! * `ORK_RKNN_STANDIN_VERSION=text` — the runtime version `rknn_query` reports (default
 //!   `2.3.2 (ork stand-in)`).
 //!

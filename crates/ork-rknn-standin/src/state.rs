@@ -31,19 +31,26 @@ pub(crate) fn fail(call: &str, code: i32, why: impl std::fmt::Display) -> i32 {
     code
 }
 
-/// The code `ORK_RKNN_STANDIN_FAIL` asks `call` to fail with, if any.
+/// The code `ORK_RKNN_STANDIN_FAIL` asks `call` to fail with, if any (read once per process).
 pub(crate) fn injected(call: &str) -> Option<i32> {
-    let spec = std::env::var("ORK_RKNN_STANDIN_FAIL").ok()?;
-    spec.split(',').find_map(|item| {
-        let (name, code) = match item.split_once('=') {
-            Some((n, c)) => (n.trim(), c.trim().parse().unwrap_or(err::FAIL)),
-            None => (item.trim(), err::FAIL),
-        };
-        (name == call).then(|| {
+    static SPEC: OnceLock<Vec<(String, i32)>> = OnceLock::new();
+    let spec = SPEC.get_or_init(|| {
+        std::env::var("ORK_RKNN_STANDIN_FAIL")
+            .unwrap_or_default()
+            .split(',')
+            .filter(|item| !item.trim().is_empty())
+            .map(|item| match item.split_once('=') {
+                Some((n, c)) => (n.trim().to_string(), c.trim().parse().unwrap_or(err::FAIL)),
+                None => (item.trim().to_string(), err::FAIL),
+            })
+            .collect()
+    });
+    spec.iter()
+        .find(|(name, _)| name == call)
+        .map(|&(_, code)| {
             eprintln!("ork-rknn-standin: {call}: failing as ORK_RKNN_STANDIN_FAIL asks ({code})");
             code
         })
-    })
 }
 
 /// The chip the stand-in keeps to.
