@@ -1,5 +1,6 @@
 //! Integration tests of ork-device. The backend conformance suite runs on every backend that is
-//! present: the emulator always, rknpu where its render node opens (elsewhere it prints why it
+//! present: the emulator always, rknn against the CI stand-in runtime always (it must be built:
+//! scripts/test.sh does), rknpu where its render node opens (elsewhere it prints why it
 //! skipped). The emulator's own behaviour (board calibration, kernels, probes) follows.
 
 use std::sync::Arc;
