@@ -74,6 +74,9 @@ pub enum DeviceArg {
     Emu,
     /// The Rockchip rknpu DRM driver (Linux, on the board).
     Rknpu,
+    /// Rockchip's vendor runtime librknnrt.so (ORK_RKNN_LIB or the usual paths), computing
+    /// through its matmul API (docs/rknn.md).
+    Rknn,
 }
 
 impl From<DeviceArg> for ork_device::DeviceKind {
@@ -82,6 +85,7 @@ impl From<DeviceArg> for ork_device::DeviceKind {
             DeviceArg::Auto => ork_device::DeviceKind::Auto,
             DeviceArg::Emu => ork_device::DeviceKind::Emu,
             DeviceArg::Rknpu => ork_device::DeviceKind::Rknpu,
+            DeviceArg::Rknn => ork_device::DeviceKind::Rknn,
         }
     }
 }
@@ -105,6 +109,24 @@ pub enum Command {
     Probe(ProbeArgs),
     /// Placement plan: resident across domains, or streamed through the budgeted cache.
     Plan(PlanArgs),
+    /// What this machine has for ork (CPU, NPU driver, librknnrt, IOMMU domains) and, where an
+    /// NPU is there, whether it computes what the CPU computes: exit 0 if every check that
+    /// could run passed, 1 if one failed.
+    Doctor(DoctorArgs),
+}
+
+/// `ork doctor`.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// A model for the tiny run (8 greedy tokens on the NPU vs the emulator).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The chip the matmul checks keep to.
+    #[arg(long, value_enum, default_value = "rk3588")]
+    pub soc: SocArg,
+    /// One JSON object instead of the text report.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `ork convert`.

@@ -528,3 +528,43 @@ pub fn bench_gemm(json: bool) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `ork doctor`: the report (text or JSON); exit 0 if every check that could run passed, 1 if
+/// one failed.
+pub fn doctor(args: &crate::cli::DoctorArgs) -> Result<ExitCode> {
+    use ork_runtime::doctor::{doctor, DoctorOptions, Target};
+    let report = doctor(&DoctorOptions {
+        model: args.model.clone(),
+        soc: args.soc.into(),
+    });
+    if args.json {
+        let checks: Vec<serde_json::Value> = report
+            .checks
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "name": c.name,
+                    "status": c.status.name().to_ascii_lowercase(),
+                    "detail": c.detail,
+                })
+            })
+            .collect();
+        let target = match report.target {
+            Target::None => "none",
+            Target::Npu => "npu",
+            Target::StandIn => "stand-in",
+        };
+        print_json(&serde_json::json!({
+            "passed": report.passed(),
+            "target": target,
+            "checks": checks,
+        }))?;
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -62,6 +62,7 @@ fn main() -> ExitCode {
         Command::Run(a) => cmd_model::run(&a),
         Command::Perplexity(a) => cmd_model::perplexity(&a),
         Command::Plan(a) => cmd_model::plan(&a),
+        Command::Doctor(a) => cmd_device::doctor(&a),
     };
     match result {
         Ok(code) => code,

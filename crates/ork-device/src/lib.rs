@@ -1,6 +1,7 @@
 //! ork layer 4 — **device**: the [`Device`] trait that the residency layer and the executor talk
-//! to, an emulated RK3588 NPU ([`EmuDevice`], the default) and the vendor `rknpu` DRM backend
-//! ([`RknpuDevice`], Linux).
+//! to, an emulated RK3588 NPU ([`EmuDevice`], the default), the vendor `rknpu` DRM backend
+//! ([`RknpuDevice`], Linux; buffers only) and the vendor runtime backend ([`RknnDevice`]:
+//! matmuls through `librknnrt.so`'s matmul API, loaded at run time; see `docs/rknn.md`).
 //!
 //! The model the crate encodes (see `docs/device.md`): every IOMMU domain has a 32-bit, 4 GiB IOVA
 //! window; buffers are carved out of it top-down, page-aligned or size-aligned depending on what

@@ -25,8 +25,8 @@ pub enum DeviceKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct OpenOptions {
-    /// IOMMU domains the emulator gets (1..=16; `None`: all 16). A hardware backend has the
-    /// domains its driver has.
+    /// IOMMU domains the emulator and the `rknn` backend get (1..=16; `None`: all 16). The rknpu
+    /// backend has the domains its driver has.
     pub domains: Option<u32>,
     /// Whether the caller will submit matmuls (`true`, the default) or only allocates buffers
     /// (the window probes). A backend that cannot compute ([`crate::DeviceInfo::computes`]) is
@@ -106,7 +106,7 @@ pub fn open(kind: DeviceKind, options: &OpenOptions) -> Result<Arc<dyn Device>, 
 
 /// The vendor-runtime backend for `options.soc`.
 fn rknn(options: &OpenOptions) -> Result<Arc<dyn Device>, DeviceError> {
-    Ok(Arc::new(crate::RknnDevice::open(options.soc)?))
+    Ok(Arc::new(crate::RknnDevice::open(options)?))
 }
 
 fn emulator(options: &OpenOptions) -> Result<EmuDevice, DeviceError> {

@@ -1,5 +1,6 @@
 //! Integration tests of ork-device. The backend conformance suite runs on every backend that is
-//! present: the emulator always, rknpu where its render node opens (elsewhere it prints why it
+//! present: the emulator always, rknn against the CI stand-in runtime always (it must be built:
+//! scripts/test.sh does), rknpu where its render node opens (elsewhere it prints why it
 //! skipped). The emulator's own behaviour (board calibration, kernels, probes) follows.
 
 use std::sync::Arc;
@@ -969,10 +970,19 @@ fn gemm_bench_names_the_isa_of_every_figure() {
 ork_device::device_conformance!(rknn_standin, || {
     ork_device::RknnDevice::open_path(
         &ork_testkit::rknn_standin().to_string_lossy(),
-        ork_device::Soc::Rk3588,
+        &ork_device::OpenOptions::new(),
     )
     .map(|d| Arc::new(d) as Arc<dyn Device>)
 });
 
 #[path = "ork-device/rknn.rs"]
 mod rknn_backend;
+
+// The same with two domains (the suite must not assume the defaults).
+ork_device::device_conformance!(rknn_standin_two_domains, || {
+    ork_device::RknnDevice::open_path(
+        &ork_testkit::rknn_standin().to_string_lossy(),
+        &ork_device::OpenOptions::new().domains(2),
+    )
+    .map(|d| Arc::new(d) as Arc<dyn Device>)
+});

@@ -17,12 +17,14 @@
 //! Environment:
 //! * `ORK_RKNN_STANDIN_SOC=rk3588|rk3576` — the chip whose table it keeps to (default rk3588);
 //! * `ORK_RKNN_STANDIN_FAIL=call[=code][,call…]` — make the named C functions fail with `code`
-//!   (default -1; NULL for the functions that return memory objects), read on every call;
+//!   (default -1; NULL for the functions that return memory objects), read once per process;
 //! * `ORK_RKNN_STANDIN_VERSION=text` — the runtime version `rknn_query` reports (default
 //!   `2.3.2 (ork stand-in)`).
 //!
 //! Memory objects' `fd`s are ids of the stand-in (from 1000 up), not open files, and their
-//! `phys_addr` is a stand-in address in the domain's 4 GiB space.
+//! `phys_addr` is a stand-in address in the domain's 4 GiB space. The stand-in keeps no byte
+//! limit per domain (all device instances of a test process share it); the window limit is the
+//! backend's own model, which refuses a full window before it calls the runtime.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -12,6 +12,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod doctor;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

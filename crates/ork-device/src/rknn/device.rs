@@ -15,6 +15,7 @@ use crate::rknpu::flags::MemFlags;
 use crate::soc::{ChipLimit, ElemType, MatmulShape, Soc};
 use crate::task::ActValues;
 use crate::window::{footprint, AllocFailure, IovaAlign, Window, WindowConfig, WINDOW_BYTES};
+use crate::OpenOptions;
 use crate::{
     BufferIntent, BufferView, Device, DeviceBuffer, DeviceError, DeviceInfo, DeviceStats, DomainId,
     IntegerOracle, MatmulStats, MatmulTask, WeightRef, MAX_DOMAINS,
@@ -110,11 +111,21 @@ struct Shared {
     /// that it lands in that domain.
     alloc: Mutex<Vec<Option<RknnContext>>>,
     residency: Mutex<Residency>,
-    contexts: Mutex<HashMap<CtxKey, Arc<Mutex<MatCtx>>>>,
+    /// Idle matmul contexts by key. A task checks one out for its run and returns it, so tasks
+    /// on several threads never wait for each other (nor for a context held across a run that
+    /// lets the calling thread pick up another task): a key gets a second context when two tasks
+    /// need it at once.
+    contexts: Mutex<HashMap<CtxKey, Vec<MatCtx>>>,
+    /// Matmul contexts created.
+    made: AtomicU64,
     attached: Mutex<u32>,
     tasks: AtomicU64,
     switches: AtomicU64,
     next_mem: AtomicU64,
+    /// `rknn_matmul_run` calls and the nanoseconds spent inside them (what the runtime itself
+    /// costs; the rest of a task is this backend's overhead).
+    runs: AtomicU64,
+    run_nanos: AtomicU64,
 }
 
 impl Drop for Shared {
@@ -269,25 +280,34 @@ struct Plan {
 }
 
 impl RknnDevice {
-    /// Load the runtime (`ORK_RKNN_LIB`, else the usual names and paths) and open it for `soc`.
+    /// Load the runtime (`ORK_RKNN_LIB`, else the usual names and paths) and open it for
+    /// `options.soc`, with `options.domains` IOMMU domains (default 16), so that budgets and
+    /// window accounting match an emulator opened with the same options.
     ///
     /// # Errors
     /// [`DeviceError::NotFound`] when no library is found (and `ORK_RKNN_LIB` is unset);
     /// [`DeviceError::Library`], [`DeviceError::RuntimeTooOld`] or [`DeviceError::Runtime`]
-    /// when it is found but unusable.
-    pub fn open(soc: Soc) -> Result<Self, DeviceError> {
-        Self::with_lib(RuntimeLib::load_default()?, soc)
+    /// when it is found but unusable; [`DeviceError::BadConfig`] for domains outside 1..=16.
+    pub fn open(options: &OpenOptions) -> Result<Self, DeviceError> {
+        Self::with_lib(RuntimeLib::load_default()?, options)
     }
 
-    /// Open the runtime library at `path` for `soc`.
+    /// Open the runtime library at `path` (a path, or a name for the dynamic linker's search).
     ///
     /// # Errors
     /// As [`RknnDevice::open`], with [`DeviceError::Library`] for a library that does not load.
-    pub fn open_path(path: &str, soc: Soc) -> Result<Self, DeviceError> {
-        Self::with_lib(RuntimeLib::load(path)?, soc)
+    pub fn open_path(path: &str, options: &OpenOptions) -> Result<Self, DeviceError> {
+        Self::with_lib(RuntimeLib::load(path)?, options)
     }
 
-    fn with_lib(lib: RuntimeLib, soc: Soc) -> Result<Self, DeviceError> {
+    fn with_lib(lib: RuntimeLib, options: &OpenOptions) -> Result<Self, DeviceError> {
+        let soc = options.soc;
+        let domains = options.domains.unwrap_or(MAX_DOMAINS);
+        if domains == 0 || domains > MAX_DOMAINS {
+            return Err(DeviceError::BadConfig {
+                reason: "domains must be 1..=16",
+            });
+        }
         let lib = Arc::new(lib);
         let (ctx0, _) = lib.create(&mut alloc_info(0))?;
         let (runtime, driver) = match lib.sdk_version(ctx0) {
@@ -304,7 +324,7 @@ impl RknnDevice {
                 });
             }
         }
-        let mut alloc = vec![None; MAX_DOMAINS as usize];
+        let mut alloc = vec![None; domains as usize];
         alloc[0] = Some(ctx0);
         let window = WindowConfig::default();
         let shared = Shared {
@@ -315,18 +335,21 @@ impl RknnDevice {
             },
             lib,
             soc,
-            domains: MAX_DOMAINS,
+            domains,
             alloc: Mutex::new(alloc),
             residency: Mutex::new(Residency {
-                windows: (0..MAX_DOMAINS).map(|_| Window::new(&window)).collect(),
+                windows: (0..domains).map(|_| Window::new(&window)).collect(),
                 buffers_live: 0,
                 peak: 0,
             }),
             contexts: Mutex::new(HashMap::new()),
+            made: AtomicU64::new(0),
             attached: Mutex::new(0),
             tasks: AtomicU64::new(0),
             switches: AtomicU64::new(0),
             next_mem: AtomicU64::new(1),
+            runs: AtomicU64::new(0),
+            run_nanos: AtomicU64::new(0),
         };
         Ok(RknnDevice {
             shared: Arc::new(shared),
@@ -338,9 +361,32 @@ impl RknnDevice {
         &self.shared.version
     }
 
-    /// Matmul contexts created so far (one per type, K, N-chunk and domain used).
+    /// `rknn_matmul_run` calls so far and the time spent inside them: a task's time minus this
+    /// is the backend's own overhead (context lookup, binding, A/C copies, syncs).
+    pub fn run_time(&self) -> (u64, std::time::Duration) {
+        (
+            self.shared.runs.load(Ordering::Relaxed),
+            std::time::Duration::from_nanos(self.shared.run_nanos.load(Ordering::Relaxed)),
+        )
+    }
+
+    /// Matmul contexts created so far (one per type, K, N-chunk and domain used, more where
+    /// tasks of one key ran at the same time).
     pub fn contexts(&self) -> usize {
-        lock(&self.shared.contexts).len()
+        self.shared.made.load(Ordering::Relaxed) as usize
+    }
+
+    /// An idle context for `key`, or a new one.
+    fn checkout(&self, key: CtxKey) -> Result<MatCtx, DeviceError> {
+        if let Some(c) = lock(&self.shared.contexts).get_mut(&key).and_then(Vec::pop) {
+            return Ok(c);
+        }
+        self.create_context(key)
+    }
+
+    /// Return a context for the next task of its key.
+    fn checkin(&self, key: CtxKey, mc: MatCtx) {
+        lock(&self.shared.contexts).entry(key).or_default().push(mc);
     }
 
     /// The record of `buf` if this device made it.
@@ -415,12 +461,8 @@ impl RknnDevice {
         })
     }
 
-    /// The cached context for `key`, created on first use with every M bucket.
-    fn context(&self, key: CtxKey) -> Result<Arc<Mutex<MatCtx>>, DeviceError> {
-        let mut map = lock(&self.shared.contexts);
-        if let Some(c) = map.get(&key) {
-            return Ok(Arc::clone(c));
-        }
+    /// A new context for `key`, with every M bucket and its A and C memory.
+    fn create_context(&self, key: CtxKey) -> Result<MatCtx, DeviceError> {
         let lib = &self.shared.lib;
         let mut info = MatmulInfo::zeroed();
         info.m = 1;
@@ -457,8 +499,7 @@ impl RknnDevice {
         let last = mc.attrs[M_BUCKETS.len() - 1];
         mc.a = Some(lib.create_mem2(ctx, u64::from(last.a.size), sys::mem_flags::CACHEABLE)?);
         mc.c = Some(lib.create_mem2(ctx, u64::from(last.c.size), sys::mem_flags::CACHEABLE)?);
-        let mc = Arc::new(Mutex::new(mc));
-        map.insert(key, Arc::clone(&mc));
+        self.shared.made.fetch_add(1, Ordering::Relaxed);
         Ok(mc)
     }
 
@@ -531,95 +572,106 @@ impl RknnDevice {
                 n: npad,
                 domain: domain.0,
             };
-            let ctx = self.context(key)?;
-            let mut mc = lock(&ctx);
-            let lib = Arc::clone(&mc.lib);
-            let c_ctx = mc.ctx;
-            if mc.core_mask != Some(mask as i32) {
-                lib.set_core_mask(c_ctx, mask as i32)?;
-                mc.core_mask = Some(mask as i32);
-            }
-            if let Some(g) = plan.group {
-                scales_buf.clear();
-                scales_buf.extend_from_slice(&task.weight.scales[n0 * groups..n1 * groups]);
-                scales_buf.resize(npad * groups, 0.0);
-                debug_assert!(kpad.is_multiple_of(g));
-                lib.set_quant_params(c_ctx, "B", &scales_buf)?;
-            }
-            let mut r0 = 0;
-            while r0 < m {
-                let rows = (m - r0).min(M_BUCKETS[M_BUCKETS.len() - 1]);
-                let si = M_BUCKETS.iter().position(|&b| b >= rows).unwrap_or(0);
-                if mc.shape != Some(si) {
-                    let s = CShape {
-                        m: M_BUCKETS[si] as i32,
-                        k: kpad as i32,
-                        n: npad as i32,
-                    };
-                    lib.set_dynamic_shape(c_ctx, &s)?;
-                    mc.shape = Some(si);
-                    mc.ac_bound = false;
-                    mc.b_bound = None;
+            let mut held = self.checkout(key)?;
+            let r = (|| -> Result<(), DeviceError> {
+                let mc = &mut held;
+                let lib = Arc::clone(&mc.lib);
+                let c_ctx = mc.ctx;
+                if mc.core_mask != Some(mask as i32) {
+                    lib.set_core_mask(c_ctx, mask as i32)?;
+                    mc.core_mask = Some(mask as i32);
                 }
-                let attr = mc.attrs[si];
-                if !mc.ac_bound {
-                    let (a, c) = (mc.a.as_ref(), mc.c.as_ref());
-                    if let (Some(a), Some(c)) = (a, c) {
-                        lib.set_io_mem(c_ctx, a, &attr.a)?;
-                        lib.set_io_mem(c_ctx, c, &attr.c)?;
-                    }
-                    mc.ac_bound = true;
+                if let Some(g) = plan.group {
+                    scales_buf.clear();
+                    scales_buf.extend_from_slice(&task.weight.scales[n0 * groups..n1 * groups]);
+                    scales_buf.resize(npad * groups, 0.0);
+                    debug_assert!(kpad.is_multiple_of(g));
+                    lib.set_quant_params(c_ctx, "B", &scales_buf)?;
                 }
-                wrec.with_range(boff, blen, |id, bmem| {
-                    if mc.b_bound != Some(id) {
-                        lib.set_io_mem(c_ctx, bmem, &attr.b)?;
-                        mc.b_bound = Some(id);
+                let mut r0 = 0;
+                while r0 < m {
+                    let rows = (m - r0).min(M_BUCKETS[M_BUCKETS.len() - 1]);
+                    let si = M_BUCKETS.iter().position(|&b| b >= rows).unwrap_or(0);
+                    if mc.shape != Some(si) {
+                        let s = CShape {
+                            m: M_BUCKETS[si] as i32,
+                            k: kpad as i32,
+                            n: npad as i32,
+                        };
+                        lib.set_dynamic_shape(c_ctx, &s)?;
+                        mc.shape = Some(si);
+                        mc.ac_bound = false;
+                        mc.b_bound = None;
                     }
-                    Ok(())
-                })?;
-                // A: rows r0.. of the task, row-major, each padded with zeros to Kpad.
-                let a_mem = mc.a.as_mut().ok_or(DeviceError::Unsupported {
-                    backend: "rknn",
-                    what: "a context without A memory",
-                })?;
-                let abytes = a_mem.bytes_mut();
-                let row_bytes = kpad * elem;
-                for r in 0..rows {
-                    let dst = &mut abytes[r * row_bytes..(r + 1) * row_bytes];
-                    let src_r = r0 + r;
-                    match &acts {
-                        ActValues::Int8(a) => {
-                            for (d, &s) in dst.iter_mut().zip(&a[src_r * k..src_r * k + k]) {
-                                *d = s as u8;
+                    let attr = mc.attrs[si];
+                    if !mc.ac_bound {
+                        let (a, c) = (mc.a.as_ref(), mc.c.as_ref());
+                        if let (Some(a), Some(c)) = (a, c) {
+                            lib.set_io_mem(c_ctx, a, &attr.a)?;
+                            lib.set_io_mem(c_ctx, c, &attr.c)?;
+                        }
+                        mc.ac_bound = true;
+                    }
+                    wrec.with_range(boff, blen, |id, bmem| {
+                        if mc.b_bound != Some(id) {
+                            lib.set_io_mem(c_ctx, bmem, &attr.b)?;
+                            mc.b_bound = Some(id);
+                        }
+                        Ok(())
+                    })?;
+                    // A: rows r0.. of the task, row-major, each padded with zeros to Kpad.
+                    let a_mem = mc.a.as_mut().ok_or(DeviceError::Unsupported {
+                        backend: "rknn",
+                        what: "a context without A memory",
+                    })?;
+                    let abytes = a_mem.bytes_mut();
+                    let row_bytes = kpad * elem;
+                    for r in 0..rows {
+                        let dst = &mut abytes[r * row_bytes..(r + 1) * row_bytes];
+                        let src_r = r0 + r;
+                        match &acts {
+                            ActValues::Int8(a) => {
+                                for (d, &s) in dst.iter_mut().zip(&a[src_r * k..src_r * k + k]) {
+                                    *d = s as u8;
+                                }
+                            }
+                            ActValues::F16(a) => {
+                                for (d, s) in
+                                    dst.chunks_exact_mut(2).zip(&a[src_r * k..src_r * k + k])
+                                {
+                                    d.copy_from_slice(&s.to_le_bytes());
+                                }
                             }
                         }
-                        ActValues::F16(a) => {
-                            for (d, s) in dst.chunks_exact_mut(2).zip(&a[src_r * k..src_r * k + k])
-                            {
-                                d.copy_from_slice(&s.to_le_bytes());
-                            }
-                        }
+                        dst[k * elem..].fill(0);
                     }
-                    dst[k * elem..].fill(0);
+                    let a_mem = mc.a.as_ref().ok_or(DeviceError::Unsupported {
+                        backend: "rknn",
+                        what: "a context without A memory",
+                    })?;
+                    lib.mem_sync(c_ctx, a_mem, sys::SYNC_TO_DEVICE)?;
+                    let t_run = Instant::now();
+                    lib.run(c_ctx)?;
+                    self.shared
+                        .run_nanos
+                        .fetch_add(t_run.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    self.shared.runs.fetch_add(1, Ordering::Relaxed);
+                    let c_mem = mc.c.as_ref().ok_or(DeviceError::Unsupported {
+                        backend: "rknn",
+                        what: "a context without C memory",
+                    })?;
+                    lib.mem_sync(c_ctx, c_mem, sys::SYNC_FROM_DEVICE)?;
+                    let cbytes = c_mem.bytes();
+                    for r in 0..rows {
+                        let row = &cbytes[r * npad * 4..(r * npad + (n1 - n0)) * 4];
+                        emit(&plan, r0 + r, n0, row);
+                    }
+                    r0 += rows;
                 }
-                let a_mem = mc.a.as_ref().ok_or(DeviceError::Unsupported {
-                    backend: "rknn",
-                    what: "a context without A memory",
-                })?;
-                lib.mem_sync(c_ctx, a_mem, sys::SYNC_TO_DEVICE)?;
-                lib.run(c_ctx)?;
-                let c_mem = mc.c.as_ref().ok_or(DeviceError::Unsupported {
-                    backend: "rknn",
-                    what: "a context without C memory",
-                })?;
-                lib.mem_sync(c_ctx, c_mem, sys::SYNC_FROM_DEVICE)?;
-                let cbytes = c_mem.bytes();
-                for r in 0..rows {
-                    let row = &cbytes[r * npad * 4..(r * npad + (n1 - n0)) * 4];
-                    emit(&plan, r0 + r, n0, row);
-                }
-                r0 += rows;
-            }
+                Ok(())
+            })();
+            self.checkin(key, held);
+            r?;
         }
         self.shared.tasks.fetch_add(1, Ordering::Relaxed);
         Ok(MatmulStats {

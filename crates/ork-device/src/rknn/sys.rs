@@ -428,7 +428,7 @@ impl RuntimeLib {
         let lib = unsafe { Library::new(path) }.map_err(|e| DeviceError::Library {
             library: path.to_string(),
             symbol: None,
-            reason: e.to_string(),
+            reason: loader_error(&e),
         })?;
         let fns = Fns {
             create: sym(&lib, path, "rknn_matmul_create")?,
@@ -652,9 +652,17 @@ fn sym<T: Copy>(lib: &Library, path: &str, name: &'static str) -> Result<T, Devi
             None => DeviceError::Library {
                 library: path.to_string(),
                 symbol: Some(name),
-                reason: e.to_string(),
+                reason: loader_error(&e),
             },
         }),
+    }
+}
+
+/// The loader's message with its cause (libloading keeps `dlerror()`'s text in the source).
+fn loader_error(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(src) => format!("{e}: {src}"),
+        None => e.to_string(),
     }
 }
 

@@ -23,7 +23,7 @@ fn standin() -> String {
 }
 
 fn rknn() -> RknnDevice {
-    RknnDevice::open_path(&standin(), Soc::Rk3588).expect("the stand-in opens")
+    RknnDevice::open_path(&standin(), &ork_device::OpenOptions::new()).expect("the stand-in opens")
 }
 
 /// A random weight of `dtype`, tiled (per-channel scales, or `group`).
@@ -237,7 +237,7 @@ fn integer_oracle_equals_the_emulator() {
 
 #[test]
 fn a_missing_library_or_symbol_is_named() {
-    let r = RknnDevice::open_path("/nonexistent/librknnrt.so", Soc::Rk3588);
+    let r = RknnDevice::open_path("/nonexistent/librknnrt.so", &ork_device::OpenOptions::new());
     match r {
         Err(DeviceError::Library {
             library,
@@ -247,7 +247,7 @@ fn a_missing_library_or_symbol_is_named() {
         other => panic!("{other:?}"),
     }
     // The C library loads but has none of the runtime's symbols.
-    let r = RknnDevice::open_path("libc.so.6", Soc::Rk3588);
+    let r = RknnDevice::open_path("libc.so.6", &ork_device::OpenOptions::new());
     assert!(
         matches!(
             r,
@@ -322,7 +322,7 @@ fn failing_call_child() {
         .unwrap();
     let mut rng = Rng::new(15);
     let r = (|| -> Result<(), DeviceError> {
-        let dev = RknnDevice::open_path(&standin(), Soc::Rk3588)?;
+        let dev = RknnDevice::open_path(&standin(), &ork_device::OpenOptions::new())?;
         // N-chunks (memory inside memory) and per-group scales (quant params) in one run.
         let pw = weight(
             PackDtype::I8,
@@ -371,7 +371,7 @@ fn an_old_runtime_is_refused() {
 #[test]
 #[ignore = "run in a child process by an_old_runtime_is_refused"]
 fn old_runtime_child() {
-    let r = RknnDevice::open_path(&standin(), Soc::Rk3588);
+    let r = RknnDevice::open_path(&standin(), &ork_device::OpenOptions::new());
     match r {
         Err(DeviceError::RuntimeTooOld { found, needed, .. }) => {
             assert!(found.contains("1.6.0"), "{found}");
@@ -417,4 +417,88 @@ fn reference_emulator() -> EmuDevice {
         ..Default::default()
     })
     .expect("default emulator config")
+}
+
+/// The RK3576's extra pairs (fp16 × int8 / int4, int8 × int4) against the stand-in keeping to
+/// the RK3576 table (a child process: the stand-in reads its chip once).
+#[test]
+fn rk3576_type_pairs_equal_the_emulator() {
+    child("rk3576_child", &[("ORK_RKNN_STANDIN_SOC", "rk3576")]);
+}
+
+#[test]
+#[ignore = "run in a child process by rk3576_type_pairs_equal_the_emulator"]
+fn rk3576_child() {
+    let opts = ork_device::OpenOptions::new().soc(Soc::Rk3576);
+    let dev = RknnDevice::open_path(&standin(), &opts).unwrap();
+    assert_eq!(dev.info().cores, 2);
+    let emu = EmuDevice::with_config(ork_device::EmuConfig {
+        soc: Soc::Rk3576,
+        ..ork_device::EmuConfig::default()
+    })
+    .unwrap();
+    let mut rng = Rng::new(16);
+    for (dtype, f16_acts) in [
+        (PackDtype::I4, false),
+        (PackDtype::I8, true),
+        (PackDtype::I4, true),
+        (PackDtype::I8, false),
+        (PackDtype::F16, true),
+    ] {
+        for &(k, n) in &[(100, 70), (576, 192)] {
+            for m in [1, 5, 40] {
+                let pw = weight(dtype, k, n, ScaleGroup::PerChannel, &mut rng);
+                let (r, e) = both(&dev, &emu, &pw, m, f16_acts, DomainId(0), &mut rng);
+                if f16_acts {
+                    for (i, (x, y)) in r.iter().zip(&e).enumerate() {
+                        let tol = 1e-5 * (1.0 + y.abs()) * k as f32;
+                        assert!(
+                            (x - y).abs() <= tol,
+                            "{dtype:?} f16 m={m} [{i}]: {x} vs {y}"
+                        );
+                    }
+                } else {
+                    assert!(r == e, "{dtype:?} int8 acts k={k} n={n} m={m}");
+                }
+            }
+        }
+    }
+}
+
+/// Tasks of one shape from several threads at once: each checks out its own context, every
+/// result equals the emulator's.
+#[test]
+fn tasks_on_several_threads() {
+    let dev = rknn();
+    let emu = EmuDevice::new();
+    let mut rng = Rng::new(17);
+    let pw = weight(PackDtype::I8, 576, 576, ScaleGroup::PerChannel, &mut rng);
+    let (w, we) = (
+        upload(&dev, &pw, DomainId(0)).unwrap(),
+        upload(&emu, &pw, DomainId(0)).unwrap(),
+    );
+    let a: Vec<i8> = (0..3 * 576).map(|_| rng.i8()).collect();
+    fn task<'a>(a: &'a [i8], w: &'a ork_device::DeviceWeight) -> MatmulTask<'a> {
+        MatmulTask {
+            m: 3,
+            activations: Activations::Host(a),
+            act_scales: &[0.5, 0.25, 0.125],
+            weight: w.as_weight(),
+            cores: CoreMask::AUTO,
+        }
+    }
+    let mut want = vec![0f32; 3 * 576];
+    emu.matmul(&task(&a, &we), &mut want).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for _ in 0..20 {
+                    let mut out = vec![0f32; 3 * 576];
+                    dev.matmul(&task(&a, &w), &mut out).unwrap();
+                    assert!(out == want);
+                }
+            });
+        }
+    });
+    assert!((1..=4).contains(&dev.contexts()), "{}", dev.contexts());
 }
