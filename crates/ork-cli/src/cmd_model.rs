@@ -25,7 +25,7 @@ fn env_flag(name: &str) -> bool {
 }
 
 /// The engine configuration the command line asks for.
-fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
+pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
     EngineConfig {
         model: opts.model.clone(),
         pack: match (&opts.pack, opts.no_pack) {
@@ -49,7 +49,7 @@ fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
 
 /// Open the engine, drawing the conversion bar unless `quiet`; say on stderr why an existing
 /// `.orkpack` was rebuilt, or that it could not be written and the run goes on from memory.
-fn open_engine(config: EngineConfig, quiet: bool) -> Result<Engine> {
+pub(crate) fn open_engine(config: EngineConfig, quiet: bool) -> Result<Engine> {
     open_loaded(Engine::load(config)?, quiet)
 }
 

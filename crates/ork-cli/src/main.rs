@@ -7,6 +7,7 @@ mod cli;
 mod cmd_device;
 mod cmd_model;
 mod cmd_pack;
+mod cmd_serve;
 mod plot;
 mod progress;
 mod rss;
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
         Command::Run(a) => cmd_model::run(&a),
         Command::Perplexity(a) => cmd_model::perplexity(&a),
         Command::Plan(a) => cmd_model::plan(&a),
+        Command::Serve(a) => cmd_serve::serve(&a),
     };
     match result {
         Ok(code) => code,

@@ -16,6 +16,8 @@ mod model;
 mod pack;
 #[path = "cli/safety.rs"]
 mod safety;
+#[path = "cli/serve.rs"]
+mod serve;
 
 /// A command running the `ork` binary under test.
 pub fn ork() -> Command {
