@@ -33,9 +33,9 @@ pub enum ServerError {
         /// What is wrong with it.
         what: String,
     },
-    /// The model cannot be served (its template does not parse, a context beyond the model …).
+    /// The model cannot be served (its chat template does not parse …); boxed, being large.
     #[error(transparent)]
-    Runtime(#[from] ork_runtime::RuntimeError),
+    Runtime(Box<ork_runtime::RuntimeError>),
     /// The async runtime or the HTTP server failed.
     #[error("serving on {addr}: {source}")]
     Io {
@@ -54,6 +54,12 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<ork_runtime::RuntimeError> for ServerError {
+    fn from(e: ork_runtime::RuntimeError) -> Self {
+        ServerError::Runtime(Box::new(e))
+    }
 }
 
 /// The kind of a refused request, as OpenAI's error `type` field names it.
