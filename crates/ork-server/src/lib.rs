@@ -20,7 +20,10 @@ mod http;
 mod metrics;
 mod scheduler;
 
-pub use api::{ChatRequest, CompletionRequest, Settings};
+pub use api::{
+    ChatRequest, Common, CompletionRequest, Content, ContentPart, Message, Prompt, Settings, Stop,
+    StreamOptions,
+};
 pub use error::{ApiError, ApiErrorKind, ServerError};
 pub use metrics::Metrics;
 pub use scheduler::{Event, Finish, Job, SchedulerConfig};
