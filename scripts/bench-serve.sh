@@ -7,8 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL="${1:-$(./scripts/fetch-model.sh)}"
 shift || true
-cargo build --release -p ork-cli >&2
-ORK=target/release/ork
+# ORK_BIN: an ork binary already built (default: build the release one).
+if [ -n "${ORK_BIN:-}" ]; then
+  ORK="$ORK_BIN"
+else
+  cargo build --release -p ork-cli >&2
+  ORK=target/release/ork
+fi
 PACK=.cache/bench-serve.orkpack
 for budget in 1024 33; do
   log=$(mktemp)
