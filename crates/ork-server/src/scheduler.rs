@@ -124,9 +124,10 @@ impl Slot<'_> {
             prompt_tokens: self.job.prompt.len(),
             completion_tokens: self.generated.len(),
         };
-        if self.job.events.send(done).is_ok() {
-            metrics.completed.fetch_add(1, Ordering::Relaxed);
-        } else {
+        // Counted before sending, so a client that has its answer finds it in /metrics.
+        metrics.completed.fetch_add(1, Ordering::Relaxed);
+        if self.job.events.send(done).is_err() {
+            metrics.completed.fetch_sub(1, Ordering::Relaxed);
             metrics.cancelled.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -27,13 +27,14 @@ async fn thirty_two_clients_times_four_requests_all_complete_and_metrics_agree()
     let model = server.model_id().to_owned();
     // Warm up (first loads), then measure memory from here.
     let client = reqwest::Client::new();
-    let (s, _) = post(
+    let (s, warm) = post(
         &client,
         &url,
         &json!({"model": model, "prompt": "Hi", "max_tokens": 2}),
     )
     .await;
     assert_eq!(s, 200);
+    let warm_tokens = warm["usage"]["completion_tokens"].as_u64().unwrap();
     let rss0 = rss_kib();
     let started = Instant::now();
     let results = futures_util::future::join_all((0..CLIENTS).map(|c| {
@@ -45,7 +46,8 @@ async fn thirty_two_clients_times_four_requests_all_complete_and_metrics_agree()
                 let stream = (c + r) % 2 == 0;
                 let body = json!({"model": model, "prompt": format!("Client {c} asks question {r}:"),
                                   "max_tokens": 3, "temperature": 0.7, "seed": c * 10 + r,
-                                  "stream": stream});
+                                  "stream": stream,
+                                  "stream_options": {"include_usage": true}});
                 let resp = client.post(&url).json(&body).send().await.unwrap();
                 let status = resp.status().as_u16();
                 let text = resp.text().await.unwrap();
@@ -55,10 +57,12 @@ async fn thirty_two_clients_times_four_requests_all_complete_and_metrics_agree()
                         v["usage"]["completion_tokens"].as_u64().unwrap()
                     }
                     (200, true) => {
-                        // The text streamed ends with [DONE]; count tokens by the usage-less
-                        // stream's chunks is not exact, so ask nothing of it but completeness.
+                        // Complete (ends with [DONE]); the usage chunk comes just before it.
                         sse_text(&text);
-                        u64::MAX
+                        let data = sse_data(&text);
+                        let usage: serde_json::Value =
+                            serde_json::from_str(&data[data.len() - 2]).unwrap();
+                        usage["usage"]["completion_tokens"].as_u64().unwrap()
                     }
                     _ => {
                         // A clear error: an OpenAI-style body.
@@ -115,17 +119,12 @@ async fn thirty_two_clients_times_four_requests_all_complete_and_metrics_agree()
         .await,
         0.0
     );
-    let counted: u64 = all
-        .iter()
-        .filter(|(_, t)| *t != u64::MAX)
-        .map(|(_, t)| t)
-        .sum();
-    let streamed = all.iter().filter(|(_, t)| *t == u64::MAX).count() as u64;
+    let counted: u64 = all.iter().map(|(_, t)| t).sum();
     let tokens = metric(&client, &server, "ork_completion_tokens_total", "").await as u64;
-    // Non-streamed usage counts add up exactly; streamed requests generated 1..=3 tokens each.
-    assert!(
-        tokens >= counted + streamed + 2 - 2 && tokens <= counted + 3 * streamed + 2,
-        "{tokens} vs {counted} + streamed {streamed}"
+    assert_eq!(
+        tokens,
+        counted + warm_tokens,
+        "the clients' usage counts add up to /metrics"
     );
     assert_eq!(metric(&client, &server, "ork_queue_depth", "").await, 0.0);
     let grown_mib = rss_kib().saturating_sub(rss0) / 1024;
