@@ -12,4 +12,9 @@ export ORK_MODEL
 cargo build -p ork-rknn-standin --profile test --locked
 ORK_RKNN_LIB="$PWD/target/debug/libork_rknn_standin.so"
 export ORK_RKNN_LIB
+# The official openai Python client, for crates/ork-server's client test (installed once, quietly).
+if command -v python3 >/dev/null 2>&1 && ! python3 -c "import openai" >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check openai >&2 \
+    || echo "warning: 'pip install openai' failed; the openai client test will say so" >&2
+fi
 cargo test --workspace --locked "$@"

@@ -113,6 +113,8 @@ pub enum Command {
     /// NPU is there, whether it computes what the CPU computes: exit 0 if every check that
     /// could run passed, 1 if one failed.
     Doctor(DoctorArgs),
+    /// OpenAI-compatible HTTP server with continuous batching (docs/serve.md).
+    Serve(ServeArgs),
 }
 
 /// `ork doctor`.
@@ -127,6 +129,37 @@ pub struct DoctorArgs {
     /// One JSON object instead of the text report.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `ork serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// Address to listen on (loopback by default).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Sequences decoded together at most.
+    #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
+    pub max_seqs: usize,
+    /// Requests waiting for a slot at most; beyond, 503 at once.
+    #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
+    pub queue: usize,
+    /// Context per sequence (default: the model's trained context).
+    #[arg(long, value_parser = count_parser(2))]
+    pub ctx: Option<usize>,
+    /// Require `Authorization: Bearer KEY` on the /v1 routes.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Prompt tokens evaluated per step at most (how long a new request can delay the others).
+    #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
+    pub prefill_chunk: usize,
+    /// Seconds a drain (SIGTERM) lets running requests finish before cutting them.
+    #[arg(long, default_value_t = 30, value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(0..=86400))]
+    pub drain_secs: u64,
 }
 
 /// `ork convert`.

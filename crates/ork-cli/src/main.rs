@@ -7,6 +7,7 @@ mod cli;
 mod cmd_device;
 mod cmd_model;
 mod cmd_pack;
+mod cmd_serve;
 mod cmd_spec;
 mod plot;
 mod progress;
@@ -63,6 +64,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd_model::perplexity(&a),
         Command::Plan(a) => cmd_model::plan(&a),
         Command::Doctor(a) => cmd_device::doctor(&a),
+        Command::Serve(a) => cmd_serve::serve(&a),
     };
     match result {
         Ok(code) => code,

@@ -18,6 +18,8 @@ mod pack;
 mod rknn;
 #[path = "cli/safety.rs"]
 mod safety;
+#[path = "cli/serve.rs"]
+mod serve;
 #[path = "cli/spec.rs"]
 mod spec;
 

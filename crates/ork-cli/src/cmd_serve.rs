@@ -1,0 +1,32 @@
+//! `ork serve`: the OpenAI-compatible server of `ork-server` (docs/serve.md).
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::cli::ServeArgs;
+use crate::cmd_model::{engine_config, open_engine};
+
+/// Open the engine, serve until SIGTERM / SIGINT, drain, exit 0.
+pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
+    let engine = open_engine(engine_config(&args.model, false), false)?;
+    let config = ork_server::ServeConfig {
+        host: args.host.clone(),
+        port: args.port,
+        max_seqs: args.max_seqs,
+        queue: args.queue,
+        context: args.ctx,
+        api_key: args.api_key.clone(),
+        prefill_chunk: args.prefill_chunk,
+        drain_timeout: Duration::from_secs(args.drain_secs),
+        model_id: None,
+    };
+    ork_server::run(engine, config, |addr, model| {
+        // One line a script (or a test) can wait for.
+        eprintln!("[ork] serving {model} on http://{addr}");
+        let _ = std::io::stderr().flush();
+    })?;
+    eprintln!("[ork] drained, exiting");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,98 @@
+//! `ork serve` as a process: it says where it listens, serves, and on SIGTERM drains — no new
+//! requests, the running one finishes — and exits 0. (The API itself is tested in
+//! `crates/ork-server/tests`.)
+use super::{converted, model, ork};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+fn request(addr: &str, method: &str, path: &str, body: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+#[test]
+fn serve_drains_on_sigterm_and_exits_0() {
+    let mut child = ork()
+        .args(["serve", "--model", model().to_str().unwrap(), "--pack"])
+        .arg(converted())
+        .args(["--device", "emu", "--port", "0", "--budget-mb", "1024"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (addr, model_id) = loop {
+        let line = lines
+            .next()
+            .expect("ork serve printed where it listens")
+            .unwrap();
+        if let Some(rest) = line.strip_prefix("[ork] serving ") {
+            let (id, url) = rest.split_once(" on http://").unwrap();
+            break (url.to_owned(), id.to_owned());
+        }
+    };
+    // Keep stderr drained.
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+
+    let body = format!(
+        r#"{{"model":"{model_id}","messages":[{{"role":"user","content":"Count to thirty."}}],"max_tokens":24,"temperature":0,"stream":true}}"#
+    );
+    let mut stream = request(&addr, "POST", "/v1/chat/completions", &body);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("data: ") {
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before its first chunk");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+
+    // The running request finishes.
+    stream.read_to_end(&mut got).unwrap();
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("data: [DONE]"), "{text}");
+    assert!(
+        text.contains("\"finish_reason\":\"length\"")
+            || text.contains("\"finish_reason\":\"stop\""),
+        "{text}"
+    );
+    // New requests are refused (connection refused once the listener is closed, else 503).
+    if let Ok(mut s) = TcpStream::connect(&addr) {
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = write!(
+            s,
+            "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        );
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 503"),
+            "{answer}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ork serve did not exit after the drain"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = rest.join().unwrap().join("\n");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("drained"), "{stderr}");
+}

@@ -1,0 +1,318 @@
+//! OpenAI's request bodies (the fields ork serves) and their checks.
+//!
+//! Bodies are parsed with `serde_json` by the handlers themselves, so that malformed JSON and
+//! wrong types come back as OpenAI-style errors naming the field, not as the HTTP framework's
+//! plain-text rejections. Fields ork does not use (`frequency_penalty`, `user` …) are ignored,
+//! as other local servers do; fields whose meaning ork cannot honour (`n` > 1) are refused.
+use crate::error::ApiError;
+use serde::Deserialize;
+
+/// `stop`: one string or a list of strings.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop sequence.
+    One(String),
+    /// Several (OpenAI allows up to 4).
+    Many(Vec<String>),
+}
+
+/// A message's `content`: a string, or a list of parts of which the text ones are used.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Content parts (`{"type": "text", "text": …}`).
+    Parts(Vec<ContentPart>),
+}
+
+/// One content part.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct ContentPart {
+    /// `text` (others are refused).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// One chat message.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct Message {
+    /// `system`, `user`, `assistant` (or `developer`, treated as `system`).
+    pub role: String,
+    /// The text; `null` is allowed for an assistant turn.
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// `stream_options`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// Send a last chunk with the `usage` counts.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The sampling and length fields both endpoints share.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct Common {
+    /// The model id (must be the one served).
+    pub model: String,
+    /// Upper bound on generated tokens (default: the rest of the context).
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// Newer name of `max_tokens` for chat.
+    #[serde(default)]
+    pub max_completion_tokens: Option<u64>,
+    /// Temperature in [0, 2]; 0 is greedy (default 1).
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// Nucleus mass in (0, 1] (default 1).
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    /// Seed of the sampler (default: drawn per request).
+    #[serde(default)]
+    pub seed: Option<i64>,
+    /// Stop sequences.
+    #[serde(default)]
+    pub stop: Option<Stop>,
+    /// Stream server-sent events.
+    #[serde(default)]
+    pub stream: Option<bool>,
+    /// Streaming options.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// Number of choices (only 1).
+    #[serde(default)]
+    pub n: Option<u64>,
+    /// Keep generating past end-of-generation tokens (llama.cpp server's extension; for
+    /// benchmarks that need a fixed number of tokens).
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+}
+
+/// `POST /v1/chat/completions`: its own fields (the shared ones are in [`Common`], read from
+/// the same body; not `#[serde(flatten)]`, which would lose the path of a field at fault).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct ChatRequest {
+    /// The conversation.
+    pub messages: Vec<Message>,
+}
+
+/// A completion prompt: text, or token ids.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// Text.
+    Text(String),
+    /// A list of one text.
+    Texts(Vec<String>),
+    /// Token ids.
+    Tokens(Vec<u32>),
+}
+
+/// `POST /v1/completions`: its own fields (the shared ones are in [`Common`]).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct CompletionRequest {
+    /// The prompt.
+    pub prompt: Prompt,
+}
+
+/// Largest number of stop sequences, and their longest length in bytes.
+const MAX_STOPS: usize = 4;
+const MAX_STOP_BYTES: usize = 256;
+
+/// Parse a JSON body into the endpoint's fields `T` and the shared [`Common`] ones, naming the
+/// field at fault.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<(T, Common), ApiError> {
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(None, format!("the body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid(None, "the body is not a JSON object"));
+    }
+    Ok((typed(&value)?, typed(&value)?))
+}
+
+fn typed<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let what = format!("invalid request body: {}", e.into_inner());
+        let param = (path != "." && !path.is_empty()).then_some(path);
+        ApiError::invalid(param.as_deref(), what)
+    })
+}
+
+/// The checked sampling and stopping settings of a request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// Asked bound on generated tokens (`None`: the rest of the context).
+    pub max_tokens: Option<usize>,
+    /// Temperature (0 = greedy).
+    pub temperature: f32,
+    /// Nucleus mass.
+    pub top_p: f32,
+    /// Sampler seed.
+    pub seed: Option<u64>,
+    /// Stop sequences (non-empty strings).
+    pub stop: Vec<String>,
+    /// Stream the answer.
+    pub stream: bool,
+    /// Add a usage chunk to the stream.
+    pub include_usage: bool,
+    /// Do not stop at end-of-generation tokens.
+    pub ignore_eos: bool,
+}
+
+impl Common {
+    /// Check the fields shared by both endpoints.
+    pub fn settings(&self) -> Result<Settings, ApiError> {
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(ApiError::invalid(
+                    Some("n"),
+                    format!("n = {n}: ork returns one choice per request (n must be 1)"),
+                ));
+            }
+        }
+        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(v), _) => Some(("max_completion_tokens", v)),
+            (None, Some(v)) => Some(("max_tokens", v)),
+            (None, None) => None,
+        };
+        let max_tokens = match max_tokens {
+            Some((param, 0)) => {
+                return Err(ApiError::invalid(
+                    Some(param),
+                    format!("{param} must be at least 1"),
+                ))
+            }
+            Some((_, v)) => Some(usize::try_from(v).unwrap_or(usize::MAX)),
+            None => None,
+        };
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::invalid(
+                Some("temperature"),
+                format!("temperature {temperature} is not in [0, 2]"),
+            ));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::invalid(
+                Some("top_p"),
+                format!("top_p {top_p} is not in (0, 1]"),
+            ));
+        }
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop.len() > MAX_STOPS {
+            return Err(ApiError::invalid(
+                Some("stop"),
+                format!("{} stop sequences: at most {MAX_STOPS}", stop.len()),
+            ));
+        }
+        if stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::invalid(
+                Some("stop"),
+                format!("a stop sequence is longer than {MAX_STOP_BYTES} bytes"),
+            ));
+        }
+        let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
+        Ok(Settings {
+            max_tokens,
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            seed: self.seed.map(|s| s as u64),
+            stop,
+            stream: self.stream.unwrap_or(false),
+            include_usage: self
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+        })
+    }
+}
+
+impl Message {
+    /// The message's text (parts joined), or an error naming the message.
+    pub fn text(&self, index: usize) -> Result<String, ApiError> {
+        match &self.content {
+            None => Ok(String::new()),
+            Some(Content::Text(s)) => Ok(s.clone()),
+            Some(Content::Parts(parts)) => {
+                let mut out = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => out.push_str(t),
+                        _ => {
+                            return Err(ApiError::invalid(
+                                Some(&format!("messages[{index}].content[{j}]")),
+                                format!(
+                                    "content part of type {:?}: only text parts are served",
+                                    p.kind
+                                ),
+                            ))
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ApiErrorKind;
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let e =
+            parse::<ChatRequest>(br#"{"model":"m","messages":[],"max_tokens":"ten"}"#).unwrap_err();
+        assert_eq!(e.kind, ApiErrorKind::InvalidRequest);
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        let e = parse::<ChatRequest>(br#"{"model":"m","messages":[{"role":"user","content":"hi""#)
+            .unwrap_err();
+        assert_eq!(e.kind, ApiErrorKind::InvalidRequest);
+        let e = parse::<ChatRequest>(br#"{"model":"m","messages":[{"role":"user","content":5}]}"#)
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content"));
+        let e = parse::<ChatRequest>(b"[1]").unwrap_err();
+        assert_eq!(e.kind, ApiErrorKind::InvalidRequest);
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let (_, common) = parse::<ChatRequest>(
+            br#"{"model":"m","messages":[],"temperature":0,"stop":"\n","seed":3}"#,
+        )
+        .unwrap();
+        let s = common.settings().unwrap();
+        assert_eq!(
+            (s.temperature, s.stop, s.seed),
+            (0.0, vec!["\n".to_owned()], Some(3))
+        );
+        for bad in [
+            r#"{"model":"m","messages":[],"temperature":3}"#,
+            r#"{"model":"m","messages":[],"top_p":0}"#,
+            r#"{"model":"m","messages":[],"n":2}"#,
+            r#"{"model":"m","messages":[],"max_tokens":0}"#,
+            r#"{"model":"m","messages":[],"stop":["a","b","c","d","e"]}"#,
+        ] {
+            let (_, common) = parse::<ChatRequest>(bad.as_bytes()).unwrap();
+            assert_eq!(
+                common.settings().unwrap_err().kind,
+                ApiErrorKind::InvalidRequest,
+                "{bad}"
+            );
+        }
+    }
+}

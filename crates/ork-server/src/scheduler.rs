@@ -1,0 +1,427 @@
+//! Continuous batching: one thread owns every running sequence and steps them together.
+//!
+//! Between two steps the scheduler retires finished and abandoned sequences and admits queued
+//! requests into the free slots (at most `max_seqs`); each step then runs one forward pass for
+//! all of them ([`Session::step`]): a decode token for every sequence past its prompt, plus at
+//! most one chunk of one prompt still being prefilled, so a new request delays the others by one
+//! chunk at most. Each sequence samples from its own logits with its own [`Sampler`].
+use crate::metrics::Metrics;
+use crossbeam_channel::{Receiver, TryRecvError};
+use ork_exec::{BatchPart, Sampler, SamplerOptions, Session, TextStream, Tokenizer};
+use ork_runtime::Engine;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Why a sequence stopped, as OpenAI's `finish_reason` says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-generation token or a stop sequence.
+    Stop,
+    /// `max_tokens` were generated.
+    Length,
+}
+
+impl Finish {
+    /// OpenAI's string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// What the scheduler tells a request's handler.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// More text (never empty).
+    Text(String),
+    /// The end: why, and the token counts.
+    Done {
+        /// Why it stopped.
+        finish: Finish,
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// Generated tokens.
+        completion_tokens: usize,
+    },
+    /// The engine failed or the server stopped before the end.
+    Failed(String),
+}
+
+/// A request ready to run: a tokenized prompt that fits the context with its `max_tokens`.
+pub struct Job {
+    /// Prompt tokens (non-empty).
+    pub prompt: Vec<u32>,
+    /// Upper bound on generated tokens (prompt + this fits the context).
+    pub max_tokens: usize,
+    /// Sampling.
+    pub sampler: SamplerOptions,
+    /// Stop sequences (non-empty).
+    pub stop: Vec<String>,
+    /// Keep going past end-of-generation tokens.
+    pub ignore_eos: bool,
+    /// Where the events go; a closed channel (the client went away) retires the sequence.
+    pub events: UnboundedSender<Event>,
+}
+
+/// The scheduler's settings.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Sequence slots.
+    pub max_seqs: usize,
+    /// Context of each sequence.
+    pub context: usize,
+    /// Prompt tokens per step at most.
+    pub prefill_chunk: usize,
+}
+
+/// One running sequence.
+struct Slot<'t> {
+    job: Job,
+    session: Session,
+    sampler: Sampler,
+    /// Prompt tokens already in the cache.
+    fed: usize,
+    /// Generated tokens (the last one is the next step's input).
+    generated: Vec<u32>,
+    text: TextStream<'t>,
+    /// Text generated so far, and how many bytes of it were sent.
+    out: String,
+    sent: usize,
+    started: Instant,
+    first_token: bool,
+}
+
+impl Slot<'_> {
+    fn prefilling(&self) -> bool {
+        self.fed < self.job.prompt.len()
+    }
+
+    /// Send `out[sent..upto]` if non-empty; false if the client is gone.
+    fn send_upto(&mut self, upto: usize) -> bool {
+        if upto > self.sent {
+            let piece = self.out[self.sent..upto].to_owned();
+            self.sent = upto;
+            return self.job.events.send(Event::Text(piece)).is_ok();
+        }
+        true
+    }
+
+    /// Send the rest of the text (with the bytes the text stream holds back unless
+    /// `cut`, the text having been cut at a stop sequence) and the end.
+    fn finish(&mut self, finish: Finish, cut: bool, metrics: &Metrics) {
+        let tail = self.text.finish();
+        if !cut {
+            self.out.push_str(&tail);
+        }
+        let end = self.out.len();
+        self.send_upto(end);
+        let done = Event::Done {
+            finish,
+            prompt_tokens: self.job.prompt.len(),
+            completion_tokens: self.generated.len(),
+        };
+        // Counted before sending, so a client that has its answer finds it in /metrics.
+        metrics.completed.fetch_add(1, Ordering::Relaxed);
+        if self.job.events.send(done).is_err() {
+            metrics.completed.fetch_sub(1, Ordering::Relaxed);
+            metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Bytes at the end of `text` that could be the start of a stop sequence (held back).
+fn held_back(text: &str, stops: &[String]) -> usize {
+    let mut hold = 0;
+    for s in stops {
+        for k in (1..s.len()).rev() {
+            if k <= hold {
+                break;
+            }
+            if s.is_char_boundary(k) && text.ends_with(&s[..k]) {
+                hold = k;
+                break;
+            }
+        }
+    }
+    hold
+}
+
+/// Run the scheduler until the queue is closed and every sequence is done; once `abort` is set,
+/// every running and queued request ends with [`Event::Failed`] (the end of a bounded drain).
+pub fn run(
+    engine: Arc<Engine>,
+    config: SchedulerConfig,
+    queue: Receiver<Job>,
+    metrics: Arc<Metrics>,
+    abort: Arc<AtomicBool>,
+) {
+    let tokenizer: Arc<Tokenizer> = Arc::clone(engine.tokenizer());
+    let mut slots: Vec<Slot<'_>> = Vec::with_capacity(config.max_seqs);
+    let mut closed = false;
+    loop {
+        // Retire sequences whose client went away: their slot is free for this step.
+        slots.retain(|s| {
+            let gone = s.job.events.is_closed();
+            if gone {
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            !gone
+        });
+        metrics.active.store(slots.len() as u64, Ordering::Relaxed);
+        if abort.load(Ordering::Relaxed) {
+            for s in slots.drain(..) {
+                let _ = s
+                    .job
+                    .events
+                    .send(Event::Failed("the server is shutting down".to_owned()));
+                metrics.failed.fetch_add(1, Ordering::Relaxed);
+            }
+            while let Ok(job) = queue.try_recv() {
+                let _ = job
+                    .events
+                    .send(Event::Failed("the server is shutting down".to_owned()));
+                metrics.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // Admit queued requests into free slots.
+        while !closed && slots.len() < config.max_seqs {
+            let job = if slots.is_empty() {
+                match queue.recv_timeout(Duration::from_millis(50)) {
+                    Ok(job) => job,
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => break,
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                }
+            } else {
+                match queue.try_recv() {
+                    Ok(job) => job,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                }
+            };
+            if job.events.is_closed() {
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let session = match engine.session_with_context(config.context) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = job.events.send(Event::Failed(e.to_string()));
+                    metrics.failed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            let sampler = match Sampler::new(job.sampler.clone()) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = job.events.send(Event::Failed(e.to_string()));
+                    metrics.failed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            slots.push(Slot {
+                job,
+                session,
+                sampler,
+                fed: 0,
+                generated: Vec::new(),
+                text: TextStream::new(&tokenizer, false),
+                out: String::new(),
+                sent: 0,
+                started: Instant::now(),
+                first_token: false,
+            });
+        }
+        metrics
+            .queue_depth
+            .store(queue.len() as u64, Ordering::Relaxed);
+        metrics.active.store(slots.len() as u64, Ordering::Relaxed);
+        if slots.is_empty() {
+            if closed {
+                return;
+            }
+            continue;
+        }
+        step(&mut slots, &config, &tokenizer, &metrics);
+    }
+}
+
+/// One batched step over `slots`, then sampling, stop checks and retirement.
+fn step(
+    slots: &mut Vec<Slot<'_>>,
+    config: &SchedulerConfig,
+    tokenizer: &Tokenizer,
+    metrics: &Metrics,
+) {
+    // Inputs: every decoding sequence's last token, and one chunk of the first prefilling one.
+    let mut inputs: Vec<Option<(Vec<u32>, bool)>> = Vec::with_capacity(slots.len());
+    let mut prefill_left = config.prefill_chunk;
+    for s in slots.iter() {
+        if s.prefilling() {
+            if prefill_left == 0 {
+                inputs.push(None);
+                continue;
+            }
+            let end = (s.fed + prefill_left).min(s.job.prompt.len());
+            prefill_left -= end - s.fed;
+            inputs.push(Some((
+                s.job.prompt[s.fed..end].to_vec(),
+                end == s.job.prompt.len(),
+            )));
+        } else {
+            let last = *s.generated.last().expect("a decoding sequence has a token");
+            inputs.push(Some((vec![last], true)));
+        }
+    }
+    let t0 = Instant::now();
+    let result = {
+        let mut parts: Vec<BatchPart<'_, '_>> = slots
+            .iter_mut()
+            .zip(&inputs)
+            .filter_map(|(s, input)| {
+                input.as_ref().map(|(tokens, logits)| BatchPart {
+                    session: &mut s.session,
+                    tokens,
+                    logits: *logits,
+                })
+            })
+            .collect();
+        Session::step(&mut parts)
+    };
+    let elapsed = t0.elapsed();
+    let logits = match result {
+        Ok(l) => l,
+        Err(e) => {
+            // The engine failed: every sequence of the step ends with the error.
+            let msg = format!("the engine failed: {e}");
+            for (s, input) in slots.iter().zip(&inputs) {
+                if input.is_some() {
+                    let _ = s.job.events.send(Event::Failed(msg.clone()));
+                    metrics.failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            let mut i = 0;
+            slots.retain(|_| {
+                i += 1;
+                inputs[i - 1].is_none()
+            });
+            return;
+        }
+    };
+    let mut logits = logits.into_iter();
+    let mut decoded = 0u64;
+    let mut keep = Vec::with_capacity(slots.len());
+    for (s, input) in slots.iter_mut().zip(&inputs) {
+        let Some((tokens, _)) = input else {
+            keep.push(true);
+            continue;
+        };
+        let l = logits.next().flatten();
+        if s.prefilling() {
+            s.fed += tokens.len();
+            metrics
+                .prompt_tokens
+                .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        } else {
+            decoded += 1;
+        }
+        let Some(l) = l else {
+            keep.push(true);
+            continue;
+        };
+        keep.push(sample_one(s, &l, tokenizer, metrics));
+    }
+    metrics.record_step(decoded, elapsed);
+    let mut i = 0;
+    slots.retain(|_| {
+        i += 1;
+        keep[i - 1]
+    });
+    metrics.active.store(slots.len() as u64, Ordering::Relaxed);
+}
+
+/// Sample the next token of `s` from `logits`, send its text; false when `s` is finished.
+fn sample_one(s: &mut Slot<'_>, logits: &[f32], tokenizer: &Tokenizer, metrics: &Metrics) -> bool {
+    let token = match s.sampler.sample(logits) {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = s.job.events.send(Event::Failed(e.to_string()));
+            metrics.failed.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+    };
+    if !s.first_token {
+        s.first_token = true;
+        metrics.record_ttft(s.started.elapsed());
+    }
+    if tokenizer.is_end_of_generation(token) && !s.job.ignore_eos {
+        s.finish(Finish::Stop, false, metrics);
+        return false;
+    }
+    s.generated.push(token);
+    metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
+    let piece = match s.text.push(token) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = s.job.events.send(Event::Failed(e.to_string()));
+            metrics.failed.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+    };
+    let from = s.out.len();
+    s.out.push_str(&piece);
+    if !s.job.stop.is_empty() {
+        // A stop sequence may begin in text already held back.
+        let longest = s.job.stop.iter().map(String::len).max().unwrap_or(0);
+        let mut search = from.saturating_sub(longest);
+        while !s.out.is_char_boundary(search) {
+            search -= 1;
+        }
+        let hit = s
+            .job
+            .stop
+            .iter()
+            .filter_map(|stop| s.out[search..].find(stop.as_str()).map(|p| search + p))
+            .min();
+        if let Some(at) = hit {
+            s.out.truncate(at);
+            s.finish(Finish::Stop, true, metrics);
+            return false;
+        }
+    }
+    if s.generated.len() >= s.job.max_tokens {
+        s.finish(Finish::Length, false, metrics);
+        return false;
+    }
+    let safe = s.out.len() - held_back(&s.out, &s.job.stop);
+    if !s.send_upto(safe) {
+        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::held_back;
+
+    #[test]
+    fn only_a_possible_stop_prefix_is_held_back() {
+        let stops = vec!["\n\n".to_owned(), "END".to_owned()];
+        assert_eq!(held_back("hello", &stops), 0);
+        assert_eq!(held_back("hello\n", &stops), 1);
+        assert_eq!(held_back("hello EN", &stops), 2);
+        assert_eq!(held_back("hello E", &stops), 1);
+        assert_eq!(held_back("héé", &["éx".to_owned()]), 2);
+        assert_eq!(held_back("hé", &["xé".to_owned()]), 0);
+    }
+}

@@ -1,0 +1,83 @@
+"""The official `openai` client against a running `ork serve` (driven by tests/server/python.rs).
+
+Usage: python3 openai_client.py BASE_URL MODEL_ID API_KEY
+Checks chat, streaming chat and completions; streamed text must equal the non-streamed text
+(greedy, same seed). Exits non-zero with a message on the first failure.
+"""
+import sys
+
+import openai
+
+base, model, key = sys.argv[1], sys.argv[2], sys.argv[3]
+client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120)
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}", file=sys.stderr)
+        sys.exit(1)
+
+
+models = [m.id for m in client.models.list()]
+check(models == [model], f"models.list() = {models}")
+
+messages = [{"role": "user", "content": "What is the capital of France?"}]
+chat = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=12, temperature=0, seed=1
+)
+text = chat.choices[0].message.content
+check(chat.object == "chat.completion", f"object {chat.object}")
+check(chat.choices[0].message.role == "assistant", "role")
+check(len(text) > 0, "empty chat answer")
+check(chat.choices[0].finish_reason in ("stop", "length"), "finish_reason")
+u = chat.usage
+check(u.completion_tokens > 0 and u.total_tokens == u.prompt_tokens + u.completion_tokens, f"usage {u}")
+
+streamed = []
+finish = None
+usage = None
+for chunk in client.chat.completions.create(
+    model=model, messages=messages, max_tokens=12, temperature=0, seed=1, stream=True,
+    stream_options={"include_usage": True},
+):
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for c in chunk.choices:
+        if c.delta.content:
+            streamed.append(c.delta.content)
+        if c.finish_reason:
+            finish = c.finish_reason
+check("".join(streamed) == text, f"streamed chat {''.join(streamed)!r} != {text!r}")
+check(finish == chat.choices[0].finish_reason, f"stream finish {finish}")
+check(usage is not None and usage.completion_tokens == u.completion_tokens
+      and usage.prompt_tokens == u.prompt_tokens, f"stream usage {usage} vs {u}")
+
+comp = client.completions.create(model=model, prompt="The capital of France is", max_tokens=10, temperature=0)
+ctext = comp.choices[0].text
+check(comp.object == "text_completion" and len(ctext) > 0, "completion")
+check(comp.usage.total_tokens == comp.usage.prompt_tokens + comp.usage.completion_tokens, "completion usage")
+parts = []
+for chunk in client.completions.create(
+    model=model, prompt="The capital of France is", max_tokens=10, temperature=0, stream=True
+):
+    for c in chunk.choices:
+        parts.append(c.text)
+check("".join(parts) == ctext, f"streamed completion {''.join(parts)!r} != {ctext!r}")
+
+try:
+    client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=2)
+    check(False, "unknown model accepted")
+except openai.NotFoundError:
+    pass
+try:
+    client.chat.completions.create(model=model, messages=[], max_tokens=2)
+    check(False, "empty messages accepted")
+except openai.BadRequestError:
+    pass
+bad = openai.OpenAI(base_url=base, api_key="wrong", max_retries=0)
+try:
+    bad.models.list()
+    check(False, "wrong key accepted")
+except openai.AuthenticationError:
+    pass
+print(f"ok: chat {text!r}, completion {ctext!r}")

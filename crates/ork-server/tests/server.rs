@@ -1,0 +1,10 @@
+//! `ork-server` on the real model (`ORK_MODEL`), emulated device: the API's shapes, batched
+//! greedy identity, errors, queue, disconnect, drain, load, and the official Python client.
+
+mod server {
+    mod api;
+    pub mod common;
+    mod load;
+    mod python;
+    mod robustness;
+}

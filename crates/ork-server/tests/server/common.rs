@@ -1,0 +1,99 @@
+//! Start a server on a loopback port; small HTTP helpers.
+use ork_runtime::{DeviceKind, Engine, EngineConfig, PackChoice};
+use ork_server::{ServeConfig, Server};
+use serde_json::{json, Value};
+
+/// The `.orkpack` the tests share (built by the first one, then reused).
+pub fn pack_path() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ork-server-smollm2.orkpack")
+}
+
+/// An engine on the emulator with `budget_mb` per domain.
+pub fn engine(budget_mb: u64) -> Engine {
+    let mut c = EngineConfig::new(ork_testkit::model_path());
+    c.pack = PackChoice::Path(pack_path());
+    c.budget_bytes = Some(budget_mb << 20);
+    c.device = DeviceKind::Emu;
+    Engine::open(c).unwrap()
+}
+
+/// A server on a free loopback port.
+pub fn start(budget_mb: u64, tweak: impl FnOnce(&mut ServeConfig)) -> Server {
+    let mut config = ServeConfig {
+        port: 0,
+        ..ServeConfig::default()
+    };
+    tweak(&mut config);
+    Server::start(engine(budget_mb), config).unwrap()
+}
+
+/// `http://ADDR`.
+pub fn base(server: &Server) -> String {
+    format!("http://{}", server.addr())
+}
+
+/// A greedy chat request body.
+pub fn chat_body(server: &Server, prompt: &str, max_tokens: u32, stream: bool) -> Value {
+    json!({
+        "model": server.model_id(),
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    })
+}
+
+/// POST JSON, return (status, body as JSON).
+pub async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let r = client.post(url).json(body).send().await.unwrap();
+    let status = r.status().as_u16();
+    let v = r.json::<Value>().await.unwrap();
+    (status, v)
+}
+
+/// The `data:` payloads of an SSE body.
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+        .map(|s| s.trim().to_owned())
+        .collect()
+}
+
+/// The streamed text of an SSE body (chat deltas or completion texts), and the last chunk with
+/// a finish reason; asserts the stream ends with `[DONE]`.
+pub fn sse_text(body: &str) -> (String, Value) {
+    let data = sse_data(body);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{body}");
+    let mut text = String::new();
+    let mut last = Value::Null;
+    for d in &data[..data.len() - 1] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        for c in v["choices"].as_array().unwrap() {
+            if let Some(t) = c["delta"]["content"].as_str().or(c["text"].as_str()) {
+                text.push_str(t);
+            }
+            if !c["finish_reason"].is_null() {
+                last = v.clone();
+            }
+        }
+    }
+    (text, last)
+}
+
+/// One counter of `/metrics` (the sample with `labels`, "" for none).
+pub async fn metric(client: &reqwest::Client, server: &Server, name: &str, labels: &str) -> f64 {
+    let text = client
+        .get(format!("{}/metrics", base(server)))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let key = format!("{name}{labels} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .unwrap_or_else(|| panic!("{key} not in {text}"))
+        .parse()
+        .unwrap()
+}
