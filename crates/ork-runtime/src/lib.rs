@@ -598,10 +598,13 @@ impl LoadedModel {
         let cache = Arc::new(cache);
         device_budget.register(&cache);
         let trace = config.trace.then(|| Arc::new(Trace::new()));
+        // Experts are not in the static order: a token uses only those its router picks, and
+        // the executor announces them (Linear::upcoming) once the router has run.
         let schedule = (config.prefetch && plan.mode == Mode::Streamed).then(|| {
             (
                 plan.placement
                     .iter()
+                    .filter(|p| !ork_manifest::is_expert_key(&p.name))
                     .map(|p| p.name.clone())
                     .collect::<Vec<_>>(),
                 slots,
