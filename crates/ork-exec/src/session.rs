@@ -202,7 +202,10 @@ impl Session {
             // Feed-forward block.
             h.copy_from_slice(&x);
             rms_norm(&mut h, &layer.ffn_norm, c.rms_eps);
-            layer.ffn.forward(self.linear.as_ref(), &h, m, &mut proj)?;
+            let next = model.layers.get(il + 1).map(|l| &l.ffn);
+            layer
+                .ffn
+                .forward(self.linear.as_ref(), &h, m, &mut proj, next)?;
             add(&mut x, &proj);
         }
 
