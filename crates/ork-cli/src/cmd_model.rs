@@ -44,6 +44,7 @@ fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
         trace,
         verify: !opts.no_verify,
         evict_src: env_flag("ORK_EVICT_SRC"),
+        expert_speculation: (!opts.no_speculate).then_some(1),
     }
 }
 
@@ -99,6 +100,11 @@ struct RunStats {
     decode_tok_s: f64,
     ttft_seconds: f64,
     total_seconds: f64,
+    /// Weight bytes copied into the device during the run (loads and packs).
+    bytes_streamed: u64,
+    /// MoE models only: expert cache hits, speculative prefetch predictions and recall.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    experts: Option<ork_runtime::ExpertStats>,
 }
 
 impl RunStats {
@@ -145,6 +151,8 @@ impl RunStats {
             decode_tok_s: rate(decode.0, decode.1),
             ttft_seconds: ttft.as_secs_f64(),
             total_seconds: total.as_secs_f64(),
+            bytes_streamed: cache.bytes_moved,
+            experts: engine.expert_stats(),
         }
     }
 

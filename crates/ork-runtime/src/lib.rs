@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ork_device::{ActPrecision, Device, EmuConfig};
@@ -176,6 +177,10 @@ pub struct EngineConfig {
     pub verify: bool,
     /// Drop source pages once each tensor is converted (`ORK_EVICT_SRC`).
     pub evict_src: bool,
+    /// MoE models: speculative expert prefetch in decode, predicting `k + extra` experts of
+    /// each block from the block before (`None`: announce only the experts a router chose;
+    /// see docs/moe.md).
+    pub expert_speculation: Option<usize>,
 }
 
 impl EngineConfig {
@@ -196,6 +201,7 @@ impl EngineConfig {
             trace: false,
             verify: true,
             evict_src: false,
+            expert_speculation: Some(1),
         }
     }
 
@@ -340,11 +346,47 @@ pub fn plan_weights(
 }
 
 /// The executor's matmul interface served by the device through the weight cache.
-pub struct EngineLinear(DeviceMatmul);
+pub struct EngineLinear {
+    dm: DeviceMatmul,
+    /// MoE expert matmuls, and how many found their expert already in the cache.
+    expert_calls: AtomicU64,
+    expert_hits: AtomicU64,
+}
+
+/// Expert figures of a MoE run (see docs/moe.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ExpertStats {
+    /// Expert matmuls computed.
+    pub expert_matmuls: u64,
+    /// Of those, how many found their expert resident (pinned, cached or prefetched in time).
+    pub expert_hits: u64,
+    /// `expert_hits / expert_matmuls`.
+    pub expert_hit_rate: f64,
+    /// Experts predicted ahead by the speculative prefetch.
+    pub predictions: u64,
+    /// Predicted ∩ used / used, over the decode steps that had a prediction.
+    pub recall: Option<f64>,
+}
+
+impl EngineLinear {
+    fn new(dm: DeviceMatmul) -> EngineLinear {
+        EngineLinear {
+            dm,
+            expert_calls: AtomicU64::new(0),
+            expert_hits: AtomicU64::new(0),
+        }
+    }
+}
 
 impl Linear for EngineLinear {
     fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
-        self.0
+        if ork_manifest::is_expert_key(weight) {
+            self.expert_calls.fetch_add(1, Ordering::Relaxed);
+            if self.dm.cache().is_resident(weight) {
+                self.expert_hits.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.dm
             .matmul(weight, x, m, y)
             .map_err(|e| ExecError::Backend {
                 weight: weight.to_owned(),
@@ -354,14 +396,14 @@ impl Linear for EngineLinear {
 
     /// Forwarded to the prefetcher, which serves announced weights before the plan order.
     fn upcoming(&self, weights: &[&str]) {
-        self.0.upcoming(weights);
+        self.dm.upcoming(weights);
     }
 }
 
 impl EngineLinear {
     /// The device matmul behind it.
     pub fn device_matmul(&self) -> &DeviceMatmul {
-        &self.0
+        &self.dm
     }
 }
 
@@ -495,6 +537,7 @@ impl LoadedModel {
                 .build_global();
         }
         check_chip(&config, &manifest)?;
+        model.set_expert_speculation(config.expert_speculation);
         let device = open_device(config.device, config.domains, config.soc)?;
         let info = device.info();
         let budget = budget_bytes(config.budget_bytes)?;
@@ -626,7 +669,7 @@ impl LoadedModel {
             plan,
             cache,
             device_budget,
-            linear: Arc::new(EngineLinear(dm)),
+            linear: Arc::new(EngineLinear::new(dm)),
             trace,
             convert,
             pack_path,
@@ -690,6 +733,25 @@ impl Engine {
     /// The device's byte budget per domain, shared by every cache on it.
     pub fn device_budget(&self) -> &Arc<DeviceBudget> {
         &self.device_budget
+    }
+
+    /// MoE models: expert cache hits and speculative prefetch counters so far, summed over the
+    /// engine's sessions (`None` for a dense model).
+    pub fn expert_stats(&self) -> Option<ExpertStats> {
+        let moe = self.model.moe_stats()?;
+        let calls = self.linear.expert_calls.load(Ordering::Relaxed);
+        let hits = self.linear.expert_hits.load(Ordering::Relaxed);
+        Some(ExpertStats {
+            expert_matmuls: calls,
+            expert_hits: hits,
+            expert_hit_rate: if calls == 0 {
+                0.0
+            } else {
+                hits as f64 / calls as f64
+            },
+            predictions: moe.predictions,
+            recall: moe.recall(),
+        })
     }
 
     /// The cache's counters so far.
