@@ -240,6 +240,10 @@ pub struct ModelOpts {
     /// Disable the prefetch thread (compute waits for every load).
     #[arg(long)]
     pub no_prefetch: bool,
+    /// MoE models: no speculative expert prefetch in decode (experts are announced only once
+    /// their block's router has run).
+    #[arg(long)]
+    pub no_speculate: bool,
     /// Write a Chrome trace-event (Perfetto) timeline of loads, computes and waits.
     #[arg(long)]
     pub trace: Option<PathBuf>,

@@ -45,6 +45,7 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
         verify: !opts.no_verify,
         evict_src: env_flag("ORK_EVICT_SRC"),
         draft: None,
+        expert_speculation: (!opts.no_speculate).then_some(1),
     }
 }
 
@@ -105,6 +106,11 @@ struct RunStats {
     /// Speculative decoding's counters (`--draft`).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     speculative: Option<crate::cmd_spec::SpecReport>,
+    /// Weight bytes copied into the device during the run (loads and packs).
+    bytes_streamed: u64,
+    /// MoE models only: expert cache hits, speculative prefetch predictions and recall.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    experts: Option<ork_runtime::ExpertStats>,
 }
 
 impl RunStats {
@@ -153,6 +159,8 @@ impl RunStats {
             total_seconds: total.as_secs_f64(),
             streamed_bytes_per_token: 0.0,
             speculative: None,
+            bytes_streamed: cache.bytes_moved,
+            experts: engine.expert_stats(),
         }
     }
 
@@ -443,6 +451,13 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         v["streamed_bytes_per_prefill_token"] = per_prefill_tok.into();
         v["streamed_bytes_per_decode_token"] = p.streamed_bytes_per_pass.into();
         v["decode_bandwidth_bound"] = p.decode_bandwidth_bound().into();
+        if manifest.n_expert() > 0 {
+            let f = manifest.expert_used_fraction();
+            v["experts"] = manifest.n_expert().into();
+            v["experts_used"] = manifest.n_expert_used().into();
+            v["active_bytes_per_token"] = p.active_bytes_per_token(f).into();
+            v["expected_streamed_bytes_per_token"] = p.expected_streamed_bytes_per_token(f).into();
+        }
         println!("{}", serde_json::to_string(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -502,17 +517,37 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
             );
         }
     }
+    if manifest.n_expert() > 0 {
+        let f = manifest.expert_used_fraction();
+        println!(
+            "experts: {} per block, {} used per token; expert weights {:.1} MiB ({:.1} MiB pinned); \
+             active {:.1} MiB per token; expected streamed {:.1} MiB per decoded token (uniform routing)",
+            manifest.n_expert(),
+            manifest.n_expert_used(),
+            mib(p.expert_bytes),
+            mib(p.pinned_expert_bytes),
+            p.active_bytes_per_token(f) / (1 << 20) as f64,
+            p.expected_streamed_bytes_per_token(f) / (1 << 20) as f64,
+        );
+    }
     println!("domain switches per token: {}", p.switches_per_pass);
+    // A MoE decode step streams only the experts its routers pick (expected, uniform routing);
+    // a prefill of many tokens may need every expert (the figure is the upper bound).
+    let decode_bytes = if manifest.n_expert() > 0 {
+        p.expected_streamed_bytes_per_token(manifest.expert_used_fraction()) as u64
+    } else {
+        p.streamed_bytes_per_pass
+    };
     println!(
         "weights streamed: prefill {:.1} MiB per pass = {:.3} MiB/token at {} tokens; decode {:.1} MiB/token",
         mib(p.streamed_bytes_per_pass),
         mib(per_prefill_tok as u64),
         args.prefill_tokens,
-        mib(p.streamed_bytes_per_pass)
+        mib(decode_bytes)
     );
     if p.decode_bandwidth_bound() {
         println!("decode is BANDWIDTH-BOUND: every token copies {:.1} MiB of weights; raise the budget to {:.0} MiB to keep it resident",
-            mib(p.streamed_bytes_per_pass), mib(p.model_bytes).ceil());
+            mib(decode_bytes), mib(p.model_bytes).ceil());
     } else {
         println!("decode keeps every weight resident");
     }

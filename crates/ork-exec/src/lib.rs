@@ -35,6 +35,7 @@ pub use error::ExecError;
 pub use generate::{generate, GenerateOptions, Generation, StopReason};
 pub use linear::{dot_i8, quantize_row_i8, CpuF32Linear, CpuW8A8Linear, Linear};
 pub use model::Model;
+pub use moe::{MoeStats, Routing};
 pub use perplexity::{perplexity, PerplexityReport};
 pub use sample::{Distribution, Sampler, SamplerOptions};
 pub use session::{BatchPart, Session};

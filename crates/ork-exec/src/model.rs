@@ -2,7 +2,11 @@
 //! borrowed from the GGUF map, and the names and shapes of the matmul weights a [`crate::Linear`]
 //! must provide.
 use crate::config::{Arch, ModelConfig, MoeConfig};
-use crate::moe::{Expert, FeedForward, MoeFfn, SharedExpert};
+use crate::moe::{Expert, FeedForward, MoeFfn, MoeStats, SharedExpert, Speculation};
+use std::sync::atomic::Ordering;
+
+/// Experts predicted beyond `k` by the speculative expert prefetch, by default.
+const DEFAULT_SPECULATION_EXTRA: usize = 1;
 use crate::ops::Rope;
 use crate::weights::{dequantize_tensor, tensor_info, RowTable, WeightSpec};
 use crate::ExecError;
@@ -229,6 +233,37 @@ impl Model {
         &self.weights
     }
 
+    /// Speculative expert prefetch in decode (MoE models; see docs/moe.md): `Some(extra)`
+    /// predicts each block's top `k + extra` experts from the block before and announces them
+    /// to the [`crate::Linear`]; `None` announces only the experts a router has chosen. A hint
+    /// to a streaming backend only: results never change. Default `Some(1)`.
+    pub fn set_expert_speculation(&self, extra: Option<usize>) {
+        for l in &self.layers {
+            if let FeedForward::Moe(m) = &l.ffn {
+                m.speculation
+                    .extra
+                    .store(extra.unwrap_or(usize::MAX), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Speculative expert prefetch counters summed over every MoE block and session (`None`
+    /// for a dense model).
+    pub fn moe_stats(&self) -> Option<MoeStats> {
+        let mut total: Option<MoeStats> = None;
+        for l in &self.layers {
+            if let FeedForward::Moe(m) = &l.ffn {
+                let s = m.speculation.stats();
+                let t = total.get_or_insert_with(MoeStats::default);
+                t.predicted_steps += s.predicted_steps;
+                t.predictions += s.predictions;
+                t.used += s.used;
+                t.predicted_used += s.predicted_used;
+            }
+        }
+        total
+    }
+
     /// Name of the output projection (`output.weight`, or `token_embd.weight` when tied).
     pub fn output_weight(&self) -> &str {
         &self.output_weight
@@ -423,6 +458,7 @@ fn load_moe(
         n_ff_exp: moe.n_ff_exp,
         renormalize: moe.renormalize,
         weights_scale: moe.weights_scale,
+        speculation: Speculation::new(DEFAULT_SPECULATION_EXTRA),
     })
 }
 

@@ -13,9 +13,19 @@
 //! 4. per token, the weighted expert outputs summed in slot order (llama.cpp adds the k views
 //!    of its `[n_embd, k, tokens]` result one after another);
 //! 5. qwen2moe: plus the shared expert's SwiGLU output times `sigmoid(h · ffn_gate_inp_shexp)`.
+//!
+//! **Speculative expert prefetch** (decode, one token): right after block l's router has run,
+//! block l + 1's router is applied to block l's FFN input (the hidden state available now) and
+//! its top `k + extra` experts are announced after block l's own, so a streaming backend loads
+//! them while block l (and block l + 1's attention) computes. The residual stream changes little
+//! from one block to the next, so the guess is usually right; a wrong guess costs a load on
+//! demand, never a wrong result (announcing is a hint only). [`MoeStats`] counts predictions and
+//! recall.
 use crate::linear::Linear;
 use crate::ops::{dot, swiglu};
 use crate::ExecError;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// A block's feed-forward network.
 #[derive(Clone)]
@@ -54,6 +64,89 @@ pub(crate) struct SharedExpert {
     pub(crate) gate_inp: Vec<f32>,
 }
 
+/// Counters of the speculative expert prefetch, summed over a model's MoE blocks (and over the
+/// sessions running it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MoeStats {
+    /// Decode steps of a block whose experts were predicted by the block before.
+    pub predicted_steps: u64,
+    /// Experts predicted (announced ahead) in total.
+    pub predictions: u64,
+    /// Experts the predicted steps used.
+    pub used: u64,
+    /// Of those, experts that had been predicted.
+    pub predicted_used: u64,
+}
+
+impl MoeStats {
+    /// Recall: predicted ∩ used / used (`None` before any prediction was checked).
+    pub fn recall(&self) -> Option<f64> {
+        (self.used > 0).then(|| self.predicted_used as f64 / self.used as f64)
+    }
+}
+
+/// Prediction state and counters of one MoE block.
+#[derive(Default)]
+pub(crate) struct Speculation {
+    /// Extra experts predicted beyond `k`; `usize::MAX`: speculation off.
+    pub(crate) extra: AtomicUsize,
+    /// The experts the previous block predicted for this one (this decode step).
+    pending: Mutex<Option<Vec<usize>>>,
+    predicted_steps: AtomicU64,
+    predictions: AtomicU64,
+    used: AtomicU64,
+    predicted_used: AtomicU64,
+}
+
+/// A copy (a model cut to its first blocks for a draft) starts with fresh counters and no
+/// pending prediction, predicting as many experts as the original.
+impl Clone for Speculation {
+    fn clone(&self) -> Speculation {
+        Speculation::new(self.extra.load(Ordering::Relaxed))
+    }
+}
+
+impl Speculation {
+    /// Speculation predicting `k + extra` experts.
+    pub(crate) fn new(extra: usize) -> Speculation {
+        Speculation {
+            extra: AtomicUsize::new(extra),
+            ..Speculation::default()
+        }
+    }
+
+    pub(crate) fn stats(&self) -> MoeStats {
+        MoeStats {
+            predicted_steps: self.predicted_steps.load(Ordering::Relaxed),
+            predictions: self.predictions.load(Ordering::Relaxed),
+            used: self.used.load(Ordering::Relaxed),
+            predicted_used: self.predicted_used.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Compare this step's experts with what was predicted for it.
+    fn check(&self, used: &[usize]) {
+        let Some(predicted) = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        let hit = used.iter().filter(|e| predicted.contains(e)).count();
+        self.predicted_steps.fetch_add(1, Ordering::Relaxed);
+        self.used.fetch_add(used.len() as u64, Ordering::Relaxed);
+        self.predicted_used.fetch_add(hit as u64, Ordering::Relaxed);
+    }
+
+    fn predict(&self, experts: Vec<usize>) {
+        self.predictions
+            .fetch_add(experts.len() as u64, Ordering::Relaxed);
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(experts);
+    }
+}
+
 /// A Mixture-of-Experts feed-forward block.
 #[derive(Clone)]
 pub(crate) struct MoeFfn {
@@ -65,6 +158,7 @@ pub(crate) struct MoeFfn {
     pub(crate) n_ff_exp: usize,
     pub(crate) renormalize: bool,
     pub(crate) weights_scale: Option<f32>,
+    pub(crate) speculation: Speculation,
 }
 
 /// Per token, the chosen experts and their weights, in slot order (most probable first).
@@ -148,13 +242,15 @@ fn sigmoid(x: f32) -> f32 {
 }
 
 impl FeedForward {
-    /// `out = FFN(h)` for `m` tokens (`h` and `out` are `m × n_embd`).
+    /// `out = FFN(h)` for `m` tokens (`h` and `out` are `m × n_embd`); `next` is the next
+    /// block's feed-forward (for speculative expert prefetch).
     pub(crate) fn forward(
         &self,
         linear: &dyn Linear,
         h: &[f32],
         m: usize,
         out: &mut [f32],
+        next: Option<&FeedForward>,
     ) -> Result<(), ExecError> {
         match self {
             FeedForward::Dense {
@@ -163,7 +259,13 @@ impl FeedForward {
                 down,
                 n_ff,
             } => swiglu_ffn(linear, [gate, up, down], *n_ff, h, m, out),
-            FeedForward::Moe(moe) => moe.forward(linear, h, m, out),
+            FeedForward::Moe(moe) => {
+                let next = match next {
+                    Some(FeedForward::Moe(n)) => Some(&**n),
+                    _ => None,
+                };
+                moe.forward(linear, h, m, out, next)
+            }
         }
     }
 }
@@ -216,18 +318,43 @@ impl MoeFfn {
             .collect()
     }
 
+    /// The `k + extra` experts this block's router ranks first for one token of `h`.
+    fn predict(
+        &self,
+        linear: &dyn Linear,
+        h: &[f32],
+        extra: usize,
+    ) -> Result<Vec<usize>, ExecError> {
+        let n_expert = self.experts.len();
+        let mut logits = vec![0.0f32; n_expert];
+        linear.matmul(&self.router, h, 1, &mut logits)?;
+        let k = (self.n_used + extra).min(n_expert);
+        Ok(Routing::from_logits(&logits, n_expert, k, false, None).experts)
+    }
+
     fn forward(
         &self,
         linear: &dyn Linear,
         h: &[f32],
         m: usize,
         out: &mut [f32],
+        next: Option<&MoeFfn>,
     ) -> Result<(), ExecError> {
         let d = h.len() / m;
         let routing = self.route(linear, h, m)?;
         let k = routing.k;
         let used = routing.used();
-        linear.upcoming(&self.expert_weights(&used));
+        let mut announce = self.expert_weights(&used);
+        if m == 1 {
+            self.speculation.check(&used);
+            let extra = self.speculation.extra.load(Ordering::Relaxed);
+            if let (Some(next), true) = (next, extra != usize::MAX) {
+                let predicted = next.predict(linear, h, extra)?;
+                announce.extend(next.expert_weights(&predicted));
+                next.speculation.predict(predicted);
+            }
+        }
+        linear.upcoming(&announce);
 
         let shared = match &self.shared {
             Some(s) => {

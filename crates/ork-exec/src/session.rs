@@ -291,7 +291,8 @@ fn forward_inner(
         // Feed-forward block.
         h.copy_from_slice(&x);
         rms_norm(&mut h, &layer.ffn_norm, c.rms_eps);
-        layer.ffn.forward(linear, &h, m, &mut proj)?;
+        let next = model.layers.get(il + 1).map(|l| &l.ffn);
+        layer.ffn.forward(linear, &h, m, &mut proj, next)?;
         add(&mut x, &proj);
     }
 

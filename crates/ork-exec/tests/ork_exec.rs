@@ -4,6 +4,7 @@ mod ork_exec {
     pub mod fixtures;
     pub mod llama_cpp_logits;
     pub mod moe;
+    pub mod moe_golden;
     pub mod real_model;
     pub mod reference;
     pub mod speculative;

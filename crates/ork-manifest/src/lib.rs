@@ -275,6 +275,11 @@ fn block_of(name: &str) -> Option<usize> {
     (layer.to_string() == blk).then_some(layer)
 }
 
+/// Whether `key` names an expert's slice (`TENSOR#EXPERT`, see [`Weight::key`]).
+pub fn is_expert_key(key: &str) -> bool {
+    key.contains('#')
+}
+
 /// The weight named `key` in `file`: the tensor of that name (as stored; the caller checks that
 /// it is 2-D), or for `TENSOR#EXPERT` expert `EXPERT`'s 2-D slice of the 3-D tensor `TENSOR`
 /// (dims `[K, N]`, its bytes inside the tensor), as [`Manifest::from_gguf`] derives it. `None`
@@ -351,6 +356,7 @@ pub struct Manifest {
     arch: Option<String>,
     n_layer: usize,
     n_expert: u32,
+    n_expert_used: u32,
     /// In pack order: `token_embd.weight` first, then block by block in [`BLOCK_ORDER`] (other
     /// 2-D tensors of a block after its known roles, in file order), then `output.weight`, then
     /// any remaining 2-D tensors in file order.
@@ -617,11 +623,18 @@ impl Manifest {
                 execution.push(e.id);
             }
         }
+        // `{arch}.expert_used_count`, kept for planning (the executor checks it).
+        let n_expert_used = arch
+            .as_ref()
+            .and_then(|a| file.metadata(&format!("{a}.expert_used_count")))
+            .and_then(|v| v.as_u64())
+            .map_or(0, |u| u.min(u64::from(n_expert)) as u32);
         Ok(Manifest {
             file: path,
             arch,
             n_layer,
             n_expert,
+            n_expert_used,
             weights,
             execution,
             by_key,
@@ -647,6 +660,21 @@ impl Manifest {
     /// Experts per MoE block (0 for a dense model).
     pub fn n_expert(&self) -> u32 {
         self.n_expert
+    }
+
+    /// Experts a token uses per MoE block (`{arch}.expert_used_count`, at most
+    /// [`Manifest::n_expert`]; 0 for a dense model).
+    pub fn n_expert_used(&self) -> u32 {
+        self.n_expert_used
+    }
+
+    /// The fraction of a block's experts one token uses (0 for a dense model).
+    pub fn expert_used_fraction(&self) -> f64 {
+        if self.n_expert == 0 {
+            0.0
+        } else {
+            f64::from(self.n_expert_used) / f64::from(self.n_expert)
+        }
     }
 
     /// Every matmul weight in pack order: `token_embd.weight` first, then block by block

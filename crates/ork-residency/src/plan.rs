@@ -7,8 +7,14 @@
 //! working set of `slots + 1` weights (the prefetch slots plus the one computing) and pins, in
 //! execution order, every weight that still fits beside it; the rest is copied in on every
 //! forward pass.
+//!
+//! Mixture-of-Experts models (expert slices named `TENSOR#EXPERT`, docs/moe.md): a token uses
+//! only the experts its router picks, so streaming pins every non-expert weight first
+//! (attention, routers, shared experts, the output projection), then experts in execution order
+//! with what is left; the other experts are loaded when a router picks them.
 
 use ork_device::DomainId;
+use ork_manifest::is_expert_key;
 use serde::Serialize;
 
 /// How the model's weights live on the device.
@@ -68,6 +74,10 @@ pub struct Plan {
     pub streamed_bytes_per_pass: u64,
     /// Largest single weight and its bytes.
     pub largest: (String, u64),
+    /// Bytes of Mixture-of-Experts expert slices (0 for a dense model).
+    pub expert_bytes: u64,
+    /// Of those, bytes pinned.
+    pub pinned_expert_bytes: u64,
     /// Smallest per-domain budget that can run the model at all (the largest weight).
     pub min_budget_bytes: u64,
     /// Whether the model can run with this budget.
@@ -83,6 +93,22 @@ impl Plan {
     /// Streamed bytes per token of a prefill of `tokens` tokens (one pass for the whole batch).
     pub fn streamed_bytes_per_prefill_token(&self, tokens: usize) -> f64 {
         self.streamed_bytes_per_pass as f64 / tokens.max(1) as f64
+    }
+
+    /// Device bytes one decoded token computes with when each MoE block uses the fraction
+    /// `used_fraction` (`expert_used_count / expert_count`) of its experts; the model's bytes
+    /// for a dense model.
+    pub fn active_bytes_per_token(&self, used_fraction: f64) -> f64 {
+        (self.model_bytes - self.expert_bytes) as f64 + used_fraction * self.expert_bytes as f64
+    }
+
+    /// Bytes streamed per decoded token when routing is uniform over the experts: every
+    /// non-expert weight not pinned, and `used_fraction` of the experts not pinned. Routing that
+    /// favours pinned (or cached) experts streams less.
+    pub fn expected_streamed_bytes_per_token(&self, used_fraction: f64) -> f64 {
+        let unpinned_experts = self.expert_bytes - self.pinned_expert_bytes;
+        (self.streamed_bytes_per_pass - unpinned_experts) as f64
+            + used_fraction * unpinned_experts as f64
     }
 
     /// Whether decode must copy weights for every token (then it is bound by copy bandwidth,
@@ -103,6 +129,12 @@ pub fn plan(input: &PlanInput) -> Plan {
         .unwrap_or_default();
     let capacity = input.budget_bytes.min(input.window_bytes);
     let runnable = largest.1 <= capacity;
+    let expert_bytes: u64 = input
+        .weights
+        .iter()
+        .filter(|w| is_expert_key(&w.0))
+        .map(|w| w.1)
+        .sum();
     if let Some(placement) = resident_placement(input, capacity) {
         let domains_used = placement
             .iter()
@@ -120,6 +152,8 @@ pub fn plan(input: &PlanInput) -> Plan {
             min_budget_bytes: largest.1,
             largest,
             runnable,
+            expert_bytes,
+            pinned_expert_bytes: expert_bytes,
         };
     }
     // Stream through domain 0: reserve the working set, pin what fits beside it.
@@ -127,22 +161,32 @@ pub fn plan(input: &PlanInput) -> Plan {
     sizes.sort_unstable_by(|a, b| b.cmp(a));
     let reserve: u64 = sizes.iter().take(input.slots + 1).sum();
     let mut pinned = 0u64;
-    let placement: Vec<Placement> = input
+    let mut pinned_expert_bytes = 0u64;
+    let mut placement: Vec<Placement> = input
         .weights
         .iter()
-        .map(|(name, bytes)| {
-            let resident = runnable && pinned + bytes + reserve <= capacity;
-            if resident {
-                pinned += bytes;
-            }
-            Placement {
-                name: name.clone(),
-                bytes: *bytes,
-                domain: 0,
-                resident,
-            }
+        .map(|(name, bytes)| Placement {
+            name: name.clone(),
+            bytes: *bytes,
+            domain: 0,
+            resident: false,
         })
         .collect();
+    // Non-expert weights first, then experts, each in execution order.
+    for experts in [false, true] {
+        for p in placement
+            .iter_mut()
+            .filter(|p| is_expert_key(&p.name) == experts)
+        {
+            if runnable && pinned + p.bytes + reserve <= capacity {
+                p.resident = true;
+                pinned += p.bytes;
+                if experts {
+                    pinned_expert_bytes += p.bytes;
+                }
+            }
+        }
+    }
     Plan {
         mode: Mode::Streamed,
         resident_bytes: pinned,
@@ -154,6 +198,8 @@ pub fn plan(input: &PlanInput) -> Plan {
         min_budget_bytes: largest.1,
         largest,
         runnable,
+        expert_bytes,
+        pinned_expert_bytes,
     }
 }
 
@@ -232,6 +278,26 @@ mod tests {
         assert_eq!(p.resident_bytes, 10);
         assert_eq!(p.streamed_bytes_per_pass, 50);
         assert!(p.decode_bandwidth_bound());
+    }
+
+    #[test]
+    fn streaming_pins_non_expert_weights_before_experts() {
+        let mut i = input(&[10, 10, 10, 10, 10, 10], 55, 1);
+        for (n, w) in i.weights.iter_mut().enumerate().take(4) {
+            w.0 = format!("blk.0.ffn_up_exps.weight#{n}");
+        }
+        let p = plan(&i);
+        assert_eq!(p.mode, Mode::Streamed);
+        // Working set 30; 25 left: the two non-experts (w4, w5) first, then no expert fits.
+        let pinned: Vec<&str> = p.pinned().map(|x| x.name.as_str()).collect();
+        assert_eq!(pinned, ["w4", "w5"]);
+        assert_eq!((p.expert_bytes, p.pinned_expert_bytes), (40, 0));
+        assert_eq!(p.streamed_bytes_per_pass, 40);
+        // Top-1 of 4 experts: a token computes with 20 + 40/4 bytes and streams 10 of them.
+        assert_eq!(p.active_bytes_per_token(0.25), 30.0);
+        assert_eq!(p.expected_streamed_bytes_per_token(0.25), 10.0);
+        let p = plan(&input(&[10, 10], 100, 1));
+        assert_eq!(p.active_bytes_per_token(0.25), 20.0);
     }
 
     #[test]

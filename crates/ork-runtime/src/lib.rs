@@ -15,6 +15,7 @@
 pub mod doctor;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ork_device::{ActPrecision, Device, EmuConfig};
@@ -212,6 +213,10 @@ pub struct EngineConfig {
     /// taken from the same budget (`docs/speculative.md`); `None` for none (prompt lookup needs
     /// no model).
     pub draft: Option<DraftSource>,
+    /// MoE models: speculative expert prefetch in decode, predicting `k + extra` experts of
+    /// each block from the block before (`None`: announce only the experts a router chose;
+    /// see docs/moe.md).
+    pub expert_speculation: Option<usize>,
 }
 
 /// A draft that lives on the device beside the model (speculative decoding,
@@ -247,6 +252,7 @@ impl EngineConfig {
             verify: true,
             evict_src: false,
             draft: None,
+            expert_speculation: Some(1),
         }
     }
 
@@ -407,11 +413,47 @@ fn weight_bytes(manifest: &Manifest, dtype: PackDtype) -> Result<Vec<(String, u6
 }
 
 /// The executor's matmul interface served by the device through the weight cache.
-pub struct EngineLinear(DeviceMatmul);
+pub struct EngineLinear {
+    dm: DeviceMatmul,
+    /// MoE expert matmuls, and how many found their expert already in the cache.
+    expert_calls: AtomicU64,
+    expert_hits: AtomicU64,
+}
+
+/// Expert figures of a MoE run (see docs/moe.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ExpertStats {
+    /// Expert matmuls computed.
+    pub expert_matmuls: u64,
+    /// Of those, how many found their expert resident (pinned, cached or prefetched in time).
+    pub expert_hits: u64,
+    /// `expert_hits / expert_matmuls`.
+    pub expert_hit_rate: f64,
+    /// Experts predicted ahead by the speculative prefetch.
+    pub predictions: u64,
+    /// Predicted ∩ used / used, over the decode steps that had a prediction.
+    pub recall: Option<f64>,
+}
+
+impl EngineLinear {
+    fn new(dm: DeviceMatmul) -> EngineLinear {
+        EngineLinear {
+            dm,
+            expert_calls: AtomicU64::new(0),
+            expert_hits: AtomicU64::new(0),
+        }
+    }
+}
 
 impl Linear for EngineLinear {
     fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
-        self.0
+        if ork_manifest::is_expert_key(weight) {
+            self.expert_calls.fetch_add(1, Ordering::Relaxed);
+            if self.dm.cache().is_resident(weight) {
+                self.expert_hits.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.dm
             .matmul(weight, x, m, y)
             .map_err(|e| ExecError::Backend {
                 weight: weight.to_owned(),
@@ -421,14 +463,14 @@ impl Linear for EngineLinear {
 
     /// Forwarded to the prefetcher, which serves announced weights before the plan order.
     fn upcoming(&self, weights: &[&str]) {
-        self.0.upcoming(weights);
+        self.dm.upcoming(weights);
     }
 }
 
 impl EngineLinear {
     /// The device matmul behind it.
     pub fn device_matmul(&self) -> &DeviceMatmul {
-        &self.0
+        &self.dm
     }
 }
 
@@ -649,6 +691,7 @@ impl LoadedModel {
                 .build_global();
         }
         check_chip(&config, &manifest)?;
+        model.set_expert_speculation(config.expert_speculation);
         let device = open_device(config.device, config.domains, config.soc)?;
         let info = device.info();
         let budget = budget_bytes(config.budget_bytes)?;
@@ -851,10 +894,13 @@ impl LoadedModel {
         let cache = Arc::new(cache);
         device_budget.register(&cache);
         let trace = config.trace.then(|| Arc::new(Trace::new()));
+        // Experts are not in the static order: a token uses only those its router picks, and
+        // the executor announces them (Linear::upcoming) once the router has run.
         let schedule = (config.prefetch && plan.mode == Mode::Streamed).then(|| {
             (
                 plan.placement
                     .iter()
+                    .filter(|p| !ork_manifest::is_expert_key(&p.name))
                     .map(|p| p.name.clone())
                     .collect::<Vec<_>>(),
                 slots,
@@ -866,7 +912,7 @@ impl LoadedModel {
         if let Some(t) = &trace {
             dm = dm.with_trace(Arc::clone(t));
         }
-        let linear = Arc::new(EngineLinear(dm));
+        let linear = Arc::new(EngineLinear::new(dm));
         let draft = match (draft_model, self_layers) {
             (Some(d), _) => {
                 let dcache = WeightCache::with_budget(
@@ -896,7 +942,7 @@ impl LoadedModel {
                     label: d.path.display().to_string(),
                     source: DraftSource::Model(d.path),
                     model: d.model,
-                    linear: Arc::new(EngineLinear(dm)),
+                    linear: Arc::new(EngineLinear::new(dm)),
                     cache: Some(dcache),
                     bytes: draft_bytes,
                 })
@@ -986,6 +1032,25 @@ impl Engine {
     /// The device's byte budget per domain, shared by every cache on it.
     pub fn device_budget(&self) -> &Arc<DeviceBudget> {
         &self.device_budget
+    }
+
+    /// MoE models: expert cache hits and speculative prefetch counters so far, summed over the
+    /// engine's sessions (`None` for a dense model).
+    pub fn expert_stats(&self) -> Option<ExpertStats> {
+        let moe = self.model.moe_stats()?;
+        let calls = self.linear.expert_calls.load(Ordering::Relaxed);
+        let hits = self.linear.expert_hits.load(Ordering::Relaxed);
+        Some(ExpertStats {
+            expert_matmuls: calls,
+            expert_hits: hits,
+            expert_hit_rate: if calls == 0 {
+                0.0
+            } else {
+                hits as f64 / calls as f64
+            },
+            predictions: moe.predictions,
+            recall: moe.recall(),
+        })
     }
 
     /// The cache's counters so far.

@@ -241,3 +241,40 @@ fn a_batched_step_with_an_overflowing_part_changes_no_session() {
     ));
     assert_eq!((a.position(), b.position()), (0, 0));
 }
+
+/// A MoE model (the qwen3moe fixture of `ork_testkit::moe`) through the engine: streamed with
+/// experts loaded as routers pick them, with and without speculative expert prefetch, gives the
+/// resident run's greedy tokens; the expert figures are reported.
+#[test]
+fn a_moe_model_streams_its_experts_with_the_resident_tokens() {
+    let path = ork_testkit::moe::moe_fixture(ork_testkit::moe::MoeFixture::Qwen3Moe);
+    let run = |budget_mb: u64, speculation: Option<usize>| {
+        let mut c = EngineConfig::new(&path);
+        c.pack = PackChoice::None;
+        c.budget_bytes = Some(budget_mb << 20);
+        c.device = DeviceKind::Emu;
+        c.expert_speculation = speculation;
+        let engine = Engine::open(c).unwrap();
+        let tokens = greedy(&engine, "The capital of France is", 6);
+        (
+            tokens,
+            engine.plan().clone(),
+            engine.expert_stats().unwrap(),
+        )
+    };
+    let (resident, plan, _) = run(1024, Some(1));
+    assert_eq!(plan.mode, ork_residency::Mode::Resident);
+    let (streamed, plan, spec) = run(40, Some(1));
+    assert_eq!(plan.mode, ork_residency::Mode::Streamed);
+    assert!(plan.expert_bytes > plan.pinned_expert_bytes);
+    let (on_demand, _, plain) = run(40, None);
+    assert_eq!(streamed, resident);
+    assert_eq!(on_demand, resident);
+    // 5 decode steps × 5 predicted blocks × (2 + 1) experts.
+    assert_eq!(spec.predictions, 5 * 5 * 3);
+    assert!(spec.recall.is_some_and(|r| (0.0..=1.0).contains(&r)));
+    assert_eq!((plain.predictions, plain.recall), (0, None));
+    // Every token runs 2 experts in each of 6 blocks (prefill groups tokens per expert).
+    assert!(spec.expert_matmuls >= 5 * 6 * 2 * 3);
+    assert!(spec.expert_hits <= spec.expert_matmuls);
+}

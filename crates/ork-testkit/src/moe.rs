@@ -9,7 +9,8 @@
 //!   dense model.
 //! - [`MoeFixture::Perturbed`]: the same, with every quant block of expert `e` rescaled by a
 //!   seeded factor in [0.75, 1.25) (its `d`, and `m` for Q4_1), so routing changes the result.
-//! - [`MoeFixture::Qwen3Moe`] / [`MoeFixture::Qwen2Moe`]: the first 6 blocks of SmolLM2 as a
+//! - [`MoeFixture::Qwen3Moe`] / [`MoeFixture::Qwen2Moe`]: the first 6 blocks of SmolLM2, every
+//!   tensor dequantized to F32 (so llama.cpp's products are exact f32 ones, as ork's reference), as a
 //!   `qwen3moe` (seeded q/k norms, no shared expert) or a `qwen2moe` (seeded q/k/v biases, a
 //!   shared expert with a seeded sigmoid gate vector), 8 experts, top-2, each expert a 192-wide
 //!   slice of the dense FFN (rows of gate/up, the matching columns of down); the shared expert is
@@ -62,8 +63,8 @@ impl MoeFixture {
         match self {
             MoeFixture::Identical => "smollm2-moe8-identical.v1.gguf",
             MoeFixture::Perturbed => "smollm2-moe8-perturbed.v1.gguf",
-            MoeFixture::Qwen3Moe => "smollm2-qwen3moe.v1.gguf",
-            MoeFixture::Qwen2Moe => "smollm2-qwen2moe.v1.gguf",
+            MoeFixture::Qwen3Moe => "smollm2-qwen3moe.v2.gguf",
+            MoeFixture::Qwen2Moe => "smollm2-qwen2moe.v2.gguf",
         }
     }
 
@@ -128,7 +129,7 @@ fn block_geometry(ty: GgmlType) -> Result<(usize, usize, bool), String> {
         GgmlType::Q4_0 => Ok((32, 18, false)),
         GgmlType::Q4_1 => Ok((32, 20, true)),
         GgmlType::Q8_0 => Ok((32, 34, false)),
-        other => Err(format!("cannot perturb or slice {other:?} blocks")),
+        other => Err(format!("cannot perturb {other:?} blocks")),
     }
 }
 
@@ -248,31 +249,22 @@ fn ffn_role(name: &str) -> Option<(usize, &'static str)> {
     Some((layer.parse().ok()?, role))
 }
 
-/// Rows `r0..r1` of a 2-D quantized tensor.
-fn rows(src: &GgufFile, t: &TensorInfo, r0: usize, r1: usize) -> Result<Vec<u8>, String> {
-    let row = t.row_bytes().ok_or("row bytes")? as usize;
-    Ok(src.tensor_data(t)[r0 * row..r1 * row].to_vec())
+/// A tensor of `src` dequantized to f32.
+fn f32_of(src: &GgufFile, name: &str) -> Result<Vec<f32>, String> {
+    let t = tensor(src, name)?;
+    src.dequantize_tensor(t).map_err(|e| e.to_string())
 }
 
-/// Columns `c0..c1` (values of each row) of a 2-D quantized tensor; block-aligned.
-fn columns(src: &GgufFile, t: &TensorInfo, c0: usize, c1: usize) -> Result<Vec<u8>, String> {
-    let (per, block, _) = block_geometry(t.ty)?;
-    if !c0.is_multiple_of(per) || !c1.is_multiple_of(per) {
-        return Err(format!(
-            "columns {c0}..{c1} of '{}' are not block-aligned",
-            t.name
-        ));
-    }
-    let row = t.row_bytes().ok_or("row bytes")? as usize;
-    let (b0, b1) = (c0 / per * block, c1 / per * block);
-    Ok(src
-        .tensor_data(t)
-        .chunks_exact(row)
-        .flat_map(|r| r[b0..b1].iter().copied())
-        .collect())
+/// Columns `c0..c1` of every row (rows of `row_len` values).
+fn columns(values: &[f32], row_len: usize, c0: usize, c1: usize) -> Vec<f32> {
+    values
+        .chunks_exact(row_len)
+        .flat_map(|r| r[c0..c1].iter().copied())
+        .collect()
 }
 
-/// The first 6 blocks of SmolLM2 as `arch` (`qwen3moe` or `qwen2moe`).
+/// The first 6 blocks of SmolLM2 as `arch` (`qwen3moe` or `qwen2moe`), every tensor in F32 so
+/// that llama.cpp computes the same products as ork's f32 reference (tight goldens).
 fn qwen(src: &GgufFile, arch: &str) -> Result<GgufBuilder, String> {
     let shared = arch == "qwen2moe";
     let mut replace = vec![
@@ -287,16 +279,24 @@ fn qwen(src: &GgufFile, arch: &str) -> Result<GgufBuilder, String> {
     }
     let mut b = metadata(src, arch, &replace);
     let f32t = GgmlType::F32;
+    let put = |b: GgufBuilder, name: &str, dims: &[u64], v: &[f32]| {
+        b.tensor_f32(name, dims, f32t, v).map_err(|e| e.to_string())
+    };
     let copy = |b: GgufBuilder, name: &str| -> Result<GgufBuilder, String> {
-        let t = tensor(src, name)?;
-        Ok(b.tensor(name, &t.dims, t.ty, src.tensor_data(t).to_vec()))
+        let dims = tensor(src, name)?.dims.clone();
+        put(b, name, &dims, &f32_of(src, name)?)
     };
     b = copy(b, "token_embd.weight")?;
     b = copy(b, "output_norm.weight")?;
     if shared {
-        // llama.cpp's qwen2moe requires an output projection: the (tied) embedding's bytes.
-        let e = tensor(src, "token_embd.weight")?;
-        b = b.tensor("output.weight", &e.dims, e.ty, src.tensor_data(e).to_vec());
+        // llama.cpp's qwen2moe requires an output projection: the (tied) embedding.
+        let dims = tensor(src, "token_embd.weight")?.dims.clone();
+        b = put(
+            b,
+            "output.weight",
+            &dims,
+            &f32_of(src, "token_embd.weight")?,
+        )?;
     }
     let n_embd = tensor(src, "output_norm.weight")?.dims[0] as usize;
     let head_dim = 64usize;
@@ -315,8 +315,7 @@ fn qwen(src: &GgufFile, arch: &str) -> Result<GgufBuilder, String> {
         }
         let mut vector = |b: GgufBuilder, name: String, n: usize, scale: f32, offset: f32| {
             let v: Vec<f32> = rng.vec(n, scale).into_iter().map(|x| x + offset).collect();
-            b.tensor_f32(name, &[n as u64], f32t, &v)
-                .map_err(|e| e.to_string())
+            put(b, &name, &[n as u64], &v)
         };
         if shared {
             let q = tensor(src, &t("attn_q.weight"))?.dims[1] as usize;
@@ -329,58 +328,42 @@ fn qwen(src: &GgufFile, arch: &str) -> Result<GgufBuilder, String> {
             b = vector(b, t("attn_q_norm.weight"), head_dim, 0.1, 1.0)?;
             b = vector(b, t("attn_k_norm.weight"), head_dim, 0.1, 1.0)?;
         }
-        b = b
-            .tensor_f32(
-                t("ffn_gate_inp.weight"),
-                &[n_embd as u64, N_EXPERT as u64],
-                f32t,
-                &router(n_embd, l),
-            )
-            .map_err(|e| e.to_string())?;
-        let gate = tensor(src, &t("ffn_gate.weight"))?;
-        let up = tensor(src, &t("ffn_up.weight"))?;
-        let down = tensor(src, &t("ffn_down.weight"))?;
-        let ff = QWEN_FF_EXP;
-        let exps = |w: &TensorInfo, down: bool| -> Result<Vec<u8>, String> {
-            let mut out = Vec::new();
-            for e in 0..N_EXPERT {
-                out.extend(if down {
-                    columns(src, w, e * ff, (e + 1) * ff)?
-                } else {
-                    rows(src, w, e * ff, (e + 1) * ff)?
-                });
-            }
-            Ok(out)
-        };
         let (ne, e) = (n_embd as u64, N_EXPERT as u64);
+        b = put(b, &t("ffn_gate_inp.weight"), &[ne, e], &router(n_embd, l))?;
+        let gate = f32_of(src, &t("ffn_gate.weight"))?;
+        let up = f32_of(src, &t("ffn_up.weight"))?;
+        let down = f32_of(src, &t("ffn_down.weight"))?;
+        let n_ff = down.len() / n_embd;
+        let ff = QWEN_FF_EXP;
+        // gate/up: rows e·ff.. of [n_ff rows × n_embd]; down: the matching columns of
+        // [n_embd rows × n_ff].
+        let rows = |w: &[f32], r0: usize, r1: usize| w[r0 * n_embd..r1 * n_embd].to_vec();
+        let (mut g, mut u, mut d) = (Vec::new(), Vec::new(), Vec::new());
+        for x in 0..N_EXPERT {
+            g.extend(rows(&gate, x * ff, (x + 1) * ff));
+            u.extend(rows(&up, x * ff, (x + 1) * ff));
+            d.extend(columns(&down, n_ff, x * ff, (x + 1) * ff));
+        }
         let ffu = ff as u64;
-        let (g, u, d) = (exps(gate, false)?, exps(up, false)?, exps(down, true)?);
-        b = b
-            .tensor(t("ffn_gate_exps.weight"), &[ne, ffu, e], gate.ty, g)
-            .tensor(t("ffn_up_exps.weight"), &[ne, ffu, e], up.ty, u)
-            .tensor(t("ffn_down_exps.weight"), &[ffu, ne, e], down.ty, d);
+        b = put(b, &t("ffn_gate_exps.weight"), &[ne, ffu, e], &g)?;
+        b = put(b, &t("ffn_up_exps.weight"), &[ne, ffu, e], &u)?;
+        b = put(b, &t("ffn_down_exps.weight"), &[ffu, ne, e], &d)?;
         if shared {
             let s = QWEN_FF_SHEXP;
             let su = s as u64;
-            b = b
-                .tensor(
-                    t("ffn_gate_shexp.weight"),
-                    &[ne, su],
-                    gate.ty,
-                    rows(src, gate, 0, s)?,
-                )
-                .tensor(
-                    t("ffn_up_shexp.weight"),
-                    &[ne, su],
-                    up.ty,
-                    rows(src, up, 0, s)?,
-                )
-                .tensor(
-                    t("ffn_down_shexp.weight"),
-                    &[su, ne],
-                    down.ty,
-                    columns(src, down, 0, s)?,
-                );
+            b = put(
+                b,
+                &t("ffn_gate_shexp.weight"),
+                &[ne, su],
+                &rows(&gate, 0, s),
+            )?;
+            b = put(b, &t("ffn_up_shexp.weight"), &[ne, su], &rows(&up, 0, s))?;
+            b = put(
+                b,
+                &t("ffn_down_shexp.weight"),
+                &[su, ne],
+                &columns(&down, n_ff, 0, s),
+            )?;
         }
     }
     Ok(b)

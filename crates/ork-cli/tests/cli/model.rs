@@ -436,3 +436,52 @@ fn run_writes_a_trace_and_bench_stream_reports_ratios() {
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(s.starts_with("<svg") || s.contains("<svg"), "an SVG file");
 }
+
+/// A MoE model (the qwen3moe fixture of `ork_testkit::moe`): `ork plan` reports the expert
+/// figures; `ork run --json` reports expert hits and the speculative prefetch, which
+/// `--no-speculate` turns off without changing the text.
+#[test]
+fn plan_and_run_report_expert_figures_on_a_moe_model() {
+    let m = ork_testkit::moe::moe_fixture(ork_testkit::moe::MoeFixture::Qwen3Moe);
+    let ms = m.to_str().unwrap();
+    let o = run(&["plan", "--model", ms, "--budget-mb", "40", "--json"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!((u(&v, "experts"), u(&v, "experts_used")), (8, 2), "{v}");
+    let active = v["active_bytes_per_token"].as_f64().unwrap();
+    let expected = v["expected_streamed_bytes_per_token"].as_f64().unwrap();
+    assert!(
+        u(&v, "expert_bytes") > 0 && active < u(&v, "model_bytes") as f64,
+        "{v}"
+    );
+    assert!(expected <= active && expected > 0.0, "{v}");
+
+    let run_moe = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            ms,
+            "--no-pack",
+            "--budget-mb",
+            "40",
+            "--device",
+            "emu",
+            "--prompt",
+            PROMPT,
+            "-n",
+            "4",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+        json(&o)
+    };
+    let spec = run_moe(&[]);
+    let plain = run_moe(&["--no-speculate"]);
+    assert_eq!(spec["text"], plain["text"]);
+    assert!(u(&spec["experts"], "predictions") > 0, "{spec}");
+    assert!(spec["experts"]["recall"].as_f64().is_some(), "{spec}");
+    assert_eq!(u(&plain["experts"], "predictions"), 0, "{plain}");
+    assert!(u(&spec["experts"], "expert_matmuls") > 0 && u(&spec, "bytes_streamed") > 0);
+}

@@ -274,3 +274,94 @@ fn identical_experts_compute_the_dense_model() {
     let text = tok.decode(&got, false).unwrap();
     assert!(text.starts_with(" Paris"), "{text:?}");
 }
+
+/// Records the announcements a linear receives, in order with the matmuls.
+struct Recording {
+    inner: CpuF32Linear,
+    log: std::sync::Mutex<Vec<String>>,
+}
+
+impl Linear for Recording {
+    fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        self.log.lock().unwrap().push(format!("matmul {weight}"));
+        self.inner.matmul(weight, x, m, y)
+    }
+    fn upcoming(&self, weights: &[&str]) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("upcoming {}", weights.join(" ")));
+    }
+}
+
+#[test]
+fn speculative_expert_prefetch_announces_the_next_block_and_never_changes_results() {
+    let spec = TinySpec {
+        n_layer: 4,
+        ..TinySpec::new("qwen3moe")
+    };
+    let g = from_builder(builder(&spec, None));
+    let tokens = [3u32, 17, 5, 39, 0, 22];
+    let run = |extra: Option<usize>| {
+        let model = Arc::new(Model::load(&g).unwrap());
+        model.set_expert_speculation(extra);
+        let rec = Arc::new(Recording {
+            inner: CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap(),
+            log: Default::default(),
+        });
+        let mut s = Session::new(Arc::clone(&model), rec.clone() as Arc<dyn Linear>);
+        let mut logits = vec![s.prefill(&tokens[..2]).unwrap()];
+        for &t in &tokens[2..] {
+            logits.push(s.decode(t).unwrap());
+        }
+        let log = rec.log.lock().unwrap().clone();
+        (logits, model.moe_stats().unwrap(), log)
+    };
+    let (on, stats, log) = run(Some(1));
+    let (off, off_stats, off_log) = run(None);
+    assert_eq!(on, off, "speculation is a hint only");
+    assert_eq!(off_stats, Default::default());
+    // 4 decode steps; blocks 1..3 are predicted by the block before: 3 experts each.
+    assert_eq!(stats.predicted_steps, 4 * 3);
+    assert_eq!(stats.predictions, 4 * 3 * 3);
+    assert_eq!(stats.used, 4 * 3 * 2);
+    let recall = stats.recall().unwrap();
+    assert!((0.0..=1.0).contains(&recall));
+    // In decode, block 0's announcement ends with block 1's predicted experts (3 × gate/up/down),
+    // and comes before block 1's router runs.
+    let first_decode = log
+        .iter()
+        .position(|l| l.starts_with("matmul blk.0.attn_q"))
+        .and_then(|p0| {
+            log[p0 + 1..]
+                .iter()
+                .position(|l| l.starts_with("matmul blk.0.attn_q"))
+                .map(|p| p0 + 1 + p)
+        })
+        .unwrap();
+    let step = &log[first_decode..];
+    let ann = step
+        .iter()
+        .position(|l| l.starts_with("upcoming "))
+        .unwrap();
+    let names: Vec<&str> = step[ann]["upcoming ".len()..].split(' ').collect();
+    assert_eq!(names.len(), 2 * 3 + 3 * 3, "{names:?}");
+    assert!(names[6..].iter().all(|n| n.starts_with("blk.1.ffn_")));
+    // The prediction is block 1's router applied early (right after block 0's, before the
+    // announcement); block 1's router runs again for real after it.
+    let router1: Vec<usize> = step
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| *l == "matmul blk.1.ffn_gate_inp.weight")
+        .map(|(i, _)| i)
+        .collect();
+    assert!(router1[0] < ann && ann < router1[1], "{router1:?} {ann}");
+    // Without speculation, announcements name only the block's own experts.
+    assert!(off_log
+        .iter()
+        .filter(|l| l.starts_with("upcoming "))
+        .all(|l| l.split(' ').skip(1).all(|n| {
+            let block = &n[..n.find(".ffn").unwrap()];
+            l.split(' ').nth(1).unwrap().starts_with(block)
+        })));
+}
