@@ -122,3 +122,28 @@ fn the_lm_head_runs_in_chip_sized_chunks_with_unchanged_greedy_text() {
     }
     assert_eq!(runs[0], runs[1]);
 }
+
+/// A quant the chip lacks is refused with a hint before anything is converted; a per-group
+/// fp16 mode the emulator has no kernel for is refused too; an unknown name does not parse.
+#[test]
+fn a_quant_the_chip_or_emulator_lacks_is_refused_before_converting() {
+    use ork_runtime::Quant;
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("q.orkpack");
+    let mut c = config(&pack, 1024);
+    c.set_quant(Quant::W4a16);
+    assert_eq!(c.quant(), Some(Quant::W4a16));
+    match Engine::open(c.clone()) {
+        Err(RuntimeError::Chip { hint, .. }) => assert!(hint.contains("rk3576"), "{hint}"),
+        other => panic!("expected a chip refusal, got {:?}", other.err()),
+    }
+    c.soc = ork_device::Soc::Rk3576;
+    c.set_quant(Quant::W4a16G(32));
+    assert!(matches!(
+        Engine::open(c),
+        Err(RuntimeError::Device { source: None, .. })
+    ));
+    assert!(!pack.exists(), "nothing converted");
+    assert!("w8a8-g64".parse::<Quant>().is_err());
+    assert_eq!("w8a8-g128".parse::<Quant>(), Ok(Quant::W8a8G(128)));
+}
