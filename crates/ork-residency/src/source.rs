@@ -95,7 +95,8 @@ impl WeightSource {
     }
 
     /// Fill `dst` (exactly the layout's blob bytes) with the weight's tiled bytes and return its
-    /// per-channel scales and how they were obtained.
+    /// scales (per channel, or `[N][K/g]` per group: [`WeightSource::group`]) and how they were
+    /// obtained.
     pub fn fetch_into(
         &self,
         name: &str,
