@@ -173,6 +173,12 @@ pub struct ConvertArgs {
     /// Weight dtype.
     #[arg(long, value_enum, default_value = "i8")]
     pub dtype: DtypeArg,
+    /// Quantization mode (see `ork run --help`); overrides --dtype.
+    #[arg(long, value_parser = quant_parser, conflicts_with = "dtype")]
+    pub quant: Option<ork_runtime::Quant>,
+    /// The chip the pack is made for (recorded in it; a quant the chip lacks is refused).
+    #[arg(long, value_enum, default_value = "rk3588")]
+    pub soc: SocArg,
     /// Drop each source tensor's pages once packed (also ORK_EVICT_SRC=1).
     #[arg(long)]
     pub evict_src: bool,
@@ -261,6 +267,17 @@ pub struct ModelOpts {
     /// int8/int4 weights exist on the rk3576 only).
     #[arg(long, value_enum, default_value = "rk3588")]
     pub soc: SocArg,
+    /// Quantization mode, as rkllm names them: w8a8 (int8 per channel), w8a8-g128/-g256/-g512
+    /// (int8 with one scale per 128/256/512 k where that divides K), w16a16 (fp16), and on the
+    /// rk3576 only w4a16 (int4 per channel; w4a16-g32/-g64/-g128 are refused: the emulator has
+    /// no kernel for them). Overrides --dtype and --act.
+    #[arg(long, value_parser = quant_parser, conflicts_with_all = ["dtype", "activations"])]
+    pub quant: Option<ork_runtime::Quant>,
+}
+
+/// Parse a `--quant` name.
+pub fn quant_parser(s: &str) -> Result<ork_runtime::Quant, String> {
+    s.parse()
 }
 
 /// Activation precision of the device matmuls.
@@ -564,6 +581,12 @@ pub struct PlanArgs {
     /// Weight dtype.
     #[arg(long, value_enum, default_value = "i8")]
     pub dtype: DtypeArg,
+    /// Quantization mode (see `ork run --help`); overrides --dtype.
+    #[arg(long, value_parser = quant_parser, conflicts_with = "dtype")]
+    pub quant: Option<ork_runtime::Quant>,
+    /// The chip to plan for: its matmul type pair and how weights beyond its limits are split.
+    #[arg(long, value_enum, default_value = "rk3588")]
+    pub soc: SocArg,
     /// Prefill tokens assumed for the per-token figures.
     #[arg(long, default_value_t = 512, value_parser = count_parser(1))]
     pub prefill_tokens: usize,

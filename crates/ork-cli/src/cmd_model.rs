@@ -26,7 +26,7 @@ fn env_flag(name: &str) -> bool {
 
 /// The engine configuration the command line asks for.
 pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
-    EngineConfig {
+    let mut config = EngineConfig {
         model: opts.model.clone(),
         pack: match (&opts.pack, opts.no_pack) {
             (_, true) => PackChoice::None,
@@ -38,6 +38,7 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
         domains: opts.domains,
         dtype: opts.dtype.into(),
         activations: opts.activations.into(),
+        group: ork_pack::ScaleGroup::PerChannel,
         soc: opts.soc.into(),
         threads: opts.threads,
         prefetch: !opts.no_prefetch,
@@ -46,7 +47,11 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
         evict_src: env_flag("ORK_EVICT_SRC"),
         draft: None,
         expert_speculation: (!opts.no_speculate).then_some(1),
+    };
+    if let Some(q) = opts.quant {
+        config.set_quant(q);
     }
+    config
 }
 
 /// Open the engine, drawing the conversion bar unless `quiet`; say on stderr why an existing
@@ -431,13 +436,87 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `ork plan` says about the chip: type pair, scale groups, splits.
+#[derive(serde::Serialize)]
+struct ChipPlan {
+    soc: &'static str,
+    quant: String,
+    a: &'static str,
+    b: &'static str,
+    grouped: usize,
+    per_channel: usize,
+    split: Vec<SplitPlan>,
+}
+
+/// One weight the chip takes in parts.
+#[derive(serde::Serialize)]
+struct SplitPlan {
+    name: String,
+    k: usize,
+    n: usize,
+    parts: usize,
+    n_chunks: usize,
+    k_segments: usize,
+    max_k: usize,
+    max_n: usize,
+}
+
+fn chip_plan(config: &EngineConfig, manifest: &ork_manifest::Manifest) -> Result<ChipPlan> {
+    use ork_device::ElemType;
+    let (mut grouped, mut per_channel, mut split) = (0, 0, Vec::new());
+    for w in manifest.execution_order() {
+        let (k, n) = ork_store::matmul_dims(&w.slice)?;
+        let group = ork_store::effective_group(config.group, config.dtype, k);
+        match group {
+            ork_pack::ScaleGroup::PerChannel => per_channel += 1,
+            ork_pack::ScaleGroup::Group(_) => grouped += 1,
+        }
+        let layout = ork_pack::TiledLayout::new(config.dtype, k, n);
+        let parts = ork_device::split::split(&layout, group, config.soc)
+            .with_context(|| format!("splitting '{}'", w.key))?;
+        if parts.len() > 1 {
+            let n_chunks = parts.iter().filter(|p| p.k.start == 0).count();
+            split.push(SplitPlan {
+                name: w.key.clone(),
+                k,
+                n,
+                parts: parts.len(),
+                n_chunks,
+                k_segments: parts.len() / n_chunks,
+                max_k: parts.iter().map(|p| p.k.len()).max().unwrap_or(0),
+                max_n: parts.iter().map(|p| p.n.len()).max().unwrap_or(0),
+            });
+        }
+    }
+    Ok(ChipPlan {
+        soc: config.soc.name(),
+        quant: config.quant().map_or_else(
+            || format!("{}/{}", config.dtype.name(), config.activations.name()),
+            |q| q.name(),
+        ),
+        a: ElemType::of_activations(config.activations).name(),
+        b: ElemType::of_weight(config.dtype).name(),
+        grouped,
+        per_channel,
+        split,
+    })
+}
+
 /// `ork plan`.
 pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     let manifest = open_manifest(&args.model)?;
     let budget = budget_bytes(args.budget_mb.map(|mb| mb << 20))?;
+    let mut config = EngineConfig::new(&args.model);
+    config.soc = args.soc.into();
+    config.dtype = args.dtype.into();
+    if let Some(q) = args.quant {
+        config.set_quant(q);
+    }
+    ork_runtime::check_chip(&config, &manifest)?;
+    let chip = chip_plan(&config, &manifest)?;
     let p = plan_weights(
         &manifest,
-        args.dtype.into(),
+        config.dtype,
         budget,
         args.window_mb << 20,
         args.domains,
@@ -458,6 +537,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
             v["active_bytes_per_token"] = p.active_bytes_per_token(f).into();
             v["expected_streamed_bytes_per_token"] = p.expected_streamed_bytes_per_token(f).into();
         }
+        v["chip"] = serde_json::to_value(&chip)?;
         println!("{}", serde_json::to_string(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -467,10 +547,23 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         args.model.display(),
         p.placement.len(),
         mib(p.model_bytes),
-        ork_pack::PackDtype::from(args.dtype).name(),
+        config.dtype.name(),
         p.largest.0,
         mib(p.largest.1)
     );
+    println!(
+        "chip {}: {} (activations {} x weights {}), {} grouped, {} per channel",
+        chip.soc, chip.quant, chip.a, chip.b, chip.grouped, chip.per_channel
+    );
+    if chip.split.is_empty() {
+        println!("every weight fits the chip's K/N limits whole");
+    }
+    for s in &chip.split {
+        println!(
+            "  split '{}' (K {} x N {}): {} part(s), {} N-chunk(s) x {} K-segment(s), largest part K {} x N {}",
+            s.name, s.k, s.n, s.parts, s.n_chunks, s.k_segments, s.max_k, s.max_n
+        );
+    }
     println!(
         "budget {:.0} MiB per domain, window {} MiB, {} domain(s) available",
         mib(budget),

@@ -122,7 +122,13 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
     // Which files may be replaced (never the model, under any spelling or link; only an
     // .orkpack) is decided by ork-store when the pack is written.
     let evict_src = args.evict_src || env_flag("ORK_EVICT_SRC");
-    let dtype: PackDtype = args.dtype.into();
+    let mut config = ork_runtime::EngineConfig::new(&args.model);
+    config.soc = args.soc.into();
+    config.dtype = args.dtype.into();
+    if let Some(q) = args.quant {
+        config.set_quant(q);
+    }
+    let dtype: PackDtype = config.dtype;
     let model = std::sync::Arc::new(GgufFile::open(&args.model)?);
     // Pack only what `run` can run: the same model check (architecture, metadata, every
     // tensor present with its shape) before anything is written.
@@ -132,6 +138,9 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
             args.model.display()
         )
     })?;
+    // A quant the chip lacks is refused before anything is written, with what to use instead.
+    let manifest = ork_manifest::Manifest::from_gguf(&model)?;
+    ork_runtime::check_chip(&config, &manifest)?;
     ork_store::resolve_target(&output, Some(&args.model))?;
 
     let bar = crate::progress::ConvertBar::new(&model, args.json)?;
@@ -142,9 +151,9 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
         evict_src,
         threads: args.threads,
         progress: Some(&progress),
-        manifest: None,
-        group: Default::default(),
-        target: None,
+        manifest: Some(&manifest),
+        group: config.group,
+        target: Some(config.soc.name()),
     };
     let result = ork_store::convert(&model, &output, &opts);
     bar.finish();

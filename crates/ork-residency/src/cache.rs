@@ -420,10 +420,9 @@ impl WeightCache {
         Ok(l)
     }
 
-    /// The scale group of a weight's scales (per channel for every source today).
+    /// How a weight's scales cover K (from its source).
     pub fn group(&self, name: &str) -> Result<ScaleGroup, ResidencyError> {
-        self.layout(name)?;
-        Ok(ScaleGroup::PerChannel)
+        self.source.group(name)
     }
 
     /// The chip-sized parts a weight is computed in (see `docs/chip.md`): N-chunks of at most

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use ork_gguf::GgufFile;
-use ork_pack::{GgufRows, PackDtype, TiledLayout};
-use ork_store::{matmul_dims, Orkpack, StoreError};
+use ork_pack::{GgufRows, PackDtype, ScaleGroup, TiledLayout};
+use ork_store::{effective_group, matmul_dims, Orkpack, StoreError};
 
 use crate::ResidencyError;
 
@@ -38,6 +38,9 @@ pub enum WeightSource {
         model: Arc<GgufFile>,
         /// Dtype to pack to.
         dtype: PackDtype,
+        /// Scale groups to pack with where they fit (`ork_store::effective_group`: per channel
+        /// for a weight whose K the group does not divide).
+        group: ScaleGroup,
     },
 }
 
@@ -63,10 +66,25 @@ impl WeightSource {
                 .entry(name)
                 .map(|e| e.layout())
                 .ok_or_else(|| self.unknown(name)),
-            WeightSource::Gguf { model, dtype } => {
+            WeightSource::Gguf { model, dtype, .. } => {
                 let t = ork_manifest::weight_view(model, name).ok_or_else(|| self.unknown(name))?;
                 let (k, n) = matmul_dims(&t)?;
                 Ok(TiledLayout::new(*dtype, k, n))
+            }
+        }
+    }
+
+    /// How a weight's scales cover K: the entry's group in a pack, the requested group where it
+    /// fits when packing from the GGUF.
+    pub fn group(&self, name: &str) -> Result<ScaleGroup, ResidencyError> {
+        match self {
+            WeightSource::Pack { pack, .. } => pack
+                .entry(name)
+                .map(|e| e.group())
+                .ok_or_else(|| self.unknown(name)),
+            WeightSource::Gguf { dtype, group, .. } => {
+                let l = self.layout(name)?;
+                Ok(effective_group(*group, *dtype, l.k))
             }
         }
     }
@@ -79,7 +97,8 @@ impl WeightSource {
     }
 
     /// Fill `dst` (exactly the layout's blob bytes) with the weight's tiled bytes and return its
-    /// per-channel scales and how they were obtained.
+    /// scales (per channel, or `[N][K/g]` per group: [`WeightSource::group`]) and how they were
+    /// obtained.
     pub fn fetch_into(
         &self,
         name: &str,
@@ -104,24 +123,27 @@ impl WeightSource {
                         Some(model),
                     ) => {
                         let dtype = e.layout().dtype;
-                        Ok((pack_from(model, name, dtype, dst)?, Fetch::Packed))
+                        let group = e.group();
+                        Ok((pack_from(model, name, dtype, group, dst)?, Fetch::Packed))
                     }
                     (Err(err), _) => Err(err.into()),
                 }
             }
-            WeightSource::Gguf { model, dtype } => {
-                Ok((pack_from(model, name, *dtype, dst)?, Fetch::Packed))
+            WeightSource::Gguf { model, dtype, .. } => {
+                let group = self.group(name)?;
+                Ok((pack_from(model, name, *dtype, group, dst)?, Fetch::Packed))
             }
         }
     }
 }
 
 /// Pack weight `name` of `model` (a 2-D tensor, or an expert's slice `TENSOR#EXPERT`) straight
-/// into `dst`.
+/// into `dst` (per channel), or through a grouped pack and a copy (per group).
 fn pack_from(
     model: &GgufFile,
     name: &str,
     dtype: PackDtype,
+    group: ScaleGroup,
     dst: &mut [u8],
 ) -> Result<Vec<f32>, ResidencyError> {
     let t =
@@ -137,7 +159,21 @@ fn pack_from(
     let rows = GgufRows::new(model, t).map_err(pack_err)?;
     let (_, n) = matmul_dims(t)?;
     let mut scales = vec![0f32; n];
-    let packed = ork_pack::pack_into(&rows, dtype, dst, &mut scales);
+    let packed = match group {
+        ScaleGroup::PerChannel => ork_pack::pack_into(&rows, dtype, dst, &mut scales).map(drop),
+        ScaleGroup::Group(g) => ork_pack::pack_grouped(&rows, dtype, g).and_then(|pw| {
+            if pw.data.len() != dst.len() {
+                return Err(ork_pack::PackError::Shape {
+                    k: pw.layout.k,
+                    n: pw.layout.n,
+                    reason: "destination is not the layout's blob size",
+                });
+            }
+            dst.copy_from_slice(&pw.data);
+            scales = pw.scales;
+            Ok(())
+        }),
+    };
     // The model cut short while being read: the bytes packed may be zeros, not the weight.
     model
         .check_intact(name)

@@ -137,6 +137,7 @@ fn gguf_source() -> WeightSource {
     WeightSource::Gguf {
         model: model(),
         dtype: PackDtype::I8,
+        group: ork_pack::ScaleGroup::PerChannel,
     }
 }
 
@@ -1448,6 +1449,7 @@ fn f16_activations_match_the_f32_reference_and_beat_int8_on_outliers() {
         let source = || WeightSource::Gguf {
             model: model(),
             dtype,
+            group: ork_pack::ScaleGroup::PerChannel,
         };
         let int8 = DeviceMatmul::new(
             Arc::new(WeightCache::new(emu_rk3576(), source(), CacheConfig::new(total())).unwrap()),
@@ -1755,6 +1757,16 @@ fn over_limit_model() -> Arc<GgufFile> {
 /// The unsplit reference: the whole weight on an emulator that does not enforce the limits,
 /// with the activations quantized as `DeviceMatmul` quantizes them.
 fn unsplit_reference(model: &GgufFile, name: &str, x: &[f32], m: usize) -> Vec<f32> {
+    unsplit_reference_grouped(model, name, x, m, None)
+}
+
+fn unsplit_reference_grouped(
+    model: &GgufFile,
+    name: &str,
+    x: &[f32],
+    m: usize,
+    group: Option<usize>,
+) -> Vec<f32> {
     let dev = EmuDevice::with_config(EmuConfig {
         enforce_limits: false,
         ..emu_config(1, GIB4)
@@ -1762,7 +1774,10 @@ fn unsplit_reference(model: &GgufFile, name: &str, x: &[f32], m: usize) -> Vec<f
     .expect("emu");
     let t = model.tensor(name).expect("tensor");
     let rows = ork_pack::GgufRows::new(model, t).expect("rows");
-    let pw = ork_pack::pack(&rows, PackDtype::I8).expect("pack");
+    let pw = match group {
+        None => ork_pack::pack(&rows, PackDtype::I8).expect("pack"),
+        Some(g) => ork_pack::pack_grouped(&rows, PackDtype::I8, g).expect("pack grouped"),
+    };
     let w = ork_device::upload(&dev, &pw, DomainId(0)).expect("upload whole");
     let k = pw.layout.k;
     let mut q = vec![0i8; m * k];
@@ -1793,6 +1808,7 @@ fn weights_beyond_the_chip_limits_run_as_parts_and_match_the_unsplit_result() {
         WeightSource::Gguf {
             model: Arc::clone(&model),
             dtype: PackDtype::I8,
+            group: ork_pack::ScaleGroup::PerChannel,
         },
         WeightSource::Pack {
             pack: Orkpack::open(&path).expect("open pack"),
@@ -1848,4 +1864,57 @@ fn weights_beyond_the_chip_limits_run_as_parts_and_match_the_unsplit_result() {
     }
     // The pack (native order, rearranged at fill) and the GGUF give the same bits.
     assert_eq!(from_sources[0], from_sources[1]);
+}
+
+#[test]
+fn grouped_scales_from_the_pack_or_the_gguf_run_split_and_match_the_unsplit_result() {
+    use ork_pack::ScaleGroup;
+    let model = over_limit_model();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("g128.orkpack");
+    let mut opts = ConvertOptions::new(PackDtype::I8);
+    opts.group = ScaleGroup::Group(128);
+    ensure(&model, &path, &opts).expect("ensure");
+    let name = "blk.0.ffn_down.weight"; // K = 11008 = 86 · 128, in segments 8192 + 2816
+    let mut outs = Vec::new();
+    for source in [
+        WeightSource::Gguf {
+            model: Arc::clone(&model),
+            dtype: PackDtype::I8,
+            group: ScaleGroup::Group(128),
+        },
+        WeightSource::Pack {
+            pack: Orkpack::open(&path).expect("open pack"),
+            model: None,
+            verify: true,
+        },
+    ] {
+        let cache = Arc::new(
+            WeightCache::new(emu(1, GIB4), source, CacheConfig::new(GIB4)).expect("cache"),
+        );
+        assert_eq!(cache.group(name).expect("group"), ScaleGroup::Group(128));
+        // token_embd has K = 64: per channel.
+        assert_eq!(
+            cache.group("token_embd.weight").expect("group"),
+            ScaleGroup::PerChannel
+        );
+        let dm = DeviceMatmul::new(Arc::clone(&cache), None);
+        let x = input(name, 11008);
+        let mut y = vec![0f32; M * 96];
+        dm.matmul(name, &x, M, &mut y)
+            .expect("grouped split matmul");
+        let want = unsplit_reference_grouped(&model, name, &x, M, Some(128));
+        let whole_pc = unsplit_reference(&model, name, &x, M);
+        let mag = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        for (a, b) in y.iter().zip(&want) {
+            assert!((a - b).abs() <= mag * 1e-5, "{a} vs {b}");
+        }
+        // And it is the grouped result, not the per-channel one.
+        assert!(y
+            .iter()
+            .zip(&whole_pc)
+            .any(|(a, b)| (a - b).abs() > mag * 1e-4));
+        outs.push(y);
+    }
+    assert_eq!(outs[0], outs[1]);
 }

@@ -178,6 +178,84 @@ pub trait ConvertObserver: Sync {
     fn finished(&self);
 }
 
+/// A quantization mode, named as rkllm names them (`docs/chip.md`): weights × activations and
+/// how the weight scales cover K.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Quant {
+    /// int8 weights, per-channel scales, int8 activations (the default).
+    W8a8,
+    /// int8 weights with one scale per 128 / 256 / 512 consecutive k, int8 activations (the
+    /// chip's int8 × int8 → fp32 per-group mode). Weights whose K the group does not divide keep
+    /// per-channel scales.
+    W8a8G(usize),
+    /// fp16 weights and activations.
+    W16a16,
+    /// int4 weights, per-channel scales, fp16 activations (RK3576 only).
+    W4a16,
+    /// int4 weights with one scale per 32 / 64 / 128 k, fp16 activations (RK3576 only; the
+    /// emulator has no kernel for it and refuses).
+    W4a16G(usize),
+}
+
+impl Quant {
+    /// Every mode, in the order `--help` lists them.
+    pub const ALL: [Quant; 9] = [
+        Quant::W8a8,
+        Quant::W8a8G(128),
+        Quant::W8a8G(256),
+        Quant::W8a8G(512),
+        Quant::W16a16,
+        Quant::W4a16,
+        Quant::W4a16G(32),
+        Quant::W4a16G(64),
+        Quant::W4a16G(128),
+    ];
+
+    /// Weight dtype, activation precision and scale group.
+    pub fn parts(self) -> (PackDtype, ActPrecision, ork_pack::ScaleGroup) {
+        use ork_pack::ScaleGroup::{Group, PerChannel};
+        match self {
+            Quant::W8a8 => (PackDtype::I8, ActPrecision::Int8, PerChannel),
+            Quant::W8a8G(g) => (PackDtype::I8, ActPrecision::Int8, Group(g)),
+            Quant::W16a16 => (PackDtype::F16, ActPrecision::F16, PerChannel),
+            Quant::W4a16 => (PackDtype::I4, ActPrecision::F16, PerChannel),
+            Quant::W4a16G(g) => (PackDtype::I4, ActPrecision::F16, Group(g)),
+        }
+    }
+
+    /// The name (`w8a8`, `w8a8-g128`, …).
+    pub fn name(self) -> String {
+        match self {
+            Quant::W8a8 => "w8a8".to_owned(),
+            Quant::W8a8G(g) => format!("w8a8-g{g}"),
+            Quant::W16a16 => "w16a16".to_owned(),
+            Quant::W4a16 => "w4a16".to_owned(),
+            Quant::W4a16G(g) => format!("w4a16-g{g}"),
+        }
+    }
+}
+
+impl std::fmt::Display for Quant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl std::str::FromStr for Quant {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Quant::ALL
+            .iter()
+            .copied()
+            .find(|q| q.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<String> = Quant::ALL.iter().map(|q| q.name()).collect();
+                format!("unknown quant '{s}' (one of: {})", names.join(", "))
+            })
+    }
+}
+
 /// Everything [`Engine::open`] needs.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -198,6 +276,10 @@ pub struct EngineConfig {
     pub dtype: PackDtype,
     /// Activation precision of the device matmuls.
     pub activations: ActPrecision,
+    /// Weight scale groups: per channel, or `Group(g)` for every weight whose K `g` divides
+    /// (the others stay per channel; `docs/chip.md`). [`EngineConfig::set_quant`] sets it with
+    /// `dtype` and `activations`.
+    pub group: ork_pack::ScaleGroup,
     /// Compute threads (`None`: all cores). The first engine of a process sizes rayon's global
     /// pool.
     pub threads: Option<usize>,
@@ -246,6 +328,7 @@ impl EngineConfig {
             soc: ork_device::Soc::Rk3588,
             dtype: PackDtype::I8,
             activations: ActPrecision::Int8,
+            group: ork_pack::ScaleGroup::PerChannel,
             threads: None,
             prefetch: true,
             trace: false,
@@ -254,6 +337,23 @@ impl EngineConfig {
             draft: None,
             expert_speculation: Some(1),
         }
+    }
+
+    /// Use the quantization mode `quant` (weight dtype, activation precision, scale groups).
+    pub fn set_quant(&mut self, quant: Quant) {
+        let (dtype, activations, group) = quant.parts();
+        self.dtype = dtype;
+        self.activations = activations;
+        self.group = group;
+    }
+
+    /// The quantization mode the config's dtype, activations and group make, if it is one of
+    /// [`Quant`]'s.
+    pub fn quant(&self) -> Option<Quant> {
+        Quant::ALL
+            .iter()
+            .copied()
+            .find(|q| q.parts() == (self.dtype, self.activations, self.group))
     }
 
     /// The `.orkpack` path this config uses, if any.
@@ -319,7 +419,7 @@ pub fn open_device(
 /// Refuse, before anything is converted or allocated, a precision the chip has no matmul type
 /// for (the device would refuse every task later): every weight is checked as the device will
 /// see it (per-channel scales; its K and N limits are the split's business, not checked here).
-fn check_chip(config: &EngineConfig, manifest: &Manifest) -> Result<(), RuntimeError> {
+pub fn check_chip(config: &EngineConfig, manifest: &Manifest) -> Result<(), RuntimeError> {
     use ork_device::{ElemType, MatmulShape};
     for w in manifest.execution_order() {
         let (k, n) = ork_store::matmul_dims(&w.slice).map_err(|source| RuntimeError::Plan {
@@ -331,9 +431,40 @@ fn check_chip(config: &EngineConfig, manifest: &Manifest) -> Result<(), RuntimeE
             b: ElemType::of_weight(config.dtype),
             k,
             n,
-            group: ork_pack::ScaleGroup::PerChannel,
+            group: ork_store::effective_group(config.group, config.dtype, k),
         };
+        let quant = config.quant().map_or_else(
+            || {
+                format!(
+                    "--dtype {} --act {}",
+                    config.dtype.name(),
+                    config.activations.name()
+                )
+            },
+            |q| format!("--quant {q}"),
+        );
         if let Err(source) = config.soc.check_types(&shape) {
+            if let (
+                ork_device::DeviceError::Chip {
+                    limit: ork_device::ChipLimit::Group { .. },
+                    ..
+                },
+                Some(g),
+            ) = (&source, shape.group.size())
+            {
+                return Err(RuntimeError::Chip {
+                    model: config.model.clone(),
+                    hint: format!(
+                        "{quant}: the {} has no {}-weight group of {g} with {} activations \
+                         (w8a8 groups: 128, 256, 512; w4a16 groups on the RK3576: 32, 64, 128); \
+                         see docs/chip.md",
+                        config.soc,
+                        config.dtype.name(),
+                        config.activations.name()
+                    ),
+                    source,
+                });
+            }
             let hint = match (config.activations, config.dtype) {
                 (ActPrecision::F16, PackDtype::I8 | PackDtype::I4) => format!(
                     "the {} has no fp16 × int{} matmul (no w{}a16): use --act i8 (w8a8), \
@@ -353,8 +484,18 @@ fn check_chip(config: &EngineConfig, manifest: &Manifest) -> Result<(), RuntimeE
             };
             return Err(RuntimeError::Chip {
                 model: config.model.clone(),
-                hint,
+                hint: format!("{quant}: {hint}"),
                 source,
+            });
+        }
+        if shape.group.size().is_some() && config.activations == ActPrecision::F16 {
+            return Err(RuntimeError::Device {
+                what: format!(
+                    "{quant}: the chip has per-group int4 weights with fp16 activations, but \
+                     the emulator has no kernel for them (docs/chip.md); use --quant w4a16 \
+                     (per channel) or w8a8-g128"
+                ),
+                source: None,
             });
         }
     }
@@ -817,6 +958,8 @@ impl LoadedModel {
         let (source, convert) = match &pack_path {
             Some(path) => {
                 let mut copts = ConvertOptions::new(config.dtype);
+                copts.group = config.group;
+                copts.target = Some(config.soc.name());
                 copts.verify = config.verify;
                 copts.evict_src = config.evict_src;
                 copts.threads = config.threads;
@@ -851,6 +994,7 @@ impl LoadedModel {
                             WeightSource::Gguf {
                                 model: Arc::clone(&gguf),
                                 dtype: config.dtype,
+                                group: config.group,
                             },
                             None,
                         )
@@ -867,6 +1011,7 @@ impl LoadedModel {
                 WeightSource::Gguf {
                     model: Arc::clone(&gguf),
                     dtype: config.dtype,
+                    group: config.group,
                 },
                 None,
             ),
@@ -920,6 +1065,7 @@ impl LoadedModel {
                     WeightSource::Gguf {
                         model: Arc::clone(&d.gguf),
                         dtype: config.dtype,
+                        group: config.group,
                     },
                     CacheConfig {
                         domains: info.domains,

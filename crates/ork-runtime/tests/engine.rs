@@ -278,3 +278,28 @@ fn a_moe_model_streams_its_experts_with_the_resident_tokens() {
     assert!(spec.expert_matmuls >= 5 * 6 * 2 * 3);
     assert!(spec.expert_hits <= spec.expert_matmuls);
 }
+
+/// A quant the chip lacks is refused with a hint before anything is converted; a per-group
+/// fp16 mode the emulator has no kernel for is refused too; an unknown name does not parse.
+#[test]
+fn a_quant_the_chip_or_emulator_lacks_is_refused_before_converting() {
+    use ork_runtime::Quant;
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("q.orkpack");
+    let mut c = config(&pack, 1024);
+    c.set_quant(Quant::W4a16);
+    assert_eq!(c.quant(), Some(Quant::W4a16));
+    match Engine::open(c.clone()) {
+        Err(RuntimeError::Chip { hint, .. }) => assert!(hint.contains("rk3576"), "{hint}"),
+        other => panic!("expected a chip refusal, got {:?}", other.err()),
+    }
+    c.soc = ork_device::Soc::Rk3576;
+    c.set_quant(Quant::W4a16G(32));
+    assert!(matches!(
+        Engine::open(c),
+        Err(RuntimeError::Device { source: None, .. })
+    ));
+    assert!(!pack.exists(), "nothing converted");
+    assert!("w8a8-g64".parse::<Quant>().is_err());
+    assert_eq!("w8a8-g128".parse::<Quant>(), Ok(Quant::W8a8G(128)));
+}

@@ -1,7 +1,7 @@
 //! ork layer 3 — **store**: the `.orkpack` on-disk cache of packed weights.
 //!
 //! An `.orkpack` holds, per matmul weight of a model, the tiled blob in the RK3588 native layout
-//! (4096-byte aligned, so it can be mapped or DMA-copied directly), its per-channel scales,
+//! (4096-byte aligned, so it can be mapped or DMA-copied directly), its scales (per channel or per group),
 //! xxh3-64 checksums of both, and the source tensor's fingerprint (the staleness key). The
 //! format is specified in `docs/orkpack.md`.
 //!

@@ -338,7 +338,7 @@ impl Orkpack {
         Ok(())
     }
 
-    /// The entry's per-output-channel scales, verified against their checksum.
+    /// The entry's scales (per output channel, or `[N][K/g]` per group; [`Entry::group`]), verified against their checksum.
     pub fn scales(&self, e: &Entry) -> Result<Vec<f32>, StoreError> {
         let e = self.own(e);
         let mut bytes = vec![0u8; e.scale_size as usize];

@@ -485,3 +485,52 @@ fn plan_and_run_report_expert_figures_on_a_moe_model() {
     assert_eq!(u(&plain["experts"], "predictions"), 0, "{plain}");
     assert!(u(&spec["experts"], "expert_matmuls") > 0 && u(&spec, "bytes_streamed") > 0);
 }
+
+/// `--quant`: an unknown name, a quant the chip lacks (convert writes nothing) and a per-group
+/// fp16 mode the emulator lacks are each one clear error; `ork plan` names the chip, the type
+/// pair and the lm head's split.
+#[test]
+fn quant_refusals_and_the_plan_of_the_chip() {
+    let m = model();
+    let ms = m.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("q.orkpack");
+    let ps = pack.to_str().unwrap();
+    for (args, needle) in [
+        (
+            vec!["convert", ms, "-o", ps, "--quant", "w8a8-g64"],
+            "w8a8-g64",
+        ),
+        (vec!["convert", ms, "-o", ps, "--quant", "w4a16"], "rk3576"),
+        (
+            vec![
+                "convert",
+                ms,
+                "-o",
+                ps,
+                "--quant",
+                "w4a16-g32",
+                "--soc",
+                "rk3576",
+            ],
+            "emulator",
+        ),
+    ] {
+        let o = run(&args);
+        assert_eq!(code(&o), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+        assert!(!pack.exists(), "{args:?}: nothing may be written");
+    }
+    let o = run(&["plan", "--model", ms, "--quant", "w8a8-g128", "--json"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    let chip = &v["chip"];
+    assert_eq!(chip["soc"].as_str(), Some("rk3588"), "{v}");
+    assert_eq!(
+        (chip["a"].as_str(), chip["b"].as_str()),
+        (Some("int8"), Some("int8"))
+    );
+    assert_eq!(chip["grouped"].as_u64(), Some(30));
+    assert_eq!(chip["split"][0]["name"].as_str(), Some("token_embd.weight"));
+    assert_eq!(chip["split"][0]["n_chunks"].as_u64(), Some(12));
+}
