@@ -222,18 +222,91 @@ struct IdentityJson {
     model_fingerprint: String,
 }
 
+/// One line of `ork inspect`: a pack entry, or every expert slice (`TENSOR#E`) of one 3-D
+/// expert tensor with the same shape and sizes, grouped (docs/moe.md, "Pack and store").
 #[derive(Serialize)]
 struct EntryJson {
+    /// The entry's name; for a group, the 3-D tensor's name (no `#E`).
     name: String,
     k: usize,
     n: usize,
     dtype: &'static str,
     layout: String,
+    /// The first byte of the entry's blob; for a group, the lowest of its slices.
     blob_offset: u64,
+    /// Blob bytes; for a group, the sum over its slices.
     blob_bytes: u64,
+    /// Scale bytes; for a group, the sum over its slices.
     scale_bytes: u64,
     source_type: String,
-    source_fingerprint: String,
+    /// The source bytes' fingerprint; `None` for a group (each slice has its own).
+    source_fingerprint: Option<String>,
+    /// For a group: how many expert slices it holds, and each one's blob and scale bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    experts: Option<ExpertGroupJson>,
+}
+
+#[derive(Serialize)]
+struct ExpertGroupJson {
+    count: usize,
+    /// The lowest and highest expert index in the group.
+    first: u64,
+    last: u64,
+    blob_bytes_per_expert: u64,
+    scale_bytes_per_expert: u64,
+}
+
+/// Folds the expert slices `TENSOR#E` of `entries` into one entry per tensor (and shape, dtype,
+/// layout, source type and sizes, so that a group's per-expert figures hold for every slice),
+/// placed where the tensor's first slice was. Other entries pass through unchanged.
+fn group_experts(entries: Vec<EntryJson>) -> Vec<EntryJson> {
+    let mut out: Vec<EntryJson> = Vec::with_capacity(entries.len());
+    let mut groups: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for e in entries {
+        let Some((tensor, expert)) = e
+            .name
+            .rsplit_once('#')
+            .and_then(|(t, x)| Some((t.to_owned(), x.parse::<u64>().ok()?)))
+        else {
+            out.push(e);
+            continue;
+        };
+        let key = format!(
+            "{tensor}\0{}\0{}\0{}\0{}\0{}\0{}\0{}",
+            e.k, e.n, e.dtype, e.layout, e.source_type, e.blob_bytes, e.scale_bytes
+        );
+        match groups.get(&key) {
+            Some(&i) => {
+                let g = &mut out[i];
+                let x = g
+                    .experts
+                    .as_mut()
+                    .expect("a group entry has its expert figures");
+                x.count += 1;
+                x.first = x.first.min(expert);
+                x.last = x.last.max(expert);
+                g.blob_offset = g.blob_offset.min(e.blob_offset);
+                g.blob_bytes += e.blob_bytes;
+                g.scale_bytes += e.scale_bytes;
+            }
+            None => {
+                groups.insert(key, out.len());
+                out.push(EntryJson {
+                    name: tensor,
+                    source_fingerprint: None,
+                    experts: Some(ExpertGroupJson {
+                        count: 1,
+                        first: expert,
+                        last: expert,
+                        blob_bytes_per_expert: e.blob_bytes,
+                        scale_bytes_per_expert: e.scale_bytes,
+                    }),
+                    ..e
+                });
+            }
+        }
+    }
+    out
 }
 
 #[derive(Serialize)]
@@ -242,7 +315,9 @@ struct InspectJson {
     file_bytes: u64,
     format_version: u32,
     model: Option<IdentityJson>,
+    /// One per pack entry, except that expert slices are grouped (see [`EntryJson`]).
     entries: Vec<EntryJson>,
+    /// Pack entries, each expert slice counted.
     total_entries: usize,
     total_blob_bytes: u64,
     total_scale_bytes: u64,
@@ -269,10 +344,15 @@ pub fn inspect(args: &InspectArgs) -> Result<ExitCode> {
                 blob_bytes: e.blob_range().1,
                 scale_bytes: e.scale_range().1,
                 source_type: ggml_name(e.source().ggml_type),
-                source_fingerprint: format!("{:016x}", e.source().fingerprint),
+                source_fingerprint: Some(format!("{:016x}", e.source().fingerprint)),
+                experts: None,
             }
         })
         .collect();
+    let pack_entries = entries.len();
+    let total_blob_bytes = entries.iter().map(|e| e.blob_bytes).sum();
+    let total_scale_bytes = entries.iter().map(|e| e.scale_bytes).sum();
+    let entries = group_experts(entries);
     let out = InspectJson {
         file: args.file.clone(),
         file_bytes,
@@ -281,9 +361,9 @@ pub fn inspect(args: &InspectArgs) -> Result<ExitCode> {
             model_file_bytes: m.file_len,
             model_fingerprint: format!("{:016x}", m.fingerprint),
         }),
-        total_entries: entries.len(),
-        total_blob_bytes: entries.iter().map(|e| e.blob_bytes).sum(),
-        total_scale_bytes: entries.iter().map(|e| e.scale_bytes).sum(),
+        total_entries: pack_entries,
+        total_blob_bytes,
+        total_scale_bytes,
         entries,
     };
     if args.json {
@@ -311,27 +391,28 @@ pub fn inspect(args: &InspectArgs) -> Result<ExitCode> {
         .max(4);
     println!();
     println!(
-        "{:<w$}  {:>6}  {:>6}  {:<5}  {:<13}  {:>12}  {:>8}  {:<6}  fingerprint",
+        "{:<w$}  {:>6}  {:>6}  {:<5}  {:<13}  {:>12}  {:>8}  {:<6}  fingerprint or experts",
         "name", "K", "N", "dtype", "layout", "blob bytes", "scales", "source"
     );
     for e in &out.entries {
+        let last = match (&e.experts, &e.source_fingerprint) {
+            (Some(x), _) => format!(
+                "{} experts ({}..={}) x {} blob + {} scale bytes",
+                x.count, x.first, x.last, x.blob_bytes_per_expert, x.scale_bytes_per_expert
+            ),
+            (None, Some(f)) => f.clone(),
+            (None, None) => String::new(),
+        };
         println!(
             "{:<w$}  {:>6}  {:>6}  {:<5}  {:<13}  {:>12}  {:>8}  {:<6}  {}",
-            e.name,
-            e.k,
-            e.n,
-            e.dtype,
-            e.layout,
-            e.blob_bytes,
-            e.scale_bytes,
-            e.source_type,
-            e.source_fingerprint
+            e.name, e.k, e.n, e.dtype, e.layout, e.blob_bytes, e.scale_bytes, e.source_type, last
         );
     }
     println!();
     println!(
-        "{} entries, {} blob bytes ({:.1} MiB), {} scale bytes",
+        "{} entries ({} lines, expert slices grouped), {} blob bytes ({:.1} MiB), {} scale bytes",
         out.total_entries,
+        out.entries.len(),
         out.total_blob_bytes,
         out.total_blob_bytes as f64 / MIB,
         out.total_scale_bytes

@@ -501,3 +501,75 @@ fn convert_json_reports_sizes_and_memory() {
         stdout(&o)
     );
 }
+
+/// `ork inspect` on a converted MoE model (the qwen3moe fixture of `ork_testkit::moe`: 6 blocks,
+/// 8 experts): each 3-D expert tensor is one entry (count, bytes per expert, total) instead of
+/// one per expert slice; the totals still count every slice.
+#[test]
+fn inspect_groups_the_expert_slices_of_a_moe_pack() {
+    let m = ork_testkit::moe::moe_fixture(ork_testkit::moe::MoeFixture::Qwen3Moe);
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("moe.orkpack");
+    let o = run(&["convert", s(&m), "-o", s(&pack), "--json"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+
+    let o = run(&["inspect", s(&pack), "--json"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let j = json(&o);
+    let entries = j["entries"].as_array().unwrap();
+    assert!(
+        entries
+            .iter()
+            .all(|e| !e["name"].as_str().unwrap().contains('#')),
+        "an expert slice listed alone: {j}"
+    );
+    let groups: Vec<_> = entries
+        .iter()
+        .filter(|e| e["experts"].is_object())
+        .collect();
+    let mut names: Vec<&str> = groups.iter().map(|g| g["name"].as_str().unwrap()).collect();
+    names.sort_unstable();
+    let mut want: Vec<String> = (0..6)
+        .flat_map(|l| ["gate", "up", "down"].map(|w| format!("blk.{l}.ffn_{w}_exps.weight")))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(names, want);
+    for g in &groups {
+        let x = &g["experts"];
+        assert_eq!(
+            (x["count"].as_u64(), x["first"].as_u64(), x["last"].as_u64()),
+            (Some(8), Some(0), Some(7)),
+            "{g}"
+        );
+        let per = x["blob_bytes_per_expert"].as_u64().unwrap();
+        let (k, n) = (g["k"].as_u64().unwrap(), g["n"].as_u64().unwrap());
+        assert_eq!(g["dtype"], "i8");
+        assert_eq!(per, k * n, "{g}");
+        assert_eq!(g["blob_bytes"].as_u64(), Some(8 * per), "{g}");
+        assert_eq!(
+            g["scale_bytes"].as_u64(),
+            Some(8 * x["scale_bytes_per_expert"].as_u64().unwrap()),
+            "{g}"
+        );
+        assert!(g["source_fingerprint"].is_null(), "{g}");
+    }
+    let singles = entries.len() - groups.len();
+    assert!(singles > 0);
+    assert_eq!(j["total_entries"].as_u64(), Some((singles + 18 * 8) as u64));
+    let blob_sum: u64 = entries
+        .iter()
+        .map(|e| e["blob_bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(j["total_blob_bytes"].as_u64(), Some(blob_sum));
+
+    // The text form: one line per expert tensor, naming the count.
+    let o = run(&["inspect", s(&pack)]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(!text.contains("exps.weight#"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("blk.0.ffn_up_exps.weight "))
+        .unwrap_or_else(|| panic!("no line for blk.0.ffn_up_exps.weight: {text}"));
+    assert!(line.contains("8 experts (0..=7)"), "{line}");
+}
