@@ -22,8 +22,7 @@ struct Recorder {
 impl Linear for Recorder {
     fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
         self.inner.matmul(weight, x, m, y)?;
-        if m > 0 {
-            let k = x.len() / m;
+        if let Some(k) = x.len().checked_div(m).filter(|&k| k > 0) {
             let mut maxima = self.maxima.lock().unwrap_or_else(|e| e.into_inner());
             let col = maxima
                 .entry(weight.to_owned())
