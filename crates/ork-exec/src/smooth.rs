@@ -156,7 +156,7 @@ fn scale_columns(rows: &mut [f32], s: &[f32]) {
 }
 
 /// Apply `smoothing` to the f32 weights of `reference` in place: the columns of q/k/v and
-/// gate/up multiplied by `s`. With [`smoothed_model`]'s norms divided by `s`, the block outputs
+/// gate/up multiplied by `s`. With the norms divided by `s` (as [`smoothed_gguf`] does), the block outputs
 /// equal the unsmoothed model's up to f32 rounding.
 ///
 /// # Errors
