@@ -179,6 +179,14 @@ pub struct ConvertArgs {
     /// The chip the pack is made for (recorded in it; a quant the chip lacks is refused).
     #[arg(long, value_enum, default_value = "rk3588")]
     pub soc: SocArg,
+    /// A calibration text for SmoothQuant-style smoothing (docs/chip.md): a few hundred tokens
+    /// run through the f32 reference to measure each channel's activation range, which is
+    /// migrated into the weights before they are packed. Never the text perplexity is scored on.
+    #[arg(long)]
+    pub calib: Option<PathBuf>,
+    /// Smoothing strength alpha in [0, 1] (with --calib): s = max|X|^alpha / max|W|^(1-alpha).
+    #[arg(long, default_value_t = 0.5, value_parser = parse_unit, requires = "calib")]
+    pub smooth: f32,
     /// Drop each source tensor's pages once packed (also ORK_EVICT_SRC=1).
     #[arg(long)]
     pub evict_src: bool,
@@ -273,6 +281,14 @@ pub struct ModelOpts {
     /// no kernel for them). Overrides --dtype and --act.
     #[arg(long, value_parser = quant_parser, conflicts_with_all = ["dtype", "activations"])]
     pub quant: Option<ork_runtime::Quant>,
+    /// A calibration text for SmoothQuant-style smoothing (docs/chip.md): a few hundred tokens
+    /// run through the f32 reference to measure each channel's activation range, which is
+    /// migrated into the weights before they are packed. Never the text perplexity is scored on.
+    #[arg(long)]
+    pub calib: Option<PathBuf>,
+    /// Smoothing strength alpha in [0, 1] (with --calib): s = max|X|^alpha / max|W|^(1-alpha).
+    #[arg(long, default_value_t = 0.5, value_parser = parse_unit, requires = "calib")]
+    pub smooth: f32,
 }
 
 /// Parse a `--quant` name.

@@ -47,6 +47,10 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
         evict_src: env_flag("ORK_EVICT_SRC"),
         draft: None,
         expert_speculation: (!opts.no_speculate).then_some(1),
+        smooth: opts.calib.as_ref().map(|calib| ork_runtime::Smoothing {
+            alpha: opts.smooth,
+            calib: calib.clone(),
+        }),
     };
     if let Some(q) = opts.quant {
         config.set_quant(q);

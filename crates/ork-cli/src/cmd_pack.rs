@@ -128,8 +128,17 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
     if let Some(q) = args.quant {
         config.set_quant(q);
     }
+    config.smooth = args.calib.as_ref().map(|calib| ork_runtime::Smoothing {
+        alpha: args.smooth,
+        calib: calib.clone(),
+    });
     let dtype: PackDtype = config.dtype;
-    let model = std::sync::Arc::new(GgufFile::open(&args.model)?);
+    let model = if config.smooth.is_some() {
+        // The smoothed weights (docs/chip.md), folded in memory before packing.
+        std::sync::Arc::clone(ork_runtime::Engine::load(config.clone())?.gguf())
+    } else {
+        std::sync::Arc::new(GgufFile::open(&args.model)?)
+    };
     // Pack only what `run` can run: the same model check (architecture, metadata, every
     // tensor present with its shape) before anything is written.
     ork_exec::Model::load(&model).with_context(|| {

@@ -65,6 +65,13 @@ pub enum ExecError {
         /// What is wrong.
         what: String,
     },
+    /// Smoothing parameters or factors that cannot be used (alpha outside `[0, 1]`, an empty
+    /// calibration text, factors that do not fit the model; `docs/chip.md`).
+    #[error("smoothing: {what}")]
+    InvalidSmoothing {
+        /// What is wrong.
+        what: String,
+    },
     /// A `Linear` was asked for a weight it does not hold.
     #[error("linear backend has no weight '{weight}'")]
     UnknownWeight {

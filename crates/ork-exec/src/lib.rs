@@ -25,6 +25,7 @@ pub mod ops;
 mod perplexity;
 mod sample;
 mod session;
+mod smooth;
 mod speculative;
 mod tokenizer;
 mod weights;
@@ -39,6 +40,7 @@ pub use moe::{MoeStats, Routing};
 pub use perplexity::{perplexity, PerplexityReport};
 pub use sample::{Distribution, Sampler, SamplerOptions};
 pub use session::{BatchPart, Session};
+pub use smooth::{smooth_reference, smoothed_gguf, smoothing_factors, BlockSmoothing};
 pub use speculative::{
     check_draft_vocabulary, generate_speculative, Acceptance, Draft, LookupDraft, ModelDraft,
     Proposal, SpeculativeGeneration, SpeculativeOptions, SpeculativeStats, StandardAcceptance,

@@ -157,6 +157,11 @@ impl CpuF32Linear {
     pub fn weight(&self, name: &str) -> Option<&[f32]> {
         self.weights.get(name).map(|w| w.data.as_slice())
     }
+
+    /// The f32 rows of a weight (`n × k`) to change in place, if held.
+    pub fn weight_mut(&mut self, name: &str) -> Option<&mut [f32]> {
+        self.weights.get_mut(name).map(|w| w.data.as_mut_slice())
+    }
 }
 
 impl Default for CpuF32Linear {

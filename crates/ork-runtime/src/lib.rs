@@ -41,6 +41,15 @@ pub enum RuntimeError {
     /// The GGUF cannot be opened or parsed.
     #[error(transparent)]
     Gguf(#[from] ork_gguf::GgufError),
+    /// The calibration text for smoothing (`--calib`) cannot be used: missing, unreadable,
+    /// not UTF-8 or empty.
+    #[error("calibration file {}: {what}", path.display())]
+    Calibration {
+        /// The calibration file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
     /// The model's weight manifest cannot be derived.
     #[error(transparent)]
     Manifest(#[from] ork_manifest::ManifestError),
@@ -299,6 +308,64 @@ pub struct EngineConfig {
     /// each block from the block before (`None`: announce only the experts a router chose;
     /// see docs/moe.md).
     pub expert_speculation: Option<usize>,
+    /// SmoothQuant-style smoothing folded into the weights before they are packed
+    /// (`docs/chip.md`); `None` for none.
+    pub smooth: Option<Smoothing>,
+}
+
+/// SmoothQuant-style smoothing (`docs/chip.md`): per input channel of q/k/v and gate/up,
+/// `s = max|X|^alpha / max|W|^(1-alpha)`, `max|X|` measured by running `calib` through the f32
+/// reference; `1/s` is folded into the RMSNorm before, `s` into the weights. The smoothed
+/// weights change every packed entry's source fingerprint, so a pack made with other smoothing
+/// (or none) is rebuilt as stale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Smoothing {
+    /// Migration strength in `[0, 1]` (0.5 by default in the CLI).
+    pub alpha: f32,
+    /// The calibration text (a few hundred tokens; never the text perplexity is measured on).
+    pub calib: PathBuf,
+}
+
+/// Tokens of the calibration text used at most (windows of [`CALIB_CTX`]).
+pub const CALIB_MAX_TOKENS: usize = 2048;
+/// Window length of the calibration run.
+pub const CALIB_CTX: usize = 512;
+
+/// Fold `smooth` into `gguf`: the smoothed in-memory GGUF and its model.
+fn apply_smoothing(
+    config: &EngineConfig,
+    smooth: &Smoothing,
+    gguf: &GgufFile,
+    model: &Arc<Model>,
+    tokenizer: &Tokenizer,
+) -> Result<(Arc<GgufFile>, Arc<Model>), RuntimeError> {
+    let bad = |what: String| RuntimeError::Calibration {
+        path: smooth.calib.clone(),
+        what,
+    };
+    let bytes = std::fs::read(&smooth.calib).map_err(|e| bad(e.to_string()))?;
+    let text = String::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
+    if text.trim().is_empty() {
+        return Err(bad("the file is empty".to_owned()));
+    }
+    let model_err = |source| RuntimeError::Model {
+        model: config.model.clone(),
+        source,
+    };
+    let mut tokens = tokenizer.encode(&text, true, false).map_err(model_err)?;
+    tokens.truncate(CALIB_MAX_TOKENS);
+    let reference = Arc::new(
+        ork_exec::CpuF32Linear::from_gguf(gguf, model.matmul_weights()).map_err(model_err)?,
+    );
+    let factors = ork_exec::smoothing_factors(model, &reference, &tokens, CALIB_CTX, smooth.alpha)
+        .map_err(model_err)?;
+    drop(reference);
+    let label = config
+        .model
+        .with_extension(format!("smooth-{}.gguf", smooth.alpha));
+    let file = Arc::new(ork_exec::smoothed_gguf(gguf, model, &factors, label).map_err(model_err)?);
+    let smoothed = Arc::new(Model::load(&file).map_err(model_err)?);
+    Ok((file, smoothed))
 }
 
 /// A draft that lives on the device beside the model (speculative decoding,
@@ -336,6 +403,7 @@ impl EngineConfig {
             evict_src: false,
             draft: None,
             expert_speculation: Some(1),
+            smooth: None,
         }
     }
 
@@ -762,6 +830,10 @@ impl Engine {
         };
         let model = Arc::new(Model::load(&gguf).map_err(model_err)?);
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).map_err(model_err)?);
+        let (gguf, model) = match &config.smooth {
+            Some(smooth) => apply_smoothing(&config, smooth, &gguf, &model, &tokenizer)?,
+            None => (gguf, model),
+        };
         let manifest = Arc::new(Manifest::from_gguf(&gguf)?);
         Ok(LoadedModel {
             config,
@@ -791,6 +863,11 @@ impl std::fmt::Debug for LoadedModel {
 }
 
 impl LoadedModel {
+    /// The GGUF the weights come from (the smoothed in-memory copy when the config smooths).
+    pub fn gguf(&self) -> &Arc<GgufFile> {
+        &self.gguf
+    }
+
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model

@@ -303,3 +303,51 @@ fn a_quant_the_chip_or_emulator_lacks_is_refused_before_converting() {
     assert!("w8a8-g64".parse::<Quant>().is_err());
     assert_eq!("w8a8-g128".parse::<Quant>(), Ok(Quant::W8a8G(128)));
 }
+
+#[test]
+fn a_missing_empty_or_non_utf8_calibration_file_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "  \n").unwrap();
+    let binary = dir.path().join("binary.txt");
+    std::fs::write(&binary, [0xffu8, 0xfe, 0x00, 0x80]).unwrap();
+    let missing = dir.path().join("missing.txt");
+    for path in [missing, empty, binary] {
+        let mut c = config(&dir.path().join("m.orkpack"), 1024);
+        c.smooth = Some(ork_runtime::Smoothing {
+            alpha: 0.5,
+            calib: path.clone(),
+        });
+        match Engine::load(c) {
+            Err(RuntimeError::Calibration { path: p, .. }) => assert_eq!(p, path),
+            Err(e) => panic!("{}: wrong error {e:?}", path.display()),
+            Ok(_) => panic!("{}: accepted", path.display()),
+        }
+    }
+}
+
+#[test]
+fn smoothing_changes_the_packed_weights_and_rebuilds_the_pack() {
+    let dir = tempfile::tempdir().unwrap();
+    let calib = dir.path().join("calib.txt");
+    std::fs::write(
+        &calib,
+        "A short calibration text about rivers, mountains and the weather in spring.",
+    )
+    .unwrap();
+    let pack = dir.path().join("m.orkpack");
+    let plain = Engine::open(config(&pack, 1024)).unwrap();
+    let mut c = config(&pack, 1024);
+    c.smooth = Some(ork_runtime::Smoothing { alpha: 0.5, calib });
+    let smoothed = Engine::open(c).unwrap();
+    // The fingerprint of a packed entry is that of its source tensor: smoothing changes q/k/v
+    // and gate/up, so the pack made without it is rebuilt, saying why.
+    let rebuild = smoothed.convert_report().and_then(|r| r.rebuild.clone());
+    assert!(
+        matches!(rebuild, Some(ork_store::RebuildReason::Stale { count, .. }) if count == 5 * 30),
+        "{rebuild:?}"
+    );
+    let a = plain.session().prefill(&[1, 2, 3]).unwrap();
+    let b = smoothed.session().prefill(&[1, 2, 3]).unwrap();
+    assert_ne!(a, b, "the smoothed weights are quantized differently");
+}
