@@ -9,10 +9,9 @@ use ork_pack::ScaleGroup;
 use crate::buffer::{BackendBuffer, SyncDir};
 use crate::host_map::HostMap;
 use crate::kernel::Isa;
-use crate::rknpu::flags::MemFlags;
 use crate::soc::{ElemType, MatmulShape, Soc};
 use crate::task::{is_integer, ActValues};
-use crate::window::{footprint, AllocFailure, IovaAlign, Window, WindowConfig, WINDOW_BYTES};
+use crate::window::{footprint, WindowConfig, Windows, WINDOW_BYTES};
 use crate::{
     gemm, ActPrecision, BufferIntent, BufferView, Device, DeviceBuffer, DeviceError, DeviceInfo,
     DeviceStats, DomainId, IntegerOracle, MatmulStats, MatmulTask, WeightRef, MAX_DOMAINS,
@@ -72,12 +71,6 @@ impl Default for EmuConfig {
     }
 }
 
-struct Residency {
-    windows: Vec<Window>,
-    buffers_live: u64,
-    peak: u64,
-}
-
 struct Gate {
     attached: u32,
     in_flight: u32,
@@ -85,7 +78,7 @@ struct Gate {
 
 /// State shared by the device and all its buffers (a buffer may outlive the `EmuDevice`).
 struct Shared {
-    residency: Mutex<Residency>,
+    residency: Mutex<Windows>,
     gate: Mutex<Gate>,
     drained: Condvar,
     switch_cost: Duration,
@@ -110,17 +103,9 @@ struct EmuBuffer {
 
 impl Drop for EmuBuffer {
     fn drop(&mut self) {
-        let mut r = lock(&self.shared.residency);
-        if let Some(w) = r.windows.get_mut(self.domain.0 as usize) {
-            // A record is only built by `create_buffer`, which allocated this range, and is
-            // dropped exactly once, so `free` finds it.
-            let freed = w.free(self.iova);
-            debug_assert!(
-                freed.is_some(),
-                "released an IOVA range that was not allocated"
-            );
-        }
-        r.buffers_live -= 1;
+        // A record is only built by `create_buffer`, which allocated this range, and is
+        // dropped exactly once.
+        lock(&self.shared.residency).free(self.domain, self.iova);
         // `map` is unmapped when the fields drop, right after this.
     }
 }
@@ -261,13 +246,7 @@ impl EmuDevice {
         }
         .max(1);
         let shared = Arc::new(Shared {
-            residency: Mutex::new(Residency {
-                windows: (0..config.domains)
-                    .map(|_| Window::new(&config.window))
-                    .collect(),
-                buffers_live: 0,
-                peak: 0,
-            }),
+            residency: Mutex::new(Windows::new(config.domains, &config.window)),
             gate: Mutex::new(Gate {
                 attached: 0,
                 in_flight: 0,
@@ -468,42 +447,7 @@ impl Device for EmuDevice {
     ) -> Result<DeviceBuffer, DeviceError> {
         self.check_domain(domain)?;
         // The emulator models the vendor driver: the flags it would pass decide the alignment.
-        let align = if MemFlags::for_intent(intent).page_aligned() {
-            IovaAlign::Page
-        } else {
-            IovaAlign::SizeOrder
-        };
-        let iova = {
-            let mut r = lock(&self.shared.residency);
-            let w = &mut r.windows[domain.0 as usize];
-            let iova = match w.alloc(size, align) {
-                Ok(iova) => iova,
-                Err(AllocFailure::Zero) => return Err(DeviceError::ZeroSize { domain }),
-                Err(AllocFailure::Oversize { usable }) => {
-                    return Err(DeviceError::Oversize {
-                        requested: size,
-                        usable,
-                    })
-                }
-                Err(AllocFailure::Full {
-                    size: rounded,
-                    align,
-                    largest_free,
-                }) => {
-                    return Err(DeviceError::WindowFull {
-                        domain,
-                        requested: rounded,
-                        align,
-                        resident: w.allocated(),
-                        largest_free,
-                    })
-                }
-            };
-            r.buffers_live += 1;
-            let total: u64 = r.windows.iter().map(Window::allocated).sum();
-            r.peak = r.peak.max(total);
-            iova
-        };
+        let iova = lock(&self.shared.residency).alloc(size, intent, domain)?;
         // `alloc` accepted the size, so it is ≤ 4 GiB and fits in usize on 64-bit hosts.
         let map_len = footprint(size);
         let map = match usize::try_from(map_len)
@@ -512,9 +456,7 @@ impl Device for EmuDevice {
         {
             Ok(m) => m,
             Err(source) => {
-                let mut r = lock(&self.shared.residency);
-                r.windows[domain.0 as usize].free(iova);
-                r.buffers_live -= 1;
+                lock(&self.shared.residency).free(domain, iova);
                 return Err(DeviceError::HostMemory { size, source });
             }
         };
@@ -610,9 +552,9 @@ impl Device for EmuDevice {
         let r = lock(&self.shared.residency);
         let attached = DomainId(lock(&self.shared.gate).attached);
         DeviceStats {
-            buffers_live: r.buffers_live,
-            resident_per_domain: r.windows.iter().map(Window::allocated).collect(),
-            peak_resident: r.peak,
+            buffers_live: r.buffers_live(),
+            resident_per_domain: r.resident_per_domain(),
+            peak_resident: r.peak(),
             domain_switches: self.shared.switches.load(Ordering::Relaxed),
             tasks: self.shared.tasks.load(Ordering::Relaxed),
             attached,

@@ -222,6 +222,97 @@ impl Window {
     }
 }
 
+/// The windows of every IOMMU domain of one device and the accounting a device reports (live
+/// buffers, peak resident bytes). One model for every backend, so the emulator's and the `rknn`
+/// backend's budgets, alignment and wall hits agree.
+pub(crate) struct Windows {
+    windows: Vec<Window>,
+    buffers_live: u64,
+    peak: u64,
+}
+
+impl Windows {
+    /// `domains` empty windows of the given geometry.
+    pub(crate) fn new(domains: u32, config: &WindowConfig) -> Windows {
+        Windows {
+            windows: (0..domains).map(|_| Window::new(config)).collect(),
+            buffers_live: 0,
+            peak: 0,
+        }
+    }
+
+    /// Reserve `size` bytes in `domain`'s window with the alignment the vendor driver would use
+    /// for `intent`; returns the IOVA. The caller has checked that `domain` exists.
+    pub(crate) fn alloc(
+        &mut self,
+        size: u64,
+        intent: crate::BufferIntent,
+        domain: crate::DomainId,
+    ) -> Result<u64, crate::DeviceError> {
+        use crate::DeviceError;
+        let align = if crate::rknpu::flags::MemFlags::for_intent(intent).page_aligned() {
+            IovaAlign::Page
+        } else {
+            IovaAlign::SizeOrder
+        };
+        let w = &mut self.windows[domain.0 as usize];
+        let iova = match w.alloc(size, align) {
+            Ok(iova) => iova,
+            Err(AllocFailure::Zero) => return Err(DeviceError::ZeroSize { domain }),
+            Err(AllocFailure::Oversize { usable }) => {
+                return Err(DeviceError::Oversize {
+                    requested: size,
+                    usable,
+                })
+            }
+            Err(AllocFailure::Full {
+                size: rounded,
+                align,
+                largest_free,
+            }) => {
+                return Err(DeviceError::WindowFull {
+                    domain,
+                    requested: rounded,
+                    align,
+                    resident: w.allocated(),
+                    largest_free,
+                })
+            }
+        };
+        self.buffers_live += 1;
+        let total: u64 = self.windows.iter().map(Window::allocated).sum();
+        self.peak = self.peak.max(total);
+        Ok(iova)
+    }
+
+    /// Release a range [`Windows::alloc`] returned (exactly once per allocation).
+    pub(crate) fn free(&mut self, domain: crate::DomainId, iova: u64) {
+        if let Some(w) = self.windows.get_mut(domain.0 as usize) {
+            let freed = w.free(iova);
+            debug_assert!(
+                freed.is_some(),
+                "released an IOVA range that was not allocated"
+            );
+        }
+        self.buffers_live -= 1;
+    }
+
+    /// Buffers alive now.
+    pub(crate) fn buffers_live(&self) -> u64 {
+        self.buffers_live
+    }
+
+    /// Bytes allocated per domain now.
+    pub(crate) fn resident_per_domain(&self) -> Vec<u64> {
+        self.windows.iter().map(Window::allocated).collect()
+    }
+
+    /// Most bytes allocated over all domains at once.
+    pub(crate) fn peak(&self) -> u64 {
+        self.peak
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

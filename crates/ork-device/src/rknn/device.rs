@@ -11,10 +11,9 @@ use super::sys::{
     self, mm_type, IoAttr, MatmulInfo, MatmulShape as CShape, Mem, RknnContext, RuntimeLib,
 };
 use crate::buffer::{BackendBuffer, SyncDir};
-use crate::rknpu::flags::MemFlags;
 use crate::soc::{ChipLimit, ElemType, MatmulShape, Soc};
 use crate::task::ActValues;
-use crate::window::{footprint, AllocFailure, IovaAlign, Window, WindowConfig, WINDOW_BYTES};
+use crate::window::{footprint, WindowConfig, Windows, WINDOW_BYTES};
 use crate::OpenOptions;
 use crate::{
     BufferIntent, BufferView, Device, DeviceBuffer, DeviceError, DeviceInfo, DeviceStats, DomainId,
@@ -95,12 +94,6 @@ impl Drop for MatCtx {
     }
 }
 
-struct Residency {
-    windows: Vec<Window>,
-    buffers_live: u64,
-    peak: u64,
-}
-
 /// State shared by the device and every buffer it made.
 struct Shared {
     lib: Arc<RuntimeLib>,
@@ -110,7 +103,7 @@ struct Shared {
     /// One small matmul context per domain, made on first use: memory is created through it so
     /// that it lands in that domain.
     alloc: Mutex<Vec<Option<RknnContext>>>,
-    residency: Mutex<Residency>,
+    residency: Mutex<Windows>,
     /// Idle matmul contexts by key. A task checks one out for its run and returns it, so tasks
     /// on several threads never wait for each other (nor for a context held across a run that
     /// lets the calling thread pick up another task): a key gets a second context when two tasks
@@ -192,15 +185,7 @@ impl Drop for RknnBuffer {
         if let Some(m) = self.mem.take() {
             let _ = lib.destroy_mem(self.ctx, m);
         }
-        let mut r = lock(&self.shared.residency);
-        if let Some(w) = r.windows.get_mut(self.domain.0 as usize) {
-            let freed = w.free(self.iova);
-            debug_assert!(
-                freed.is_some(),
-                "released an IOVA range that was not allocated"
-            );
-        }
-        r.buffers_live -= 1;
+        lock(&self.shared.residency).free(self.domain, self.iova);
     }
 }
 
@@ -337,11 +322,7 @@ impl RknnDevice {
             soc,
             domains,
             alloc: Mutex::new(alloc),
-            residency: Mutex::new(Residency {
-                windows: (0..domains).map(|_| Window::new(&window)).collect(),
-                buffers_live: 0,
-                peak: 0,
-            }),
+            residency: Mutex::new(Windows::new(domains, &window)),
             contexts: Mutex::new(HashMap::new()),
             made: AtomicU64::new(0),
             attached: Mutex::new(0),
@@ -725,46 +706,9 @@ impl Device for RknnDevice {
         }
         // The same window model and alignment rules as the emulator, so the budget and the
         // wall-hit accounting match it.
-        let align = if MemFlags::for_intent(intent).page_aligned() {
-            IovaAlign::Page
-        } else {
-            IovaAlign::SizeOrder
-        };
-        let iova = {
-            let mut r = lock(&self.shared.residency);
-            let w = &mut r.windows[domain.0 as usize];
-            let iova = match w.alloc(size, align) {
-                Ok(iova) => iova,
-                Err(AllocFailure::Zero) => return Err(DeviceError::ZeroSize { domain }),
-                Err(AllocFailure::Oversize { usable }) => {
-                    return Err(DeviceError::Oversize {
-                        requested: size,
-                        usable,
-                    })
-                }
-                Err(AllocFailure::Full {
-                    size: rounded,
-                    align,
-                    largest_free,
-                }) => {
-                    return Err(DeviceError::WindowFull {
-                        domain,
-                        requested: rounded,
-                        align,
-                        resident: w.allocated(),
-                        largest_free,
-                    })
-                }
-            };
-            r.buffers_live += 1;
-            let total: u64 = r.windows.iter().map(Window::allocated).sum();
-            r.peak = r.peak.max(total);
-            iova
-        };
+        let iova = lock(&self.shared.residency).alloc(size, intent, domain)?;
         let undo = |shared: &Shared| {
-            let mut r = lock(&shared.residency);
-            r.windows[domain.0 as usize].free(iova);
-            r.buffers_live -= 1;
+            lock(&shared.residency).free(domain, iova);
         };
         let mem = self.shared.alloc_ctx(domain).and_then(|ctx| {
             self.shared
@@ -860,9 +804,9 @@ impl Device for RknnDevice {
     fn stats(&self) -> DeviceStats {
         let r = lock(&self.shared.residency);
         DeviceStats {
-            buffers_live: r.buffers_live,
-            resident_per_domain: r.windows.iter().map(Window::allocated).collect(),
-            peak_resident: r.peak,
+            buffers_live: r.buffers_live(),
+            resident_per_domain: r.resident_per_domain(),
+            peak_resident: r.peak(),
             domain_switches: self.shared.switches.load(Ordering::Relaxed),
             tasks: self.shared.tasks.load(Ordering::Relaxed),
             attached: DomainId(*lock(&self.shared.attached)),
