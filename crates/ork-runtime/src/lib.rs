@@ -585,19 +585,8 @@ pub fn plan_weights(
     domains: u32,
     slots: usize,
 ) -> Result<Plan, RuntimeError> {
-    let mut weights = Vec::new();
-    for w in manifest.execution_order() {
-        let (k, n) = ork_store::matmul_dims(&w.slice).map_err(|source| RuntimeError::Plan {
-            model: manifest.file().to_path_buf(),
-            source,
-        })?;
-        weights.push((
-            w.key.clone(),
-            device_bytes(&ork_pack::TiledLayout::new(dtype, k, n)),
-        ));
-    }
     Ok(ork_residency::plan(&PlanInput {
-        weights,
+        weights: weight_bytes(manifest, dtype)?,
         budget_bytes: budget,
         window_bytes: window,
         domains,
