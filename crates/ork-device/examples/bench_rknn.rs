@@ -15,18 +15,9 @@ use ork_device::{
 };
 use ork_pack::{PackDtype, PackedWeight, ScaleGroup, TiledLayout};
 
-const LAYERS: usize = 30;
-/// (K, N) of one layer's matmuls, in execution order.
-const LAYER_SHAPES: [(usize, usize); 7] = [
-    (576, 576),
-    (576, 192),
-    (576, 192),
-    (576, 576),
-    (576, 1536),
-    (576, 1536),
-    (1536, 576),
-];
-const HEAD: (usize, usize) = (576, 49152);
+use ork_device::bench::{
+    SMOLLM2_HEAD as HEAD, SMOLLM2_LAYER as LAYER_SHAPES, SMOLLM2_LAYERS as LAYERS,
+};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = std::env::args().nth(1).map_or(Ok(20), |s| s.parse())?;
