@@ -17,8 +17,9 @@
 use std::sync::Arc;
 
 use half::f16;
-use ork_pack::{PackDtype, PackedWeight, ScaleGroup, TiledLayout};
+use ork_pack::{PackDtype, ScaleGroup};
 
+use crate::check_data::{random_weight, CheckRng};
 use crate::soc::{ChipLimit, ElemType};
 use crate::{
     upload, ActPrecision, Activations, BufferIntent, CoreMask, Device, DeviceError, DeviceWeight,
@@ -130,63 +131,6 @@ fn assert_type_pair_refused<T: std::fmt::Debug>(r: Result<T, DeviceError>, what:
         ),
         "{what}: the chip lacks the type pair, expected DeviceError::Chip(TypePair), got {r:?}"
     );
-}
-
-/// A deterministic generator (no test may depend on the OS's randomness).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn i8(&mut self) -> i8 {
-        self.next() as i8
-    }
-}
-
-/// A weight of `dtype`, `k × n`, with random element values and scales, tiled natively; also
-/// its untiled values `q[n·k + k]`.
-fn random_weight(dtype: PackDtype, k: usize, n: usize, rng: &mut Lcg) -> (PackedWeight, Vec<i8>) {
-    let layout = TiledLayout::new(dtype, k, n);
-    let q: Vec<i8> = (0..n * k)
-        .map(|_| match dtype {
-            PackDtype::I4 => (rng.next() % 16) as i8 - 8,
-            _ => rng.i8(),
-        })
-        .collect();
-    let mut data = vec![0u8; layout.blob_bytes()];
-    for nn in 0..n {
-        for kk in 0..k {
-            let v = q[nn * k + kk];
-            let e = layout.index(kk, nn);
-            match dtype {
-                PackDtype::I8 => data[e] = v as u8,
-                PackDtype::I4 => {
-                    let nib = (v as u8) & 0x0F;
-                    let low = e.is_multiple_of(2) == ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE;
-                    data[e / 2] |= if low { nib } else { nib << 4 };
-                }
-                PackDtype::F16 => data[2 * e..2 * e + 2]
-                    .copy_from_slice(&f16::from_f32(f32::from(v)).to_le_bytes()),
-            }
-        }
-    }
-    let scales = (0..n)
-        .map(|j| 0.01 + (rng.next() % 100) as f32 * 1e-4 + j as f32 * 1e-5)
-        .collect();
-    (
-        PackedWeight {
-            layout,
-            data,
-            scales,
-            group: ScaleGroup::PerChannel,
-        },
-        q,
-    )
 }
 
 /// Compare `out` with the f64 reference `(Σ_k a[m,k]·q[n,k]) · row_scale[m] · w_scale[n]` within
@@ -447,10 +391,10 @@ pub fn integer_weights_match_f64_reference(ctor: &Ctor) {
     let Some(dev) = computing(ctor, "integer_weights_match_f64_reference") else {
         return;
     };
-    let mut rng = Lcg(1);
+    let mut rng = CheckRng::new(1);
     for dtype in [PackDtype::I8, PackDtype::I4, PackDtype::F16] {
         for (m, k, n) in edge_shapes(dtype) {
-            let (pw, q) = random_weight(dtype, k, n, &mut rng);
+            let (pw, q) = random_weight(dtype, k, n, ScaleGroup::PerChannel, &mut rng);
             let w = upload(dev.as_ref(), &pw, DomainId(0)).unwrap();
             let a: Vec<i8> = (0..m * k).map(|_| rng.i8()).collect();
             let sa: Vec<f32> = (0..m).map(|i| 0.5 + i as f32 * 0.01).collect();
@@ -483,15 +427,15 @@ pub fn fp16_activations_match_f64_reference(ctor: &Ctor) {
     let Some(dev) = computing(ctor, "fp16_activations_match_f64_reference") else {
         return;
     };
-    let mut rng = Lcg(2);
+    let mut rng = CheckRng::new(2);
     for dtype in [PackDtype::I8, PackDtype::I4, PackDtype::F16] {
         for (i, (m, k, n)) in edge_shapes(dtype).into_iter().enumerate() {
-            let (pw, q) = random_weight(dtype, k, n, &mut rng);
+            let (pw, q) = random_weight(dtype, k, n, ScaleGroup::PerChannel, &mut rng);
             let w = upload(dev.as_ref(), &pw, DomainId(0)).unwrap();
             // Every 5th channel an outlier, as in real activations.
             let a: Vec<f16> = (0..m * k)
                 .map(|j| {
-                    let u = (rng.next() % 20001) as f32 / 10000.0 - 1.0;
+                    let u = (rng.next_u64() % 20001) as f32 / 10000.0 - 1.0;
                     f16::from_f32(if j % 5 == 2 { u * 3000.0 } else { u * 2.0 })
                 })
                 .collect();
@@ -545,10 +489,10 @@ pub fn integer_oracle_is_exact(ctor: &Ctor) {
         );
         return;
     };
-    let mut rng = Lcg(3);
+    let mut rng = CheckRng::new(3);
     for dtype in [PackDtype::I8, PackDtype::I4] {
         for (m, k, n) in edge_shapes(dtype) {
-            let (pw, q) = random_weight(dtype, k, n, &mut rng);
+            let (pw, q) = random_weight(dtype, k, n, ScaleGroup::PerChannel, &mut rng);
             let w = upload(dev.as_ref(), &pw, DomainId(0)).unwrap();
             let a: Vec<i8> = (0..m * k).map(|_| rng.i8()).collect();
             let mut raw = vec![0i32; m * n];
@@ -572,7 +516,7 @@ pub fn integer_oracle_is_exact(ctor: &Ctor) {
             }
         }
     }
-    let (pf, _) = random_weight(PackDtype::F16, 32, 16, &mut rng);
+    let (pf, _) = random_weight(PackDtype::F16, 32, 16, ScaleGroup::PerChannel, &mut rng);
     let wf = upload(dev.as_ref(), &pf, DomainId(0)).unwrap();
     let a = vec![1i8; 32];
     let mut raw = vec![0i32; 16];
@@ -593,13 +537,13 @@ pub fn per_group_int8_matches_f64_reference(ctor: &Ctor) {
         Some(soc) => soc.group_sizes(ElemType::Int8, ElemType::Int8).to_vec(),
         None => vec![128, 256, 512],
     };
-    let mut rng = Lcg(4);
+    let mut rng = CheckRng::new(4);
     for &g in &sizes {
         for (m, groups, n) in [(1, 1, 32), (3, 3, 64), (33, 2, 96)] {
             let k = g * groups;
-            let (mut pw, q) = random_weight(PackDtype::I8, k, n, &mut rng);
+            let (mut pw, q) = random_weight(PackDtype::I8, k, n, ScaleGroup::PerChannel, &mut rng);
             pw.scales = (0..n * groups)
-                .map(|i| 0.001 + (rng.next() % 1000) as f32 * 1e-5 + i as f32 * 1e-7)
+                .map(|i| 0.001 + (rng.next_u64() % 1000) as f32 * 1e-5 + i as f32 * 1e-7)
                 .collect();
             pw.group = ScaleGroup::Group(g);
             let w = upload(dev.as_ref(), &pw, DomainId(0)).unwrap();
@@ -633,7 +577,7 @@ pub fn per_group_int8_matches_f64_reference(ctor: &Ctor) {
         }
     }
     if soc.is_some() {
-        let (mut pw, _) = random_weight(PackDtype::I8, 128, 32, &mut rng);
+        let (mut pw, _) = random_weight(PackDtype::I8, 128, 32, ScaleGroup::PerChannel, &mut rng);
         pw.scales = vec![0.01; 32 * 2];
         pw.group = ScaleGroup::Group(64);
         let w = upload(dev.as_ref(), &pw, DomainId(0)).unwrap();
@@ -662,8 +606,8 @@ pub fn cross_domain_operand_rejected(ctor: &Ctor) {
         eprintln!("cross_domain_operand_rejected: skipped, one domain");
         return;
     }
-    let mut rng = Lcg(4);
-    let (pw, _) = random_weight(PackDtype::I8, 64, 32, &mut rng);
+    let mut rng = CheckRng::new(4);
+    let (pw, _) = random_weight(PackDtype::I8, 64, 32, ScaleGroup::PerChannel, &mut rng);
     let w = upload(dev.as_ref(), &pw, DomainId(1)).unwrap();
     let a = dev
         .create_buffer(3 * 64, BufferIntent::Activation, DomainId(0))
@@ -698,8 +642,8 @@ pub fn foreign_buffer_rejected(ctor: &Ctor) {
         return;
     };
     let other = open(ctor);
-    let mut rng = Lcg(5);
-    let (pw, _) = random_weight(PackDtype::I8, 64, 32, &mut rng);
+    let mut rng = CheckRng::new(5);
+    let (pw, _) = random_weight(PackDtype::I8, 64, 32, ScaleGroup::PerChannel, &mut rng);
     let w_other = upload(other.as_ref(), &pw, DomainId(0)).unwrap();
     let w = upload(dev.as_ref(), &pw, DomainId(0)).unwrap();
     let a = vec![1i8; 64];
@@ -733,8 +677,8 @@ pub fn operand_lengths_are_checked(ctor: &Ctor) {
     let Some(dev) = computing(ctor, "operand_lengths_are_checked") else {
         return;
     };
-    let mut rng = Lcg(6);
-    let (pw, _) = random_weight(PackDtype::I8, 64, 32, &mut rng);
+    let mut rng = CheckRng::new(6);
+    let (pw, _) = random_weight(PackDtype::I8, 64, 32, ScaleGroup::PerChannel, &mut rng);
     let w = upload(dev.as_ref(), &pw, DomainId(0)).unwrap();
     let a = vec![0i8; 2 * 64];
     let mut out = vec![0f32; 2 * 32];
@@ -778,8 +722,8 @@ pub fn stats_count_tasks_and_switches(ctor: &Ctor) {
         return;
     };
     let last = DomainId(dev.info().domains - 1);
-    let mut rng = Lcg(7);
-    let (pw, _) = random_weight(PackDtype::I8, 32, 32, &mut rng);
+    let mut rng = CheckRng::new(7);
+    let (pw, _) = random_weight(PackDtype::I8, 32, 32, ScaleGroup::PerChannel, &mut rng);
     let w0 = upload(dev.as_ref(), &pw, DomainId(0)).unwrap();
     let wl = upload(dev.as_ref(), &pw, last).unwrap();
     let a = vec![1i8; 32];
@@ -808,9 +752,9 @@ pub fn prepare_weight_then_rewrite(ctor: &Ctor) {
     let Some(dev) = computing(ctor, "prepare_weight_then_rewrite") else {
         return;
     };
-    let mut rng = Lcg(8);
+    let mut rng = CheckRng::new(8);
     let (m, k, n) = (3, 96, 40);
-    let (pw, q) = random_weight(PackDtype::I8, k, n, &mut rng);
+    let (pw, q) = random_weight(PackDtype::I8, k, n, ScaleGroup::PerChannel, &mut rng);
     let mut w = upload(dev.as_ref(), &pw, DomainId(0)).unwrap();
     dev.prepare_weight(&w.as_weight()).unwrap();
     dev.prepare_weight(&w.as_weight()).unwrap();
@@ -830,7 +774,7 @@ pub fn prepare_weight_then_rewrite(ctor: &Ctor) {
         pw.layout.k_pad(),
     );
     // New bytes in the same buffer (the weight cache reuses buffers this way).
-    let (pw2, q2) = random_weight(PackDtype::I8, k, n, &mut rng);
+    let (pw2, q2) = random_weight(PackDtype::I8, k, n, ScaleGroup::PerChannel, &mut rng);
     w.buffer.as_mut_slice().copy_from_slice(&pw2.data);
     w.buffer.sync_to_device().unwrap();
     w.scales.clone_from(&pw2.scales);

@@ -45,6 +45,7 @@
 
 pub mod bench;
 mod buffer;
+pub mod check_data;
 mod emu;
 mod error;
 mod gemm;

@@ -95,29 +95,6 @@ fn open_by_kind() {
 
 use ork_testkit::Rng;
 
-/// Tile an untiled `n × k` matrix of element values into the native blob of `layout`.
-fn tile_i8(layout: TiledLayout, q: &[i8]) -> Vec<u8> {
-    let (k, n) = (layout.k, layout.n);
-    let mut data = vec![0u8; layout.blob_bytes()];
-    for nn in 0..n {
-        for kk in 0..k {
-            let v = q[nn * k + kk];
-            let e = layout.index(kk, nn);
-            match layout.dtype {
-                PackDtype::I8 => data[e] = v as u8,
-                PackDtype::I4 => {
-                    let nib = (v as u8) & 0x0F;
-                    let low = e.is_multiple_of(2) == ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE;
-                    data[e / 2] |= if low { nib } else { nib << 4 };
-                }
-                PackDtype::F16 => data[2 * e..2 * e + 2]
-                    .copy_from_slice(&half::f16::from_f32(f32::from(v)).to_le_bytes()),
-            }
-        }
-    }
-    data
-}
-
 fn naive(a: &[i8], q: &[i8], m: usize, n: usize, k: usize) -> Vec<i32> {
     let mut o = vec![0; m * n];
     for i in 0..m {
@@ -130,24 +107,11 @@ fn naive(a: &[i8], q: &[i8], m: usize, n: usize, k: usize) -> Vec<i32> {
     o
 }
 
+/// A random `k × n` weight of `dtype` (per-channel scales) and its untiled values, from the
+/// check data `ork doctor` uses, seeded from `rng`.
 fn random_weight(dtype: PackDtype, k: usize, n: usize, rng: &mut Rng) -> (PackedWeight, Vec<i8>) {
-    let layout = TiledLayout::new(dtype, k, n);
-    let q: Vec<i8> = (0..n * k)
-        .map(|_| match dtype {
-            PackDtype::I4 => (rng.next_u64() % 16) as i8 - 8,
-            _ => rng.i8(),
-        })
-        .collect();
-    let scales = (0..n).map(|j| 0.01 + j as f32 * 1e-4).collect();
-    (
-        PackedWeight {
-            layout,
-            data: tile_i8(layout, &q),
-            scales,
-            group: ScaleGroup::PerChannel,
-        },
-        q,
-    )
+    let mut check = ork_device::check_data::CheckRng::new(rng.next_u64());
+    ork_device::check_data::random_weight(dtype, k, n, ScaleGroup::PerChannel, &mut check)
 }
 
 fn task<'a>(

@@ -12,12 +12,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use half::f16;
+use ork_device::check_data::{random_weight, CheckRng};
 use ork_device::{
     upload, Activations, BufferIntent, CoreMask, Device, DeviceError, DeviceKind, DomainId,
     EmuConfig, EmuDevice, MatmulTask, OpenOptions, RknnDevice, Soc,
 };
 use ork_exec::{generate, GenerateOptions, Sampler, SamplerOptions};
-use ork_pack::{PackDtype, PackedWeight, ScaleGroup, TiledLayout};
+use ork_pack::{PackDtype, ScaleGroup};
 
 use crate::{Engine, EngineConfig, PackChoice};
 
@@ -392,51 +393,6 @@ fn cases(soc: Soc) -> Vec<Case> {
     v
 }
 
-/// A deterministic generator for the check data.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-}
-
-fn random_weight(c: &Case, rng: &mut Lcg) -> PackedWeight {
-    let layout = TiledLayout::new(c.dtype, c.k, c.n);
-    let mut data = vec![0u8; layout.blob_bytes()];
-    for nn in 0..c.n {
-        for kk in 0..c.k {
-            let e = layout.index(kk, nn);
-            match c.dtype {
-                PackDtype::I8 => data[e] = rng.next() as u8,
-                PackDtype::I4 => {
-                    let nib = (rng.next() % 16) as u8;
-                    let low = e.is_multiple_of(2) == ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE;
-                    data[e / 2] |= if low { nib } else { nib << 4 };
-                }
-                PackDtype::F16 => {
-                    let v = (rng.next() % 2001) as f32 / 1000.0 - 1.0;
-                    data[2 * e..2 * e + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes())
-                }
-            }
-        }
-    }
-    let count = c.group.scales_len(c.k, c.n).unwrap_or(c.n);
-    let scales = (0..count)
-        .map(|i| 0.001 + (rng.next() % 1000) as f32 * 1e-5 + i as f32 * 1e-8)
-        .collect();
-    PackedWeight {
-        layout,
-        data,
-        scales,
-        group: c.group,
-    }
-}
-
 /// Run `c` on `dev` and on the emulator; `Ok(detail)` when they agree.
 fn run_case(dev: &dyn Device, soc: Soc, c: &Case) -> Result<String, String> {
     // The reference computes whole shapes: the N-chunk case checks the device's own chunking.
@@ -446,11 +402,11 @@ fn run_case(dev: &dyn Device, soc: Soc, c: &Case) -> Result<String, String> {
         ..EmuConfig::default()
     })
     .map_err(|e| e.to_string())?;
-    let mut rng = Lcg(0x5eed ^ c.n as u64);
-    let pw = random_weight(c, &mut rng);
-    let a8: Vec<i8> = (0..c.m * c.k).map(|_| rng.next() as i8).collect();
+    let mut rng = CheckRng::new(0x5eed ^ c.n as u64);
+    let (pw, _) = random_weight(c.dtype, c.k, c.n, c.group, &mut rng);
+    let a8: Vec<i8> = (0..c.m * c.k).map(|_| rng.next_u64() as i8).collect();
     let a16: Vec<f16> = (0..c.m * c.k)
-        .map(|_| f16::from_f32((rng.next() % 4001) as f32 / 1000.0 - 2.0))
+        .map(|_| f16::from_f32((rng.next_u64() % 4001) as f32 / 1000.0 - 2.0))
         .collect();
     let sa: Vec<f32> = (0..c.m).map(|i| 0.01 + i as f32 * 1e-4).collect();
     let mut outs = Vec::new();

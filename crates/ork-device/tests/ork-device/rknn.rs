@@ -15,7 +15,7 @@ use ork_device::{
     upload, Activations, CoreMask, Device, DeviceError, DomainId, EmuDevice, MatmulTask,
     RknnDevice, Soc,
 };
-use ork_pack::{PackDtype, PackedWeight, ScaleGroup, TiledLayout};
+use ork_pack::{PackDtype, PackedWeight, ScaleGroup};
 use ork_testkit::Rng;
 
 fn standin() -> String {
@@ -28,32 +28,8 @@ fn rknn() -> RknnDevice {
 
 /// A random weight of `dtype`, tiled (per-channel scales, or `group`).
 fn weight(dtype: PackDtype, k: usize, n: usize, group: ScaleGroup, rng: &mut Rng) -> PackedWeight {
-    let layout = TiledLayout::new(dtype, k, n);
-    let mut data = vec![0u8; layout.blob_bytes()];
-    for nn in 0..n {
-        for kk in 0..k {
-            let e = layout.index(kk, nn);
-            match dtype {
-                PackDtype::I8 => data[e] = rng.i8() as u8,
-                PackDtype::I4 => {
-                    let nib = (rng.below(16) as u8) & 0x0F;
-                    let low = e.is_multiple_of(2) == ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE;
-                    data[e / 2] |= if low { nib } else { nib << 4 };
-                }
-                PackDtype::F16 => data[2 * e..2 * e + 2]
-                    .copy_from_slice(&f16::from_f32(rng.f32() * 2.0).to_le_bytes()),
-            }
-        }
-    }
-    let scales = (0..group.scales_len(k, n).unwrap())
-        .map(|i| 0.01 + rng.f32().abs() * 0.01 + i as f32 * 1e-6)
-        .collect();
-    PackedWeight {
-        layout,
-        data,
-        scales,
-        group,
-    }
+    let mut check = ork_device::check_data::CheckRng::new(rng.next_u64());
+    ork_device::check_data::random_weight(dtype, k, n, group, &mut check).0
 }
 
 /// Run the same task on both devices; `(rknn, emu)` outputs.
