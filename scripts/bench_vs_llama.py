@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Prefill and decode tok/s of `ork run` variants against llama.cpp (llama-cpp-python) on the
+same GGUF, interleaved round by round in one run, so that the ratios share the machine's state.
+
+Usage:
+  python3 scripts/bench_vs_llama.py MODEL.gguf [--rounds 5] [--decode 64] [--threads 2]
+      [--ork target/release/ork] [--variant 'NAME=ORK RUN FLAGS'] ...
+
+Each variant is `ork run --model MODEL --pack .cache/bench-<NAME>.orkpack --prompt-file P
+-n DECODE --threads T --json` plus its flags (default: one variant, `w8a8`, no extra flags). A
+warm-up run per variant builds its pack first. The prompt is the sentence of
+scripts/llama_cpp_speed.py repeated 8 times (129 tokens with SmolLM2's tokenizer); llama.cpp
+reports the best of 3 warm passes inside each round (prefill of 128 tokens, DECODE decode steps).
+Prints one line per round and a summary: median (min–max) tok/s and the median of the per-round
+ratios to llama.cpp. Not part of the tests.
+"""
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+
+SENTENCE = "The history of computing is a story of machines that outgrew their memory. "
+
+
+def ork_run(ork, model, name, flags, prompt_file, decode, threads):
+    cmd = [ork, "run", "--model", model, "--pack", f".cache/bench-{name}.orkpack",
+           "--prompt-file", prompt_file, "-n", str(decode), "--threads", str(threads),
+           "--json"] + shlex.split(flags)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    d = json.loads(out)
+    return d["prefill_tok_s"], d["decode_tok_s"], d.get("wall_hits", 0)
+
+
+def llama(model, decode, threads):
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, os.path.join(here, "llama_cpp_speed.py"), model, "128",
+                          str(decode), str(threads)], check=True, capture_output=True,
+                         text=True).stdout
+    d = json.loads(out)
+    return d["prefill_tok_s"], d["decode_tok_s"], 0
+
+
+def fmt(xs):
+    return f"{statistics.median(xs):7.1f} ({min(xs):.1f}–{max(xs):.1f})"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ork", default="target/release/ork")
+    ap.add_argument("--variant", action="append", default=[])
+    a = ap.parse_args()
+    if a.rounds < 1 or a.decode < 1 or a.threads < 1:
+        sys.exit("--rounds, --decode and --threads must be at least 1")
+    variants = []
+    for v in a.variant or ["w8a8="]:
+        if "=" not in v:
+            sys.exit(f"--variant {v!r}: expected NAME=FLAGS")
+        name, flags = v.split("=", 1)
+        variants.append((name, flags))
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(SENTENCE * 8)
+        prompt = f.name
+    try:
+        for name, flags in variants:  # warm-up: builds each pack
+            ork_run(a.ork, a.model, name, flags, prompt, 4, a.threads)
+        rows = {"llama.cpp": []}
+        rows.update({name: [] for name, _ in variants})
+        loads = []
+        for r in range(a.rounds):
+            loads.append(os.getloadavg()[0])
+            rows["llama.cpp"].append(llama(a.model, a.decode, a.threads))
+            for name, flags in variants:
+                rows[name].append(ork_run(a.ork, a.model, name, flags, prompt, a.decode,
+                                          a.threads))
+            print(f"round {r + 1}: load {loads[-1]:.2f}  " + "  ".join(
+                f"{k} {v[-1][0]:.1f}/{v[-1][1]:.1f}" for k, v in rows.items()), flush=True)
+        print(f"\n{a.rounds} rounds, {a.threads} threads, load average {min(loads):.2f}–"
+              f"{max(loads):.2f}; prefill = `ork run`'s one cold pass, llama.cpp's best of 3")
+        print(f"{'':24} {'prefill tok/s':>22} {'×':>6} {'decode tok/s':>22} {'×':>6} {'wall':>5}")
+        base = rows["llama.cpp"]
+        for k, v in rows.items():
+            pr = [x[0] / b[0] for x, b in zip(v, base)]
+            dr = [x[1] / b[1] for x, b in zip(v, base)]
+            print(f"{k:24} {fmt([x[0] for x in v]):>22} {statistics.median(pr):6.2f} "
+                  f"{fmt([x[1] for x in v]):>22} {statistics.median(dr):6.2f} "
+                  f"{max(x[2] for x in v):5d}")
+    finally:
+        os.unlink(prompt)
+
+
+if __name__ == "__main__":
+    main()
