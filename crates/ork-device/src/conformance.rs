@@ -60,6 +60,7 @@ macro_rules! device_conformance {
                 operand_lengths_are_checked,
                 stats_count_tasks_and_switches,
                 prepare_weight_then_rewrite,
+                batch_equals_one_by_one,
             );
         }
     };
@@ -791,4 +792,87 @@ pub fn prepare_weight_then_rewrite(ctor: &Ctor) {
         (m, k, n),
         pw2.layout.k_pad(),
     );
+}
+
+/// [`Device::matmul_batch`] gives each task's output bit for bit as [`Device::matmul`] alone
+/// does and counts every task: single-row int8 batches (one shared activation row, as q/k/v;
+/// widths at the tile edges; int4 where the chip has it), and a mixed batch (M = 3, fp16
+/// activations) that a backend may not fuse; outputs that do not match the tasks in number are
+/// [`DeviceError::Length`].
+pub fn batch_equals_one_by_one(ctor: &Ctor) {
+    let Some(dev) = computing(ctor, "batch_equals_one_by_one") else {
+        return;
+    };
+    let mut rng = Lcg(11);
+    let k = 100;
+    let mut shapes = vec![
+        (PackDtype::I8, 1, 1),
+        (PackDtype::I8, 1, 31),
+        (PackDtype::I8, 1, 32),
+    ];
+    shapes.extend([(PackDtype::I8, 1, 97), (PackDtype::I8, 1, 64)]);
+    if chip_has(dev.as_ref(), ActPrecision::Int8, PackDtype::I4) {
+        shapes.push((PackDtype::I4, 1, 70));
+    }
+    let f16_ok = chip_has(dev.as_ref(), ActPrecision::F16, PackDtype::I8);
+    let mixed = [
+        (PackDtype::I8, 1, 40),
+        (PackDtype::I8, 3, 33),
+        (PackDtype::I8, 1, 8),
+    ];
+    for (batch, fp16_middle) in [(&shapes[..], false), (&mixed[..], f16_ok)] {
+        let weights: Vec<DeviceWeight> = batch
+            .iter()
+            .map(|&(dtype, _, n)| {
+                let (pw, _) = random_weight(dtype, k, n, &mut rng);
+                upload(dev.as_ref(), &pw, DomainId(0)).unwrap()
+            })
+            .collect();
+        let a: Vec<i8> = (0..3 * k).map(|_| rng.i8()).collect();
+        let ah: Vec<f16> = (0..k)
+            .map(|i| f16::from_f32(i as f32 * 0.25 - 9.0))
+            .collect();
+        let sa = [0.031f32, 0.5, 0.07];
+        let tasks: Vec<MatmulTask<'_>> = batch
+            .iter()
+            .zip(&weights)
+            .enumerate()
+            .map(|(i, (&(_, m, _), w))| {
+                if fp16_middle && i == 1 {
+                    task(1, Activations::HostF16(&ah), &[], w)
+                } else {
+                    task(m, Activations::Host(&a[..m * k]), &sa[..m], w)
+                }
+            })
+            .collect();
+        let want: Vec<Vec<f32>> = tasks
+            .iter()
+            .map(|t| {
+                let mut o = vec![0f32; t.m * t.weight.layout.n];
+                dev.matmul(t, &mut o).unwrap();
+                o
+            })
+            .collect();
+        let mut got: Vec<Vec<f32>> = want.iter().map(|w| vec![f32::NAN; w.len()]).collect();
+        let before = dev.stats().tasks;
+        let stats = {
+            let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|o| &mut o[..]).collect();
+            dev.matmul_batch(&tasks, &mut outs).unwrap()
+        };
+        assert_eq!(stats.len(), tasks.len());
+        assert_eq!(dev.stats().tasks - before, tasks.len() as u64);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g.iter().zip(w).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "task {i} of {batch:?}: the batch differs from the task alone"
+            );
+        }
+        let mut one = vec![0f32; want[0].len()];
+        let r = dev.matmul_batch(&tasks, &mut [&mut one[..]]);
+        assert!(
+            matches!(r, Err(DeviceError::Length { .. })),
+            "one output for {} tasks: {r:?}",
+            tasks.len()
+        );
+    }
 }

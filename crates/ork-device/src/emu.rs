@@ -544,6 +544,64 @@ impl Device for EmuDevice {
         Ok(self.finish(task, switched, t0))
     }
 
+    /// Single-row int8 tasks on integer weights with per-channel scales, all in one domain and on
+    /// the same cores, run as one parallel pass over the N-tiles of all of them
+    /// (`gemm::gemm_int_row_batch`); any other batch runs task by task.
+    fn matmul_batch(
+        &self,
+        tasks: &[MatmulTask<'_>],
+        outs: &mut [&mut [f32]],
+    ) -> Result<Vec<MatmulStats>, DeviceError> {
+        crate::check_batch(tasks, outs)?;
+        // Host-visible int8 activations of every task (`None` for fp16 ones).
+        let acts: Vec<&[i8]> = tasks.iter().filter_map(|t| t.activation_bytes()).collect();
+        let one_pass = tasks.len() > 1
+            && acts.len() == tasks.len()
+            && tasks.iter().all(|t| {
+                t.m == 1
+                    && is_integer(t.weight.layout.dtype)
+                    && t.weight.group == ScaleGroup::PerChannel
+                    && t.weight.bytes.domain() == tasks[0].weight.bytes.domain()
+                    && t.cores == tasks[0].cores
+            });
+        if !one_pass {
+            return tasks
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|(t, o)| self.matmul(t, o))
+                .collect();
+        }
+        let t0 = Instant::now();
+        // One domain: every attach after the first finds it attached and only counts the task in.
+        let mut guards = Vec::with_capacity(tasks.len());
+        let mut switched = Vec::with_capacity(tasks.len());
+        let mut cores = 1;
+        for (t, o) in tasks.iter().zip(outs.iter()) {
+            let (guard, sw, c) = self.begin(t, o.len())?;
+            guards.push(guard);
+            switched.push(sw);
+            cores = c;
+        }
+        let mut rows = Vec::with_capacity(tasks.len());
+        for ((t, o), a) in tasks.iter().zip(outs.iter_mut()).zip(acts) {
+            rows.push(gemm::RowTask {
+                l: t.weight.layout,
+                w: t.weight.bytes.as_slice(),
+                a,
+                sa: t.act_scales[0],
+                sw: t.weight.scales,
+                out: o,
+            });
+        }
+        self.run_on(cores, || gemm::gemm_int_row_batch(self.isa, rows));
+        drop(guards);
+        Ok(tasks
+            .iter()
+            .zip(switched)
+            .map(|(t, sw)| self.finish(t, sw, t0))
+            .collect())
+    }
+
     fn as_integer(&self) -> Option<&dyn IntegerOracle> {
         Some(self)
     }

@@ -127,6 +127,54 @@ pub(crate) fn gemm_int<T: Send>(
     );
 }
 
+/// One single-row int8 matmul of a batch ([`gemm_int_row_batch`]): integer weight `l` / `w`,
+/// activations `a` (`l.k` values) with scale `sa`, per-channel weight scales `sw`, output `out`
+/// (`l.n` values).
+pub(crate) struct RowTask<'a> {
+    pub(crate) l: TiledLayout,
+    pub(crate) w: &'a [u8],
+    pub(crate) a: &'a [i8],
+    pub(crate) sa: f32,
+    pub(crate) sw: &'a [f32],
+    pub(crate) out: &'a mut [f32],
+}
+
+/// Several single-row (M = 1) int8 matmuls on integer weights with per-channel scales, as one
+/// parallel pass over the N-tiles of all of them: one fork/join for the batch instead of one per
+/// task. Each tile is computed and converted exactly as [`gemm_int`] does at M = 1
+/// (`acc as f32 · sa · sw[n]`), so the results are bit-identical to running the tasks one by one.
+pub(crate) fn gemm_int_row_batch(isa: Isa, tasks: Vec<RowTask<'_>>) {
+    // The activations in the kernel's form, once per task (q/k/v share theirs, but preparing a
+    // row of K ≤ 10240 values is a copy, far below the weights' cost).
+    let prepared: Vec<PreparedA> = tasks
+        .iter()
+        .map(|t| PreparedA::new(isa, 1, t.l.k, t.l.k_pad(), t.a))
+        .collect();
+    let mut jobs = Vec::new();
+    let mut max_tn = 0;
+    for (i, t) in tasks.into_iter().enumerate() {
+        let tn = t.l.dtype.n_tile();
+        max_tn = max_tn.max(tn);
+        let (l, w, sa, sw) = (t.l, t.w, t.sa, t.sw);
+        for (ti, o) in t.out.chunks_mut(tn).enumerate() {
+            jobs.push((i, l, w, sa, sw, ti, o));
+        }
+    }
+    jobs.into_par_iter().for_each_init(
+        || (Vec::<i8>::new(), vec![0i32; max_tn]),
+        |(scratch, acc), (i, l, w, sa, sw, t, o)| {
+            let tn = l.dtype.n_tile();
+            let wt = tile_i8(&l, w, t, scratch);
+            kernel::tile_dot(&prepared[i], 0, 1, wt, tn, &mut acc[..tn]);
+            let n0 = t * tn;
+            let sw = &sw[n0..n0 + o.len()];
+            for ((o, &acc), &w) in o.iter_mut().zip(&acc[..tn]).zip(sw) {
+                *o = acc as f32 * sa * w;
+            }
+        },
+    );
+}
+
 /// Integer weights with per-group scales (`scales`: `[N][K/group]`) and int8 activations: exact
 /// i32 partial sums per group, folded in f32 as `kernel::group` documents, converted by
 /// `conv(accs, m, n0, out)` for one run of a row (which applies the activation scale).

@@ -171,6 +171,31 @@ pub trait Device: Send + Sync {
     }
     /// Run one matmul; `out` is `m × n` f32, row-major.
     fn matmul(&self, task: &MatmulTask<'_>, out: &mut [f32]) -> Result<MatmulStats, DeviceError>;
+    /// Run several independent matmuls, `tasks[i]` into `outs[i]`, with the results of
+    /// [`Device::matmul`] on each in turn, bit for bit. A backend may submit them as one job:
+    /// the emulator runs the tiles of single-row int8 tasks of one domain in one parallel pass
+    /// (one fork/join instead of one per task, which is what a decoded token's q/k/v and
+    /// gate/up projections cost most at M = 1). Stops at the first error; the outputs of the
+    /// tasks not run are then unspecified. Each task's [`MatmulStats::elapsed`] is the time of
+    /// the whole batch when the backend ran it as one job.
+    ///
+    /// The default calls [`Device::matmul`] on each task in order.
+    ///
+    /// # Errors
+    /// [`DeviceError::Length`] (operand "batch outputs") when `outs` and `tasks` differ in
+    /// length; otherwise the first error [`Device::matmul`] would give.
+    fn matmul_batch(
+        &self,
+        tasks: &[MatmulTask<'_>],
+        outs: &mut [&mut [f32]],
+    ) -> Result<Vec<MatmulStats>, DeviceError> {
+        check_batch(tasks, outs)?;
+        tasks
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(t, o)| self.matmul(t, o))
+            .collect()
+    }
     /// Exact integer accumulators, where the backend can give them (the emulator can; hardware
     /// backends need not). Tests use them to compare bit for bit; the default is `None`.
     fn as_integer(&self) -> Option<&dyn IntegerOracle> {
@@ -191,4 +216,19 @@ pub trait IntegerOracle {
         task: &MatmulTask<'_>,
         out: &mut [i32],
     ) -> Result<MatmulStats, DeviceError>;
+}
+
+/// [`DeviceError::Length`] unless a batch has one output per task.
+pub(crate) fn check_batch(
+    tasks: &[MatmulTask<'_>],
+    outs: &[&mut [f32]],
+) -> Result<(), DeviceError> {
+    if tasks.len() != outs.len() {
+        return Err(DeviceError::Length {
+            operand: "batch outputs",
+            expected: tasks.len(),
+            got: outs.len(),
+        });
+    }
+    Ok(())
 }

@@ -22,6 +22,30 @@ pub trait Linear: Send + Sync {
     /// `y` is `m × N` row-major and fully overwritten.
     fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError>;
 
+    /// `ys[i] = x · W_iᵀ` for several weights that take the same input (a block's q/k/v or
+    /// gate/up projections): `x` is `m × K` (the weights share K), `ys[i]` is `m × N_i`. The
+    /// results must be those of [`Linear::matmul`] on each weight in turn; a backend may
+    /// compute them together (the device backend quantizes `x` once and submits one batch). The
+    /// default calls [`Linear::matmul`] for each weight in order.
+    fn matmul_many(
+        &self,
+        weights: &[&str],
+        x: &[f32],
+        m: usize,
+        ys: &mut [&mut [f32]],
+    ) -> Result<(), ExecError> {
+        if weights.len() != ys.len() {
+            return Err(ExecError::MatmulShape {
+                weight: weights.join(","),
+                what: format!("{} outputs for {} weights", ys.len(), weights.len()),
+            });
+        }
+        for (w, y) in weights.iter().zip(ys.iter_mut()) {
+            self.matmul(w, x, m, y)?;
+        }
+        Ok(())
+    }
+
     /// The executor will ask for `weights` next, in this order (a router's expert choice, a
     /// draft's batch): a backend that streams weights may start loading them. A hint only: the
     /// results never depend on it. The default ignores it.

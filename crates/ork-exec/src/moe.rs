@@ -281,8 +281,7 @@ fn swiglu_ffn(
 ) -> Result<(), ExecError> {
     let mut g = vec![0.0f32; m * n_ff];
     let mut u = vec![0.0f32; m * n_ff];
-    linear.matmul(gate, x, m, &mut g)?;
-    linear.matmul(up, x, m, &mut u)?;
+    linear.matmul_many(&[gate, up], x, m, &mut [&mut g, &mut u])?;
     swiglu(&mut g, &u);
     linear.matmul(down, &g, m, out)
 }

@@ -256,9 +256,17 @@ fn forward_inner(
         // Attention block.
         h.copy_from_slice(&x);
         rms_norm(&mut h, &layer.attn_norm, c.rms_eps);
-        project(linear, &layer.wq, &h, m, &mut q, layer.q_bias.as_deref())?;
-        project(linear, &layer.wk, &h, m, &mut k, layer.k_bias.as_deref())?;
-        project(linear, &layer.wv, &h, m, &mut v, layer.v_bias.as_deref())?;
+        // q, k and v take the same input: one call, so the backend can quantize it once and
+        // submit the three together.
+        linear.matmul_many(
+            &[&layer.wq, &layer.wk, &layer.wv],
+            &h,
+            m,
+            &mut [&mut q, &mut k, &mut v],
+        )?;
+        add_bias(&mut q, layer.q_bias.as_deref());
+        add_bias(&mut k, layer.k_bias.as_deref());
+        add_bias(&mut v, layer.v_bias.as_deref());
         if let Some(w) = &layer.q_norm {
             rms_norm(&mut q, w, c.rms_eps);
         }
@@ -329,21 +337,13 @@ fn forward_inner(
     Ok(logits)
 }
 
-fn project(
-    linear: &dyn Linear,
-    weight: &str,
-    x: &[f32],
-    m: usize,
-    y: &mut [f32],
-    bias: Option<&[f32]>,
-) -> Result<(), ExecError> {
-    linear.matmul(weight, x, m, y)?;
+/// Add `bias` (one row) to every row of `y`.
+fn add_bias(y: &mut [f32], bias: Option<&[f32]>) {
     if let Some(b) = bias {
         for row in y.chunks_exact_mut(b.len()) {
             add(row, b);
         }
     }
-    Ok(())
 }
 
 fn add(acc: &mut [f32], v: &[f32]) {

@@ -566,6 +566,24 @@ impl WeightCache {
         Ok(WeightLease::new(weight, self))
     }
 
+    /// A lease on `name` if it is resident now, counted as a hit as [`WeightCache::get`] counts
+    /// one; `None` when it is absent or still loading (nothing is fetched or waited for).
+    pub fn get_if_resident(&self, name: &str) -> Option<WeightLease<'_>> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        st.tick += 1;
+        let slot = st.slots.get_mut(name)?;
+        let SlotState::Ready(w) = &slot.state else {
+            return None;
+        };
+        let weight = Arc::clone(w);
+        slot.last_use = st.tick;
+        slot.fresh = false;
+        st.stats.hits += 1;
+        drop(guard);
+        Some(WeightLease::new(weight, self))
+    }
+
     /// Bring `name` in on behalf of the prefetch thread: returns `Ok(false)` when there is no
     /// room without evicting weights that were prefetched and not used yet (try again later).
     pub(crate) fn prefetch(&self, name: &str) -> Result<bool, ResidencyError> {

@@ -10,12 +10,12 @@ use half::{f16, slice::HalfFloatSliceExt};
 use ork_device::split::Part;
 use ork_device::{
     ActPrecision, Activations, BufferIntent, BufferView, CoreMask, DeviceBuffer, DeviceError,
-    DeviceWeight, MatmulTask, WeightRef,
+    DeviceWeight, DomainId, MatmulTask, WeightRef,
 };
 use rayon::prelude::*;
 use zerocopy::FromBytes;
 
-use crate::cache::{Requester, WeightCache};
+use crate::cache::{Requester, WeightCache, WeightLease};
 use crate::parts::operands;
 use crate::prefetch::{Prefetcher, ScheduleSource};
 use crate::trace::{Lane, Trace};
@@ -40,9 +40,21 @@ pub fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 {
     let scale = amax / 127.0;
     let inv = 127.0 / amax;
     for (o, v) in q.iter_mut().zip(x) {
-        *o = (v * inv).round().clamp(-127.0, 127.0) as i8;
+        *o = round_in_range((v * inv).clamp(-127.0, 127.0)) as i8;
     }
     scale
+}
+
+/// `y.round()` (half away from zero) for a finite `|y| ≤ 127`, in a form the compiler vectorizes
+/// (`round` is a libm call per value on a baseline x86-64 build): `y as i32` truncates toward
+/// zero, `y - t` is exact for `|y| < 2^23`, and the fraction decides the step away from zero.
+/// Clamping before rounding gives the same codes as after: whatever rounds beyond ±127 clamps to
+/// ±127 either way.
+#[inline]
+fn round_in_range(y: f32) -> i32 {
+    let t = y as i32;
+    let f = y - t as f32;
+    t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
 }
 
 /// Largest finite fp16 value; activations beyond it are clamped to it.
@@ -192,18 +204,7 @@ impl DeviceMatmul {
         m: usize,
         out: &mut [f32],
     ) -> Result<(), DeviceError> {
-        self.max_k.fetch_max(weight.layout.k, Ordering::Relaxed);
-        self.max_n.fetch_max(weight.layout.n, Ordering::Relaxed);
-        let task = MatmulTask {
-            m,
-            activations: match self.precision {
-                ActPrecision::Int8 => Activations::Device(view),
-                ActPrecision::F16 => Activations::DeviceF16(view),
-            },
-            act_scales: scales,
-            weight,
-            cores: CoreMask::AUTO,
-        };
+        let task = self.task(view, scales, weight, m);
         self.cache.device().matmul(&task, out).map(drop)
     }
 
@@ -224,6 +225,32 @@ impl DeviceMatmul {
         let vb = self.precision.bytes();
         let need = (m * k * vb) as u64;
         let operands = operands(weight, parts)?;
+        // One token and N-chunks only (the parts cover the columns in order, each with all of
+        // K; SmolLM2's lm head is 12 of them): each chunk's output is a run of `y`, so the
+        // chunks go to the device as one batch, written in place.
+        let in_order = parts.iter().enumerate().all(|(i, p)| {
+            p.k.len() == k && p.n.start == if i == 0 { 0 } else { parts[i - 1].n.end }
+        });
+        if m == 1 && in_order && parts.last().is_some_and(|p| p.n.end == n) {
+            buf.sync_to_device()?;
+            let view = buf.view(0, need)?;
+            let tasks: Vec<MatmulTask<'_>> = operands
+                .iter()
+                .map(|op| self.task(view, scales, op.weight(), m))
+                .collect();
+            let mut outs = Vec::with_capacity(parts.len());
+            let mut rest = &mut y[..];
+            for p in parts {
+                let (out, tail) = rest.split_at_mut(p.n.len());
+                outs.push(out);
+                rest = tail;
+            }
+            return self
+                .cache
+                .device()
+                .matmul_batch(&tasks, &mut outs)
+                .map(drop);
+        }
         let (mut chunk, mut partial) = (Vec::new(), Vec::new());
         let mut synced = false;
         for (i, (part, op)) in parts.iter().zip(&operands).enumerate() {
@@ -280,6 +307,122 @@ impl DeviceMatmul {
         m: usize,
         y: &mut [f32],
     ) -> Result<(), ResidencyError> {
+        self.check_shape(name, x, m, y)?;
+        if let Some(p) = &self.prefetcher {
+            p.advance(name);
+        }
+        self.run_one(name, x, m, y)
+    }
+
+    /// `ys[i][m, n] = Σ_k x[m, k] · W_i[n, k]` for several weights `names[i]` that take the same
+    /// input `x` (a block's q/k/v or gate/up projections), with the results of
+    /// [`DeviceMatmul::matmul`] on each in turn, bit for bit.
+    ///
+    /// The weights that are resident now, whole (one chip-sized part) and in the domain of the
+    /// first of them share one quantization of `x` and go to the device as one batch
+    /// ([`ork_device::Device::matmul_batch`]; the emulator runs a single-row batch as one
+    /// parallel pass); the others then run one by one as [`DeviceMatmul::matmul`] runs them.
+    /// No lease is held while a weight is fetched, so a budget that admits each weight alone
+    /// admits the batch.
+    pub fn matmul_many(
+        &self,
+        names: &[&str],
+        x: &[f32],
+        m: usize,
+        ys: &mut [&mut [f32]],
+    ) -> Result<(), ResidencyError> {
+        if names.len() != ys.len() {
+            return Err(ResidencyError::Shape {
+                name: names.join(","),
+                what: format!("{} outputs for {} weights", ys.len(), names.len()),
+            });
+        }
+        for (name, y) in names.iter().zip(ys.iter()) {
+            self.check_shape(name, x, m, y)?;
+        }
+        if let Some(p) = &self.prefetcher {
+            for name in names {
+                p.advance(name);
+            }
+        }
+        // Lease what is resident and whole; the rest runs after the batch, one by one.
+        let mut batch = Vec::with_capacity(names.len());
+        let mut rest = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let whole = names.len() > 1 && self.cache.parts(name)?.len() == 1;
+            match whole.then(|| self.cache.get_if_resident(name)).flatten() {
+                Some(lease)
+                    if batch
+                        .first()
+                        .is_none_or(|(_, first): &(usize, WeightLease<'_>)| {
+                            first.buffer.domain() == lease.buffer.domain()
+                        }) =>
+                {
+                    batch.push((i, lease))
+                }
+                _ => rest.push(i),
+            }
+        }
+        if !batch.is_empty() {
+            let first = names[batch[0].0];
+            let k = batch[0].1.layout.k;
+            let domain = batch[0].1.buffer.domain();
+            let t0 = Instant::now();
+            self.with_quantized(first, x, m, k, domain, false, |buf, scales, need| {
+                buf.sync_to_device()
+                    .map_err(|source| ResidencyError::Device {
+                        name: first.to_owned(),
+                        source,
+                    })?;
+                let view = buf.view(0, need).map_err(|source| ResidencyError::Device {
+                    name: first.to_owned(),
+                    source,
+                })?;
+                let tasks: Vec<MatmulTask<'_>> = batch
+                    .iter()
+                    .map(|(_, w)| self.task(view, scales, w.as_weight(), m))
+                    .collect();
+                let mut outs: Vec<&mut [f32]> = Vec::with_capacity(batch.len());
+                let mut by_index: Vec<Option<&mut [f32]>> =
+                    ys.iter_mut().map(|y| Some(&mut **y)).collect();
+                for (i, _) in &batch {
+                    outs.extend(by_index[*i].take());
+                }
+                self.cache
+                    .device()
+                    .matmul_batch(&tasks, &mut outs)
+                    .map(drop)
+                    .map_err(|source| ResidencyError::Device {
+                        name: batch
+                            .iter()
+                            .map(|(i, _)| names[*i])
+                            .collect::<Vec<_>>()
+                            .join(","),
+                        source,
+                    })
+            })?;
+            if let Some(tr) = &self.trace {
+                let d = t0.elapsed();
+                for (i, _) in &batch {
+                    tr.span(Lane::Compute, "compute", names[*i], t0, d);
+                }
+            }
+            drop(batch);
+        }
+        for i in rest {
+            self.run_one(names[i], x, m, ys[i])?;
+        }
+        Ok(())
+    }
+
+    /// Error unless `x` is `m × K` and `y` is `m × N` for weight `name`.
+    fn check_shape(
+        &self,
+        name: &str,
+        x: &[f32],
+        m: usize,
+        y: &[f32],
+    ) -> Result<(), ResidencyError> {
         let layout = self.cache.layout(name)?;
         let (k, n) = (layout.k, layout.n);
         let shape = |what: String| ResidencyError::Shape {
@@ -298,14 +441,87 @@ impl DeviceMatmul {
                 y.len()
             )));
         }
-        if let Some(p) = &self.prefetcher {
-            p.advance(name);
+        Ok(())
+    }
+
+    /// The task for `weight` with the activations in `view`.
+    fn task<'a>(
+        &self,
+        view: BufferView<'a>,
+        scales: &'a [f32],
+        weight: WeightRef<'a>,
+        m: usize,
+    ) -> MatmulTask<'a> {
+        self.max_k.fetch_max(weight.layout.k, Ordering::Relaxed);
+        self.max_n.fetch_max(weight.layout.n, Ordering::Relaxed);
+        MatmulTask {
+            m,
+            activations: match self.precision {
+                ActPrecision::Int8 => Activations::Device(view),
+                ActPrecision::F16 => Activations::DeviceF16(view),
+            },
+            act_scales: scales,
+            weight,
+            cores: CoreMask::AUTO,
         }
+    }
+
+    /// [`DeviceMatmul::matmul`] after its checks: lease (or fetch) the weight and compute.
+    fn run_one(
+        &self,
+        name: &str,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<(), ResidencyError> {
+        let k = self.cache.layout(name)?.k;
         let parts = self.cache.parts(name)?;
         let weight = self.cache.get(name)?;
         let domain = weight.buffer.domain();
-        let device = self.cache.device();
+        // A weight cut into K-segments needs room for one segment's columns after the whole
+        // activations.
+        let segmented = parts.iter().any(|p| p.k.len() != k);
+        let device_err = |source| ResidencyError::Device {
+            name: name.to_owned(),
+            source,
+        };
+        let t0 = Instant::now();
+        self.with_quantized(name, x, m, k, domain, segmented, |buf, scales, need| {
+            if parts.len() == 1 {
+                buf.sync_to_device().map_err(device_err)?;
+                let view = buf.view(0, need).map_err(device_err)?;
+                self.submit(view, scales, weight.as_weight(), m, y)
+                    .map_err(device_err)
+            } else {
+                self.matmul_parts(&weight, &parts, buf, m, scales, y)
+                    .map_err(device_err)
+            }
+        })?;
+        if let Some(tr) = &self.trace {
+            tr.span(Lane::Compute, "compute", name, t0, t0.elapsed());
+        }
+        Ok(())
+    }
 
+    /// Quantize (or convert) `x` (`m × k`) into `domain`'s activation buffer and run
+    /// `f(buffer, scales, bytes)` on it; the values sit at offset 0 and fill `bytes`. With
+    /// `segmented`, the buffer has room for as many bytes again after them.
+    #[allow(clippy::too_many_arguments)]
+    fn with_quantized<R>(
+        &self,
+        name: &str,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        domain: DomainId,
+        segmented: bool,
+        f: impl FnOnce(&mut DeviceBuffer, &[f32], u64) -> Result<R, ResidencyError>,
+    ) -> Result<R, ResidencyError> {
+        let shape = |what: String| ResidencyError::Shape {
+            name: name.to_owned(),
+            what,
+        };
+        let device = self.cache.device();
         // Take the domain's activation buffer out for this call (the lock is not held across the
         // parallel work below: a rayon worker waiting inside it could run another session's
         // forward pass, which would then block on the lock its own stack holds). A concurrent
@@ -318,9 +534,6 @@ impl DeviceMatmul {
             .ok_or_else(|| ResidencyError::Placement(format!("domain {domain} out of range")))?
             .take();
         let need = (m * k * self.precision.bytes()) as u64;
-        // A weight cut into K-segments needs room for one segment's columns after the whole
-        // activations.
-        let segmented = parts.iter().any(|p| p.k.len() != k);
         let room = if segmented { 2 * need } else { need };
         if slot.as_ref().is_none_or(|b| b.size() < room) {
             // Round up so a growing prompt does not reallocate every call.
@@ -379,23 +592,7 @@ impl DeviceMatmul {
                 self.clamped.fetch_add(clamped as u64, Ordering::Relaxed);
             }
         }
-        let device_err = |source| ResidencyError::Device {
-            name: name.to_owned(),
-            source,
-        };
-        let t0 = Instant::now();
-        if parts.len() == 1 {
-            buf.sync_to_device().map_err(device_err)?;
-            let view = buf.view(0, need).map_err(device_err)?;
-            self.submit(view, &scales, weight.as_weight(), m, y)
-                .map_err(device_err)?;
-        } else {
-            self.matmul_parts(&weight, &parts, buf, m, &scales, y)
-                .map_err(device_err)?;
-        }
-        if let Some(tr) = &self.trace {
-            tr.span(Lane::Compute, "compute", name, t0, t0.elapsed());
-        }
+        let result = f(buf, &scales, need);
         // Put the buffer back for the next call, unless a concurrent call left a larger one.
         let mut acts = self.activations.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(back) = acts.get_mut(domain.0 as usize) {
@@ -406,6 +603,65 @@ impl DeviceMatmul {
                 *back = slot;
             }
         }
-        Ok(())
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The value next to `y` towards +∞ (`up`) or −∞.
+    fn step(y: f32, up: bool) -> f32 {
+        if up {
+            y.next_up()
+        } else {
+            y.next_down()
+        }
+    }
+
+    #[test]
+    fn rounding_equals_round_at_every_integer_and_half_and_their_neighbours() {
+        for i in -128..=128 {
+            for base in [i as f32, i as f32 + 0.5] {
+                for up in [false, true] {
+                    let mut y = base;
+                    for _ in 0..4 {
+                        let c = y.clamp(-127.0, 127.0);
+                        assert_eq!(
+                            round_in_range(c),
+                            y.round().clamp(-127.0, 127.0) as i32,
+                            "{y}"
+                        );
+                        y = step(y, up);
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// Quantized codes equal `(x / scale).round()` clamped, the definition, for any row.
+        #[test]
+        fn quantize_row_equals_its_definition(x in proptest::collection::vec(-1e4f32..1e4, 1..300)) {
+            let mut q = vec![0i8; x.len()];
+            let scale = quantize_row(&x, &mut q);
+            let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+            if amax == 0.0 {
+                prop_assert_eq!(scale, 0.0);
+            } else {
+                let inv = 127.0 / amax;
+                for (&c, &v) in q.iter().zip(&x) {
+                    prop_assert_eq!(c, (v * inv).round().clamp(-127.0, 127.0) as i8, "{}", v);
+                }
+            }
+        }
+
+        /// The rounding equals `round` on any value in range.
+        #[test]
+        fn rounding_equals_round(y in -127f32..=127.0) {
+            prop_assert_eq!(round_in_range(y), y.round() as i32);
+        }
     }
 }

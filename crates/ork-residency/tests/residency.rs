@@ -1918,3 +1918,90 @@ fn grouped_scales_from_the_pack_or_the_gguf_run_split_and_match_the_unsplit_resu
     }
     assert_eq!(outs[0], outs[1]);
 }
+
+/// `DeviceMatmul::matmul_many` (one input, several weights: q/k, gate/up) gives the outputs of
+/// `matmul` on each weight alone, bit for bit, at M = 1 (one device batch for the resident
+/// weights) and M = 3, at a one-weight budget (the rest run one by one after the batch) and with
+/// everything resident, with and without prefetch; a shape mismatch names the weight.
+#[test]
+fn matmul_many_equals_one_by_one_at_every_budget() {
+    let groups: Vec<Vec<String>> = (0..BLOCKS)
+        .flat_map(|b| {
+            [
+                vec![
+                    format!("blk.{b}.attn_q.weight"),
+                    format!("blk.{b}.attn_k.weight"),
+                ],
+                vec![
+                    format!("blk.{b}.ffn_gate.weight"),
+                    format!("blk.{b}.ffn_up.weight"),
+                    format!("blk.{b}.attn_output.weight"),
+                ],
+            ]
+        })
+        .collect();
+    let run = |dm: &DeviceMatmul, m: usize, many: bool| -> Vec<Vec<u32>> {
+        let mut outs = Vec::new();
+        for _pass in 0..2 {
+            for g in &groups {
+                let k = dm.cache().layout(&g[0]).unwrap().k;
+                let x: Vec<f32> = input(&g[0], k)[..m * k].to_vec();
+                let mut ys: Vec<Vec<f32>> = g
+                    .iter()
+                    .map(|n| vec![f32::NAN; m * dm.cache().layout(n).unwrap().n])
+                    .collect();
+                if many {
+                    let names: Vec<&str> = g.iter().map(String::as_str).collect();
+                    let mut refs: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
+                    dm.matmul_many(&names, &x, m, &mut refs).unwrap();
+                } else {
+                    for (n, y) in g.iter().zip(&mut ys) {
+                        dm.matmul(n, &x, m, y).unwrap();
+                    }
+                }
+                outs.extend(ys.iter().map(|y| y.iter().map(|v| v.to_bits()).collect()));
+            }
+        }
+        outs
+    };
+    let schedule = names();
+    for m in [1, M] {
+        let reference = {
+            let cache =
+                WeightCache::new(emu(1, GIB4), gguf_source(), CacheConfig::new(total())).unwrap();
+            run(&DeviceMatmul::new(Arc::new(cache), None), m, false)
+        };
+        for budget in [largest() + 4096, total()] {
+            for prefetch in [false, true] {
+                let cache = Arc::new(
+                    WeightCache::new(emu(1, GIB4), gguf_source(), CacheConfig::new(budget))
+                        .unwrap(),
+                );
+                let dm = DeviceMatmul::new(
+                    Arc::clone(&cache),
+                    prefetch.then(|| (schedule.clone(), SLOTS)),
+                );
+                assert_eq!(
+                    run(&dm, m, true),
+                    reference,
+                    "m {m} budget {budget} prefetch {prefetch}"
+                );
+                assert!(cache.stats().peak_resident <= budget);
+            }
+        }
+    }
+    let cache = WeightCache::new(emu(1, GIB4), gguf_source(), CacheConfig::new(total())).unwrap();
+    let dm = DeviceMatmul::new(Arc::new(cache), None);
+    let x = vec![0.5f32; 128];
+    let (mut q, mut v) = (vec![0f32; 128], vec![0f32; 64]);
+    let r = dm.matmul_many(
+        &["blk.0.attn_q.weight", "blk.0.attn_v.weight"],
+        &x,
+        1,
+        &mut [&mut q, &mut v],
+    );
+    assert!(
+        matches!(&r, Err(ResidencyError::Shape { name, .. }) if name == "blk.0.attn_v.weight"),
+        "{r:?}"
+    );
+}

@@ -659,6 +659,31 @@ impl Linear for EngineLinear {
             })
     }
 
+    /// Served by [`DeviceMatmul::matmul_many`]: one quantization of `x`, one device batch for
+    /// the weights that are resident.
+    fn matmul_many(
+        &self,
+        weights: &[&str],
+        x: &[f32],
+        m: usize,
+        ys: &mut [&mut [f32]],
+    ) -> Result<(), ExecError> {
+        for w in weights {
+            if ork_manifest::is_expert_key(w) {
+                self.expert_calls.fetch_add(1, Ordering::Relaxed);
+                if self.dm.cache().is_resident(w) {
+                    self.expert_hits.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        self.dm
+            .matmul_many(weights, x, m, ys)
+            .map_err(|e| ExecError::Backend {
+                weight: weights.join(","),
+                source: Box::new(e),
+            })
+    }
+
     /// Forwarded to the prefetcher, which serves announced weights before the plan order.
     fn upcoming(&self, weights: &[&str]) {
         self.dm.upcoming(weights);
