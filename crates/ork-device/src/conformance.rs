@@ -803,7 +803,7 @@ pub fn batch_equals_one_by_one(ctor: &Ctor) {
     let Some(dev) = computing(ctor, "batch_equals_one_by_one") else {
         return;
     };
-    let mut rng = Lcg(11);
+    let mut rng = CheckRng::new(11);
     let k = 100;
     let mut shapes = vec![
         (PackDtype::I8, 1, 1),
@@ -824,7 +824,7 @@ pub fn batch_equals_one_by_one(ctor: &Ctor) {
         let weights: Vec<DeviceWeight> = batch
             .iter()
             .map(|&(dtype, _, n)| {
-                let (pw, _) = random_weight(dtype, k, n, &mut rng);
+                let (pw, _) = random_weight(dtype, k, n, ScaleGroup::PerChannel, &mut rng);
                 upload(dev.as_ref(), &pw, DomainId(0)).unwrap()
             })
             .collect();
