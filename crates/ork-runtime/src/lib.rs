@@ -643,14 +643,21 @@ impl EngineLinear {
     }
 }
 
-impl Linear for EngineLinear {
-    fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
+impl EngineLinear {
+    /// Count a call of `weight` if it is an expert slice, and a hit if it is resident now.
+    fn count_expert(&self, weight: &str) {
         if ork_manifest::is_expert_key(weight) {
             self.expert_calls.fetch_add(1, Ordering::Relaxed);
             if self.dm.cache().is_resident(weight) {
                 self.expert_hits.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+}
+
+impl Linear for EngineLinear {
+    fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        self.count_expert(weight);
         self.dm
             .matmul(weight, x, m, y)
             .map_err(|e| ExecError::Backend {
@@ -669,12 +676,7 @@ impl Linear for EngineLinear {
         ys: &mut [&mut [f32]],
     ) -> Result<(), ExecError> {
         for w in weights {
-            if ork_manifest::is_expert_key(w) {
-                self.expert_calls.fetch_add(1, Ordering::Relaxed);
-                if self.dm.cache().is_resident(w) {
-                    self.expert_hits.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            self.count_expert(w);
         }
         self.dm
             .matmul_many(weights, x, m, ys)
