@@ -172,7 +172,7 @@ impl PackSmoothing {
         };
         let head_end = offset
             .checked_add(SMOOTHING_HEADER_LEN as u64)
-            .filter(|&e| offset % 8 == 0 && e <= limit)
+            .filter(|&e| offset.is_multiple_of(8) && e <= limit)
             .ok_or_else(|| bad(offset, format!("offset {offset} (limit {limit})")))?;
         let header = SmoothingHeader::read_from_bytes(&bytes[offset as usize..head_end as usize])
             .expect("slice has the header's exact length");
