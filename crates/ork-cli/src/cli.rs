@@ -277,8 +277,8 @@ pub struct ModelOpts {
     pub soc: SocArg,
     /// Quantization mode, as rkllm names them: w8a8 (int8 per channel), w8a8-g128/-g256/-g512
     /// (int8 with one scale per 128/256/512 k where that divides K), w16a16 (fp16), and on the
-    /// rk3576 only w4a16 (int4 per channel; w4a16-g32/-g64/-g128 are refused: the emulator has
-    /// no kernel for them). Overrides --dtype and --act.
+    /// rk3576 only w4a16 (int4 per channel) and w4a16-g32/-g64/-g128 (int4 with one scale per
+    /// 32/64/128 k where that divides K). Overrides --dtype and --act.
     #[arg(long, value_parser = quant_parser, conflicts_with_all = ["dtype", "activations"])]
     pub quant: Option<ork_runtime::Quant>,
     /// A calibration text for SmoothQuant-style smoothing (docs/chip.md): a few hundred tokens

@@ -133,11 +133,16 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
         calib: calib.clone(),
     });
     let dtype: PackDtype = config.dtype;
-    let model = if config.smooth.is_some() {
-        // The smoothed weights (docs/chip.md), folded in memory before packing.
-        std::sync::Arc::clone(ork_runtime::Engine::load(config.clone())?.gguf())
-    } else {
-        std::sync::Arc::new(GgufFile::open(&args.model)?)
+    // The smoothed weights (docs/chip.md), folded in memory before packing; the factors come
+    // from the output pack when it holds them for the same parameters, else from calibration.
+    config.pack = ork_runtime::PackChoice::Path(output.clone());
+    let loaded = match config.smooth {
+        Some(_) => Some(ork_runtime::Engine::load(config.clone())?),
+        None => None,
+    };
+    let model = match &loaded {
+        Some(l) => std::sync::Arc::clone(l.gguf()),
+        None => std::sync::Arc::new(GgufFile::open(&args.model)?),
     };
     // Pack only what `run` can run: the same model check (architecture, metadata, every
     // tensor present with its shape) before anything is written.
@@ -163,6 +168,7 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
         manifest: Some(&manifest),
         group: config.group,
         target: Some(config.soc.name()),
+        smoothing: loaded.as_ref().and_then(|l| l.smoothing()),
     };
     let result = ork_store::convert(&model, &output, &opts);
     bar.finish();

@@ -4,8 +4,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use ork_pack::ScaleGroup;
-
 use crate::buffer::{BackendBuffer, SyncDir};
 use crate::host_map::HostMap;
 use crate::kernel::Isa;
@@ -308,20 +306,14 @@ impl EmuDevice {
     }
 
     /// Refuse what the modelled chip cannot run: its type pairs and per-group modes always, its
-    /// K / N limits when [`EmuConfig::enforce_limits`] is on; then what the emulator itself does
-    /// not implement (per-group scales with fp16 activations).
+    /// K / N limits when [`EmuConfig::enforce_limits`] is on (per-group scales on fp16 weights,
+    /// which no chip has, were refused by [`MatmulTask::check`]).
     fn check_chip(&self, task: &MatmulTask<'_>) -> Result<(), DeviceError> {
         let shape = MatmulShape::of_task(task);
         self.soc.check_types(&shape)?;
         if self.enforce_limits {
             self.soc
                 .check_limits(&submitted(&shape, &task.weight.layout))?;
-        }
-        if shape.group != ScaleGroup::PerChannel && shape.a != ElemType::Int8 {
-            return Err(DeviceError::Unsupported {
-                backend: "emu",
-                what: "per-group weight scales with fp16 activations (w4a16-gN)",
-            });
         }
         Ok(())
     }
@@ -502,7 +494,7 @@ impl Device for EmuDevice {
         let a = task.activation_values();
         let group = task.weight.group.size();
         // `out[m, n] = acc · sa[m] · sw[n]`, one run of a row at a time (a loop that vectorizes).
-        // Per-group scales with anything but int8 × integer were refused by `begin`.
+        // Per-group scales on fp16 weights were refused by `begin`.
         self.run_on(cores, || match (&a, group) {
             (ActValues::Int8(a), Some(g)) if is_integer(l.dtype) => {
                 gemm::gemm_grouped(self.isa, &l, w, a, m, g, sw, out, |acc, m, _, o| {
@@ -529,6 +521,14 @@ impl Device for EmuDevice {
                     for ((o, &acc), &w) in o.iter_mut().zip(acc).zip(&sw[n0..n0 + acc.len()]) {
                         *o = acc * s * w;
                     }
+                })
+            }
+            // fp16 activations × integer weights with per-group scales (RK3576 w4a16-gN): float
+            // partial sums per group; `task.check` made sure the group divides K (no padding).
+            (ActValues::F16(_), Some(g)) if is_integer(l.dtype) => {
+                let af = gemm::f32_rows(&a, m, l.k, l.k);
+                gemm::gemm_grouped_float(self.isa, &l, w, &af, m, g, sw, out, |acc, _, _, o| {
+                    o.copy_from_slice(acc)
                 })
             }
             (ActValues::F16(_), _) => {

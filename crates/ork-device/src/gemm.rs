@@ -10,7 +10,9 @@ use half::{f16, slice::HalfFloatSliceExt};
 use ork_pack::{PackDtype, TiledLayout};
 use rayon::prelude::*;
 
-use crate::kernel::group::{apply_group_scales, group_partials, GroupedA};
+use crate::kernel::group::{
+    apply_group_scales, float_group_partials, group_partials, GroupedA, GroupedF32,
+};
 use crate::kernel::{self, Isa, PreparedA, WeightTile};
 use crate::task::ActValues;
 
@@ -206,6 +208,53 @@ pub(crate) fn gemm_grouped(
             let wt = tile_i8(l, w, t, scratch);
             partials.resize(groups * (m1 - m0) * tn, 0);
             group_partials(&ga, m0, m1, wt, tn, partials);
+            let scale = |c: usize, j: usize| {
+                let ch = t * tn + c;
+                // Padding channels have no scales; their codes are zero anyway.
+                if ch < n {
+                    scales[ch * groups + j]
+                } else {
+                    0.0
+                }
+            };
+            apply_group_scales(partials, groups, m1 - m0, tn, scale, acc);
+        },
+        conv,
+    );
+}
+
+/// Integer weights with per-group scales (`scales`: `[N][K/group]`) and f32 activation rows
+/// (fp16 activations, `m × k`; `group` divides `k`, so `k` needs no padding): float partial sums
+/// per group, folded in f32 as `kernel::group` documents, converted by `conv(accs, m, n0, out)`
+/// for one run of a row.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_grouped_float(
+    isa: Isa,
+    l: &TiledLayout,
+    w: &[u8],
+    af: &[f32],
+    m: usize,
+    group: usize,
+    scales: &[f32],
+    out: &mut [f32],
+    conv: impl Fn(&[f32], usize, usize, &mut [f32]) + Sync,
+) {
+    let tn = l.dtype.n_tile();
+    let tiles = l.n_pad() / tn;
+    let ga = GroupedF32::new(m, l.k, group, af);
+    let groups = ga.groups();
+    let n = l.n;
+    drive(
+        m,
+        n,
+        tn,
+        tiles,
+        out,
+        |s: &mut (Vec<i8>, Vec<f32>), t, m0, m1, acc: &mut [f32]| {
+            let (scratch, partials) = s;
+            let wt = tile_i8(l, w, t, scratch);
+            partials.resize(groups * (m1 - m0) * tn, 0.0);
+            float_group_partials(isa, &ga, m0, m1, wt, tn, partials);
             let scale = |c: usize, j: usize| {
                 let ch = t * tn + c;
                 // Padding channels have no scales; their codes are zero anyway.

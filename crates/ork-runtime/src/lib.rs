@@ -202,8 +202,9 @@ pub enum Quant {
     W16a16,
     /// int4 weights, per-channel scales, fp16 activations (RK3576 only).
     W4a16,
-    /// int4 weights with one scale per 32 / 64 / 128 k, fp16 activations (RK3576 only; the
-    /// emulator has no kernel for it and refuses).
+    /// int4 weights with one scale per 32 / 64 / 128 consecutive k, fp16 activations (RK3576
+    /// only; the chip's fp16 × int4 → fp32 per-group mode). Weights whose K the group does not
+    /// divide keep per-channel scales.
     W4a16G(usize),
 }
 
@@ -331,19 +332,41 @@ pub const CALIB_MAX_TOKENS: usize = 2048;
 /// Window length of the calibration run.
 pub const CALIB_CTX: usize = 512;
 
-/// Fold `smooth` into `gguf`: the smoothed in-memory GGUF and its model.
+/// Where the smoothing factors of a load came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SmoothingOrigin {
+    /// A calibration pass through the f32 reference computed them.
+    Calibrated,
+    /// The `.orkpack`'s smoothing section held them for the same parameters (α, calibration
+    /// text and token count, model): no calibration pass ran.
+    FromPack,
+}
+
+/// What [`apply_smoothing`] gives: the smoothed in-memory GGUF, its model, the record for the
+/// pack and where the factors came from.
+struct Smoothed {
+    gguf: Arc<GgufFile>,
+    model: Arc<Model>,
+    record: ork_store::PackSmoothing,
+    origin: SmoothingOrigin,
+}
+
+/// Fold `smooth` into `gguf`: the factors from the configured `.orkpack` when its smoothing
+/// section was made with the same parameters, else from a calibration pass.
 fn apply_smoothing(
     config: &EngineConfig,
     smooth: &Smoothing,
     gguf: &GgufFile,
     model: &Arc<Model>,
     tokenizer: &Tokenizer,
-) -> Result<(Arc<GgufFile>, Arc<Model>), RuntimeError> {
+) -> Result<Smoothed, RuntimeError> {
     let bad = |what: String| RuntimeError::Calibration {
         path: smooth.calib.clone(),
         what,
     };
     let bytes = std::fs::read(&smooth.calib).map_err(|e| bad(e.to_string()))?;
+    let calib_hash = ork_store::PackSmoothing::hash(&bytes);
     let text = String::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
     if text.trim().is_empty() {
         return Err(bad("the file is empty".to_owned()));
@@ -354,18 +377,64 @@ fn apply_smoothing(
     };
     let mut tokens = tokenizer.encode(&text, true, false).map_err(model_err)?;
     tokens.truncate(CALIB_MAX_TOKENS);
-    let reference = Arc::new(
-        ork_exec::CpuF32Linear::from_gguf(gguf, model.matmul_weights()).map_err(model_err)?,
-    );
-    let factors = ork_exec::smoothing_factors(model, &reference, &tokens, CALIB_CTX, smooth.alpha)
-        .map_err(model_err)?;
-    drop(reference);
+    // The factors depend on every tensor of the model (norms included), so the parameters name
+    // the model by all its tensors' fingerprints.
+    let mut fps = Vec::with_capacity(gguf.tensors().len() * 8);
+    for t in gguf.tensors() {
+        fps.extend_from_slice(&ork_store::fingerprint(gguf, t).to_le_bytes());
+    }
+    let mut record = ork_store::PackSmoothing {
+        alpha: smooth.alpha,
+        calib_hash,
+        calib_tokens: tokens.len() as u32,
+        model_fingerprint: ork_store::PackSmoothing::hash(&fps),
+        blocks: Vec::new(),
+    };
+    let stored = config
+        .pack_path()
+        .and_then(|p| ork_store::Orkpack::open(&p).ok())
+        .and_then(|pack| pack.smoothing().cloned())
+        .filter(|s| s.same_parameters(&record) && s.blocks.len() == model.config().n_layer);
+    let (factors, origin) = match stored {
+        Some(s) => (
+            s.blocks
+                .into_iter()
+                .map(|b| ork_exec::BlockSmoothing {
+                    attn: b.attn,
+                    ffn: b.ffn,
+                })
+                .collect::<Vec<_>>(),
+            SmoothingOrigin::FromPack,
+        ),
+        None => {
+            let reference = Arc::new(
+                ork_exec::CpuF32Linear::from_gguf(gguf, model.matmul_weights())
+                    .map_err(model_err)?,
+            );
+            let f =
+                ork_exec::smoothing_factors(model, &reference, &tokens, CALIB_CTX, smooth.alpha)
+                    .map_err(model_err)?;
+            (f, SmoothingOrigin::Calibrated)
+        }
+    };
+    record.blocks = factors
+        .iter()
+        .map(|b| ork_store::SmoothedBlock {
+            attn: b.attn.clone(),
+            ffn: b.ffn.clone(),
+        })
+        .collect();
     let label = config
         .model
         .with_extension(format!("smooth-{}.gguf", smooth.alpha));
     let file = Arc::new(ork_exec::smoothed_gguf(gguf, model, &factors, label).map_err(model_err)?);
     let smoothed = Arc::new(Model::load(&file).map_err(model_err)?);
-    Ok((file, smoothed))
+    Ok(Smoothed {
+        gguf: file,
+        model: smoothed,
+        record,
+        origin,
+    })
 }
 
 /// A draft that lives on the device beside the model (speculative decoding,
@@ -556,16 +625,6 @@ pub fn check_chip(config: &EngineConfig, manifest: &Manifest) -> Result<(), Runt
                 source,
             });
         }
-        if shape.group.size().is_some() && config.activations == ActPrecision::F16 {
-            return Err(RuntimeError::Device {
-                what: format!(
-                    "{quant}: the chip has per-group int4 weights with fp16 activations, but \
-                     the emulator has no kernel for them (docs/chip.md); use --quant w4a16 \
-                     (per channel) or w8a8-g128"
-                ),
-                source: None,
-            });
-        }
     }
     Ok(())
 }
@@ -716,6 +775,7 @@ pub struct Engine {
     pack_path: Option<PathBuf>,
     pack_unwritable: Option<ork_store::StoreError>,
     draft: Option<EngineDraft>,
+    smoothing_origin: Option<SmoothingOrigin>,
 }
 
 /// The draft an engine keeps beside its model ([`EngineConfig::draft`]).
@@ -846,9 +906,12 @@ impl Engine {
         };
         let model = Arc::new(Model::load(&gguf).map_err(model_err)?);
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).map_err(model_err)?);
-        let (gguf, model) = match &config.smooth {
-            Some(smooth) => apply_smoothing(&config, smooth, &gguf, &model, &tokenizer)?,
-            None => (gguf, model),
+        let (gguf, model, smoothing) = match &config.smooth {
+            Some(smooth) => {
+                let s = apply_smoothing(&config, smooth, &gguf, &model, &tokenizer)?;
+                (s.gguf, s.model, Some((s.record, s.origin)))
+            }
+            None => (gguf, model, None),
         };
         let manifest = Arc::new(Manifest::from_gguf(&gguf)?);
         Ok(LoadedModel {
@@ -857,6 +920,7 @@ impl Engine {
             model,
             tokenizer,
             manifest,
+            smoothing,
         })
     }
 }
@@ -868,6 +932,7 @@ pub struct LoadedModel {
     model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
     manifest: Arc<Manifest>,
+    smoothing: Option<(ork_store::PackSmoothing, SmoothingOrigin)>,
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -879,6 +944,17 @@ impl std::fmt::Debug for LoadedModel {
 }
 
 impl LoadedModel {
+    /// What the weights were smoothed with (recorded in the `.orkpack`), `None` without
+    /// smoothing.
+    pub fn smoothing(&self) -> Option<&ork_store::PackSmoothing> {
+        self.smoothing.as_ref().map(|s| &s.0)
+    }
+
+    /// Where the smoothing factors came from, `None` without smoothing.
+    pub fn smoothing_origin(&self) -> Option<SmoothingOrigin> {
+        self.smoothing.as_ref().map(|s| s.1)
+    }
+
     /// The GGUF the weights come from (the smoothed in-memory copy when the config smooths).
     pub fn gguf(&self) -> &Arc<GgufFile> {
         &self.gguf
@@ -917,6 +993,7 @@ impl LoadedModel {
             model,
             tokenizer,
             manifest,
+            smoothing,
         } = self;
         if let Some(n) = config.threads {
             // The first call wins; later engines in the same process share the pool.
@@ -1057,6 +1134,7 @@ impl LoadedModel {
                 copts.evict_src = config.evict_src;
                 copts.threads = config.threads;
                 copts.manifest = Some(&manifest);
+                copts.smoothing = smoothing.as_ref().map(|s| &s.0);
                 let progress = |p: &ork_store::Progress<'_>| {
                     if let Some(o) = observer {
                         o.tensor_done(p);
@@ -1212,6 +1290,7 @@ impl LoadedModel {
             pack_path,
             pack_unwritable,
             draft,
+            smoothing_origin: smoothing.map(|s| s.1),
         })
     }
 }
@@ -1295,6 +1374,12 @@ impl Engine {
     /// The cache's counters so far.
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
+    }
+
+    /// Where the smoothing factors came from (a calibration pass, or the `.orkpack`), `None`
+    /// without smoothing.
+    pub fn smoothing_origin(&self) -> Option<SmoothingOrigin> {
+        self.smoothing_origin
     }
 
     /// What the self-populating `.orkpack` did at open (`None` without a pack).

@@ -279,8 +279,8 @@ fn a_moe_model_streams_its_experts_with_the_resident_tokens() {
     assert!(spec.expert_hits <= spec.expert_matmuls);
 }
 
-/// A quant the chip lacks is refused with a hint before anything is converted; a per-group
-/// fp16 mode the emulator has no kernel for is refused too; an unknown name does not parse.
+/// A quant the chip lacks (w4a16, w4a16-g32 on the RK3588) is refused with a hint naming the
+/// chip that has it, before anything is converted; an unknown name does not parse.
 #[test]
 fn a_quant_the_chip_or_emulator_lacks_is_refused_before_converting() {
     use ork_runtime::Quant;
@@ -293,15 +293,57 @@ fn a_quant_the_chip_or_emulator_lacks_is_refused_before_converting() {
         Err(RuntimeError::Chip { hint, .. }) => assert!(hint.contains("rk3576"), "{hint}"),
         other => panic!("expected a chip refusal, got {:?}", other.err()),
     }
-    c.soc = ork_device::Soc::Rk3576;
     c.set_quant(Quant::W4a16G(32));
-    assert!(matches!(
-        Engine::open(c),
-        Err(RuntimeError::Device { source: None, .. })
-    ));
+    match Engine::open(c) {
+        Err(RuntimeError::Chip { hint, .. }) => assert!(hint.contains("rk3576"), "{hint}"),
+        other => panic!("expected a chip refusal, got {:?}", other.err()),
+    }
     assert!(!pack.exists(), "nothing converted");
     assert!("w8a8-g64".parse::<Quant>().is_err());
     assert_eq!("w8a8-g128".parse::<Quant>(), Ok(Quant::W8a8G(128)));
+}
+
+/// RK3576 w4a16-g32: every weight is packed as int4 with one scale per 32 k, stored so in the
+/// `.orkpack`; a second open reuses that pack untouched, and streamed at a small budget it gives
+/// the resident greedy tokens.
+#[test]
+fn w4a16_g32_packs_grouped_int4_and_runs_from_the_pack() {
+    use ork_pack::ScaleGroup;
+    use ork_runtime::Quant;
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("w4.orkpack");
+    let mut c = config(&pack, 1024);
+    c.soc = ork_device::Soc::Rk3576;
+    c.set_quant(Quant::W4a16G(32));
+    let engine = Engine::open(c.clone()).unwrap();
+    assert!(engine.convert_report().is_some_and(|r| r.rewritten));
+    for name in [
+        "blk.0.attn_q.weight",
+        "blk.3.ffn_down.weight",
+        "token_embd.weight",
+    ] {
+        assert_eq!(
+            engine.cache().group(name).unwrap(),
+            ScaleGroup::Group(32),
+            "{name}"
+        );
+    }
+    let resident = greedy(&engine, "The capital of France is", 6);
+    drop(engine);
+    c.budget_bytes = Some(24 << 20);
+    let engine = Engine::open(c).unwrap();
+    assert!(
+        engine
+            .convert_report()
+            .is_some_and(|r| !r.rewritten && r.packed == 0),
+        "the pack is reused: {:?}",
+        engine.convert_report()
+    );
+    assert_eq!(
+        engine.cache().group("blk.0.attn_k.weight").unwrap(),
+        ScaleGroup::Group(32)
+    );
+    assert_eq!(greedy(&engine, "The capital of France is", 6), resident);
 }
 
 #[test]
@@ -326,8 +368,14 @@ fn a_missing_empty_or_non_utf8_calibration_file_is_refused_naming_it() {
     }
 }
 
+/// Smoothing changes the packed weights; the pack records the factors and their parameters, so
+/// a second load with the same parameters takes them from the pack (no calibration pass) and
+/// reuses it untouched, while other parameters (another α, another calibration text, or none)
+/// rebuild it with the reason.
 #[test]
-fn smoothing_changes_the_packed_weights_and_rebuilds_the_pack() {
+fn smoothing_is_stored_in_the_pack_and_other_parameters_rebuild_it() {
+    use ork_runtime::{Smoothing, SmoothingOrigin};
+    use ork_store::RebuildReason;
     let dir = tempfile::tempdir().unwrap();
     let calib = dir.path().join("calib.txt");
     std::fs::write(
@@ -335,19 +383,78 @@ fn smoothing_changes_the_packed_weights_and_rebuilds_the_pack() {
         "A short calibration text about rivers, mountains and the weather in spring.",
     )
     .unwrap();
+    let other_text = dir.path().join("other.txt");
+    std::fs::write(
+        &other_text,
+        "Another text, about ships and harbours at night.",
+    )
+    .unwrap();
     let pack = dir.path().join("m.orkpack");
     let plain = Engine::open(config(&pack, 1024)).unwrap();
-    let mut c = config(&pack, 1024);
-    c.smooth = Some(ork_runtime::Smoothing { alpha: 0.5, calib });
-    let smoothed = Engine::open(c).unwrap();
-    // The fingerprint of a packed entry is that of its source tensor: smoothing changes q/k/v
-    // and gate/up, so the pack made without it is rebuilt, saying why.
-    let rebuild = smoothed.convert_report().and_then(|r| r.rebuild.clone());
-    assert!(
-        matches!(rebuild, Some(ork_store::RebuildReason::Stale { count, .. }) if count == 5 * 30),
-        "{rebuild:?}"
+    assert_eq!(plain.smoothing_origin(), None);
+    let with = |alpha: f32, calib: &std::path::Path| {
+        let mut c = config(&pack, 1024);
+        c.smooth = Some(Smoothing {
+            alpha,
+            calib: calib.to_path_buf(),
+        });
+        Engine::open(c).unwrap()
+    };
+    let rebuild = |e: &Engine| e.convert_report().and_then(|r| r.rebuild.clone());
+    let smoothed = with(0.5, &calib);
+    assert_eq!(
+        smoothed.smoothing_origin(),
+        Some(SmoothingOrigin::Calibrated)
     );
+    // The pack made without smoothing is rebuilt, saying why; its unsmoothed entries
+    // (token_embd, attn_output, ffn_down) are carried over, q/k/v and gate/up repacked.
+    assert!(
+        matches!(
+            rebuild(&smoothed),
+            Some(RebuildReason::OtherSmoothing {
+                found: None,
+                wanted: Some(_)
+            })
+        ),
+        "{:?}",
+        rebuild(&smoothed)
+    );
+    assert_eq!(smoothed.convert_report().unwrap().packed, 5 * 30);
+    let stored = ork_store::Orkpack::open(&pack)
+        .unwrap()
+        .smoothing()
+        .cloned()
+        .unwrap();
+    assert_eq!((stored.alpha, stored.blocks.len()), (0.5, 30));
     let a = plain.session().prefill(&[1, 2, 3]).unwrap();
     let b = smoothed.session().prefill(&[1, 2, 3]).unwrap();
     assert_ne!(a, b, "the smoothed weights are quantized differently");
+    drop((plain, smoothed));
+
+    // Same parameters: the factors come from the pack, nothing is repacked, same logits.
+    let again = with(0.5, &calib);
+    assert_eq!(again.smoothing_origin(), Some(SmoothingOrigin::FromPack));
+    let report = again.convert_report().unwrap();
+    assert!(!report.rewritten && report.packed == 0, "{report:?}");
+    assert_eq!(again.session().prefill(&[1, 2, 3]).unwrap(), b);
+    drop(again);
+
+    // Another α, another text, no smoothing: each rebuilds the pack with the reason.
+    for (engine, found_alpha) in [
+        (with(0.8, &calib), "alpha 0.5"),
+        (with(0.8, &other_text), "alpha 0.8"),
+        (Engine::open(config(&pack, 1024)).unwrap(), "alpha 0.8"),
+    ] {
+        match rebuild(&engine) {
+            Some(RebuildReason::OtherSmoothing {
+                found: Some(found), ..
+            }) => assert!(found.contains(found_alpha), "{found}"),
+            other => panic!("expected OtherSmoothing, got {other:?}"),
+        }
+        assert_ne!(engine.smoothing_origin(), Some(SmoothingOrigin::FromPack));
+    }
+    assert!(ork_store::Orkpack::open(&pack)
+        .unwrap()
+        .smoothing()
+        .is_none());
 }

@@ -64,6 +64,10 @@ pub struct ConvertOptions<'a> {
     /// The chip the pack is made for, recorded in the header (`None`: none recorded). A pack
     /// recorded for another chip is rebuilt ([`RebuildReason::OtherTarget`]).
     pub target: Option<&'a str>,
+    /// What the weights of `model` were smoothed with, recorded in the pack's smoothing section
+    /// (`None`: not smoothed). A pack recorded with other parameters (or none) is rebuilt
+    /// ([`RebuildReason::OtherSmoothing`]).
+    pub smoothing: Option<&'a crate::PackSmoothing>,
 }
 
 impl<'a> ConvertOptions<'a> {
@@ -78,6 +82,7 @@ impl<'a> ConvertOptions<'a> {
             manifest: None,
             group: ScaleGroup::PerChannel,
             target: None,
+            smoothing: None,
         }
     }
 }
@@ -91,6 +96,7 @@ impl std::fmt::Debug for ConvertOptions<'_> {
             .field("threads", &self.threads)
             .field("group", &self.group)
             .field("target", &self.target)
+            .field("smoothing", &self.smoothing.map(|s| s.describe()))
             .field("progress", &self.progress.is_some())
             .finish()
     }
@@ -161,6 +167,14 @@ pub enum RebuildReason {
         /// The chip asked for.
         wanted: String,
     },
+    /// The pack's weights were smoothed with other parameters than asked for (another α or
+    /// calibration text, smoothing where none was asked for, or none where it was).
+    OtherSmoothing {
+        /// The parameters recorded in the file (`None`: not smoothed).
+        found: Option<String>,
+        /// The parameters asked for (`None`: not smoothed).
+        wanted: Option<String>,
+    },
     /// Entries whose scales cover K differently from what was asked for (another `--quant`).
     OtherGroup {
         /// How many.
@@ -224,6 +238,12 @@ impl std::fmt::Display for RebuildReason {
                 f,
                 "the pack was made for {}, {wanted} was asked for",
                 found.as_deref().unwrap_or("no recorded chip")
+            ),
+            RebuildReason::OtherSmoothing { found, wanted } => write!(
+                f,
+                "the pack was made with {}, {} was asked for",
+                found.as_deref().unwrap_or("no smoothing"),
+                wanted.as_deref().unwrap_or("no smoothing")
             ),
             RebuildReason::OtherGroup {
                 count,
@@ -405,7 +425,17 @@ pub fn ensure(
             }),
             _ => None,
         };
-        report.rebuild = if let Some((found, wanted)) = other_dtype {
+        let same_smoothing = match (old.smoothing(), opts.smoothing) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.same_parameters(b) && a.blocks == b.blocks,
+            _ => false,
+        };
+        report.rebuild = if !same_smoothing {
+            Some(RebuildReason::OtherSmoothing {
+                found: old.smoothing().map(|s| s.describe()),
+                wanted: opts.smoothing.map(|s| s.describe()),
+            })
+        } else if let Some((found, wanted)) = other_dtype {
             Some(RebuildReason::OtherDtype { found, wanted })
         } else if let Some((tensor, reason)) = other_group.first().cloned() {
             Some(RebuildReason::OtherGroup {
@@ -579,6 +609,9 @@ fn write_pack(
 ) -> Result<(Orkpack, ConvertReport), StoreError> {
     let mut w = OrkpackWriter::create(path)?;
     w.set_model_identity(plan.identity);
+    if let Some(smoothing) = plan.opts.smoothing {
+        w.set_smoothing(smoothing)?;
+    }
     if let Some(chip) = plan.opts.target {
         w.set_target(chip)?;
     }

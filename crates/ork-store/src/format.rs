@@ -75,8 +75,11 @@ pub struct Footer {
     pub version: U32,
     /// Required flags, equal to the header's.
     pub required_flags: U32,
+    /// Offset of the smoothing section when the header's `optional_flags` has
+    /// [`crate::OPT_SMOOTHING`] (8-aligned, after the entries, before the index); else zero.
+    pub smoothing_offset: U64,
     /// Zero on write, ignored on read.
-    pub reserved: [u8; 12],
+    pub reserved: [u8; 4],
     /// xxh3-64 of the 48 bytes before this field.
     pub checksum: U64,
     /// [`MAGIC`] again, so the end of a complete file is recognisable.

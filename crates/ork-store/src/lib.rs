@@ -32,6 +32,7 @@ mod fingerprint;
 pub mod format;
 mod map;
 mod reader;
+mod smoothing;
 mod target;
 mod writer;
 
@@ -46,5 +47,9 @@ pub use convert::{
 pub use error::StoreError;
 pub use fingerprint::{fingerprint, fingerprint_bytes, FULL_HASH_LIMIT};
 pub use reader::{Entry, ModelIdentity, Orkpack, SourceInfo};
+pub use smoothing::{
+    PackSmoothing, SmoothedBlock, SmoothingHeader, MAX_SMOOTH_BLOCKS, MAX_SMOOTH_DIM,
+    OPT_SMOOTHING, SMOOTHING_HEADER_LEN, SMOOTHING_MAGIC,
+};
 pub use target::{resolve_target, PackTarget};
 pub use writer::OrkpackWriter;

@@ -104,6 +104,7 @@ pub struct Orkpack {
     map: ReadMap,
     identity: Option<ModelIdentity>,
     target: Option<String>,
+    smoothing: Option<crate::PackSmoothing>,
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
     id: u64,
@@ -174,6 +175,7 @@ impl Orkpack {
             map,
             identity: parsed.identity,
             target: parsed.target,
+            smoothing: parsed.smoothing,
             entries,
             by_name,
             id,
@@ -193,6 +195,11 @@ impl Orkpack {
     /// The chip the pack was made for, as the writer recorded it (`None`: not recorded).
     pub fn target(&self) -> Option<&str> {
         self.target.as_deref()
+    }
+
+    /// What the entries were smoothed with, from the smoothing section (`None`: no section).
+    pub fn smoothing(&self) -> Option<&crate::PackSmoothing> {
+        self.smoothing.as_ref()
     }
 
     /// All entries in file order.
@@ -396,6 +403,7 @@ pub(crate) fn copy_and_hash(src: &[u8], dst: &mut [u8]) -> u64 {
 struct Parsed {
     identity: Option<ModelIdentity>,
     target: Option<String>,
+    smoothing: Option<crate::PackSmoothing>,
     entries: Vec<Entry>,
 }
 
@@ -580,9 +588,43 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
         ));
     }
     check_no_overlap(path, &entries)?;
+    let smoothing_offset = footer.smoothing_offset.get();
+    let smoothing = if header.optional_flags.get() & crate::OPT_SMOOTHING != 0 {
+        // After every entry's blob and scales, before the index.
+        let after = entries
+            .iter()
+            .map(|e| e.scale_range().0 + e.scale_range().1)
+            .max()
+            .unwrap_or(PAGE)
+            .max(PAGE);
+        if smoothing_offset < after {
+            return Err(corrupt_index(
+                path,
+                footer_at,
+                format!(
+                    "smoothing section at {smoothing_offset} overlaps the entries (end {after})"
+                ),
+            ));
+        }
+        Some(crate::PackSmoothing::decode(
+            path,
+            bytes,
+            smoothing_offset,
+            index_offset,
+        )?)
+    } else if smoothing_offset != 0 {
+        return Err(corrupt_index(
+            path,
+            footer_at,
+            "a smoothing offset without the smoothing flag",
+        ));
+    } else {
+        None
+    };
     Ok(Parsed {
         identity,
         target,
+        smoothing,
         entries,
     })
 }

@@ -176,6 +176,8 @@ pub struct OrkpackWriter {
     identity: Option<ModelIdentity>,
     /// The target chip's name for the header (zeros: none).
     target_chip: [u8; 8],
+    /// The smoothing section's bytes, written after the entries (`None`: none).
+    smoothing: Option<Vec<u8>>,
     /// Set by a failed write: the file's contents no longer match `pos`, so every later
     /// `add` / `finish` is refused.
     broken: bool,
@@ -238,6 +240,7 @@ impl OrkpackWriter {
             names: HashSet::new(),
             identity: None,
             target_chip: [0; 8],
+            smoothing: None,
             broken: false,
         };
         // Header page placeholder; the real header is written by `finish`.
@@ -269,6 +272,19 @@ impl OrkpackWriter {
         }
         self.target_chip = [0; 8];
         self.target_chip[..chip.len()].copy_from_slice(chip.as_bytes());
+        Ok(())
+    }
+
+    /// Record what the entries were smoothed with (the smoothing section, `docs/orkpack.md`).
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidEntry`] (naming the smoothing section) for an empty or ragged set
+    /// of factors, or one that is not finite and positive.
+    pub fn set_smoothing(&mut self, smoothing: &crate::PackSmoothing) -> Result<(), StoreError> {
+        let bytes = smoothing
+            .encode()
+            .map_err(|what| self.invalid("(smoothing)", what))?;
+        self.smoothing = Some(bytes);
         Ok(())
     }
 
@@ -481,6 +497,15 @@ impl OrkpackWriter {
     /// in place but the rename may not survive a power loss.
     pub fn finish(mut self) -> Result<(), StoreError> {
         self.pad_to(8)?;
+        let smoothing_offset = match self.smoothing.take() {
+            Some(bytes) => {
+                let at = self.pos;
+                self.write(&bytes)?;
+                self.pad_to(8)?;
+                at
+            }
+            None => 0,
+        };
         let index_offset = self.pos;
         let mut index = Vec::with_capacity(self.records.len() * 128);
         for (rec, name) in &self.records {
@@ -497,7 +522,8 @@ impl OrkpackWriter {
             entry_count: U32::new(records.len() as u32),
             version: U32::new(VERSION),
             required_flags: U32::new(0),
-            reserved: [0; 12],
+            smoothing_offset: U64::new(smoothing_offset),
+            reserved: [0; 4],
             checksum: U64::new(0),
             magic: MAGIC,
         };
@@ -512,7 +538,11 @@ impl OrkpackWriter {
             magic: MAGIC,
             version: U32::new(VERSION),
             required_flags: U32::new(0),
-            optional_flags: U32::new(0),
+            optional_flags: U32::new(if smoothing_offset != 0 {
+                crate::OPT_SMOOTHING
+            } else {
+                0
+            }),
             page_size: U32::new(PAGE as u32),
             file_len: U64::new(self.pos),
             model_len: U64::new(id.file_len),

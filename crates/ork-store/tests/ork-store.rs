@@ -908,3 +908,98 @@ proptest! {
 
 static VALID: std::sync::LazyLock<(Vec<u8>, Vec<Sample>)> =
     std::sync::LazyLock::new(valid_pack_bytes);
+
+fn sample_smoothing() -> ork_store::PackSmoothing {
+    let v = |seed: f32| {
+        (0..24)
+            .map(|i| 0.25 + seed + i as f32 / 16.0)
+            .collect::<Vec<f32>>()
+    };
+    ork_store::PackSmoothing {
+        alpha: 0.5,
+        calib_hash: 0xfeed_beef,
+        calib_tokens: 1234,
+        model_fingerprint: 77,
+        blocks: vec![
+            ork_store::SmoothedBlock {
+                attn: v(0.0),
+                ffn: Some(v(1.0)),
+            },
+            ork_store::SmoothedBlock {
+                attn: v(2.0),
+                ffn: None,
+            },
+            ork_store::SmoothedBlock {
+                attn: v(3.0),
+                ffn: Some(v(4.0)),
+            },
+        ],
+    }
+}
+
+/// The smoothing section round-trips (factors, presence per block, parameters) beside the
+/// entries, which read as before; a pack without one reports none; ragged or non-positive
+/// factors are refused by the writer.
+#[test]
+fn smoothing_section_roundtrips_beside_the_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.orkpack");
+    let entries = sample_entries();
+    let smoothing = sample_smoothing();
+    let mut w = OrkpackWriter::create(&path).unwrap();
+    w.set_smoothing(&smoothing).unwrap();
+    for (name, pw, src) in &entries {
+        w.add(name, pw, *src).unwrap();
+    }
+    w.finish().unwrap();
+    let pack = Orkpack::open(&path).unwrap();
+    assert_eq!(pack.smoothing(), Some(&smoothing));
+    assert!(pack.smoothing().unwrap().same_parameters(&smoothing));
+    for (name, pw, _) in &entries {
+        assert_eq!(&pack.load(name, true).unwrap(), pw);
+    }
+    let (bytes, _) = valid_pack_bytes();
+    let (_d, _p, r) = open_bytes(&bytes);
+    assert!(r.unwrap().smoothing().is_none());
+
+    let mut w = OrkpackWriter::create(&dir.path().join("bad.orkpack")).unwrap();
+    let mut ragged = sample_smoothing();
+    ragged.blocks[1].attn.pop();
+    let mut zero = sample_smoothing();
+    zero.blocks[2].ffn.as_mut().unwrap()[3] = 0.0;
+    for bad in [ragged, zero] {
+        assert!(matches!(
+            w.set_smoothing(&bad),
+            Err(StoreError::InvalidEntry { tensor, .. }) if tensor == "(smoothing)"
+        ));
+    }
+}
+
+/// A damaged smoothing section (a flipped factor, a flag without a section) fails open.
+#[test]
+fn a_damaged_smoothing_section_fails_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.orkpack");
+    let mut w = OrkpackWriter::create(&path).unwrap();
+    w.set_smoothing(&sample_smoothing()).unwrap();
+    for (name, pw, src) in &sample_entries() {
+        w.add(name, pw, *src).unwrap();
+    }
+    w.finish().unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let footer = Footer::read_from_bytes(&bytes[bytes.len() - FOOTER_LEN..]).unwrap();
+    let at = footer.smoothing_offset.get() as usize;
+    assert!(at >= 4096 && at < footer.index_offset.get() as usize);
+    // A byte of the factors (past the 64-byte header and the 8 presence bytes).
+    let mut flipped = bytes.clone();
+    flipped[at + 64 + 8 + 5] ^= 0x40;
+    let (_d, _p, r) = open_bytes(&flipped);
+    assert!(matches!(r, Err(StoreError::CorruptIndex { .. })), "{r:?}");
+    // The flag set on a file that has no section.
+    let (mut plain, _) = valid_pack_bytes();
+    edit_header(&mut plain, |h| {
+        h.optional_flags.set(ork_store::OPT_SMOOTHING)
+    });
+    let (_d, _p, r) = open_bytes(&plain);
+    assert!(matches!(r, Err(StoreError::CorruptIndex { .. })), "{r:?}");
+}

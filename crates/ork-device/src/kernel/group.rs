@@ -1,4 +1,7 @@
-//! Per-group int8 matmul (the chip's int8 × int8 → fp32 per-group mode; see `docs/chip.md`):
+//! Per-group weight scales (see `docs/chip.md`): the chip's int8 × int8 → fp32 per-group mode
+//! (rkllm `w8a8_gN`) and its fp16 × int4 → fp32 per-group mode (RK3576, rkllm `w4a16_gN`).
+//!
+//! int8 activations:
 //!
 //! ```text
 //! P[m, n, j] = Σ_{k in group j} a[m, k] · q[n, k]                 exact i32
@@ -13,8 +16,19 @@
 //! weight tile is itself a tile of `g / 32` k-tiles (the tile is k-tile-major), and each group's
 //! columns of the activations are prepared as their own `rows × g` operand. So every ISA computes
 //! the partial sums bit for bit like the scalar reference [`scalar_group_partials`].
+//!
+//! fp16 activations (w4a16-gN; the activations arrive as f32, exact):
+//!
+//! ```text
+//! P[m, n, j] = Σ_{k in group j} a[m, k] · q[n, k]                 f32, float_tile_dot's order
+//! out[m, n]  = Σ_j P[m, n, j] · s[n, j]                            f32, j ascending
+//! ```
+//!
+//! Each partial sum is one [`super::float_tile_dot`] over the group's k (products exact, the
+//! additions in that kernel's documented lane order), so every ISA gives the scalar twin's result
+//! bit for bit; the fold across groups is the same as for int8.
 
-use super::{tile_dot, Isa, PreparedA};
+use super::{float_tile_dot, tile_dot, Isa, PreparedA, WeightTile};
 
 /// Largest group size the grouped kernel accepts: `127 · 128 · g` stays below 2²⁴, so every
 /// partial sum converts to f32 exactly.
@@ -102,10 +116,91 @@ pub(crate) fn scalar_group_partials(
     }
 }
 
-/// Fold partial sums (`[group][row][tn]`, from [`group_partials`]) into `acc[r · tn + c] =
-/// Σ_j f32(P) · scale(c, j)` in ascending `j` (see the module docs for the rounding).
-pub(crate) fn apply_group_scales(
-    partials: &[i32],
+/// f32 activation rows split into their groups of columns: `[group][row][g]` (fp16 activations
+/// converted to f32, exact).
+#[derive(Debug)]
+pub(crate) struct GroupedF32 {
+    group: usize,
+    rows: usize,
+    data: Vec<f32>,
+}
+
+impl GroupedF32 {
+    /// Split `rows × k` f32 activations into `k / group` blocks of `rows × group`
+    /// (`group` a multiple of 32 dividing `k`).
+    pub(crate) fn new(rows: usize, k: usize, group: usize, a: &[f32]) -> Self {
+        assert!(group > 0 && group.is_multiple_of(32) && k.is_multiple_of(group));
+        assert_eq!(a.len(), rows * k);
+        let mut data = vec![0f32; rows * k];
+        for (j, block) in data.chunks_exact_mut(rows * group).enumerate() {
+            for (dst, src) in block.chunks_exact_mut(group).zip(a.chunks_exact(k)) {
+                dst.copy_from_slice(&src[j * group..(j + 1) * group]);
+            }
+        }
+        GroupedF32 { group, rows, data }
+    }
+
+    /// Number of groups.
+    pub(crate) fn groups(&self) -> usize {
+        self.data
+            .len()
+            .checked_div(self.rows * self.group)
+            .unwrap_or(0)
+    }
+}
+
+/// Float partial sums of rows `m0..m1` against one weight tile of integer values (`w`: `tn × k`
+/// i8 in tile order, an int4 tile unpacked): `out[(j · (m1 - m0) + r) · tn + c] = P[m0 + r, c, j]`.
+pub(crate) fn float_group_partials(
+    isa: Isa,
+    a: &GroupedF32,
+    m0: usize,
+    m1: usize,
+    w: &[i8],
+    tn: usize,
+    out: &mut [f32],
+) {
+    let (g, rows, all) = (a.group, m1 - m0, a.rows);
+    let groups = a.groups();
+    assert!(m1 <= all && w.len() == tn * g * groups && out.len() >= groups * rows * tn);
+    for j in 0..groups {
+        let block = &a.data[j * all * g..(j + 1) * all * g];
+        float_tile_dot(
+            isa,
+            &block[m0 * g..m1 * g],
+            g,
+            WeightTile::I8(&w[j * g * tn..(j + 1) * g * tn]),
+            tn,
+            &mut out[j * rows * tn..(j + 1) * rows * tn],
+        );
+    }
+}
+
+/// A per-group partial sum: exact i32 (int8 activations) or f32 (fp16 activations).
+pub(crate) trait Partial: Copy {
+    /// The value as f32 (exact for the i32 sums of a group of at most [`MAX_GROUP`]).
+    fn to_f32(self) -> f32;
+}
+
+impl Partial for i32 {
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+}
+
+impl Partial for f32 {
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+/// Fold partial sums (`[group][row][tn]`, from [`group_partials`] or [`float_group_partials`])
+/// into `acc[r · tn + c] = Σ_j f32(P) · scale(c, j)` in ascending `j` (see the module docs for
+/// the rounding).
+pub(crate) fn apply_group_scales<P: Partial>(
+    partials: &[P],
     groups: usize,
     rows: usize,
     tn: usize,
@@ -116,7 +211,7 @@ pub(crate) fn apply_group_scales(
     for j in 0..groups {
         for r in 0..rows {
             for c in 0..tn {
-                acc[r * tn + c] += partials[(j * rows + r) * tn + c] as f32 * scale(c, j);
+                acc[r * tn + c] += partials[(j * rows + r) * tn + c].to_f32() * scale(c, j);
             }
         }
     }
@@ -187,6 +282,64 @@ mod tests {
                     // One rounding per product and per addition: (groups + 1) · 2⁻²⁴ · Σ|p|.
                     let bound = 1.01 * (groups + 1) as f64 * f64::from(f32::EPSILON) / 2.0 * mag;
                     let got = f64::from(acc[r * tn + c]);
+                    prop_assert!((got - exact).abs() <= bound, "[{},{}] {} vs {}", r, c, got, exact);
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// fp16 activations (with outlier channels) × int4 values with per-group scales (w4a16-gN):
+        /// every ISA's partial sums equal the scalar twin's bit for bit, and the folded result is
+        /// within the f32 rounding bound of an f64 reference straight from the definition.
+        #[test]
+        fn float_partials_match_twin_and_f64(
+            gi in 0usize..3, groups in 1usize..6, rows in 1usize..11, m0 in 0usize..3,
+            seed in any::<u64>(),
+        ) {
+            use half::f16;
+            let group = [32, 64, 128][gi];
+            let (k, tn) = (group * groups, 64);
+            let mut s = seed | 1;
+            let mut next = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s };
+            let a: Vec<f32> = (0..rows * k).map(|i| {
+                let u = (next() % 20001) as f32 / 10000.0 - 1.0;
+                f16::from_f32(if (i % k) % 11 == 5 { u * 1500.0 } else { u * 3.0 }).to_f32()
+            }).collect();
+            // int4 codes: -8..=7.
+            let w: Vec<i8> = (0..tn * k).map(|_| (next() % 16) as i8 - 8).collect();
+            let scales: Vec<f32> = (0..tn * groups).map(|_| (next() % 1000 + 1) as f32 * 1e-4).collect();
+            let wt = tile(&w, k, tn);
+            let m0 = m0.min(rows - 1);
+            let ga = GroupedF32::new(rows, k, group, &a);
+            prop_assert_eq!(ga.groups(), groups);
+            let mut twin = vec![0f32; groups * (rows - m0) * tn];
+            float_group_partials(Isa::Scalar, &ga, m0, rows, &wt, tn, &mut twin);
+            for isa in Isa::available() {
+                let mut got = vec![0f32; groups * (rows - m0) * tn];
+                float_group_partials(isa, &ga, m0, rows, &wt, tn, &mut got);
+                prop_assert!(
+                    got.iter().zip(&twin).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{:?} differs from the scalar twin", isa
+                );
+            }
+            let mut acc = vec![0f32; (rows - m0) * tn];
+            apply_group_scales(&twin, groups, rows - m0, tn, |c, j| scales[c * groups + j], &mut acc);
+            for r in m0..rows {
+                for c in 0..tn {
+                    let (mut exact, mut mag) = (0f64, 0f64);
+                    for kk in 0..k {
+                        let p = f64::from(a[r * k + kk]) * f64::from(w[c * k + kk])
+                            * f64::from(scales[c * groups + kk / group]);
+                        exact += p;
+                        mag += p.abs();
+                    }
+                    // Inside a group: g/8 additions per lane and 7 across lanes; then one
+                    // rounding for the scale product and one per group addition.
+                    let steps = (group / 8 + 7 + groups + 1) as f64;
+                    let bound = 1.01 * steps * f64::from(f32::EPSILON) / 2.0 * mag;
+                    let got = f64::from(acc[(r - m0) * tn + c]);
                     prop_assert!((got - exact).abs() <= bound, "[{},{}] {} vs {}", r, c, got, exact);
                 }
             }

@@ -519,29 +519,90 @@ fn per_group_misuse_is_a_typed_error() {
             ..
         })
     ));
-    // w4a16-g32 exists on the RK3576 but the emulator does not implement it (yet): Unsupported,
-    // never a wrong result; on the RK3588 it is not a chip type at all.
+    // w4a16-g32 is not a chip type on the RK3588: refused before anything runs.
     let p4 = pack_grouped(&rows, PackDtype::I4, 32).unwrap();
     let a16 = vec![f16::ONE; k];
     let mut out = vec![0f32; n];
-    for (soc, unsupported) in [(Soc::Rk3576, true), (Soc::Rk3588, false)] {
-        let d = emu_on(soc);
-        let w = upload(&d, &p4, DomainId(0)).unwrap();
-        let t = MatmulTask {
-            m: 1,
-            activations: Activations::HostF16(&a16),
-            act_scales: &[],
-            weight: w.as_weight(),
-            cores: CoreMask::AUTO,
-        };
-        let r = d.matmul(&t, &mut out);
-        if unsupported {
-            assert!(
-                matches!(r, Err(DeviceError::Unsupported { backend: "emu", .. })),
-                "{r:?}"
-            );
-        } else {
-            assert!(is_type_pair_refusal(&r), "{r:?}");
+    let d = emu_on(Soc::Rk3588);
+    let w = upload(&d, &p4, DomainId(0)).unwrap();
+    let t = MatmulTask {
+        m: 1,
+        activations: Activations::HostF16(&a16),
+        act_scales: &[],
+        weight: w.as_weight(),
+        cores: CoreMask::AUTO,
+    };
+    let r = d.matmul(&t, &mut out);
+    assert!(is_type_pair_refusal(&r), "{r:?}");
+}
+
+/// RK3576 w4a16-g32/g64/g128: fp16 activations (with outlier channels) × int4 weights with
+/// per-group scales from the pack layer equal their dequantization within f32 rounding, prefill
+/// and decode shapes, N not a multiple of the int4 tile (padding channels dropped); the same
+/// weight with a group the chip lacks (g192) is a `ChipLimit::Group` refusal.
+#[test]
+fn per_group_int4_with_fp16_activations_matches_its_dequantization_on_the_rk3576() {
+    let (k, n) = (1152, 96);
+    let src: Vec<f32> = (0..n * k)
+        .map(|i| {
+            (((i * 2_654_435_761) % 4001) as f32 / 2000.0 - 1.0) * (1.0 + (i % k) as f32 / 64.0)
+        })
+        .collect();
+    let rows = MatrixRows::new(&src, k, n).unwrap();
+    let dev = emu_limits(Soc::Rk3576, true);
+    for m in [1, 5, 40] {
+        let a: Vec<f16> = (0..m * k)
+            .map(|i| {
+                let u = ((i * 7919) % 2001) as f32 / 1000.0 - 1.0;
+                f16::from_f32(if i % k == 17 { u * 900.0 } else { u })
+            })
+            .collect();
+        for g in [32, 64, 128, 192] {
+            let pw = pack_grouped(&rows, PackDtype::I4, g).unwrap();
+            pw.check().unwrap();
+            assert_eq!(pw.scales.len(), n * k / g);
+            let deq = ork_pack::untile(&pw).unwrap();
+            let w = upload(&dev, &pw, DomainId(0)).unwrap();
+            let t = MatmulTask {
+                m,
+                activations: Activations::HostF16(&a),
+                act_scales: &[],
+                weight: w.as_weight(),
+                cores: CoreMask::AUTO,
+            };
+            let mut out = vec![0f32; m * n];
+            let r = dev.matmul(&t, &mut out);
+            if g == 192 {
+                // 192 divides K but is not one of the chip's w4a16 groups.
+                assert!(
+                    matches!(
+                        r,
+                        Err(DeviceError::Chip {
+                            limit: ChipLimit::Group { group: 192 },
+                            ..
+                        })
+                    ),
+                    "{r:?}"
+                );
+                continue;
+            }
+            assert!(r.unwrap().kernel.starts_with("f32-"), "the float path runs");
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut exact, mut mag) = (0f64, 0f64);
+                    for kk in 0..k {
+                        let p = f64::from(a[i * k + kk].to_f32()) * f64::from(deq[j * k + kk]);
+                        exact += p;
+                        mag += p.abs();
+                    }
+                    let got = f64::from(out[i * n + j]);
+                    let bound = (g / 8 + 8 + k / g + 2) as f64 * mag * 2f64.powi(-24) * 1.01;
+                    assert!(
+                        (got - exact).abs() <= bound,
+                        "m {m} g{g} [{i},{j}] {got} vs {exact}"
+                    );
+                }
+            }
         }
     }
 }
