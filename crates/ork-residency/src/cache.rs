@@ -56,8 +56,8 @@ pub struct CacheStats {
     pub stall_seconds: f64,
 }
 
-/// Who is asking: the compute path (may evict anything evictable) or the prefetch thread
-/// (may not evict weights it prefetched that have not been used yet, and never waits).
+/// Who is asking: the compute path (may evict anything evictable, weights prefetched for the
+/// latest announcement last) or the prefetch thread (may not evict those, and never waits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Requester {
     Compute,

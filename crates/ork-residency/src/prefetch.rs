@@ -6,7 +6,8 @@
 //! [`Announced`] serves the weights the executor announced ([`Prefetcher::announce`]: a router's
 //! expert choice, a draft's batch) before its inner source's order. The compute path reports its
 //! position with [`Prefetcher::advance`]; the thread then fetches up to `slots` weights ahead
-//! (every announced weight and then `slots`, with [`Announced`]), as long as the cache can make room without evicting a weight it prefetched that has not been
+//! (every announced weight and then `slots`, with [`Announced`]), as long as the cache can make
+//! room without evicting a weight it prefetched for the latest announcement that has not been
 //! used yet. With `cores + 1` slots every core has a ready weight and one is always loading.
 //!
 //! The thread is a plain `std::thread` fed by a channel, outside the rayon pool that computes.
