@@ -518,6 +518,12 @@ pub enum BenchCommand {
         /// Draw the timeline and bars as an SVG.
         #[arg(long)]
         plot: Option<PathBuf>,
+        /// Measure decode instead of prefill: after a prefill of `--tokens` prompt tokens,
+        /// decode this many tokens greedily (end-of-text ignored) per round, timing and counting
+        /// the decode steps only; MoE models add a streamed run without speculative expert
+        /// prefetch.
+        #[arg(long, value_parser = count_parser(1))]
+        decode: Option<usize>,
         /// JSON output.
         #[arg(long)]
         json: bool,

@@ -783,6 +783,235 @@ pub fn bench_stream(
     Ok(ExitCode::SUCCESS)
 }
 
+/// The 1-, 5- and 15-minute load averages (`/proc/loadavg`), `None` where there is none.
+fn load_average() -> Option<[f64; 3]> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let mut it = text.split_whitespace().map(|v| v.parse::<f64>().ok());
+    Some([it.next()??, it.next()??, it.next()??])
+}
+
+/// One configuration of `ork bench stream --decode` and its timed rounds.
+struct DecodeRun {
+    label: &'static str,
+    budget: u64,
+    engine: Engine,
+    /// Decode seconds per timed round.
+    seconds: Vec<f64>,
+    /// Cache counters summed over the timed decode steps.
+    stall_seconds: f64,
+    waits: u64,
+    bytes: u64,
+    evictions: u64,
+    /// Expert matmuls and hits, predictions, used and predicted-used experts over the timed
+    /// decode steps.
+    expert_matmuls: u64,
+    expert_hits: u64,
+    predictions: u64,
+    used: u64,
+    predicted_used: u64,
+    /// The greedy tokens of the last round.
+    tokens: Vec<u32>,
+}
+
+/// `ork bench stream --decode N`: decode tok/s, compute stall, waits, bytes streamed per token
+/// and (MoE) expert hit rate and recall, counted over the decode steps only, for the model
+/// resident, streamed with speculative expert prefetch, streamed with experts announced only
+/// after their router (MoE models) and streamed without prefetch; each engine warmed by one
+/// untimed round, then interleaved timed rounds.
+pub fn bench_decode(
+    opts: &ModelOpts,
+    prompt_tokens: usize,
+    decode: usize,
+    rounds: usize,
+    json: bool,
+) -> Result<ExitCode> {
+    let manifest = open_manifest(&opts.model)?;
+    let dtype = PackDtype::from(opts.dtype);
+    let full = plan_weights(&manifest, dtype, u64::MAX / 4, u64::MAX / 4, 1, 4)?.model_bytes;
+    let streamed_budget = match opts.budget_mb {
+        Some(mb) => mb << 20,
+        None => {
+            (full / 4).max(plan_weights(&manifest, dtype, 1, 1, 1, 4)?.min_budget_bytes + (8 << 20))
+        }
+    };
+    let resident_budget = full + (64 << 20);
+    let moe = manifest.n_expert() > 0;
+    let load_before = load_average();
+    let mut base = engine_config(opts, false);
+    base.budget_bytes = Some((resident_budget >> 20) << 20);
+    let first = open_engine(base, json)?;
+    let prompt = bench_prompt(first.tokenizer(), prompt_tokens)?;
+    drop(first);
+
+    // (label, budget, prefetch, expert speculation)
+    let mut configs = vec![("resident", resident_budget, true, Some(1))];
+    configs.push(("streamed", streamed_budget, true, Some(1)));
+    if moe {
+        configs.push(("streamed, no speculation", streamed_budget, true, None));
+    }
+    configs.push(("streamed, no prefetch", streamed_budget, false, None));
+    let context = prompt.len() + decode + 1;
+    let mut runs = Vec::new();
+    for (label, budget, prefetch, speculation) in configs {
+        let mut config = engine_config(opts, false);
+        config.budget_bytes = Some(budget.div_ceil(1 << 20) << 20);
+        config.prefetch = prefetch;
+        config.expert_speculation = if opts.no_speculate { None } else { speculation };
+        let engine = open_engine(config, true)?;
+        let mut run = DecodeRun {
+            label,
+            budget,
+            engine,
+            seconds: Vec::new(),
+            stall_seconds: 0.0,
+            waits: 0,
+            bytes: 0,
+            evictions: 0,
+            expert_matmuls: 0,
+            expert_hits: 0,
+            predictions: 0,
+            used: 0,
+            predicted_used: 0,
+            tokens: Vec::new(),
+        };
+        // Warm-up: the weights the decode uses are loaded once (resident) or the cache reaches
+        // its steady state (streamed) before anything is timed.
+        decode_round(&mut run, &prompt, decode, context, false)?;
+        runs.push(run);
+    }
+    for _ in 0..rounds.max(1) {
+        for run in runs.iter_mut() {
+            decode_round(run, &prompt, decode, context, true)?;
+        }
+    }
+    let load_after = load_average();
+    let n_rounds = rounds.max(1) as f64;
+    let steps = n_rounds * decode as f64;
+    let mut results = Vec::new();
+    for run in &runs {
+        let mut sorted = run.seconds.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[sorted.len() / 2];
+        let ratio = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
+        results.push(serde_json::json!({
+            "config": run.label, "budget_bytes": run.budget,
+            "decode_tokens": decode, "seconds": median, "tok_s": decode as f64 / median,
+            "round_tok_s": run.seconds.iter().map(|s| decode as f64 / s).collect::<Vec<_>>(),
+            "stall_seconds_per_round": run.stall_seconds / n_rounds,
+            "stall_ms_per_token": run.stall_seconds * 1e3 / steps,
+            "waits_per_token": run.waits as f64 / steps,
+            "mib_per_token": run.bytes as f64 / steps / (1 << 20) as f64,
+            "evictions_per_token": run.evictions as f64 / steps,
+            "expert_hit_rate": ratio(run.expert_hits, run.expert_matmuls),
+            "predictions_per_token": moe.then(|| run.predictions as f64 / steps),
+            "recall": ratio(run.predicted_used, run.used),
+            "same_tokens_as_resident": run.tokens == runs[0].tokens,
+        }));
+    }
+    let stall = |label: &str| {
+        results
+            .iter()
+            .find(|r| r["config"] == label)
+            .and_then(|r| r["stall_seconds_per_round"].as_f64())
+    };
+    let stall_cut = match (stall("streamed"), stall("streamed, no speculation")) {
+        (Some(s), Some(o)) if o > 0.0 => Some(1.0 - s / o),
+        _ => None,
+    };
+    let tok_s = |i: usize| results[i]["tok_s"].as_f64().unwrap_or(0.0);
+    let ratio = tok_s(1) / tok_s(0);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"model": opts.model.display().to_string(), "model_bytes": full,
+                "prompt_tokens": prompt.len(), "decode_tokens": decode, "rounds": rounds,
+                "results": results, "streamed_over_resident": ratio,
+                "speculation_stall_cut": stall_cut,
+                "load_average_before": load_before, "load_average_after": load_after})
+        );
+    } else {
+        let opt = |v: &serde_json::Value| v.as_f64().map_or("-".to_owned(), |x| format!("{x:.2}"));
+        for r in &results {
+            println!(
+                "{:<26} budget {:>7.1} MiB  decode {:>4} tok  {:>7.1} tok/s  stall {:>6.2} ms/tok  waits {:>5.1}/tok  {:>6.1} MiB/tok  expert hits {}  recall {}{}",
+                r["config"].as_str().unwrap_or(""),
+                r["budget_bytes"].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64,
+                decode,
+                r["tok_s"].as_f64().unwrap_or(0.0),
+                r["stall_ms_per_token"].as_f64().unwrap_or(0.0),
+                r["waits_per_token"].as_f64().unwrap_or(0.0),
+                r["mib_per_token"].as_f64().unwrap_or(0.0),
+                opt(&r["expert_hit_rate"]),
+                opt(&r["recall"]),
+                if r["same_tokens_as_resident"] == true { "" } else { "  TOKENS DIFFER" },
+            );
+        }
+        println!("streamed / resident = {ratio:.3}");
+        if let Some(cut) = stall_cut {
+            println!(
+                "stall cut by speculative expert prefetch: {:.1} %",
+                cut * 100.0
+            );
+        }
+        let fmt = |l: Option<[f64; 3]>| {
+            l.map_or("-".to_owned(), |l| {
+                format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
+            })
+        };
+        println!(
+            "load average before {}, after {}",
+            fmt(load_before),
+            fmt(load_after)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One round of [`bench_decode`]: a fresh session prefills `prompt`, then decodes `decode`
+/// tokens greedily; with `timed`, the decode's time and counters are added to `run`.
+fn decode_round(
+    run: &mut DecodeRun,
+    prompt: &[u32],
+    decode: usize,
+    context: usize,
+    timed: bool,
+) -> Result<()> {
+    let engine = &run.engine;
+    let mut session = engine.session_with_context(context)?;
+    let mut logits = session.prefill(prompt)?;
+    let (cache0, experts0) = (engine.cache_stats(), engine.expert_stats());
+    let moe0 = engine.model().moe_stats();
+    let mut tokens = Vec::with_capacity(decode);
+    let t0 = Instant::now();
+    for _ in 0..decode {
+        let next = ork_exec::ops::argmax(&logits).context("the logits are empty")? as u32;
+        tokens.push(next);
+        logits = session.decode(next)?;
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    if !timed {
+        return Ok(());
+    }
+    let (cache1, experts1) = (engine.cache_stats(), engine.expert_stats());
+    let moe1 = engine.model().moe_stats();
+    run.seconds.push(seconds);
+    run.stall_seconds += cache1.stall_seconds - cache0.stall_seconds;
+    run.waits += cache1.waits - cache0.waits;
+    run.bytes += cache1.bytes_moved - cache0.bytes_moved;
+    run.evictions += cache1.evictions - cache0.evictions;
+    if let (Some(a), Some(b)) = (experts0, experts1) {
+        run.expert_matmuls += b.expert_matmuls - a.expert_matmuls;
+        run.expert_hits += b.expert_hits - a.expert_hits;
+    }
+    if let (Some(a), Some(b)) = (moe0, moe1) {
+        run.predictions += b.predictions - a.predictions;
+        run.used += b.used - a.used;
+        run.predicted_used += b.predicted_used - a.predicted_used;
+    }
+    run.tokens = tokens;
+    Ok(())
+}
+
 /// One configuration of `ork bench stream` and its timed rounds.
 struct StreamRun {
     label: &'static str,

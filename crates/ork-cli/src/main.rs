@@ -37,7 +37,16 @@ fn main() -> ExitCode {
                 model,
                 tokens,
                 rounds,
+                plot: _,
+                decode: Some(decode),
+                json,
+            } => cmd_model::bench_decode(&model, tokens, decode, rounds, json),
+            BenchCommand::Stream {
+                model,
+                tokens,
+                rounds,
                 plot,
+                decode: None,
                 json,
             } => cmd_model::bench_stream(&model, tokens, rounds, plot.as_deref(), json),
             BenchCommand::Spec {

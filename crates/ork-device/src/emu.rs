@@ -14,6 +14,7 @@ use crate::{
     gemm, ActPrecision, BufferIntent, BufferView, Device, DeviceBuffer, DeviceError, DeviceInfo,
     DeviceStats, DomainId, IntegerOracle, MatmulStats, MatmulTask, WeightRef, MAX_DOMAINS,
 };
+use ork_pack::ScaleGroup;
 
 /// How the emulator spends a domain switch's cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -30,6 +30,13 @@ pub struct Candidate<'a> {
 pub trait EvictionPolicy: Send + Sync + std::fmt::Debug {
     /// The index in `candidates` (never empty) of the entry to evict.
     fn choose(&self, candidates: &[Candidate<'_>]) -> usize;
+
+    /// [`EvictionPolicy::choose`] knowing which weight the room is for (`None`: room asked for
+    /// by another cache). The default ignores it.
+    fn choose_for(&self, incoming: Option<&str>, candidates: &[Candidate<'_>]) -> usize {
+        let _ = incoming;
+        self.choose(candidates)
+    }
 }
 
 /// Least recently used first.
@@ -42,6 +49,55 @@ impl EvictionPolicy for Lru {
             .iter()
             .enumerate()
             .min_by_key(|(_, c)| c.last_use)
+            .map_or(0, |(i, _)| i)
+    }
+}
+
+/// Per-layer eviction for streamed models whose passes walk the blocks in order (MoE experts):
+/// room for a weight of block `L` is taken first from the block whose next use lies farthest
+/// ahead, which is the block just behind `L` (its weights come back only in the next pass),
+/// then `L - 2`, and so on around to `L` itself; the least recently used within a block. A
+/// weight of a block ahead of `L` that the last pass left in the cache stays for the coming
+/// block, where LRU would evict exactly those first (a cyclic scan is LRU's worst case: with
+/// less room than a pass, it never hits). Weights outside the blocks (`output.weight`,
+/// `token_embd.weight`) count as one block after the last; when the incoming weight has no
+/// block (or is unknown), plain LRU.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerOrder {
+    /// Blocks of the model.
+    pub n_layer: usize,
+}
+
+impl LayerOrder {
+    /// The position of `key` in a pass: its block, or `n_layer` for weights outside the blocks.
+    fn position(&self, key: &str) -> usize {
+        block_of(key).map_or(self.n_layer, |b| b.min(self.n_layer))
+    }
+}
+
+/// The block index of a `blk.N.…` key.
+fn block_of(key: &str) -> Option<usize> {
+    let (blk, _) = key.strip_prefix("blk.")?.split_once('.')?;
+    blk.parse().ok()
+}
+
+impl EvictionPolicy for LayerOrder {
+    fn choose(&self, candidates: &[Candidate<'_>]) -> usize {
+        Lru.choose(candidates)
+    }
+
+    fn choose_for(&self, incoming: Option<&str>, candidates: &[Candidate<'_>]) -> usize {
+        let Some(at) = incoming.map(|k| self.position(k)) else {
+            return Lru.choose(candidates);
+        };
+        let period = self.n_layer + 1;
+        // How many blocks after `at` the candidate's block comes again (0: `at` itself).
+        let ahead = |c: &Candidate<'_>| (self.position(c.key) + period - at) % period;
+        candidates
+            .iter()
+            .enumerate()
+            // Farthest next use first; 0 (the incoming weight's own block) is the last resort.
+            .max_by_key(|(_, c)| (ahead(c), std::cmp::Reverse(c.last_use)))
             .map_or(0, |(i, _)| i)
     }
 }
@@ -225,5 +281,59 @@ impl DeviceBudget {
             .released
             .wait_timeout(l, Duration::from_millis(2))
             .unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cands<'a>(keys: &[(&'a str, u64)]) -> Vec<Candidate<'a>> {
+        keys.iter()
+            .map(|&(key, last_use)| Candidate {
+                key,
+                bytes: 1,
+                last_use,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn layer_order_evicts_the_block_just_behind_first_and_its_own_block_last() {
+        let p = LayerOrder { n_layer: 4 };
+        let c = cands(&[
+            ("blk.2.ffn_up_exps.weight#0", 1),
+            ("blk.3.ffn_up_exps.weight#1", 9),
+            ("blk.0.ffn_up_exps.weight#1", 5),
+            ("blk.1.ffn_up_exps.weight#1", 7),
+            ("output.weight", 2),
+        ]);
+        fn choose<'a>(p: &LayerOrder, incoming: &str, c: &[Candidate<'a>]) -> &'a str {
+            c[p.choose_for(Some(incoming), c)].key
+        }
+        let pick = |incoming: &str, c: &[Candidate<'_>]| choose(&p, incoming, c).to_owned();
+        // For block 2, block 1 was just computed: its next use is a whole pass away.
+        assert_eq!(
+            pick("blk.2.ffn_gate_exps.weight#3", &c),
+            "blk.1.ffn_up_exps.weight#1"
+        );
+        assert_eq!(pick("blk.0.attn_q.weight", &c), "output.weight");
+        // Weights outside the blocks come after the last block: block 3 is just behind them.
+        assert_eq!(pick("output.weight", &c), "blk.3.ffn_up_exps.weight#1");
+        // Only the incoming weight's own block left: LRU within it.
+        let own = cands(&[
+            ("blk.2.ffn_up_exps.weight#0", 4),
+            ("blk.2.ffn_down_exps.weight#0", 3),
+        ]);
+        assert_eq!(pick("blk.2.ffn_gate_exps.weight#1", &own), own[1].key);
+        // Within a block, least recently used first.
+        let same = cands(&[
+            ("blk.1.ffn_up_exps.weight#0", 8),
+            ("blk.1.ffn_up_exps.weight#2", 6),
+            ("blk.3.ffn_up_exps.weight#2", 1),
+        ]);
+        assert_eq!(pick("blk.2.ffn_gate_exps.weight#1", &same), same[1].key);
+        // No incoming weight (another cache asks for room): plain LRU.
+        assert_eq!(c[p.choose_for(None, &c)].key, "blk.2.ffn_up_exps.weight#0");
     }
 }

@@ -56,8 +56,8 @@ pub struct CacheStats {
     pub stall_seconds: f64,
 }
 
-/// Who is asking: the compute path (may evict anything evictable) or the prefetch thread
-/// (may not evict weights it prefetched that have not been used yet, and never waits).
+/// Who is asking: the compute path (may evict anything evictable, weights prefetched for the
+/// latest announcement last) or the prefetch thread (may not evict those, and never waits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Requester {
     Compute,
@@ -78,13 +78,22 @@ struct Slot {
     domain: DomainId,
     last_use: u64,
     pinned: bool,
-    /// Brought in by the prefetcher and not used since.
-    fresh: bool,
+    /// The announcement generation in which the prefetcher last brought in or asked for this
+    /// weight, 0 once compute used it (or never).
+    wanted: u64,
 }
 
 impl Slot {
-    fn evictable(&self, by: Requester) -> bool {
-        !(self.pinned || by == Requester::Prefetch && self.fresh)
+    /// Prefetched (or asked for by the prefetcher) for the latest announcement and not used
+    /// since: compute is about to need it. A wrong guess stops being protected at the next
+    /// announcement (protecting it longer fills the room with wrong guesses, and the
+    /// prefetcher, finding no room, leaves the right ones to compute to load on demand).
+    fn protected(&self, generation: u64) -> bool {
+        self.wanted != 0 && self.wanted >= generation
+    }
+
+    fn evictable(&self, by: Requester, generation: u64) -> bool {
+        !(self.pinned || by == Requester::Prefetch && self.protected(generation))
             && matches!(&self.state, SlotState::Ready(w) if Arc::strong_count(w) == 1)
     }
 }
@@ -92,6 +101,8 @@ impl Slot {
 struct State {
     slots: HashMap<String, Slot>,
     tick: u64,
+    /// Announcements seen by the prefetcher (starts at 1; see [`Slot::protected`]).
+    generation: u64,
     resident: Vec<u64>,
     pinned: Vec<u64>,
     pinned_names: HashSet<String>,
@@ -131,13 +142,26 @@ impl State {
         })
     }
 
-    /// Evict the weight of `domain` that `policy` picks among those `by` may evict. Returns
-    /// whether one was.
-    fn evict(&mut self, domain: DomainId, by: Requester, policy: &dyn EvictionPolicy) -> bool {
-        let candidates: Vec<Candidate<'_>> = self
+    /// Evict the weight of `domain` that `policy` picks among those `by` may evict, to make
+    /// room for `incoming` (`None`: for another cache). Compute evicts a weight the prefetcher
+    /// brought in for it only when nothing else is evictable. Returns whether one was.
+    fn evict(
+        &mut self,
+        domain: DomainId,
+        by: Requester,
+        policy: &dyn EvictionPolicy,
+        incoming: Option<&str>,
+    ) -> bool {
+        let generation = self.generation;
+        let evictable: Vec<(&String, &Slot)> = self
             .slots
             .iter()
-            .filter(|(_, s)| s.domain == domain && s.evictable(by))
+            .filter(|(_, s)| s.domain == domain && s.evictable(by, generation))
+            .collect();
+        let unprotected = evictable.iter().any(|(_, s)| !s.protected(generation));
+        let candidates: Vec<Candidate<'_>> = evictable
+            .into_iter()
+            .filter(|(_, s)| !unprotected || !s.protected(generation))
             .map(|(n, s)| Candidate {
                 key: n,
                 bytes: s.bytes,
@@ -147,7 +171,9 @@ impl State {
         if candidates.is_empty() {
             return false;
         }
-        let pick = policy.choose(&candidates).min(candidates.len() - 1);
+        let pick = policy
+            .choose_for(incoming, &candidates)
+            .min(candidates.len() - 1);
         let name = candidates[pick].key.to_owned();
         let slot = self.slots.remove(&name).expect("victim exists");
         self.stats.evictions += 1;
@@ -335,6 +361,7 @@ impl WeightCache {
             state: Mutex::new(State {
                 slots: HashMap::new(),
                 tick: 0,
+                generation: 1,
                 resident: vec![0; device_domains],
                 pinned: vec![0; device_domains],
                 pinned_names: HashSet::new(),
@@ -532,7 +559,7 @@ impl WeightCache {
                     SlotState::Ready(w) => {
                         let weight = Arc::clone(w);
                         slot.last_use = tick;
-                        slot.fresh = false;
+                        slot.wanted = 0;
                         st.stats.hits += 1;
                         if let Some(t0) = waited {
                             let d = t0.elapsed();
@@ -578,18 +605,33 @@ impl WeightCache {
         };
         let weight = Arc::clone(w);
         slot.last_use = st.tick;
-        slot.fresh = false;
+        slot.wanted = 0;
         st.stats.hits += 1;
         drop(guard);
         Some(WeightLease::new(weight, self))
+    }
+
+    /// The executor announced the weights it uses next (the prefetch thread saw a new
+    /// announcement): weights prefetched for announcements before the previous one are no longer
+    /// protected from eviction.
+    pub(crate) fn next_generation(&self) {
+        self.lock().generation += 1;
     }
 
     /// Bring `name` in on behalf of the prefetch thread: returns `Ok(false)` when there is no
     /// room without evicting weights that were prefetched and not used yet (try again later).
     pub(crate) fn prefetch(&self, name: &str) -> Result<bool, ResidencyError> {
         let layout = self.layout(name)?;
-        if self.lock().slots.contains_key(name) {
-            return Ok(true);
+        {
+            let mut st = self.lock();
+            let generation = st.generation;
+            if let Some(slot) = st.slots.get_mut(name) {
+                // Asked for again: keep it for the compute that is about to use it.
+                if !slot.pinned {
+                    slot.wanted = generation;
+                }
+                return Ok(true);
+            }
         }
         Ok(match self.fetch(name, layout, Requester::Prefetch)? {
             Fetched::Done => true,
@@ -638,7 +680,7 @@ impl WeightCache {
             if st.drop_spare(domain) {
                 continue;
             }
-            if st.evict(domain, by, &*self.policy) {
+            if st.evict(domain, by, &*self.policy, Some(name)) {
                 if reuse.is_none() {
                     reuse = st.take_spare(domain, size);
                 }
@@ -669,7 +711,7 @@ impl WeightCache {
                 if st.drop_spare(domain) {
                     continue;
                 }
-                if st.evict(domain, by, &*self.policy) {
+                if st.evict(domain, by, &*self.policy, Some(name)) {
                     if reuse.is_none() {
                         reuse = st.take_spare(domain, size);
                     }
@@ -706,6 +748,10 @@ impl WeightCache {
         st.stats.peak_resident = st.stats.peak_resident.max(total);
         st.tick += 1;
         let tick = st.tick;
+        let wanted = match by {
+            Requester::Prefetch => st.generation,
+            Requester::Compute => 0,
+        };
         st.slots.insert(
             name.to_owned(),
             Slot {
@@ -715,7 +761,7 @@ impl WeightCache {
                 domain,
                 last_use: tick,
                 pinned: pinned_here,
-                fresh: by == Requester::Prefetch,
+                wanted,
             },
         );
         drop(st);
@@ -797,7 +843,7 @@ impl WeightCache {
         if st.drop_spare(domain) {
             return true;
         }
-        if st.evict(domain, by, &*self.policy) {
+        if st.evict(domain, by, &*self.policy, None) {
             st.drop_spare(domain);
             return true;
         }
@@ -899,7 +945,7 @@ impl Reclaim for WeightCache {
     fn reclaim(&self, domain: DomainId) -> bool {
         let mut st = self.lock();
         let freed = st.drop_spare(domain)
-            || (st.evict(domain, Requester::Compute, &*self.policy) && {
+            || (st.evict(domain, Requester::Compute, &*self.policy, None) && {
                 // The victim's buffer became a spare: free it, its bytes go back to the ledger.
                 st.drop_spare(domain);
                 true

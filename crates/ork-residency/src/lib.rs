@@ -4,7 +4,8 @@
 //!   [`WeightSource`] (the `.orkpack`, or packing from the GGUF on the fly), with pinning and
 //!   counters ([`CacheStats`]): hits, loads, packs, evictions, wall hits, bytes moved, peak.
 //! - [`DeviceBudget`]: one byte budget per device and domain, shared by every cache on the
-//!   device; the eviction choice is an [`EvictionPolicy`] ([`Lru`] today).
+//!   device; the eviction choice is an [`EvictionPolicy`] ([`Lru`], or [`LayerOrder`] for
+//!   MoE models' streamed experts).
 //! - [`plan()`]: resident across IOMMU domains when the model fits them, else streamed.
 //! - [`Prefetcher`]: a thread that fills the next slots of the schedule while the device
 //!   computes; the schedule is a [`ScheduleSource`] (the plan order, [`PlanOrder`], with the
@@ -24,7 +25,7 @@ mod prefetch;
 mod source;
 mod trace;
 
-pub use budget::{Candidate, DeviceBudget, EvictionPolicy, Lru};
+pub use budget::{Candidate, DeviceBudget, EvictionPolicy, LayerOrder, Lru};
 pub use cache::{device_bytes, CacheConfig, CacheStats, WeightCache, WeightLease};
 pub use error::ResidencyError;
 pub use linear::{quantize_row, DeviceMatmul};

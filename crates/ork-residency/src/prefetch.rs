@@ -5,8 +5,9 @@
 //! for one forward pass; passes repeat (prefill, then every decoded token), so it wraps around.
 //! [`Announced`] serves the weights the executor announced ([`Prefetcher::announce`]: a router's
 //! expert choice, a draft's batch) before its inner source's order. The compute path reports its
-//! position with [`Prefetcher::advance`]; the thread then fetches up to `slots` weights ahead,
-//! as long as the cache can make room without evicting a weight it prefetched that has not been
+//! position with [`Prefetcher::advance`]; the thread then fetches up to `slots` weights ahead
+//! (every announced weight and then `slots`, with [`Announced`]), as long as the cache can make
+//! room without evicting a weight it prefetched for the latest announcement that has not been
 //! used yet. With `cores + 1` slots every core has a ready weight and one is always loading.
 //!
 //! The thread is a plain `std::thread` fed by a channel, outside the rayon pool that computes.
@@ -45,6 +46,11 @@ pub trait ScheduleSource: Send {
     /// The `i`-th weight after the one compute is at (`0` is the next), or `None` past what the
     /// source knows.
     fn ahead(&self, i: usize) -> Option<&str>;
+
+    /// How many entries of the lookahead the thread brings in, given `slots` (the default).
+    fn reach(&self, slots: usize) -> usize {
+        slots
+    }
 }
 
 /// The static plan order: the model's matmul weights in execution order, wrapping around from
@@ -133,6 +139,13 @@ impl<S: ScheduleSource> ScheduleSource for Announced<S> {
 
     fn announce(&mut self, names: Vec<String>) {
         self.queue = names.into();
+    }
+
+    /// Every announced weight (as far as the cache has room: the executor announced them
+    /// because they are needed soon, and the sooner a load starts the less compute waits),
+    /// then `slots` of the inner order.
+    fn reach(&self, slots: usize) -> usize {
+        self.queue.len() + slots
     }
 
     fn ahead(&self, i: usize) -> Option<&str> {
@@ -227,7 +240,7 @@ fn run(cache: &WeightCache, mut source: Box<dyn ScheduleSource>, slots: usize, r
     let mut next = 0usize;
     let mut blocked = false;
     loop {
-        let idle = next >= slots || blocked || source.ahead(next).is_none();
+        let idle = next >= source.reach(slots) || blocked || source.ahead(next).is_none();
         // Block for a message when there is nothing to do, else just drain what is queued.
         let msg = if idle {
             match rx.recv() {
@@ -253,6 +266,7 @@ fn run(cache: &WeightCache, mut source: Box<dyn ScheduleSource>, slots: usize, r
                         next = next.saturating_sub(source.advance(&name));
                     }
                     Msg::Announce(names) => {
+                        cache.next_generation();
                         source.announce(names);
                         next = 0;
                     }
@@ -317,9 +331,16 @@ mod tests {
         assert_eq!(lookahead(&a, 2), ["w3", "w0"]);
         assert_eq!(a.advance("w3"), usize::MAX, "announcements used up");
         assert_eq!(lookahead(&a, 2), ["w4", "w0"]);
+        assert_eq!(
+            a.reach(2),
+            2,
+            "nothing announced left: `slots` of the inner order"
+        );
         // A new announcement replaces what is left of the old one.
         a.announce(vec!["w1".into(), "w2".into()]);
         a.announce(vec!["w0".into()]);
         assert_eq!(lookahead(&a, 2), ["w0", "w4"]);
+        // The thread brings in every announced weight, then `slots` of the inner order.
+        assert_eq!(a.reach(2), 1 + 2);
     }
 }

@@ -23,8 +23,8 @@ use ork_gguf::{GgmlType, GgufFile};
 use ork_pack::{PackDtype, TiledLayout};
 use ork_residency::plan::domain_map;
 use ork_residency::{
-    device_bytes, execution_order, plan, CacheConfig, CacheStats, DeviceMatmul, Lane, Mode,
-    PlanInput, ResidencyError, ScheduleSource, Trace, WeightCache, WeightSource,
+    device_bytes, execution_order, plan, CacheConfig, CacheStats, DeviceMatmul, Lane, LayerOrder,
+    Mode, PlanInput, ResidencyError, ScheduleSource, Trace, WeightCache, WeightSource,
 };
 use ork_store::{ensure, ConvertOptions, Orkpack, StoreError};
 use proptest::prelude::*;
@@ -1050,6 +1050,44 @@ fn at_a_one_weight_budget_compute_always_evicts_fresh_prefetches() {
             );
         }
         assert_eq!(dev.over_limit.load(Ordering::Relaxed), 0);
+    }
+}
+
+/// Announcements beyond the prefetch slots (the whole next pass, or wrong guesses) and block-order
+/// eviction ([`LayerOrder`], used for MoE models) change which weights are resident, never the
+/// outputs; the cache stays within its budget.
+#[test]
+fn announced_weights_beyond_the_slots_and_block_order_eviction_keep_outputs_identical() {
+    let schedule = names();
+    let reference = reference_outputs(1);
+    for budget in [largest() + 4096, total() / 2, total() - 4096] {
+        let cache = Arc::new(
+            WeightCache::new(
+                emu(1, GIB4),
+                pack_source(&clean_pack_path(), false),
+                CacheConfig::new(budget),
+            )
+            .unwrap()
+            .with_policy(Box::new(LayerOrder { n_layer: BLOCKS })),
+        );
+        let dm = DeviceMatmul::new(Arc::clone(&cache), Some((schedule.clone(), SLOTS)));
+        for pass in 0..6 {
+            // Even passes announce the pass in order (right), odd ones backwards (mostly wrong).
+            let mut announced: Vec<&str> = schedule.iter().map(String::as_str).collect();
+            if pass % 2 == 1 {
+                announced.reverse();
+            }
+            dm.upcoming(&announced);
+            assert_eq!(
+                run_passes(&dm, &schedule, 1).unwrap(),
+                reference,
+                "budget {budget} pass {pass}"
+            );
+            assert!(cache.resident().iter().sum::<u64>() <= budget);
+        }
+        let stats = cache.stats();
+        assert!(stats.loads > 0, "budget {budget}: {stats:?}");
+        assert_eq!(stats.wall_hits, 0);
     }
 }
 

@@ -24,8 +24,8 @@ use ork_gguf::GgufFile;
 use ork_manifest::Manifest;
 use ork_pack::PackDtype;
 use ork_residency::{
-    device_bytes, plan::domain_map, CacheConfig, CacheStats, DeviceBudget, DeviceMatmul, Mode,
-    Plan, PlanInput, Trace, WeightCache, WeightSource,
+    device_bytes, plan::domain_map, CacheConfig, CacheStats, DeviceBudget, DeviceMatmul,
+    LayerOrder, Mode, Plan, PlanInput, Trace, WeightCache, WeightSource,
 };
 use ork_store::{ConvertOptions, ConvertReport};
 
@@ -1204,6 +1204,15 @@ impl LoadedModel {
             Arc::clone(&device_budget),
         )?
         .with_placement(domain_map(&plan));
+        // MoE: streamed experts are evicted by block order (the block just computed first), not
+        // LRU, which would evict the experts of the blocks about to run (docs/moe.md).
+        let cache = if manifest.n_expert() > 0 {
+            cache.with_policy(Box::new(LayerOrder {
+                n_layer: model.config().n_layer,
+            }))
+        } else {
+            cache
+        };
         for p in plan.pinned() {
             cache.pin(&p.name)?;
         }

@@ -484,6 +484,52 @@ fn plan_and_run_report_expert_figures_on_a_moe_model() {
     assert!(spec["experts"]["recall"].as_f64().is_some(), "{spec}");
     assert_eq!(u(&plain["experts"], "predictions"), 0, "{plain}");
     assert!(u(&spec["experts"], "expert_matmuls") > 0 && u(&spec, "bytes_streamed") > 0);
+
+    // The warmed decode benchmark: four configurations, the same greedy tokens in each, decode
+    // counters (streamed bytes, recall) only where they apply.
+    let o = run(&[
+        "bench",
+        "stream",
+        "--model",
+        ms,
+        "--no-pack",
+        "--budget-mb",
+        "40",
+        "--tokens",
+        "4",
+        "--decode",
+        "3",
+        "--rounds",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    let results = v["results"].as_array().unwrap();
+    let configs: Vec<&str> = results
+        .iter()
+        .map(|r| r["config"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        configs,
+        [
+            "resident",
+            "streamed",
+            "streamed, no speculation",
+            "streamed, no prefetch"
+        ]
+    );
+    for r in results {
+        assert_eq!(r["same_tokens_as_resident"], true, "{v}");
+        assert_eq!(u(r, "decode_tokens"), 3, "{v}");
+    }
+    assert_eq!(
+        results[0]["mib_per_token"].as_f64(),
+        Some(0.0),
+        "warmed: {v}"
+    );
+    assert!(results[1]["recall"].as_f64().is_some(), "{v}");
+    assert!(results[2]["recall"].is_null(), "{v}");
 }
 
 /// `--quant`: an unknown name and a quant the chip lacks (w4a16, w4a16-g32 on the RK3588) are
