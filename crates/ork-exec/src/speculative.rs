@@ -164,7 +164,7 @@ impl LookupDraft {
         (self.ngram_min..=self.ngram_max).rev().find_map(|n| {
             let key = tokens.get(len.checked_sub(n)?..)?;
             let mut f = self.cache.table.get(key)?.clone();
-            f.sort_by(|a, b| (b.1, b.2).cmp(&(a.1, a.2)));
+            f.sort_by_key(|e| std::cmp::Reverse((e.1, e.2)));
             Some(f)
         })
     }
@@ -183,7 +183,7 @@ impl LookupDraft {
                 continue;
             };
             let mut f = f.clone();
-            f.sort_by(|a, b| (b.1, b.2).cmp(&(a.1, a.2)));
+            f.sort_by_key(|e| std::cmp::Reverse((e.1, e.2)));
             let total: u32 = f.iter().map(|e| e.1).sum();
             for (t, count, _) in f {
                 if !out.iter().any(|o| o.0 == t) {
