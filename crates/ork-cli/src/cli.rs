@@ -421,6 +421,11 @@ pub struct SpecArgs {
     /// Keep the draft length at --draft-max (no adapting to acceptance).
     #[arg(long, requires = "draft")]
     pub draft_fixed: bool,
+    /// Tree verification: verify a tree of up to N drafted tokens per pass (branches at most
+    /// --draft-max deep) instead of one chain; prompt lookup drafts its alternative followers as
+    /// branches (docs/speculative.md).
+    #[arg(long, requires = "draft", value_parser = count_parser(0))]
+    pub draft_tree: Option<usize>,
 }
 
 /// A number in [0, 1].
@@ -493,6 +498,12 @@ pub enum BenchCommand {
         /// Most draft tokens per verifier pass.
         #[arg(long, default_value_t = DEFAULT_DRAFT_MAX, value_parser = count_parser(1))]
         draft_max: usize,
+        /// Tokens per tree of the tree-verified lookup draft (`lookup-tree`).
+        #[arg(long, default_value_t = 16, value_parser = count_parser(1))]
+        draft_tree: usize,
+        /// The drafts to compare with plain decoding: lookup, lookup-tree, self, model.
+        #[arg(long, value_delimiter = ',', default_value = "lookup,lookup-tree,self,model", value_parser = ["lookup", "lookup-tree", "self", "model"])]
+        drafts: Vec<String>,
         /// The draft model (default: the model's first eighth of blocks, written to a temporary
         /// GGUF).
         #[arg(long)]

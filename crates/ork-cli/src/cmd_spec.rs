@@ -26,6 +26,7 @@ pub fn options(args: &SpecArgs) -> Result<Option<SpeculativeOptions>> {
     let o = SpeculativeOptions {
         draft_max: args.draft_max,
         adaptive: !args.draft_fixed,
+        tree_nodes: args.draft_tree,
     };
     o.check()?;
     Ok(Some(o))
@@ -77,6 +78,8 @@ pub struct SpecReport {
     /// Device bytes the draft keeps resident (out of the budget).
     draft_bytes: u64,
     draft_max: usize,
+    /// Tokens per drafted tree (`--draft-tree`; none: a chain).
+    draft_tree: Option<usize>,
     drafted: usize,
     accepted: usize,
     acceptance_rate: f64,
@@ -98,6 +101,7 @@ impl SpecReport {
                 .map_or_else(|| kind.label(), |d| d.label().to_owned()),
             draft_bytes: engine.draft().map_or(0, |d| d.bytes()),
             draft_max: options.draft_max,
+            draft_tree: options.tree_nodes,
             drafted: g.stats.drafted,
             accepted: g.stats.accepted,
             acceptance_rate: g.stats.acceptance_rate(),
@@ -109,8 +113,9 @@ impl SpecReport {
     /// The stats line's part.
     pub fn line(&self) -> String {
         format!(
-            " | draft {} (max {}): drafted {} accepted {} ({:.0} %) | {} verifier passes, {:.2} tok/pass",
+            " | draft {}{} (max {}): drafted {} accepted {} ({:.0} %) | {} verifier passes, {:.2} tok/pass",
             self.draft,
+            self.draft_tree.map_or_else(String::new, |n| format!(", trees of {n}")),
             self.draft_max,
             self.drafted,
             self.accepted,
@@ -126,18 +131,49 @@ pub struct SpecBench {
     pub tokens: usize,
     pub rounds: usize,
     pub draft_max: usize,
+    /// Tokens per tree of the `lookup-tree` draft.
+    pub draft_tree: usize,
+    /// Which drafts to run (`lookup`, `lookup-tree`, `self`, `model`).
+    pub drafts: Vec<String>,
     pub draft_model: Option<PathBuf>,
     pub budgets_mb: Vec<u64>,
 }
 
-/// The bench's prompts: prose, and code (which repeats itself, as code does).
-const PROMPTS: [&str; 2] = [
-    "The history of computing is a story of machines that outgrew their memory. Engineers \
-     learned to page data in and out, to overlap transfers with computation, and to keep the \
-     most useful pieces close at hand.",
-    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n\
-     def mul(a, b):\n    return a * b\n\n\ndef div(a, b):\n",
+/// The bench's prompts, as a user would give them (through the model's chat template when it
+/// has one): a chat question, a summary of a given text, and a rewrite of given code.
+const PROMPTS: [(&str, &str); 3] = [
+    (
+        "chat",
+        "I have an exam on computer memory next week. Explain what a page fault is and how an \
+         operating system handles one, in a few short paragraphs.",
+    ),
+    (
+        "summarise",
+        "Summarise the following text in three sentences.\n\nThe history of computing is a \
+         story of machines that outgrew their memory. Early computers stored programs on punched \
+         cards and paper tape, and engineers learned to page data in and out of a small fast \
+         store. Virtual memory let a program use more memory than the machine had, by keeping \
+         the most recently used pages close at hand and fetching the others from disk when they \
+         were needed. Caches followed the same idea inside the processor: a small, fast memory \
+         holds the data used most often, and a larger, slower one holds the rest. Today large \
+         language models face the same problem: their weights do not fit the accelerator's \
+         memory, so the weights are streamed in while the computation runs.",
+    ),
+    (
+        "code",
+        "Rewrite this Python function with type hints and a docstring, keeping its \
+         behaviour:\n\ndef average(values):\n    total = 0\n    count = 0\n    for value in \
+         values:\n        total = total + value\n        count = count + 1\n    if count == \
+         0:\n        return 0\n    return total / count\n",
+    ),
 ];
+
+/// A draft of the bench: a kind, verified as a chain or (`tree`) as trees.
+#[derive(Clone)]
+struct BenchDraft {
+    kind: DraftArg,
+    tree: Option<usize>,
+}
 
 /// One configuration: a budget and a draft kind, on an engine of its own.
 struct Config {
@@ -147,7 +183,7 @@ struct Config {
     budget: u64,
     draft_bytes: u64,
     resident: bool,
-    kind: Option<DraftArg>,
+    kind: Option<BenchDraft>,
     engine: Option<Engine>,
     refused: Option<String>,
     seconds: Vec<f64>,
@@ -156,14 +192,18 @@ struct Config {
     accepted: usize,
     passes: usize,
     generated: usize,
+    /// Per prompt: (generated tokens, verifier passes).
+    per_prompt: Vec<(usize, usize)>,
     moved: u64,
+    /// MoE models: (block forwards, experts run) during the timed rounds.
+    moe: (u64, u64),
 }
 
 /// One greedy generation of `n` tokens; (tokens, seconds after the prefill, the speculative
 /// counters if any).
 fn generate_once(
     engine: &Engine,
-    kind: Option<&DraftArg>,
+    kind: Option<&BenchDraft>,
     prompt: &[u32],
     n: usize,
     draft_max: usize,
@@ -187,7 +227,7 @@ fn generate_once(
             (g.tokens, secs, None)
         }
         Some(kind) => {
-            let mut draft = make_draft(engine, kind, 0.0, 0, 0.0)?;
+            let mut draft = make_draft(engine, &kind.kind, 0.0, 0, 0.0)?;
             let g = generate_speculative(
                 &mut session,
                 draft.as_mut(),
@@ -196,6 +236,7 @@ fn generate_once(
                 &SpeculativeOptions {
                     draft_max,
                     adaptive: true,
+                    tree_nodes: kind.tree,
                 },
                 &mut Sampler::greedy(),
                 &mut StandardAcceptance,
@@ -227,10 +268,19 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
     let mut base = engine_config(opts, false);
     base.budget_bytes = Some(resident_budget);
     let first = open_engine(base, true)?;
+    let template = first.chat_template()?;
     let prompts: Vec<Vec<u32>> = PROMPTS
         .iter()
-        .map(|p| first.tokenizer().encode(p, true, false))
-        .collect::<Result<_, _>>()?;
+        .map(|(_, p)| -> Result<Vec<u32>> {
+            Ok(match &template {
+                Some(t) => {
+                    let text = t.render(&[ork_exec::ChatMessage::new("user", p)], true)?;
+                    first.tokenizer().encode(&text, false, true)?
+                }
+                None => first.tokenizer().encode(p, true, false)?,
+            })
+        })
+        .collect::<Result<_>>()?;
     let n_layer = first.model().config().n_layer;
     drop(first);
 
@@ -267,12 +317,16 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
             path
         }
     };
-    let kinds = [
-        None,
-        Some(DraftArg::Lookup),
-        Some(DraftArg::SelfLayers(None)),
-        Some(DraftArg::Model(draft_path)),
-    ];
+    let mut kinds = vec![None];
+    for d in &b.drafts {
+        let (kind, tree) = match d.as_str() {
+            "lookup" => (DraftArg::Lookup, None),
+            "lookup-tree" => (DraftArg::Lookup, Some(b.draft_tree)),
+            "self" => (DraftArg::SelfLayers(None), None),
+            _ => (DraftArg::Model(draft_path.clone()), None),
+        };
+        kinds.push(Some(BenchDraft { kind, tree }));
+    }
 
     let mut configs = Vec::new();
     for (budget, resident) in budgets
@@ -282,7 +336,7 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
     {
         for kind in &kinds {
             let mut config = engine_config(opts, false);
-            config.draft = kind.as_ref().and_then(DraftArg::engine_source);
+            config.draft = kind.as_ref().and_then(|k| k.kind.engine_source());
             config.budget_bytes = Some(budget);
             let mut c = Config {
                 requested: budget,
@@ -298,7 +352,9 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
                 accepted: 0,
                 passes: 0,
                 generated: 0,
+                per_prompt: vec![(0, 0); PROMPTS.len()],
                 moved: 0,
+                moe: (0, 0),
             };
             match open_engine(config.clone(), true) {
                 Ok(e) => c.engine = Some(e),
@@ -306,7 +362,13 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
                     // A draft model does not fit beside a quarter of the model: give the model
                     // the same share as the others, the draft's bytes on top.
                     Some(ork_runtime::RuntimeError::DraftTooLarge { draft_mib, .. })
-                        if matches!(kind, Some(DraftArg::Model(_))) =>
+                        if matches!(
+                            kind,
+                            Some(BenchDraft {
+                                kind: DraftArg::Model(_),
+                                ..
+                            })
+                        ) =>
                     {
                         let extra = ((draft_mib * (1 << 20) as f64) as u64).div_ceil(1 << 20) << 20;
                         config.budget_bytes = Some(budget + extra);
@@ -334,20 +396,29 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
             let mut secs = 0.0;
             let mut tokens = Vec::new();
             let moved0 = bytes_moved(e);
-            for p in &prompts {
+            let moe0 = e.model().moe_stats().unwrap_or_default();
+            for (i, p) in prompts.iter().enumerate() {
                 let (t, s, st) = generate_once(e, c.kind.as_ref(), p, b.tokens, b.draft_max)?;
                 secs += s;
                 c.generated += t.len();
+                let passes = match st {
+                    Some(st) => {
+                        c.drafted += st.drafted;
+                        c.accepted += st.accepted;
+                        st.passes
+                    }
+                    None => t.len().saturating_sub(1),
+                };
+                c.passes += passes;
+                c.per_prompt[i].0 += t.len();
+                c.per_prompt[i].1 += passes;
                 tokens.push(t);
-                if let Some(st) = st {
-                    c.drafted += st.drafted;
-                    c.accepted += st.accepted;
-                    c.passes += st.passes;
-                } else {
-                    c.passes += b.tokens - 1;
-                }
             }
             c.moved += bytes_moved(e) - moved0;
+            if let Some(m) = e.model().moe_stats() {
+                c.moe.0 += m.forwards - moe0.forwards;
+                c.moe.1 += m.experts_run - moe0.experts_run;
+            }
             c.seconds.push(secs);
             c.tokens = tokens;
         }
@@ -366,7 +437,10 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
         };
         let tok_s = per_round / median(&c.seconds);
         let plain_tok_s = plain.map_or(f64::NAN, |p| per_round / median(&p.seconds));
-        let label = c.kind.as_ref().map_or("none".to_owned(), DraftArg::label);
+        let label = c.kind.as_ref().map_or("none".to_owned(), |k| match k.tree {
+            Some(n) => format!("{}-tree:{n}", k.kind.label()),
+            None => k.kind.label(),
+        });
         rows.push(serde_json::json!({
             "draft": label,
             "draft_name": c.engine.as_ref().and_then(|e| e.draft()).map(|d| d.label().to_owned()),
@@ -380,16 +454,24 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
             "speedup": tok_s / plain_tok_s,
             "acceptance_rate": if c.drafted > 0 { c.accepted as f64 / c.drafted as f64 } else { 0.0 },
             "tokens_per_pass": if c.passes > 0 { c.generated as f64 / c.passes as f64 } else { 0.0 },
+            "tokens_per_pass_by_prompt": PROMPTS.iter().zip(&c.per_prompt).map(|((name, _), &(g, p))| {
+                (name.to_string(), serde_json::json!(if p > 0 { g as f64 / p as f64 } else { 0.0 }))
+            }).collect::<serde_json::Map<String, serde_json::Value>>(),
             "streamed_bytes_per_token": c.moved as f64 / c.generated.max(1) as f64,
+            "experts_per_block_pass": (c.moe.0 > 0).then(|| c.moe.1 as f64 / c.moe.0 as f64),
             "greedy_identical": plain.is_some_and(|p| p.tokens == c.tokens),
         }));
     }
+    let crossovers = crossovers(&rows);
+    let union = expert_union(&configs, &prompts[0])?;
     if json {
         println!(
             "{}",
             serde_json::json!({"model": opts.model.display().to_string(), "model_bytes": full,
-                "tokens": b.tokens, "prompts": PROMPTS.len(), "draft_max": b.draft_max,
-                "rounds": b.rounds, "results": rows})
+                "tokens": b.tokens, "prompts": PROMPTS.iter().map(|p| p.0).collect::<Vec<_>>(),
+                "draft_max": b.draft_max, "draft_tree": b.draft_tree,
+                "rounds": b.rounds, "results": rows, "crossover": crossovers,
+                "moe_expert_union": union})
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -447,5 +529,129 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
             }
         );
     }
+    if let Some(u) = union.as_array() {
+        println!("MoE verify batch (M = k + 1 tokens): experts per block (union), streamed pass time and MiB copied");
+        for r in u {
+            println!(
+                "  M {:>2}: {:>5.2} experts/block, {:>7.1} ms/pass ({:.2}x M = 1), {:>7.1} MiB/pass",
+                r["m"].as_u64().unwrap_or(0),
+                r["experts_per_block"].as_f64().unwrap_or(f64::NAN),
+                r["pass_ms"].as_f64().unwrap_or(f64::NAN),
+                r["pass_time_vs_m1"].as_f64().unwrap_or(f64::NAN),
+                r["mib_per_pass"].as_f64().unwrap_or(f64::NAN),
+            );
+        }
+    }
+    for (draft, c) in &crossovers {
+        println!("crossover, {draft}: {}", c.as_str().unwrap_or(""));
+    }
+    println!(
+        "prompts ({}, through the chat template): {}",
+        b.tokens,
+        PROMPTS.iter().map(|p| p.0).collect::<Vec<_>>().join(", ")
+    );
     Ok(ExitCode::SUCCESS)
+}
+
+/// MoE models: for verify batches of M = 1, 2, 3, 5, 9, 17 tokens (the prompt's plain greedy
+/// continuation after the prompt), the experts a block runs per pass (the union of the batch's
+/// rows' experts) and, on the lowest streamed budget's plain engine, the pass time and the weight
+/// bytes copied (median of 3). `null` for a dense model.
+fn expert_union(configs: &[Config], prompt: &[u32]) -> Result<serde_json::Value> {
+    let Some(c) = configs
+        .iter()
+        .find(|c| c.kind.is_none() && c.engine.is_some())
+    else {
+        return Ok(serde_json::Value::Null);
+    };
+    let Some(e) = &c.engine else {
+        return Ok(serde_json::Value::Null);
+    };
+    if e.model().moe_stats().is_none() {
+        return Ok(serde_json::Value::Null);
+    }
+    let continuation = c.tokens.first().cloned().unwrap_or_default();
+    let mut out = Vec::new();
+    let mut m1_ms = f64::NAN;
+    for m in [1usize, 2, 3, 5, 9, 17] {
+        if continuation.len() < m {
+            break;
+        }
+        let mut times = Vec::new();
+        let mut moved = Vec::new();
+        let mut experts = (0, 0);
+        for _ in 0..3 {
+            let mut s = e.session();
+            s.prefill(prompt)?;
+            let s0 = e.model().moe_stats().unwrap_or_default();
+            let b0 = bytes_moved(e);
+            let t0 = Instant::now();
+            s.forward_all(&continuation[..m])?;
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+            moved.push(bytes_moved(e) - b0);
+            let s1 = e.model().moe_stats().unwrap_or_default();
+            experts.0 += s1.forwards - s0.forwards;
+            experts.1 += s1.experts_run - s0.experts_run;
+        }
+        times.sort_by(f64::total_cmp);
+        moved.sort_unstable();
+        let ms = times[1];
+        if m == 1 {
+            m1_ms = ms;
+        }
+        out.push(serde_json::json!({
+            "m": m,
+            "experts_per_block": experts.1 as f64 / experts.0.max(1) as f64,
+            "pass_ms": ms,
+            "pass_time_vs_m1": ms / m1_ms,
+            "mib_per_pass": moved[1] as f64 / (1 << 20) as f64,
+            "budget_bytes": c.budget,
+        }));
+    }
+    Ok(serde_json::Value::Array(out))
+}
+
+/// Per draft, the budget where drafting stops paying: the speed-ups against plain decoding at
+/// each budget, the crossing of 1.0× interpolated linearly between the two budgets around it.
+fn crossovers(rows: &[serde_json::Value]) -> serde_json::Map<String, serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    let mut drafts: Vec<&str> = rows
+        .iter()
+        .filter_map(|r| r["draft"].as_str())
+        .filter(|d| *d != "none")
+        .collect();
+    drafts.dedup();
+    for d in drafts {
+        let mut points: Vec<(f64, f64, bool)> = rows
+            .iter()
+            .filter(|r| r["draft"] == d && r["refused"].is_null())
+            .map(|r| {
+                (
+                    r["requested_budget_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
+                    r["speedup"].as_f64().unwrap_or(f64::NAN),
+                    r["resident"].as_bool().unwrap_or(false),
+                )
+            })
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let pays = |s: f64| s >= 1.0;
+        let text = match points.iter().position(|p| !pays(p.1)) {
+            None => "pays at every budget measured, resident included".to_owned(),
+            Some(0) => "does not pay at any budget measured".to_owned(),
+            Some(i) => {
+                let (a, b) = (points[i - 1], points[i]);
+                let at = a.0 + (b.0 - a.0) * (a.1 - 1.0) / (a.1 - b.1);
+                format!(
+                    "pays up to ~{at:.0} MiB ({:.2}× at {:.0} MiB, {:.2}× at {:.0} MiB{})",
+                    a.1,
+                    a.0,
+                    b.1,
+                    b.0,
+                    if b.2 { ", resident" } else { "" }
+                )
+            }
+        };
+        out.insert(d.to_owned(), serde_json::Value::String(text));
+    }
+    out
 }

@@ -161,6 +161,14 @@ pub enum ExecError {
         /// What is wrong.
         what: String,
     },
+    /// A tree of drafted tokens that is not a tree ([`crate::Session::forward_tree`]: a parent
+    /// after its child, a parent count other than the token count) or a branch to keep that is
+    /// not in the cache ([`crate::Session::keep_branch`]).
+    #[error("token tree: {what}")]
+    InvalidTree {
+        /// What is wrong.
+        what: String,
+    },
     /// The draft model's vocabulary is not the verifier's (checked as llama.cpp does: size,
     /// special tokens, and the text of every shared token).
     #[error("draft model {draft}: its vocabulary does not match the model's: {what}")]

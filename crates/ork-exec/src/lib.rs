@@ -44,7 +44,7 @@ pub use smooth::{smooth_reference, smoothed_gguf, smoothing_factors, BlockSmooth
 pub use speculative::{
     check_draft_vocabulary, generate_speculative, Acceptance, Draft, LookupDraft, ModelDraft,
     Proposal, SpeculativeGeneration, SpeculativeOptions, SpeculativeStats, StandardAcceptance,
-    DRAFT_VOCAB_MAX_SIZE_DIFFERENCE,
+    TreeProposal, DRAFT_VOCAB_MAX_SIZE_DIFFERENCE,
 };
 pub use tokenizer::{TextStream, TokenKind, Tokenizer, Vocabulary};
 pub use weights::WeightSpec;

@@ -259,6 +259,9 @@ impl Model {
                 t.predictions += s.predictions;
                 t.used += s.used;
                 t.predicted_used += s.predicted_used;
+                t.forwards += s.forwards;
+                t.rows += s.rows;
+                t.experts_run += s.experts_run;
             }
         }
         total

@@ -76,6 +76,13 @@ pub struct MoeStats {
     pub used: u64,
     /// Of those, experts that had been predicted.
     pub predicted_used: u64,
+    /// Forward passes of a MoE block, every batch size (decode, verify batches, prefill).
+    pub forwards: u64,
+    /// Token rows in those passes.
+    pub rows: u64,
+    /// Experts those passes ran: per pass, the union of its rows' experts (the expert weights a
+    /// batch needs, `docs/speculative.md`).
+    pub experts_run: u64,
 }
 
 impl MoeStats {
@@ -96,6 +103,9 @@ pub(crate) struct Speculation {
     predictions: AtomicU64,
     used: AtomicU64,
     predicted_used: AtomicU64,
+    forwards: AtomicU64,
+    rows: AtomicU64,
+    experts_run: AtomicU64,
 }
 
 /// A copy (a model cut to its first blocks for a draft) starts with fresh counters and no
@@ -121,6 +131,9 @@ impl Speculation {
             predictions: self.predictions.load(Ordering::Relaxed),
             used: self.used.load(Ordering::Relaxed),
             predicted_used: self.predicted_used.load(Ordering::Relaxed),
+            forwards: self.forwards.load(Ordering::Relaxed),
+            rows: self.rows.load(Ordering::Relaxed),
+            experts_run: self.experts_run.load(Ordering::Relaxed),
         }
     }
 
@@ -343,6 +356,11 @@ impl MoeFfn {
         let routing = self.route(linear, h, m)?;
         let k = routing.k;
         let used = routing.used();
+        let sp = &self.speculation;
+        sp.forwards.fetch_add(1, Ordering::Relaxed);
+        sp.rows.fetch_add(m as u64, Ordering::Relaxed);
+        sp.experts_run
+            .fetch_add(used.len() as u64, Ordering::Relaxed);
         let mut announce = self.expert_weights(&used);
         if m == 1 {
             self.speculation.check(&used);

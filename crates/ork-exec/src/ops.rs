@@ -121,17 +121,106 @@ pub fn attention(
     debug_assert!(m <= t);
     debug_assert_eq!(q.len(), m * n_head * dk);
     debug_assert_eq!(out.len(), m * n_head * dv);
-    let group = n_head / n_head_kv;
-    let scale = 1.0 / (dk as f32).sqrt();
     let first_pos = t - m;
-
+    let geometry = Geometry::new(shape);
     out.par_chunks_mut(dv).enumerate().for_each(|(unit, o)| {
         let (i, h) = (unit / n_head, unit % n_head);
-        let g = h / group;
         let qh = &q[i * n_head * dk + h * dk..][..dk];
-        let n_keys = first_pos + i + 1;
-        let mut scores: Vec<f32> = (0..n_keys)
-            .map(|p| dot(qh, &keys[p * k_dim + g * dk..][..dk]) * scale)
+        geometry.attend(qh, h, keys, values, 0..first_pos + i + 1, o);
+    });
+}
+
+/// Tree attention for `m` query rows that are the nodes of a tree of drafted tokens (tree
+/// verification in speculative decoding, `docs/speculative.md`).
+///
+/// `keys` / `values` hold every cached position, the last `m` of them being the tree's nodes in
+/// `parents` order; node `i` attends to the `t - m` positions before the tree and then to its
+/// ancestors from the root down and itself (`parents[i]` is its parent node, `None` for a node
+/// that follows the cached positions directly; a parent comes before its child). The keys a node
+/// sees, and their order, are those of the same tokens decoded one by one along its branch, so
+/// its output is bit for bit the causal [`attention`]'s output for that branch.
+pub fn attention_tree(
+    shape: AttentionShape,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    parents: &[Option<usize>],
+    out: &mut [f32],
+) {
+    let AttentionShape {
+        n_head,
+        head_dim_k: dk,
+        head_dim_v: dv,
+        ..
+    } = shape;
+    let m = parents.len();
+    let t = keys.len() / (shape.n_head_kv * dk);
+    debug_assert!(m <= t);
+    debug_assert_eq!(q.len(), m * n_head * dk);
+    debug_assert_eq!(out.len(), m * n_head * dv);
+    let first_pos = t - m;
+    // Each node's key positions: the cached prefix, then its branch from the root down.
+    let branches: Vec<Vec<usize>> = (0..m)
+        .map(|i| {
+            let mut b = vec![first_pos + i];
+            let mut at = parents[i];
+            while let Some(p) = at {
+                debug_assert!(p < i);
+                b.push(first_pos + p);
+                at = parents[p];
+            }
+            b.reverse();
+            b
+        })
+        .collect();
+    let geometry = Geometry::new(shape);
+    out.par_chunks_mut(dv).enumerate().for_each(|(unit, o)| {
+        let (i, h) = (unit / n_head, unit % n_head);
+        let qh = &q[i * n_head * dk + h * dk..][..dk];
+        let rows = (0..first_pos).chain(branches[i].iter().copied());
+        geometry.attend(qh, h, keys, values, rows, o);
+    });
+}
+
+/// Sizes of one attention call, shared by [`attention`] and [`attention_tree`].
+struct Geometry {
+    group: usize,
+    dk: usize,
+    dv: usize,
+    k_dim: usize,
+    v_dim: usize,
+    scale: f32,
+}
+
+impl Geometry {
+    fn new(s: AttentionShape) -> Geometry {
+        Geometry {
+            group: s.n_head / s.n_head_kv,
+            dk: s.head_dim_k,
+            dv: s.head_dim_v,
+            k_dim: s.n_head_kv * s.head_dim_k,
+            v_dim: s.n_head_kv * s.head_dim_v,
+            scale: 1.0 / (s.head_dim_k as f32).sqrt(),
+        }
+    }
+
+    /// One query head `qh` (head `h`) over the key/value positions `rows`, in that order, with a
+    /// max-subtracted softmax, into `o`. The same positions in the same order give the same
+    /// bits, whichever call they come from.
+    fn attend(
+        &self,
+        qh: &[f32],
+        h: usize,
+        keys: &[f32],
+        values: &[f32],
+        rows: impl Iterator<Item = usize> + Clone,
+        o: &mut [f32],
+    ) {
+        let g = h / self.group;
+        let (dk, dv) = (self.dk, self.dv);
+        let mut scores: Vec<f32> = rows
+            .clone()
+            .map(|p| dot(qh, &keys[p * self.k_dim + g * dk..][..dk]) * self.scale)
             .collect();
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0f64;
@@ -141,14 +230,14 @@ pub fn attention(
         }
         let inv = (1.0 / sum) as f32;
         o.fill(0.0);
-        for (p, &w) in scores.iter().enumerate() {
-            let vrow = &values[p * v_dim + g * dv..][..dv];
+        for (p, &w) in rows.zip(&scores) {
+            let vrow = &values[p * self.v_dim + g * dv..][..dv];
             let w = w * inv;
             for (acc, &v) in o.iter_mut().zip(vrow) {
                 *acc += w * v;
             }
         }
-    });
+    }
 }
 
 /// Dot product with 8 independent accumulators so the compiler can vectorise it.
@@ -274,6 +363,59 @@ mod tests {
             (out[1] - 15.0).abs() < 1e-5,
             "equal scores average the values"
         );
+    }
+
+    #[test]
+    fn tree_attention_is_causal_attention_along_each_branch() {
+        let shape = AttentionShape {
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim_k: 8,
+            head_dim_v: 6,
+        };
+        let (kd, vd, qd) = (16, 12, 32);
+        let val = |i: usize, salt: f32| (i as f32 * 0.73 + salt).sin() * 2.0;
+        let (cached, m) = (5, 6);
+        // Tree: 0 ← 1 ← 2, 0 ← 3 ← 4, and 5 after the cache on its own.
+        let parents = [None, Some(0), Some(1), Some(0), Some(3), None];
+        let t = cached + m;
+        let keys: Vec<f32> = (0..t * kd).map(|i| val(i, 0.1)).collect();
+        let values: Vec<f32> = (0..t * vd).map(|i| val(i, 0.7)).collect();
+        let q: Vec<f32> = (0..m * qd).map(|i| val(i, 1.3)).collect();
+        let mut out = vec![0.0; m * n_out(shape)];
+        attention_tree(shape, &q, &keys, &values, &parents, &mut out);
+        for (node, branch) in [
+            (0, vec![0]),
+            (1, vec![0, 1]),
+            (2, vec![0, 1, 2]),
+            (3, vec![0, 3]),
+            (4, vec![0, 3, 4]),
+            (5, vec![5]),
+        ] {
+            // The same node decoded causally after the cache and its branch.
+            let rows: Vec<usize> = (0..cached)
+                .chain(branch.iter().map(|b| cached + b))
+                .collect();
+            let k: Vec<f32> = rows
+                .iter()
+                .flat_map(|&r| keys[r * kd..][..kd].to_vec())
+                .collect();
+            let v: Vec<f32> = rows
+                .iter()
+                .flat_map(|&r| values[r * vd..][..vd].to_vec())
+                .collect();
+            let mut one = vec![0.0; n_out(shape)];
+            attention(shape, &q[node * qd..][..qd], &k, &v, 1, &mut one);
+            let got = &out[node * n_out(shape)..][..n_out(shape)];
+            assert!(
+                one.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "node {node}"
+            );
+        }
+    }
+
+    fn n_out(s: AttentionShape) -> usize {
+        s.n_head * s.head_dim_v
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! One conversation with a model: the KV cache and the forward pass.
 use crate::linear::Linear;
 use crate::model::Model;
-use crate::ops::{attention, rms_norm, AttentionShape};
+use crate::ops::{attention, attention_tree, rms_norm, AttentionShape};
 use crate::ExecError;
 use std::sync::Arc;
 
@@ -117,6 +117,85 @@ impl Session {
         self.forward(tokens, Logits::All)
     }
 
+    /// Run a tree of tokens as one batch (tree verification in speculative decoding,
+    /// `docs/speculative.md`): node `i` is `tokens[i]`, a child of node `parents[i]` (`None`: of
+    /// the last cached position); a parent comes before its children. Node `i` sits at position
+    /// `position() + depth(i)` and attends to the cached positions and to its own branch, so its
+    /// logits are those of decoding its branch token by token. Returns the logits of every node
+    /// (`tokens.len() × vocab`). The cache grows by every node, in `tokens` order; keep one
+    /// branch with [`Session::keep_branch`].
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidTree`] when `parents` does not describe such a tree of `tokens`, and
+    /// as [`Session::forward_all`].
+    pub fn forward_tree(
+        &mut self,
+        tokens: &[u32],
+        parents: &[Option<usize>],
+    ) -> Result<Vec<f32>, ExecError> {
+        if parents.len() != tokens.len() {
+            return Err(ExecError::InvalidTree {
+                what: format!("{} parents for {} tokens", parents.len(), tokens.len()),
+            });
+        }
+        if let Some(i) = parents
+            .iter()
+            .enumerate()
+            .position(|(i, p)| p.is_some_and(|p| p >= i))
+        {
+            return Err(ExecError::InvalidTree {
+                what: format!(
+                    "node {i}'s parent {} does not come before it",
+                    parents[i].unwrap_or_default()
+                ),
+            });
+        }
+        let mut parts = [Part {
+            session: self,
+            tokens,
+            logits: Logits::All,
+            tree: Some(parents),
+        }];
+        let mut out = forward_parts(&mut parts)?;
+        Ok(out.pop().flatten().unwrap_or_default())
+    }
+
+    /// After [`Session::forward_tree`] appended a tree at position `base`, keep the branch
+    /// `nodes` (tree node indices, root first, each the child of the one before) at positions
+    /// `base..base + nodes.len()` and drop every other node.
+    ///
+    /// # Errors
+    /// [`ExecError::InvalidTree`] unless `nodes` are increasing indices of cached positions after
+    /// `base`; the cache is unchanged then.
+    pub fn keep_branch(&mut self, base: usize, nodes: &[usize]) -> Result<(), ExecError> {
+        let increasing = nodes.windows(2).all(|w| w[0] < w[1]);
+        let last = nodes.last().map_or(base, |&n| base + n + 1);
+        if !increasing || last > self.len || base > self.len {
+            return Err(ExecError::InvalidTree {
+                what: format!(
+                    "keep nodes {nodes:?} after position {base} of a cache of {}",
+                    self.len
+                ),
+            });
+        }
+        let c = self.model.config();
+        let (kd, vd) = (c.k_dim(), c.v_dim());
+        for (j, &n) in nodes.iter().enumerate() {
+            let (from, to) = (base + n, base + j);
+            if from == to {
+                continue;
+            }
+            for k in &mut self.keys {
+                k.copy_within(from * kd..(from + 1) * kd, to * kd);
+            }
+            for v in &mut self.values {
+                v.copy_within(from * vd..(from + 1) * vd, to * vd);
+            }
+        }
+        self.truncate(base + nodes.len());
+        Ok(())
+    }
+
     /// One batched step over several sessions of the same model and matmul backend (continuous
     /// batching): every matmul runs once with `M` = the parts' tokens together, attention and
     /// RoPE per part against its own KV cache and positions. A part is one decode token or a
@@ -137,6 +216,7 @@ impl Session {
                 session: &mut *p.session,
                 tokens: p.tokens,
                 logits: if p.logits { Logits::Last } else { Logits::None },
+                tree: None,
             })
             .collect();
         forward_parts(&mut parts)
@@ -147,6 +227,7 @@ impl Session {
             session: self,
             tokens,
             logits,
+            tree: None,
         }];
         let mut out = forward_parts(&mut parts)?;
         Ok(out.pop().flatten().unwrap_or_default())
@@ -169,6 +250,8 @@ struct Part<'s, 't> {
     session: &'s mut Session,
     tokens: &'t [u32],
     logits: Logits,
+    /// A tree of tokens ([`Session::forward_tree`]): each token's parent in `tokens`.
+    tree: Option<&'t [Option<usize>]>,
 }
 
 /// Check the parts, run them as one forward pass, and commit (or roll back) their caches.
@@ -234,7 +317,17 @@ fn forward_inner(
     for p in parts.iter() {
         let n = p.tokens.len();
         model.embed(p.tokens, &mut x[row * d..(row + n) * d])?;
-        angles.extend((0..n).map(|i| model.rope.angles(p.session.len + i)));
+        match p.tree {
+            None => angles.extend((0..n).map(|i| model.rope.angles(p.session.len + i))),
+            Some(parents) => {
+                let mut depth: Vec<usize> = Vec::with_capacity(n);
+                for par in parents {
+                    let d = par.map_or(0, |q| depth[q] + 1);
+                    depth.push(d);
+                    angles.push(model.rope.angles(p.session.len + d));
+                }
+            }
+        }
         row += n;
     }
 
@@ -283,14 +376,16 @@ fn forward_inner(
             let (n, s) = (p.tokens.len(), &mut *p.session);
             s.keys[il].extend_from_slice(&k[row * kd..(row + n) * kd]);
             s.values[il].extend_from_slice(&v[row * vd..(row + n) * vd]);
-            attention(
-                shape,
+            let (q_rows, out_rows) = (
                 &q[row * qd..(row + n) * qd],
-                &s.keys[il],
-                &s.values[il],
-                n,
                 &mut attn[row * ad..(row + n) * ad],
             );
+            match p.tree {
+                None => attention(shape, q_rows, &s.keys[il], &s.values[il], n, out_rows),
+                Some(parents) => {
+                    attention_tree(shape, q_rows, &s.keys[il], &s.values[il], parents, out_rows)
+                }
+            }
             row += n;
         }
         linear.matmul(&layer.wo, &attn, m, &mut proj)?;

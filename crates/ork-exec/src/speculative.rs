@@ -37,66 +37,177 @@ pub trait Draft: Send {
     /// # Errors
     /// A draft model's forward pass failing.
     fn propose(&mut self, history: &[u32], max: usize) -> Result<Vec<Proposal>, ExecError>;
+
+    /// Propose a tree of at most `max_nodes` tokens, no branch longer than `max_depth`, to follow
+    /// `history` (tree verification, `docs/speculative.md`). Nodes come parents first; siblings
+    /// are in the draft's order of preference (the first child is the one judged against the
+    /// verifier, the others are taken when the verifier's own token is one of them). By default
+    /// the chain of [`Draft::propose`].
+    ///
+    /// # Errors
+    /// As [`Draft::propose`].
+    fn propose_tree(
+        &mut self,
+        history: &[u32],
+        max_nodes: usize,
+        max_depth: usize,
+    ) -> Result<Vec<TreeProposal>, ExecError> {
+        let chain = self.propose(history, max_depth.min(max_nodes))?;
+        Ok(chain
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| TreeProposal {
+                token: p.token,
+                parent: i.checked_sub(1),
+                q: p.q,
+            })
+            .collect())
+    }
 }
 
-/// Prompt lookup drafting (llama.cpp's lookup decoding, without a model), one token at a time:
-/// the last n tokens (longest n first, `ngram_max` down to `ngram_min`) are looked up among the
-/// earlier tokens, and the token that most often followed them is drafted (the most recent one
-/// on a tie, as llama.cpp's n-gram cache picks its most frequent continuation); the drafted token
-/// joins the tokens looked up for the next one. Drafting stops where no n-gram matches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A node of a drafted tree ([`Draft::propose_tree`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeProposal {
+    /// The drafted token.
+    pub token: u32,
+    /// Its parent among the tree's nodes (`None`: it follows the history directly).
+    pub parent: Option<usize>,
+    /// The draft's distribution at this position (a point mass for a deterministic draft).
+    pub q: Distribution,
+}
+
+/// Prompt lookup drafting (llama.cpp's lookup decoding, without a model): an n-gram cache of
+/// every token the draft has seen — the prompt and the generated text, kept across generations
+/// (llama.cpp's context and dynamic caches in one table) — maps each n-gram (n = `ngram_min` to
+/// `ngram_max`) to the tokens that followed it, with their counts. The draft looks up the
+/// history's last n tokens, longest n first, and drafts the token that most often followed them
+/// (the most recent one on a tie); the drafted token joins the tokens looked up for the next one.
+/// [`Draft::propose`] drafts that one chain; [`Draft::propose_tree`] also drafts the other
+/// followers, shorter n-grams' followers included, as branches, best estimated branch first.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LookupDraft {
     /// Shortest n-gram matched.
     pub ngram_min: usize,
     /// Longest n-gram matched.
     pub ngram_max: usize,
+    cache: NgramCache,
 }
 
 impl Default for LookupDraft {
     /// n-grams of 1 to 4 tokens, as llama.cpp's `lookup` example.
     fn default() -> Self {
-        LookupDraft {
-            ngram_min: 1,
-            ngram_max: 4,
-        }
+        LookupDraft::new(1, 4)
     }
 }
 
+/// What followed one n-gram: (token, count, most recent position) per follower.
+type Followers = Vec<(u32, u32, u64)>;
+
+/// The n-gram table of [`LookupDraft`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct NgramCache {
+    table: std::collections::HashMap<Vec<u32>, Followers>,
+    /// The sequence being read (its n-grams are in the table).
+    seen: Vec<u32>,
+    /// Tokens read over the cache's life (the recency of a follower).
+    clock: u64,
+}
+
+/// Share of a branch estimate that a longer n-gram's followers take; the rest backs off to
+/// shorter n-grams.
+const NGRAM_BACKOFF: f64 = 0.75;
+
 impl LookupDraft {
-    /// The token that most often followed the longest matching suffix n-gram of `tokens`.
-    fn next(&self, tokens: &[u32]) -> Option<u32> {
-        let len = tokens.len();
-        for n in (self.ngram_min.max(1)..=self.ngram_max).rev() {
-            if n >= len {
-                continue;
-            }
-            let pattern = &tokens[len - n..];
-            // (token, count, most recent start); starts i with i + n < len have a follower.
-            let mut seen: Vec<(u32, usize, usize)> = Vec::new();
-            for i in (0..len - n).filter(|&i| &tokens[i..i + n] == pattern) {
-                let t = tokens[i + n];
-                match seen.iter_mut().find(|s| s.0 == t) {
-                    Some(s) => {
-                        s.1 += 1;
-                        s.2 = i;
+    /// A lookup draft matching n-grams of `ngram_min..=ngram_max` tokens.
+    pub fn new(ngram_min: usize, ngram_max: usize) -> LookupDraft {
+        LookupDraft {
+            ngram_min: ngram_min.max(1),
+            ngram_max,
+            cache: NgramCache::default(),
+        }
+    }
+
+    /// Read `history` into the cache: the tokens after what it has seen when `history` extends
+    /// it, else all of `history` as a new sequence (the counts of earlier ones stay).
+    fn read(&mut self, history: &[u32]) {
+        let c = &mut self.cache;
+        let from = if history.starts_with(&c.seen) {
+            c.seen.len()
+        } else {
+            c.seen.clear();
+            0
+        };
+        for &t in &history[from..] {
+            c.seen.push(t);
+            c.clock += 1;
+            let len = c.seen.len();
+            for n in self.ngram_min..=self.ngram_max {
+                if n >= len {
+                    break;
+                }
+                let key = c.seen[len - 1 - n..len - 1].to_vec();
+                let f = c.table.entry(key).or_default();
+                match f.iter_mut().find(|e| e.0 == t) {
+                    Some(e) => {
+                        e.1 += 1;
+                        e.2 = c.clock;
                     }
-                    None => seen.push((t, 1, i)),
+                    None => f.push((t, 1, c.clock)),
                 }
             }
-            if let Some(best) = seen.iter().max_by_key(|s| (s.1, s.2)) {
-                return Some(best.0);
-            }
         }
-        None
+    }
+
+    /// The followers of the longest n-gram ending `tokens` that has any, best first.
+    fn followers(&self, tokens: &[u32]) -> Option<Followers> {
+        let len = tokens.len();
+        (self.ngram_min..=self.ngram_max).rev().find_map(|n| {
+            let key = tokens.get(len.checked_sub(n)?..)?;
+            let mut f = self.cache.table.get(key)?.clone();
+            f.sort_by_key(|e| std::cmp::Reverse((e.1, e.2)));
+            Some(f)
+        })
+    }
+
+    /// Candidate tokens after `tokens` with an estimated probability: each n-gram's followers
+    /// (longest n first) share [`NGRAM_BACKOFF`] of what is left in proportion to their counts.
+    fn candidates(&self, tokens: &[u32]) -> Vec<(u32, f64)> {
+        let len = tokens.len();
+        let mut out: Vec<(u32, f64)> = Vec::new();
+        let mut mass = 1.0;
+        for n in (self.ngram_min..=self.ngram_max).rev() {
+            let Some(key) = len.checked_sub(n).and_then(|a| tokens.get(a..)) else {
+                continue;
+            };
+            let Some(f) = self.cache.table.get(key) else {
+                continue;
+            };
+            let mut f = f.clone();
+            f.sort_by_key(|e| std::cmp::Reverse((e.1, e.2)));
+            let total: u32 = f.iter().map(|e| e.1).sum();
+            for (t, count, _) in f {
+                if !out.iter().any(|o| o.0 == t) {
+                    out.push((
+                        t,
+                        mass * NGRAM_BACKOFF * f64::from(count) / f64::from(total),
+                    ));
+                }
+            }
+            mass *= 1.0 - NGRAM_BACKOFF;
+        }
+        out
     }
 }
 
 impl Draft for LookupDraft {
     fn propose(&mut self, history: &[u32], max: usize) -> Result<Vec<Proposal>, ExecError> {
+        self.read(history);
         let mut buf = history.to_vec();
         let mut out = Vec::with_capacity(max);
         while out.len() < max {
-            let Some(t) = self.next(&buf) else { break };
+            let Some(t) = self.followers(&buf).and_then(|f| f.first().map(|e| e.0)) else {
+                break;
+            };
             out.push(Proposal {
                 token: t,
                 q: Distribution::point(t),
@@ -104,6 +215,60 @@ impl Draft for LookupDraft {
             buf.push(t);
         }
         Ok(out)
+    }
+
+    /// Best-first: the tree grows by the candidate whose branch has the highest estimated
+    /// probability (the product of [`LookupDraft`]'s per-token estimates along it), so the chain
+    /// of [`Draft::propose`] comes first and the budget then goes to the likeliest alternatives.
+    fn propose_tree(
+        &mut self,
+        history: &[u32],
+        max_nodes: usize,
+        max_depth: usize,
+    ) -> Result<Vec<TreeProposal>, ExecError> {
+        self.read(history);
+        let mut nodes: Vec<TreeProposal> = Vec::new();
+        // Per node: its branch's tokens after the history, its estimate.
+        let mut paths: Vec<(Vec<u32>, f64)> = Vec::new();
+        // Frontier: (estimate, parent, token, preference among its siblings).
+        let mut frontier: Vec<(f64, Option<usize>, u32, usize)> = Vec::new();
+        let expand = |frontier: &mut Vec<(f64, Option<usize>, u32, usize)>,
+                      parent: Option<usize>,
+                      path: &[u32],
+                      estimate: f64| {
+            let mut ctx = history.to_vec();
+            ctx.extend_from_slice(path);
+            for (rank, (t, p)) in self.candidates(&ctx).into_iter().enumerate() {
+                frontier.push((estimate * p, parent, t, rank));
+            }
+        };
+        if max_depth > 0 {
+            expand(&mut frontier, None, &[], 1.0);
+        }
+        while nodes.len() < max_nodes {
+            // The best candidate; on equal estimates the earlier-ranked sibling.
+            let Some(best) = (0..frontier.len()).max_by(|&a, &b| {
+                let (x, y) = (&frontier[a], &frontier[b]);
+                x.0.total_cmp(&y.0).then(y.3.cmp(&x.3))
+            }) else {
+                break;
+            };
+            let (estimate, parent, token, _) = frontier.swap_remove(best);
+            let mut path = parent.map_or_else(Vec::new, |p| paths[p].0.clone());
+            path.push(token);
+            nodes.push(TreeProposal {
+                token,
+                parent,
+                q: Distribution::point(token),
+            });
+            if path.len() < max_depth {
+                expand(&mut frontier, Some(nodes.len() - 1), &path, estimate);
+            }
+            paths.push((path, estimate));
+        }
+        // Nodes are in the order they were chosen: parents before children, and a parent's
+        // children in order of preference (their estimates share the parent's factor).
+        Ok(nodes)
     }
 }
 
@@ -347,6 +512,10 @@ pub struct SpeculativeOptions {
     /// rejection, double it (up to `draft_max`) when every draft was accepted. Off: always
     /// `draft_max`.
     pub adaptive: bool,
+    /// Tree verification (`--draft-tree N`): each pass verifies a tree of up to `N` drafted
+    /// tokens ([`Draft::propose_tree`], branches at most the current draft length deep) instead
+    /// of one chain. `None`: a chain.
+    pub tree_nodes: Option<usize>,
 }
 
 impl SpeculativeOptions {
@@ -358,6 +527,12 @@ impl SpeculativeOptions {
         if self.draft_max == 0 {
             return Err(ExecError::InvalidDraft {
                 what: "--draft-max 0: draft at least one token per pass (or run without --draft)"
+                    .to_owned(),
+            });
+        }
+        if self.tree_nodes == Some(0) {
+            return Err(ExecError::InvalidDraft {
+                what: "--draft-tree 0: a tree of at least one token per pass (or no --draft-tree)"
                     .to_owned(),
             });
         }
@@ -462,54 +637,108 @@ pub fn generate_speculative(
         // A pass emits the accepted drafts and one more token.
         let want = k.min(remaining - 1);
         let td = Instant::now();
-        let mut drafts = if want > 0 {
-            draft.propose(&history, want)?
-        } else {
-            Vec::new()
+        let drafts: Vec<TreeProposal> = match (want, speculative.tree_nodes) {
+            (0, _) => Vec::new(),
+            (_, None) => draft
+                .propose(&history, want)?
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| TreeProposal {
+                    token: p.token,
+                    parent: i.checked_sub(1),
+                    q: p.q,
+                })
+                .collect(),
+            (_, Some(n)) => draft.propose_tree(&history, n, want)?,
         };
         stats.draft_time += td.elapsed();
-        drafts.truncate(want);
-        if let Some(bad) = drafts.iter().position(|d| d.token as usize >= vocab) {
-            drafts.truncate(bad);
+        // Keep a well-formed tree: a node whose token is out of range, or whose parent was
+        // dropped, or that is deeper than `want`, goes (with its subtree).
+        let mut kept: Vec<Option<usize>> = Vec::with_capacity(drafts.len());
+        let mut depth: Vec<usize> = Vec::with_capacity(drafts.len());
+        let mut tree = Vec::with_capacity(drafts.len());
+        for (i, d) in drafts.iter().enumerate() {
+            let parent = match d.parent {
+                None => Some(None),
+                Some(p) if p < i => kept[p].map(Some),
+                Some(_) => None,
+            };
+            let slot = parent.and_then(|parent| {
+                let dp = parent.map_or(1, |p: usize| depth[p] + 1);
+                ((d.token as usize) < vocab && dp <= want).then(|| {
+                    depth.push(dp);
+                    tree.push((d.token, parent.map(|p| p + 1), i));
+                    tree.len() - 1
+                })
+            });
+            kept.push(slot);
         }
-        let mut batch = Vec::with_capacity(drafts.len() + 1);
+        let n_tree = tree.len();
+        // The batch: `last` (node 0), then the kept drafts (node j + 1).
+        let mut batch = Vec::with_capacity(n_tree + 1);
+        let mut parents = Vec::with_capacity(n_tree + 1);
         batch.push(last);
-        batch.extend(drafts.iter().map(|d| d.token));
+        parents.push(None);
+        for &(t, p, _) in &tree {
+            batch.push(t);
+            parents.push(Some(p.unwrap_or(0)));
+        }
         let base = session.position();
         let tv = Instant::now();
-        let logits = session.forward_all(&batch)?;
+        let chain = parents
+            .iter()
+            .enumerate()
+            .all(|(i, p)| *p == i.checked_sub(1));
+        let logits = if chain {
+            session.forward_all(&batch)?
+        } else {
+            session.forward_tree(&batch, &parents)?
+        };
         stats.verify_time += tv.elapsed();
         stats.passes += 1;
-        stats.drafted += drafts.len();
+        stats.drafted += n_tree;
 
-        let mut accepted = 0;
-        let mut correction = None;
-        for (i, d) in drafts.iter().enumerate() {
-            let p = sampler.distribution(&logits[i * vocab..][..vocab])?;
+        // Walk from the root: the first child is judged; a rejection whose token is another
+        // child moves to that child (its subtree is verified too), else it ends the pass.
+        let mut path = vec![0usize];
+        let next = loop {
+            let at = *path.last().unwrap_or(&0);
+            let children: Vec<usize> = (1..batch.len())
+                .filter(|&j| parents[j] == Some(at))
+                .collect();
+            let row = &logits[at * vocab..][..vocab];
+            let Some(&first) = children.first() else {
+                break sampler.sample(row)?;
+            };
+            let p = sampler.distribution(row)?;
+            let d = &drafts[tree[first - 1].2];
             match acceptance.judge(&p, &d.q, d.token, sampler) {
-                None => accepted += 1,
-                Some(t) => {
-                    correction = Some(t);
-                    break;
-                }
+                None => path.push(first),
+                Some(t) => match children[1..].iter().find(|&&c| batch[c] == t) {
+                    Some(&c) => path.push(c),
+                    None => break t,
+                },
             }
-        }
-        let next = match correction {
-            Some(t) => t,
-            None => sampler.sample(&logits[drafts.len() * vocab..][..vocab])?,
         };
+        let accepted = path.len() - 1;
         stats.accepted += accepted;
-        // The verifier's cache keeps `last` and the accepted drafts.
-        session.truncate(base + 1 + accepted);
-        if speculative.adaptive && !drafts.is_empty() {
-            k = if accepted == drafts.len() {
+        // The verifier's cache keeps `last` and the accepted branch.
+        if chain {
+            session.truncate(base + 1 + accepted);
+        } else {
+            session.keep_branch(base, &path)?;
+        }
+        let max_depth = depth.iter().copied().max().unwrap_or(0);
+        if speculative.adaptive && n_tree > 0 {
+            k = if accepted == max_depth {
                 (k * 2).min(speculative.draft_max)
             } else {
                 (k / 2).max(accepted + 1).min(speculative.draft_max)
             };
         }
+        let accepted_tokens: Vec<u32> = path[1..].iter().map(|&j| batch[j]).collect();
 
-        let emitted = drafts[..accepted].iter().map(|d| d.token).chain([next]);
+        let emitted = accepted_tokens.into_iter().chain([next]);
         for (e, t) in emitted.enumerate() {
             if options.stop_tokens.contains(&t) {
                 // As plain generation: every emitted token is in the cache.
@@ -545,8 +774,9 @@ pub fn generate_speculative(
 mod tests {
     use super::*;
 
-    fn proposed(d: &mut LookupDraft, h: &[u32], max: usize) -> Vec<u32> {
-        d.propose(h, max)
+    fn proposed(h: &[u32], max: usize) -> Vec<u32> {
+        LookupDraft::default()
+            .propose(h, max)
             .unwrap()
             .into_iter()
             .map(|p| p.token)
@@ -555,21 +785,59 @@ mod tests {
 
     #[test]
     fn lookup_drafts_the_most_frequent_follower_of_the_longest_match() {
-        let mut d = LookupDraft::default();
         // "5 6" was followed by 7 twice and by 9 once (most recently): 7; then "6 7" → 8.
         assert_eq!(
-            proposed(&mut d, &[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 9, 2, 5, 6], 2),
+            proposed(&[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 9, 2, 5, 6], 2),
             [7, 8]
         );
         // A tie goes to the most recent follower.
-        assert_eq!(proposed(&mut d, &[1, 5, 6, 9, 2, 5, 6, 7, 3, 5, 6], 1), [7]);
+        assert_eq!(proposed(&[1, 5, 6, 9, 2, 5, 6, 7, 3, 5, 6], 1), [7]);
         // A longer match beats a more frequent shorter one.
-        assert_eq!(proposed(&mut d, &[4, 5, 6, 1, 6, 2, 6, 2, 4, 5, 6], 1), [1]);
+        assert_eq!(proposed(&[4, 5, 6, 1, 6, 2, 6, 2, 4, 5, 6], 1), [1]);
         // Nothing to match: nothing proposed.
-        assert!(proposed(&mut d, &[1, 2, 3], 4).is_empty());
-        assert!(proposed(&mut d, &[1, 2, 1], 0).is_empty());
+        assert!(proposed(&[1, 2, 3], 4).is_empty());
+        assert!(proposed(&[1, 2, 1], 0).is_empty());
         // Drafted tokens are looked up too: a cycle continues.
-        assert_eq!(proposed(&mut d, &[1, 2, 1], 4), [2, 1, 2, 1]);
+        assert_eq!(proposed(&[1, 2, 1], 4), [2, 1, 2, 1]);
+    }
+
+    #[test]
+    fn lookup_reads_generated_tokens_and_keeps_earlier_sequences() {
+        let mut d = LookupDraft::default();
+        let first =
+            |d: &mut LookupDraft, h: &[u32]| d.propose(h, 1).unwrap().first().map(|p| p.token);
+        assert_eq!(first(&mut d, &[1, 2, 3]), None);
+        // The history grows by generated tokens: "3" was followed by 4 since.
+        assert_eq!(first(&mut d, &[1, 2, 3, 4, 3]), Some(4));
+        // Another sequence: what the first one taught is still there ("2" → 3).
+        assert_eq!(first(&mut d, &[9, 2]), Some(3));
+    }
+
+    #[test]
+    fn lookup_tree_puts_the_chain_first_and_alternatives_as_siblings() {
+        // "7" was followed by 8 twice and by 9 once; "8" by 1, "9" by 2.
+        let h = [7, 8, 1, 7, 9, 2, 7, 8, 1, 5, 7];
+        let mut d = LookupDraft::default();
+        let chain: Vec<u32> = d.propose(&h, 2).unwrap().iter().map(|p| p.token).collect();
+        assert_eq!(chain, [8, 1]);
+        let tree = d.propose_tree(&h, 4, 2).unwrap();
+        let nodes: Vec<(u32, Option<usize>)> = tree.iter().map(|n| (n.token, n.parent)).collect();
+        // The chain 8 → 1 first (estimates 0.5, 0.5·0.75), then the branch 9 (0.25) and its
+        // follower 2; every parent before its children.
+        assert_eq!(nodes[0], (8, None));
+        assert!(nodes.contains(&(1, Some(0))));
+        assert!(nodes.contains(&(9, None)));
+        assert!(nodes
+            .iter()
+            .enumerate()
+            .all(|(i, n)| n.1.is_none_or(|p| p < i)));
+        // Depth and node budgets hold.
+        assert!(d
+            .propose_tree(&h, 3, 1)
+            .unwrap()
+            .iter()
+            .all(|n| n.parent.is_none()));
+        assert_eq!(d.propose_tree(&h, 2, 4).unwrap().len(), 2);
     }
 
     #[test]
@@ -586,6 +854,13 @@ mod tests {
         let o = SpeculativeOptions {
             draft_max: 0,
             adaptive: true,
+            tree_nodes: None,
+        };
+        assert!(matches!(o.check(), Err(ExecError::InvalidDraft { .. })));
+        let o = SpeculativeOptions {
+            draft_max: 4,
+            adaptive: true,
+            tree_nodes: Some(0),
         };
         assert!(matches!(o.check(), Err(ExecError::InvalidDraft { .. })));
     }

@@ -46,8 +46,9 @@ fn derived_model(dir: &Path, blocks: u32, overrides: &[(&str, MetaValue)]) -> Pa
     path
 }
 
-const PROMPTS: [&str; 2] = [
+const PROMPTS: [&str; 3] = [
     "The capital of France is",
+    "Repeat after me: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat, the",
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) +",
 ];
 
@@ -110,6 +111,7 @@ fn speculative_greedy(
     prompt: &[u32],
     n: usize,
     k: usize,
+    tree_nodes: Option<usize>,
 ) -> ork_exec::SpeculativeGeneration {
     generate_speculative(
         &mut engine.session(),
@@ -119,6 +121,7 @@ fn speculative_greedy(
         &SpeculativeOptions {
             draft_max: k,
             adaptive: true,
+            tree_nodes,
         },
         &mut Sampler::greedy(),
         &mut StandardAcceptance,
@@ -165,17 +168,25 @@ fn greedy_speculative_output_is_plain_greedy_for_each_draft_kind_streamed_and_re
         for text in PROMPTS {
             let prompt = engine.tokenizer().encode(text, true, false).unwrap();
             let want = plain_greedy(&engine, &prompt, N);
+            // Lookup also verifies trees (several branches per pass).
+            let trees: &[Option<usize>] = if source.is_none() {
+                &[None, Some(5), Some(16)]
+            } else {
+                &[None]
+            };
             for k in [2, 6] {
-                let mut draft: Box<dyn Draft> = match engine.draft() {
-                    Some(d) => Box::new(ModelDraft::new(d.session(), Sampler::greedy(), 0.0)),
-                    None => Box::new(LookupDraft::default()),
-                };
-                let got = speculative_greedy(&engine, draft.as_mut(), &prompt, N, k);
-                assert_eq!(
-                    got.generation.tokens, want,
-                    "{source:?}, budget {budget} MiB, k {k}, prompt {text:?}"
-                );
-                assert!(got.stats.passes <= N);
+                for &tree in trees {
+                    let mut draft: Box<dyn Draft> = match engine.draft() {
+                        Some(d) => Box::new(ModelDraft::new(d.session(), Sampler::greedy(), 0.0)),
+                        None => Box::new(LookupDraft::default()),
+                    };
+                    let got = speculative_greedy(&engine, draft.as_mut(), &prompt, N, k, tree);
+                    assert_eq!(
+                        got.generation.tokens, want,
+                        "{source:?}, budget {budget} MiB, k {k}, tree {tree:?}, prompt {text:?}"
+                    );
+                    assert!(got.stats.passes <= N);
+                }
             }
         }
         // Used for every verifier pass: the device budget still holds.

@@ -34,12 +34,14 @@ fn run_with_a_draft_gives_the_plain_greedy_text_and_reports_the_draft() {
     assert_eq!(code(&plain), Some(0), "{}", stderr(&plain));
     let plain = json(&plain);
     assert!(plain["streamed_bytes_per_token"].as_f64().unwrap() > 0.0);
-    for draft in ["lookup", "self"] {
-        let o = run_args(34, &["--draft", draft, "--draft-max", "4"]);
-        assert_eq!(code(&o), Some(0), "{draft}: {}", stderr(&o));
+    for draft in [&["lookup"][..], &["self"], &["lookup", "--draft-tree", "8"]] {
+        let mut extra = vec!["--draft", draft[0], "--draft-max", "4"];
+        extra.extend_from_slice(&draft[1..]);
+        let o = run_args(34, &extra);
+        assert_eq!(code(&o), Some(0), "{draft:?}: {}", stderr(&o));
         let v = json(&o);
-        assert_eq!(v["tokens"], plain["tokens"], "{draft}");
-        assert_eq!(v["text"], plain["text"], "{draft}");
+        assert_eq!(v["tokens"], plain["tokens"], "{draft:?}");
+        assert_eq!(v["text"], plain["text"], "{draft:?}");
         for key in [
             "drafted",
             "accepted",
@@ -47,14 +49,14 @@ fn run_with_a_draft_gives_the_plain_greedy_text_and_reports_the_draft() {
             "draft_bytes",
             "draft_max",
         ] {
-            assert!(v[key].is_u64(), "{draft}: {key} missing in {v}");
+            assert!(v[key].is_u64(), "{draft:?}: {key} missing in {v}");
         }
         for key in [
             "acceptance_rate",
             "tokens_per_pass",
             "streamed_bytes_per_token",
         ] {
-            assert!(v[key].is_f64(), "{draft}: {key} missing in {v}");
+            assert!(v[key].is_f64(), "{draft:?}: {key} missing in {v}");
         }
         assert!(v["verifier_passes"].as_u64().unwrap() <= 16, "{v}");
         assert!(v["tokens_per_pass"].as_f64().unwrap() >= 1.0, "{v}");
@@ -67,6 +69,8 @@ fn unusable_draft_settings_are_one_clear_line() {
     let missing = dir.path().join("missing.gguf");
     for extra in [
         &["--draft", "lookup", "--draft-max", "0"][..],
+        &["--draft", "lookup", "--draft-tree", "0"],
+        &["--draft-tree", "4"],
         &["--draft-max", "4"],
         &["--draft", "self:0"],
         &["--draft", "self:31"],

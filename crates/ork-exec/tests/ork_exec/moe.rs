@@ -320,7 +320,22 @@ fn speculative_expert_prefetch_announces_the_next_block_and_never_changes_result
     let (on, stats, log) = run(Some(1));
     let (off, off_stats, off_log) = run(None);
     assert_eq!(on, off, "speculation is a hint only");
-    assert_eq!(off_stats, Default::default());
+    assert_eq!(
+        (
+            off_stats.predicted_steps,
+            off_stats.predictions,
+            off_stats.used
+        ),
+        (0, 0, 0)
+    );
+    // Every block forward counted (4 blocks × one prefill of 2 rows and 4 decodes), with the
+    // experts it ran: k = 2 per decode, the union of 2 rows' (2 to 4) in the prefill.
+    assert_eq!((off_stats.forwards, off_stats.rows), (4 * 5, 4 * 6));
+    assert!((4 * (2 + 4 * 2)..=4 * (4 + 4 * 2)).contains(&off_stats.experts_run));
+    assert_eq!(
+        (stats.forwards, stats.rows, stats.experts_run),
+        (off_stats.forwards, off_stats.rows, off_stats.experts_run)
+    );
     // 4 decode steps; blocks 1..3 are predicted by the block before: 3 experts each.
     assert_eq!(stats.predicted_steps, 4 * 3);
     assert_eq!(stats.predictions, 4 * 3 * 3);

@@ -5,7 +5,7 @@ use super::fixtures::{build, TinySpec};
 use ork_exec::{
     generate, generate_speculative, Acceptance, CpuF32Linear, Distribution, Draft, ExecError,
     GenerateOptions, Linear, LookupDraft, Model, ModelDraft, Sampler, SamplerOptions, Session,
-    SpeculativeOptions, StandardAcceptance,
+    SpeculativeOptions, StandardAcceptance, TreeProposal,
 };
 use std::sync::Arc;
 
@@ -53,12 +53,14 @@ fn speculative(
     n: usize,
     k: usize,
     adaptive: bool,
+    tree_nodes: Option<usize>,
     sampler: &mut Sampler,
     rule: &mut dyn Acceptance,
 ) -> ork_exec::SpeculativeGeneration {
     let spec = SpeculativeOptions {
         draft_max: k,
         adaptive,
+        tree_nodes,
     };
     generate_speculative(
         &mut t.session(),
@@ -82,7 +84,12 @@ fn greedy_speculative_output_is_plain_greedy_for_every_draft_and_k() {
     for prompt in PROMPTS {
         let want = plain(&verifier, prompt, 40, &mut Sampler::greedy());
         for k in [1, 3, 8] {
-            for adaptive in [false, true] {
+            for (adaptive, tree) in [
+                (false, None),
+                (true, None),
+                (true, Some(9)),
+                (false, Some(4)),
+            ] {
                 let drafts: Vec<(&str, Box<dyn Draft>)> = vec![
                     ("lookup", Box::new(LookupDraft::default())),
                     (
@@ -113,17 +120,20 @@ fn greedy_speculative_output_is_plain_greedy_for_every_draft_and_k() {
                         40,
                         k,
                         adaptive,
+                        tree,
                         &mut Sampler::greedy(),
                         &mut StandardAcceptance,
                     );
                     assert_eq!(
                         got.generation.tokens, want,
-                        "{name}, k {k}, adaptive {adaptive}, prompt {prompt:?}"
+                        "{name}, k {k}, adaptive {adaptive}, tree {tree:?}, prompt {prompt:?}"
                     );
                     if name == "verifier itself" {
                         // Its own drafts are always right: every pass but the last is full.
                         assert_eq!(got.stats.accepted, got.stats.drafted, "{name}");
-                        assert!(got.stats.passes <= 40usize.div_ceil(k + 1) + 1);
+                        if tree.is_none() {
+                            assert!(got.stats.passes <= 40usize.div_ceil(k + 1) + 1);
+                        }
                     }
                 }
             }
@@ -158,6 +168,7 @@ fn speculative_generation_stops_at_a_stop_token_like_plain_generation() {
         &SpeculativeOptions {
             draft_max: 5,
             adaptive: false,
+            tree_nodes: None,
         },
         &mut Sampler::greedy(),
         &mut StandardAcceptance,
@@ -181,6 +192,7 @@ fn zero_draft_max_and_empty_prompt_are_errors() {
             &SpeculativeOptions {
                 draft_max: k,
                 adaptive: true,
+                tree_nodes: None,
             },
             &mut Sampler::greedy(),
             &mut StandardAcceptance,
@@ -305,7 +317,17 @@ fn speculative_sampling_has_the_verifiers_distribution_and_a_wrong_rule_is_caugh
                 0.0,
             );
             let mut sampler = Sampler::new(opts(seed)).unwrap();
-            let g = speculative(&verifier, &mut d, &prompt, 2, 3, false, &mut sampler, rule);
+            let g = speculative(
+                &verifier,
+                &mut d,
+                &prompt,
+                2,
+                3,
+                false,
+                None,
+                &mut sampler,
+                rule,
+            );
             c1[g.generation.tokens[0] as usize] += 1;
             c2[g.generation.tokens[1] as usize] += 1;
             drafted += g.stats.drafted;
@@ -351,6 +373,174 @@ fn speculative_sampling_has_the_verifiers_distribution_and_a_wrong_rule_is_caugh
         assert!(
             stat > critical(df),
             "{name}: chi-square {stat:.1} did not exceed {:.1} (df {df}): the test cannot tell a wrong rule",
+            critical(df)
+        );
+    }
+}
+
+/// Always drafts the same tree after any history: `tokens` with their `parents`.
+struct FixedTree {
+    nodes: Vec<(u32, Option<usize>)>,
+}
+impl Draft for FixedTree {
+    fn propose(&mut self, _: &[u32], _: usize) -> Result<Vec<ork_exec::Proposal>, ExecError> {
+        Ok(Vec::new())
+    }
+    fn propose_tree(
+        &mut self,
+        _: &[u32],
+        max_nodes: usize,
+        _: usize,
+    ) -> Result<Vec<TreeProposal>, ExecError> {
+        Ok(self
+            .nodes
+            .iter()
+            .take(max_nodes)
+            .map(|&(token, parent)| TreeProposal {
+                token,
+                parent,
+                q: Distribution::point(token),
+            })
+            .collect())
+    }
+}
+
+#[test]
+fn a_tree_pass_gives_each_nodes_branch_logits_bit_for_bit_and_keeps_one_branch() {
+    let t = tiny(31, 2);
+    let vocab = t.model.config().vocab_size;
+    let prompt = [3u32, 17, 5, 9];
+    // Root 20 with children 21 (child 23, grandchild 24) and 22 (child 25), and 26 after 22.
+    let tokens = [20u32, 21, 22, 23, 25, 24, 26];
+    let parents = [None, Some(0), Some(0), Some(1), Some(2), Some(3), Some(2)];
+    let mut tree = t.session();
+    tree.prefill(&prompt).unwrap();
+    let rows = tree.forward_tree(&tokens, &parents).unwrap();
+    assert_eq!(tree.position(), prompt.len() + tokens.len());
+    let branch = |i: usize| {
+        let mut b = vec![i];
+        while let Some(p) = parents[*b.last().unwrap()] {
+            b.push(p);
+        }
+        b.reverse();
+        b
+    };
+    for i in 0..tokens.len() {
+        let mut one = t.session();
+        one.prefill(&prompt).unwrap();
+        let mut logits = Vec::new();
+        for &j in &branch(i) {
+            logits = one.decode(tokens[j]).unwrap();
+        }
+        let got = &rows[i * vocab..][..vocab];
+        assert!(
+            logits
+                .iter()
+                .zip(got)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "node {i}"
+        );
+    }
+    // Keep the branch 20 → 22 → 25, then decode on: as if only that branch had been run.
+    tree.keep_branch(prompt.len(), &[0, 2, 4]).unwrap();
+    assert_eq!(tree.position(), prompt.len() + 3);
+    let mut plain_s = t.session();
+    plain_s.prefill(&prompt).unwrap();
+    plain_s.prefill(&[20, 22, 25]).unwrap();
+    let (a, b) = (tree.decode(7).unwrap(), plain_s.decode(7).unwrap());
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    // Not a tree, not a branch in the cache: typed errors, the cache unchanged.
+    let at = tree.position();
+    // A node its own parent, a parent after its child, two parents for three tokens.
+    for (toks, bad) in [
+        (&[1u32, 2][..], &[None, Some(1)][..]),
+        (&[1, 2, 3][..], &[None, Some(2), None][..]),
+        (&[1, 2, 3][..], &[None, Some(0)][..]),
+    ] {
+        assert!(matches!(
+            tree.forward_tree(toks, bad),
+            Err(ExecError::InvalidTree { .. })
+        ));
+        assert_eq!(tree.position(), at);
+    }
+    for bad in [&[2usize, 1][..], &[0, 5][..]] {
+        assert!(matches!(
+            tree.keep_branch(at - 2, bad),
+            Err(ExecError::InvalidTree { .. })
+        ));
+        assert_eq!(tree.position(), at);
+    }
+}
+
+#[test]
+fn tree_verification_with_sampling_has_the_verifiers_distribution() {
+    let verifier = tiny(21, 2);
+    let vocab = verifier.model.config().vocab_size;
+    let prompt = [3u32, 17, 5];
+    let opts = |seed| SamplerOptions {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed,
+    };
+    let s = Sampler::new(opts(0)).unwrap();
+    let p1 = s
+        .distribution(&verifier.session().prefill(&prompt).unwrap())
+        .unwrap();
+    // A tree whose root children are the verifier's three likeliest first tokens (so both the
+    // first child and its siblings are taken often), each with one child.
+    let mut likely: Vec<(u32, f64)> = p1.entries().to_vec();
+    likely.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let (a, b, c) = (likely[0].0, likely[1].0, likely[2].0);
+    let nodes = vec![
+        (a, None),
+        (b, None),
+        (c, None),
+        (a, Some(0)),
+        (b, Some(1)),
+        (c, Some(2)),
+    ];
+    let mut p2 = vec![0.0; vocab];
+    for &(t1, pt1) in p1.entries() {
+        let mut ctx = prompt.to_vec();
+        ctx.push(t1);
+        let d = s
+            .distribution(&verifier.session().prefill(&ctx).unwrap())
+            .unwrap();
+        for &(t2, pt2) in d.entries() {
+            p2[t2 as usize] += pt1 * pt2;
+        }
+    }
+    let p1: Vec<f64> = (0..vocab as u32).map(|t| p1.prob(t)).collect();
+    const RUNS: u64 = 6000;
+    let (mut c1, mut c2) = (vec![0u64; vocab], vec![0u64; vocab]);
+    let mut sibling_taken = 0;
+    for seed in 0..RUNS {
+        let mut d = FixedTree {
+            nodes: nodes.clone(),
+        };
+        let g = speculative(
+            &verifier,
+            &mut d,
+            &prompt,
+            2,
+            3,
+            false,
+            Some(6),
+            &mut Sampler::new(opts(seed)).unwrap(),
+            &mut StandardAcceptance,
+        );
+        let t = &g.generation.tokens;
+        c1[t[0] as usize] += 1;
+        c2[t[1] as usize] += 1;
+        sibling_taken += usize::from(t[0] == b || t[0] == c);
+    }
+    assert!(sibling_taken > 500, "siblings taken {sibling_taken} times");
+    for (what, c, p) in [("first token", &c1, &p1), ("second token", &c2, &p2)] {
+        let (stat, df) = chi_square(c, p);
+        assert!(
+            stat < critical(df),
+            "tree, {what}: chi-square {stat:.1} ≥ {:.1} (df {df})",
             critical(df)
         );
     }
