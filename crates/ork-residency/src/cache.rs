@@ -98,6 +98,10 @@ impl Slot {
     }
 }
 
+/// How far down the eviction policy's order [`State::evict`] looks for a weight whose buffer the
+/// incoming weight can reuse.
+const REUSE_WINDOW: usize = 8;
+
 struct State {
     slots: HashMap<String, Slot>,
     tick: u64,
@@ -144,13 +148,18 @@ impl State {
 
     /// Evict the weight of `domain` that `policy` picks among those `by` may evict, to make
     /// room for `incoming` (`None`: for another cache). Compute evicts a weight the prefetcher
-    /// brought in for it only when nothing else is evictable. Returns whether one was.
+    /// brought in for it only when nothing else is evictable. With `reuse_size` (the incoming
+    /// weight's buffer size, when no spare buffer of that size is at hand), a weight with a
+    /// buffer of exactly that size among the policy's first [`REUSE_WINDOW`] picks goes first,
+    /// so the incoming weight reuses its buffer instead of allocating one. Returns whether one
+    /// was evicted.
     fn evict(
         &mut self,
         domain: DomainId,
         by: Requester,
         policy: &dyn EvictionPolicy,
         incoming: Option<&str>,
+        reuse_size: Option<u64>,
     ) -> bool {
         let generation = self.generation;
         let evictable: Vec<(&String, &Slot)> = self
@@ -174,6 +183,27 @@ impl State {
         let pick = policy
             .choose_for(incoming, &candidates)
             .min(candidates.len() - 1);
+        let buffer_size = |key: &str| match self.slots.get(key).map(|s| &s.state) {
+            Some(SlotState::Ready(w)) => Some(w.buffer.size()),
+            _ => None,
+        };
+        let pick = match reuse_size {
+            Some(size) if buffer_size(candidates[pick].key) != Some(size) => {
+                // The policy's next picks, in its order, until one has a buffer of `size`.
+                let mut rest = candidates.clone();
+                let mut found = None;
+                for _ in 0..REUSE_WINDOW.min(rest.len()) {
+                    let i = policy.choose_for(incoming, &rest).min(rest.len() - 1);
+                    if buffer_size(rest[i].key) == Some(size) {
+                        found = candidates.iter().position(|c| c.key == rest[i].key);
+                        break;
+                    }
+                    rest.swap_remove(i);
+                }
+                found.unwrap_or(pick)
+            }
+            _ => pick,
+        };
         let name = candidates[pick].key.to_owned();
         let slot = self.slots.remove(&name).expect("victim exists");
         self.stats.evictions += 1;
@@ -680,7 +710,13 @@ impl WeightCache {
             if st.drop_spare(domain) {
                 continue;
             }
-            if st.evict(domain, by, &*self.policy, Some(name)) {
+            if st.evict(
+                domain,
+                by,
+                &*self.policy,
+                Some(name),
+                reuse.is_none().then_some(size),
+            ) {
                 if reuse.is_none() {
                     reuse = st.take_spare(domain, size);
                 }
@@ -711,7 +747,13 @@ impl WeightCache {
                 if st.drop_spare(domain) {
                     continue;
                 }
-                if st.evict(domain, by, &*self.policy, Some(name)) {
+                if st.evict(
+                    domain,
+                    by,
+                    &*self.policy,
+                    Some(name),
+                    reuse.is_none().then_some(size),
+                ) {
                     if reuse.is_none() {
                         reuse = st.take_spare(domain, size);
                     }
@@ -843,7 +885,7 @@ impl WeightCache {
         if st.drop_spare(domain) {
             return true;
         }
-        if st.evict(domain, by, &*self.policy, None) {
+        if st.evict(domain, by, &*self.policy, None, None) {
             st.drop_spare(domain);
             return true;
         }
@@ -945,7 +987,7 @@ impl Reclaim for WeightCache {
     fn reclaim(&self, domain: DomainId) -> bool {
         let mut st = self.lock();
         let freed = st.drop_spare(domain)
-            || (st.evict(domain, Requester::Compute, &*self.policy, None) && {
+            || (st.evict(domain, Requester::Compute, &*self.policy, None, None) && {
                 // The victim's buffer became a spare: free it, its bytes go back to the ledger.
                 st.drop_spare(domain);
                 true
