@@ -219,6 +219,31 @@ impl State {
         true
     }
 
+    /// [`State::evict`] to make room for `name`, whose buffer is `size` bytes: unless `reuse`
+    /// already holds a buffer for it, prefer a victim of that size and take its buffer into
+    /// `reuse`. Returns whether a weight was evicted.
+    fn evict_for(
+        &mut self,
+        domain: DomainId,
+        by: Requester,
+        policy: &dyn EvictionPolicy,
+        name: &str,
+        size: u64,
+        reuse: &mut Option<DeviceBuffer>,
+    ) -> bool {
+        let evicted = self.evict(
+            domain,
+            by,
+            policy,
+            Some(name),
+            reuse.is_none().then_some(size),
+        );
+        if evicted && reuse.is_none() {
+            *reuse = self.take_spare(domain, size);
+        }
+        evicted
+    }
+
     /// Take a spare buffer of exactly `size` bytes in `domain` (its bytes leave `resident`:
     /// the caller reserves them again for the weight it fills).
     fn take_spare(&mut self, domain: DomainId, size: u64) -> Option<DeviceBuffer> {
@@ -710,16 +735,7 @@ impl WeightCache {
             if st.drop_spare(domain) {
                 continue;
             }
-            if st.evict(
-                domain,
-                by,
-                &*self.policy,
-                Some(name),
-                reuse.is_none().then_some(size),
-            ) {
-                if reuse.is_none() {
-                    reuse = st.take_spare(domain, size);
-                }
+            if st.evict_for(domain, by, &*self.policy, name, size, &mut reuse) {
                 continue;
             }
             if by == Requester::Compute && self.budget.has_others(self.member) {
@@ -747,16 +763,7 @@ impl WeightCache {
                 if st.drop_spare(domain) {
                     continue;
                 }
-                if st.evict(
-                    domain,
-                    by,
-                    &*self.policy,
-                    Some(name),
-                    reuse.is_none().then_some(size),
-                ) {
-                    if reuse.is_none() {
-                        reuse = st.take_spare(domain, size);
-                    }
+                if st.evict_for(domain, by, &*self.policy, name, size, &mut reuse) {
                     continue;
                 }
             }
