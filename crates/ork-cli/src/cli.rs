@@ -189,7 +189,7 @@ pub struct ConvertArgs {
     pub smooth: f32,
     /// Which matmul inputs are smoothed (with --calib): norm (q/k/v and gate/up, after a norm),
     /// norm,vo (also attn_output, folded into v per head), norm,down (also ffn_down, folded
-    /// into up) or all. Measured figures in docs/chip.md.
+    /// into up) or all. Default norm,down, the best measured (docs/chip.md).
     #[arg(long, default_value_t = ork_exec::SmoothTargets::default(), value_parser = smooth_targets_parser, requires = "calib")]
     pub smooth_targets: ork_exec::SmoothTargets,
     /// Drop each source tensor's pages once packed (also ORK_EVICT_SRC=1).
@@ -296,7 +296,7 @@ pub struct ModelOpts {
     pub smooth: f32,
     /// Which matmul inputs are smoothed (with --calib): norm (q/k/v and gate/up, after a norm),
     /// norm,vo (also attn_output, folded into v per head), norm,down (also ffn_down, folded
-    /// into up) or all. Measured figures in docs/chip.md.
+    /// into up) or all. Default norm,down, the best measured (docs/chip.md).
     #[arg(long, default_value_t = ork_exec::SmoothTargets::default(), value_parser = smooth_targets_parser, requires = "calib")]
     pub smooth_targets: ork_exec::SmoothTargets,
 }
