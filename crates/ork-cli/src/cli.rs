@@ -185,7 +185,8 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub calib: Option<PathBuf>,
     /// Smoothing strength alpha in [0, 1] (with --calib): s = max|X|^alpha / max|W|^(1-alpha).
-    #[arg(long, default_value_t = 0.5, value_parser = parse_unit, requires = "calib")]
+    /// Default 0.7, the best measured with the default targets (docs/chip.md).
+    #[arg(long, default_value_t = 0.7, value_parser = parse_unit, requires = "calib")]
     pub smooth: f32,
     /// Which matmul inputs are smoothed (with --calib): norm (q/k/v and gate/up, after a norm),
     /// norm,vo (also attn_output, folded into v per head), norm,down (also ffn_down, folded
@@ -292,7 +293,8 @@ pub struct ModelOpts {
     #[arg(long)]
     pub calib: Option<PathBuf>,
     /// Smoothing strength alpha in [0, 1] (with --calib): s = max|X|^alpha / max|W|^(1-alpha).
-    #[arg(long, default_value_t = 0.5, value_parser = parse_unit, requires = "calib")]
+    /// Default 0.7, the best measured with the default targets (docs/chip.md).
+    #[arg(long, default_value_t = 0.7, value_parser = parse_unit, requires = "calib")]
     pub smooth: f32,
     /// Which matmul inputs are smoothed (with --calib): norm (q/k/v and gate/up, after a norm),
     /// norm,vo (also attn_output, folded into v per head), norm,down (also ffn_down, folded

@@ -321,7 +321,7 @@ pub struct EngineConfig {
 /// before. A pack made with other smoothing (or none) is rebuilt with the reason.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Smoothing {
-    /// Migration strength in `[0, 1]` (0.5 by default in the CLI).
+    /// Migration strength in `[0, 1]` (0.7 by default in the CLI).
     pub alpha: f32,
     /// The calibration text (a few hundred tokens; never the text perplexity is measured on).
     pub calib: PathBuf,
