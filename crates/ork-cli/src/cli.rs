@@ -185,8 +185,14 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub calib: Option<PathBuf>,
     /// Smoothing strength alpha in [0, 1] (with --calib): s = max|X|^alpha / max|W|^(1-alpha).
-    #[arg(long, default_value_t = 0.5, value_parser = parse_unit, requires = "calib")]
+    /// Default 0.7, the best measured with the default targets (docs/chip.md).
+    #[arg(long, default_value_t = 0.7, value_parser = parse_unit, requires = "calib")]
     pub smooth: f32,
+    /// Which matmul inputs are smoothed (with --calib): norm (q/k/v and gate/up, after a norm),
+    /// norm,vo (also attn_output, folded into v per head), norm,down (also ffn_down, folded
+    /// into up) or all. Default norm,down, the best measured (docs/chip.md).
+    #[arg(long, default_value_t = ork_exec::SmoothTargets::default(), value_parser = smooth_targets_parser, requires = "calib")]
+    pub smooth_targets: ork_exec::SmoothTargets,
     /// Drop each source tensor's pages once packed (also ORK_EVICT_SRC=1).
     #[arg(long)]
     pub evict_src: bool,
@@ -287,8 +293,19 @@ pub struct ModelOpts {
     #[arg(long)]
     pub calib: Option<PathBuf>,
     /// Smoothing strength alpha in [0, 1] (with --calib): s = max|X|^alpha / max|W|^(1-alpha).
-    #[arg(long, default_value_t = 0.5, value_parser = parse_unit, requires = "calib")]
+    /// Default 0.7, the best measured with the default targets (docs/chip.md).
+    #[arg(long, default_value_t = 0.7, value_parser = parse_unit, requires = "calib")]
     pub smooth: f32,
+    /// Which matmul inputs are smoothed (with --calib): norm (q/k/v and gate/up, after a norm),
+    /// norm,vo (also attn_output, folded into v per head), norm,down (also ffn_down, folded
+    /// into up) or all. Default norm,down, the best measured (docs/chip.md).
+    #[arg(long, default_value_t = ork_exec::SmoothTargets::default(), value_parser = smooth_targets_parser, requires = "calib")]
+    pub smooth_targets: ork_exec::SmoothTargets,
+}
+
+/// Parse a `--smooth-targets` list.
+pub fn smooth_targets_parser(s: &str) -> Result<ork_exec::SmoothTargets, String> {
+    s.parse()
 }
 
 /// Parse a `--quant` name.

@@ -50,6 +50,7 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
         smooth: opts.calib.as_ref().map(|calib| ork_runtime::Smoothing {
             alpha: opts.smooth,
             calib: calib.clone(),
+            targets: opts.smooth_targets,
         }),
     };
     if let Some(q) = opts.quant {

@@ -131,6 +131,7 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
     config.smooth = args.calib.as_ref().map(|calib| ork_runtime::Smoothing {
         alpha: args.smooth,
         calib: calib.clone(),
+        targets: args.smooth_targets,
     });
     let dtype: PackDtype = config.dtype;
     // The smoothed weights (docs/chip.md), folded in memory before packing; the factors come

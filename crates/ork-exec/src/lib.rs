@@ -40,7 +40,9 @@ pub use moe::{MoeStats, Routing};
 pub use perplexity::{perplexity, PerplexityReport};
 pub use sample::{Distribution, Sampler, SamplerOptions};
 pub use session::{BatchPart, Session};
-pub use smooth::{smooth_reference, smoothed_gguf, smoothing_factors, BlockSmoothing};
+pub use smooth::{
+    smooth_reference, smoothed_gguf, smoothing_factors, BlockSmoothing, SmoothTargets,
+};
 pub use speculative::{
     check_draft_vocabulary, generate_speculative, Acceptance, Draft, LookupDraft, ModelDraft,
     Proposal, SpeculativeGeneration, SpeculativeOptions, SpeculativeStats, StandardAcceptance,

@@ -316,15 +316,17 @@ pub struct EngineConfig {
 
 /// SmoothQuant-style smoothing (`docs/chip.md`): per input channel of q/k/v and gate/up,
 /// `s = max|X|^alpha / max|W|^(1-alpha)`, `max|X|` measured by running `calib` through the f32
-/// reference; `1/s` is folded into the RMSNorm before, `s` into the weights. The smoothed
-/// weights change every packed entry's source fingerprint, so a pack made with other smoothing
-/// (or none) is rebuilt as stale.
+/// reference; `1/s` is folded into the RMSNorm before, `s` into the weights. `targets` adds the
+/// inputs no norm precedes (`v → o` per head, `up → down`), `1/s` folded into the projection
+/// before. A pack made with other smoothing (or none) is rebuilt with the reason.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Smoothing {
-    /// Migration strength in `[0, 1]` (0.5 by default in the CLI).
+    /// Migration strength in `[0, 1]` (0.7 by default in the CLI).
     pub alpha: f32,
     /// The calibration text (a few hundred tokens; never the text perplexity is measured on).
     pub calib: PathBuf,
+    /// Which matmul inputs are smoothed besides the normed ones.
+    pub targets: ork_exec::SmoothTargets,
 }
 
 /// Tokens of the calibration text used at most (windows of [`CALIB_CTX`]).
@@ -388,6 +390,8 @@ fn apply_smoothing(
         calib_hash,
         calib_tokens: tokens.len() as u32,
         model_fingerprint: ork_store::PackSmoothing::hash(&fps),
+        v_to_o: smooth.targets.v_to_o,
+        up_to_down: smooth.targets.up_to_down,
         blocks: Vec::new(),
     };
     let stored = config
@@ -402,6 +406,8 @@ fn apply_smoothing(
                 .map(|b| ork_exec::BlockSmoothing {
                     attn: b.attn,
                     ffn: b.ffn,
+                    vo: b.vo,
+                    down: b.down,
                 })
                 .collect::<Vec<_>>(),
             SmoothingOrigin::FromPack,
@@ -411,9 +417,15 @@ fn apply_smoothing(
                 ork_exec::CpuF32Linear::from_gguf(gguf, model.matmul_weights())
                     .map_err(model_err)?,
             );
-            let f =
-                ork_exec::smoothing_factors(model, &reference, &tokens, CALIB_CTX, smooth.alpha)
-                    .map_err(model_err)?;
+            let f = ork_exec::smoothing_factors(
+                model,
+                &reference,
+                &tokens,
+                CALIB_CTX,
+                smooth.alpha,
+                smooth.targets,
+            )
+            .map_err(model_err)?;
             (f, SmoothingOrigin::Calibrated)
         }
     };
@@ -422,11 +434,13 @@ fn apply_smoothing(
         .map(|b| ork_store::SmoothedBlock {
             attn: b.attn.clone(),
             ffn: b.ffn.clone(),
+            vo: b.vo.clone(),
+            down: b.down.clone(),
         })
         .collect();
     let label = config
         .model
-        .with_extension(format!("smooth-{}.gguf", smooth.alpha));
+        .with_extension(format!("smooth-{}-{}.gguf", smooth.alpha, smooth.targets));
     let file = Arc::new(ork_exec::smoothed_gguf(gguf, model, &factors, label).map_err(model_err)?);
     let smoothed = Arc::new(Model::load(&file).map_err(model_err)?);
     Ok(Smoothed {

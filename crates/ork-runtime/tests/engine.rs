@@ -359,6 +359,7 @@ fn a_missing_empty_or_non_utf8_calibration_file_is_refused_naming_it() {
         c.smooth = Some(ork_runtime::Smoothing {
             alpha: 0.5,
             calib: path.clone(),
+            targets: ork_exec::SmoothTargets::ALL,
         });
         match Engine::load(c) {
             Err(RuntimeError::Calibration { path: p, .. }) => assert_eq!(p, path),
@@ -374,6 +375,7 @@ fn a_missing_empty_or_non_utf8_calibration_file_is_refused_naming_it() {
 /// rebuild it with the reason.
 #[test]
 fn smoothing_is_stored_in_the_pack_and_other_parameters_rebuild_it() {
+    use ork_exec::SmoothTargets;
     use ork_runtime::{Smoothing, SmoothingOrigin};
     use ork_store::RebuildReason;
     let dir = tempfile::tempdir().unwrap();
@@ -392,14 +394,17 @@ fn smoothing_is_stored_in_the_pack_and_other_parameters_rebuild_it() {
     let pack = dir.path().join("m.orkpack");
     let plain = Engine::open(config(&pack, 1024)).unwrap();
     assert_eq!(plain.smoothing_origin(), None);
-    let with = |alpha: f32, calib: &std::path::Path| {
+    let with_targets = |alpha: f32, calib: &std::path::Path, targets: SmoothTargets| {
         let mut c = config(&pack, 1024);
         c.smooth = Some(Smoothing {
             alpha,
             calib: calib.to_path_buf(),
+            targets,
         });
         Engine::open(c).unwrap()
     };
+    let with =
+        |alpha: f32, calib: &std::path::Path| with_targets(alpha, calib, SmoothTargets::NORM);
     let rebuild = |e: &Engine| e.convert_report().and_then(|r| r.rebuild.clone());
     let smoothed = with(0.5, &calib);
     assert_eq!(
@@ -438,6 +443,42 @@ fn smoothing_is_stored_in_the_pack_and_other_parameters_rebuild_it() {
     assert!(!report.rewritten && report.packed == 0, "{report:?}");
     assert_eq!(again.session().prefill(&[1, 2, 3]).unwrap(), b);
     drop(again);
+
+    // Other targets (v → o and up → down as well): rebuilt with the reason naming both sets;
+    // q/k and gate keep their factors and are carried over, v, up, attn_output and ffn_down
+    // are repacked. The same targets again take the factors from the pack.
+    let all = with_targets(0.5, &calib, SmoothTargets::ALL);
+    match rebuild(&all) {
+        Some(RebuildReason::OtherSmoothing {
+            found: Some(found),
+            wanted: Some(wanted),
+        }) => assert!(
+            found.contains("targets norm ") && wanted.contains("targets all "),
+            "{found} / {wanted}"
+        ),
+        other => panic!("expected OtherSmoothing, got {other:?}"),
+    }
+    assert_eq!(all.smoothing_origin(), Some(SmoothingOrigin::Calibrated));
+    assert_eq!(all.convert_report().unwrap().packed, 4 * 30);
+    let stored = ork_store::Orkpack::open(&pack)
+        .unwrap()
+        .smoothing()
+        .cloned()
+        .unwrap();
+    assert!(stored.v_to_o && stored.up_to_down);
+    assert!(stored
+        .blocks
+        .iter()
+        .all(|b| b.vo.as_ref().is_some_and(|v| v.len() == 3 * 64)
+            && b.down.as_ref().is_some_and(|v| v.len() == 1536)));
+    let c = all.session().prefill(&[1, 2, 3]).unwrap();
+    assert_ne!(b, c, "o and down are quantized from other weights");
+    drop(all);
+    let all = with_targets(0.5, &calib, SmoothTargets::ALL);
+    assert_eq!(all.smoothing_origin(), Some(SmoothingOrigin::FromPack));
+    assert_eq!(all.convert_report().unwrap().packed, 0);
+    assert_eq!(all.session().prefill(&[1, 2, 3]).unwrap(), c);
+    drop(all);
 
     // Another α, another text, no smoothing: each rebuilds the pack with the reason.
     for (engine, found_alpha) in [

@@ -48,8 +48,9 @@ pub use error::StoreError;
 pub use fingerprint::{fingerprint, fingerprint_bytes, FULL_HASH_LIMIT};
 pub use reader::{Entry, ModelIdentity, Orkpack, SourceInfo};
 pub use smoothing::{
-    PackSmoothing, SmoothedBlock, SmoothingHeader, MAX_SMOOTH_BLOCKS, MAX_SMOOTH_DIM,
-    OPT_SMOOTHING, SMOOTHING_HEADER_LEN, SMOOTHING_MAGIC,
+    PackSmoothing, SmoothedBlock, SmoothingHeader, SmoothingTargets, MAX_SMOOTH_BLOCKS,
+    MAX_SMOOTH_DIM, OPT_SMOOTHING, SMOOTHING_HEADER_LEN, SMOOTHING_MAGIC, SMOOTHING_MAGIC_V1,
+    TARGET_UP_TO_DOWN, TARGET_V_TO_O,
 };
 pub use target::{resolve_target, PackTarget};
 pub use writer::OrkpackWriter;

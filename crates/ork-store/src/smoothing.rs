@@ -5,9 +5,16 @@
 //! of running a calibration pass, and a pack made with other parameters is rebuilt.
 //!
 //! On disk, at the offset the footer records (8-aligned, after the last entry, before the index):
-//! a 64-byte [`SmoothingHeader`], then `blocks` presence bytes (1: the block has `ffn` factors)
-//! zero-padded to a multiple of 8, then per block its `attn` factors and, when present, its `ffn`
-//! factors, `dim` f32 each (little-endian).
+//! a 64-byte [`SmoothingHeader`] whose magic gives the layout of the bytes after it.
+//!
+//! - [`SMOOTHING_MAGIC`] (version 2, written): a 16-byte [`SmoothingTargets`] record (which
+//!   targets besides the normed inputs, and the lengths of their vectors), then `blocks`
+//!   presence bytes (bit 0: the block has `ffn` factors, bit 1: `vo`, bit 2: `down`)
+//!   zero-padded to a multiple of 8, then per block its `attn` factors (`dim` f32) and, when
+//!   present, its `ffn` (`dim`), `vo` (`vo_dim`) and `down` (`down_dim`) factors, little-endian.
+//! - [`SMOOTHING_MAGIC_V1`] (read only, packs made before `v → o` and `up → down` smoothing):
+//!   presence bytes 0/1 (`ffn`), no targets record; read as smoothing of the normed inputs only,
+//!   so a load that asks for more targets rebuilds the pack.
 
 use std::mem::size_of;
 use std::path::Path;
@@ -19,8 +26,10 @@ use crate::checksum::xxh3;
 use crate::format::align_up;
 use crate::StoreError;
 
-/// Magic of the smoothing section.
-pub const SMOOTHING_MAGIC: [u8; 8] = *b"ORKSMTH\0";
+/// Magic of the smoothing section (version 2, with the targets record).
+pub const SMOOTHING_MAGIC: [u8; 8] = *b"ORKSMT2\0";
+/// Magic of the first version of the section (normed inputs only), still read.
+pub const SMOOTHING_MAGIC_V1: [u8; 8] = *b"ORKSMTH\0";
 /// `optional_flags` bit of the header: the file has a smoothing section (its offset in the
 /// footer). Readers that ignore it see a pack whose entries are the smoothed weights.
 pub const OPT_SMOOTHING: u32 = 1;
@@ -59,14 +68,46 @@ const _: () = assert!(size_of::<SmoothingHeader>() == 64);
 /// Length of [`SmoothingHeader`].
 pub const SMOOTHING_HEADER_LEN: usize = size_of::<SmoothingHeader>();
 
+/// The start of a version-2 section's data: which targets were smoothed besides the normed
+/// inputs, and the length of their vectors.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct SmoothingTargets {
+    /// Bit 0: `v → o` ([`TARGET_V_TO_O`]), bit 1: `up → down` ([`TARGET_UP_TO_DOWN`]).
+    pub targets: U32,
+    /// Factors per `vo` vector (0 without `v → o`).
+    pub vo_dim: U32,
+    /// Factors per `down` vector (0 without `up → down`).
+    pub down_dim: U32,
+    /// Zero.
+    pub reserved: U32,
+}
+const _: () = assert!(size_of::<SmoothingTargets>() == 16);
+
+/// [`SmoothingTargets::targets`] bit: `v → o` per head was smoothed.
+pub const TARGET_V_TO_O: u32 = 1;
+/// [`SmoothingTargets::targets`] bit: `up → down` was smoothed.
+pub const TARGET_UP_TO_DOWN: u32 = 2;
+
+/// Presence bits of a block.
+const HAS_FFN: u8 = 1;
+const HAS_VO: u8 = 2;
+const HAS_DOWN: u8 = 4;
+
 /// The factors of one block: `attn` for the input of q/k/v, `ffn` for the input of gate/up
-/// (`None`: the block's feed-forward was not smoothed, e.g. a mixture of experts).
+/// (`None`: the block's feed-forward was not smoothed, e.g. a mixture of experts), `vo` for the
+/// input of the attention output projection and `down` for the input of the feed-forward down
+/// projection (`None`: that target was not smoothed).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SmoothedBlock {
     /// One factor per input channel of q/k/v.
     pub attn: Vec<f32>,
     /// One factor per input channel of gate/up, if smoothed.
     pub ffn: Option<Vec<f32>>,
+    /// One factor per (kv head, dim) of v's output, if `v → o` was smoothed.
+    pub vo: Option<Vec<f32>>,
+    /// One factor per input channel of down, if `up → down` was smoothed.
+    pub down: Option<Vec<f32>>,
 }
 
 /// What a pack's weights were smoothed with (see the module docs).
@@ -80,7 +121,12 @@ pub struct PackSmoothing {
     pub calib_tokens: u32,
     /// xxh3-64 of the unsmoothed model's tensor fingerprints (the factors depend on the model).
     pub model_fingerprint: u64,
-    /// Factors per block, each vector `dim` long.
+    /// `v → o` per head was smoothed (besides the normed inputs).
+    pub v_to_o: bool,
+    /// `up → down` was smoothed (dense feed-forward blocks).
+    pub up_to_down: bool,
+    /// Factors per block: `attn` and `ffn` `dim` long, `vo` and `down` as long as every other
+    /// block's.
     pub blocks: Vec<SmoothedBlock>,
 }
 
@@ -90,20 +136,37 @@ impl PackSmoothing {
         xxh3(bytes)
     }
 
-    /// Whether `other` was computed from the same parameters (α, calibration text and token
-    /// count, model): then its factors are the ones a calibration pass would give.
+    /// Whether `other` was computed from the same parameters (α, targets, calibration text and
+    /// token count, model): then its factors are the ones a calibration pass would give.
     pub fn same_parameters(&self, other: &PackSmoothing) -> bool {
         self.alpha.to_bits() == other.alpha.to_bits()
+            && self.v_to_o == other.v_to_o
+            && self.up_to_down == other.up_to_down
             && self.calib_hash == other.calib_hash
             && self.calib_tokens == other.calib_tokens
             && self.model_fingerprint == other.model_fingerprint
     }
 
+    /// The targets in the CLI's words: `norm`, `norm,vo`, `norm,down` or `all`.
+    pub fn targets_name(&self) -> &'static str {
+        match (self.v_to_o, self.up_to_down) {
+            (false, false) => "norm",
+            (true, false) => "norm,vo",
+            (false, true) => "norm,down",
+            (true, true) => "all",
+        }
+    }
+
     /// The parameters in words, for messages.
     pub fn describe(&self) -> String {
         format!(
-            "smoothing alpha {} from a calibration text of {} tokens (xxh3 {:016x}), model {:016x}",
-            self.alpha, self.calib_tokens, self.calib_hash, self.model_fingerprint
+            "smoothing alpha {} of targets {} from a calibration text of {} tokens (xxh3 \
+             {:016x}), model {:016x}",
+            self.alpha,
+            self.targets_name(),
+            self.calib_tokens,
+            self.calib_hash,
+            self.model_fingerprint
         )
     }
 
@@ -111,7 +174,8 @@ impl PackSmoothing {
         self.blocks.first().map_or(0, |b| b.attn.len())
     }
 
-    /// The section's bytes (header, presence bytes, factors), or why it cannot be written.
+    /// The section's bytes (header, targets, presence bytes, factors), or why it cannot be
+    /// written.
     pub(crate) fn encode(&self) -> Result<Vec<u8>, String> {
         let dim = self.dim();
         if self.blocks.is_empty() || self.blocks.len() > MAX_SMOOTH_BLOCKS as usize {
@@ -123,15 +187,55 @@ impl PackSmoothing {
         if dim == 0 || dim > MAX_SMOOTH_DIM as usize {
             return Err(format!("{dim} factors per block (1..={MAX_SMOOTH_DIM})"));
         }
-        let mut data = Vec::new();
+        let len_of = |f: fn(&SmoothedBlock) -> &Option<Vec<f32>>| {
+            self.blocks
+                .iter()
+                .find_map(|b| f(b).as_ref())
+                .map_or(0, Vec::len)
+        };
+        let (vo_dim, down_dim) = (len_of(|b| &b.vo), len_of(|b| &b.down));
+        for (what, set, len) in [
+            ("vo", self.v_to_o, vo_dim),
+            ("down", self.up_to_down, down_dim),
+        ] {
+            if len > MAX_SMOOTH_DIM as usize || (!set && len > 0) {
+                return Err(format!(
+                    "{len} {what} factors per block with the target {}",
+                    if set { "set" } else { "not set" }
+                ));
+            }
+        }
+        let targets = SmoothingTargets {
+            targets: U32::new(
+                u32::from(self.v_to_o) * TARGET_V_TO_O
+                    + u32::from(self.up_to_down) * TARGET_UP_TO_DOWN,
+            ),
+            vo_dim: U32::new(vo_dim as u32),
+            down_dim: U32::new(down_dim as u32),
+            reserved: U32::new(0),
+        };
+        let mut data = targets.as_bytes().to_vec();
         for b in &self.blocks {
-            data.push(u8::from(b.ffn.is_some()));
+            data.push(
+                u8::from(b.ffn.is_some()) * HAS_FFN
+                    + u8::from(b.vo.is_some()) * HAS_VO
+                    + u8::from(b.down.is_some()) * HAS_DOWN,
+            );
         }
         data.resize(align_up(data.len() as u64, 8).expect("small") as usize, 0);
         for (i, b) in self.blocks.iter().enumerate() {
-            for v in std::iter::once(&b.attn).chain(&b.ffn) {
-                if v.len() != dim {
-                    return Err(format!("block {i}: {} factors, block 0 has {dim}", v.len()));
+            let vectors = [
+                (Some(&b.attn), dim),
+                (b.ffn.as_ref(), dim),
+                (b.vo.as_ref(), vo_dim),
+                (b.down.as_ref(), down_dim),
+            ];
+            for (v, len) in vectors.into_iter().filter_map(|(v, l)| Some((v?, l))) {
+                if v.len() != len {
+                    return Err(format!(
+                        "block {i}: a vector of {} factors, {len} expected",
+                        v.len()
+                    ));
                 }
                 if let Some(x) = v.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
                     return Err(format!("block {i}: factor {x} is not finite and positive"));
@@ -176,9 +280,11 @@ impl PackSmoothing {
             .ok_or_else(|| bad(offset, format!("offset {offset} (limit {limit})")))?;
         let header = SmoothingHeader::read_from_bytes(&bytes[offset as usize..head_end as usize])
             .expect("slice has the header's exact length");
-        if header.magic != SMOOTHING_MAGIC {
-            return Err(bad(offset, "magic missing".into()));
-        }
+        let v2 = match header.magic {
+            SMOOTHING_MAGIC => true,
+            SMOOTHING_MAGIC_V1 => false,
+            _ => return Err(bad(offset, "magic missing".into())),
+        };
         if xxh3(&header.as_bytes()[..56]) != header.checksum.get() {
             return Err(bad(offset, "header checksum mismatch".into()));
         }
@@ -196,42 +302,97 @@ impl PackSmoothing {
             return Err(bad(head_end, "data checksum mismatch".into()));
         }
         let (blocks, dim) = (blocks as usize, dim as usize);
+        // Version 2: the targets record first; version 1 has none (normed inputs only).
+        let (targets, vo_dim, down_dim, data) = if v2 {
+            let (t, rest) = SmoothingTargets::read_from_prefix(data)
+                .map_err(|_| bad(head_end, "shorter than its targets record".into()))?;
+            (t.targets.get(), t.vo_dim.get(), t.down_dim.get(), rest)
+        } else {
+            (0, 0, 0, data)
+        };
+        let data_at = head_end + if v2 { 16 } else { 0 };
+        let known = TARGET_V_TO_O | TARGET_UP_TO_DOWN;
+        let dims_ok =
+            |bit: u32, len: u32| len <= MAX_SMOOTH_DIM && ((targets & bit != 0) || len == 0);
+        if targets & !known != 0
+            || !dims_ok(TARGET_V_TO_O, vo_dim)
+            || !dims_ok(TARGET_UP_TO_DOWN, down_dim)
+        {
+            return Err(bad(
+                head_end,
+                format!("targets {targets:#x} with vectors of {vo_dim} and {down_dim} factors"),
+            ));
+        }
+        let (vo_dim, down_dim) = (vo_dim as usize, down_dim as usize);
         let presence_len = align_up(blocks as u64, 8).expect("small") as usize;
         let presence = data
             .get(..presence_len)
-            .ok_or_else(|| bad(head_end, "shorter than its presence bytes".into()))?;
-        if presence[..blocks].iter().any(|&p| p > 1) || presence[blocks..].iter().any(|&p| p != 0) {
-            return Err(bad(head_end, "presence bytes other than 0/1".into()));
+            .ok_or_else(|| bad(data_at, "shorter than its presence bytes".into()))?;
+        // A vo / down vector only where its target is set (and only in version 2).
+        let mut allowed = HAS_FFN;
+        if targets & TARGET_V_TO_O != 0 {
+            allowed |= HAS_VO;
         }
-        let vectors = blocks + presence.iter().filter(|&&p| p == 1).count();
-        if data.len() != presence_len + vectors * dim * 4 {
+        if targets & TARGET_UP_TO_DOWN != 0 {
+            allowed |= HAS_DOWN;
+        }
+        if presence[..blocks].iter().any(|&p| p & !allowed != 0)
+            || presence[blocks..].iter().any(|&p| p != 0)
+        {
+            return Err(bad(data_at, "presence bytes with unknown bits".into()));
+        }
+        let floats: usize = presence[..blocks]
+            .iter()
+            .map(|&p| {
+                dim + usize::from(p & HAS_FFN != 0) * dim
+                    + usize::from(p & HAS_VO != 0) * vo_dim
+                    + usize::from(p & HAS_DOWN != 0) * down_dim
+            })
+            .sum();
+        if data.len() != presence_len + floats * 4 {
             return Err(bad(
-                head_end,
-                format!("{} data bytes for {vectors} vectors of {dim}", data.len()),
+                data_at,
+                format!("{} data bytes for {floats} factors", data.len()),
             ));
         }
         let mut values = data[presence_len..]
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        let mut take = || -> Result<Vec<f32>, StoreError> {
-            let v: Vec<f32> = values.by_ref().take(dim).collect();
+        let mut take = |len: usize| -> Result<Vec<f32>, StoreError> {
+            let v: Vec<f32> = values.by_ref().take(len).collect();
             if v.iter().all(|x| x.is_finite() && *x > 0.0) {
                 Ok(v)
             } else {
-                Err(bad(head_end, "a factor is not finite and positive".into()))
+                Err(bad(data_at, "a factor is not finite and positive".into()))
             }
         };
         let mut out = Vec::with_capacity(blocks);
         for &p in &presence[..blocks] {
-            let attn = take()?;
-            let ffn = if p == 1 { Some(take()?) } else { None };
-            out.push(SmoothedBlock { attn, ffn });
+            let attn = take(dim)?;
+            let mut opt = |bit: u8, len: usize| -> Result<Option<Vec<f32>>, StoreError> {
+                if p & bit != 0 {
+                    take(len).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let ffn = opt(HAS_FFN, dim)?;
+            let vo = opt(HAS_VO, vo_dim)?;
+            let down = opt(HAS_DOWN, down_dim)?;
+            out.push(SmoothedBlock {
+                attn,
+                ffn,
+                vo,
+                down,
+            });
         }
         Ok(PackSmoothing {
             alpha: f32::from_bits(header.alpha.get()),
             calib_hash: header.calib_hash.get(),
             calib_tokens: header.calib_tokens.get(),
             model_fingerprint: header.model_fingerprint.get(),
+            v_to_o: targets & TARGET_V_TO_O != 0,
+            up_to_down: targets & TARGET_UP_TO_DOWN != 0,
             blocks: out,
         })
     }

@@ -920,21 +920,41 @@ fn sample_smoothing() -> ork_store::PackSmoothing {
         calib_hash: 0xfeed_beef,
         calib_tokens: 1234,
         model_fingerprint: 77,
+        v_to_o: true,
+        up_to_down: true,
         blocks: vec![
             ork_store::SmoothedBlock {
                 attn: v(0.0),
                 ffn: Some(v(1.0)),
+                vo: Some(v(5.0)[..8].to_vec()),
+                down: Some([v(6.0), v(7.0)].concat()),
             },
             ork_store::SmoothedBlock {
                 attn: v(2.0),
                 ffn: None,
+                vo: Some(v(8.0)[..8].to_vec()),
+                down: None,
             },
             ork_store::SmoothedBlock {
                 attn: v(3.0),
                 ffn: Some(v(4.0)),
+                vo: Some(v(9.0)[..8].to_vec()),
+                down: Some([v(1.5), v(2.5)].concat()),
             },
         ],
     }
+}
+
+/// [`sample_smoothing`] with the normed inputs only.
+fn sample_norm_smoothing() -> ork_store::PackSmoothing {
+    let mut s = sample_smoothing();
+    s.v_to_o = false;
+    s.up_to_down = false;
+    for b in &mut s.blocks {
+        b.vo = None;
+        b.down = None;
+    }
+    s
 }
 
 /// The smoothing section round-trips (factors, presence per block, parameters) beside the
@@ -967,12 +987,55 @@ fn smoothing_section_roundtrips_beside_the_entries() {
     ragged.blocks[1].attn.pop();
     let mut zero = sample_smoothing();
     zero.blocks[2].ffn.as_mut().unwrap()[3] = 0.0;
-    for bad in [ragged, zero] {
+    let mut ragged_vo = sample_smoothing();
+    ragged_vo.blocks[2].vo.as_mut().unwrap().pop();
+    let mut zero_down = sample_smoothing();
+    zero_down.blocks[0].down.as_mut().unwrap()[30] = 0.0;
+    // A vector for a target the record does not name.
+    let mut unnamed = sample_smoothing();
+    unnamed.up_to_down = false;
+    for bad in [ragged, zero, ragged_vo, zero_down, unnamed] {
         assert!(matches!(
             w.set_smoothing(&bad),
             Err(StoreError::InvalidEntry { tensor, .. }) if tensor == "(smoothing)"
         ));
     }
+}
+
+/// A pack written before `v → o` / `up → down` smoothing (section version 1: no targets record,
+/// presence bytes 0/1) still reads, as smoothing of the normed inputs only.
+#[test]
+fn a_version_1_smoothing_section_reads_as_norm_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.orkpack");
+    let norm = sample_norm_smoothing();
+    let mut w = OrkpackWriter::create(&path).unwrap();
+    w.set_smoothing(&norm).unwrap();
+    for (name, pw, src) in &sample_entries() {
+        w.add(name, pw, *src).unwrap();
+    }
+    w.finish().unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let footer = Footer::read_from_bytes(&bytes[bytes.len() - FOOTER_LEN..]).unwrap();
+    let at = footer.smoothing_offset.get() as usize;
+    // Rewrite it in place as version 1: the data without its targets record (the 16 bytes
+    // left over before the index stay unused), checksums redone.
+    let mut header = ork_store::SmoothingHeader::read_from_bytes(&bytes[at..at + 64]).unwrap();
+    let size = header.data_size.get() as usize;
+    let data = bytes[at + 64 + 16..at + 64 + size].to_vec();
+    bytes[at + 64..at + 64 + data.len()].copy_from_slice(&data);
+    header.magic = ork_store::SMOOTHING_MAGIC_V1;
+    header.data_size.set(data.len() as u64);
+    header.data_checksum.set(xxh3_64(&data));
+    header.checksum.set(xxh3_64(&header.as_bytes()[..56]));
+    bytes[at..at + 64].copy_from_slice(header.as_bytes());
+    let (_d, _p, r) = open_bytes(&bytes);
+    let pack = r.unwrap();
+    assert_eq!(pack.smoothing(), Some(&norm));
+    assert!(!pack
+        .smoothing()
+        .unwrap()
+        .same_parameters(&sample_smoothing()));
 }
 
 /// A damaged smoothing section (a flipped factor, a flag without a section) fails open.
@@ -990,9 +1053,10 @@ fn a_damaged_smoothing_section_fails_open() {
     let footer = Footer::read_from_bytes(&bytes[bytes.len() - FOOTER_LEN..]).unwrap();
     let at = footer.smoothing_offset.get() as usize;
     assert!(at >= 4096 && at < footer.index_offset.get() as usize);
-    // A byte of the factors (past the 64-byte header and the 8 presence bytes).
+    // A byte of the factors (past the 64-byte header, the 16-byte targets record and the 8
+    // presence bytes).
     let mut flipped = bytes.clone();
-    flipped[at + 64 + 8 + 5] ^= 0x40;
+    flipped[at + 64 + 16 + 8 + 5] ^= 0x40;
     let (_d, _p, r) = open_bytes(&flipped);
     assert!(matches!(r, Err(StoreError::CorruptIndex { .. })), "{r:?}");
     // The flag set on a file that has no section.

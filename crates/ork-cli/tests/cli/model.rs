@@ -586,3 +586,104 @@ fn quant_refusals_and_the_plan_of_the_chip() {
     assert_eq!(chip["split"][0]["name"].as_str(), Some("token_embd.weight"));
     assert_eq!(chip["split"][0]["n_chunks"].as_u64(), Some(12));
 }
+
+/// `--smooth-targets` reaches the pack: the same set reuses it, another set rebuilds it with
+/// the reason on stderr; a set without `norm`, or the flag without `--calib`, is refused.
+#[test]
+fn smooth_targets_select_the_smoothing_and_a_set_without_norm_is_refused() {
+    let m = model();
+    let ms = m.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let calib = dir.path().join("calib.txt");
+    std::fs::write(
+        &calib,
+        "A short calibration text about rivers, mountains and the weather in spring.",
+    )
+    .unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "Ships sail from the harbour at night. ".repeat(40)).unwrap();
+    let pack = dir.path().join("sm.orkpack");
+    let (cs, ps, ts) = (
+        calib.to_str().unwrap(),
+        pack.to_str().unwrap(),
+        text.to_str().unwrap(),
+    );
+    let o = run(&[
+        "convert",
+        ms,
+        "-o",
+        ps,
+        "--calib",
+        cs,
+        "--smooth-targets",
+        "norm,vo",
+        "--json",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let ppl = |targets: &str| {
+        run(&[
+            "perplexity",
+            "--model",
+            ms,
+            "--pack",
+            ps,
+            "--file",
+            ts,
+            "--ctx",
+            "64",
+            "--chunks",
+            "1",
+            "--calib",
+            cs,
+            "--smooth-targets",
+            targets,
+            "--json",
+        ])
+    };
+    let same = ppl("norm,vo");
+    assert_eq!(code(&same), Some(0), "{}", stderr(&same));
+    assert!(
+        !stderr(&same).contains("was asked for"),
+        "{}",
+        stderr(&same)
+    );
+    let other = ppl("all");
+    assert_eq!(code(&other), Some(0), "{}", stderr(&other));
+    let err = stderr(&other);
+    assert!(
+        err.contains("targets norm,vo") && err.contains("targets all"),
+        "{err}"
+    );
+    for (args, needle) in [
+        (
+            vec![
+                "perplexity",
+                "--model",
+                ms,
+                "--file",
+                ts,
+                "--calib",
+                cs,
+                "--smooth-targets",
+                "vo",
+            ],
+            "norm",
+        ),
+        (
+            vec![
+                "perplexity",
+                "--model",
+                ms,
+                "--file",
+                ts,
+                "--smooth-targets",
+                "all",
+            ],
+            "--calib",
+        ),
+    ] {
+        let o = run(&args);
+        assert_eq!(code(&o), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+}
