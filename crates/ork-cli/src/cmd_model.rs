@@ -473,7 +473,7 @@ fn chip_plan(config: &EngineConfig, manifest: &ork_manifest::Manifest) -> Result
         let group = ork_store::effective_group(config.group, config.dtype, k);
         match group {
             ork_pack::ScaleGroup::PerChannel => per_channel += 1,
-            ork_pack::ScaleGroup::Group(_) => grouped += 1,
+            ork_pack::ScaleGroup::Group(_) | ork_pack::ScaleGroup::Affine(_) => grouped += 1,
         }
         let layout = ork_pack::TiledLayout::new(config.dtype, k, n);
         let parts = ork_device::split::split(&layout, group, config.soc)

@@ -138,7 +138,8 @@ impl WeightSource {
 }
 
 /// Pack weight `name` of `model` (a 2-D tensor, or an expert's slice `TENSOR#EXPERT`) straight
-/// into `dst` (per channel), or through a grouped pack and a copy (per group).
+/// into `dst` (per channel), or through a grouped pack and a copy (per group, symmetric or
+/// affine; the scales returned are then steps followed by offsets).
 fn pack_from(
     model: &GgufFile,
     name: &str,
@@ -159,9 +160,14 @@ fn pack_from(
     let rows = GgufRows::new(model, t).map_err(pack_err)?;
     let (_, n) = matmul_dims(t)?;
     let mut scales = vec![0f32; n];
-    let packed = match group {
-        ScaleGroup::PerChannel => ork_pack::pack_into(&rows, dtype, dst, &mut scales).map(drop),
-        ScaleGroup::Group(g) => ork_pack::pack_grouped(&rows, dtype, g).and_then(|pw| {
+    let grouped = match group {
+        ScaleGroup::PerChannel => None,
+        ScaleGroup::Group(g) => Some(ork_pack::pack_grouped(&rows, dtype, g)),
+        ScaleGroup::Affine(g) => Some(ork_pack::pack_affine(&rows, g)),
+    };
+    let packed = match grouped {
+        None => ork_pack::pack_into(&rows, dtype, dst, &mut scales).map(drop),
+        Some(pw) => pw.and_then(|pw| {
             if pw.data.len() != dst.len() {
                 return Err(ork_pack::PackError::Shape {
                     k: pw.layout.k,

@@ -202,9 +202,10 @@ pub enum Quant {
     W16a16,
     /// int4 weights, per-channel scales, fp16 activations (RK3576 only).
     W4a16,
-    /// int4 weights with one scale per 32 / 64 / 128 consecutive k, fp16 activations (RK3576
-    /// only; the chip's fp16 × int4 → fp32 per-group mode). Weights whose K the group does not
-    /// divide keep per-channel scales.
+    /// int4 weights with affine groups of 32 / 64 / 128 consecutive k (a step and an offset per
+    /// group, [`ork_pack::ScaleGroup::Affine`]), fp16 activations (RK3576 only; the chip's
+    /// fp16 × int4 → fp32 per-group mode plus an fp16 × fp16 matmul of the offsets,
+    /// `docs/chip.md`). Weights whose K the group does not divide keep per-channel scales.
     W4a16G(usize),
 }
 
@@ -224,13 +225,13 @@ impl Quant {
 
     /// Weight dtype, activation precision and scale group.
     pub fn parts(self) -> (PackDtype, ActPrecision, ork_pack::ScaleGroup) {
-        use ork_pack::ScaleGroup::{Group, PerChannel};
+        use ork_pack::ScaleGroup::{Affine, Group, PerChannel};
         match self {
             Quant::W8a8 => (PackDtype::I8, ActPrecision::Int8, PerChannel),
             Quant::W8a8G(g) => (PackDtype::I8, ActPrecision::Int8, Group(g)),
             Quant::W16a16 => (PackDtype::F16, ActPrecision::F16, PerChannel),
             Quant::W4a16 => (PackDtype::I4, ActPrecision::F16, PerChannel),
-            Quant::W4a16G(g) => (PackDtype::I4, ActPrecision::F16, Group(g)),
+            Quant::W4a16G(g) => (PackDtype::I4, ActPrecision::F16, Affine(g)),
         }
     }
 

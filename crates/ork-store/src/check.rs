@@ -54,12 +54,17 @@ impl EntryKey {
 /// The scale group a weight of `dtype` with reduction length `k` gets when `group` is asked for:
 /// `group` itself when it is a multiple of 32 that divides `k` (the chip's per-group mode needs
 /// whole groups; `docs/chip.md`), per channel otherwise (and always for fp16, which has no
-/// scales to group). SmolLM2's K = 576 weights therefore stay per channel under g128, g256 and
+/// scales to group; affine groups only for int4). SmolLM2's K = 576 weights therefore stay per channel under g128, g256 and
 /// g512; only its `ffn_down` (K = 1536) is grouped.
 pub fn effective_group(group: ScaleGroup, dtype: PackDtype, k: usize) -> ScaleGroup {
     match group {
         ScaleGroup::Group(g)
             if dtype != PackDtype::F16 && g > 0 && g.is_multiple_of(32) && k.is_multiple_of(g) =>
+        {
+            group
+        }
+        ScaleGroup::Affine(g)
+            if dtype == PackDtype::I4 && g > 0 && g.is_multiple_of(32) && k.is_multiple_of(g) =>
         {
             group
         }

@@ -672,6 +672,8 @@ fn pack_tensor(
     let pack = || match group {
         ScaleGroup::PerChannel => ork_pack::pack(&rows, dtype),
         ScaleGroup::Group(g) => ork_pack::pack_grouped(&rows, dtype, g),
+        // Affine groups are int4 only (`effective_group` gives them no other dtype).
+        ScaleGroup::Affine(g) => ork_pack::pack_affine(&rows, g),
     };
     let packed = match &plan.pool {
         Some(pool) => pool.install(pack),
