@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use ork_gguf::GgufFile;
 use ork_pack::{GgufRows, PackDtype, ScaleGroup, TiledLayout};
-use ork_store::{effective_group, matmul_dims, Orkpack, StoreError};
+use ork_store::{effective_group, matmul_dims, weight_quant, Orkpack, StoreError};
 
 use crate::ResidencyError;
 
@@ -66,10 +66,15 @@ impl WeightSource {
                 .entry(name)
                 .map(|e| e.layout())
                 .ok_or_else(|| self.unknown(name)),
-            WeightSource::Gguf { model, dtype, .. } => {
+            WeightSource::Gguf {
+                model,
+                dtype,
+                group,
+                ..
+            } => {
                 let t = ork_manifest::weight_view(model, name).ok_or_else(|| self.unknown(name))?;
                 let (k, n) = matmul_dims(&t)?;
-                Ok(TiledLayout::new(*dtype, k, n))
+                Ok(TiledLayout::new(weight_quant(name, *dtype, *group).0, k, n))
             }
         }
     }
@@ -84,7 +89,8 @@ impl WeightSource {
                 .ok_or_else(|| self.unknown(name)),
             WeightSource::Gguf { dtype, group, .. } => {
                 let l = self.layout(name)?;
-                Ok(effective_group(*group, *dtype, l.k))
+                let (dtype, group) = weight_quant(name, *dtype, *group);
+                Ok(effective_group(group, dtype, l.k))
             }
         }
     }
@@ -129,9 +135,9 @@ impl WeightSource {
                     (Err(err), _) => Err(err.into()),
                 }
             }
-            WeightSource::Gguf { model, dtype, .. } => {
-                let group = self.group(name)?;
-                Ok((pack_from(model, name, *dtype, group, dst)?, Fetch::Packed))
+            WeightSource::Gguf { model, .. } => {
+                let (dtype, group) = (self.layout(name)?.dtype, self.group(name)?);
+                Ok((pack_from(model, name, dtype, group, dst)?, Fetch::Packed))
             }
         }
     }

@@ -490,3 +490,28 @@ fn the_writer_refuses_grouped_scales_that_do_not_fit_naming_the_tensor() {
         Err(StoreError::InvalidEntry { .. })
     ));
 }
+
+/// Under affine int4 groups the lm head (`output.weight`, or `token_embd.weight` when tied) is
+/// packed int8 per channel; every other weight, and the head in every other mode, as asked.
+#[test]
+fn the_lm_head_stays_int8_per_channel_under_affine_groups() {
+    use ork_pack::ScaleGroup;
+    use ork_store::weight_quant;
+    let affine = ScaleGroup::Affine(32);
+    for head in ["token_embd.weight", "output.weight"] {
+        assert_eq!(
+            weight_quant(head, PackDtype::I4, affine),
+            (PackDtype::I8, ScaleGroup::PerChannel)
+        );
+        for group in [ScaleGroup::PerChannel, ScaleGroup::Group(32)] {
+            assert_eq!(
+                weight_quant(head, PackDtype::I4, group),
+                (PackDtype::I4, group)
+            );
+        }
+    }
+    assert_eq!(
+        weight_quant("blk.0.attn_q.weight", PackDtype::I4, affine),
+        (PackDtype::I4, affine)
+    );
+}
