@@ -471,12 +471,13 @@ fn chip_plan(config: &EngineConfig, manifest: &ork_manifest::Manifest) -> Result
     let (mut grouped, mut per_channel, mut split) = (0, 0, Vec::new());
     for w in manifest.execution_order() {
         let (k, n) = ork_store::matmul_dims(&w.slice)?;
-        let group = ork_store::effective_group(config.group, config.dtype, k);
+        let (dtype, group) = ork_store::weight_quant(&w.key, config.dtype, config.group);
+        let group = ork_store::effective_group(group, dtype, k);
         match group {
             ork_pack::ScaleGroup::PerChannel => per_channel += 1,
-            ork_pack::ScaleGroup::Group(_) => grouped += 1,
+            ork_pack::ScaleGroup::Group(_) | ork_pack::ScaleGroup::Affine(_) => grouped += 1,
         }
-        let layout = ork_pack::TiledLayout::new(config.dtype, k, n);
+        let layout = ork_pack::TiledLayout::new(dtype, k, n);
         let parts = ork_device::split::split(&layout, group, config.soc)
             .with_context(|| format!("splitting '{}'", w.key))?;
         if parts.len() > 1 {
@@ -522,6 +523,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     let p = plan_weights(
         &manifest,
         config.dtype,
+        config.group,
         budget,
         args.window_mb << 20,
         args.domains,
@@ -663,12 +665,31 @@ pub fn bench_stream(
 ) -> Result<ExitCode> {
     let manifest = open_manifest(&opts.model)?;
     let dtype = PackDtype::from(opts.dtype);
-    let full = plan_weights(&manifest, dtype, u64::MAX / 4, u64::MAX / 4, 1, 4)?.model_bytes;
+    let full = plan_weights(
+        &manifest,
+        dtype,
+        ork_pack::ScaleGroup::PerChannel,
+        u64::MAX / 4,
+        u64::MAX / 4,
+        1,
+        4,
+    )?
+    .model_bytes;
     let streamed_budget = match opts.budget_mb {
         Some(mb) => mb << 20,
-        None => {
-            (full / 4).max(plan_weights(&manifest, dtype, 1, 1, 1, 4)?.min_budget_bytes + (8 << 20))
-        }
+        None => (full / 4).max(
+            plan_weights(
+                &manifest,
+                dtype,
+                ork_pack::ScaleGroup::PerChannel,
+                1,
+                1,
+                1,
+                4,
+            )?
+            .min_budget_bytes
+                + (8 << 20),
+        ),
     };
     let resident_budget = full + (64 << 20);
     // Make sure the .orkpack exists before timing anything.
@@ -828,12 +849,31 @@ pub fn bench_decode(
 ) -> Result<ExitCode> {
     let manifest = open_manifest(&opts.model)?;
     let dtype = PackDtype::from(opts.dtype);
-    let full = plan_weights(&manifest, dtype, u64::MAX / 4, u64::MAX / 4, 1, 4)?.model_bytes;
+    let full = plan_weights(
+        &manifest,
+        dtype,
+        ork_pack::ScaleGroup::PerChannel,
+        u64::MAX / 4,
+        u64::MAX / 4,
+        1,
+        4,
+    )?
+    .model_bytes;
     let streamed_budget = match opts.budget_mb {
         Some(mb) => mb << 20,
-        None => {
-            (full / 4).max(plan_weights(&manifest, dtype, 1, 1, 1, 4)?.min_budget_bytes + (8 << 20))
-        }
+        None => (full / 4).max(
+            plan_weights(
+                &manifest,
+                dtype,
+                ork_pack::ScaleGroup::PerChannel,
+                1,
+                1,
+                1,
+                4,
+            )?
+            .min_budget_bytes
+                + (8 << 20),
+        ),
     };
     let resident_budget = full + (64 << 20);
     let moe = manifest.n_expert() > 0;

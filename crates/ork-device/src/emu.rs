@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::buffer::{BackendBuffer, SyncDir};
 use crate::host_map::HostMap;
 use crate::kernel::Isa;
-use crate::soc::{ElemType, MatmulShape, Soc};
+use crate::soc::{ChipLimit, ElemType, Fp16Operand, MatmulShape, Soc};
 use crate::task::{is_integer, ActValues};
 use crate::window::{footprint, WindowConfig, Windows, WINDOW_BYTES};
 use crate::{
@@ -316,7 +316,40 @@ impl EmuDevice {
             self.soc
                 .check_limits(&submitted(&shape, &task.weight.layout))?;
         }
+        self.check_offsets(&shape, task.weight.group, task.weight.scales)
+    }
+
+    /// Affine groups: the offsets matmul (fp16 × fp16 → fp32, K = the group count padded to a
+    /// multiple of 32) must exist on the chip and fit its limits, and every offset must be an
+    /// fp16 value's range (the chip takes them as fp16).
+    fn check_offsets(
+        &self,
+        shape: &MatmulShape,
+        group: ScaleGroup,
+        scales: &[f32],
+    ) -> Result<(), DeviceError> {
+        let Some(off) = shape.offsets() else {
+            return Ok(());
+        };
+        self.soc.check_types(&off)?;
+        self.soc.check_limits(&off)?;
+        let (_, offsets) = group.split(scales);
+        if offsets
+            .iter()
+            .any(|&b| half::f16::from_f32(b).is_infinite())
+        {
+            return Err(self
+                .soc
+                .refuse(&off, ChipLimit::Fp16Range(Fp16Operand::Offset)));
+        }
         Ok(())
+    }
+
+    /// [`ChipLimit::Fp16Range`] for an operand of `task`'s offsets matmul.
+    fn fp16_range(&self, task: &MatmulTask<'_>, what: Fp16Operand) -> DeviceError {
+        let shape = MatmulShape::of_task(task);
+        let off = shape.offsets().unwrap_or(shape);
+        self.soc.refuse(&off, ChipLimit::Fp16Range(what))
     }
 
     /// Host threads a task with all cores uses.
@@ -483,6 +516,17 @@ impl Device for EmuDevice {
             };
             self.soc.check_limits(&submitted(&shape, &weight.layout))?;
         }
+        if weight.group.is_affine() {
+            let shape = MatmulShape {
+                a: ElemType::Fp16,
+                b: ElemType::of_weight(weight.layout.dtype),
+                k: weight.layout.k,
+                n: weight.layout.n,
+                group: weight.group,
+            };
+            self.soc.check_types(&shape)?;
+            self.check_offsets(&shape, weight.group, weight.scales)?;
+        }
         Ok(())
     }
 
@@ -494,6 +538,18 @@ impl Device for EmuDevice {
         let (sa, sw) = (task.act_scales, task.weight.scales);
         let a = task.activation_values();
         let group = task.weight.group.size();
+        let (steps, offsets) = task.weight.group.split(sw);
+        // Affine groups (fp16 activations only, `begin` made sure): the offsets matmul's A
+        // operand, the activations' group sums in fp16.
+        let sums = match group {
+            Some(g) if task.weight.group.is_affine() => {
+                let af = gemm::f32_rows(&a, m, l.k, l.k);
+                let sums = crate::kernel::group::group_sums_f16(&af, m, l.k, g)
+                    .map_err(|_| self.fp16_range(task, Fp16Operand::GroupSum))?;
+                Some(sums)
+            }
+            _ => None,
+        };
         // `out[m, n] = acc · sa[m] · sw[n]`, one run of a row at a time (a loop that vectorizes).
         // Per-group scales on fp16 weights were refused by `begin`.
         self.run_on(cores, || match (&a, group) {
@@ -526,11 +582,22 @@ impl Device for EmuDevice {
             }
             // fp16 activations × integer weights with per-group scales (RK3576 w4a16-gN): float
             // partial sums per group; `task.check` made sure the group divides K (no padding).
+            // Affine groups add the offsets matmul of the activations' group sums (`kernel::group`).
             (ActValues::F16(_), Some(g)) if is_integer(l.dtype) => {
                 let af = gemm::f32_rows(&a, m, l.k, l.k);
-                gemm::gemm_grouped_float(self.isa, &l, w, &af, m, g, sw, out, |acc, _, _, o| {
-                    o.copy_from_slice(acc)
-                })
+                let affine = sums.as_deref().map(|s| (s, offsets));
+                gemm::gemm_grouped_float(
+                    self.isa,
+                    &l,
+                    w,
+                    &af,
+                    m,
+                    g,
+                    steps,
+                    affine,
+                    out,
+                    |acc, _, _, o| o.copy_from_slice(acc),
+                )
             }
             (ActValues::F16(_), _) => {
                 let af = gemm::f32_rows(&a, m, l.k, l.k_pad());

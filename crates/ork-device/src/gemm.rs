@@ -11,7 +11,8 @@ use ork_pack::{PackDtype, TiledLayout};
 use rayon::prelude::*;
 
 use crate::kernel::group::{
-    apply_group_scales, float_group_partials, group_partials, GroupedA, GroupedF32,
+    apply_group_offsets, apply_group_scales, float_group_partials, group_partials, GroupedA,
+    GroupedF32,
 };
 use crate::kernel::{self, Isa, PreparedA, WeightTile};
 use crate::task::ActValues;
@@ -226,7 +227,9 @@ pub(crate) fn gemm_grouped(
 /// Integer weights with per-group scales (`scales`: `[N][K/group]`) and f32 activation rows
 /// (fp16 activations, `m × k`; `group` divides `k`, so `k` needs no padding): float partial sums
 /// per group, folded in f32 as `kernel::group` documents, converted by `conv(accs, m, n0, out)`
-/// for one run of a row.
+/// for one run of a row. With `affine` = `Some((sums, offsets))` (affine groups: `sums` the
+/// activations' fp16 group sums, `m × K/group` from `group_sums_f16`; `offsets` `[N][K/group]`)
+/// the offsets matmul is added to each folded block as `kernel::group` documents.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_grouped_float(
     isa: Isa,
@@ -236,6 +239,7 @@ pub(crate) fn gemm_grouped_float(
     m: usize,
     group: usize,
     scales: &[f32],
+    affine: Option<(&[f32], &[f32])>,
     out: &mut [f32],
     conv: impl Fn(&[f32], usize, usize, &mut [f32]) + Sync,
 ) {
@@ -255,16 +259,20 @@ pub(crate) fn gemm_grouped_float(
             let wt = tile_i8(l, w, t, scratch);
             partials.resize(groups * (m1 - m0) * tn, 0.0);
             float_group_partials(isa, &ga, m0, m1, wt, tn, partials);
-            let scale = |c: usize, j: usize| {
+            // Padding channels have no scales or offsets; their outputs are dropped.
+            let of = |v: &[f32], c: usize, j: usize| {
                 let ch = t * tn + c;
-                // Padding channels have no scales; their codes are zero anyway.
                 if ch < n {
-                    scales[ch * groups + j]
+                    v[ch * groups + j]
                 } else {
                     0.0
                 }
             };
-            apply_group_scales(partials, groups, m1 - m0, tn, scale, acc);
+            apply_group_scales(partials, groups, m1 - m0, tn, |c, j| of(scales, c, j), acc);
+            if let Some((sums, offsets)) = affine {
+                let block = &sums[m0 * groups..m1 * groups];
+                apply_group_offsets(block, groups, m1 - m0, tn, |c, j| of(offsets, c, j), acc);
+            }
         },
         conv,
     );

@@ -71,7 +71,7 @@ pub use probe::{probe_dma, probe_stream, DmaProbeMode, DmaProbeReport, StreamPro
 pub use rknn::RknnDevice;
 #[cfg(target_os = "linux")]
 pub use rknpu::RknpuDevice;
-pub use soc::{ChipLimit, ElemType, MatmulShape, Soc};
+pub use soc::{ChipLimit, ElemType, Fp16Operand, MatmulShape, Soc};
 pub use task::{
     upload, ActPrecision, Activations, CoreMask, DeviceWeight, MatmulStats, MatmulTask, WeightRef,
 };

@@ -267,17 +267,27 @@ impl Soc {
     }
 
     /// Check that the chip has the task's type pair (and, for per-group scales, a per-group mode
-    /// with its group size).
+    /// with its group size; for affine groups fp16 activations and the fp16 × fp16 → fp32 matmul
+    /// of the offsets, [`MatmulShape::offsets`]).
     ///
     /// # Errors
-    /// [`DeviceError::Chip`] with [`ChipLimit::TypePair`] or [`ChipLimit::Group`].
+    /// [`DeviceError::Chip`] with [`ChipLimit::TypePair`], [`ChipLimit::Group`] or
+    /// [`ChipLimit::AffineActivations`].
     pub fn check_types(self, s: &MatmulShape) -> Result<(), DeviceError> {
         if self.outputs(s.a, s.b).is_empty() {
             return Err(self.refuse(s, ChipLimit::TypePair));
         }
+        if s.group.is_affine() && s.a != ElemType::Fp16 {
+            return Err(self.refuse(s, ChipLimit::AffineActivations));
+        }
         if let Some(g) = s.group.size() {
             if !self.group_sizes(s.a, s.b).contains(&g) {
                 return Err(self.refuse(s, ChipLimit::Group { group: g }));
+            }
+        }
+        if let Some(off) = s.offsets() {
+            if !self.outputs(off.a, off.b).contains(&ElemType::Fp32) {
+                return Err(self.refuse(&off, ChipLimit::TypePair));
             }
         }
         Ok(())
@@ -317,7 +327,7 @@ impl Soc {
         self.check_limits(s)
     }
 
-    fn refuse(self, s: &MatmulShape, limit: ChipLimit) -> DeviceError {
+    pub(crate) fn refuse(self, s: &MatmulShape, limit: ChipLimit) -> DeviceError {
         DeviceError::Chip {
             soc: self,
             a: s.a,
@@ -378,6 +388,32 @@ pub enum ChipLimit {
         /// Largest N.
         max: usize,
     },
+    /// Affine weight groups (step and offset per group) with activations that are not fp16:
+    /// the offsets run as an fp16 × fp16 matmul of the activations' group sums.
+    AffineActivations,
+    /// An operand of an affine weight's offsets matmul does not fit fp16 (it would become ±Inf
+    /// on the chip).
+    Fp16Range(Fp16Operand),
+}
+
+/// Which fp16 operand of an affine weight's offsets matmul is out of range
+/// ([`ChipLimit::Fp16Range`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fp16Operand {
+    /// A weight offset `b[n, j]`.
+    Offset,
+    /// An activation group sum `A[m, j]`.
+    GroupSum,
+}
+
+impl fmt::Display for Fp16Operand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Fp16Operand::Offset => "a weight offset",
+            Fp16Operand::GroupSum => "an activation group sum",
+        })
+    }
 }
 
 impl fmt::Display for ChipLimit {
@@ -392,6 +428,14 @@ impl fmt::Display for ChipLimit {
             ChipLimit::KMax { max } => write!(f, "K exceeds {max} (split into K-segments)"),
             ChipLimit::NAlign { align } => write!(f, "N must be a multiple of {align}"),
             ChipLimit::NMax { max } => write!(f, "N exceeds {max} (split into N-chunks)"),
+            ChipLimit::AffineActivations => f.write_str(
+                "affine weight groups (step and offset) need fp16 activations: the offsets run \
+                 as an fp16 × fp16 matmul of the activations' group sums",
+            ),
+            ChipLimit::Fp16Range(what) => write!(
+                f,
+                "{what} of the affine offsets matmul exceeds the fp16 range (±65504)"
+            ),
         }
     }
 }
@@ -412,6 +456,24 @@ pub struct MatmulShape {
 }
 
 impl MatmulShape {
+    /// For affine weight groups ([`ScaleGroup::Affine`]) the shape of the second matmul the chip
+    /// runs (`docs/chip.md`): the activations' group sums (`M × K/g`, padded with zeros to a
+    /// multiple of 32 in K) × the offsets (`K/g × N`), fp16 × fp16 with one scale per channel;
+    /// `None` otherwise (or for a group that does not divide K, which other checks refuse).
+    pub fn offsets(&self) -> Option<MatmulShape> {
+        let ScaleGroup::Affine(g) = self.group else {
+            return None;
+        };
+        let groups = self.k.checked_div(g)?;
+        Some(MatmulShape {
+            a: ElemType::Fp16,
+            b: ElemType::Fp16,
+            k: groups.div_ceil(32) * 32,
+            n: self.n,
+            group: ScaleGroup::PerChannel,
+        })
+    }
+
     /// The shape of `task`.
     pub fn of_task(task: &crate::MatmulTask<'_>) -> Self {
         let l = task.weight.layout;

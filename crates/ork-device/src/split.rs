@@ -11,7 +11,8 @@
 //!   k-tiles from every N-tile into the part's own blob: [`PartBytes::Repack`]. The outputs of
 //!   the K-segments of one chunk are partial sums: add them in f32 (in segment order) to get the
 //!   chunk's result. With per-channel scales each segment carries the channel scales
-//!   (`s·Σ = Σ s·Σ_seg`); with per-group scales each segment carries its own groups' scales.
+//!   (`s·Σ = Σ s·Σ_seg`); with per-group scales each segment carries its own groups' scales
+//!   (affine groups: its groups' steps and offsets).
 //!
 //! Everything here is pure: no device, no allocation beyond the part's bytes.
 
@@ -171,9 +172,10 @@ pub fn arrange(
     Ok(())
 }
 
-/// The scales of `part` of a weight with `scales` (per channel: `n`; per group: `[N][K/g]`)
-/// and scale group `group`: the chunk's channel scales (borrowed), or its channels' scales of
-/// the segment's groups (gathered; borrowed when the part covers all of K).
+/// The scales of `part` of a weight with `scales` (per channel: `n`; per group: `[N][K/g]`;
+/// affine: steps then offsets, each `[N][K/g]`) and scale group `group`: the chunk's channel
+/// scales (borrowed), or its channels' scales of the segment's groups (gathered; borrowed when
+/// the part covers all of K), for affine groups the part's steps followed by its offsets.
 ///
 /// # Errors
 /// [`DeviceError::Length`] if `scales` do not match the layout, [`DeviceError::Shape`] if the
@@ -185,13 +187,13 @@ pub fn part_scales<'a>(
     part: &Part,
 ) -> Result<std::borrow::Cow<'a, [f32]>, DeviceError> {
     use std::borrow::Cow;
-    let groups = group
-        .groups(layout.k)
-        .map_err(|_| bad_part(layout, "scale group does not fit K"))?;
-    if scales.len() != layout.n * groups {
+    let fit = |_| bad_part(layout, "scale group does not fit K");
+    let groups = group.groups(layout.k).map_err(fit)?;
+    let expected = group.scales_len(layout.k, layout.n).map_err(fit)?;
+    if scales.len() != expected {
         return Err(DeviceError::Length {
             operand: "weight scales",
-            expected: layout.n * groups,
+            expected,
             got: scales.len(),
         });
     }
@@ -213,6 +215,17 @@ pub fn part_scales<'a>(
                     n.flat_map(|c| scales[c * groups + j0..c * groups + j1].iter().copied())
                         .collect(),
                 )
+            }
+        }
+        // Steps and offsets each cut as per-group scales, the part's offsets after its steps.
+        ScaleGroup::Affine(g) => {
+            let (steps, offsets) = group.split(scales);
+            let s = part_scales(layout, steps, ScaleGroup::Group(g), part)?;
+            if s.len() == steps.len() {
+                Cow::Borrowed(scales)
+            } else {
+                let o = part_scales(layout, offsets, ScaleGroup::Group(g), part)?;
+                Cow::Owned([&s[..], &o[..]].concat())
             }
         }
     })

@@ -42,7 +42,8 @@ pub struct WeightRef<'a> {
     /// The tiled blob (`layout.blob_bytes()` bytes).
     pub bytes: BufferView<'a>,
     /// One scale per output channel (`layout.n`), or `layout.n · k/g` in the order `[N][K/g]`
-    /// with [`ScaleGroup::Group`]`(g)`.
+    /// with [`ScaleGroup::Group`]`(g)`; twice that with [`ScaleGroup::Affine`]`(g)` (steps, then
+    /// offsets).
     pub scales: &'a [f32],
     /// How the scales cover K.
     pub group: ScaleGroup,
@@ -103,6 +104,9 @@ fn check_group(l: TiledLayout, group: ScaleGroup, m: usize) -> Result<usize, Dev
     if let Some(g) = group.size() {
         if l.dtype == PackDtype::F16 {
             return Err(shape("fp16 weights have no scales to group"));
+        }
+        if group.is_affine() && l.dtype != PackDtype::I4 {
+            return Err(shape("affine scale groups are for int4 weights only"));
         }
         if g > crate::kernel::group::MAX_GROUP {
             return Err(shape(
@@ -211,7 +215,10 @@ impl CoreMask {
 /// (the sum in f32; see [`crate::kernel`] for its order). A weight with per-group scales
 /// ([`ScaleGroup::Group`]`(g)`, int8 × int8 only) gives
 /// `out[m, n] = (Σ_j (Σ_{k in group j} a[m, k] · q[n, k]) · weight.scales[n, j]) · act_scales[m]`
-/// (the chip's per-group mode; integer partial sums, f32 across groups).
+/// (the chip's per-group mode; integer partial sums, f32 across groups). Affine groups
+/// ([`ScaleGroup::Affine`]`(g)`, fp16 × int4 only; `scales` = steps `s` then offsets `b`) give
+/// `out[m, n] = Σ_j s[n, j] · P[m, n, j] + Σ_j fp16(b[n, j]) · fp16(Σ_{k in group j} a[m, k])`,
+/// two matmuls of the chip's own types (`docs/chip.md`).
 #[derive(Clone, Copy, Debug)]
 pub struct MatmulTask<'a> {
     /// Rows of activations (tokens).

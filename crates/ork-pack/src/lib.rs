@@ -2,7 +2,8 @@
 //! tile into the RK3588 native weight layout.
 //!
 //! API CONTRACT (other crates rely on these names): [`PackDtype`], [`LayoutId`], [`TiledLayout`],
-//! [`PackedWeight`], [`ScaleGroup`], [`RowSource`], [`pack`], [`pack_grouped`], [`untile()`].
+//! [`PackedWeight`], [`ScaleGroup`], [`RowSource`], [`pack`], [`pack_grouped`], [`pack_affine`],
+//! [`untile()`].
 //!
 //! [`pack_grouped`] quantizes with one scale per output channel and group of `g` consecutive k
 //! (the chip's per-group mode, `docs/chip.md`) into the same native layout.
@@ -38,7 +39,7 @@ mod source;
 mod untile;
 
 pub use bench::{bench_pack, PackBenchResult};
-pub use group::{pack_grouped, ScaleGroup};
+pub use group::{pack_affine, pack_grouped, ScaleGroup};
 pub use kernel::{pack, pack_in, pack_into};
 pub use layout::{LayoutId, PackDtype, TiledLayout, INT4_EVEN_K_IN_LOW_NIBBLE};
 pub use source::{GgufRows, MatrixRows};
@@ -54,7 +55,9 @@ pub struct PackedWeight {
     /// The scales: with [`ScaleGroup::PerChannel`] one f32 per output channel (`layout.n`
     /// entries; fp16 → all 1.0); with [`ScaleGroup::Group`]`(g)` one per output channel and group
     /// of `g` consecutive k, `layout.n · k/g` entries in the order `[N][K/g]` (the order the
-    /// vendor runtime most likely expects; unverified on a board, see `docs/chip.md`).
+    /// vendor runtime most likely expects; unverified on a board, see `docs/chip.md`); with
+    /// [`ScaleGroup::Affine`]`(g)` those steps followed by as many offsets, same order
+    /// ([`ScaleGroup::split`]).
     pub scales: Vec<f32>,
     /// How the scales cover K.
     pub group: ScaleGroup,

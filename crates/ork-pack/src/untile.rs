@@ -14,12 +14,19 @@ impl PackedWeight {
     /// [`PackError::Padding`], naming the first problem found.
     pub fn check(&self) -> Result<(), PackError> {
         let groups = self.check_lengths()?;
-        if let Some((i, &scale)) = self
-            .scales
+        let (steps, offsets) = self.group.split(&self.scales);
+        if let Some((i, &scale)) = steps
             .iter()
             .enumerate()
             .find(|(_, s)| !(s.is_finite() && s.is_sign_positive()))
         {
+            return Err(PackError::Scale {
+                row: i / groups,
+                scale,
+            });
+        }
+        // Offsets (affine groups) may be negative but must be finite.
+        if let Some((i, &scale)) = offsets.iter().enumerate().find(|(_, s)| !s.is_finite()) {
             return Err(PackError::Scale {
                 row: i / groups,
                 scale,
@@ -103,7 +110,8 @@ pub fn untile_q(w: &PackedWeight) -> Result<Vec<i8>, PackError> {
 }
 
 /// The weight dequantized back to f32 as a row-major `N × K` matrix (`code · scale[n]`, per group
-/// `code · scale[n, k/g]`, or the fp16 value), padding dropped.
+/// `code · scale[n, k/g]`, affine `code · step[n, k/g] + offset[n, k/g]`, or the fp16 value),
+/// padding dropped.
 ///
 /// # Errors
 /// [`PackError::Length`] / [`PackError::Shape`] if the blob or scales do not match the layout.
@@ -113,11 +121,14 @@ pub fn untile(w: &PackedWeight) -> Result<Vec<f32>, PackError> {
         PackDtype::I8 | PackDtype::I4 => {
             let q = untile_q(w)?;
             let groups = w.check_lengths()?;
+            let (steps, offsets) = w.group.split(&w.scales);
             Ok(q.chunks_exact(l.k)
                 .enumerate()
                 .flat_map(|(n, row)| {
                     row.iter().enumerate().map(move |(k, &c)| {
-                        f32::from(c) * w.scales[w.group.scale_index(groups, n, k)]
+                        let i = w.group.scale_index(groups, n, k);
+                        let v = f32::from(c) * steps[i];
+                        offsets.get(i).map_or(v, |&b| v + b)
                     })
                 })
                 .collect())

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use ork_gguf::GgufFile;
 use ork_pack::{GgufRows, PackDtype, ScaleGroup, TiledLayout};
-use ork_store::{effective_group, matmul_dims, Orkpack, StoreError};
+use ork_store::{effective_group, matmul_dims, weight_quant, Orkpack, StoreError};
 
 use crate::ResidencyError;
 
@@ -66,10 +66,15 @@ impl WeightSource {
                 .entry(name)
                 .map(|e| e.layout())
                 .ok_or_else(|| self.unknown(name)),
-            WeightSource::Gguf { model, dtype, .. } => {
+            WeightSource::Gguf {
+                model,
+                dtype,
+                group,
+                ..
+            } => {
                 let t = ork_manifest::weight_view(model, name).ok_or_else(|| self.unknown(name))?;
                 let (k, n) = matmul_dims(&t)?;
-                Ok(TiledLayout::new(*dtype, k, n))
+                Ok(TiledLayout::new(weight_quant(name, *dtype, *group).0, k, n))
             }
         }
     }
@@ -84,7 +89,8 @@ impl WeightSource {
                 .ok_or_else(|| self.unknown(name)),
             WeightSource::Gguf { dtype, group, .. } => {
                 let l = self.layout(name)?;
-                Ok(effective_group(*group, *dtype, l.k))
+                let (dtype, group) = weight_quant(name, *dtype, *group);
+                Ok(effective_group(group, dtype, l.k))
             }
         }
     }
@@ -129,16 +135,17 @@ impl WeightSource {
                     (Err(err), _) => Err(err.into()),
                 }
             }
-            WeightSource::Gguf { model, dtype, .. } => {
-                let group = self.group(name)?;
-                Ok((pack_from(model, name, *dtype, group, dst)?, Fetch::Packed))
+            WeightSource::Gguf { model, .. } => {
+                let (dtype, group) = (self.layout(name)?.dtype, self.group(name)?);
+                Ok((pack_from(model, name, dtype, group, dst)?, Fetch::Packed))
             }
         }
     }
 }
 
 /// Pack weight `name` of `model` (a 2-D tensor, or an expert's slice `TENSOR#EXPERT`) straight
-/// into `dst` (per channel), or through a grouped pack and a copy (per group).
+/// into `dst` (per channel), or through a grouped pack and a copy (per group, symmetric or
+/// affine; the scales returned are then steps followed by offsets).
 fn pack_from(
     model: &GgufFile,
     name: &str,
@@ -159,9 +166,14 @@ fn pack_from(
     let rows = GgufRows::new(model, t).map_err(pack_err)?;
     let (_, n) = matmul_dims(t)?;
     let mut scales = vec![0f32; n];
-    let packed = match group {
-        ScaleGroup::PerChannel => ork_pack::pack_into(&rows, dtype, dst, &mut scales).map(drop),
-        ScaleGroup::Group(g) => ork_pack::pack_grouped(&rows, dtype, g).and_then(|pw| {
+    let grouped = match group {
+        ScaleGroup::PerChannel => None,
+        ScaleGroup::Group(g) => Some(ork_pack::pack_grouped(&rows, dtype, g)),
+        ScaleGroup::Affine(g) => Some(ork_pack::pack_affine(&rows, g)),
+    };
+    let packed = match grouped {
+        None => ork_pack::pack_into(&rows, dtype, dst, &mut scales).map(drop),
+        Some(pw) => pw.and_then(|pw| {
             if pw.data.len() != dst.len() {
                 return Err(ork_pack::PackError::Shape {
                     k: pw.layout.k,

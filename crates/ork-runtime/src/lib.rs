@@ -202,9 +202,10 @@ pub enum Quant {
     W16a16,
     /// int4 weights, per-channel scales, fp16 activations (RK3576 only).
     W4a16,
-    /// int4 weights with one scale per 32 / 64 / 128 consecutive k, fp16 activations (RK3576
-    /// only; the chip's fp16 × int4 → fp32 per-group mode). Weights whose K the group does not
-    /// divide keep per-channel scales.
+    /// int4 weights with affine groups of 32 / 64 / 128 consecutive k (a step and an offset per
+    /// group, [`ork_pack::ScaleGroup::Affine`]), fp16 activations (RK3576 only; the chip's
+    /// fp16 × int4 → fp32 per-group mode plus an fp16 × fp16 matmul of the offsets,
+    /// `docs/chip.md`). Weights whose K the group does not divide keep per-channel scales.
     W4a16G(usize),
 }
 
@@ -224,13 +225,13 @@ impl Quant {
 
     /// Weight dtype, activation precision and scale group.
     pub fn parts(self) -> (PackDtype, ActPrecision, ork_pack::ScaleGroup) {
-        use ork_pack::ScaleGroup::{Group, PerChannel};
+        use ork_pack::ScaleGroup::{Affine, Group, PerChannel};
         match self {
             Quant::W8a8 => (PackDtype::I8, ActPrecision::Int8, PerChannel),
             Quant::W8a8G(g) => (PackDtype::I8, ActPrecision::Int8, Group(g)),
             Quant::W16a16 => (PackDtype::F16, ActPrecision::F16, PerChannel),
             Quant::W4a16 => (PackDtype::I4, ActPrecision::F16, PerChannel),
-            Quant::W4a16G(g) => (PackDtype::I4, ActPrecision::F16, Group(g)),
+            Quant::W4a16G(g) => (PackDtype::I4, ActPrecision::F16, Affine(g)),
         }
     }
 
@@ -577,12 +578,13 @@ pub fn check_chip(config: &EngineConfig, manifest: &Manifest) -> Result<(), Runt
             model: manifest.file().to_path_buf(),
             source,
         })?;
+        let (dtype, group) = ork_store::weight_quant(&w.key, config.dtype, config.group);
         let shape = MatmulShape {
             a: ElemType::of_activations(config.activations),
-            b: ElemType::of_weight(config.dtype),
+            b: ElemType::of_weight(dtype),
             k,
             n,
-            group: ork_store::effective_group(config.group, config.dtype, k),
+            group: ork_store::effective_group(group, dtype, k),
         };
         let quant = config.quant().map_or_else(
             || {
@@ -648,18 +650,20 @@ pub fn default_slots() -> usize {
     EmuConfig::default().cores as usize + 1
 }
 
-/// Plan `manifest`'s weights (execution order, device bytes at `dtype`) for a budget and window
-/// per domain, `domains` domains and `slots` prefetch slots.
+/// Plan `manifest`'s weights (execution order, device bytes at `dtype`, or what
+/// [`ork_store::weight_quant`] makes of it with `group`) for a budget and window per domain,
+/// `domains` domains and `slots` prefetch slots.
 pub fn plan_weights(
     manifest: &Manifest,
     dtype: PackDtype,
+    group: ork_pack::ScaleGroup,
     budget: u64,
     window: u64,
     domains: u32,
     slots: usize,
 ) -> Result<Plan, RuntimeError> {
     Ok(ork_residency::plan(&PlanInput {
-        weights: weight_bytes(manifest, dtype)?,
+        weights: weight_bytes(manifest, dtype, group)?,
         budget_bytes: budget,
         window_bytes: window,
         domains,
@@ -668,7 +672,11 @@ pub fn plan_weights(
 }
 
 /// Device bytes of every matmul weight of `manifest` at `dtype`, in execution order.
-fn weight_bytes(manifest: &Manifest, dtype: PackDtype) -> Result<Vec<(String, u64)>, RuntimeError> {
+fn weight_bytes(
+    manifest: &Manifest,
+    dtype: PackDtype,
+    group: ork_pack::ScaleGroup,
+) -> Result<Vec<(String, u64)>, RuntimeError> {
     let mut weights = Vec::new();
     for w in manifest.execution_order() {
         let (k, n) = ork_store::matmul_dims(&w.slice).map_err(|source| RuntimeError::Plan {
@@ -677,7 +685,11 @@ fn weight_bytes(manifest: &Manifest, dtype: PackDtype) -> Result<Vec<(String, u6
         })?;
         weights.push((
             w.key.clone(),
-            device_bytes(&ork_pack::TiledLayout::new(dtype, k, n)),
+            device_bytes(&ork_pack::TiledLayout::new(
+                ork_store::weight_quant(&w.key, dtype, group).0,
+                k,
+                n,
+            )),
         ));
     }
     Ok(weights)
@@ -869,7 +881,7 @@ fn load_draft_model(
         .map_err(err)?;
     let manifest = Manifest::from_gguf(&gguf)?;
     check_chip(config, &manifest)?;
-    let weights = weight_bytes(&manifest, config.dtype)?;
+    let weights = weight_bytes(&manifest, config.dtype, config.group)?;
     Ok(LoadedDraft {
         path: path.to_path_buf(),
         gguf,
@@ -1021,7 +1033,7 @@ impl LoadedModel {
         let info = device.info();
         let budget = budget_bytes(config.budget_bytes)?;
         let slots = info.cores as usize + 1;
-        let all = weight_bytes(&manifest, config.dtype)?;
+        let all = weight_bytes(&manifest, config.dtype, config.group)?;
         let capacity = budget.min(info.window_bytes);
         let model_err = |source| RuntimeError::Model {
             model: config.model.clone(),

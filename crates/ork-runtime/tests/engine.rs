@@ -303,11 +303,12 @@ fn a_quant_the_chip_or_emulator_lacks_is_refused_before_converting() {
     assert_eq!("w8a8-g128".parse::<Quant>(), Ok(Quant::W8a8G(128)));
 }
 
-/// RK3576 w4a16-g32: every weight is packed as int4 with one scale per 32 k, stored so in the
-/// `.orkpack`; a second open reuses that pack untouched, and streamed at a small budget it gives
-/// the resident greedy tokens.
+/// RK3576 w4a16-g32: every weight but the lm head (int8 per channel) is packed as int4 with an
+/// affine group (step and offset) per 32 k, stored so in the `.orkpack`; a second open reuses that pack untouched, and streamed at a
+/// small budget it gives the resident greedy tokens. A pack made with symmetric int4 groups (as
+/// w4a16-g32 packed before affine groups) is rebuilt with a reason, never read as affine.
 #[test]
-fn w4a16_g32_packs_grouped_int4_and_runs_from_the_pack() {
+fn w4a16_g32_packs_affine_int4_and_runs_from_the_pack() {
     use ork_pack::ScaleGroup;
     use ork_runtime::Quant;
     let dir = tempfile::tempdir().unwrap();
@@ -315,22 +316,51 @@ fn w4a16_g32_packs_grouped_int4_and_runs_from_the_pack() {
     let mut c = config(&pack, 1024);
     c.soc = ork_device::Soc::Rk3576;
     c.set_quant(Quant::W4a16G(32));
+    let mut old = c.clone();
+    old.group = ScaleGroup::Group(32);
+    let engine = Engine::open(old).unwrap();
+    assert_eq!(
+        engine.cache().group("blk.0.attn_q.weight").unwrap(),
+        ScaleGroup::Group(32)
+    );
+    drop(engine);
     let engine = Engine::open(c.clone()).unwrap();
-    assert!(engine.convert_report().is_some_and(|r| r.rewritten));
-    for name in [
-        "blk.0.attn_q.weight",
-        "blk.3.ffn_down.weight",
-        "token_embd.weight",
-    ] {
+    let report = engine.convert_report().expect("a convert report");
+    assert!(report.rewritten);
+    // Every entry is repacked; the reason named first is the head's dtype (int4 then, int8 per
+    // channel now), the others' groups (`OtherGroup`, tested in ork-store) come after it.
+    assert_eq!((report.packed, report.reused), (211, 0));
+    assert!(
+        matches!(
+            &report.rebuild,
+            Some(ork_store::RebuildReason::OtherDtype {
+                found: ork_pack::PackDtype::I4,
+                wanted: ork_pack::PackDtype::I8
+            })
+        ),
+        "{:?}",
+        report.rebuild
+    );
+    for name in ["blk.0.attn_q.weight", "blk.3.ffn_down.weight"] {
         assert_eq!(
             engine.cache().group(name).unwrap(),
-            ScaleGroup::Group(32),
+            ScaleGroup::Affine(32),
             "{name}"
         );
     }
+    // The lm head (tied to the embedding) stays int8 per channel (fp16 × int8, docs/chip.md).
+    assert_eq!(
+        engine.cache().group("token_embd.weight").unwrap(),
+        ScaleGroup::PerChannel
+    );
+    assert_eq!(
+        engine.cache().layout("token_embd.weight").unwrap().dtype,
+        ork_pack::PackDtype::I8
+    );
     let resident = greedy(&engine, "The capital of France is", 6);
     drop(engine);
-    c.budget_bytes = Some(24 << 20);
+    // Streamed: the int8 head alone is 27 MiB.
+    c.budget_bytes = Some(32 << 20);
     let engine = Engine::open(c).unwrap();
     assert!(
         engine
@@ -341,7 +371,7 @@ fn w4a16_g32_packs_grouped_int4_and_runs_from_the_pack() {
     );
     assert_eq!(
         engine.cache().group("blk.0.attn_k.weight").unwrap(),
-        ScaleGroup::Group(32)
+        ScaleGroup::Affine(32)
     );
     assert_eq!(greedy(&engine, "The capital of France is", 6), resident);
 }

@@ -54,7 +54,7 @@ impl EntryKey {
 /// The scale group a weight of `dtype` with reduction length `k` gets when `group` is asked for:
 /// `group` itself when it is a multiple of 32 that divides `k` (the chip's per-group mode needs
 /// whole groups; `docs/chip.md`), per channel otherwise (and always for fp16, which has no
-/// scales to group). SmolLM2's K = 576 weights therefore stay per channel under g128, g256 and
+/// scales to group; affine groups only for int4). SmolLM2's K = 576 weights therefore stay per channel under g128, g256 and
 /// g512; only its `ffn_down` (K = 1536) is grouped.
 pub fn effective_group(group: ScaleGroup, dtype: PackDtype, k: usize) -> ScaleGroup {
     match group {
@@ -63,7 +63,26 @@ pub fn effective_group(group: ScaleGroup, dtype: PackDtype, k: usize) -> ScaleGr
         {
             group
         }
+        ScaleGroup::Affine(g)
+            if dtype == PackDtype::I4 && g > 0 && g.is_multiple_of(32) && k.is_multiple_of(g) =>
+        {
+            group
+        }
         _ => ScaleGroup::PerChannel,
+    }
+}
+
+/// The dtype and scale group weight `name` is packed with when `dtype` and `group` are asked for
+/// (before [`effective_group`]): the same, except that under affine int4 groups (w4a16-gN) the
+/// output projection (`output.weight`, or `token_embd.weight` when tied) is packed int8 per
+/// channel (fp16 × int8, an RK3576 type): on SmolLM2 (its head is Q8_0 in the GGUF) that gives
+/// perplexity 18.33 against 19.16 as int4 affine g32 (`docs/chip.md`).
+pub fn weight_quant(name: &str, dtype: PackDtype, group: ScaleGroup) -> (PackDtype, ScaleGroup) {
+    let head = name == "output.weight" || name == "token_embd.weight";
+    if head && group.is_affine() {
+        (PackDtype::I8, ScaleGroup::PerChannel)
+    } else {
+        (dtype, group)
     }
 }
 

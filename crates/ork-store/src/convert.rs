@@ -547,7 +547,8 @@ impl<'o> Plan<'o> {
         let keys = weights
             .iter()
             .map(|t| {
-                let key = EntryKey::for_tensor_grouped(model, t, opts.dtype, opts.group);
+                let (dtype, group) = crate::weight_quant(&t.name, opts.dtype, opts.group);
+                let key = EntryKey::for_tensor_grouped(model, t, dtype, group);
                 if opts.evict_src {
                     model.evict(t);
                 }
@@ -636,7 +637,7 @@ fn write_pack(
                 (Action::Reused, bytes)
             }
             None => {
-                let pw = pack_tensor(model, t, key.group, plan)?;
+                let pw = pack_tensor(model, t, key.layout.dtype, key.group, plan)?;
                 w.add(&t.name, &pw, key.source)?;
                 report.packed += 1;
                 report.bytes_in += t.size;
@@ -656,10 +657,11 @@ fn write_pack(
     Ok((pack, report))
 }
 
-/// Pack one tensor on the plan's pool.
+/// Pack one tensor as `dtype` with `group` on the plan's pool.
 fn pack_tensor(
     model: &GgufFile,
     t: &TensorInfo,
+    dtype: PackDtype,
     group: ScaleGroup,
     plan: &Plan<'_>,
 ) -> Result<ork_pack::PackedWeight, StoreError> {
@@ -668,10 +670,11 @@ fn pack_tensor(
         source: Box::new(e),
     };
     let rows = GgufRows::new(model, t).map_err(wrap)?;
-    let dtype = plan.opts.dtype;
     let pack = || match group {
         ScaleGroup::PerChannel => ork_pack::pack(&rows, dtype),
         ScaleGroup::Group(g) => ork_pack::pack_grouped(&rows, dtype, g),
+        // Affine groups are int4 only (`effective_group` gives them no other dtype).
+        ScaleGroup::Affine(g) => ork_pack::pack_affine(&rows, g),
     };
     let packed = match &plan.pool {
         Some(pool) => pool.install(pack),

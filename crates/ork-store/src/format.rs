@@ -121,10 +121,21 @@ pub struct EntryRecord {
     /// Scale group: 0 = one scale per output channel, else the number of consecutive k one
     /// scale covers (a multiple of 32 dividing K, at most 1024); the scales are `[N][K/g]`.
     pub group: U32,
+    /// What the scales of a grouped entry are: [`GROUP_SYMMETRIC`] (one scale per group, and
+    /// always for per-channel entries) or [`GROUP_AFFINE`] (int4 only: steps `[N][K/g]` then as
+    /// many offsets, so `scale_size` is twice the symmetric one). Files written before affine
+    /// groups existed have 0 here (this byte was reserved), so they read as symmetric, never as
+    /// affine.
+    pub group_kind: u8,
     /// Zero on write, ignored on read.
-    pub reserved: [u8; 4],
+    pub reserved: [u8; 3],
 }
 const _: () = assert!(size_of::<EntryRecord>() == 88);
+
+/// [`EntryRecord::group_kind`]: one scale per group (or per channel).
+pub const GROUP_SYMMETRIC: u8 = 0;
+/// [`EntryRecord::group_kind`]: a step and an offset per group (`ork_pack::ScaleGroup::Affine`).
+pub const GROUP_AFFINE: u8 = 1;
 
 /// Size of [`FileHeader`] in bytes.
 pub const HEADER_LEN: usize = size_of::<FileHeader>();

@@ -38,7 +38,7 @@ mod writer;
 
 pub use bench::{bench_load, LoadBench};
 pub use check::{
-    check_entry, check_entry_key, effective_group, matmul_dims, EntryKey, EntryStatus,
+    check_entry, check_entry_key, effective_group, matmul_dims, weight_quant, EntryKey, EntryStatus,
 };
 pub use convert::{
     convert, ensure, matmul_weights, model_identity, Action, ConvertOptions, ConvertReport,

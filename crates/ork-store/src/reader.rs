@@ -9,9 +9,9 @@ use ork_pack::{LayoutId, PackDtype, PackedWeight, ScaleGroup, TiledLayout};
 use zerocopy::FromBytes;
 
 use crate::format::{
-    align_up, Cursor, EntryRecord, FileHeader, Footer, FOOTER_LEN, HEADER_LEN,
-    KNOWN_REQUIRED_FLAGS, MAGIC, MAX_DIM, MAX_ENTRIES, MAX_GROUP, MAX_NAME_LEN, PAGE, RECORD_LEN,
-    VERSION,
+    align_up, Cursor, EntryRecord, FileHeader, Footer, FOOTER_LEN, GROUP_AFFINE, GROUP_SYMMETRIC,
+    HEADER_LEN, KNOWN_REQUIRED_FLAGS, MAGIC, MAX_DIM, MAX_ENTRIES, MAX_GROUP, MAX_NAME_LEN, PAGE,
+    RECORD_LEN, VERSION,
 };
 use crate::map::ReadMap;
 use crate::StoreError;
@@ -670,13 +670,23 @@ fn validate_entry(
     if bs != expected_blob {
         return Err(bad(format!("blob size {bs}, layout needs {expected_blob}")));
     }
-    let group = match rec.group.get() {
-        0 => ScaleGroup::PerChannel,
-        g if g as usize > MAX_GROUP => return Err(bad(format!("scale group {g} > {MAX_GROUP}"))),
-        g => ScaleGroup::Group(g as usize),
+    let group = match (rec.group.get(), rec.group_kind) {
+        (_, kind) if kind != GROUP_SYMMETRIC && kind != GROUP_AFFINE => {
+            return Err(bad(format!("scale group kind {kind}")))
+        }
+        (0, GROUP_SYMMETRIC) => ScaleGroup::PerChannel,
+        (0, _) => return Err(bad("affine scales without a group".to_string())),
+        (g, _) if g as usize > MAX_GROUP => {
+            return Err(bad(format!("scale group {g} > {MAX_GROUP}")))
+        }
+        (g, GROUP_AFFINE) => ScaleGroup::Affine(g as usize),
+        (g, _) => ScaleGroup::Group(g as usize),
     };
     if dtype == PackDtype::F16 && group != ScaleGroup::PerChannel {
         return Err(bad("fp16 entry with grouped scales".to_string()));
+    }
+    if group.is_affine() && dtype != PackDtype::I4 {
+        return Err(bad(format!("affine scale groups on {}", dtype.name())));
     }
     // k ≤ 2^24 and n ≤ 2^24: the scale count fits in u64.
     let scales = group

@@ -358,11 +358,14 @@ impl OrkpackWriter {
             ));
         }
         if let Some(g) = w.group.size() {
-            if l.dtype == ork_pack::PackDtype::F16 || g > MAX_GROUP {
+            let affine_not_int4 = w.group.is_affine() && l.dtype != ork_pack::PackDtype::I4;
+            if l.dtype == ork_pack::PackDtype::F16 || g > MAX_GROUP || affine_not_int4 {
                 return Err(self.invalid(
                     name,
                     format!(
-                        "scale group {g} on {} (int8 / int4, at most {MAX_GROUP})",
+                        "scale group {} on {} (int8 / int4, affine int4 only, at most \
+                         {MAX_GROUP})",
+                        w.group.name(),
                         l.dtype.name()
                     ),
                 ));
@@ -474,7 +477,12 @@ impl OrkpackWriter {
             source_fingerprint: U64::new(source.fingerprint),
             // Admitted groups are at most MAX_GROUP.
             group: U32::new(group.size().unwrap_or(0) as u32),
-            reserved: [0; 4],
+            group_kind: if group.is_affine() {
+                crate::format::GROUP_AFFINE
+            } else {
+                crate::format::GROUP_SYMMETRIC
+            },
+            reserved: [0; 3],
         };
         self.names.insert(name.to_string());
         self.records.push((rec, name.to_string()));

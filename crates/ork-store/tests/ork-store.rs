@@ -407,6 +407,9 @@ fn structurally_invalid_index_is_refused_even_with_valid_checksums() {
     type Edit = Box<dyn Fn(&mut [u8], &mut Footer)>;
     let cases: Vec<(&str, Edit)> = vec![
         ("unknown dtype", Box::new(|i, _| i[2] = 9)),
+        // The group kind byte (offset 84): unknown, or affine on a per-channel entry.
+        ("unknown group kind", Box::new(|i, _| i[84] = 7)),
+        ("affine without a group", Box::new(|i, _| i[84] = 1)),
         ("unknown layout", Box::new(|i, _| i[3] = 7)),
         ("k = 0", Box::new(move |i, _| put(i, 8, 0))),
         ("k too large", Box::new(move |i, _| put(i, 8, 1 << 40))),

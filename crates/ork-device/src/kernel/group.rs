@@ -27,6 +27,20 @@
 //! Each partial sum is one [`super::float_tile_dot`] over the group's k (products exact, the
 //! additions in that kernel's documented lane order), so every ISA gives the scalar twin's result
 //! bit for bit; the fold across groups is the same as for int8.
+//!
+//! Affine groups (w4a16-gN with a step `s` and an offset `b` per group, `docs/chip.md`) are two
+//! matmuls of the chip's own types, added in f32:
+//!
+//! ```text
+//! S[m, n]   = Σ_j P[m, n, j] · s[n, j]                f32, as above (fp16 × int4 per group)
+//! A[m, j]   = fp16(Σ_{k in group j} a[m, k])          f32 sum in ascending k, one rounding
+//! B[m, n]   = Σ_j A[m, j] · fp16(b[n, j])             f32, j ascending (fp16 × fp16 → fp32)
+//! out[m, n] = S[m, n] + B[m, n]                       f32
+//! ```
+//!
+//! The second matmul's K is the group count (padded with zeros to a multiple of 32 on the chip;
+//! zeros change no sum). Its fold is scalar code shared by every ISA, so the affine result is
+//! bit for bit the scalar twin's too.
 
 use super::{float_tile_dot, tile_dot, Isa, PreparedA, WeightTile};
 
@@ -217,6 +231,54 @@ pub(crate) fn apply_group_scales<P: Partial>(
     }
 }
 
+/// The activations' group sums as the offsets matmul takes them (see the module docs):
+/// `A[r, j] = fp16(Σ_{k in group j} a[r, k])` as f32 values, `rows × k/group`. `Err((row,
+/// group))` names the first sum beyond the fp16 range (it would become ±Inf on the chip).
+pub(crate) fn group_sums_f16(
+    a: &[f32],
+    rows: usize,
+    k: usize,
+    group: usize,
+) -> Result<Vec<f32>, (usize, usize)> {
+    assert!(group > 0 && k.is_multiple_of(group) && a.len() == rows * k);
+    let groups = k / group;
+    let mut out = Vec::with_capacity(rows * groups);
+    for (r, row) in a.chunks_exact(k).enumerate() {
+        for (j, vals) in row.chunks_exact(group).enumerate() {
+            let sum = half::f16::from_f32(vals.iter().fold(0f32, |acc, &x| acc + x));
+            if sum.is_infinite() {
+                return Err((r, j));
+            }
+            out.push(sum.to_f32());
+        }
+    }
+    Ok(out)
+}
+
+/// Add the offsets matmul to folded steps (see the module docs): for `r < rows`, `c < tn`,
+/// `acc[r · tn + c] += Σ_j sums[r · groups + j] · fp16(offset(c, j))`, the sum in f32 from 0 in
+/// ascending `j`, added to `acc` once. `sums` holds the group sums of the block's rows
+/// ([`group_sums_f16`]).
+pub(crate) fn apply_group_offsets(
+    sums: &[f32],
+    groups: usize,
+    rows: usize,
+    tn: usize,
+    offset: impl Fn(usize, usize) -> f32,
+    acc: &mut [f32],
+) {
+    for r in 0..rows {
+        let row = &sums[r * groups..(r + 1) * groups];
+        for c in 0..tn {
+            let mut b = 0f32;
+            for (j, &x) in row.iter().enumerate() {
+                b += x * half::f16::from_f32(offset(c, j)).to_f32();
+            }
+            acc[r * tn + c] += b;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,6 +406,90 @@ mod tests {
                 }
             }
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// Affine groups (w4a16-gN, step and offset): every ISA's result (steps folded, then the
+        /// offsets matmul added) equals the scalar twin's bit for bit, and lies within the f32
+        /// rounding bound of an f64 reference built from the definition (with the fp16 group
+        /// sums and fp16 offsets the chip's second matmul takes).
+        #[test]
+        fn affine_matches_twin_and_f64(
+            gi in 0usize..3, groups in 1usize..6, rows in 1usize..11, m0 in 0usize..3,
+            seed in any::<u64>(),
+        ) {
+            use half::f16;
+            let group = [32, 64, 128][gi];
+            let (k, tn) = (group * groups, 64);
+            let mut s = seed | 1;
+            let mut next = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s };
+            let a: Vec<f32> = (0..rows * k).map(|i| {
+                let u = (next() % 20001) as f32 / 10000.0 - 1.0;
+                f16::from_f32(if (i % k) % 11 == 5 { u * 300.0 } else { u * 3.0 }).to_f32()
+            }).collect();
+            let w: Vec<i8> = (0..tn * k).map(|_| (next() % 16) as i8 - 8).collect();
+            let steps: Vec<f32> = (0..tn * groups).map(|_| (next() % 1000 + 1) as f32 * 1e-4).collect();
+            let offsets: Vec<f32> =
+                (0..tn * groups).map(|_| ((next() % 2001) as f32 - 1000.0) * 7e-5).collect();
+            let wt = tile(&w, k, tn);
+            let m0 = m0.min(rows - 1);
+            let ga = GroupedF32::new(rows, k, group, &a);
+            let sums = group_sums_f16(&a[m0 * k..], rows - m0, k, group).unwrap();
+            let run = |isa: Isa| {
+                let mut p = vec![0f32; groups * (rows - m0) * tn];
+                float_group_partials(isa, &ga, m0, rows, &wt, tn, &mut p);
+                let mut acc = vec![0f32; (rows - m0) * tn];
+                apply_group_scales(&p, groups, rows - m0, tn, |c, j| steps[c * groups + j], &mut acc);
+                apply_group_offsets(&sums, groups, rows - m0, tn, |c, j| offsets[c * groups + j], &mut acc);
+                acc
+            };
+            let twin = run(Isa::Scalar);
+            for isa in Isa::available() {
+                let got = run(isa);
+                prop_assert!(
+                    got.iter().zip(&twin).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{:?} differs from the scalar twin", isa
+                );
+            }
+            for r in m0..rows {
+                for c in 0..tn {
+                    let (mut exact, mut mag) = (0f64, 0f64);
+                    for kk in 0..k {
+                        let p = f64::from(a[r * k + kk]) * f64::from(w[c * k + kk])
+                            * f64::from(steps[c * groups + kk / group]);
+                        exact += p;
+                        mag += p.abs();
+                    }
+                    let (mut bx, mut bmag) = (0f64, 0f64);
+                    for j in 0..groups {
+                        let b16 = f64::from(f16::from_f32(offsets[c * groups + j]).to_f32());
+                        let p = f64::from(sums[(r - m0) * groups + j]) * b16;
+                        bx += p;
+                        bmag += p.abs();
+                    }
+                    let steps_n = (group / 8 + 7 + groups + 1) as f64;
+                    let eps = f64::from(f32::EPSILON) / 2.0;
+                    let bound = 1.01 * eps * (steps_n * mag + (groups + 1) as f64 * bmag
+                        + (exact + bx).abs() + mag + bmag);
+                    let got = f64::from(twin[(r - m0) * tn + c]);
+                    prop_assert!((got - (exact + bx)).abs() <= bound,
+                        "[{},{}] {} vs {}", r, c, got, exact + bx);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn group_sums_refuse_fp16_overflow() {
+        let a = vec![60000f32; 2 * 32];
+        assert_eq!(group_sums_f16(&a[..32], 1, 32, 32), Err((0, 0)));
+        let mut b = vec![1f32; 2 * 64];
+        b[64 + 40] = 65504.0;
+        b[64 + 41] = 65504.0;
+        assert_eq!(group_sums_f16(&b, 2, 64, 32), Err((1, 1)));
+        let ok = group_sums_f16(&b[..64], 1, 64, 32).unwrap();
+        assert_eq!(ok, vec![32.0, 32.0]);
     }
 
     #[test]

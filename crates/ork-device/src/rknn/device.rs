@@ -418,6 +418,9 @@ impl RknnDevice {
         let shape = MatmulShape::of_task(task);
         self.shared.soc.check_types(&shape)?;
         self.check_k(&shape, task.weight.layout.k_pad())?;
+        if task.weight.group.is_affine() {
+            return Err(affine_unsupported());
+        }
         let group = task.weight.group.size();
         use ElemType::{Fp16, Int4, Int8};
         let (mm_type, int_out) = match (shape.a, shape.b, group) {
@@ -744,6 +747,9 @@ impl Device for RknnDevice {
     fn prepare_weight(&self, weight: &WeightRef<'_>) -> Result<(), DeviceError> {
         let rec = self.owned(weight.bytes, "weight")?;
         weight.check(0)?;
+        if weight.group.is_affine() {
+            return Err(affine_unsupported());
+        }
         let l = weight.layout;
         let b = ElemType::of_weight(l.dtype);
         self.check_k(
@@ -840,6 +846,17 @@ impl IntegerOracle for RknnDevice {
                 *o = i32_at(c, j);
             }
         })
+    }
+}
+
+/// Affine int4 weight groups (the RK3576's w4a16-gN with an offset per group, `docs/chip.md`)
+/// need a second matmul (the offsets) that this backend does not issue.
+fn affine_unsupported() -> DeviceError {
+    DeviceError::Unsupported {
+        backend: "rknn",
+        what: "affine int4 weight groups (RK3576 w4a16-gN, step and offset per group): the \
+               second fp16 × fp16 matmul of the offsets is not wired to the runtime; use the \
+               emulator",
     }
 }
 

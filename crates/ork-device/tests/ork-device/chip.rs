@@ -649,3 +649,159 @@ fn the_split_order_stores_each_part_as_its_own_blob() {
         Err(DeviceError::Length { .. })
     ));
 }
+
+/// RK3576 w4a16-gN with affine groups (step and offset per group): the emulator's two matmuls
+/// (fp16 × int4 per group, plus fp16 group sums × fp16 offsets) equal the weight's
+/// dequantization `s · q + b` within f32 rounding plus the fp16 rounding of the group sums and
+/// offsets the chip's second matmul takes; prefill and decode shapes, N not a multiple of the
+/// int4 tile.
+#[test]
+fn affine_int4_groups_match_their_dequantization_on_the_rk3576() {
+    let (k, n) = (1152, 96);
+    // Groups that are not centred on zero (offsets far from 0), as Q4_1 weights are.
+    let src: Vec<f32> = (0..n * k)
+        .map(|i| {
+            let u = ((i * 2_654_435_761) % 4001) as f32 / 2000.0 - 1.0;
+            (u + ((i / 32) % 5) as f32 * 0.3) * (1.0 + (i % k) as f32 / 256.0)
+        })
+        .collect();
+    let rows = MatrixRows::new(&src, k, n).unwrap();
+    let dev = emu_limits(Soc::Rk3576, true);
+    for m in [1, 5, 40] {
+        let a: Vec<f16> = (0..m * k)
+            .map(|i| {
+                let u = ((i * 7919) % 2001) as f32 / 1000.0 - 1.0;
+                f16::from_f32(if i % k == 17 { u * 900.0 } else { u })
+            })
+            .collect();
+        for g in [32, 64, 128] {
+            let pw = ork_pack::pack_affine(&rows, g).unwrap();
+            assert_eq!(pw.scales.len(), 2 * n * k / g);
+            let deq = ork_pack::untile(&pw).unwrap();
+            let (_, offsets) = pw.group.split(&pw.scales);
+            let w = upload(&dev, &pw, DomainId(0)).unwrap();
+            let t = MatmulTask {
+                m,
+                activations: Activations::HostF16(&a),
+                act_scales: &[],
+                weight: w.as_weight(),
+                cores: CoreMask::AUTO,
+            };
+            let mut out = vec![0f32; m * n];
+            assert!(dev.matmul(&t, &mut out).unwrap().kernel.starts_with("f32-"));
+            let groups = k / g;
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut exact, mut mag, mut off_mag) = (0f64, 0f64, 0f64);
+                    for kk in 0..k {
+                        let p = f64::from(a[i * k + kk].to_f32()) * f64::from(deq[j * k + kk]);
+                        exact += p;
+                        mag += p.abs();
+                    }
+                    for jj in 0..groups {
+                        let sum: f64 = (jj * g..(jj + 1) * g)
+                            .map(|kk| f64::from(a[i * k + kk].to_f32()))
+                            .sum();
+                        off_mag += (sum * f64::from(offsets[j * groups + jj])).abs();
+                    }
+                    let got = f64::from(out[i * n + j]);
+                    // f32 rounding of both matmuls, plus fp16 rounding of the group sum and of
+                    // the offset (2⁻¹¹ each) in every product of the second.
+                    let bound = (g / 8 + 8 + 2 * groups + 4) as f64
+                        * (mag + off_mag)
+                        * 2f64.powi(-24)
+                        * 1.01
+                        + off_mag * 2f64.powi(-10) * 1.01;
+                    assert!(
+                        (got - exact).abs() <= bound,
+                        "m {m} g{g} [{i},{j}] {got} vs {exact} (bound {bound})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Affine groups the chip cannot run are typed refusals naming the chip: on the RK3588 (no
+/// fp16 × int4), with int8 activations, with an offset or a group sum beyond fp16; a K-segment
+/// or N-chunk part carries its own steps and offsets.
+#[test]
+fn affine_int4_refusals_and_parts() {
+    let (k, n) = (256, 128);
+    let src: Vec<f32> = (0..n * k).map(|i| (i % 13) as f32 * 0.25 + 3.0).collect();
+    let pw = ork_pack::pack_affine(&MatrixRows::new(&src, k, n).unwrap(), 32).unwrap();
+    match upload(&emu_on(Soc::Rk3588), &pw, DomainId(0)) {
+        Err(DeviceError::Chip {
+            soc: Soc::Rk3588,
+            limit: ChipLimit::TypePair,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    let dev = emu_limits(Soc::Rk3576, true);
+    let w = upload(&dev, &pw, DomainId(0)).unwrap();
+    let mut out = vec![0f32; n];
+    let a8 = vec![1i8; k];
+    let t = MatmulTask {
+        m: 1,
+        activations: Activations::Host(&a8),
+        act_scales: &[1.0],
+        weight: w.as_weight(),
+        cores: CoreMask::AUTO,
+    };
+    assert!(matches!(
+        dev.matmul(&t, &mut out),
+        Err(DeviceError::Chip {
+            soc: Soc::Rk3576,
+            limit: ChipLimit::AffineActivations,
+            ..
+        })
+    ));
+    // 32 activations of 60000: their sum leaves the fp16 range.
+    let big = vec![f16::from_f32(60000.0); k];
+    let t = MatmulTask {
+        m: 1,
+        activations: Activations::HostF16(&big),
+        act_scales: &[],
+        weight: w.as_weight(),
+        cores: CoreMask::AUTO,
+    };
+    assert!(matches!(
+        dev.matmul(&t, &mut out),
+        Err(DeviceError::Chip {
+            limit: ChipLimit::Fp16Range(ork_device::Fp16Operand::GroupSum),
+            ..
+        })
+    ));
+    // An offset of 1e5 is not an fp16 value.
+    let far: Vec<f32> = src.iter().map(|x| x + 1e5).collect();
+    let pf = ork_pack::pack_affine(&MatrixRows::new(&far, k, n).unwrap(), 32).unwrap();
+    assert!(matches!(
+        upload(&dev, &pf, DomainId(0)),
+        Err(DeviceError::Chip {
+            limit: ChipLimit::Fp16Range(ork_device::Fp16Operand::Offset),
+            ..
+        })
+    ));
+    // A part (channels 64..128, the second int4 tile; k 64..192) carries its channels' steps,
+    // then their offsets.
+    let l = pw.layout;
+    let part = ork_device::split::Part {
+        n: 64..128,
+        k: 64..192,
+        layout: TiledLayout::new(l.dtype, 128, 64),
+        bytes: PartBytes::Repack,
+    };
+    let pp = part_weight(&pw, &part).unwrap();
+    assert_eq!(pp.group, ScaleGroup::Affine(32));
+    pp.check().unwrap();
+    let whole = ork_pack::untile(&pw).unwrap();
+    let got = ork_pack::untile(&pp).unwrap();
+    for (r, row) in got.chunks(128).enumerate() {
+        assert_eq!(
+            row,
+            &whole[(64 + r) * k + 64..(64 + r) * k + 192],
+            "row {r}"
+        );
+    }
+}

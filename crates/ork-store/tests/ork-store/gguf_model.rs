@@ -400,6 +400,59 @@ fn grouped_scales_roundtrip_and_another_quant_or_chip_is_rebuilt_with_a_reason()
     assert_eq!(pack.target(), Some("rk3576"));
 }
 
+/// Affine int4 groups (w4a16-gN): stored with their offsets after the steps and loaded back
+/// equal; a pack of symmetric int4 groups (what w4a16-gN packed before affine groups) is
+/// rebuilt with the reason, not read as affine; the writer refuses affine scales on int8.
+#[test]
+fn affine_groups_roundtrip_and_a_symmetric_pack_is_rebuilt() {
+    use ork_pack::ScaleGroup;
+    let dir = tempfile::tempdir().unwrap();
+    let model_path = dir.path().join("a.gguf");
+    tiny_grouped(&model_path);
+    let model = GgufFile::open(&model_path).unwrap();
+    let pack_path = dir.path().join("a.orkpack");
+    let mut symmetric = ConvertOptions::new(PackDtype::I4);
+    symmetric.group = ScaleGroup::Group(32);
+    symmetric.target = Some("rk3576");
+    let (pack, r) = ensure(&model, &pack_path, &symmetric).unwrap();
+    assert_eq!(r.packed, 2);
+    assert_eq!(
+        pack.entry("blk.0.ffn_down.weight").unwrap().group(),
+        ScaleGroup::Group(32)
+    );
+    drop(pack);
+    let mut affine = symmetric;
+    affine.group = ScaleGroup::Affine(32);
+    let (pack, r) = ensure(&model, &pack_path, &affine).unwrap();
+    assert!(
+        matches!(&r.rebuild, Some(RebuildReason::OtherGroup { count: 2, .. })),
+        "{:?}",
+        r.rebuild
+    );
+    for (name, k, n) in [
+        ("blk.0.ffn_down.weight", 256, 64),
+        ("blk.0.attn_q.weight", 96, 32),
+    ] {
+        let e = pack.entry(name).unwrap();
+        assert_eq!(e.group(), ScaleGroup::Affine(32), "{name}");
+        let t = model.tensor(name).unwrap();
+        let want = ork_pack::pack_affine(&GgufRows::new(&model, t).unwrap(), 32).unwrap();
+        assert_eq!(want.scales.len(), 2 * n * k / 32);
+        assert_eq!(pack.load(name, true).unwrap(), want, "{name}");
+    }
+    drop(pack);
+    let (_, r) = ensure(&model, &pack_path, &affine).unwrap();
+    assert!(!r.rewritten, "{:?}", r.rebuild);
+    let mut w = OrkpackWriter::create(&dir.path().join("bad.orkpack")).unwrap();
+    let mut pw = weight(PackDtype::I8, 64, 32, 1);
+    pw.group = ScaleGroup::Affine(32);
+    pw.scales = vec![0.5; 2 * 32 * 2];
+    assert!(matches!(
+        w.add("blk.0.attn_v.weight", &pw, SourceInfo { fingerprint: 1, ggml_type: 0 }),
+        Err(StoreError::InvalidEntry { tensor, .. }) if tensor == "blk.0.attn_v.weight"
+    ));
+}
+
 #[test]
 fn the_writer_refuses_grouped_scales_that_do_not_fit_naming_the_tensor() {
     use ork_pack::ScaleGroup;
@@ -436,4 +489,29 @@ fn the_writer_refuses_grouped_scales_that_do_not_fit_naming_the_tensor() {
         w.set_target("RK3588!"),
         Err(StoreError::InvalidEntry { .. })
     ));
+}
+
+/// Under affine int4 groups the lm head (`output.weight`, or `token_embd.weight` when tied) is
+/// packed int8 per channel; every other weight, and the head in every other mode, as asked.
+#[test]
+fn the_lm_head_stays_int8_per_channel_under_affine_groups() {
+    use ork_pack::ScaleGroup;
+    use ork_store::weight_quant;
+    let affine = ScaleGroup::Affine(32);
+    for head in ["token_embd.weight", "output.weight"] {
+        assert_eq!(
+            weight_quant(head, PackDtype::I4, affine),
+            (PackDtype::I8, ScaleGroup::PerChannel)
+        );
+        for group in [ScaleGroup::PerChannel, ScaleGroup::Group(32)] {
+            assert_eq!(
+                weight_quant(head, PackDtype::I4, group),
+                (PackDtype::I4, group)
+            );
+        }
+    }
+    assert_eq!(
+        weight_quant("blk.0.attn_q.weight", PackDtype::I4, affine),
+        (PackDtype::I4, affine)
+    );
 }
