@@ -654,27 +654,26 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `ork bench stream`: prefill tok/s streamed (the given budget, default 25 % of the model) vs
-/// fully resident vs streamed without prefetch, in the same run.
-pub fn bench_stream(
-    opts: &ModelOpts,
-    tokens: usize,
-    rounds: usize,
-    plot: Option<&Path>,
-    json: bool,
-) -> Result<ExitCode> {
+/// What `ork bench stream` and its `--decode` mode share.
+struct BenchSetup {
+    /// The packed model's bytes.
+    full: u64,
+    /// `--budget-mb`, or a quarter of the model (at least the smallest budget that runs).
+    streamed_budget: u64,
+    /// Above the model: everything resident.
+    resident_budget: u64,
+    /// The bench prompt, `tokens` long.
+    prompt: Vec<u32>,
+    /// Whether the model has experts.
+    moe: bool,
+}
+
+/// The budgets and prompt of a stream bench; opens the engine once, resident, so the
+/// `.orkpack` exists before anything is timed.
+fn bench_setup(opts: &ModelOpts, tokens: usize, json: bool) -> Result<BenchSetup> {
     let manifest = open_manifest(&opts.model)?;
     let dtype = PackDtype::from(opts.dtype);
-    let full = plan_weights(
-        &manifest,
-        dtype,
-        ork_pack::ScaleGroup::PerChannel,
-        u64::MAX / 4,
-        u64::MAX / 4,
-        1,
-        4,
-    )?
-    .model_bytes;
+    let full = packed_model_bytes(&manifest, dtype)?;
     let streamed_budget = match opts.budget_mb {
         Some(mb) => mb << 20,
         None => (full / 4).max(
@@ -692,12 +691,50 @@ pub fn bench_stream(
         ),
     };
     let resident_budget = full + (64 << 20);
-    // Make sure the .orkpack exists before timing anything.
     let mut base = engine_config(opts, false);
     base.budget_bytes = Some((resident_budget >> 20) << 20);
     let first = open_engine(base, json)?;
     let prompt = bench_prompt(first.tokenizer(), tokens)?;
-    drop(first);
+    Ok(BenchSetup {
+        full,
+        streamed_budget,
+        resident_budget,
+        prompt,
+        moe: manifest.n_expert() > 0,
+    })
+}
+
+/// The bytes of every weight of `manifest` packed as `dtype` with per-channel scales (the
+/// benches' model size).
+pub(crate) fn packed_model_bytes(manifest: &Manifest, dtype: PackDtype) -> Result<u64> {
+    Ok(plan_weights(
+        manifest,
+        dtype,
+        ork_pack::ScaleGroup::PerChannel,
+        u64::MAX / 4,
+        u64::MAX / 4,
+        1,
+        4,
+    )?
+    .model_bytes)
+}
+
+/// `ork bench stream`: prefill tok/s streamed (the given budget, default 25 % of the model) vs
+/// fully resident vs streamed without prefetch, in the same run.
+pub fn bench_stream(
+    opts: &ModelOpts,
+    tokens: usize,
+    rounds: usize,
+    plot: Option<&Path>,
+    json: bool,
+) -> Result<ExitCode> {
+    let BenchSetup {
+        full,
+        streamed_budget,
+        resident_budget,
+        prompt,
+        ..
+    } = bench_setup(opts, tokens, json)?;
 
     let configs = [
         ("resident", resident_budget, true),
@@ -847,42 +884,14 @@ pub fn bench_decode(
     rounds: usize,
     json: bool,
 ) -> Result<ExitCode> {
-    let manifest = open_manifest(&opts.model)?;
-    let dtype = PackDtype::from(opts.dtype);
-    let full = plan_weights(
-        &manifest,
-        dtype,
-        ork_pack::ScaleGroup::PerChannel,
-        u64::MAX / 4,
-        u64::MAX / 4,
-        1,
-        4,
-    )?
-    .model_bytes;
-    let streamed_budget = match opts.budget_mb {
-        Some(mb) => mb << 20,
-        None => (full / 4).max(
-            plan_weights(
-                &manifest,
-                dtype,
-                ork_pack::ScaleGroup::PerChannel,
-                1,
-                1,
-                1,
-                4,
-            )?
-            .min_budget_bytes
-                + (8 << 20),
-        ),
-    };
-    let resident_budget = full + (64 << 20);
-    let moe = manifest.n_expert() > 0;
     let load_before = load_average();
-    let mut base = engine_config(opts, false);
-    base.budget_bytes = Some((resident_budget >> 20) << 20);
-    let first = open_engine(base, json)?;
-    let prompt = bench_prompt(first.tokenizer(), prompt_tokens)?;
-    drop(first);
+    let BenchSetup {
+        full,
+        streamed_budget,
+        resident_budget,
+        prompt,
+        moe,
+    } = bench_setup(opts, prompt_tokens, json)?;
 
     // (label, budget, prefetch, expert speculation)
     let mut configs = vec![("resident", resident_budget, true, Some(1))];

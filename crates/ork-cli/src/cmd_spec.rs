@@ -11,7 +11,7 @@ use ork_exec::{
     SamplerOptions, SpeculativeGeneration, SpeculativeOptions, StandardAcceptance,
 };
 use ork_pack::PackDtype;
-use ork_runtime::{plan_weights, Engine};
+use ork_runtime::Engine;
 use serde::Serialize;
 
 use crate::cli::{DraftArg, ModelOpts, SpecArgs};
@@ -252,16 +252,7 @@ fn generate_once(
 pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCode> {
     let manifest = open_manifest(&opts.model)?;
     let dtype = PackDtype::from(opts.dtype);
-    let full = plan_weights(
-        &manifest,
-        dtype,
-        ork_pack::ScaleGroup::PerChannel,
-        u64::MAX / 4,
-        u64::MAX / 4,
-        1,
-        4,
-    )?
-    .model_bytes;
+    let full = crate::cmd_model::packed_model_bytes(&manifest, dtype)?;
     let mib = |x: u64| x as f64 / (1 << 20) as f64;
     let budgets: Vec<u64> = if b.budgets_mb.is_empty() {
         [1, 2, 3]
