@@ -178,6 +178,16 @@ pub(crate) fn gemm_int_row_batch(isa: Isa, tasks: Vec<RowTask<'_>>) {
     );
 }
 
+/// Entry `[ch][j]` of a per-group array (`v`: `[N][groups]`); 0 for the padding channels at or
+/// past `n`, which have no entries (their codes are zero and their outputs are dropped).
+fn per_group(v: &[f32], groups: usize, n: usize, ch: usize, j: usize) -> f32 {
+    if ch < n {
+        v[ch * groups + j]
+    } else {
+        0.0
+    }
+}
+
 /// Integer weights with per-group scales (`scales`: `[N][K/group]`) and int8 activations: exact
 /// i32 partial sums per group, folded in f32 as `kernel::group` documents, converted by
 /// `conv(accs, m, n0, out)` for one run of a row (which applies the activation scale).
@@ -209,15 +219,7 @@ pub(crate) fn gemm_grouped(
             let wt = tile_i8(l, w, t, scratch);
             partials.resize(groups * (m1 - m0) * tn, 0);
             group_partials(&ga, m0, m1, wt, tn, partials);
-            let scale = |c: usize, j: usize| {
-                let ch = t * tn + c;
-                // Padding channels have no scales; their codes are zero anyway.
-                if ch < n {
-                    scales[ch * groups + j]
-                } else {
-                    0.0
-                }
-            };
+            let scale = |c: usize, j: usize| per_group(scales, groups, n, t * tn + c, j);
             apply_group_scales(partials, groups, m1 - m0, tn, scale, acc);
         },
         conv,
@@ -259,15 +261,7 @@ pub(crate) fn gemm_grouped_float(
             let wt = tile_i8(l, w, t, scratch);
             partials.resize(groups * (m1 - m0) * tn, 0.0);
             float_group_partials(isa, &ga, m0, m1, wt, tn, partials);
-            // Padding channels have no scales or offsets; their outputs are dropped.
-            let of = |v: &[f32], c: usize, j: usize| {
-                let ch = t * tn + c;
-                if ch < n {
-                    v[ch * groups + j]
-                } else {
-                    0.0
-                }
-            };
+            let of = |v: &[f32], c: usize, j: usize| per_group(v, groups, n, t * tn + c, j);
             apply_group_scales(partials, groups, m1 - m0, tn, |c, j| of(scales, c, j), acc);
             if let Some((sums, offsets)) = affine {
                 let block = &sums[m0 * groups..m1 * groups];

@@ -285,6 +285,32 @@ mod tests {
     use proptest::prelude::*;
 
     /// Tile an untiled `tn × k` i8 matrix (one tile).
+    /// `rows × k` fp16-representable activations in [-3, 3], every 11th channel an outlier up
+    /// to `outlier`.
+    fn fp16_activations(
+        next: &mut impl FnMut() -> u64,
+        rows: usize,
+        k: usize,
+        outlier: f32,
+    ) -> Vec<f32> {
+        (0..rows * k)
+            .map(|i| {
+                let u = (next() % 20001) as f32 / 10000.0 - 1.0;
+                let x = if (i % k) % 11 == 5 {
+                    u * outlier
+                } else {
+                    u * 3.0
+                };
+                half::f16::from_f32(x).to_f32()
+            })
+            .collect()
+    }
+
+    /// `len` int4 codes, -8..=7.
+    fn int4_codes(next: &mut impl FnMut() -> u64, len: usize) -> Vec<i8> {
+        (0..len).map(|_| (next() % 16) as i8 - 8).collect()
+    }
+
     fn tile(w: &[i8], k: usize, tn: usize) -> Vec<i8> {
         let mut t = vec![0i8; tn * k];
         for c in 0..tn {
@@ -360,17 +386,12 @@ mod tests {
             gi in 0usize..3, groups in 1usize..6, rows in 1usize..11, m0 in 0usize..3,
             seed in any::<u64>(),
         ) {
-            use half::f16;
             let group = [32, 64, 128][gi];
             let (k, tn) = (group * groups, 64);
             let mut s = seed | 1;
             let mut next = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s };
-            let a: Vec<f32> = (0..rows * k).map(|i| {
-                let u = (next() % 20001) as f32 / 10000.0 - 1.0;
-                f16::from_f32(if (i % k) % 11 == 5 { u * 1500.0 } else { u * 3.0 }).to_f32()
-            }).collect();
-            // int4 codes: -8..=7.
-            let w: Vec<i8> = (0..tn * k).map(|_| (next() % 16) as i8 - 8).collect();
+            let a = fp16_activations(&mut next, rows, k, 1500.0);
+            let w = int4_codes(&mut next, tn * k);
             let scales: Vec<f32> = (0..tn * groups).map(|_| (next() % 1000 + 1) as f32 * 1e-4).collect();
             let wt = tile(&w, k, tn);
             let m0 = m0.min(rows - 1);
@@ -424,11 +445,8 @@ mod tests {
             let (k, tn) = (group * groups, 64);
             let mut s = seed | 1;
             let mut next = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s };
-            let a: Vec<f32> = (0..rows * k).map(|i| {
-                let u = (next() % 20001) as f32 / 10000.0 - 1.0;
-                f16::from_f32(if (i % k) % 11 == 5 { u * 300.0 } else { u * 3.0 }).to_f32()
-            }).collect();
-            let w: Vec<i8> = (0..tn * k).map(|_| (next() % 16) as i8 - 8).collect();
+            let a = fp16_activations(&mut next, rows, k, 300.0);
+            let w = int4_codes(&mut next, tn * k);
             let steps: Vec<f32> = (0..tn * groups).map(|_| (next() % 1000 + 1) as f32 * 1e-4).collect();
             let offsets: Vec<f32> =
                 (0..tn * groups).map(|_| ((next() % 2001) as f32 - 1000.0) * 7e-5).collect();
