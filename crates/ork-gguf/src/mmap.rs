@@ -145,6 +145,8 @@ pub struct GuardedMap {
     mmap: Option<Mmap>,
     file: File,
     len: u64,
+    /// The file's modification time when it was mapped (`None` where the platform has none).
+    modified: Option<std::time::SystemTime>,
     slot: Option<usize>,
 }
 
@@ -162,12 +164,14 @@ impl GuardedMap {
     /// maps to nothing (`mmap` refuses zero-length maps). The file is kept open for
     /// [`GuardedMap::intact`].
     pub fn new(file: File) -> io::Result<GuardedMap> {
-        let len = file.metadata()?.len();
+        let meta = file.metadata()?;
+        let (len, modified) = (meta.len(), meta.modified().ok());
         if len == 0 {
             return Ok(GuardedMap {
                 mmap: None,
                 file,
                 len,
+                modified,
                 slot: None,
             });
         }
@@ -190,6 +194,7 @@ impl GuardedMap {
             mmap: Some(mmap),
             file,
             len,
+            modified,
             slot,
         })
     }
@@ -203,6 +208,13 @@ impl GuardedMap {
     /// (faulted and replaced by zeros) and the file is still at least as long as the mapping
     /// (an `fstat`). Call it after reading; `Err` carries the reason, for an error message.
     pub fn intact(&self) -> Result<(), io::Error> {
+        self.unchanged().map(drop)
+    }
+
+    /// [`GuardedMap::intact`], and whether the file's modification time is still the one it had
+    /// when it was mapped (`Ok(false)`: written to since, in place; its bytes may differ from
+    /// those read before). One `fstat`.
+    pub fn unchanged(&self) -> Result<bool, io::Error> {
         if let Some(i) = self.slot {
             if TABLE[i].faulted.load(Ordering::Acquire) {
                 return Err(io::Error::new(
@@ -211,7 +223,8 @@ impl GuardedMap {
                 ));
             }
         }
-        let now = self.file.metadata()?.len();
+        let meta = self.file.metadata()?;
+        let now = meta.len();
         if now < self.len {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -221,7 +234,7 @@ impl GuardedMap {
                 ),
             ));
         }
-        Ok(())
+        Ok(self.modified.is_some() && meta.modified().ok() == self.modified)
     }
 
     /// The open file behind the mapping.
@@ -287,6 +300,22 @@ fn register(start: usize, len: usize) -> Option<usize> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn a_write_in_place_is_reported_as_a_change() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(&[1u8; 64]).unwrap();
+        // An old modification time, so that the write below moves it whatever the clock's
+        // granularity.
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
+        f.as_file().set_modified(old).unwrap();
+        let map = GuardedMap::new(File::open(f.path()).unwrap()).unwrap();
+        assert!(map.unchanged().unwrap());
+        use std::os::unix::fs::FileExt;
+        f.as_file().write_at(&[2u8], 10).unwrap();
+        assert!(!map.unchanged().unwrap(), "same length, new bytes");
+        assert!(map.intact().is_ok(), "a rewrite is not a cut");
+    }
 
     #[test]
     fn a_file_cut_short_under_the_map_reads_zeros_and_reports_it() {

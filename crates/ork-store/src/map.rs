@@ -30,4 +30,13 @@ impl ReadMap {
             ReadMap::Owned(_) => Ok(()),
         }
     }
+
+    /// `intact`, and whether the file is unchanged since it was mapped (see
+    /// `GuardedMap::unchanged`; bytes held in memory never change).
+    pub(crate) fn unchanged(&self) -> io::Result<bool> {
+        match self {
+            ReadMap::Mapped(m) => m.unchanged(),
+            ReadMap::Owned(_) => Ok(true),
+        }
+    }
 }

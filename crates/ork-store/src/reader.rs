@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::checksum::{xxh3, Xxh3Stream};
 use ork_pack::{LayoutId, PackDtype, PackedWeight, ScaleGroup, TiledLayout};
@@ -107,6 +107,9 @@ pub struct Orkpack {
     smoothing: Option<crate::PackSmoothing>,
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
+    /// Per entry: its blob matched its checksum in a load made while the file was unchanged
+    /// since it was mapped (see [`Orkpack::load_into`]).
+    verified: Box<[AtomicBool]>,
     id: u64,
 }
 
@@ -170,6 +173,7 @@ impl Orkpack {
             e.index = i;
             by_name.insert(e.name.clone(), i);
         }
+        let verified = entries.iter().map(|_| AtomicBool::new(false)).collect();
         Ok(Orkpack {
             path,
             map,
@@ -178,6 +182,7 @@ impl Orkpack {
             smoothing: parsed.smoothing,
             entries,
             by_name,
+            verified,
             id,
         })
     }
@@ -248,6 +253,12 @@ impl Orkpack {
     /// Copy the blob into `dst` (exactly `blob_size` bytes). With `verify` (the normal case) the
     /// bytes are hashed while being copied, in cache-sized chunks, and a mismatch is refused with
     /// [`StoreError::CorruptBlob`] naming file and tensor (`dst` then holds unverified bytes).
+    ///
+    /// A blob is hashed only until it has once matched its checksum: a later load of the same
+    /// entry is a plain copy as long as the file has neither been cut short nor written to
+    /// (its modification time, one `fstat` before and one after the copy) since it was mapped.
+    /// A file written to in place is hashed on every load from then on. Streaming reloads the
+    /// same weights every token, and the hash was about a third of a load.
     pub fn load_into(&self, e: &Entry, dst: &mut [u8], verify: bool) -> Result<(), StoreError> {
         let e = self.own(e);
         if dst.len() as u64 != e.blob_size {
@@ -258,11 +269,42 @@ impl Orkpack {
                 actual: dst.len() as u64,
             });
         }
-        let got = self.read_range(e, "blob", e.blob_offset, dst, verify)?;
-        if verify && got != e.blob_checksum {
+        let verified = &self.verified[e.index];
+        let unchanged = self.unchanged(e, "blob")?;
+        let trusted = verify && unchanged && verified.load(Ordering::Acquire);
+        let range = e.blob_offset as usize..(e.blob_offset + e.blob_size) as usize;
+        let src = &self.map.bytes()[range];
+        let got = if verify && !trusted {
+            copy_and_hash(src, dst)
+        } else {
+            dst.copy_from_slice(src);
+            0
+        };
+        // Checked after the copy too: nothing read while the file was cut is trusted.
+        let still = self.unchanged(e, "blob")?;
+        if !verify {
+            return Ok(());
+        }
+        if trusted {
+            if still || xxh3(dst) == e.blob_checksum {
+                return Ok(());
+            }
             return Err(self.corrupt(e, "blob checksum"));
         }
+        if got != e.blob_checksum {
+            return Err(self.corrupt(e, "blob checksum"));
+        }
+        if unchanged && still {
+            verified.store(true, Ordering::Release);
+        }
         Ok(())
+    }
+
+    /// `intact` for entry `e`, and whether the file is unchanged since it was mapped.
+    fn unchanged(&self, e: &Entry, what: &'static str) -> Result<bool, StoreError> {
+        self.map
+            .unchanged()
+            .map_err(|source| self.unreadable(e, what, source))
     }
 
     /// Copy `dst.len()` bytes at `offset` of entry `e` out of the map, hashing them chunk by

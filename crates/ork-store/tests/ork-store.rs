@@ -157,6 +157,65 @@ fn roundtrip_preserves_bytes_scales_and_meta() {
     ));
 }
 
+/// A blob is hashed until it has once matched its checksum; after that a load is a plain copy
+/// while the file's modification time is the one it had when opened, and every load is hashed
+/// again once the file has been written to in place.
+#[test]
+fn a_verified_blob_is_rehashed_only_after_the_file_is_written_to() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.orkpack");
+    let entries = sample_entries();
+    write_pack(&path, &entries);
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    // An old modification time, so that any write below moves it whatever the clock's
+    // granularity.
+    let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1 << 30);
+    file.set_modified(old).unwrap();
+    let pack = Orkpack::open(&path).unwrap();
+    let (name, pw, _) = &entries[3];
+    let e = pack.entry(name).unwrap();
+    let (off, size) = e.blob_range();
+    let mut dst = vec![0u8; size as usize];
+    pack.load_into(e, &mut dst, true).unwrap();
+    assert_eq!(dst, pw.data, "first load: hashed and verified");
+
+    // A flipped byte hidden from the modification time: the verified entry is copied, not
+    // hashed, so it passes. This is the documented trade (the pack's bytes are trusted while
+    // the file is unchanged since open).
+    let flipped = pw.data[5] ^ 0xff;
+    file.write_at(&[flipped], off + 5).unwrap();
+    file.set_modified(old).unwrap();
+    pack.load_into(e, &mut dst, true).unwrap();
+    assert_eq!(
+        dst[5], flipped,
+        "a verified blob is a plain copy while the file is unchanged"
+    );
+
+    // A write that moves the modification time: every load is hashed again.
+    file.write_at(&[flipped], off + 5).unwrap();
+    assert!(matches!(
+        pack.load_into(e, &mut dst, true),
+        Err(StoreError::CorruptBlob { tensor, .. }) if tensor == *name
+    ));
+    // Restored bytes verify again (the file stays changed, so they are hashed each time).
+    file.write_at(&pw.data[5..6], off + 5).unwrap();
+    for _ in 0..2 {
+        pack.load_into(e, &mut dst, true).unwrap();
+        assert_eq!(dst, pw.data);
+    }
+    // An entry never loaded before the write is hashed on its first load, as always.
+    let (name2, pw2, _) = &entries[0];
+    let e2 = pack.entry(name2).unwrap();
+    let (off2, size2) = e2.blob_range();
+    file.write_at(&[pw2.data[0] ^ 1], off2).unwrap();
+    let mut dst2 = vec![0u8; size2 as usize];
+    assert!(matches!(
+        pack.load_into(e2, &mut dst2, true),
+        Err(StoreError::CorruptBlob { .. })
+    ));
+}
+
 #[test]
 fn in_memory_image_reads_like_the_file() {
     let (bytes, entries) = valid_pack_bytes();
