@@ -12,7 +12,8 @@
 //! - [`generate_speculative`]: speculative decoding, a draft's tokens verified in batches.
 //! - [`perplexity`]: llama.cpp's `llama-perplexity` protocol.
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
+// `unsafe` only in `prefetch` (one CPU hint, no memory access).
+#![deny(unsafe_code)]
 
 mod chat;
 mod config;
@@ -23,6 +24,7 @@ mod model;
 mod moe;
 pub mod ops;
 mod perplexity;
+mod prefetch;
 mod sample;
 mod session;
 mod smooth;

@@ -218,9 +218,20 @@ impl Geometry {
     ) {
         let g = h / self.group;
         let (dk, dv) = (self.dk, self.dv);
+        let rows: Vec<usize> = rows.collect();
+        // Rows are a head's slice of each cached position, `k_dim` floats apart: a stride the
+        // hardware prefetcher follows late, and at decode every row comes from memory (the
+        // weights streamed through the caches since the last token). Ask for the rows a few
+        // positions ahead.
         let mut scores: Vec<f32> = rows
-            .clone()
-            .map(|p| dot(qh, &keys[p * self.k_dim + g * dk..][..dk]) * self.scale)
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                if let Some(&ahead) = rows.get(i + PREFETCH_ROWS) {
+                    crate::prefetch::prefetch(&keys[ahead * self.k_dim + g * dk..][..dk]);
+                }
+                dot(qh, &keys[p * self.k_dim + g * dk..][..dk]) * self.scale
+            })
             .collect();
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0f64;
@@ -230,7 +241,10 @@ impl Geometry {
         }
         let inv = (1.0 / sum) as f32;
         o.fill(0.0);
-        for (p, &w) in rows.zip(&scores) {
+        for (i, (&p, &w)) in rows.iter().zip(&scores).enumerate() {
+            if let Some(&ahead) = rows.get(i + PREFETCH_ROWS) {
+                crate::prefetch::prefetch(&values[ahead * self.v_dim + g * dv..][..dv]);
+            }
             let vrow = &values[p * self.v_dim + g * dv..][..dv];
             let w = w * inv;
             for (acc, &v) in o.iter_mut().zip(vrow) {
@@ -239,6 +253,9 @@ impl Geometry {
         }
     }
 }
+
+/// How many key/value positions ahead [`Geometry::attend`] prefetches.
+const PREFETCH_ROWS: usize = 4;
 
 /// Dot product with 8 independent accumulators so the compiler can vectorise it.
 #[inline]

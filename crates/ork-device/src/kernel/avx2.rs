@@ -82,11 +82,22 @@ unsafe fn tile_dot_avx2(a: &[i16], kpad: usize, w: &[i8], tn: usize, out: &mut [
         }
         r += 4;
     }
+    // The bytes after this tile: usually the next tile this thread computes (a weight's
+    // N-tiles are contiguous and the drivers hand each thread a run of them).
+    let next = wp.wrapping_add(tn * kpad);
     while r < rows {
         for j in (0..tn).step_by(2) {
             let mut acc0 = _mm256_setzero_si256();
             let mut acc1 = _mm256_setzero_si256();
             for kt in 0..kt_n {
+                // Each pass over the k-runs of one channel pair touches one cache line per
+                // k-run, a tile's width apart: a stride the hardware prefetcher follows badly
+                // at M = 1, where every weight byte is read once, from DRAM. Ask for the same
+                // line of the next tile now, a whole tile ahead of its use. A prefetch never
+                // faults, so `next` past the end of the weight is harmless.
+                if rows == 1 {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(kt * tn * 32 + j * 32).cast());
+                }
                 // SAFETY: as above, for the single row r.
                 unsafe {
                     let w0 = _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32) as *const __m256i);
