@@ -270,23 +270,15 @@ impl Orkpack {
             });
         }
         let verified = &self.verified[e.index];
-        let unchanged = self.unchanged(e, "blob")?;
-        let trusted = verify && unchanged && verified.load(Ordering::Acquire);
-        let range = e.blob_offset as usize..(e.blob_offset + e.blob_size) as usize;
-        let src = &self.map.bytes()[range];
-        let got = if verify && !trusted {
-            copy_and_hash(src, dst)
-        } else {
-            dst.copy_from_slice(src);
-            0
-        };
-        // Checked after the copy too: nothing read while the file was cut is trusted.
-        let still = self.unchanged(e, "blob")?;
+        let trusted = verify && verified.load(Ordering::Acquire);
+        let (got, unchanged) =
+            self.read_range(e, "blob", e.blob_offset, dst, verify && !trusted)?;
         if !verify {
             return Ok(());
         }
         if trusted {
-            if still || xxh3(dst) == e.blob_checksum {
+            // Copied unhashed: good if the file did not change around the copy, else check now.
+            if unchanged || xxh3(dst) == e.blob_checksum {
                 return Ok(());
             }
             return Err(self.corrupt(e, "blob checksum"));
@@ -294,22 +286,17 @@ impl Orkpack {
         if got != e.blob_checksum {
             return Err(self.corrupt(e, "blob checksum"));
         }
-        if unchanged && still {
+        if unchanged {
             verified.store(true, Ordering::Release);
         }
         Ok(())
     }
 
-    /// `intact` for entry `e`, and whether the file is unchanged since it was mapped.
-    fn unchanged(&self, e: &Entry, what: &'static str) -> Result<bool, StoreError> {
-        self.map
-            .unchanged()
-            .map_err(|source| self.unreadable(e, what, source))
-    }
-
     /// Copy `dst.len()` bytes at `offset` of entry `e` out of the map, hashing them chunk by
-    /// chunk as they land when `hash` is set (returns 0 otherwise). A file that no longer covers
-    /// the range is refused with [`StoreError::BlobUnreadable`].
+    /// chunk as they land when `hash` is set (the hash is 0 otherwise). A file that no longer
+    /// covers the range is refused with [`StoreError::BlobUnreadable`]; the `bool` says whether
+    /// the file was unchanged since it was mapped (`GuardedMap::unchanged`) before and after the
+    /// copy.
     fn read_range(
         &self,
         e: &Entry,
@@ -317,17 +304,17 @@ impl Orkpack {
         offset: u64,
         dst: &mut [u8],
         hash: bool,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<(u64, bool), StoreError> {
         let end = offset + dst.len() as u64;
         // A file cut short in place by another program does not fault here: vanished pages
         // read as zeros (`GuardedMap`), and `intact` — checked before, so nothing is copied in
         // vain, and after, so nothing read during the cut is trusted — reports it.
         let check = || {
             self.map
-                .intact()
+                .unchanged()
                 .map_err(|source| self.unreadable(e, what, source))
         };
-        check()?;
+        let before = check()?;
         let src = &self.map.bytes()[offset as usize..end as usize];
         let h = if hash {
             copy_and_hash(src, dst)
@@ -335,8 +322,8 @@ impl Orkpack {
             dst.copy_from_slice(src);
             0
         };
-        check()?;
-        Ok(h)
+        let after = check()?;
+        Ok((h, before && after))
     }
 
     /// `Ok` if every byte read from the file so far was the file's (it was not cut short while
@@ -391,7 +378,11 @@ impl Orkpack {
     pub fn scales(&self, e: &Entry) -> Result<Vec<f32>, StoreError> {
         let e = self.own(e);
         let mut bytes = vec![0u8; e.scale_size as usize];
-        if self.read_range(e, "scales", e.scale_offset, &mut bytes, true)? != e.scale_checksum {
+        if self
+            .read_range(e, "scales", e.scale_offset, &mut bytes, true)?
+            .0
+            != e.scale_checksum
+        {
             return Err(self.corrupt(e, "scale checksum"));
         }
         let scales: Vec<f32> = bytes
