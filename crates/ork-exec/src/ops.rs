@@ -218,17 +218,16 @@ impl Geometry {
     ) {
         let g = h / self.group;
         let (dk, dv) = (self.dk, self.dv);
-        let rows: Vec<usize> = rows.collect();
         // Rows are a head's slice of each cached position, `k_dim` floats apart: a stride the
         // hardware prefetcher follows late, and at decode every row comes from memory (the
         // weights streamed through the caches since the last token). Ask for the rows a few
         // positions ahead.
+        let mut ahead = rows.clone().skip(PREFETCH_ROWS);
         let mut scores: Vec<f32> = rows
-            .iter()
-            .enumerate()
-            .map(|(i, &p)| {
-                if let Some(&ahead) = rows.get(i + PREFETCH_ROWS) {
-                    crate::prefetch::prefetch(&keys[ahead * self.k_dim + g * dk..][..dk]);
+            .clone()
+            .map(|p| {
+                if let Some(a) = ahead.next() {
+                    crate::prefetch::prefetch(&keys[a * self.k_dim + g * dk..][..dk]);
                 }
                 dot(qh, &keys[p * self.k_dim + g * dk..][..dk]) * self.scale
             })
@@ -241,9 +240,10 @@ impl Geometry {
         }
         let inv = (1.0 / sum) as f32;
         o.fill(0.0);
-        for (i, (&p, &w)) in rows.iter().zip(&scores).enumerate() {
-            if let Some(&ahead) = rows.get(i + PREFETCH_ROWS) {
-                crate::prefetch::prefetch(&values[ahead * self.v_dim + g * dv..][..dv]);
+        let mut ahead = rows.clone().skip(PREFETCH_ROWS);
+        for (p, &w) in rows.zip(&scores) {
+            if let Some(a) = ahead.next() {
+                crate::prefetch::prefetch(&values[a * self.v_dim + g * dv..][..dv]);
             }
             let vrow = &values[p * self.v_dim + g * dv..][..dv];
             let w = w * inv;
