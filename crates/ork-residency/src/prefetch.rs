@@ -17,7 +17,6 @@
 //! thread likewise only means the compute path fetches everything on demand.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -290,68 +289,6 @@ fn run(cache: &WeightCache, mut source: Box<dyn ScheduleSource>, slots: usize, r
             Ok(false) => blocked = true,
             // The slot was dropped; compute will fetch (and report) it itself. Move on.
             Err(_) => next += 1,
-        }
-    }
-}
-
-/// The first pass of a resident plan: a thread that loads every weight once, in execution
-/// order, as fast as it can, then ends.
-///
-/// Without it, a resident run loads each weight on its first use, on the compute path, while the
-/// other cores wait; with it, compute finds the weights of its first pass already loaded or
-/// loading (it then waits for that load, or fetches a weight the thread has not reached itself).
-/// Every weight fits (the plan is resident), so nothing is evicted and nothing need follow
-/// compute's position: the thread ends after one pass, and later passes cost it nothing.
-pub struct Warmup {
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<()>>,
-}
-
-impl std::fmt::Debug for Warmup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Warmup")
-            .field(
-                "running",
-                &self.handle.as_ref().is_some_and(|h| !h.is_finished()),
-            )
-            .finish()
-    }
-}
-
-impl Warmup {
-    /// Start loading `schedule` (weight names in execution order) into `cache`.
-    pub fn start(cache: Arc<WeightCache>, schedule: Vec<String>) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let handle = std::thread::Builder::new()
-            .name("ork-warmup".into())
-            .spawn(move || {
-                for name in &schedule {
-                    if flag.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    // No room or an error: compute fetches the weight itself and reports it.
-                    let _ = cache.prefetch(name);
-                }
-            })
-            .ok();
-        Warmup { stop, handle }
-    }
-
-    /// Wait until the thread has ended (every weight loaded, or given up).
-    pub fn join(mut self) {
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-impl Drop for Warmup {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            // A panicked load has already dropped its slot; nothing more to do.
-            let _ = h.join();
         }
     }
 }
