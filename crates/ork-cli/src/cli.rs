@@ -257,7 +257,8 @@ pub struct ModelOpts {
     /// Skip checksum verification of blobs loaded from the .orkpack.
     #[arg(long)]
     pub no_verify: bool,
-    /// Disable the prefetch thread (compute waits for every load).
+    /// Disable the prefetch thread and, for a resident plan, the first-pass loader (compute waits
+    /// for every load).
     #[arg(long)]
     pub no_prefetch: bool,
     /// MoE models: no speculative expert prefetch in decode (experts are announced only once

@@ -30,7 +30,7 @@ pub use cache::{device_bytes, CacheConfig, CacheStats, WeightCache, WeightLease}
 pub use error::ResidencyError;
 pub use linear::{quantize_row, DeviceMatmul};
 pub use plan::{plan, Mode, Placement, Plan, PlanInput};
-pub use prefetch::{Announced, PlanOrder, Prefetcher, ScheduleSource};
+pub use prefetch::{Announced, PlanOrder, Prefetcher, ScheduleSource, Warmup};
 pub use source::{Fetch, WeightSource};
 pub use trace::{Lane, Trace, TraceEvent};
 

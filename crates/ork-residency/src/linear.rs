@@ -17,7 +17,7 @@ use zerocopy::FromBytes;
 
 use crate::cache::{Requester, WeightCache, WeightLease};
 use crate::parts::operands;
-use crate::prefetch::{Prefetcher, ScheduleSource};
+use crate::prefetch::{Prefetcher, ScheduleSource, Warmup};
 use crate::trace::{Lane, Trace};
 use crate::ResidencyError;
 
@@ -87,6 +87,8 @@ pub(crate) fn f16_row(x: &[f32], q: &mut [f16]) -> Option<usize> {
 pub struct DeviceMatmul {
     cache: Arc<WeightCache>,
     prefetcher: Option<Prefetcher>,
+    /// The first pass's loads of a resident plan ([`DeviceMatmul::with_warmup`]).
+    warmup: Option<Warmup>,
     /// One activation buffer per domain, grown on demand.
     activations: Mutex<Vec<Option<DeviceBuffer>>>,
     trace: Option<Arc<Trace>>,
@@ -129,11 +131,20 @@ impl DeviceMatmul {
         Self::build(cache, Some(prefetcher))
     }
 
+    /// Load every weight of `schedule` (execution order) once, on a thread of its own, ahead of
+    /// compute ([`Warmup`]): for a resident plan, whose first pass would otherwise load each
+    /// weight on the compute path while the other cores wait.
+    pub fn with_warmup(mut self, schedule: Vec<String>) -> Self {
+        self.warmup = Some(Warmup::start(Arc::clone(&self.cache), schedule));
+        self
+    }
+
     fn build(cache: Arc<WeightCache>, prefetcher: Option<Prefetcher>) -> Self {
         let domains = cache.device().info().domains as usize;
         DeviceMatmul {
             cache,
             prefetcher,
+            warmup: None,
             activations: Mutex::new((0..domains).map(|_| None).collect()),
             trace: None,
             precision: ActPrecision::Int8,

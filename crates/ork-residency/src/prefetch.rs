@@ -10,13 +10,19 @@
 //! room without evicting a weight it prefetched for the latest announcement that has not been
 //! used yet. With `cores + 1` slots every core has a ready weight and one is always loading.
 //!
-//! The thread is a plain `std::thread` fed by a channel, outside the rayon pool that computes.
+//! The thread is a `std::thread` fed by a channel, outside the rayon pool that computes, and it
+//! is the only worker of a rayon pool of its own ([`spawn_loader`]): a fetch that must pack a
+//! weight packs it with ork-pack's parallel kernel, and that work must not be queued on the
+//! compute pool, whose workers may all be blocked waiting for that very weight (a deadlock: a
+//! resident first pass packing from the GGUF hung a test run this way before the loaders had
+//! pools of their own).
 //! A failed prefetch (an error, or a panic inside the fetch) drops its slot and wakes anyone
 //! waiting for that weight; the compute path then fetches the weight itself, so the error it
 //! reports (naming the tensor) is its own, and a transient failure costs only time. A dead
 //! thread likewise only means the compute path fetches everything on demand.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -199,10 +205,7 @@ impl Prefetcher {
     ) -> Self {
         let (tx, rx) = mpsc::channel();
         let slots = slots.max(1);
-        let handle = std::thread::Builder::new()
-            .name("ork-prefetch".into())
-            .spawn(move || run(&cache, source, slots, &rx))
-            .ok();
+        let handle = spawn_loader("ork-prefetch", move || run(&cache, source, slots, &rx));
         Prefetcher { tx, handle }
     }
 
@@ -291,6 +294,86 @@ fn run(cache: &WeightCache, mut source: Box<dyn ScheduleSource>, slots: usize, r
             Err(_) => next += 1,
         }
     }
+}
+
+/// The first pass of a resident plan: a thread that loads every weight once, in execution
+/// order, as fast as it can, then ends.
+///
+/// Without it, a resident run loads each weight on its first use, on the compute path, while the
+/// other cores wait; with it, compute finds the weights of its first pass already loaded or
+/// loading (it then waits for that load, or fetches a weight the thread has not reached itself).
+/// Every weight fits (the plan is resident), so nothing is evicted and nothing need follow
+/// compute's position: the thread ends after one pass, and later passes cost it nothing.
+pub struct Warmup {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Warmup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Warmup")
+            .field(
+                "running",
+                &self.handle.as_ref().is_some_and(|h| !h.is_finished()),
+            )
+            .finish()
+    }
+}
+
+impl Warmup {
+    /// Start loading `schedule` (weight names in execution order) into `cache`.
+    pub fn start(cache: Arc<WeightCache>, schedule: Vec<String>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let handle = spawn_loader("ork-warmup", move || {
+            for name in &schedule {
+                if flag.load(Ordering::Relaxed) {
+                    return;
+                }
+                // No room or an error: compute fetches the weight itself and reports it.
+                let _ = cache.prefetch(name);
+            }
+        });
+        Warmup { stop, handle }
+    }
+
+    /// Wait until the thread has ended (every weight loaded, or given up).
+    pub fn join(mut self) {
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Warmup {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            // A panicked load has already dropped its slot; nothing more to do.
+            let _ = h.join();
+        }
+    }
+}
+
+/// Run `f` on a new thread named `name` that is the single worker of a rayon pool of its own, so
+/// that the parallel work `f` starts (packing a weight) runs on that thread and never waits for
+/// the compute pool's workers (module docs). `None` when the OS refuses the thread; when rayon
+/// cannot make the thread a pool's worker, `f` does not run at all (compute then fetches every
+/// weight itself), rather than risk queueing its work on the compute pool.
+fn spawn_loader(name: &str, f: impl FnOnce() + Send + 'static) -> Option<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .use_current_thread()
+                .build();
+            if let Ok(pool) = pool {
+                // This thread is the pool's worker, so `install` runs `f` right here.
+                pool.install(f);
+            }
+        })
+        .ok()
 }
 
 #[cfg(test)]

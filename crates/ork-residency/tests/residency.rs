@@ -24,7 +24,7 @@ use ork_pack::{PackDtype, TiledLayout};
 use ork_residency::plan::domain_map;
 use ork_residency::{
     device_bytes, execution_order, plan, CacheConfig, CacheStats, DeviceMatmul, Lane, LayerOrder,
-    Mode, PlanInput, ResidencyError, ScheduleSource, Trace, WeightCache, WeightSource,
+    Mode, PlanInput, ResidencyError, ScheduleSource, Trace, Warmup, WeightCache, WeightSource,
 };
 use ork_store::{ensure, ConvertOptions, Orkpack, StoreError};
 use proptest::prelude::*;
@@ -2064,4 +2064,100 @@ fn matmul_many_equals_one_by_one_at_every_budget() {
         matches!(&r, Err(ResidencyError::Shape { name, .. }) if name == "blk.0.attn_v.weight"),
         "{r:?}"
     );
+}
+
+/// A resident plan's first-pass loader ([`Warmup`], via [`DeviceMatmul::with_warmup`]) loads every
+/// weight once, in order, on its own thread: racing compute through the first pass (compute waits
+/// for a weight being loaded, or fetches one the loader has not reached) and run alone to the end
+/// it gives the outputs of a run without it, loads each weight once and evicts nothing.
+#[test]
+fn a_resident_first_pass_loader_loads_each_weight_once_and_changes_no_output() {
+    let schedule = names();
+    let reference = reference_outputs(2);
+    for race in [true, false] {
+        for pinned in [true, false] {
+            let cache = Arc::new(
+                WeightCache::new(
+                    emu(1, GIB4),
+                    pack_source(&clean_pack_path(), false),
+                    CacheConfig::new(total()),
+                )
+                .unwrap(),
+            );
+            if pinned {
+                for n in &schedule {
+                    cache.pin(n).unwrap();
+                }
+            }
+            let dm = if race {
+                DeviceMatmul::new(Arc::clone(&cache), None).with_warmup(schedule.clone())
+            } else {
+                Warmup::start(Arc::clone(&cache), schedule.clone()).join();
+                let st = cache.stats();
+                assert_eq!(st.prefetched, schedule.len() as u64, "{st:?}");
+                assert!(schedule.iter().all(|n| cache.is_resident(n)));
+                DeviceMatmul::new(Arc::clone(&cache), None)
+            };
+            assert_eq!(
+                run_passes(&dm, &schedule, 2).unwrap(),
+                reference,
+                "race {race} pinned {pinned}"
+            );
+            let st = cache.stats();
+            assert_eq!(
+                st.loads + st.packs,
+                schedule.len() as u64,
+                "each weight loaded once (race {race} pinned {pinned}): {st:?}"
+            );
+            assert_eq!(st.evictions, 0, "{st:?}");
+            if !race {
+                assert_eq!(st.hits as usize, 2 * schedule.len(), "{st:?}");
+            }
+        }
+    }
+}
+
+/// The loaders (the first-pass [`Warmup`] here, and the streamed prefetcher) pack on a rayon pool
+/// of their own. Every worker of rayon's global pool is taken: one computes (packing what the
+/// loader has not reached, waiting for what it is packing), the others are held until compute is
+/// done. Before the loaders had pools of their own, their packing was queued on that global pool,
+/// so compute waited for a weight whose packing waited for compute: a hang.
+#[test]
+fn a_loader_packing_from_the_gguf_never_waits_for_the_compute_pool() {
+    let reference = reference_outputs(2);
+    for round in 0..4 {
+        let outs = with_deadline(Duration::from_secs(120), || {
+            let schedule = names();
+            // As many device threads as the global pool has workers, so that compute runs its
+            // tasks on the worker it is called from (as `ork run` does), not on a second pool
+            // whose waits would let that worker pick up the loader's work.
+            let device = EmuDevice::with_config(EmuConfig {
+                threads: rayon::current_num_threads(),
+                ..emu_config(1, GIB4)
+            })
+            .expect("emu config");
+            let cache = Arc::new(
+                WeightCache::new(Arc::new(device), gguf_source(), CacheConfig::new(total()))
+                    .expect("cache"),
+            );
+            let dm = DeviceMatmul::new(Arc::clone(&cache), None).with_warmup(schedule.clone());
+            let done = AtomicBool::new(false);
+            let outs = Mutex::new(None);
+            rayon::broadcast(|ctx| {
+                if ctx.index() == 0 {
+                    let r = run_passes(&dm, &schedule, 2);
+                    *outs.lock().unwrap() = Some(r);
+                    done.store(true, Ordering::SeqCst);
+                } else {
+                    while !done.load(Ordering::SeqCst) {
+                        std::thread::yield_now();
+                    }
+                }
+            });
+            let st = cache.stats();
+            assert_eq!(st.packs, schedule.len() as u64, "{st:?}");
+            outs.into_inner().unwrap().expect("ran")
+        });
+        assert_eq!(outs.expect("run"), reference, "round {round}");
+    }
 }

@@ -294,7 +294,8 @@ pub struct EngineConfig {
     /// Compute threads (`None`: all cores). The first engine of a process sizes rayon's global
     /// pool.
     pub threads: Option<usize>,
-    /// Run the prefetch thread when the plan streams.
+    /// Run the prefetch thread when the plan streams, and the first-pass loader (`Warmup`) when
+    /// it is resident.
     pub prefetch: bool,
     /// Record a timeline of loads, computes and waits ([`Engine::trace`]).
     pub trace: bool,
@@ -1262,6 +1263,11 @@ impl LoadedModel {
             DeviceMatmul::new(Arc::clone(&cache), schedule).with_activations(config.activations);
         if let Some(t) = &trace {
             dm = dm.with_trace(Arc::clone(t));
+        }
+        // Resident: the first pass's loads run on a thread of their own, ahead of compute,
+        // instead of one by one on the compute path (`ork_residency::Warmup`).
+        if config.prefetch && plan.mode == Mode::Resident {
+            dm = dm.with_warmup(plan.placement.iter().map(|p| p.name.clone()).collect());
         }
         let linear = Arc::new(EngineLinear::new(dm));
         let draft = match (draft_model, self_layers) {

@@ -71,6 +71,17 @@ fn convert_then_reload_same_text_as_resident_and_other_budgets() {
     assert_eq!(resident["mode"], "resident");
     assert_eq!(u(&resident, "evictions"), 0);
     assert_eq!(resident["text"], first["text"]);
+    // Resident, the first pass's loads run on the first-pass loader, ahead of compute (each
+    // weight still loaded once); `--no-prefetch` turns it off.
+    assert!(u(&resident, "prefetched") > 0, "{resident}");
+    assert_eq!(
+        u(&resident, "loaded") + u(&resident, "packed"),
+        211,
+        "{resident}"
+    );
+    let resident_off = run_json(&pack, 1024, &["--no-prefetch"]);
+    assert_eq!(u(&resident_off, "prefetched"), 0, "{resident_off}");
+    assert_eq!(resident_off["text"], first["text"]);
     let middle = run_json(&pack, 80, &[]);
     assert_eq!(middle["text"], first["text"]);
     let no_prefetch = run_json(&pack, quarter_mb + 1, &["--no-prefetch"]);
