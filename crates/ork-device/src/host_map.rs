@@ -26,8 +26,11 @@ unsafe impl Send for HostMap {}
 unsafe impl Sync for HostMap {}
 
 impl HostMap {
-    /// Map `len` (> 0) bytes of zeroed anonymous memory, without reserving swap (pages are
-    /// committed when first touched).
+    /// Map `len` (> 0) bytes of zeroed anonymous memory, without reserving swap, its pages
+    /// faulted in by the `mmap` call itself (`MAP_POPULATE`): a buffer is created to be filled
+    /// right away, and one populating call costs less than a page fault per 4 KiB on the first
+    /// write (measured: loading SmolLM2's 134 MB of int8 on the compute path took 0.14 s with
+    /// faults, 0.10–0.11 s populated).
     pub(crate) fn anonymous(len: usize) -> std::io::Result<Self> {
         if len == 0 {
             return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
@@ -39,7 +42,7 @@ impl HostMap {
                 std::ptr::null_mut(),
                 len,
                 ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE | MapFlags::NORESERVE,
+                MapFlags::PRIVATE | MapFlags::NORESERVE | MapFlags::POPULATE,
             )
         }?;
         let ptr = NonNull::new(p.cast::<u8>())
