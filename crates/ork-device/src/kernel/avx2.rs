@@ -85,19 +85,93 @@ unsafe fn tile_dot_avx2(a: &[i16], kpad: usize, w: &[i8], tn: usize, out: &mut [
     // The bytes after this tile: usually the next tile this thread computes (a weight's
     // N-tiles are contiguous and the drivers hand each thread a run of them).
     let next = wp.wrapping_add(tn * kpad);
+    if rows == 1 {
+        // Decode (M = 1), where every weight byte is read once, from DRAM. A pass over the
+        // k-runs reads each k-run's lines a tile's width apart: a stride the hardware prefetcher
+        // follows badly. So each pass takes four channel pairs (four consecutive cache lines,
+        // 256 bytes, per k-run, and the row's two activation vectors loaded once for eight
+        // channels), and asks for the same lines of the next tile, a whole tile ahead of their
+        // use. A prefetch never faults, so `next` past the end of the weight is harmless.
+        // Measured on SmolLM2 decode (AVX2-only EPYC): one pair per pass with the prefetch
+        // ~71 tok/s; four pairs ~10 % faster in `ork run` A/B rounds.
+        let mut j = 0;
+        while j + 8 <= tn {
+            let mut acc = [_mm256_setzero_si256(); 8];
+            for kt in 0..kt_n {
+                let at = kt * tn * 32 + j * 32;
+                for l in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(at + 64 * l).cast());
+                }
+                // SAFETY: kt < kpad/32 and j + 7 < tn, so the 256 bytes at `at` lie inside
+                // `w`; k-run kt of the single row lies inside `a`.
+                unsafe {
+                    let p = ap.add(kt * 32);
+                    let al = _mm256_loadu_si256(p as *const __m256i);
+                    let ah = _mm256_loadu_si256(p.add(16) as *const __m256i);
+                    for c in 0..8 {
+                        let w = _mm256_loadu_si256(wp.add(at + 32 * c) as *const __m256i);
+                        let lo =
+                            _mm256_madd_epi16(al, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)));
+                        let hi = _mm256_madd_epi16(
+                            ah,
+                            _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w)),
+                        );
+                        acc[c] = _mm256_add_epi32(acc[c], _mm256_add_epi32(lo, hi));
+                    }
+                }
+            }
+            for (c, v) in acc.iter().enumerate() {
+                out[j + c] = hsum(*v);
+            }
+            j += 8;
+        }
+        // A tile width that is not a multiple of 8 (the kernel accepts any even one).
+        while j < tn {
+            let mut acc0 = _mm256_setzero_si256();
+            let mut acc1 = _mm256_setzero_si256();
+            for kt in 0..kt_n {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(kt * tn * 32 + j * 32).cast());
+                // SAFETY: kt < kpad/32 and j + 1 < tn: both 32-byte runs lie inside `w`.
+                unsafe {
+                    let w0 = _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32) as *const __m256i);
+                    let w1 =
+                        _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32 + 32) as *const __m256i);
+                    let p = ap.add(kt * 32);
+                    let al = _mm256_loadu_si256(p as *const __m256i);
+                    let ah = _mm256_loadu_si256(p.add(16) as *const __m256i);
+                    acc0 = _mm256_add_epi32(
+                        acc0,
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(al, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w0))),
+                            _mm256_madd_epi16(
+                                ah,
+                                _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w0)),
+                            ),
+                        ),
+                    );
+                    acc1 = _mm256_add_epi32(
+                        acc1,
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(al, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w1))),
+                            _mm256_madd_epi16(
+                                ah,
+                                _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w1)),
+                            ),
+                        ),
+                    );
+                }
+            }
+            out[j] = hsum(acc0);
+            out[j + 1] = hsum(acc1);
+            j += 2;
+        }
+        return;
+    }
     while r < rows {
         for j in (0..tn).step_by(2) {
             let mut acc0 = _mm256_setzero_si256();
             let mut acc1 = _mm256_setzero_si256();
             for kt in 0..kt_n {
-                // Each pass over the k-runs of one channel pair touches one cache line per
-                // k-run, a tile's width apart: a stride the hardware prefetcher follows badly
-                // at M = 1, where every weight byte is read once, from DRAM. Ask for the same
-                // line of the next tile now, a whole tile ahead of its use. A prefetch never
-                // faults, so `next` past the end of the weight is harmless.
-                if rows == 1 {
-                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(kt * tn * 32 + j * 32).cast());
-                }
                 // SAFETY: as above, for the single row r.
                 unsafe {
                     let w0 = _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32) as *const __m256i);
@@ -160,4 +234,34 @@ fn peak_avx2(iters: u64) -> i32 {
         }
     }
     acc.iter().fold(0i32, |s, &v| s.wrapping_add(hsum(v)))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// The AVX2 kernel equals the scalar twin for every even tile width, not only the
+        /// multiples of 8 the shared twin test draws: the M = 1 path's pair-by-pair tail runs
+        /// for widths that leave 2, 4 or 6 channels after its eight-channel passes.
+        #[test]
+        fn every_even_tile_width_matches_the_scalar_twin(rows in 1usize..6, kt_n in 1usize..5, pairs in 1usize..21, seed in any::<u64>()) {
+            prop_assume!(std::arch::is_x86_feature_detected!("avx2"));
+            let (tn, kpad) = (2 * pairs, 32 * kt_n);
+            let mut s = seed | 1;
+            let mut next = || {
+                s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+                match s % 6 { 0 => -128, 1 => 127, _ => (s >> 8) as i8 }
+            };
+            let a: Vec<i8> = (0..rows * kpad).map(|_| next()).collect();
+            let w: Vec<i8> = (0..tn * kpad).map(|_| next()).collect();
+            let mut want = vec![0i32; rows * tn];
+            super::super::scalar_tile_dot(&a, kpad, &w, tn, &mut want);
+            let wide: Vec<i16> = a.iter().map(|&v| i16::from(v)).collect();
+            let mut got = vec![i32::MIN; rows * tn];
+            super::tile_dot(&wide, kpad, &w, tn, &mut got);
+            prop_assert_eq!(got, want);
+        }
+    }
 }
