@@ -108,7 +108,7 @@ unsafe fn tile_dot_avx2(a: &[i16], kpad: usize, w: &[i8], tn: usize, out: &mut [
                     let p = ap.add(kt * 32);
                     let al = _mm256_loadu_si256(p as *const __m256i);
                     let ah = _mm256_loadu_si256(p.add(16) as *const __m256i);
-                    for c in 0..8 {
+                    for (c, acc) in acc.iter_mut().enumerate() {
                         let w = _mm256_loadu_si256(wp.add(at + 32 * c) as *const __m256i);
                         let lo =
                             _mm256_madd_epi16(al, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)));
@@ -116,7 +116,7 @@ unsafe fn tile_dot_avx2(a: &[i16], kpad: usize, w: &[i8], tn: usize, out: &mut [
                             ah,
                             _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w)),
                         );
-                        acc[c] = _mm256_add_epi32(acc[c], _mm256_add_epi32(lo, hi));
+                        *acc = _mm256_add_epi32(*acc, _mm256_add_epi32(lo, hi));
                     }
                 }
             }
