@@ -92,8 +92,8 @@ unsafe fn tile_dot_avx2(a: &[i16], kpad: usize, w: &[i8], tn: usize, out: &mut [
         // 256 bytes, per k-run, and the row's two activation vectors loaded once for eight
         // channels), and asks for the same lines of the next tile, a whole tile ahead of their
         // use. A prefetch never faults, so `next` past the end of the weight is harmless.
-        // Measured on SmolLM2 decode (AVX2-only EPYC): one pair per pass with the prefetch
-        // ~71 tok/s; four pairs ~10 % faster in `ork run` A/B rounds.
+        // Measured on SmolLM2 decode (AVX2-only EPYC, noisy host): four pairs against one,
+        // 1.06× decode tok/s (median of 10 interleaved `ork run` pairs; README "End to end").
         let mut j = 0;
         while j + 8 <= tn {
             let mut acc = [_mm256_setzero_si256(); 8];
