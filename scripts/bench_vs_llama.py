@@ -8,7 +8,9 @@ Usage:
 
 Each variant is `ork run --model MODEL --pack .cache/bench-<NAME>.orkpack --prompt-file P
 -n DECODE --threads T --json` plus its flags (default: one variant, `w8a8`, no extra flags). A
-warm-up run per variant builds its pack first. The prompt is the sentence of
+name of the form `NAME@PATH` runs the `ork` binary at PATH instead of --ork, for an A/B of two
+builds in one run (`--variant 'old@/tmp/ork-old=' --variant 'new='`); the pack is named
+after NAME alone. A warm-up run per variant builds its pack first. The prompt is the sentence of
 scripts/llama_cpp_speed.py repeated 8 times (129 tokens with SmolLM2's tokenizer); llama.cpp
 reports the best of 3 warm passes inside each round (prefill of 128 tokens, DECODE decode steps).
 Prints one line per round and a summary: median (min–max) tok/s and the median of the per-round
@@ -27,7 +29,8 @@ SENTENCE = "The history of computing is a story of machines that outgrew their m
 
 
 def ork_run(ork, model, name, flags, prompt_file, decode, threads):
-    cmd = [ork, "run", "--model", model, "--pack", f".cache/bench-{name}.orkpack",
+    name, _, binary = name.partition("@")
+    cmd = [binary or ork, "run", "--model", model, "--pack", f".cache/bench-{name}.orkpack",
            "--prompt-file", prompt_file, "-n", str(decode), "--threads", str(threads),
            "--json"] + shlex.split(flags)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
