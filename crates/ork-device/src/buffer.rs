@@ -70,6 +70,9 @@ pub trait BackendBuffer: Any + Send + Sync {
     /// Make `len` bytes at `offset` coherent in direction `dir` (nothing to do where host
     /// memory is device memory).
     fn sync(&self, dir: SyncDir, offset: u64, len: u64) -> Result<(), DeviceError>;
+    /// The caller is about to write the whole allocation (a weight being filled): a backend may
+    /// map its pages in at once. A hint only; the default does nothing.
+    fn will_write_all(&mut self) {}
 }
 
 /// One allocation in a domain's IOVA window, mapped into the host.
@@ -171,6 +174,12 @@ impl DeviceBuffer {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         let n = self.size as usize;
         &mut self.backend.host_mut()[..n]
+    }
+    /// Tell the backend the whole buffer is about to be written (a weight being filled), so it
+    /// may map its pages in at once instead of faulting them in one by one
+    /// ([`BackendBuffer::will_write_all`]; the emulator does, the board backends need not).
+    pub fn will_write_all(&mut self) {
+        self.backend.will_write_all();
     }
     /// Flush CPU writes so the device sees them (MEM_SYNC TO_DEVICE on cacheable rknpu buffers;
     /// nothing to do on the emulator).

@@ -122,6 +122,10 @@ impl BackendBuffer for EmuBuffer {
         // Host memory is the device memory here: nothing to flush.
         Ok(())
     }
+
+    fn will_write_all(&mut self) {
+        self.map.populate();
+    }
 }
 
 /// Holds the NPU attached to one domain while a task runs; dropping it lets other domains in.

@@ -944,6 +944,7 @@ impl WeightCache {
             source,
         };
         let parts = self.parts(name)?;
+        buffer.will_write_all();
         let (scales, how) = self.source.fetch_into(name, buffer.as_mut_slice())?;
         if !native_order(&parts) {
             // K-segments: store the parts' own blobs one after another (one copy, at fill time).
