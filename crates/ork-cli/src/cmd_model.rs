@@ -105,6 +105,8 @@ struct RunStats {
     /// The chip the run kept to, and the matmul type every weight used on it.
     soc: &'static str,
     matmul_type: String,
+    /// Compute threads the run used (`--threads`, or one per core).
+    threads: usize,
     prefill_tokens: usize,
     prefill_tok_s: f64,
     decode_tokens: usize,
@@ -161,6 +163,7 @@ impl RunStats {
                 ork_device::ElemType::of_activations(engine.activations()).name(),
                 ork_device::ElemType::of_weight(engine.config().dtype).name()
             ),
+            threads: engine.threads(),
             prefill_tokens: prefill.0,
             prefill_tok_s: rate(prefill.0, prefill.1),
             decode_tokens: decode.0,

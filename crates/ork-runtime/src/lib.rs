@@ -926,6 +926,15 @@ impl Engine {
     /// # Errors
     /// The GGUF cannot be opened, or its model, tokenizer or manifest is not usable.
     pub fn load(config: EngineConfig) -> Result<LoadedModel, RuntimeError> {
+        if let Some(n) = config.threads {
+            // Before anything here runs in parallel: the first use of rayon's global pool
+            // (loading the model uses it) builds it with one thread per core, and
+            // `build_global` is then refused. The first call wins; later engines in the same
+            // process share the pool ([`Engine::threads`] says how large it is).
+            let _ = rayon::ThreadPoolBuilder::new()
+                .num_threads(n.max(1))
+                .build_global();
+        }
         let gguf = Arc::new(GgufFile::open(&config.model)?);
         let model_err = |source| RuntimeError::Model {
             model: config.model.clone(),
@@ -1022,12 +1031,6 @@ impl LoadedModel {
             manifest,
             smoothing,
         } = self;
-        if let Some(n) = config.threads {
-            // The first call wins; later engines in the same process share the pool.
-            let _ = rayon::ThreadPoolBuilder::new()
-                .num_threads(n.max(1))
-                .build_global();
-        }
         check_chip(&config, &manifest)?;
         model.set_expert_speculation(config.expert_speculation);
         let device = open_device(config.device, config.domains, config.soc)?;
@@ -1376,6 +1379,11 @@ impl Engine {
     /// The device.
     pub fn device(&self) -> &Arc<dyn Device> {
         &self.device
+    }
+    /// Compute threads: the size of rayon's global pool, which the forward pass runs on
+    /// ([`EngineConfig::threads`] sizes it when the first engine of the process loads).
+    pub fn threads(&self) -> usize {
+        rayon::current_num_threads()
     }
 
     /// The residency plan in force.

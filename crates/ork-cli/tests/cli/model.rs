@@ -84,6 +84,13 @@ fn convert_then_reload_same_text_as_resident_and_other_budgets() {
     assert_eq!(resident_off["text"], first["text"]);
     let middle = run_json(&pack, 80, &[]);
     assert_eq!(middle["text"], first["text"]);
+    // `--threads` sizes the compute pool (it was once silently ignored: loading the model used
+    // rayon first, which built the pool before the engine could), and the text does not change.
+    for t in [1u64, 3] {
+        let v = run_json(&pack, 1024, &["--threads", &t.to_string()]);
+        assert_eq!(u(&v, "threads"), t, "{v}");
+        assert_eq!(v["text"], first["text"]);
+    }
     let no_prefetch = run_json(&pack, quarter_mb + 1, &["--no-prefetch"]);
     assert_eq!(no_prefetch["text"], first["text"]);
     assert_eq!(u(&no_prefetch, "prefetched"), 0);
