@@ -292,7 +292,8 @@ pub struct EngineConfig {
     /// `dtype` and `activations`.
     pub group: ork_pack::ScaleGroup,
     /// Compute threads (`None`: all cores). The first engine of a process sizes rayon's global
-    /// pool.
+    /// pool when it loads ([`Engine::load`]); a process that used that pool before keeps the
+    /// pool it has ([`Engine::threads`] says its size).
     pub threads: Option<usize>,
     /// Run the prefetch thread when the plan streams, and the first-pass loader (`Warmup`) when
     /// it is resident.
