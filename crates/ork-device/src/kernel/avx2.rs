@@ -85,6 +85,8 @@ unsafe fn tile_dot_avx2(a: &[i16], kpad: usize, w: &[i8], tn: usize, out: &mut [
     // The bytes after this tile: usually the next tile this thread computes (a weight's
     // N-tiles are contiguous and the drivers hand each thread a run of them).
     let next = wp.wrapping_add(tn * kpad);
+    // Channels of the single row that the M = 1 passes of eight below computed (0 otherwise).
+    let mut done = 0;
     if rows == 1 {
         // Decode (M = 1), where every weight byte is read once, from DRAM. A pass over the
         // k-runs reads each k-run's lines a tile's width apart: a stride the hardware prefetcher
@@ -125,53 +127,18 @@ unsafe fn tile_dot_avx2(a: &[i16], kpad: usize, w: &[i8], tn: usize, out: &mut [
             }
             j += 8;
         }
-        // A tile width that is not a multiple of 8 (the kernel accepts any even one).
-        while j < tn {
-            let mut acc0 = _mm256_setzero_si256();
-            let mut acc1 = _mm256_setzero_si256();
-            for kt in 0..kt_n {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(kt * tn * 32 + j * 32).cast());
-                // SAFETY: kt < kpad/32 and j + 1 < tn: both 32-byte runs lie inside `w`.
-                unsafe {
-                    let w0 = _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32) as *const __m256i);
-                    let w1 =
-                        _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32 + 32) as *const __m256i);
-                    let p = ap.add(kt * 32);
-                    let al = _mm256_loadu_si256(p as *const __m256i);
-                    let ah = _mm256_loadu_si256(p.add(16) as *const __m256i);
-                    acc0 = _mm256_add_epi32(
-                        acc0,
-                        _mm256_add_epi32(
-                            _mm256_madd_epi16(al, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w0))),
-                            _mm256_madd_epi16(
-                                ah,
-                                _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w0)),
-                            ),
-                        ),
-                    );
-                    acc1 = _mm256_add_epi32(
-                        acc1,
-                        _mm256_add_epi32(
-                            _mm256_madd_epi16(al, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w1))),
-                            _mm256_madd_epi16(
-                                ah,
-                                _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w1)),
-                            ),
-                        ),
-                    );
-                }
-            }
-            out[j] = hsum(acc0);
-            out[j + 1] = hsum(acc1);
-            j += 2;
-        }
-        return;
+        done = j;
     }
+    // Leftover rows, a channel pair at a time; at M = 1 only the channels a tile width that is
+    // not a multiple of 8 leaves (the kernel accepts any even one).
     while r < rows {
-        for j in (0..tn).step_by(2) {
+        for j in (done..tn).step_by(2) {
             let mut acc0 = _mm256_setzero_si256();
             let mut acc1 = _mm256_setzero_si256();
             for kt in 0..kt_n {
+                if rows == 1 {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(kt * tn * 32 + j * 32).cast());
+                }
                 // SAFETY: as above, for the single row r.
                 unsafe {
                     let w0 = _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32) as *const __m256i);
