@@ -31,6 +31,7 @@ mod smooth;
 mod speculative;
 mod tokenizer;
 mod weights;
+mod wide;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Arch, ModelConfig, MoeConfig, RopeStyle};

@@ -123,11 +123,24 @@ pub fn attention(
     debug_assert_eq!(out.len(), m * n_head * dv);
     let first_pos = t - m;
     let geometry = Geometry::new(shape);
-    out.par_chunks_mut(dv).enumerate().for_each(|(unit, o)| {
-        let (i, h) = (unit / n_head, unit % n_head);
-        let qh = &q[i * n_head * dk + h * dk..][..dk];
-        geometry.attend(qh, h, keys, values, 0..first_pos + i + 1, o);
-    });
+    // One unit per query row and key/value head: its query heads read each cached row once.
+    let n_kv = n_head_kv;
+    let gq = geometry.group * dk;
+    out.par_chunks_mut(geometry.group * dv)
+        .enumerate()
+        .for_each(|(unit, o)| {
+            let (i, g) = (unit / n_kv, unit % n_kv);
+            let qg = &q[i * n_head * dk + g * gq..][..gq];
+            crate::wide::wide(Attend {
+                geometry: &geometry,
+                qg,
+                g,
+                keys,
+                values,
+                rows: 0..first_pos + i + 1,
+                o,
+            });
+        });
 }
 
 /// Tree attention for `m` query rows that are the nodes of a tree of drafted tokens (tree
@@ -174,12 +187,45 @@ pub fn attention_tree(
         })
         .collect();
     let geometry = Geometry::new(shape);
-    out.par_chunks_mut(dv).enumerate().for_each(|(unit, o)| {
-        let (i, h) = (unit / n_head, unit % n_head);
-        let qh = &q[i * n_head * dk + h * dk..][..dk];
-        let rows = (0..first_pos).chain(branches[i].iter().copied());
-        geometry.attend(qh, h, keys, values, rows, o);
-    });
+    let n_kv = shape.n_head_kv;
+    let gq = geometry.group * dk;
+    out.par_chunks_mut(geometry.group * dv)
+        .enumerate()
+        .for_each(|(unit, o)| {
+            let (i, g) = (unit / n_kv, unit % n_kv);
+            let qg = &q[i * n_head * dk + g * gq..][..gq];
+            let rows = (0..first_pos).chain(branches[i].iter().copied());
+            crate::wide::wide(Attend {
+                geometry: &geometry,
+                qg,
+                g,
+                keys,
+                values,
+                rows,
+                o,
+            });
+        });
+}
+
+/// One [`Geometry::attend`] call as a [`crate::wide::Kernel`], so that its loops run as wide as
+/// the CPU allows.
+struct Attend<'a, R> {
+    geometry: &'a Geometry,
+    qg: &'a [f32],
+    g: usize,
+    keys: &'a [f32],
+    values: &'a [f32],
+    rows: R,
+    o: &'a mut [f32],
+}
+
+impl<R: Iterator<Item = usize> + Clone> crate::wide::Kernel for Attend<'_, R> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        self.geometry
+            .attend(self.qg, self.g, self.keys, self.values, self.rows, self.o);
+    }
 }
 
 /// Sizes of one attention call, shared by [`attention`] and [`attention_tree`].
@@ -204,51 +250,64 @@ impl Geometry {
         }
     }
 
-    /// One query head `qh` (head `h`) over the key/value positions `rows`, in that order, with a
-    /// max-subtracted softmax, into `o`. The same positions in the same order give the same
+    /// The query heads `qg` of key/value head `g` (`group` heads of `dk` values, one after
+    /// another) over the key/value positions `rows`, in that order, with a max-subtracted
+    /// softmax, into `o` (`group` heads of `dv` values). Each cached row is read once for all
+    /// the heads that share it. A head's result depends only on its query and the positions and
+    /// their order, never on the other heads: the same positions in the same order give the same
     /// bits, whichever call they come from.
+    #[inline(always)]
     fn attend(
         &self,
-        qh: &[f32],
-        h: usize,
+        qg: &[f32],
+        g: usize,
         keys: &[f32],
         values: &[f32],
         rows: impl Iterator<Item = usize> + Clone,
         o: &mut [f32],
     ) {
-        let g = h / self.group;
-        let (dk, dv) = (self.dk, self.dv);
+        let (dk, dv, heads) = (self.dk, self.dv, self.group);
+        let positions: Vec<usize> = rows.collect();
+        let n = positions.len();
+        // scores[hh * n + j]: head hh at position j.
+        let mut scores = vec![0.0f32; heads * n];
         // Rows are a head's slice of each cached position, `k_dim` floats apart: a stride the
         // hardware prefetcher follows late, and at decode every row comes from memory (the
         // weights streamed through the caches since the last token). Ask for the rows a few
         // positions ahead.
-        let mut ahead = rows.clone().skip(PREFETCH_ROWS);
-        let mut scores: Vec<f32> = rows
-            .clone()
-            .map(|p| {
-                if let Some(a) = ahead.next() {
-                    crate::prefetch::prefetch(&keys[a * self.k_dim + g * dk..][..dk]);
-                }
-                dot(qh, &keys[p * self.k_dim + g * dk..][..dk]) * self.scale
-            })
-            .collect();
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0f64;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += f64::from(*s);
+        let mut ahead = positions.iter().skip(PREFETCH_ROWS);
+        for (j, &p) in positions.iter().enumerate() {
+            if let Some(&a) = ahead.next() {
+                crate::prefetch::prefetch(&keys[a * self.k_dim + g * dk..][..dk]);
+            }
+            let krow = &keys[p * self.k_dim + g * dk..][..dk];
+            for (hh, qh) in qg.chunks_exact(dk).enumerate() {
+                scores[hh * n + j] = dot(qh, krow) * self.scale;
+            }
         }
-        let inv = (1.0 / sum) as f32;
+        // The softmax's normaliser of each head.
+        let mut inv = vec![0.0f32; heads];
+        for (s, inv) in scores.chunks_exact_mut(n.max(1)).zip(inv.iter_mut()) {
+            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0f64;
+            for s in s.iter_mut() {
+                *s = (*s - max).exp();
+                sum += f64::from(*s);
+            }
+            *inv = (1.0 / sum) as f32;
+        }
         o.fill(0.0);
-        let mut ahead = rows.clone().skip(PREFETCH_ROWS);
-        for (p, &w) in rows.zip(&scores) {
-            if let Some(a) = ahead.next() {
+        let mut ahead = positions.iter().skip(PREFETCH_ROWS);
+        for (j, &p) in positions.iter().enumerate() {
+            if let Some(&a) = ahead.next() {
                 crate::prefetch::prefetch(&values[a * self.v_dim + g * dv..][..dv]);
             }
             let vrow = &values[p * self.v_dim + g * dv..][..dv];
-            let w = w * inv;
-            for (acc, &v) in o.iter_mut().zip(vrow) {
-                *acc += w * v;
+            for (hh, oh) in o.chunks_exact_mut(dv).enumerate() {
+                let w = scores[hh * n + j] * inv[hh];
+                for (acc, &v) in oh.iter_mut().zip(vrow) {
+                    *acc += w * v;
+                }
             }
         }
     }
@@ -258,7 +317,7 @@ impl Geometry {
 const PREFETCH_ROWS: usize = 4;
 
 /// Dot product with 8 independent accumulators so the compiler can vectorise it.
-#[inline]
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     const LANES: usize = 8;

@@ -1,0 +1,56 @@
+//! Attention alone at decode: one query row of a SmolLM2-shaped model (9 query heads, 3
+//! key/value heads of 64) over `T` cached positions in each of 30 layers, on random data; prints
+//! the best time per token of 200 and a checksum of the output (equal checksums across builds:
+//! equal results).
+//!
+//! `cargo run --release -p ork-exec --example attn_bench -- [T]` (default 256).
+use ork_exec::ops::{attention, AttentionShape};
+use std::time::Instant;
+
+fn main() {
+    let t: usize = match std::env::args().nth(1).map(|s| s.parse()) {
+        None => 256,
+        Some(Ok(t)) if t > 0 => t,
+        Some(_) => {
+            eprintln!("attn_bench: T must be a positive number of cached positions");
+            std::process::exit(2);
+        }
+    };
+    let shape = AttentionShape {
+        n_head: 9,
+        n_head_kv: 3,
+        head_dim_k: 64,
+        head_dim_v: 64,
+    };
+    let layers = 30;
+    let mut s = 1u64;
+    let mut r = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s % 1000) as f32 / 1000.0 - 0.5
+    };
+    let kv = t * shape.n_head_kv * shape.head_dim_k;
+    let ks: Vec<Vec<f32>> = (0..layers)
+        .map(|_| (0..kv).map(|_| r()).collect())
+        .collect();
+    let vs: Vec<Vec<f32>> = (0..layers)
+        .map(|_| (0..kv).map(|_| r()).collect())
+        .collect();
+    let q: Vec<f32> = (0..shape.n_head * shape.head_dim_k).map(|_| r()).collect();
+    let mut out = vec![0f32; shape.n_head * shape.head_dim_v];
+    let mut best = f64::MAX;
+    let mut checksum = 0.0f64;
+    for _ in 0..200 {
+        let start = Instant::now();
+        for (k, v) in ks.iter().zip(&vs) {
+            attention(shape, &q, k, v, 1, &mut out);
+        }
+        best = best.min(start.elapsed().as_secs_f64());
+        checksum += out.iter().map(|&x| f64::from(x)).sum::<f64>();
+    }
+    println!(
+        "attention, {t} cached positions, {layers} layers: best {:.1} µs per token (checksum {checksum:.9e})",
+        best * 1e6
+    );
+}

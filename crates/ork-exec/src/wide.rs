@@ -1,0 +1,59 @@
+//! Running a hot f32 loop compiled for the widest vectors the CPU has, with the same results.
+//!
+//! The workspace builds for baseline x86-64 (SSE2), so the executor's own f32 loops run four
+//! lanes wide. [`wide`] runs a [`Kernel`] in a function compiled for AVX2 when the CPU has it, so
+//! that the loops its `run` inlines run eight lanes wide. The results are the same bits either
+//! way: the loops spell out their lanes and their order of additions, and AVX2 alone enables no
+//! fused multiply-add (the compiler never contracts `a * b + c` into one unless asked to).
+//! Attention's dot products and weighted sums (`ops`) run this way (figures in README "End to
+//! end").
+#![allow(unsafe_code)]
+
+/// A piece of work whose `run` is inlined into [`wide`]'s AVX2 copy (mark it
+/// `#[inline(always)]`; a closure would not be inlined there).
+pub(crate) trait Kernel {
+    type Out;
+    fn run(self) -> Self::Out;
+}
+
+/// `k.run()`, compiled for AVX2 where the CPU has it (the code `run` inlines, not the functions
+/// it calls out of line).
+#[inline(always)]
+pub(crate) fn wide<K: Kernel>(k: K) -> K::Out {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above), the one feature `avx2` is compiled for.
+        return unsafe { avx2(k) };
+    }
+    k.run()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn avx2<K: Kernel>(k: K) -> K::Out {
+    k.run()
+}
+
+#[cfg(test)]
+mod tests {
+    struct Dot<'a>(&'a [f32], &'a [f32]);
+    impl super::Kernel for Dot<'_> {
+        type Out = f32;
+        #[inline(always)]
+        fn run(self) -> f32 {
+            crate::ops::dot(self.0, self.1)
+        }
+    }
+
+    /// The same f32 loop gives the same bits in and out of [`super::wide`].
+    #[test]
+    fn a_wide_loop_gives_the_bits_of_the_narrow_one() {
+        let a: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.11).cos() * 3.0).collect();
+        for len in [0, 1, 7, 8, 9, 64, 100, 1000] {
+            let narrow = crate::ops::dot(&a[..len], &b[..len]);
+            let wide = super::wide(Dot(&a[..len], &b[..len]));
+            assert_eq!(narrow.to_bits(), wide.to_bits(), "len {len}");
+        }
+    }
+}
