@@ -296,21 +296,58 @@ impl Geometry {
             }
             *inv = (1.0 / sum) as f32;
         }
-        o.fill(0.0);
-        let mut ahead = positions.iter().skip(PREFETCH_ROWS);
-        for (j, &p) in positions.iter().enumerate() {
-            if let Some(&a) = ahead.next() {
-                crate::prefetch::prefetch(&values[a * self.v_dim + g * dv..][..dv]);
-            }
-            let vrow = &values[p * self.v_dim + g * dv..][..dv];
-            for (hh, oh) in o.chunks_exact_mut(dv).enumerate() {
-                let w = scores[hh * n + j] * inv[hh];
-                for (acc, &v) in oh.iter_mut().zip(vrow) {
-                    *acc += w * v;
+        // The weighted sum of the value rows, one head at a time: a head of 64 values (the usual
+        // size) sums in registers, a fixed-size array the compiler keeps there, instead of
+        // loading and storing `o` at every position. The first head asks for the rows ahead;
+        // the others find them in the cache.
+        for (hh, oh) in o.chunks_exact_mut(dv).enumerate() {
+            let weights = &scores[hh * n..][..n];
+            let value = |p: usize| &values[p * self.v_dim + g * dv..][..dv];
+            let ahead = if hh == 0 { PREFETCH_ROWS } else { usize::MAX };
+            if dv == 64 {
+                let oh: &mut [f32; 64] = oh.try_into().expect("dv is 64");
+                *oh = weighted_sum::<64>(&positions, weights, inv[hh], ahead, |p| {
+                    value(p).try_into().expect("dv is 64")
+                });
+            } else {
+                oh.fill(0.0);
+                for (j, &p) in positions.iter().enumerate() {
+                    if let Some(&a) = positions.get(j.saturating_add(ahead)) {
+                        crate::prefetch::prefetch(value(a));
+                    }
+                    let w = weights[j] * inv[hh];
+                    for (acc, &v) in oh.iter_mut().zip(value(p)) {
+                        *acc += w * v;
+                    }
                 }
             }
         }
     }
+}
+
+/// `Σ_j (weights[j] · inv) · value(positions[j])`, summed in position order (the bits of
+/// accumulating into a zeroed `o` one position at a time), prefetching the row `ahead` positions
+/// on.
+#[inline(always)]
+fn weighted_sum<'v, const D: usize>(
+    positions: &[usize],
+    weights: &[f32],
+    inv: f32,
+    ahead: usize,
+    value: impl Fn(usize) -> &'v [f32; D],
+) -> [f32; D] {
+    let mut acc = [0.0f32; D];
+    for (j, &p) in positions.iter().enumerate() {
+        if let Some(&a) = positions.get(j.saturating_add(ahead)) {
+            crate::prefetch::prefetch(value(a));
+        }
+        let w = weights[j] * inv;
+        let v = value(p);
+        for l in 0..D {
+            acc[l] += w * v[l];
+        }
+    }
+    acc
 }
 
 /// How many key/value positions ahead [`Geometry::attend`] prefetches.
@@ -487,6 +524,71 @@ mod tests {
                 one.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()),
                 "node {node}"
             );
+        }
+    }
+
+    /// Grouped-query attention gives, bit for bit, a plain per-head reference (scores by [`dot`],
+    /// a max-subtracted softmax summed in f64, the value rows added in position order), for
+    /// heads of 64 values (summed in registers) and of other sizes, and for every row of a
+    /// batch as for that row alone.
+    #[test]
+    fn attention_is_the_plain_per_head_computation_bit_for_bit() {
+        for (dk, dv) in [(64, 64), (64, 48), (32, 64), (24, 40)] {
+            let shape = AttentionShape {
+                n_head: 6,
+                n_head_kv: 2,
+                head_dim_k: dk,
+                head_dim_v: dv,
+            };
+            let (kd, vd, qd) = (2 * dk, 2 * dv, 6 * dk);
+            let val = |i: usize, salt: f32| (i as f32 * 0.37 + salt).sin() * 1.5;
+            let (t, m) = (29, 3);
+            let keys: Vec<f32> = (0..t * kd).map(|i| val(i, 0.2)).collect();
+            let values: Vec<f32> = (0..t * vd).map(|i| val(i, 0.9)).collect();
+            let q: Vec<f32> = (0..m * qd).map(|i| val(i, 1.7)).collect();
+            let mut batch = vec![0.0; m * n_out(shape)];
+            attention(shape, &q, &keys, &values, m, &mut batch);
+            for i in 0..m {
+                let seen = t - m + i + 1;
+                let mut want = vec![0.0f32; n_out(shape)];
+                for h in 0..6 {
+                    let g = h / 3;
+                    let qh = &q[i * qd + h * dk..][..dk];
+                    let scale = 1.0 / (dk as f32).sqrt();
+                    let mut sc: Vec<f32> = (0..seen)
+                        .map(|p| dot(qh, &keys[p * kd + g * dk..][..dk]) * scale)
+                        .collect();
+                    let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0.0f64;
+                    for s in sc.iter_mut() {
+                        *s = (*s - max).exp();
+                        sum += f64::from(*s);
+                    }
+                    let inv = (1.0 / sum) as f32;
+                    let o = &mut want[h * dv..][..dv];
+                    for (p, &w) in sc.iter().enumerate() {
+                        for (acc, &v) in o.iter_mut().zip(&values[p * vd + g * dv..][..dv]) {
+                            *acc += w * inv * v;
+                        }
+                    }
+                }
+                let got = &batch[i * n_out(shape)..][..n_out(shape)];
+                assert!(
+                    want.iter()
+                        .zip(got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "dk {dk} dv {dv} row {i} of the batch"
+                );
+                let mut alone = vec![0.0; n_out(shape)];
+                let (k1, v1) = (&keys[..seen * kd], &values[..seen * vd]);
+                attention(shape, &q[i * qd..][..qd], k1, v1, 1, &mut alone);
+                assert!(
+                    want.iter()
+                        .zip(&alone)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "dk {dk} dv {dv} row {i} alone"
+                );
+            }
         }
     }
 
