@@ -921,7 +921,12 @@ impl WeightCache {
                     .device
                     .create_buffer(size, BufferIntent::Weight, domain)
                 {
-                    Ok(b) => break b,
+                    Ok(mut b) => {
+                        // A fresh buffer: its pages are mapped in at once. A reused one
+                        // already has them, so it is not asked again on every streamed load.
+                        b.will_write_all();
+                        break b;
+                    }
                     Err(e @ DeviceError::WindowFull { .. }) => {
                         if !self.relieve_wall(domain, by) {
                             return Err(ResidencyError::WindowExhausted {
@@ -944,7 +949,6 @@ impl WeightCache {
             source,
         };
         let parts = self.parts(name)?;
-        buffer.will_write_all();
         let (scales, how) = self.source.fetch_into(name, buffer.as_mut_slice())?;
         if !native_order(&parts) {
             // K-segments: store the parts' own blobs one after another (one copy, at fill time).
