@@ -122,25 +122,7 @@ pub fn attention(
     debug_assert_eq!(q.len(), m * n_head * dk);
     debug_assert_eq!(out.len(), m * n_head * dv);
     let first_pos = t - m;
-    let geometry = Geometry::new(shape);
-    // One unit per query row and key/value head: its query heads read each cached row once.
-    let n_kv = n_head_kv;
-    let gq = geometry.group * dk;
-    out.par_chunks_mut(geometry.group * dv)
-        .enumerate()
-        .for_each(|(unit, o)| {
-            let (i, g) = (unit / n_kv, unit % n_kv);
-            let qg = &q[i * n_head * dk + g * gq..][..gq];
-            crate::wide::wide(Attend {
-                geometry: &geometry,
-                qg,
-                g,
-                keys,
-                values,
-                rows: 0..first_pos + i + 1,
-                o,
-            });
-        });
+    Geometry::new(shape).attend_rows(q, keys, values, out, |i| 0..first_pos + i + 1);
 }
 
 /// Tree attention for `m` query rows that are the nodes of a tree of drafted tokens (tree
@@ -186,25 +168,9 @@ pub fn attention_tree(
             b
         })
         .collect();
-    let geometry = Geometry::new(shape);
-    let n_kv = shape.n_head_kv;
-    let gq = geometry.group * dk;
-    out.par_chunks_mut(geometry.group * dv)
-        .enumerate()
-        .for_each(|(unit, o)| {
-            let (i, g) = (unit / n_kv, unit % n_kv);
-            let qg = &q[i * n_head * dk + g * gq..][..gq];
-            let rows = (0..first_pos).chain(branches[i].iter().copied());
-            crate::wide::wide(Attend {
-                geometry: &geometry,
-                qg,
-                g,
-                keys,
-                values,
-                rows,
-                o,
-            });
-        });
+    Geometry::new(shape).attend_rows(q, keys, values, out, |i| {
+        (0..first_pos).chain(branches[i].iter().copied())
+    });
 }
 
 /// One [`Geometry::attend`] call as a [`crate::wide::Kernel`], so that its loops run as wide as
@@ -230,6 +196,7 @@ impl<R: Iterator<Item = usize> + Clone> crate::wide::Kernel for Attend<'_, R> {
 
 /// Sizes of one attention call, shared by [`attention`] and [`attention_tree`].
 struct Geometry {
+    n_head: usize,
     group: usize,
     dk: usize,
     dv: usize,
@@ -241,6 +208,7 @@ struct Geometry {
 impl Geometry {
     fn new(s: AttentionShape) -> Geometry {
         Geometry {
+            n_head: s.n_head,
             group: s.n_head / s.n_head_kv,
             dk: s.head_dim_k,
             dv: s.head_dim_v,
@@ -248,6 +216,35 @@ impl Geometry {
             v_dim: s.n_head_kv * s.head_dim_v,
             scale: 1.0 / (s.head_dim_k as f32).sqrt(),
         }
+    }
+
+    /// Every query row `i` of `q` (`n_head` heads of `dk` values each) over its key/value
+    /// positions `rows_of(i)`, into its row of `out`, in parallel: one unit per query row and
+    /// key/value head, whose query heads read each cached row once.
+    fn attend_rows<R: Iterator<Item = usize> + Clone>(
+        &self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        out: &mut [f32],
+        rows_of: impl Fn(usize) -> R + Sync,
+    ) {
+        let n_kv = self.n_head / self.group;
+        let gq = self.group * self.dk;
+        out.par_chunks_mut(self.group * self.dv)
+            .enumerate()
+            .for_each(|(unit, o)| {
+                let (i, g) = (unit / n_kv, unit % n_kv);
+                crate::wide::wide(Attend {
+                    geometry: self,
+                    qg: &q[i * self.n_head * self.dk + g * gq..][..gq],
+                    g,
+                    keys,
+                    values,
+                    rows: rows_of(i),
+                    o,
+                });
+            });
     }
 
     /// The query heads `qg` of key/value head `g` (`group` heads of `dk` values, one after
@@ -305,49 +302,40 @@ impl Geometry {
             let value = |p: usize| &values[p * self.v_dim + g * dv..][..dv];
             let ahead = if hh == 0 { PREFETCH_ROWS } else { usize::MAX };
             if dv == 64 {
-                let oh: &mut [f32; 64] = oh.try_into().expect("dv is 64");
-                *oh = weighted_sum::<64>(&positions, weights, inv[hh], ahead, |p| {
-                    value(p).try_into().expect("dv is 64")
-                });
+                let mut acc = [0.0f32; 64];
+                weighted_sum(&mut acc, &positions, weights, inv[hh], ahead, value);
+                oh.copy_from_slice(&acc);
             } else {
                 oh.fill(0.0);
-                for (j, &p) in positions.iter().enumerate() {
-                    if let Some(&a) = positions.get(j.saturating_add(ahead)) {
-                        crate::prefetch::prefetch(value(a));
-                    }
-                    let w = weights[j] * inv[hh];
-                    for (acc, &v) in oh.iter_mut().zip(value(p)) {
-                        *acc += w * v;
-                    }
-                }
+                weighted_sum(oh, &positions, weights, inv[hh], ahead, value);
             }
         }
     }
 }
 
-/// `Σ_j (weights[j] · inv) · value(positions[j])`, summed in position order (the bits of
-/// accumulating into a zeroed `o` one position at a time), prefetching the row `ahead` positions
-/// on.
+/// `acc += Σ_j (weights[j] · inv) · value(positions[j])`, one position at a time in order,
+/// prefetching the row `ahead` positions on. Given a fixed-size array (a head of 64), the
+/// compiler keeps `acc` in registers: its length is a constant there once this is inlined.
 #[inline(always)]
-fn weighted_sum<'v, const D: usize>(
+fn weighted_sum<'v>(
+    acc: &mut [f32],
     positions: &[usize],
     weights: &[f32],
     inv: f32,
     ahead: usize,
-    value: impl Fn(usize) -> &'v [f32; D],
-) -> [f32; D] {
-    let mut acc = [0.0f32; D];
+    value: impl Fn(usize) -> &'v [f32],
+) {
+    let d = acc.len();
     for (j, &p) in positions.iter().enumerate() {
         if let Some(&a) = positions.get(j.saturating_add(ahead)) {
             crate::prefetch::prefetch(value(a));
         }
         let w = weights[j] * inv;
-        let v = value(p);
-        for l in 0..D {
+        let v = &value(p)[..d];
+        for l in 0..d {
             acc[l] += w * v[l];
         }
     }
-    acc
 }
 
 /// How many key/value positions ahead [`Geometry::attend`] prefetches.
