@@ -82,6 +82,8 @@ unsafe fn tile_dot_avx2(a: &[i16], kpad: usize, w: &[i8], tn: usize, out: &mut [
         }
         r += 4;
     }
+    /// How far ahead of its reads the M = 1 pass prefetches, bytes.
+    const AHEAD: usize = 2048;
     // The bytes after this tile: usually the next tile this thread computes (a weight's
     // N-tiles are contiguous and the drivers hand each thread a run of them).
     let next = wp.wrapping_add(tn * kpad);
@@ -91,19 +93,22 @@ unsafe fn tile_dot_avx2(a: &[i16], kpad: usize, w: &[i8], tn: usize, out: &mut [
         // Decode (M = 1), where every weight byte is read once, from DRAM. The tile is read in
         // memory order: each k-run's `tn × 32` bytes, every channel's 32 at once, into one
         // accumulator per channel (up to 64 channels; they live on the stack, as 16 registers
-        // cannot hold them). The same lines of the next tile are prefetched, a whole tile ahead
-        // of their use; a prefetch never faults, so `next` past the end of the weight is
-        // harmless. Reading eight channels per pass over the k-runs instead (registers only, but
-        // 256 bytes out of every `tn × 32`, four passes per tile) was slower: the SmolLM2-sized
-        // decode pass of `ork bench gemm` took 9.2 against 7.3 ms here (medians of 6
-        // interleaved runs, AVX2-only EPYC), and `ork run` decoded 74.9 against 70.7 tok/s (medians
-        // of 8 interleaved runs, same greedy tokens).
+        // cannot hold them). The lines `AHEAD` bytes on are prefetched (into the next tile at
+        // its end: a thread's tiles are contiguous); a prefetch never faults, so an address past
+        // the end of the weight is harmless. `AHEAD` = 2 KiB against a whole tile ahead (18–48
+        // KiB, more than L1 holds): a SmolLM2-sized pass of 211 M = 1 matmuls took 3–4 % less
+        // (medians of 100 interleaved passes, three runs; 1, 4 and 6 KiB did as well). Reading
+        // eight channels per pass over the k-runs instead (registers only, but 256 bytes out of
+        // every `tn × 32`, four passes per tile) was slower: the SmolLM2-sized decode pass of
+        // `ork bench gemm` took 9.2 against 7.3 ms here (medians of 6 interleaved runs, AVX2-only
+        // EPYC), and `ork run` decoded 74.9 against 70.7 tok/s (medians of 8 interleaved runs,
+        // same greedy tokens).
         let mut acc = [_mm256_setzero_si256(); 64];
         let tn8 = (tn / 8 * 8).min(64);
         for kt in 0..kt_n {
             let base = kt * tn * 32;
             for l in 0..tn8 / 2 {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(base + 64 * l).cast());
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(base + AHEAD + 64 * l).cast());
             }
             // SAFETY: kt < kpad/32 and c < tn, so the 32 bytes at `base + 32 c` lie inside `w`;
             // k-run kt of the single row lies inside `a`.
