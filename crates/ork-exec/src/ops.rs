@@ -100,9 +100,9 @@ impl crate::wide::Kernel for Swiglu<'_> {
 /// `expf` is called one value at a time): Cephes' `expf` — `x = n·ln 2 + r` with `n` rounded to
 /// nearest and |r| ≤ ln 2 / 2, a degree-6 polynomial for `e^r`, `2^n` put into the exponent
 /// bits. Within 2 ulp of the true value for normal results (a test checks it against `f64`'s
-/// `exp` over the whole range); `x` is clamped to [-87.3, 88.3], so results below `2^-126`
-/// become ~`1.2e-38` rather than subnormal or 0, and results above `f32::MAX / 2` are not
-/// reached; NaN stays NaN. Plain multiplies and adds (no fused ones): the same bits in every
+/// `exp` over the whole range); `x` is clamped to [-87.34, 88.38], so a result below `2^-126`
+/// is ~`1.2e-38` rather than subnormal or 0, and one above ~`2.4e38` is that rather than
+/// infinity; NaN stays NaN. Plain multiplies and adds (no fused ones): the same bits in every
 /// build.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
