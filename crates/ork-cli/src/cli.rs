@@ -288,6 +288,10 @@ pub struct ModelOpts {
     /// 32/64/128 k where that divides K). Overrides --dtype and --act.
     #[arg(long, value_parser = quant_parser, conflicts_with_all = ["dtype", "activations"])]
     pub quant: Option<ork_runtime::Quant>,
+    /// What the KV cache stores: f16 (half the memory, llama.cpp's default) or f32 (the values
+    /// as computed). Host memory, not the device's (docs/kv-cache.md).
+    #[arg(long, value_enum, default_value = "f16")]
+    pub kv_cache: KvCacheArg,
     /// A calibration text for SmoothQuant-style smoothing (docs/chip.md): a few hundred tokens
     /// run through the f32 reference to measure each channel's activation range, which is
     /// migrated into the weights before they are packed. Never the text perplexity is scored on.
@@ -312,6 +316,24 @@ pub fn smooth_targets_parser(s: &str) -> Result<ork_exec::SmoothTargets, String>
 /// Parse a `--quant` name.
 pub fn quant_parser(s: &str) -> Result<ork_runtime::Quant, String> {
     s.parse()
+}
+
+/// What the KV cache stores.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum KvCacheArg {
+    /// IEEE half precision.
+    F16,
+    /// f32.
+    F32,
+}
+
+impl From<KvCacheArg> for ork_runtime::KvType {
+    fn from(a: KvCacheArg) -> Self {
+        match a {
+            KvCacheArg::F16 => ork_runtime::KvType::F16,
+            KvCacheArg::F32 => ork_runtime::KvType::F32,
+        }
+    }
 }
 
 /// Activation precision of the device matmuls.

@@ -52,6 +52,7 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
             calib: calib.clone(),
             targets: opts.smooth_targets,
         }),
+        kv_cache: opts.kv_cache.into(),
     };
     if let Some(q) = opts.quant {
         config.set_quant(q);
@@ -107,6 +108,9 @@ struct RunStats {
     matmul_type: String,
     /// Compute threads the run used (`--threads`, or one per core).
     threads: usize,
+    /// What the KV cache stored (`--kv-cache`), and its bytes at the end of the run.
+    kv_cache: &'static str,
+    kv_cache_bytes: usize,
     prefill_tokens: usize,
     prefill_tok_s: f64,
     decode_tokens: usize,
@@ -164,6 +168,11 @@ impl RunStats {
                 ork_device::ElemType::of_weight(engine.config().dtype).name()
             ),
             threads: engine.threads(),
+            kv_cache: match engine.config().kv_cache {
+                ork_runtime::KvType::F16 => "f16",
+                ork_runtime::KvType::F32 => "f32",
+            },
+            kv_cache_bytes: 0,
             prefill_tokens: prefill.0,
             prefill_tok_s: rate(prefill.0, prefill.1),
             decode_tokens: decode.0,
@@ -350,6 +359,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         started.elapsed(),
     );
     stats.streamed_bytes_per_token = moved as f64 / gen.tokens.len().max(1) as f64;
+    stats.kv_cache_bytes = session.kv_bytes();
     stats.speculative = spec;
     let pack = engine.pack_path().map(|p| p.display().to_string());
     drop(session);
@@ -416,6 +426,7 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
         &tokens,
         args.ctx,
         bos,
+        engine.config().kv_cache,
     )
     .with_context(|| format!("perplexity of {}", args.file.display()))?;
     let secs = t0.elapsed().as_secs_f64();

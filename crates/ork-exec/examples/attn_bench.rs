@@ -1,10 +1,11 @@
 //! Attention alone at decode: one query row of a SmolLM2-shaped model (9 query heads, 3
-//! key/value heads of 64) over `T` cached positions in each of 30 layers, on random data; prints
-//! the best time per token of 200 and a checksum of the output (equal checksums across builds:
-//! equal results).
+//! key/value heads of 64) over `T` cached positions in each of 30 layers, on random data, from
+//! an f16 cache as the session keeps it (`f32`: from an f32 one); prints the best time per token
+//! of 200 and a checksum of the output (equal checksums across builds: equal results).
 //!
-//! `cargo run --release -p ork-exec --example attn_bench -- [T]` (default 256).
-use ork_exec::ops::{attention, AttentionShape};
+//! `cargo run --release -p ork-exec --example attn_bench -- [T] [f16|f32]` (default 256 f16).
+use half::f16;
+use ork_exec::ops::{attention, AttentionShape, KvValue};
 use std::time::Instant;
 
 fn main() {
@@ -22,6 +23,17 @@ fn main() {
         head_dim_k: 64,
         head_dim_v: 64,
     };
+    match std::env::args().nth(2).as_deref() {
+        None | Some("f16") => run(t, shape, f16::from_f32),
+        Some("f32") => run(t, shape, |x| x),
+        Some(other) => {
+            eprintln!("attn_bench: the cache type is f16 or f32, not {other:?}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn run<T: KvValue>(t: usize, shape: AttentionShape, from: impl Fn(f32) -> T) {
     let layers = 30;
     let mut s = 1u64;
     let mut r = || {
@@ -30,13 +42,18 @@ fn main() {
         s ^= s << 17;
         (s % 1000) as f32 / 1000.0 - 0.5
     };
-    let kv = t * shape.n_head_kv * shape.head_dim_k;
-    let ks: Vec<Vec<f32>> = (0..layers)
-        .map(|_| (0..kv).map(|_| r()).collect())
-        .collect();
-    let vs: Vec<Vec<f32>> = (0..layers)
-        .map(|_| (0..kv).map(|_| r()).collect())
-        .collect();
+    // Per layer, per key/value head: `t × 64` values, the layout `attention` takes.
+    let mut cache = || -> Vec<Vec<Vec<T>>> {
+        (0..layers)
+            .map(|_| {
+                (0..shape.n_head_kv)
+                    .map(|_| (0..t * shape.head_dim_k).map(|_| from(r())).collect())
+                    .collect()
+            })
+            .collect()
+    };
+    let ks = cache();
+    let vs = cache();
     let q: Vec<f32> = (0..shape.n_head * shape.head_dim_k).map(|_| r()).collect();
     let mut out = vec![0f32; shape.n_head * shape.head_dim_v];
     let mut best = f64::MAX;
@@ -49,7 +66,9 @@ fn main() {
         for _ in 0..200 {
             let start = Instant::now();
             for (k, v) in ks.iter().zip(&vs) {
-                attention(shape, &q, k, v, 1, &mut out);
+                let k: Vec<&[T]> = k.iter().map(Vec::as_slice).collect();
+                let v: Vec<&[T]> = v.iter().map(Vec::as_slice).collect();
+                attention(shape, &q, &k, &v, 1, &mut out);
             }
             best = best.min(start.elapsed().as_secs_f64());
             checksum += out.iter().map(|&x| f64::from(x)).sum::<f64>();

@@ -2,7 +2,7 @@
 //! reference or the w8a8 quantization reference.
 //!
 //! `cargo run -p ork-exec --profile test --example perplexity -- MODEL.gguf TEXT_FILE [N_CTX] [f32|w8a8] [MAX_CHUNKS]`
-use ork_exec::{perplexity, CpuF32Linear, CpuW8A8Linear, Linear, Model, Tokenizer};
+use ork_exec::{perplexity, CpuF32Linear, CpuW8A8Linear, KvType, Linear, Model, Tokenizer};
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -32,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let bos = tok.add_bos().then(|| tok.bos()).flatten();
     let t = Instant::now();
-    let r = perplexity(&model, &linear, &tokens, n_ctx, bos)?;
+    let r = perplexity(&model, &linear, &tokens, n_ctx, bos, KvType::default())?;
     let secs = t.elapsed().as_secs_f64();
     for (i, p) in r.running.iter().enumerate() {
         print!("[{}]{p:.4},", i + 1);

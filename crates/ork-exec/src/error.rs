@@ -105,6 +105,19 @@ pub enum ExecError {
     /// Nothing to evaluate: the prompt tokenized to no tokens and the vocabulary adds no BOS.
     #[error("empty prompt (and the model's vocabulary does not add a BOS token)")]
     EmptyPrompt,
+    /// A key or value too large for an f16 KV cache (`--kv-cache f32` holds it).
+    #[error(
+        "layer {layer}: a {what} of {value} does not fit the f16 KV cache (|x| < 65520); \
+         use an f32 cache (--kv-cache f32)"
+    )]
+    KvRange {
+        /// The layer (block) whose projection gave it.
+        layer: usize,
+        /// `key` or `value`.
+        what: &'static str,
+        /// The value.
+        value: f32,
+    },
     /// A context length that cannot be used (zero, or too small for the request).
     #[error("context length {context}: {what}")]
     InvalidContext {

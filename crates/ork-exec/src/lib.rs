@@ -24,7 +24,6 @@ mod model;
 mod moe;
 pub mod ops;
 mod perplexity;
-mod prefetch;
 mod sample;
 mod session;
 mod smooth;
@@ -32,6 +31,7 @@ mod speculative;
 mod tokenizer;
 mod weights;
 mod wide;
+mod widen;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Arch, ModelConfig, MoeConfig, RopeStyle};
@@ -42,7 +42,7 @@ pub use model::Model;
 pub use moe::{MoeStats, Routing};
 pub use perplexity::{perplexity, PerplexityReport};
 pub use sample::{Distribution, Sampler, SamplerOptions};
-pub use session::{BatchPart, Session};
+pub use session::{BatchPart, KvType, Session};
 pub use smooth::{
     smooth_reference, smoothed_gguf, smoothing_factors, BlockSmoothing, SmoothTargets,
 };

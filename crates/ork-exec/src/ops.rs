@@ -139,25 +139,58 @@ pub struct AttentionShape {
     pub head_dim_v: usize,
 }
 
+/// A value a KV cache stores: `f32`, or [`half::f16`] (the session's cache, as llama.cpp keeps
+/// its own by default: half the bytes to hold and to read at every token).
+pub trait KvValue: Copy + Send + Sync + 'static {
+    /// `dst[i] = src[i]` as f32, exactly (`src.len() == dst.len()`).
+    fn widen(src: &[Self], dst: &mut [f32]);
+
+    /// `src` itself when it is f32 already.
+    fn as_f32(src: &[Self]) -> Option<&[f32]>;
+}
+
+impl KvValue for f32 {
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    fn as_f32(src: &[f32]) -> Option<&[f32]> {
+        Some(src)
+    }
+}
+
+impl KvValue for half::f16 {
+    /// Eight at a time with F16C where the CPU has it.
+    fn widen(src: &[half::f16], dst: &mut [f32]) {
+        crate::widen::f16_to_f32(src, dst);
+    }
+
+    fn as_f32(_: &[half::f16]) -> Option<&[f32]> {
+        None
+    }
+}
+
 /// Causal grouped-query attention for `m` query rows.
 ///
-/// `q` is `m × (n_head·head_dim_k)`; `keys` / `values` hold every cached position
-/// (`t × (n_head_kv·head_dim)`), the queries being the last `m` of them: query row `i` sits at
-/// position `t - m + i` and attends to positions `0..=t - m + i`. `out` is `m × (n_head·head_dim_v)`.
+/// `q` is `m × (n_head·head_dim_k)`; `keys[g]` / `values[g]` hold key/value head `g` at every
+/// cached position (`t × head_dim`, position after position), the queries being the last `m`
+/// positions: query row `i` sits at position `t - m + i` and attends to positions
+/// `0..=t - m + i`. `out` is `m × (n_head·head_dim_v)`.
 ///
 /// Per head: scores `q·k / √d` by [`dot`], a max-subtracted softmax with [`exp`] summed in f64,
-/// the value rows added in position order. A row over more than [`ATTENTION_PIECE`] positions is
-/// computed in pieces of that many, in parallel (so that one decoded row spreads over every
-/// core), each keeping its maximum `max_c`, its sum of exponentials `sum_c` and its unnormalised
-/// weighted values `acc_c`; with `M` the largest `max_c` and `S = Σ_c sum_c · e^(max_c − M)`
-/// (f64), the output is `Σ_c (acc_c · e^(max_c − M)) · (1 / S)`, pieces in order. Measured with
-/// `examples/attn_bench` (30 layers, 2 threads): ~4.7–5.0 against ~7.7 ms per token at 1000
-/// positions, ~2.4–2.9 against ~2.9–3.8 at 500, no change at 100–256 (README "End to end").
-pub fn attention(
+/// the value rows added in position order. The cached values are widened to f32 exactly before
+/// use, so an f16 cache gives the bits of an f32 cache holding the same (rounded) values. A row
+/// over more than [`ATTENTION_PIECE`] positions is computed in pieces of that many, in parallel
+/// (so that one decoded row spreads over every core), each keeping its maximum `max_c`, its sum
+/// of exponentials `sum_c` and its unnormalised weighted values `acc_c`; with `M` the largest
+/// `max_c` and `S = Σ_c sum_c · e^(max_c − M)` (f64), the output is
+/// `Σ_c (acc_c · e^(max_c − M)) · (1 / S)`, pieces in order. Measured with
+/// `examples/attn_bench` (README "End to end").
+pub fn attention<T: KvValue>(
     shape: AttentionShape,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[&[T]],
+    values: &[&[T]],
     m: usize,
     out: &mut [f32],
 ) {
@@ -167,10 +200,11 @@ pub fn attention(
         head_dim_k: dk,
         head_dim_v: dv,
     } = shape;
-    let k_dim = n_head_kv * dk;
-    let v_dim = n_head_kv * dv;
-    let t = keys.len() / k_dim;
-    debug_assert_eq!(values.len() / v_dim, t);
+    debug_assert_eq!(keys.len(), n_head_kv);
+    debug_assert_eq!(values.len(), n_head_kv);
+    let t = keys.first().map_or(0, |k| k.len() / dk);
+    debug_assert!(keys.iter().all(|k| k.len() == t * dk));
+    debug_assert!(values.iter().all(|v| v.len() == t * dv));
     debug_assert!(m <= t);
     debug_assert_eq!(q.len(), m * n_head * dk);
     debug_assert_eq!(out.len(), m * n_head * dv);
@@ -181,17 +215,17 @@ pub fn attention(
 /// Tree attention for `m` query rows that are the nodes of a tree of drafted tokens (tree
 /// verification in speculative decoding, `docs/speculative.md`).
 ///
-/// `keys` / `values` hold every cached position, the last `m` of them being the tree's nodes in
-/// `parents` order; node `i` attends to the `t - m` positions before the tree and then to its
-/// ancestors from the root down and itself (`parents[i]` is its parent node, `None` for a node
-/// that follows the cached positions directly; a parent comes before its child). The keys a node
-/// sees, and their order, are those of the same tokens decoded one by one along its branch, so
-/// its output is bit for bit the causal [`attention`]'s output for that branch.
-pub fn attention_tree(
+/// `keys` / `values` are laid out as for [`attention`], the last `m` positions being the tree's
+/// nodes in `parents` order; node `i` attends to the `t - m` positions before the tree and then
+/// to its ancestors from the root down and itself (`parents[i]` is its parent node, `None` for a
+/// node that follows the cached positions directly; a parent comes before its child). The keys a
+/// node sees, and their order, are those of the same tokens decoded one by one along its branch,
+/// so its output is bit for bit the causal [`attention`]'s output for that branch.
+pub fn attention_tree<T: KvValue>(
     shape: AttentionShape,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[&[T]],
+    values: &[&[T]],
     parents: &[Option<usize>],
     out: &mut [f32],
 ) {
@@ -202,7 +236,7 @@ pub fn attention_tree(
         ..
     } = shape;
     let m = parents.len();
-    let t = keys.len() / (shape.n_head_kv * dk);
+    let t = keys.first().map_or(0, |k| k.len() / dk);
     debug_assert!(m <= t);
     debug_assert_eq!(q.len(), m * n_head * dk);
     debug_assert_eq!(out.len(), m * n_head * dv);
@@ -235,28 +269,54 @@ pub const ATTENTION_PIECE: usize = 128;
 
 /// One piece of attention as a [`crate::wide::Kernel`], so that its loops run as wide as the
 /// CPU allows.
-struct Attend<'a> {
+struct Attend<'a, T> {
     geometry: &'a Geometry,
     qg: &'a [f32],
-    g: usize,
-    keys: &'a [f32],
-    values: &'a [f32],
+    keys: Rows<'a, T>,
+    values: Rows<'a, T>,
     positions: &'a [usize],
     whole: bool,
 }
 
-impl crate::wide::Kernel for Attend<'_> {
+/// One key/value head's cached rows as a unit of attention finds them.
+#[derive(Clone, Copy)]
+enum Rows<'a, T> {
+    /// f32 already (an f32 cache, or a head widened for a whole batch): read in place.
+    Wide(&'a [f32]),
+    /// To widen, the unit's positions only.
+    Narrow(&'a [T]),
+}
+
+impl<'a, T: KvValue> Rows<'a, T> {
+    /// The rows of `d` values at `positions` as f32, and whether row `j` is at `j` (widened
+    /// into `scratch`) rather than at its position (read in place).
+    #[inline(always)]
+    fn as_f32<'b>(
+        self,
+        d: usize,
+        positions: &[usize],
+        scratch: &'b mut Vec<f32>,
+    ) -> (&'b [f32], bool)
+    where
+        'a: 'b,
+    {
+        match self {
+            Rows::Wide(w) => (w, false),
+            Rows::Narrow(h) => {
+                scratch.resize(positions.len() * d, 0.0);
+                widen_rows(h, d, positions, scratch);
+                (scratch, true)
+            }
+        }
+    }
+}
+
+impl<T: KvValue> crate::wide::Kernel for Attend<'_, T> {
     type Out = Piece;
     #[inline(always)]
     fn run(self) -> Piece {
-        self.geometry.attend(
-            self.qg,
-            self.g,
-            self.keys,
-            self.values,
-            self.positions,
-            self.whole,
-        )
+        self.geometry
+            .attend(self.qg, self.keys, self.values, self.positions, self.whole)
     }
 }
 
@@ -279,8 +339,6 @@ struct Geometry {
     group: usize,
     dk: usize,
     dv: usize,
-    k_dim: usize,
-    v_dim: usize,
     scale: f32,
 }
 
@@ -291,8 +349,6 @@ impl Geometry {
             group: s.n_head / s.n_head_kv,
             dk: s.head_dim_k,
             dv: s.head_dim_v,
-            k_dim: s.n_head_kv * s.head_dim_k,
-            v_dim: s.n_head_kv * s.head_dim_v,
             scale: 1.0 / (s.head_dim_k as f32).sqrt(),
         }
     }
@@ -306,11 +362,11 @@ impl Geometry {
     /// A row over more is merged from its pieces `c` in order: with `M` the largest of their
     /// maxima, `S = Σ_c sum_c · e^(max_c − M)` (f64) and the output
     /// `Σ_c (acc_c · e^(max_c − M)) · (1 / S)`.
-    fn attend_rows<R: Iterator<Item = usize>>(
+    fn attend_rows<'s, T: KvValue, R: Iterator<Item = usize>>(
         &self,
         q: &[f32],
-        keys: &[f32],
-        values: &[f32],
+        keys: &[&'s [T]],
+        values: &[&'s [T]],
         out: &mut [f32],
         rows_of: impl Fn(usize) -> R + Sync,
     ) {
@@ -318,6 +374,36 @@ impl Geometry {
         let (gq, gv) = (self.group * self.dk, self.group * self.dv);
         let m = out.len() / (n_kv * gv).max(1);
         let positions: Vec<Vec<usize>> = (0..m).map(|i| rows_of(i).collect()).collect();
+        // Each head's rows: an f32 cache in place. A narrower one is widened by each unit over
+        // its own positions when one row reads them (decode: every position once, in parallel
+        // pieces), and once per head here, in parallel, when a batch's rows all read them.
+        let widened: Vec<Vec<f32>> =
+            if m > 1 && T::as_f32(keys.first().map_or(&[], |k| k)).is_none() {
+                keys.iter()
+                    .chain(values)
+                    .collect::<Vec<_>>()
+                    .par_iter()
+                    .map(|h| {
+                        let mut w = vec![0.0f32; h.len()];
+                        T::widen(h, &mut w);
+                        w
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+        let rows = |heads: &[&'s [T]], at: usize| -> Vec<Rows<'_, T>> {
+            heads
+                .iter()
+                .enumerate()
+                .map(|(g, h)| match (T::as_f32(h), widened.get(at + g)) {
+                    (Some(w), _) => Rows::Wide(w),
+                    (None, Some(w)) => Rows::Wide(w),
+                    (None, None) => Rows::Narrow(h),
+                })
+                .collect()
+        };
+        let (krows, vrows) = (rows(keys, 0), rows(values, n_kv));
         // Units in (row, key/value head, piece) order; `starts[u]` is the first of output unit
         // u = (row, key/value head).
         let mut units = Vec::new();
@@ -339,9 +425,8 @@ impl Geometry {
                 crate::wide::wide(Attend {
                     geometry: self,
                     qg: &q[i * self.n_head * self.dk + g * gq..][..gq],
-                    g,
-                    keys,
-                    values,
+                    keys: krows[g],
+                    values: vrows[g],
                     positions,
                     whole,
                 })
@@ -390,37 +475,32 @@ impl Geometry {
         }
     }
 
-    /// The query heads `qg` of key/value head `g` (`group` heads of `dk` values, one after
-    /// another) over the key/value `positions`, in that order, with a max-subtracted softmax.
-    /// `whole`: these are all of the row's positions, and the result is normalised
-    /// ([`Piece::Whole`]); else a [`Piece::Part`] to merge. Each cached row is read once for all
-    /// the heads that share it. A head's result depends only on its query and the positions and
-    /// their order, never on the other heads: the same positions in the same order give the same
-    /// bits, whichever call they come from.
+    /// The query heads `qg` of one key/value head (`group` heads of `dk` values, one after
+    /// another) over the `positions` of that head's cached `keys` and `values`, in that order,
+    /// with a max-subtracted softmax. `whole`: these are all of the row's positions, and the
+    /// result is normalised ([`Piece::Whole`]); else a [`Piece::Part`] to merge. The rows are
+    /// widened to f32 once, a run of consecutive positions at a time (a causal row is one run),
+    /// and read from there by all the heads that share them. A head's result depends only on its
+    /// query and the positions and their order, never on the other heads: the same positions in
+    /// the same order give the same bits, whichever call they come from.
     #[inline(always)]
-    fn attend(
+    fn attend<T: KvValue>(
         &self,
         qg: &[f32],
-        g: usize,
-        keys: &[f32],
-        values: &[f32],
+        keys: Rows<'_, T>,
+        values: Rows<'_, T>,
         positions: &[usize],
         whole: bool,
     ) -> Piece {
         let (dk, dv, heads) = (self.dk, self.dv, self.group);
         let n = positions.len();
+        // Row j of the unit: in place at its position, or at j once widened here.
+        let mut scratch = Vec::new();
+        let (ks, k_local) = keys.as_f32(dk, positions, &mut scratch);
         // scores[hh * n + j]: head hh at position j.
         let mut scores = vec![0.0f32; heads * n];
-        // Rows are a head's slice of each cached position, `k_dim` floats apart: a stride the
-        // hardware prefetcher follows late, and at decode every row comes from memory (the
-        // weights streamed through the caches since the last token). Ask for the rows a few
-        // positions ahead.
-        let mut ahead = positions.iter().skip(PREFETCH_ROWS);
         for (j, &p) in positions.iter().enumerate() {
-            if let Some(&a) = ahead.next() {
-                crate::prefetch::prefetch(&keys[a * self.k_dim + g * dk..][..dk]);
-            }
-            let krow = &keys[p * self.k_dim + g * dk..][..dk];
+            let krow = &ks[if k_local { j } else { p } * dk..][..dk];
             for (hh, qh) in qg.chunks_exact(dk).enumerate() {
                 scores[hh * n + j] = dot(qh, krow) * self.scale;
             }
@@ -440,23 +520,23 @@ impl Geometry {
             }
             *sum = s.iter().map(|&e| f64::from(e)).sum();
         }
+        // The keys' scratch is reused for the values.
+        let (vs, v_local) = values.as_f32(dv, positions, &mut scratch);
         // The weighted sum of the value rows, one head at a time: a head of 64 values (the usual
         // size) sums in registers, a fixed-size array the compiler keeps there, instead of
-        // loading and storing `o` at every position. The first head asks for the rows ahead;
-        // the others find them in the cache. A whole row scales each weight by the softmax's
-        // normaliser as it goes; a piece leaves that to the merge.
+        // loading and storing `o` at every position. A whole row scales each weight by the
+        // softmax's normaliser as it goes; a piece leaves that to the merge.
+        let value = |j: usize| &vs[if v_local { j } else { positions[j] } * dv..][..dv];
         let mut o = vec![0.0f32; heads * dv];
         for (hh, oh) in o.chunks_exact_mut(dv).enumerate() {
             let weights = &scores[hh * n..][..n];
             let inv = if whole { (1.0 / sum[hh]) as f32 } else { 1.0 };
-            let value = |p: usize| &values[p * self.v_dim + g * dv..][..dv];
-            let ahead = if hh == 0 { PREFETCH_ROWS } else { usize::MAX };
             if dv == 64 {
                 let mut acc = [0.0f32; 64];
-                weighted_sum(&mut acc, positions, weights, inv, ahead, value);
+                weighted_sum(&mut acc, weights, inv, value);
                 oh.copy_from_slice(&acc);
             } else {
-                weighted_sum(oh, positions, weights, inv, ahead, value);
+                weighted_sum(oh, weights, inv, value);
             }
         }
         if whole {
@@ -467,33 +547,41 @@ impl Geometry {
     }
 }
 
-/// `acc += Σ_j (weights[j] · inv) · value(positions[j])`, one position at a time in order,
-/// prefetching the row `ahead` positions on. Given a fixed-size array (a head of 64), the
-/// compiler keeps `acc` in registers: its length is a constant there once this is inlined.
+/// `dst[j] = src[positions[j]]` for rows of `d` values, widened to f32: one [`KvValue::widen`]
+/// per run of consecutive positions.
+#[inline(always)]
+fn widen_rows<T: KvValue>(src: &[T], d: usize, positions: &[usize], dst: &mut [f32]) {
+    let mut j = 0;
+    while j < positions.len() {
+        let p = positions[j];
+        let mut run = 1;
+        while positions.get(j + run) == Some(&(p + run)) {
+            run += 1;
+        }
+        T::widen(&src[p * d..(p + run) * d], &mut dst[j * d..(j + run) * d]);
+        j += run;
+    }
+}
+
+/// `acc += Σ_j (weights[j] · inv) · value(j)`, one position at a time in order. Given a
+/// fixed-size array (a head of 64), the compiler keeps `acc` in registers: its length is a
+/// constant there once this is inlined.
 #[inline(always)]
 fn weighted_sum<'v>(
     acc: &mut [f32],
-    positions: &[usize],
     weights: &[f32],
     inv: f32,
-    ahead: usize,
     value: impl Fn(usize) -> &'v [f32],
 ) {
     let d = acc.len();
-    for (j, &p) in positions.iter().enumerate() {
-        if let Some(&a) = positions.get(j.saturating_add(ahead)) {
-            crate::prefetch::prefetch(value(a));
-        }
-        let w = weights[j] * inv;
-        let v = &value(p)[..d];
+    for (j, &w) in weights.iter().enumerate() {
+        let w = w * inv;
+        let v = &value(j)[..d];
         for l in 0..d {
             acc[l] += w * v[l];
         }
     }
 }
-
-/// How many key/value positions ahead [`Geometry::attend`] prefetches.
-const PREFETCH_ROWS: usize = 4;
 
 /// Dot product with 8 independent accumulators so the compiler can vectorise it.
 #[inline(always)]
@@ -532,6 +620,96 @@ pub fn argmax(v: &[f32]) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    /// Position-major rows (`t × (n_kv·d)`) split into one `t × d` run per key/value head, the
+    /// layout [`attention`] takes.
+    fn by_head<T: Copy>(rows: &[T], n_kv: usize, d: usize) -> Vec<Vec<T>> {
+        let t = rows.len() / (n_kv * d).max(1);
+        (0..n_kv)
+            .map(|g| {
+                (0..t)
+                    .flat_map(|p| rows[p * n_kv * d + g * d..][..d].iter().copied())
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn slices<T>(v: &[Vec<T>]) -> Vec<&[T]> {
+        v.iter().map(Vec::as_slice).collect()
+    }
+
+    /// [`attention`] on position-major keys and values.
+    fn attention_pm(
+        shape: AttentionShape,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) {
+        let k = by_head(keys, shape.n_head_kv, shape.head_dim_k);
+        let v = by_head(values, shape.n_head_kv, shape.head_dim_v);
+        attention(shape, q, &slices(&k), &slices(&v), m, out);
+    }
+
+    /// [`attention_tree`] on position-major keys and values.
+    fn attention_tree_pm(
+        shape: AttentionShape,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        parents: &[Option<usize>],
+        out: &mut [f32],
+    ) {
+        let k = by_head(keys, shape.n_head_kv, shape.head_dim_k);
+        let v = by_head(values, shape.n_head_kv, shape.head_dim_v);
+        attention_tree(shape, q, &slices(&k), &slices(&v), parents, out);
+    }
+
+    /// An f16 cache gives the bits of an f32 cache holding the same rounded values, causal and
+    /// tree, over one piece and several.
+    #[test]
+    fn an_f16_cache_is_the_f32_cache_of_its_values() {
+        use half::f16;
+        let shape = AttentionShape {
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim_k: 64,
+            head_dim_v: 64,
+        };
+        let val = |i: usize, salt: f32| (i as f32 * 0.37 + salt).sin() * 1.5;
+        for (t, m) in [(40, 1), (ATTENTION_PIECE * 2 + 5, 3)] {
+            let n = t * 64;
+            let k16: Vec<Vec<f16>> = (0..2)
+                .map(|g| (0..n).map(|i| f16::from_f32(val(i + g * n, 0.2))).collect())
+                .collect();
+            let v16: Vec<Vec<f16>> = (0..2)
+                .map(|g| (0..n).map(|i| f16::from_f32(val(i + g * n, 0.9))).collect())
+                .collect();
+            let k32: Vec<Vec<f32>> = k16
+                .iter()
+                .map(|h| h.iter().map(|x| x.to_f32()).collect())
+                .collect();
+            let v32: Vec<Vec<f32>> = v16
+                .iter()
+                .map(|h| h.iter().map(|x| x.to_f32()).collect())
+                .collect();
+            let q: Vec<f32> = (0..m * 6 * 64).map(|i| val(i, 1.7)).collect();
+            let (mut a, mut b) = (vec![0.0; m * 6 * 64], vec![0.0; m * 6 * 64]);
+            attention(shape, &q, &slices(&k16), &slices(&v16), m, &mut a);
+            attention(shape, &q, &slices(&k32), &slices(&v32), m, &mut b);
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "causal, t {t}"
+            );
+            let parents: Vec<Option<usize>> = (0..m).map(|i| i.checked_sub(1)).collect();
+            attention_tree(shape, &q, &slices(&k16), &slices(&v16), &parents, &mut a);
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "tree, t {t}"
+            );
+        }
+    }
+
     /// [`super::exp`] within 2 ulp of the correctly rounded `e^x` over its whole normal range,
     /// on a dense sweep, and the edges as documented.
     #[test]
@@ -631,7 +809,7 @@ mod tests {
         let k = [0.5, 0.5];
         let v = [1.0, 2.0, 3.0];
         let mut out = [0.0; 6];
-        attention(shape, &q, &k, &v, 1, &mut out);
+        attention_pm(shape, &q, &k, &v, 1, &mut out);
         assert_eq!(out, [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
     }
 
@@ -648,7 +826,7 @@ mod tests {
         let k = [0.0, 0.0];
         let v = [10.0, 20.0];
         let mut out = [0.0; 2];
-        attention(shape, &q, &k, &v, 2, &mut out);
+        attention_pm(shape, &q, &k, &v, 2, &mut out);
         assert_eq!(out[0], 10.0);
         assert!(
             (out[1] - 15.0).abs() < 1e-5,
@@ -682,7 +860,7 @@ mod tests {
         let values: Vec<f32> = (0..t * vd).map(|i| val(i, 0.7)).collect();
         let q: Vec<f32> = (0..m * qd).map(|i| val(i, 1.3)).collect();
         let mut out = vec![0.0; m * n_out(shape)];
-        attention_tree(shape, &q, &keys, &values, &parents, &mut out);
+        attention_tree_pm(shape, &q, &keys, &values, &parents, &mut out);
         for (node, branch) in [
             (0, vec![0]),
             (1, vec![0, 1]),
@@ -704,7 +882,7 @@ mod tests {
                 .flat_map(|&r| values[r * vd..][..vd].to_vec())
                 .collect();
             let mut one = vec![0.0; n_out(shape)];
-            attention(shape, &q[node * qd..][..qd], &k, &v, 1, &mut one);
+            attention_pm(shape, &q[node * qd..][..qd], &k, &v, 1, &mut one);
             let got = &out[node * n_out(shape)..][..n_out(shape)];
             assert!(
                 one.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()),
@@ -739,7 +917,7 @@ mod tests {
                 let values: Vec<f32> = (0..t * vd).map(|i| val(i, 0.9)).collect();
                 let q: Vec<f32> = (0..m * qd).map(|i| val(i, 1.7)).collect();
                 let mut batch = vec![0.0; m * n_out(shape)];
-                attention(shape, &q, &keys, &values, m, &mut batch);
+                attention_pm(shape, &q, &keys, &values, m, &mut batch);
                 for i in 0..m {
                     let seen = t - m + i + 1;
                     let mut want = vec![0.0f32; n_out(shape)];
@@ -797,7 +975,7 @@ mod tests {
                     );
                     let mut alone = vec![0.0; n_out(shape)];
                     let (k1, v1) = (&keys[..seen * kd], &values[..seen * vd]);
-                    attention(shape, &q[i * qd..][..qd], k1, v1, 1, &mut alone);
+                    attention_pm(shape, &q[i * qd..][..qd], k1, v1, 1, &mut alone);
                     assert!(
                         want.iter()
                             .zip(&alone)

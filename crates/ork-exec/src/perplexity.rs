@@ -11,7 +11,7 @@
 //!   the ± is llama.cpp's `sqrt(var(NLL) / (count - 1)) · ppl`.
 use crate::linear::Linear;
 use crate::model::Model;
-use crate::session::Session;
+use crate::session::{KvType, Session};
 use crate::ExecError;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -36,13 +36,15 @@ pub struct PerplexityReport {
 }
 
 /// Perplexity of `tokens` in windows of `n_ctx`. `bos` is the BOS id if the vocabulary adds BOS
-/// (then every chunk starts with it), `None` otherwise.
+/// (then every chunk starts with it), `None` otherwise. `kv_type` is the KV cache's type
+/// (llama.cpp's `llama-perplexity` keeps an f16 cache by default).
 pub fn perplexity(
     model: &Arc<Model>,
     linear: &Arc<dyn Linear>,
     tokens: &[u32],
     n_ctx: usize,
     bos: Option<u32>,
+    kv_type: KvType,
 ) -> Result<PerplexityReport, ExecError> {
     let first = n_ctx / 2;
     if n_ctx < 3 {
@@ -64,7 +66,8 @@ pub fn perplexity(
     }
     let vocab = model.config().vocab_size;
     let chunks = tokens.len() / n_ctx;
-    let mut session = Session::with_context(Arc::clone(model), Arc::clone(linear), n_ctx)?;
+    let mut session =
+        Session::with_context(Arc::clone(model), Arc::clone(linear), n_ctx)?.with_kv_type(kv_type);
     let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
     let mut running = Vec::with_capacity(chunks);
     let mut chunk = vec![0u32; n_ctx];

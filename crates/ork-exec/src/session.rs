@@ -1,8 +1,10 @@
 //! One conversation with a model: the KV cache and the forward pass.
 use crate::linear::Linear;
 use crate::model::Model;
-use crate::ops::{attention, attention_tree, rms_norm, AttentionShape};
+use crate::ops::{attention, attention_tree, rms_norm, AttentionShape, KvValue};
 use crate::ExecError;
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use std::sync::Arc;
 
 /// A running sequence: a KV cache over one model, and the [`Linear`] that does its matmuls.
@@ -17,10 +19,165 @@ pub struct Session {
     model: Arc<Model>,
     linear: Arc<dyn Linear>,
     context: usize,
-    /// Per layer: `len × k_dim` keys (after RoPE) and `len × v_dim` values.
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    /// Per layer: the keys (after RoPE) and values of every cached position.
+    kv: Vec<LayerKv>,
+    kv_type: KvType,
     len: usize,
+}
+
+/// What a session's KV cache stores (`docs/kv-cache.md`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvType {
+    /// IEEE half precision, rounded to nearest (llama.cpp's default cache type): half the bytes
+    /// of f32 to hold and to read at every token.
+    #[default]
+    F16,
+    /// f32: the values as computed, for exact comparisons with an f32 reference.
+    F32,
+}
+
+impl KvType {
+    /// Bytes per cached value.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+}
+
+/// One layer's keys or values: per key/value head, `len × head_dim` values, position after
+/// position, so that attention reads a head's rows as one stream (`docs/kv-cache.md`).
+#[derive(Clone)]
+enum Heads {
+    F16(Vec<Vec<f16>>),
+    F32(Vec<Vec<f32>>),
+}
+
+impl Heads {
+    fn new(kind: KvType, n_kv: usize) -> Heads {
+        match kind {
+            KvType::F16 => Heads::F16(vec![Vec::new(); n_kv]),
+            KvType::F32 => Heads::F32(vec![Vec::new(); n_kv]),
+        }
+    }
+
+    /// Append `rows` (`n × (n_kv·d)`, position-major as the projections give them).
+    ///
+    /// # Errors
+    /// A finite value too large for f16 (|x| ≥ 65520, which rounds to infinity): the first
+    /// such value. The caller rolls the cache back.
+    fn append(&mut self, rows: &[f32], d: usize) -> Result<(), f32> {
+        fn each<T>(
+            heads: &mut [Vec<T>],
+            rows: &[f32],
+            d: usize,
+            put: impl Fn(&mut Vec<T>, &[f32]) -> Result<(), f32>,
+        ) -> Result<(), f32> {
+            let width = (heads.len() * d).max(1);
+            for row in rows.chunks_exact(width) {
+                for (head, x) in heads.iter_mut().zip(row.chunks_exact(d.max(1))) {
+                    put(head, x)?;
+                }
+            }
+            Ok(())
+        }
+        match self {
+            Heads::F16(h) => each(h, rows, d, |head, x| {
+                let at = head.len();
+                head.resize(at + x.len(), f16::ZERO);
+                head[at..].convert_from_f32_slice(x);
+                match head[at..]
+                    .iter()
+                    .zip(x)
+                    .find(|(h, x)| h.is_infinite() && x.is_finite())
+                {
+                    Some((_, &x)) => Err(x),
+                    None => Ok(()),
+                }
+            }),
+            Heads::F32(h) => each(h, rows, d, |head, x| {
+                head.extend_from_slice(x);
+                Ok(())
+            }),
+        }
+    }
+
+    /// Values held, over every head.
+    fn values(&self) -> usize {
+        match self {
+            Heads::F16(h) => h.iter().map(Vec::len).sum(),
+            Heads::F32(h) => h.iter().map(Vec::len).sum(),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        match self {
+            Heads::F16(h) => h.iter_mut().for_each(|h| h.truncate(len)),
+            Heads::F32(h) => h.iter_mut().for_each(|h| h.truncate(len)),
+        }
+    }
+
+    /// Copy the `d` values at position `from` over those at position `to`.
+    fn copy_position(&mut self, from: usize, to: usize, d: usize) {
+        match self {
+            Heads::F16(h) => h
+                .iter_mut()
+                .for_each(|h| h.copy_within(from * d..(from + 1) * d, to * d)),
+            Heads::F32(h) => h
+                .iter_mut()
+                .for_each(|h| h.copy_within(from * d..(from + 1) * d, to * d)),
+        }
+    }
+}
+
+/// One layer's KV cache.
+#[derive(Clone)]
+struct LayerKv {
+    keys: Heads,
+    values: Heads,
+}
+
+impl LayerKv {
+    fn new(kind: KvType, c: &crate::config::ModelConfig) -> LayerKv {
+        LayerKv {
+            keys: Heads::new(kind, c.n_head_kv),
+            values: Heads::new(kind, c.n_head_kv),
+        }
+    }
+
+    /// Attention of the last rows (`tree`: the nodes of a tree) over this layer's cache.
+    fn attend(
+        &self,
+        shape: AttentionShape,
+        q: &[f32],
+        m: usize,
+        tree: Option<&[Option<usize>]>,
+        out: &mut [f32],
+    ) {
+        fn run<T: KvValue>(
+            shape: AttentionShape,
+            q: &[f32],
+            k: &[Vec<T>],
+            v: &[Vec<T>],
+            m: usize,
+            tree: Option<&[Option<usize>]>,
+            out: &mut [f32],
+        ) {
+            let k: Vec<&[T]> = k.iter().map(Vec::as_slice).collect();
+            let v: Vec<&[T]> = v.iter().map(Vec::as_slice).collect();
+            match tree {
+                None => attention(shape, q, &k, &v, m, out),
+                Some(parents) => attention_tree(shape, q, &k, &v, parents, out),
+            }
+        }
+        match (&self.keys, &self.values) {
+            (Heads::F16(k), Heads::F16(v)) => run(shape, q, k, v, m, tree, out),
+            (Heads::F32(k), Heads::F32(v)) => run(shape, q, k, v, m, tree, out),
+            // Both are made together by `LayerKv::new`, of one type.
+            _ => unreachable!("keys and values of one layer have one type"),
+        }
+    }
 }
 
 /// Which positions of a forward pass produce logits.
@@ -35,13 +192,14 @@ impl Session {
     /// A session limited to the model's trained context length.
     pub fn new(model: Arc<Model>, linear: Arc<dyn Linear>) -> Session {
         let context = model.config().context_length;
-        let n_layer = model.config().n_layer;
+        let kv_type = KvType::default();
+        let kv = vec![LayerKv::new(kv_type, model.config()); model.config().n_layer];
         Session {
             model,
             linear,
             context,
-            keys: vec![Vec::new(); n_layer],
-            values: vec![Vec::new(); n_layer],
+            kv,
+            kv_type,
             len: 0,
         }
     }
@@ -61,6 +219,30 @@ impl Session {
         let mut s = Session::new(model, linear);
         s.context = context;
         Ok(s)
+    }
+
+    /// This session with a cache of `kv_type` values; anything cached is dropped.
+    pub fn with_kv_type(mut self, kv_type: KvType) -> Session {
+        let c = self.model.config();
+        self.kv = vec![LayerKv::new(kv_type, c); c.n_layer];
+        self.kv_type = kv_type;
+        self.len = 0;
+        self
+    }
+
+    /// What the KV cache stores.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
+    /// Bytes the KV cache holds now: keys and values of every cached position.
+    pub fn kv_bytes(&self) -> usize {
+        let values: usize = self
+            .kv
+            .iter()
+            .map(|l| l.keys.values() + l.values.values())
+            .sum();
+        values * self.kv_type.bytes()
     }
 
     /// The context length in force.
@@ -92,11 +274,9 @@ impl Session {
     pub fn truncate(&mut self, len: usize) {
         let len = len.min(self.len);
         let c = self.model.config();
-        for k in &mut self.keys {
-            k.truncate(len * c.k_dim());
-        }
-        for v in &mut self.values {
-            v.truncate(len * c.v_dim());
+        for l in &mut self.kv {
+            l.keys.truncate(len * c.head_dim_k);
+            l.values.truncate(len * c.head_dim_v);
         }
         self.len = len;
     }
@@ -179,17 +359,14 @@ impl Session {
             });
         }
         let c = self.model.config();
-        let (kd, vd) = (c.k_dim(), c.v_dim());
         for (j, &n) in nodes.iter().enumerate() {
             let (from, to) = (base + n, base + j);
             if from == to {
                 continue;
             }
-            for k in &mut self.keys {
-                k.copy_within(from * kd..(from + 1) * kd, to * kd);
-            }
-            for v in &mut self.values {
-                v.copy_within(from * vd..(from + 1) * vd, to * vd);
+            for l in &mut self.kv {
+                l.keys.copy_position(from, to, c.head_dim_k);
+                l.values.copy_position(from, to, c.head_dim_v);
             }
         }
         self.truncate(base + nodes.len());
@@ -374,18 +551,25 @@ fn forward_inner(
         let mut row = 0;
         for p in parts.iter_mut() {
             let (n, s) = (p.tokens.len(), &mut *p.session);
-            s.keys[il].extend_from_slice(&k[row * kd..(row + n) * kd]);
-            s.values[il].extend_from_slice(&v[row * vd..(row + n) * vd]);
+            let l = &mut s.kv[il];
+            let range = |what: &'static str| {
+                move |value| ExecError::KvRange {
+                    layer: il,
+                    what,
+                    value,
+                }
+            };
+            l.keys
+                .append(&k[row * kd..(row + n) * kd], c.head_dim_k)
+                .map_err(range("key"))?;
+            l.values
+                .append(&v[row * vd..(row + n) * vd], c.head_dim_v)
+                .map_err(range("value"))?;
             let (q_rows, out_rows) = (
                 &q[row * qd..(row + n) * qd],
                 &mut attn[row * ad..(row + n) * ad],
             );
-            match p.tree {
-                None => attention(shape, q_rows, &s.keys[il], &s.values[il], n, out_rows),
-                Some(parents) => {
-                    attention_tree(shape, q_rows, &s.keys[il], &s.values[il], parents, out_rows)
-                }
-            }
+            l.attend(shape, q_rows, n, p.tree, out_rows);
             row += n;
         }
         linear.matmul(&layer.wo, &attn, m, &mut proj)?;

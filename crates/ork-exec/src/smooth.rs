@@ -12,7 +12,7 @@
 use crate::linear::CpuF32Linear;
 use crate::model::Model;
 use crate::moe::FeedForward;
-use crate::{ExecError, Linear, Session};
+use crate::{ExecError, KvType, Linear, Session};
 use ork_gguf::writer::GgufBuilder;
 use ork_gguf::{GgmlType, GgufFile};
 use ork_manifest::{tensor_name, Role};
@@ -217,7 +217,8 @@ pub fn smoothing_factors(
     });
     for chunk in tokens.chunks(n_ctx.max(1)) {
         let linear: Arc<dyn Linear> = Arc::clone(&recorder) as Arc<dyn Linear>;
-        let mut s = Session::new(Arc::clone(model), linear);
+        // The f32 reference throughout, its cache included.
+        let mut s = Session::new(Arc::clone(model), linear).with_kv_type(KvType::F32);
         s.prefill(chunk)?;
     }
     let maxima = std::mem::take(&mut *recorder.maxima.lock().unwrap_or_else(|e| e.into_inner()));

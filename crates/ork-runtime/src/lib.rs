@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ork_device::{ActPrecision, Device, EmuConfig};
+pub use ork_exec::KvType;
 use ork_exec::{ChatTemplate, ExecError, Linear, Model, Session, Tokenizer};
 use ork_gguf::GgufFile;
 use ork_manifest::Manifest;
@@ -315,6 +316,8 @@ pub struct EngineConfig {
     /// SmoothQuant-style smoothing folded into the weights before they are packed
     /// (`docs/chip.md`); `None` for none.
     pub smooth: Option<Smoothing>,
+    /// What the sessions' KV caches store (f16 by default, as llama.cpp's; `docs/kv-cache.md`).
+    pub kv_cache: KvType,
 }
 
 /// SmoothQuant-style smoothing (`docs/chip.md`): per input channel of q/k/v and gate/up,
@@ -490,6 +493,7 @@ impl EngineConfig {
             draft: None,
             expert_speculation: Some(1),
             smooth: None,
+            kv_cache: KvType::F16,
         }
     }
 
@@ -814,6 +818,7 @@ pub struct EngineDraft {
     linear: Arc<dyn Linear>,
     cache: Option<Arc<WeightCache>>,
     bytes: u64,
+    kv_cache: KvType,
 }
 
 impl std::fmt::Debug for EngineDraft {
@@ -855,7 +860,7 @@ impl EngineDraft {
 
     /// A new session of the draft (owned, as [`Engine::session`]).
     pub fn session(&self) -> Session {
-        Session::new(Arc::clone(&self.model), Arc::clone(&self.linear))
+        Session::new(Arc::clone(&self.model), Arc::clone(&self.linear)).with_kv_type(self.kv_cache)
     }
 }
 
@@ -1307,6 +1312,7 @@ impl LoadedModel {
                     linear: Arc::new(EngineLinear::new(dm)),
                     cache: Some(dcache),
                     bytes: draft_bytes,
+                    kv_cache: config.kv_cache,
                 })
             }
             (None, Some(n)) => Some(EngineDraft {
@@ -1316,6 +1322,7 @@ impl LoadedModel {
                 linear: Arc::clone(&linear) as Arc<dyn Linear>,
                 cache: None,
                 bytes: draft_bytes,
+                kv_cache: config.kv_cache,
             }),
             (None, None) => None,
         };
@@ -1476,6 +1483,7 @@ impl Engine {
     /// run on another thread or task, and keeps those pieces alive after the engine is dropped.
     pub fn session(&self) -> Session {
         Session::new(Arc::clone(&self.model), self.shared_linear())
+            .with_kv_type(self.config.kv_cache)
     }
 
     /// A new session with an explicit context length (owned, as [`Engine::session`]).
@@ -1483,7 +1491,10 @@ impl Engine {
     /// # Errors
     /// A context of 0.
     pub fn session_with_context(&self, context: usize) -> Result<Session, ExecError> {
-        Session::with_context(Arc::clone(&self.model), self.shared_linear(), context)
+        Ok(
+            Session::with_context(Arc::clone(&self.model), self.shared_linear(), context)?
+                .with_kv_type(self.config.kv_cache),
+        )
     }
 
     /// The matmul backend as the executor holds it.

@@ -96,6 +96,45 @@ fn convert_then_reload_same_text_as_resident_and_other_budgets() {
     assert_eq!(u(&no_prefetch, "prefetched"), 0);
 }
 
+/// `--kv-cache` picks what the KV cache stores; `run --json` reports it and its bytes: an f32
+/// cache holds twice the f16 one's, keys and values of every position in every layer.
+#[test]
+fn the_kv_cache_type_is_chosen_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("m.orkpack");
+    let f16 = run_json(&pack, 1024, &[]);
+    let f32 = run_json(&pack, 1024, &["--kv-cache", "f32"]);
+    assert_eq!(
+        (&f16["kv_cache"], &f32["kv_cache"]),
+        (&"f16".into(), &"f32".into())
+    );
+    let positions = u(&f16, "prefill_tokens") + u(&f16, "decode_tokens");
+    // SmolLM2: 30 layers, keys and values of 3 heads × 64 each.
+    assert_eq!(
+        u(&f16, "kv_cache_bytes"),
+        positions * 30 * 2 * 192 * 2,
+        "{f16}"
+    );
+    assert_eq!(
+        u(&f32, "kv_cache_bytes"),
+        2 * u(&f16, "kv_cache_bytes"),
+        "{f32}"
+    );
+    assert!(f32["text"].as_str().unwrap().starts_with(" Paris"), "{f32}");
+    let m = model();
+    let o = run(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "x",
+        "--kv-cache",
+        "f8",
+    ]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("f8"), "{}", stderr(&o));
+}
+
 #[test]
 fn quarter_budget_streams_with_zero_wall_hits_within_budget() {
     let dir = tempfile::tempdir().unwrap();

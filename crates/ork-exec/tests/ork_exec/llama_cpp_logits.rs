@@ -4,7 +4,7 @@
 //! dequantizes to f32, so logits differ by quantization noise: the test bounds that noise and
 //! requires the same top-1 token almost everywhere and the same perplexity within 1 %.
 use super::real_model::{f32_linear, model, tokenizer};
-use ork_exec::{perplexity, Session};
+use ork_exec::{perplexity, KvType, Session};
 
 #[derive(serde::Deserialize)]
 struct Golden {
@@ -71,7 +71,15 @@ fn logits_and_perplexity_match_llama_cpp() {
     );
 
     let bos = tokenizer().add_bos().then(|| tokenizer().bos()).flatten();
-    let r = perplexity(model, linear, &g.tokens, g.perplexity.n_ctx, bos).unwrap();
+    let r = perplexity(
+        model,
+        linear,
+        &g.tokens,
+        g.perplexity.n_ctx,
+        bos,
+        KvType::F16,
+    )
+    .unwrap();
     eprintln!(
         "perplexity ork {:.4} ± {:.4}, llama.cpp {:.4}",
         r.ppl, r.ppl_error, g.perplexity.ppl

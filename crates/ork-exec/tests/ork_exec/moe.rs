@@ -3,7 +3,7 @@
 //! (fixtures of `ork_testkit::moe`, cached under `.cache/moe/`).
 use super::fixtures::{builder, from_builder, TinySpec};
 use super::real_model::{f32_linear, model, tokenizer};
-use ork_exec::{CpuF32Linear, ExecError, Linear, Model, Session, WeightSpec};
+use ork_exec::{CpuF32Linear, ExecError, KvType, Linear, Model, Session, WeightSpec};
 use ork_gguf::writer::GgufBuilder;
 use ork_gguf::{GgmlType, GgufFile, MetaValue};
 use ork_testkit::moe::{moe_fixture, MoeFixture};
@@ -240,10 +240,13 @@ fn identical_experts_compute_the_dense_model() {
     assert_eq!((c.n_expert, c.n_expert_used, c.renormalize), (8, 2, true));
     let tok = tokenizer();
     let prompt = tok.encode("The capital of France is", true, false).unwrap();
+    // Both in f32 throughout: an f16 cache would round their last-bit differences apart.
     let dense_logits = Session::new(Arc::clone(model()), Arc::clone(f32_linear()))
+        .with_kv_type(KvType::F32)
         .forward_all(&prompt)
         .unwrap();
     let moe_logits = Session::new(Arc::clone(&moe), Arc::clone(&lin))
+        .with_kv_type(KvType::F32)
         .forward_all(&prompt)
         .unwrap();
     let worst = dense_logits

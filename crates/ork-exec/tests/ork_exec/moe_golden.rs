@@ -8,7 +8,7 @@
 //! llama_cpp_logits.rs), and greedy tokens are compared up to the first position where
 //! llama.cpp's two best logits are closer than that noise.
 use super::moe::fixture;
-use ork_exec::Session;
+use ork_exec::{KvType, Session};
 use ork_testkit::moe::{moe_fixture, MoeFixture};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -61,7 +61,8 @@ fn check(kind: MoeFixture, tol: f32, mean_tol: f32, tie: f32) {
     let (model, lin) = fixture(kind);
 
     // Greedy decoding (prefill of the prompt, then one token at a time).
-    let mut s = Session::new(Arc::clone(&model), Arc::clone(&lin));
+    // The fixture was made with an F32 KV cache (scripts/moe_golden.py).
+    let mut s = Session::new(Arc::clone(&model), Arc::clone(&lin)).with_kv_type(KvType::F32);
     let mut logits = s.prefill(&g.prompt).unwrap();
     let mut greedy = Vec::new();
     for _ in 0..g.greedy.len() {
@@ -92,6 +93,7 @@ fn check(kind: MoeFixture, tol: f32, mean_tol: f32, tie: f32) {
     // once over all their tokens).
     let tokens: Vec<u32> = g.prompt.iter().chain(&g.greedy).copied().collect();
     let all = Session::new(Arc::clone(&model), Arc::clone(&lin))
+        .with_kv_type(KvType::F32)
         .forward_all(&tokens)
         .unwrap();
     let v = model.config().vocab_size;

@@ -4,7 +4,7 @@ use super::real_model::{gguf, model, tokenizer};
 use ork_exec::ops::rms_norm;
 use ork_exec::{
     smooth_reference, smoothed_gguf, smoothing_factors, BlockSmoothing, CpuF32Linear, ExecError,
-    Linear, Model, Session, SmoothTargets,
+    KvType, Linear, Model, Session, SmoothTargets,
 };
 use std::sync::{Arc, OnceLock};
 
@@ -79,8 +79,10 @@ fn folding_into_the_norms_is_exact_in_f32() {
     let mut a = Session::new(
         Arc::clone(model()),
         Arc::clone(reference()) as Arc<dyn Linear>,
-    );
-    let mut b = Session::new(Arc::clone(&smoothed), Arc::new(lin) as Arc<dyn Linear>);
+    )
+    .with_kv_type(KvType::F32);
+    let mut b = Session::new(Arc::clone(&smoothed), Arc::new(lin) as Arc<dyn Linear>)
+        .with_kv_type(KvType::F32);
     let la = a.prefill(prompt).unwrap();
     let lb = b.prefill(prompt).unwrap();
     let r = max_rel(&la, &lb);
@@ -196,8 +198,10 @@ fn folding_into_v_and_up_is_exact_in_f32() {
     let mut a = Session::new(
         Arc::clone(model()),
         Arc::clone(reference()) as Arc<dyn Linear>,
-    );
-    let mut b = Session::new(Arc::clone(&smoothed), Arc::new(lin) as Arc<dyn Linear>);
+    )
+    .with_kv_type(KvType::F32);
+    let mut b = Session::new(Arc::clone(&smoothed), Arc::new(lin) as Arc<dyn Linear>)
+        .with_kv_type(KvType::F32);
     let r = max_rel(&a.prefill(prompt).unwrap(), &b.prefill(prompt).unwrap());
     assert!(r < 1e-4, "logits: relative difference {r}");
 

@@ -3,8 +3,8 @@
 use super::fixtures::{build, builder, from_builder, TinySpec};
 use super::reference::Reference;
 use ork_exec::{
-    generate, perplexity, CpuF32Linear, CpuW8A8Linear, ExecError, GenerateOptions, Linear, Model,
-    Sampler, Session,
+    generate, perplexity, CpuF32Linear, CpuW8A8Linear, ExecError, GenerateOptions, KvType, Linear,
+    Model, Sampler, Session,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -45,7 +45,9 @@ fn forward_matches_naive_reference_for_each_arch() {
         let lin: Arc<dyn Linear> =
             Arc::new(CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap());
         let want = Reference::new(&g).all_logits(&TOKENS);
+        // The reference computes in f32 throughout; so does this session's cache.
         let got = Session::new(Arc::clone(&model), Arc::clone(&lin))
+            .with_kv_type(KvType::F32)
             .forward_all(&TOKENS)
             .unwrap();
         let v = spec.vocab;
@@ -351,7 +353,7 @@ fn perplexity_follows_llama_cpp_protocol() {
         Arc::new(CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap());
     let tokens: Vec<u32> = (0..21u32).map(|i| (i * 7 + 3) % 40).collect();
     let (n_ctx, bos) = (8usize, 1u32);
-    let report = perplexity(&model, &lin, &tokens, n_ctx, Some(bos)).unwrap();
+    let report = perplexity(&model, &lin, &tokens, n_ctx, Some(bos), KvType::F32).unwrap();
     assert_eq!((report.chunks, report.scored), (2, 2 * 3));
 
     // Expected: per chunk, BOS replaces the first token; positions 4..=6 predict 5..=7.
@@ -379,7 +381,7 @@ fn perplexity_follows_llama_cpp_protocol() {
     assert!((report.running[0] - first).abs() < 1e-3 * first);
 
     assert!(matches!(
-        perplexity(&model, &lin, &tokens[..n_ctx - 1], n_ctx, None),
+        perplexity(&model, &lin, &tokens[..n_ctx - 1], n_ctx, None, KvType::F16),
         Err(ExecError::NotEnoughTokens {
             needed: 8,
             got: 7,
@@ -430,4 +432,54 @@ fn an_absurd_block_count_is_refused_before_allocating() {
         Err(e) => panic!("expected InvalidMetadata, got {e}"),
         Ok(_) => panic!("4294967295 blocks must be refused"),
     }
+}
+
+/// A value too large for the f16 KV cache is a clear error naming the layer, the cache is left
+/// as it was, and an f32 cache holds the same model's values.
+#[test]
+fn a_value_beyond_f16_is_refused_and_an_f32_cache_holds_it() {
+    let spec = TinySpec::new("llama");
+    let (d, kv_dim) = (spec.n_embd, spec.n_head_kv * spec.head_dim());
+    // Layer 1's values: every weight 1e7, so each value is 1e7 times a sum of normalized inputs.
+    let b = builder(&spec, Some("blk.1.attn_v.weight"))
+        .tensor_f32(
+            "blk.1.attn_v.weight",
+            &[d as u64, kv_dim as u64],
+            ork_gguf::GgmlType::F32,
+            &vec![1e7; d * kv_dim],
+        )
+        .unwrap();
+    let g = from_builder(b);
+    let model = Arc::new(Model::load(&g).unwrap());
+    let lin: Arc<dyn Linear> =
+        Arc::new(CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap());
+    let mut s = Session::new(Arc::clone(&model), Arc::clone(&lin));
+    assert_eq!(s.kv_type(), KvType::F16);
+    match s.prefill(&TOKENS) {
+        Err(
+            e @ ExecError::KvRange {
+                layer: 1,
+                what: "value",
+                value,
+            },
+        ) => {
+            assert!(value.abs() >= 65520.0 && value.is_finite(), "{value}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains("layer 1") && msg.contains("--kv-cache f32"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected KvRange, got {:?}", other.map(|l| l.len())),
+    }
+    assert_eq!(
+        (s.position(), s.kv_bytes()),
+        (0, 0),
+        "the cache is rolled back"
+    );
+    let mut s = Session::new(model, lin).with_kv_type(KvType::F32);
+    let logits = s.prefill(&TOKENS).unwrap();
+    assert_eq!(s.position(), TOKENS.len());
+    assert_eq!(s.kv_bytes(), TOKENS.len() * spec.n_layer * 2 * kv_dim * 4);
+    assert!(logits.iter().all(|x| x.is_finite()));
 }
