@@ -4,15 +4,16 @@ same GGUF, interleaved round by round in one run, so that the ratios share the m
 
 Usage:
   python3 scripts/bench_vs_llama.py MODEL.gguf [--rounds 5] [--decode 64] [--threads 2]
-      [--ork target/release/ork] [--variant 'NAME=ORK RUN FLAGS'] ...
+      [--repeat 8] [--ork target/release/ork] [--variant 'NAME=ORK RUN FLAGS'] ...
 
 Each variant is `ork run --model MODEL --pack .cache/bench-<NAME>.orkpack --prompt-file P
 -n DECODE --threads T --json` plus its flags (default: one variant, `w8a8`, no extra flags). A
 name of the form `NAME@PATH` runs the `ork` binary at PATH instead of --ork, for an A/B of two
 builds in one run (`--variant 'old@/tmp/ork-old=' --variant 'new='`); the pack is named
 after NAME alone. A warm-up run per variant builds its pack first. The prompt is the sentence of
-scripts/llama_cpp_speed.py repeated 8 times (129 tokens with SmolLM2's tokenizer); llama.cpp
-reports the best of 3 warm passes inside each round (prefill of 128 tokens, DECODE decode steps).
+scripts/llama_cpp_speed.py repeated REPEAT times (16·REPEAT + 1 tokens with SmolLM2's tokenizer:
+129 by default, 897 with `--repeat 56`); llama.cpp reports the best of 3 warm passes inside each
+round (prefill of the same sentence's first 16·REPEAT tokens, DECODE decode steps).
 Prints one line per round and a summary: median (min–max) tok/s and the median of the per-round
 ratios to llama.cpp. Not part of the tests.
 """
@@ -38,10 +39,11 @@ def ork_run(ork, model, name, flags, prompt_file, decode, threads):
     return d["prefill_tok_s"], d["decode_tok_s"], d.get("wall_hits", 0)
 
 
-def llama(model, decode, threads):
+def llama(model, prompt_tokens, decode, threads):
     here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run([sys.executable, os.path.join(here, "llama_cpp_speed.py"), model, "128",
-                          str(decode), str(threads)], check=True, capture_output=True,
+    out = subprocess.run([sys.executable, os.path.join(here, "llama_cpp_speed.py"), model,
+                          str(prompt_tokens), str(decode), str(threads)], check=True,
+                         capture_output=True,
                          text=True).stdout
     d = json.loads(out)
     return d["prefill_tok_s"], d["decode_tok_s"], 0
@@ -57,11 +59,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=8)
     ap.add_argument("--ork", default="target/release/ork")
     ap.add_argument("--variant", action="append", default=[])
     a = ap.parse_args()
     if a.rounds < 1 or a.decode < 1 or a.threads < 1:
         sys.exit("--rounds, --decode and --threads must be at least 1")
+    if not 1 <= a.repeat <= 64:
+        sys.exit("--repeat must be 1..64 (llama_cpp_speed.py's text holds 64 sentences)")
     variants = []
     for v in a.variant or ["w8a8="]:
         if "=" not in v:
@@ -69,7 +74,7 @@ def main():
         name, flags = v.split("=", 1)
         variants.append((name, flags))
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(SENTENCE * 8)
+        f.write(SENTENCE * a.repeat)
         prompt = f.name
     try:
         for name, flags in variants:  # warm-up: builds each pack
@@ -79,7 +84,7 @@ def main():
         loads = []
         for r in range(a.rounds):
             loads.append(os.getloadavg()[0])
-            rows["llama.cpp"].append(llama(a.model, a.decode, a.threads))
+            rows["llama.cpp"].append(llama(a.model, 16 * a.repeat, a.decode, a.threads))
             for name, flags in variants:
                 rows[name].append(ork_run(a.ork, a.model, name, flags, prompt, a.decode,
                                           a.threads))
