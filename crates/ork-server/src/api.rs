@@ -2,8 +2,10 @@
 //!
 //! Bodies are parsed with `serde_json` by the handlers themselves, so that malformed JSON and
 //! wrong types come back as OpenAI-style errors naming the field, not as the HTTP framework's
-//! plain-text rejections. Fields ork does not use (`frequency_penalty`, `user` …) are ignored,
-//! as other local servers do; fields whose meaning ork cannot honour (`n` > 1) are refused.
+//! plain-text rejections. Fields that change nothing in ork's answer (`user`, `metadata` …)
+//! are ignored, as other local servers do; fields asking for what ork cannot honour (`n` > 1,
+//! log probabilities, penalties, tools, structured output …) are refused at any value but
+//! their neutral one.
 use crate::error::ApiError;
 use serde::Deserialize;
 
@@ -92,6 +94,123 @@ pub struct Common {
     /// benchmarks that need a fixed number of tokens).
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// Fields whose asked behaviour ork does not have (log probabilities, penalties, tools …):
+    /// read from the same body by [`parse`] only to refuse a request that asks for them
+    /// ([`Common::settings`]).
+    #[serde(skip)]
+    pub unserved: Unserved,
+}
+
+/// OpenAI fields ork cannot honour. Their neutral values (absent, `null`, `false`, 0, empty,
+/// `{"type": "text"}`) are accepted, as clients send them by default; anything else is a 400
+/// naming the field, never an answer that silently lacks what was asked.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct Unserved {
+    /// Chat: `true` asks for the sampled tokens' log probabilities; completions: an integer.
+    #[serde(default)]
+    pub logprobs: Option<serde_json::Value>,
+    /// Chat: how many alternatives' log probabilities per token.
+    #[serde(default)]
+    pub top_logprobs: Option<serde_json::Value>,
+    /// Completions: return the prompt in front of the completion.
+    #[serde(default)]
+    pub echo: Option<serde_json::Value>,
+    /// Completions: sample several and return the best.
+    #[serde(default)]
+    pub best_of: Option<serde_json::Value>,
+    /// Completions: text after the insertion point.
+    #[serde(default)]
+    pub suffix: Option<serde_json::Value>,
+    /// Per-token additive biases.
+    #[serde(default)]
+    pub logit_bias: Option<serde_json::Value>,
+    /// Repetition penalties.
+    #[serde(default)]
+    pub frequency_penalty: Option<serde_json::Value>,
+    /// Repetition penalties.
+    #[serde(default)]
+    pub presence_penalty: Option<serde_json::Value>,
+    /// Chat: tool definitions (function calling).
+    #[serde(default)]
+    pub tools: Option<serde_json::Value>,
+    /// Chat: the older name of `tools`.
+    #[serde(default)]
+    pub functions: Option<serde_json::Value>,
+    /// Structured output (`json_object`, `json_schema`).
+    #[serde(default)]
+    pub response_format: Option<serde_json::Value>,
+}
+
+impl Unserved {
+    /// The first field that asks for something ork does not do, with why.
+    fn asked(&self) -> Option<(&'static str, &'static str)> {
+        use serde_json::Value;
+        // Neutral: null, false, 0, "", [] and {}.
+        fn neutral(v: &Option<Value>) -> bool {
+            match v {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => true,
+                Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+                Some(Value::String(s)) => s.is_empty(),
+                Some(Value::Array(a)) => a.is_empty(),
+                Some(Value::Object(o)) => o.is_empty(),
+                Some(Value::Bool(true)) => false,
+            }
+        }
+        // Completions' `logprobs: 0` still asks for the sampled token's log probability.
+        let logprobs_asked = !matches!(
+            self.logprobs,
+            None | Some(Value::Null) | Some(Value::Bool(false))
+        );
+        let text_format = match &self.response_format {
+            None | Some(Value::Null) => true,
+            Some(Value::Object(o)) => {
+                o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("text")
+            }
+            Some(_) => false,
+        };
+        let best_of_one = matches!(&self.best_of, None | Some(Value::Null))
+            || self.best_of.as_ref().and_then(Value::as_u64) == Some(1);
+        if logprobs_asked {
+            Some(("logprobs", "ork does not return log probabilities"))
+        } else if !neutral(&self.top_logprobs) {
+            Some(("top_logprobs", "ork does not return log probabilities"))
+        } else if !neutral(&self.echo) {
+            Some(("echo", "ork does not echo the prompt"))
+        } else if !best_of_one {
+            Some((
+                "best_of",
+                "ork samples one completion per request (best_of must be 1)",
+            ))
+        } else if !neutral(&self.suffix) {
+            Some((
+                "suffix",
+                "ork does not fill in between a prompt and a suffix",
+            ))
+        } else if !neutral(&self.logit_bias) {
+            Some(("logit_bias", "ork does not apply logit biases"))
+        } else if !neutral(&self.frequency_penalty) {
+            Some((
+                "frequency_penalty",
+                "ork does not apply repetition penalties",
+            ))
+        } else if !neutral(&self.presence_penalty) {
+            Some((
+                "presence_penalty",
+                "ork does not apply repetition penalties",
+            ))
+        } else if !neutral(&self.tools) {
+            Some(("tools", "ork does not call tools"))
+        } else if !neutral(&self.functions) {
+            Some(("functions", "ork does not call tools"))
+        } else if !text_format {
+            Some((
+                "response_format",
+                "ork produces free text only (type \"text\")",
+            ))
+        } else {
+            None
+        }
+    }
 }
 
 /// `POST /v1/chat/completions`: its own fields (the shared ones are in [`Common`], read from
@@ -133,7 +252,9 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<(T, Common),
     if !value.is_object() {
         return Err(ApiError::invalid(None, "the body is not a JSON object"));
     }
-    Ok((typed(&value)?, typed(&value)?))
+    let mut common: Common = typed(&value)?;
+    common.unserved = typed(&value)?;
+    Ok((typed(&value)?, common))
 }
 
 fn typed<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiError> {
@@ -169,6 +290,12 @@ pub struct Settings {
 impl Common {
     /// Check the fields shared by both endpoints.
     pub fn settings(&self) -> Result<Settings, ApiError> {
+        if let Some((param, why)) = self.unserved.asked() {
+            return Err(ApiError::invalid(
+                Some(param),
+                format!("{param}: {why}; leave it out or at its default"),
+            ));
+        }
         if let Some(n) = self.n {
             if n != 1 {
                 return Err(ApiError::invalid(
@@ -290,6 +417,27 @@ mod tests {
     }
 
     #[test]
+    fn neutral_values_of_unserved_fields_are_accepted() {
+        for ok in [
+            r#"{"model":"m","messages":[],"logprobs":false,"top_logprobs":0}"#,
+            r#"{"model":"m","messages":[],"logprobs":null,"echo":false,"best_of":1}"#,
+            r#"{"model":"m","messages":[],"suffix":"","logit_bias":{},"tools":[]}"#,
+            r#"{"model":"m","messages":[],"frequency_penalty":0,"presence_penalty":0.0}"#,
+            r#"{"model":"m","messages":[],"response_format":{"type":"text"},"user":"u"}"#,
+        ] {
+            let (_, common) = parse::<ChatRequest>(ok.as_bytes()).unwrap();
+            common
+                .settings()
+                .unwrap_or_else(|e| panic!("{ok}: {}", e.message));
+        }
+        let (_, common) =
+            parse::<ChatRequest>(br#"{"model":"m","messages":[],"presence_penalty":0.1}"#).unwrap();
+        let e = common.settings().unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("presence_penalty"));
+        assert!(e.message.contains("repetition penalties"), "{}", e.message);
+    }
+
+    #[test]
     fn settings_are_checked() {
         let (_, common) = parse::<ChatRequest>(
             br#"{"model":"m","messages":[],"temperature":0,"stop":"\n","seed":3}"#,
@@ -306,6 +454,19 @@ mod tests {
             r#"{"model":"m","messages":[],"n":2}"#,
             r#"{"model":"m","messages":[],"max_tokens":0}"#,
             r#"{"model":"m","messages":[],"stop":["a","b","c","d","e"]}"#,
+            r#"{"model":"m","messages":[],"logprobs":true}"#,
+            r#"{"model":"m","messages":[],"logprobs":0}"#,
+            r#"{"model":"m","messages":[],"top_logprobs":3}"#,
+            r#"{"model":"m","messages":[],"echo":true}"#,
+            r#"{"model":"m","messages":[],"best_of":2}"#,
+            r#"{"model":"m","messages":[],"suffix":"end"}"#,
+            r#"{"model":"m","messages":[],"logit_bias":{"50256":-100}}"#,
+            r#"{"model":"m","messages":[],"frequency_penalty":0.5}"#,
+            r#"{"model":"m","messages":[],"presence_penalty":-1}"#,
+            r#"{"model":"m","messages":[],"tools":[{"type":"function"}]}"#,
+            r#"{"model":"m","messages":[],"functions":[{"name":"f"}]}"#,
+            r#"{"model":"m","messages":[],"response_format":{"type":"json_object"}}"#,
+            r#"{"model":"m","messages":[],"response_format":"json"}"#,
         ] {
             let (_, common) = parse::<ChatRequest>(bad.as_bytes()).unwrap();
             assert_eq!(

@@ -211,7 +211,7 @@ async fn respond(
     kind: Kind,
     prepared: Result<(Vec<u32>, Settings), ApiError>,
 ) -> Response {
-    let submitted = prepared.and_then(|(prompt, settings)| submit(st, prompt, settings));
+    let submitted = prepared.and_then(|(prompt, settings)| submit(st, kind, prompt, settings));
     let (rx, settings, prompt_tokens) = match submitted {
         Ok(s) => s,
         Err(e) => {
@@ -246,6 +246,7 @@ async fn respond(
 
 fn submit(
     st: &AppState,
+    kind: Kind,
     prompt: Vec<u32>,
     settings: Settings,
 ) -> Result<(mpsc::UnboundedReceiver<Event>, Settings, usize), ApiError> {
@@ -255,13 +256,18 @@ fn submit(
             "the server is shutting down",
         ));
     }
+    // The field the prompt came from.
+    let prompt_param = match kind {
+        Kind::Chat => "messages",
+        Kind::Completion => "prompt",
+    };
     if prompt.is_empty() {
-        return Err(ApiError::invalid(Some("prompt"), "the prompt is empty"));
+        return Err(ApiError::invalid(Some(prompt_param), "the prompt is empty"));
     }
     let n = prompt.len();
     if n >= st.context {
         return Err(ApiError::invalid(
-            Some("messages"),
+            Some(prompt_param),
             format!(
                 "the prompt has {n} tokens, but the context is {} tokens (room is needed for at \
                  least one generated token)",

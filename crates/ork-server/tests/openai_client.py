@@ -74,6 +74,12 @@ try:
     check(False, "empty messages accepted")
 except openai.BadRequestError:
     pass
+try:
+    client.chat.completions.create(model=model, messages=messages, max_tokens=2, logprobs=True,
+                                   top_logprobs=2)
+    check(False, "logprobs asked for and answered without them")
+except openai.BadRequestError as e:
+    check("log probabilities" in str(e), f"logprobs refusal says why: {e}")
 bad = openai.OpenAI(base_url=base, api_key="wrong", max_retries=0)
 try:
     bad.models.list()
