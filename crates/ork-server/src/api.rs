@@ -95,7 +95,7 @@ pub struct Common {
     #[serde(default)]
     pub ignore_eos: Option<bool>,
     /// Fields whose asked behaviour ork does not have (log probabilities, penalties, tools …):
-    /// read from the same body by [`parse`] only to refuse a request that asks for them
+    /// read from the same body by `parse` only to refuse a request that asks for them
     /// ([`Common::settings`]).
     #[serde(skip)]
     pub unserved: Unserved,
