@@ -9,7 +9,8 @@ pub const EXIT_HELP: &str = "\
 Exit codes:
   0  success
   1  verify found a stale, corrupt or missing entry (each is named on stdout);
-     probe stream found leaked buffers; probe persist read back different bytes
+     probe stream found leaked buffers; probe persist read back different bytes;
+     plan found the model cannot run (a weight larger than the budget or window)
   2  usage error, bad input or I/O error (one line on stderr names the file, tensor and problem)
 
 Environment:

@@ -560,7 +560,11 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         }
         v["chip"] = serde_json::to_value(&chip)?;
         println!("{}", serde_json::to_string(&v)?);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(if p.runnable {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
     }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!(
@@ -592,11 +596,22 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         args.domains
     );
     if !p.runnable {
+        // Name the limit that is short: the budget, the window, or both.
+        let need = p.min_budget_bytes;
+        let mut short = Vec::new();
+        if budget < need {
+            short.push(format!("the budget ({:.0} MiB)", mib(budget)));
+        }
+        if args.window_mb << 20 < need {
+            short.push(format!("the window ({} MiB)", args.window_mb));
+        }
         println!(
-            "NOT RUNNABLE: the budget must be at least {} MiB (the largest weight)",
-            p.min_budget_bytes.div_ceil(1 << 20)
+            "NOT RUNNABLE: {} must hold the largest weight, '{}' ({} MiB)",
+            short.join(" and "),
+            p.largest.0,
+            need.div_ceil(1 << 20)
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(ExitCode::from(1));
     }
     match p.mode {
         Mode::Resident => {

@@ -254,6 +254,44 @@ fn absurd_numbers_are_refused_not_reinterpreted() {
 }
 
 #[test]
+fn a_plan_that_cannot_run_names_the_short_limit_and_exits_1() {
+    let m = model();
+    let plan = |extra: &[&str]| {
+        let o = run_within(ork().args(["plan", "--model", s(&m)]).args(extra), 60);
+        (code(&o), stdout(&o), o)
+    };
+    // SmolLM2's largest weight (the embedding, tied as the output) is 27 MiB packed.
+    for (extra, says, not) in [
+        (
+            &["--budget-mb", "10"][..],
+            "the budget (10 MiB) must hold",
+            "the window",
+        ),
+        (
+            &["--window-mb", "20", "--budget-mb", "100"][..],
+            "the window (20 MiB) must hold",
+            "the budget (",
+        ),
+        (
+            &["--window-mb", "20", "--budget-mb", "10"][..],
+            "the budget (10 MiB) and the window (20 MiB) must hold",
+            "RESIDENT",
+        ),
+    ] {
+        let (c, out, o) = plan(extra);
+        assert_eq!(c, Some(1), "{extra:?}: {}", stderr(&o));
+        assert!(out.contains(&format!("NOT RUNNABLE: {says}")), "{out}");
+        assert!(!out.contains(not), "{out}");
+    }
+    // --json says so too, with the same exit code; a plan that runs exits 0.
+    let (c, _, o) = plan(&["--budget-mb", "10", "--json"]);
+    assert_eq!(c, Some(1), "{}", stderr(&o));
+    assert_eq!(json(&o)["runnable"], false);
+    let (c, out, _) = plan(&["--budget-mb", "40"]);
+    assert_eq!(c, Some(0), "{out}");
+}
+
+#[test]
 fn an_unwritable_pack_location_runs_from_memory_with_a_warning() {
     // /proc/self is a directory nobody can create files in, not even root.
     let m = model();
