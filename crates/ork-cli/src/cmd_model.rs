@@ -534,12 +534,13 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     }
     ork_runtime::check_chip(&config, &manifest)?;
     let chip = chip_plan(&config, &manifest)?;
+    let window = args.window_mb << 20;
     let p = plan_weights(
         &manifest,
         config.dtype,
         config.group,
         budget,
-        args.window_mb << 20,
+        window,
         args.domains,
         default_slots(),
     )?;
@@ -602,7 +603,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         if budget < need {
             short.push(format!("the budget ({:.0} MiB)", mib(budget)));
         }
-        if args.window_mb << 20 < need {
+        if window < need {
             short.push(format!("the window ({} MiB)", args.window_mb));
         }
         println!(

@@ -8,6 +8,7 @@
 //! their neutral one.
 use crate::error::ApiError;
 use serde::Deserialize;
+use serde_json::Value;
 
 /// `stop`: one string or a list of strings.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -94,123 +95,95 @@ pub struct Common {
     /// benchmarks that need a fixed number of tokens).
     #[serde(default)]
     pub ignore_eos: Option<bool>,
-    /// Fields whose asked behaviour ork does not have (log probabilities, penalties, tools …):
-    /// read from the same body by `parse` only to refuse a request that asks for them
-    /// ([`Common::settings`]).
+    /// The first field of the body that asks for what ork does not do, and why (`UNSERVED`),
+    /// found by `parse`; [`Common::settings`] refuses the request with it.
     #[serde(skip)]
-    pub unserved: Unserved,
+    pub unserved: Option<(&'static str, &'static str)>,
 }
 
-/// OpenAI fields ork cannot honour. Their neutral values (absent, `null`, `false`, 0, empty,
-/// `{"type": "text"}`) are accepted, as clients send them by default; anything else is a 400
-/// naming the field, never an answer that silently lacks what was asked.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-pub struct Unserved {
-    /// Chat: `true` asks for the sampled tokens' log probabilities; completions: an integer.
-    #[serde(default)]
-    pub logprobs: Option<serde_json::Value>,
-    /// Chat: how many alternatives' log probabilities per token.
-    #[serde(default)]
-    pub top_logprobs: Option<serde_json::Value>,
-    /// Completions: return the prompt in front of the completion.
-    #[serde(default)]
-    pub echo: Option<serde_json::Value>,
-    /// Completions: sample several and return the best.
-    #[serde(default)]
-    pub best_of: Option<serde_json::Value>,
-    /// Completions: text after the insertion point.
-    #[serde(default)]
-    pub suffix: Option<serde_json::Value>,
-    /// Per-token additive biases.
-    #[serde(default)]
-    pub logit_bias: Option<serde_json::Value>,
-    /// Repetition penalties.
-    #[serde(default)]
-    pub frequency_penalty: Option<serde_json::Value>,
-    /// Repetition penalties.
-    #[serde(default)]
-    pub presence_penalty: Option<serde_json::Value>,
-    /// Chat: tool definitions (function calling).
-    #[serde(default)]
-    pub tools: Option<serde_json::Value>,
-    /// Chat: the older name of `tools`.
-    #[serde(default)]
-    pub functions: Option<serde_json::Value>,
-    /// Structured output (`json_object`, `json_schema`).
-    #[serde(default)]
-    pub response_format: Option<serde_json::Value>,
+/// A field ork cannot honour: its name, whether a value is neutral (asks for nothing), and why
+/// ork refuses any other value.
+type UnservedField = (&'static str, fn(&Value) -> bool, &'static str);
+
+/// OpenAI fields ork cannot honour, in the order they are checked. Clients send the neutral
+/// values by default, so those are accepted; anything else is a 400 naming the field, never an
+/// answer that silently lacks what was asked.
+const UNSERVED: &[UnservedField] = &[
+    // Completions' `logprobs: 0` still asks for the sampled token's log probability.
+    (
+        "logprobs",
+        absent_or_false,
+        "ork does not return log probabilities",
+    ),
+    (
+        "top_logprobs",
+        neutral,
+        "ork does not return log probabilities",
+    ),
+    ("echo", neutral, "ork does not echo the prompt"),
+    (
+        "best_of",
+        |v| v.is_null() || v.as_u64() == Some(1),
+        "ork samples one completion per request (best_of must be 1)",
+    ),
+    (
+        "suffix",
+        neutral,
+        "ork does not fill in between a prompt and a suffix",
+    ),
+    ("logit_bias", neutral, "ork does not apply logit biases"),
+    (
+        "frequency_penalty",
+        neutral,
+        "ork does not apply repetition penalties",
+    ),
+    (
+        "presence_penalty",
+        neutral,
+        "ork does not apply repetition penalties",
+    ),
+    ("tools", neutral, "ork does not call tools"),
+    ("functions", neutral, "ork does not call tools"),
+    (
+        "response_format",
+        text_format,
+        "ork produces free text only (type \"text\")",
+    ),
+];
+
+/// `null` or `false`.
+fn absent_or_false(v: &Value) -> bool {
+    matches!(v, Value::Null | Value::Bool(false))
 }
 
-impl Unserved {
-    /// The first field that asks for something ork does not do, with why.
-    fn asked(&self) -> Option<(&'static str, &'static str)> {
-        use serde_json::Value;
-        // Neutral: null, false, 0, "", [] and {}.
-        fn neutral(v: &Option<Value>) -> bool {
-            match v {
-                None | Some(Value::Null) | Some(Value::Bool(false)) => true,
-                Some(Value::Number(n)) => n.as_f64() == Some(0.0),
-                Some(Value::String(s)) => s.is_empty(),
-                Some(Value::Array(a)) => a.is_empty(),
-                Some(Value::Object(o)) => o.is_empty(),
-                Some(Value::Bool(true)) => false,
-            }
-        }
-        // Completions' `logprobs: 0` still asks for the sampled token's log probability.
-        let logprobs_asked = !matches!(
-            self.logprobs,
-            None | Some(Value::Null) | Some(Value::Bool(false))
-        );
-        let text_format = match &self.response_format {
-            None | Some(Value::Null) => true,
-            Some(Value::Object(o)) => {
-                o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("text")
-            }
-            Some(_) => false,
-        };
-        let best_of_one = matches!(&self.best_of, None | Some(Value::Null))
-            || self.best_of.as_ref().and_then(Value::as_u64) == Some(1);
-        if logprobs_asked {
-            Some(("logprobs", "ork does not return log probabilities"))
-        } else if !neutral(&self.top_logprobs) {
-            Some(("top_logprobs", "ork does not return log probabilities"))
-        } else if !neutral(&self.echo) {
-            Some(("echo", "ork does not echo the prompt"))
-        } else if !best_of_one {
-            Some((
-                "best_of",
-                "ork samples one completion per request (best_of must be 1)",
-            ))
-        } else if !neutral(&self.suffix) {
-            Some((
-                "suffix",
-                "ork does not fill in between a prompt and a suffix",
-            ))
-        } else if !neutral(&self.logit_bias) {
-            Some(("logit_bias", "ork does not apply logit biases"))
-        } else if !neutral(&self.frequency_penalty) {
-            Some((
-                "frequency_penalty",
-                "ork does not apply repetition penalties",
-            ))
-        } else if !neutral(&self.presence_penalty) {
-            Some((
-                "presence_penalty",
-                "ork does not apply repetition penalties",
-            ))
-        } else if !neutral(&self.tools) {
-            Some(("tools", "ork does not call tools"))
-        } else if !neutral(&self.functions) {
-            Some(("functions", "ork does not call tools"))
-        } else if !text_format {
-            Some((
-                "response_format",
-                "ork produces free text only (type \"text\")",
-            ))
-        } else {
-            None
-        }
+/// `null`, `false`, 0, `""`, `[]` or `{}`.
+fn neutral(v: &Value) -> bool {
+    match v {
+        Value::Null | Value::Bool(false) => true,
+        Value::Bool(true) => false,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
     }
+}
+
+/// `null` or `{"type": "text"}`.
+fn text_format(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(o) => o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("text"),
+        _ => false,
+    }
+}
+
+/// The first [`UNSERVED`] field of `body` that holds more than its neutral value.
+fn unserved(body: &Value) -> Option<(&'static str, &'static str)> {
+    UNSERVED.iter().find_map(|&(name, is_neutral, why)| {
+        body.get(name)
+            .is_some_and(|v| !is_neutral(v))
+            .then_some((name, why))
+    })
 }
 
 /// `POST /v1/chat/completions`: its own fields (the shared ones are in [`Common`], read from
@@ -253,7 +226,7 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<(T, Common),
         return Err(ApiError::invalid(None, "the body is not a JSON object"));
     }
     let mut common: Common = typed(&value)?;
-    common.unserved = typed(&value)?;
+    common.unserved = unserved(&value);
     Ok((typed(&value)?, common))
 }
 
@@ -290,7 +263,7 @@ pub struct Settings {
 impl Common {
     /// Check the fields shared by both endpoints.
     pub fn settings(&self) -> Result<Settings, ApiError> {
-        if let Some((param, why)) = self.unserved.asked() {
+        if let Some((param, why)) = self.unserved {
             return Err(ApiError::invalid(
                 Some(param),
                 format!("{param}: {why}; leave it out or at its default"),
