@@ -1,0 +1,293 @@
+//! The draft kept on the device beside the model for speculative decoding
+//! (`docs/speculative.md`): the model's own first blocks, or a second, smaller model. Its
+//! resident bytes are reserved from the budget before the model is planned.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ork_device::Device;
+use ork_exec::{ExecError, KvType, Linear, Model, Session, Tokenizer};
+use ork_gguf::GgufFile;
+use ork_manifest::Manifest;
+use ork_residency::{DeviceBudget, DeviceMatmul, WeightCache};
+
+use crate::cache::budgeted_cache;
+use crate::pack::gguf_source;
+use crate::plan::weight_bytes;
+#[cfg(doc)]
+use crate::Engine;
+use crate::{check_chip, EngineConfig, EngineLinear, RuntimeError};
+
+/// A draft that lives on the device beside the model (speculative decoding,
+/// `docs/speculative.md`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DraftSource {
+    /// The model's own first blocks and its output projection (an early exit), pinned in the
+    /// model's weight cache, which the model's passes use too; `None` chooses the number of
+    /// blocks: as many as fit beside the model's streaming working set, at most a quarter of
+    /// them.
+    SelfLayers(Option<usize>),
+    /// A second, smaller GGUF with the model's vocabulary, packed at open into a cache of its
+    /// own on the same device and budget, every weight pinned.
+    Model(PathBuf),
+}
+
+/// The draft an engine keeps beside its model ([`EngineConfig::draft`]).
+pub struct EngineDraft {
+    source: DraftSource,
+    label: String,
+    model: Arc<Model>,
+    linear: Arc<dyn Linear>,
+    cache: Option<Arc<WeightCache>>,
+    bytes: u64,
+    kv_cache: KvType,
+}
+
+impl std::fmt::Debug for EngineDraft {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineDraft")
+            .field("draft", &self.label)
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EngineDraft {
+    /// What the draft is: `self:N` (the model's first N blocks and output projection) or the
+    /// draft model's file.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The source it was opened from (with the number of blocks chosen, for a self draft).
+    pub fn source(&self) -> &DraftSource {
+        &self.source
+    }
+
+    /// The draft's model (for a self draft, the truncated model).
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Device bytes the draft keeps resident, taken from the budget.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The draft model's own cache (`None` for a self draft, whose weights are pinned in the
+    /// model's cache).
+    pub fn cache(&self) -> Option<&Arc<WeightCache>> {
+        self.cache.as_ref()
+    }
+
+    /// A new session of the draft (owned, as [`Engine::session`]).
+    pub fn session(&self) -> Session {
+        Session::new(Arc::clone(&self.model), Arc::clone(&self.linear)).with_kv_type(self.kv_cache)
+    }
+}
+
+/// A draft model read and checked, before the plan.
+struct LoadedDraft {
+    path: PathBuf,
+    gguf: Arc<GgufFile>,
+    model: Arc<Model>,
+    weights: Vec<(String, u64)>,
+}
+
+fn load_draft_model(
+    path: &std::path::Path,
+    config: &EngineConfig,
+    tokenizer: &Tokenizer,
+) -> Result<LoadedDraft, RuntimeError> {
+    let err = |source: ExecError| RuntimeError::DraftModel {
+        draft: path.to_path_buf(),
+        source,
+    };
+    let gguf = Arc::new(GgufFile::open(path).map_err(|e| err(e.into()))?);
+    let model = Arc::new(Model::load(&gguf).map_err(err)?);
+    let draft_tokenizer = Tokenizer::from_gguf(&gguf).map_err(err)?;
+    ork_exec::check_draft_vocabulary(tokenizer, &draft_tokenizer, &path.display().to_string())
+        .map_err(err)?;
+    let manifest = Manifest::from_gguf(&gguf)?;
+    check_chip(config, &manifest)?;
+    let weights = weight_bytes(&manifest, config.dtype, config.group)?;
+    Ok(LoadedDraft {
+        path: path.to_path_buf(),
+        gguf,
+        model,
+        weights,
+    })
+}
+
+/// The draft's share of the budget, chosen before the model is planned: the draft model read
+/// and checked, or the number of the model's own blocks a self draft keeps.
+pub(crate) struct DraftReservation {
+    model: Option<LoadedDraft>,
+    self_layers: Option<usize>,
+    /// The model's weights a self draft pins (empty otherwise).
+    pub(crate) names: HashSet<String>,
+    /// Device bytes the draft keeps resident.
+    pub(crate) bytes: u64,
+}
+
+impl DraftReservation {
+    /// Reserve the config's draft: read and check a draft model, or choose the blocks of a self
+    /// draft among the model's weights `all` (execution order, device bytes) for `capacity`
+    /// bytes (the budget or the window, the smaller) and `slots` prefetch slots.
+    pub(crate) fn reserve(
+        config: &EngineConfig,
+        model: &Model,
+        tokenizer: &Tokenizer,
+        all: &[(String, u64)],
+        capacity: u64,
+        slots: usize,
+    ) -> Result<DraftReservation, RuntimeError> {
+        let mut reservation = DraftReservation {
+            model: None,
+            self_layers: None,
+            names: HashSet::new(),
+            bytes: 0,
+        };
+        match &config.draft {
+            None => {}
+            Some(DraftSource::Model(path)) => {
+                let d = load_draft_model(path, config, tokenizer)?;
+                reservation.bytes = d.weights.iter().map(|w| w.1).sum();
+                reservation.model = Some(d);
+            }
+            Some(DraftSource::SelfLayers(n)) => {
+                let n = match n {
+                    Some(n) => *n,
+                    None => self_draft_layers(config, model, all, capacity, slots)?,
+                };
+                reservation.names = self_draft_names(config, model, n)?;
+                reservation.bytes = bytes_of(all, &reservation.names);
+                reservation.self_layers = Some(n);
+            }
+        }
+        Ok(reservation)
+    }
+
+    /// Which draft (`self:N` or the draft's file), as errors name it.
+    pub(crate) fn label(&self) -> String {
+        match (&self.model, self.self_layers) {
+            (Some(d), _) => d.path.display().to_string(),
+            (None, n) => format!("self:{}", n.unwrap_or(0)),
+        }
+    }
+
+    /// Put the reserved draft on `device`: a draft model in a cache of its own booked in
+    /// `device_budget`, every weight pinned and packed now; a self draft served by the model's
+    /// `linear`, its weights already pinned in the model's cache.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn open(
+        self,
+        config: &EngineConfig,
+        device: &Arc<dyn Device>,
+        device_budget: &Arc<DeviceBudget>,
+        budget: u64,
+        domains: u32,
+        model: &Model,
+        linear: &Arc<EngineLinear>,
+    ) -> Result<Option<EngineDraft>, RuntimeError> {
+        let draft_bytes = self.bytes;
+        match (self.model, self.self_layers) {
+            (Some(d), _) => {
+                let dcache = budgeted_cache(
+                    device,
+                    gguf_source(&d.gguf, config),
+                    budget,
+                    domains,
+                    device_budget,
+                )?;
+                for (name, _) in &d.weights {
+                    dcache.pin(name)?;
+                }
+                let dcache = Arc::new(dcache);
+                device_budget.register(&dcache);
+                // Pack every draft weight now: no pass waits for one later.
+                for (name, _) in &d.weights {
+                    drop(dcache.get(name)?);
+                }
+                let dm = DeviceMatmul::new(Arc::clone(&dcache), None)
+                    .with_activations(config.activations);
+                Ok(Some(EngineDraft {
+                    label: d.path.display().to_string(),
+                    source: DraftSource::Model(d.path),
+                    model: d.model,
+                    linear: Arc::new(EngineLinear::new(dm)),
+                    cache: Some(dcache),
+                    bytes: draft_bytes,
+                    kv_cache: config.kv_cache,
+                }))
+            }
+            (None, Some(n)) => Ok(Some(EngineDraft {
+                source: DraftSource::SelfLayers(Some(n)),
+                label: format!("self:{n}"),
+                model: Arc::new(model.truncated(n).map_err(|e| model_error(config, e))?),
+                linear: Arc::clone(linear) as Arc<dyn Linear>,
+                cache: None,
+                bytes: draft_bytes,
+                kv_cache: config.kv_cache,
+            })),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+/// The executor's error about the config's model.
+fn model_error(config: &EngineConfig, source: ExecError) -> RuntimeError {
+    RuntimeError::Model {
+        model: config.model.clone(),
+        source,
+    }
+}
+
+/// The matmul weights of the model's first `n` blocks and its output projection.
+fn self_draft_names(
+    config: &EngineConfig,
+    model: &Model,
+    n: usize,
+) -> Result<HashSet<String>, RuntimeError> {
+    Ok(model
+        .truncated(n)
+        .map_err(|e| model_error(config, e))?
+        .matmul_weights()
+        .iter()
+        .map(|w| w.name.clone())
+        .collect())
+}
+
+/// Device bytes of the weights of `all` named in `set`.
+fn bytes_of(all: &[(String, u64)], set: &HashSet<String>) -> u64 {
+    all.iter().filter(|w| set.contains(&w.0)).map(|w| w.1).sum()
+}
+
+/// Blocks of a self draft when the config does not say: as many as fit beside the model's
+/// streaming working set (the planner's `slots + 1` largest remaining weights), at most a
+/// quarter.
+fn self_draft_layers(
+    config: &EngineConfig,
+    model: &Model,
+    all: &[(String, u64)],
+    capacity: u64,
+    slots: usize,
+) -> Result<usize, RuntimeError> {
+    let mut best = 1;
+    for cand in 1..=(model.config().n_layer / 4).max(1) {
+        let set = self_draft_names(config, model, cand)?;
+        let mut rest: Vec<u64> = all
+            .iter()
+            .filter(|w| !set.contains(&w.0))
+            .map(|w| w.1)
+            .collect();
+        rest.sort_unstable_by(|a, b| b.cmp(a));
+        let reserve: u64 = rest.iter().take(slots + 1).sum();
+        if bytes_of(all, &set) + reserve > capacity {
+            break;
+        }
+        best = cand;
+    }
+    Ok(best)
+}

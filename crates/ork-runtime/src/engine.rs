@@ -1,0 +1,382 @@
+//! The engine: a model read and checked ([`Engine::load`], a [`LoadedModel`]), then opened on a
+//! device ([`LoadedModel::open`]) in the steps this module names, each the business of a module
+//! of its own; and what an opened engine tells a front end.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ork_device::{ActPrecision, Device};
+use ork_exec::{ChatTemplate, Model, Tokenizer};
+use ork_gguf::GgufFile;
+use ork_manifest::Manifest;
+use ork_residency::{CacheStats, DeviceBudget, Plan, Trace, WeightCache};
+use ork_store::ConvertReport;
+
+use crate::cache::{model_cache, model_linear};
+use crate::draft::DraftReservation;
+use crate::pack::open_weight_source;
+use crate::plan::{plan_beside_draft, weight_bytes};
+use crate::smoothing::apply_smoothing;
+use crate::{
+    budget_bytes, check_chip, open_device, ConvertObserver, EngineConfig, EngineDraft,
+    EngineLinear, ExpertStats, RuntimeError, SmoothingOrigin,
+};
+
+/// A model opened on a device: see the crate documentation.
+pub struct Engine {
+    pub(crate) config: EngineConfig,
+    pub(crate) gguf: Arc<GgufFile>,
+    pub(crate) manifest: Arc<Manifest>,
+    pub(crate) model: Arc<Model>,
+    pub(crate) tokenizer: Arc<Tokenizer>,
+    pub(crate) device: Arc<dyn Device>,
+    pub(crate) plan: Plan,
+    pub(crate) cache: Arc<WeightCache>,
+    pub(crate) device_budget: Arc<DeviceBudget>,
+    pub(crate) linear: Arc<EngineLinear>,
+    pub(crate) trace: Option<Arc<Trace>>,
+    pub(crate) convert: Option<ConvertReport>,
+    pub(crate) pack_path: Option<PathBuf>,
+    pub(crate) pack_unwritable: Option<ork_store::StoreError>,
+    pub(crate) draft: Option<EngineDraft>,
+    pub(crate) smoothing_origin: Option<SmoothingOrigin>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.config)
+            .field("mode", &self.plan.mode)
+            .field("cache", &self.cache)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Open the model of `config` (see the crate documentation).
+    ///
+    /// # Errors
+    /// Any failure to open, check, plan, convert or place the model, naming the file and tensor.
+    pub fn open(config: EngineConfig) -> Result<Engine, RuntimeError> {
+        Self::open_observed(config, None)
+    }
+
+    /// [`Engine::open`], telling `observer` about the `.orkpack` conversion.
+    pub fn open_observed(
+        config: EngineConfig,
+        observer: Option<&dyn ConvertObserver>,
+    ) -> Result<Engine, RuntimeError> {
+        Engine::load(config)?.open(observer)
+    }
+
+    /// The first half of [`Engine::open`]: read and check the model, its tokenizer and its weight
+    /// manifest, without opening a device or touching the `.orkpack`, so that a front end can
+    /// refuse a request (a prompt longer than the context …) before a conversion that may take
+    /// minutes on a large model.
+    ///
+    /// # Errors
+    /// The GGUF cannot be opened, or its model, tokenizer or manifest is not usable.
+    pub fn load(config: EngineConfig) -> Result<LoadedModel, RuntimeError> {
+        if let Some(n) = config.threads {
+            // Before anything here runs in parallel: the first use of rayon's global pool
+            // (loading the model uses it) builds it with one thread per core, and
+            // `build_global` is then refused. The first call wins; later engines in the same
+            // process share the pool ([`Engine::threads`] says how large it is).
+            let _ = rayon::ThreadPoolBuilder::new()
+                .num_threads(n.max(1))
+                .build_global();
+        }
+        let gguf = Arc::new(GgufFile::open(&config.model)?);
+        let model_err = |source| RuntimeError::Model {
+            model: config.model.clone(),
+            source,
+        };
+        let model = Arc::new(Model::load(&gguf).map_err(model_err)?);
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).map_err(model_err)?);
+        let (gguf, model, smoothing) = match &config.smooth {
+            Some(smooth) => {
+                let s = apply_smoothing(&config, smooth, &gguf, &model, &tokenizer)?;
+                (s.gguf, s.model, Some((s.record, s.origin)))
+            }
+            None => (gguf, model, None),
+        };
+        let manifest = Arc::new(Manifest::from_gguf(&gguf)?);
+        Ok(LoadedModel {
+            config,
+            gguf,
+            model,
+            tokenizer,
+            manifest,
+            smoothing,
+        })
+    }
+}
+
+/// A model read and checked by [`Engine::load`], not yet on a device.
+pub struct LoadedModel {
+    config: EngineConfig,
+    gguf: Arc<GgufFile>,
+    model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    manifest: Arc<Manifest>,
+    smoothing: Option<(ork_store::PackSmoothing, SmoothingOrigin)>,
+}
+
+impl std::fmt::Debug for LoadedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadedModel {
+    /// What the weights were smoothed with (recorded in the `.orkpack`), `None` without
+    /// smoothing.
+    pub fn smoothing(&self) -> Option<&ork_store::PackSmoothing> {
+        self.smoothing.as_ref().map(|s| &s.0)
+    }
+
+    /// Where the smoothing factors came from, `None` without smoothing.
+    pub fn smoothing_origin(&self) -> Option<SmoothingOrigin> {
+        self.smoothing.as_ref().map(|s| s.1)
+    }
+
+    /// The GGUF the weights come from (the smoothed in-memory copy when the config smooths).
+    pub fn gguf(&self) -> &Arc<GgufFile> {
+        &self.gguf
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The model's chat template, if it has one.
+    ///
+    /// # Errors
+    /// A template that does not parse, naming the file.
+    pub fn chat_template(&self) -> Result<Option<ChatTemplate>, RuntimeError> {
+        ChatTemplate::from_gguf(&self.gguf, &self.tokenizer).map_err(|source| RuntimeError::Model {
+            model: self.config.model.clone(),
+            source,
+        })
+    }
+
+    /// The second half of [`Engine::open`]: the device, the plan, the `.orkpack` (converted if
+    /// needed, telling `observer`), the cache and the prefetcher.
+    ///
+    /// # Errors
+    /// Any failure to open the device, plan, convert or place the model, naming file and tensor.
+    pub fn open(self, observer: Option<&dyn ConvertObserver>) -> Result<Engine, RuntimeError> {
+        let LoadedModel {
+            config,
+            gguf,
+            model,
+            tokenizer,
+            manifest,
+            smoothing,
+        } = self;
+        check_chip(&config, &manifest)?;
+        model.set_expert_speculation(config.expert_speculation);
+        let device = open_device(config.device, config.domains, config.soc)?;
+        let info = device.info();
+        let budget = budget_bytes(config.budget_bytes)?;
+        let slots = info.cores as usize + 1;
+        let weights = weight_bytes(&manifest, config.dtype, config.group)?;
+        // The draft's resident weights come out of the budget before the model is planned.
+        let capacity = budget.min(info.window_bytes);
+        let draft =
+            DraftReservation::reserve(&config, &model, &tokenizer, &weights, capacity, slots)?;
+        let plan = plan_beside_draft(
+            &config,
+            &weights,
+            &draft,
+            budget,
+            info.window_bytes,
+            info.domains,
+            slots,
+        )?;
+        let pack = open_weight_source(
+            &config,
+            &gguf,
+            &manifest,
+            smoothing.as_ref().map(|s| &s.0),
+            observer,
+        )?;
+        let (cache, device_budget) = model_cache(
+            &device,
+            pack.source,
+            &plan,
+            &manifest,
+            &model,
+            budget,
+            info.domains,
+        )?;
+        let trace = config.trace.then(|| Arc::new(Trace::new()));
+        let linear = Arc::new(model_linear(&config, &cache, &plan, slots, trace.clone()));
+        let draft = draft.open(
+            &config,
+            &device,
+            &device_budget,
+            budget,
+            info.domains,
+            &model,
+            &linear,
+        )?;
+        Ok(Engine {
+            config,
+            gguf,
+            manifest,
+            model,
+            tokenizer,
+            device,
+            plan,
+            cache,
+            device_budget,
+            linear,
+            trace,
+            convert: pack.convert,
+            pack_path: pack.path,
+            pack_unwritable: pack.unwritable,
+            draft,
+            smoothing_origin: smoothing.map(|s| s.1),
+        })
+    }
+}
+
+impl Engine {
+    /// The configuration it was opened with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The GGUF file.
+    pub fn gguf(&self) -> &Arc<GgufFile> {
+        &self.gguf
+    }
+
+    /// The model's weight manifest.
+    pub fn manifest(&self) -> &Arc<Manifest> {
+        &self.manifest
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The model's chat template, if it has one.
+    ///
+    /// # Errors
+    /// A template that does not parse, naming the file.
+    pub fn chat_template(&self) -> Result<Option<ChatTemplate>, RuntimeError> {
+        ChatTemplate::from_gguf(&self.gguf, &self.tokenizer).map_err(|source| RuntimeError::Model {
+            model: self.config.model.clone(),
+            source,
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+    /// Compute threads: the size of rayon's global pool, which the forward pass runs on
+    /// ([`EngineConfig::threads`] sizes it when the first engine of the process loads).
+    pub fn threads(&self) -> usize {
+        rayon::current_num_threads()
+    }
+
+    /// The residency plan in force.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The weight cache.
+    pub fn cache(&self) -> &Arc<WeightCache> {
+        &self.cache
+    }
+
+    /// The device's byte budget per domain, shared by every cache on it.
+    pub fn device_budget(&self) -> &Arc<DeviceBudget> {
+        &self.device_budget
+    }
+
+    /// MoE models: expert cache hits and speculative prefetch counters so far, summed over the
+    /// engine's sessions (`None` for a dense model).
+    pub fn expert_stats(&self) -> Option<ExpertStats> {
+        let moe = self.model.moe_stats()?;
+        let calls = self.linear.expert_calls.load(Ordering::Relaxed);
+        let hits = self.linear.expert_hits.load(Ordering::Relaxed);
+        Some(ExpertStats {
+            expert_matmuls: calls,
+            expert_hits: hits,
+            expert_hit_rate: if calls == 0 {
+                0.0
+            } else {
+                hits as f64 / calls as f64
+            },
+            predictions: moe.predictions,
+            recall: moe.recall(),
+        })
+    }
+
+    /// The cache's counters so far.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// Where the smoothing factors came from (a calibration pass, or the `.orkpack`), `None`
+    /// without smoothing.
+    pub fn smoothing_origin(&self) -> Option<SmoothingOrigin> {
+        self.smoothing_origin
+    }
+
+    /// What the self-populating `.orkpack` did at open (`None` without a pack).
+    pub fn convert_report(&self) -> Option<&ConvertReport> {
+        self.convert.as_ref()
+    }
+
+    /// Why the configured `.orkpack` could not be written, when the engine runs from memory
+    /// instead (read-only directory, full disk …); `None` when the pack is in use or none was
+    /// asked for.
+    pub fn pack_unwritable(&self) -> Option<&ork_store::StoreError> {
+        self.pack_unwritable.as_ref()
+    }
+
+    /// The `.orkpack` in use, if any.
+    pub fn pack_path(&self) -> Option<&PathBuf> {
+        self.pack_path.as_ref()
+    }
+
+    /// The timeline, when the config asked for one.
+    pub fn trace(&self) -> Option<&Arc<Trace>> {
+        self.trace.as_ref()
+    }
+
+    /// The draft kept beside the model, when the config asked for one.
+    pub fn draft(&self) -> Option<&EngineDraft> {
+        self.draft.as_ref()
+    }
+
+    /// The matmul backend sessions use.
+    pub fn linear(&self) -> &Arc<EngineLinear> {
+        &self.linear
+    }
+
+    /// Activation precision of the device matmuls.
+    pub fn activations(&self) -> ActPrecision {
+        self.config.activations
+    }
+}
