@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::cli::ServeArgs;
-use crate::cmd_model::{engine_config, open_engine};
+use crate::open_model::{engine_config, open_engine};
 
 /// Open the engine, serve until SIGTERM / SIGINT, drain, exit 0.
 pub fn serve(args: &ServeArgs) -> Result<ExitCode> {

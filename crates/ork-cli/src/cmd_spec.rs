@@ -15,7 +15,7 @@ use ork_runtime::Engine;
 use serde::Serialize;
 
 use crate::cli::{DraftArg, ModelOpts, SpecArgs};
-use crate::cmd_model::{engine_config, open_engine, open_manifest};
+use crate::open_model::{engine_config, open_engine, open_manifest, packed_model_bytes};
 
 /// The speculative options `args` ask for (`None` without `--draft`), checked before anything is
 /// opened.
@@ -252,7 +252,7 @@ fn generate_once(
 pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCode> {
     let manifest = open_manifest(&opts.model)?;
     let dtype = PackDtype::from(opts.dtype);
-    let full = crate::cmd_model::packed_model_bytes(&manifest, dtype)?;
+    let full = packed_model_bytes(&manifest, dtype)?;
     let mib = |x: u64| x as f64 / (1 << 20) as f64;
     let budgets: Vec<u64> = if b.budgets_mb.is_empty() {
         [1, 2, 3]

@@ -9,6 +9,7 @@ mod cmd_model;
 mod cmd_pack;
 mod cmd_serve;
 mod cmd_spec;
+mod open_model;
 mod plot;
 mod progress;
 mod rss;

@@ -1,0 +1,100 @@
+//! Opening a model as the command line asks: the engine configuration from the model options,
+//! the engine with its conversion bar and notices, the weight manifest, and the benches' packed
+//! model size. Shared by the verbs that run a model (`run`, `perplexity`, `plan`, the benches,
+//! `serve`).
+
+use std::path::Path;
+
+use anyhow::Result;
+use ork_manifest::Manifest;
+use ork_pack::PackDtype;
+use ork_runtime::{plan_weights, Engine, EngineConfig, PackChoice};
+
+use crate::cli::ModelOpts;
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The engine configuration the command line asks for.
+pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
+    let mut config = EngineConfig {
+        model: opts.model.clone(),
+        pack: match (&opts.pack, opts.no_pack) {
+            (_, true) => PackChoice::None,
+            (Some(p), false) => PackChoice::Path(p.clone()),
+            (None, false) => PackChoice::Default,
+        },
+        budget_bytes: opts.budget_mb.map(|mb| mb << 20),
+        device: opts.device.into(),
+        domains: opts.domains,
+        dtype: opts.dtype.into(),
+        activations: opts.activations.into(),
+        group: ork_pack::ScaleGroup::PerChannel,
+        soc: opts.soc.into(),
+        threads: opts.threads,
+        prefetch: !opts.no_prefetch,
+        trace,
+        verify: !opts.no_verify,
+        evict_src: env_flag("ORK_EVICT_SRC"),
+        draft: None,
+        expert_speculation: (!opts.no_speculate).then_some(1),
+        smooth: opts.calib.as_ref().map(|calib| ork_runtime::Smoothing {
+            alpha: opts.smooth,
+            calib: calib.clone(),
+            targets: opts.smooth_targets,
+        }),
+        kv_cache: opts.kv_cache.into(),
+    };
+    if let Some(q) = opts.quant {
+        config.set_quant(q);
+    }
+    config
+}
+
+/// Open the engine, drawing the conversion bar unless `quiet`; say on stderr why an existing
+/// `.orkpack` was rebuilt, or that it could not be written and the run goes on from memory.
+pub(crate) fn open_engine(config: EngineConfig, quiet: bool) -> Result<Engine> {
+    open_loaded(Engine::load(config)?, quiet)
+}
+
+/// [`open_engine`] for a model already loaded (and checked by the caller).
+pub(crate) fn open_loaded(loaded: ork_runtime::LoadedModel, quiet: bool) -> Result<Engine> {
+    let bar = crate::progress::ConvertBar::hidden_until_started(quiet);
+    let engine = loaded.open(Some(&bar))?;
+    if let (Some(report), Some(path)) = (engine.convert_report(), engine.pack_path()) {
+        // Say why an existing file was rewritten (stale, corrupt, other dtype …).
+        if let Some(why) = report.rebuild.as_ref().filter(|_| report.rewritten) {
+            if *why != ork_store::RebuildReason::Missing {
+                eprintln!("[ork] rebuilt {}: {why}", path.display());
+            }
+        }
+    }
+    if let Some(e) = engine.pack_unwritable() {
+        eprintln!(
+            "[ork] warning: cannot write the weight cache ({e}); running without it (as --no-pack)"
+        );
+    }
+    Ok(engine)
+}
+
+/// The bytes of every weight of `manifest` packed as `dtype` with per-channel scales (the
+/// benches' model size).
+pub(crate) fn packed_model_bytes(manifest: &Manifest, dtype: PackDtype) -> Result<u64> {
+    Ok(plan_weights(
+        manifest,
+        dtype,
+        ork_pack::ScaleGroup::PerChannel,
+        u64::MAX / 4,
+        u64::MAX / 4,
+        1,
+        4,
+    )?
+    .model_bytes)
+}
+
+/// The weight manifest of the GGUF at `path`.
+pub(crate) fn open_manifest(path: &Path) -> Result<Manifest> {
+    let gguf = ork_gguf::GgufFile::open(path)?;
+    Ok(Manifest::from_gguf(&gguf)?)
+}
