@@ -186,6 +186,10 @@ pub fn run(
                     .send(Event::Failed("the server is shutting down".to_owned()));
                 metrics.failed.fetch_add(1, Ordering::Relaxed);
             }
+            // Nothing is accepted once the server aborts (it drains first).
+            metrics.active.store(0, Ordering::Relaxed);
+            metrics.queue_depth.store(0, Ordering::Relaxed);
+            return;
         }
         // Admit queued requests into free slots.
         while !closed && slots.len() < config.max_seqs {
