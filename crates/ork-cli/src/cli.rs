@@ -171,6 +171,10 @@ pub struct ServeArgs {
     /// Connections open at once at most; one more is answered 503 and closed.
     #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
     pub max_connections: usize,
+    /// MiB of finished sequences' KV caches kept so that a request sharing their prefix (the
+    /// next turn of a conversation) prefills only the rest; 0 turns prefix reuse off.
+    #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1048576))]
+    pub prefix_cache_mb: usize,
 }
 
 /// `ork convert`.

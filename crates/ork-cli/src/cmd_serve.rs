@@ -24,6 +24,7 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         header_timeout: Duration::from_secs(args.header_timeout_secs),
         body_timeout: Duration::from_secs(args.body_timeout_secs),
         max_connections: args.max_connections,
+        prefix_cache_bytes: args.prefix_cache_mb << 20,
     };
     ork_server::run(engine, config, |addr, model| {
         // One line a script (or a test) can wait for.

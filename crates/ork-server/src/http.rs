@@ -511,11 +511,12 @@ impl Format {
         }
     }
 
-    fn usage(prompt: usize, completion: usize) -> Value {
+    fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
         json!({
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
         })
     }
 
@@ -554,7 +555,14 @@ impl Format {
     }
 
     /// The whole answer.
-    fn complete(&self, text: &str, finish: Finish, prompt: usize, completion: usize) -> Value {
+    fn complete(
+        &self,
+        text: &str,
+        finish: Finish,
+        prompt: usize,
+        cached: usize,
+        completion: usize,
+    ) -> Value {
         let choice = match self.kind {
             Kind::Chat => json!({
                 "index": 0,
@@ -575,7 +583,7 @@ impl Format {
             "created": self.created,
             "model": self.model,
             "choices": [choice],
-            "usage": Self::usage(prompt, completion),
+            "usage": Self::usage(prompt, cached, completion),
         })
     }
 }
@@ -592,10 +600,17 @@ async fn full_response(
             Event::Done {
                 finish,
                 prompt_tokens,
+                cached_tokens,
                 completion_tokens,
             } => {
-                return Json(format.complete(&text, finish, prompt_tokens, completion_tokens))
-                    .into_response()
+                let done = format.complete(
+                    &text,
+                    finish,
+                    prompt_tokens,
+                    cached_tokens,
+                    completion_tokens,
+                );
+                return Json(done).into_response();
             }
             Event::Failed(msg) => {
                 return ApiError::new(ApiErrorKind::Internal, msg).into_response();
@@ -654,6 +669,7 @@ fn stream_response(
                 Some(Event::Done {
                     finish,
                     prompt_tokens,
+                    cached_tokens,
                     completion_tokens,
                 }) => {
                     let c = s.format.chunk(None, Some(finish), false);
@@ -661,7 +677,7 @@ fn stream_response(
                     if s.include_usage {
                         let mut u = s.format.chunk(None, None, false);
                         u["choices"] = json!([]);
-                        u["usage"] = Format::usage(prompt_tokens, completion_tokens);
+                        u["usage"] = Format::usage(prompt_tokens, cached_tokens, completion_tokens);
                         s.pending.push_back(data(&u));
                     }
                     s.pending.push_back(SseEvent::default().data("[DONE]"));

@@ -19,6 +19,7 @@ mod error;
 mod http;
 mod listen;
 mod metrics;
+mod prefix;
 mod scheduler;
 
 pub use api::{
@@ -27,6 +28,7 @@ pub use api::{
 };
 pub use error::{ApiError, ApiErrorKind, ServerError};
 pub use metrics::Metrics;
+pub use prefix::PrefixCache;
 pub use scheduler::{Event, Finish, Job, SchedulerConfig};
 
 use ork_runtime::Engine;
@@ -68,6 +70,8 @@ pub struct ServeConfig {
     pub body_timeout: Duration,
     /// Connections open at once at most; one more is answered 503 and closed.
     pub max_connections: usize,
+    /// Bytes of finished sequences' KV caches kept for prefix reuse (0: no reuse).
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for ServeConfig {
@@ -85,6 +89,7 @@ impl Default for ServeConfig {
             header_timeout: Duration::from_secs(15),
             body_timeout: Duration::from_secs(60),
             max_connections: 256,
+            prefix_cache_bytes: 256 << 20,
         }
     }
 }
@@ -154,6 +159,7 @@ impl Server {
                 max_seqs: config.max_seqs,
                 context,
                 prefill_chunk: config.prefill_chunk,
+                prefix_cache_bytes: config.prefix_cache_bytes,
             };
             std::thread::Builder::new()
                 .name("ork-scheduler".to_owned())
