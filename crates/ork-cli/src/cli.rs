@@ -161,6 +161,20 @@ pub struct ServeArgs {
     /// Seconds a drain (SIGTERM) lets running requests finish before cutting them.
     #[arg(long, default_value_t = 30, value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(0..=86400))]
     pub drain_secs: u64,
+    /// Seconds a connection has to send a complete request head once it is ready for one
+    /// (after connecting or after its previous response): the header and idle timeout.
+    #[arg(long, default_value_t = 15, value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..=3600))]
+    pub header_timeout_secs: u64,
+    /// Seconds a request body has to arrive after its head (beyond: 408).
+    #[arg(long, default_value_t = 60, value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..=3600))]
+    pub body_timeout_secs: u64,
+    /// Connections open at once at most; one more is answered 503 and closed.
+    #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
+    pub max_connections: usize,
+    /// MiB of finished sequences' KV caches kept so that a request sharing their prefix (the
+    /// next turn of a conversation) prefills only the rest; 0 turns prefix reuse off.
+    #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1048576))]
+    pub prefix_cache_mb: usize,
 }
 
 /// `ork convert`.

@@ -21,6 +21,10 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         prefill_chunk: args.prefill_chunk,
         drain_timeout: Duration::from_secs(args.drain_secs),
         model_id: None,
+        header_timeout: Duration::from_secs(args.header_timeout_secs),
+        body_timeout: Duration::from_secs(args.body_timeout_secs),
+        max_connections: args.max_connections,
+        prefix_cache_bytes: args.prefix_cache_mb << 20,
     };
     ork_server::run(engine, config, |addr, model| {
         // One line a script (or a test) can wait for.

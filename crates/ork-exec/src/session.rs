@@ -118,6 +118,17 @@ impl Heads {
         }
     }
 
+    /// The first `len` values of every head, copied.
+    fn prefix(&self, len: usize) -> Heads {
+        fn each<T: Clone>(h: &[Vec<T>], len: usize) -> Vec<Vec<T>> {
+            h.iter().map(|h| h[..len.min(h.len())].to_vec()).collect()
+        }
+        match self {
+            Heads::F16(h) => Heads::F16(each(h, len)),
+            Heads::F32(h) => Heads::F32(each(h, len)),
+        }
+    }
+
     /// Copy the `d` values at position `from` over those at position `to`.
     fn copy_position(&mut self, from: usize, to: usize, d: usize) {
         match self {
@@ -263,6 +274,38 @@ impl Session {
     /// The matmul backend.
     pub fn linear(&self) -> &Arc<dyn Linear> {
         &self.linear
+    }
+
+    /// A new session holding a copy of this one's first `len` cached positions (at most all of
+    /// them): a shared prefix another sequence continues from. Same model, matmul backend,
+    /// context and cache type.
+    pub fn fork(&self, len: usize) -> Session {
+        let len = len.min(self.len);
+        let c = self.model.config();
+        Session {
+            model: Arc::clone(&self.model),
+            linear: Arc::clone(&self.linear),
+            context: self.context,
+            kv: self
+                .kv
+                .iter()
+                .map(|l| LayerKv {
+                    keys: l.keys.prefix(len * c.head_dim_k),
+                    values: l.values.prefix(len * c.head_dim_v),
+                })
+                .collect(),
+            kv_type: self.kv_type,
+            len,
+        }
+    }
+
+    /// Whether this session and `other` compute the same keys and values for the same tokens
+    /// — the same model, the same matmul backend and the same cache type — so that positions
+    /// cached by one are valid in the other.
+    pub fn same_numbers(&self, other: &Session) -> bool {
+        Arc::ptr_eq(&self.model, &other.model)
+            && Arc::ptr_eq(&self.linear, &other.linear)
+            && self.kv_type == other.kv_type
     }
 
     /// Forget every cached position.

@@ -233,10 +233,23 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<(T, Common),
 fn typed<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        let what = format!("invalid request body: {}", e.into_inner());
-        let param = (path != "." && !path.is_empty()).then_some(path);
-        ApiError::invalid(param.as_deref(), what)
+        let inner = e.into_inner().to_string();
+        let mut param = (path != "." && !path.is_empty()).then_some(path);
+        // serde says "missing field `name`" at the path of the object lacking it: name it.
+        if let Some(field) = missing_field(&inner) {
+            param = Some(match param {
+                Some(p) => format!("{p}.{field}"),
+                None => field.to_owned(),
+            });
+        }
+        ApiError::invalid(param.as_deref(), format!("invalid request body: {inner}"))
     })
+}
+
+/// The field serde's "missing field `name`" message names.
+fn missing_field(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("missing field `")?;
+    rest.split_once('`').map(|(name, _)| name)
 }
 
 /// The checked sampling and stopping settings of a request.
@@ -292,18 +305,24 @@ impl Common {
             Some((_, v)) => Some(usize::try_from(v).unwrap_or(usize::MAX)),
             None => None,
         };
+        // Checked as the f32 the sampler uses: 1e-300 is in (0, 1] as f64 but 0 as f32.
         let temperature = self.temperature.unwrap_or(1.0);
-        if !(0.0..=2.0).contains(&temperature) {
+        let temperature32 = temperature as f32;
+        if !(0.0..=2.0).contains(&temperature32) || !(0.0..=2.0).contains(&temperature) {
             return Err(ApiError::invalid(
                 Some("temperature"),
                 format!("temperature {temperature} is not in [0, 2]"),
             ));
         }
         let top_p = self.top_p.unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
+        let top_p32 = top_p as f32;
+        if !(top_p32 > 0.0 && top_p32 <= 1.0 && top_p > 0.0 && top_p <= 1.0) {
             return Err(ApiError::invalid(
                 Some("top_p"),
-                format!("top_p {top_p} is not in (0, 1]"),
+                format!(
+                    "top_p {top_p} is not in (0, 1] as a 32-bit float (the smallest is {:e})",
+                    f32::from_bits(1)
+                ),
             ));
         }
         let stop = match &self.stop {
@@ -326,8 +345,8 @@ impl Common {
         let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
         Ok(Settings {
             max_tokens,
-            temperature: temperature as f32,
-            top_p: top_p as f32,
+            temperature: temperature32,
+            top_p: top_p32,
             seed: self.seed.map(|s| s as u64),
             stop,
             stream: self.stream.unwrap_or(false),
@@ -385,6 +404,15 @@ mod tests {
         let e = parse::<ChatRequest>(br#"{"model":"m","messages":[{"role":"user","content":5}]}"#)
             .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[0].content"));
+        // A missing field is named, at its own path.
+        let e = parse::<ChatRequest>(br#"{"messages":[]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("model"));
+        let e = parse::<ChatRequest>(br#"{"model":"m"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        let e = parse::<ChatRequest>(br#"{"model":"m","messages":[{"content":"x"}]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].role"));
+        let e = parse::<CompletionRequest>(br#"{"model":"m"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
         let e = parse::<ChatRequest>(b"[1]").unwrap_err();
         assert_eq!(e.kind, ApiErrorKind::InvalidRequest);
     }
@@ -424,6 +452,8 @@ mod tests {
         for bad in [
             r#"{"model":"m","messages":[],"temperature":3}"#,
             r#"{"model":"m","messages":[],"top_p":0}"#,
+            r#"{"model":"m","messages":[],"top_p":1e-300}"#,
+            r#"{"model":"m","messages":[],"temperature":1e300}"#,
             r#"{"model":"m","messages":[],"n":2}"#,
             r#"{"model":"m","messages":[],"max_tokens":0}"#,
             r#"{"model":"m","messages":[],"stop":["a","b","c","d","e"]}"#,
@@ -442,11 +472,11 @@ mod tests {
             r#"{"model":"m","messages":[],"response_format":"json"}"#,
         ] {
             let (_, common) = parse::<ChatRequest>(bad.as_bytes()).unwrap();
-            assert_eq!(
-                common.settings().unwrap_err().kind,
-                ApiErrorKind::InvalidRequest,
-                "{bad}"
-            );
+            let e = common.settings().unwrap_err();
+            assert_eq!(e.kind, ApiErrorKind::InvalidRequest, "{bad}");
+            // The field at fault is named.
+            let field = bad.split('"').nth(7).unwrap();
+            assert_eq!(e.param.as_deref(), Some(field), "{bad}");
         }
     }
 }

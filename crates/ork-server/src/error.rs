@@ -70,8 +70,14 @@ pub enum ApiErrorKind {
     InvalidRequest,
     /// No or a wrong bearer key (401).
     Authentication,
-    /// The model named is not the one served (404).
+    /// The model or route named does not exist (404).
     NotFound,
+    /// The route exists, not with this method (405).
+    MethodNotAllowed,
+    /// The client did not send its request body in time (408).
+    Timeout,
+    /// The body is larger than the server takes (413).
+    TooLarge,
     /// The queue is full or the server is draining (503).
     Overloaded,
     /// The engine failed while running the request (500).
@@ -126,6 +132,9 @@ impl ApiError {
             ApiErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             ApiErrorKind::Authentication => StatusCode::UNAUTHORIZED,
             ApiErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ApiErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiErrorKind::Timeout => StatusCode::REQUEST_TIMEOUT,
+            ApiErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiErrorKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ApiErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -134,7 +143,11 @@ impl ApiError {
     /// OpenAI's `type` string.
     pub fn type_name(&self) -> &'static str {
         match self.kind {
-            ApiErrorKind::InvalidRequest | ApiErrorKind::NotFound => "invalid_request_error",
+            ApiErrorKind::InvalidRequest
+            | ApiErrorKind::NotFound
+            | ApiErrorKind::MethodNotAllowed
+            | ApiErrorKind::Timeout
+            | ApiErrorKind::TooLarge => "invalid_request_error",
             ApiErrorKind::Authentication => "authentication_error",
             ApiErrorKind::Overloaded => "server_overloaded",
             ApiErrorKind::Internal => "server_error",

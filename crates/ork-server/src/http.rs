@@ -11,7 +11,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use ork_exec::{ChatMessage, ChatTemplate, SamplerOptions, Tokenizer};
+use ork_exec::{ChatMessage, ChatTemplate, Sampler, SamplerOptions, Tokenizer};
 use ork_runtime::Engine;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -24,6 +24,14 @@ use tokio::sync::mpsc;
 pub(crate) struct AppState {
     pub engine: Arc<Engine>,
     pub tokenizer: Arc<Tokenizer>,
+    /// A prompt text longer than this many bytes cannot fit the context ([`max_prompt_bytes`]).
+    pub prompt_bytes: usize,
+    /// Request bodies are refused (413) beyond this many bytes.
+    pub body_bytes: usize,
+    /// Time a request body has to arrive.
+    pub body_timeout: std::time::Duration,
+    /// Permits to parse and tokenize a request off the HTTP threads (a few at once).
+    pub tokenizing: tokio::sync::Semaphore,
     pub template: Option<ChatTemplate>,
     pub model_id: String,
     pub context: usize,
@@ -35,7 +43,27 @@ pub(crate) struct AppState {
     pub next_id: AtomicU64,
 }
 
-/// The routes: `/v1/*` behind the optional bearer key; `/health` and `/metrics` open.
+/// The longest prompt text, in bytes, that can fit `context` tokens: every token covers at
+/// most as many bytes of text as its longest piece, so a text longer than that many bytes per
+/// token of the context has more tokens than the context — refused before tokenizing it. Twice
+/// that bound, for normalizers that shorten text before it is split.
+pub(crate) fn max_prompt_bytes(tokenizer: &Tokenizer, context: usize) -> usize {
+    let longest = (0..tokenizer.vocab_size() as u32)
+        .filter_map(|t| tokenizer.token_bytes(t, true).map(<[u8]>::len))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    longest.saturating_mul(context).saturating_mul(2)
+}
+
+/// The largest request body: a prompt of `prompt_bytes` written with JSON escapes (at most 6
+/// bytes per byte of text), plus room for the other fields.
+pub(crate) fn max_body_bytes(prompt_bytes: usize) -> usize {
+    prompt_bytes.saturating_mul(6).saturating_add(1 << 16)
+}
+
+/// The routes: `/v1/*` behind the optional bearer key; `/health` and `/metrics` open. Every
+/// refusal (4xx, 503) is OpenAI's JSON and counted in `/metrics`.
 pub(crate) fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -48,7 +76,38 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            count_refusals,
+        ))
         .with_state(state)
+}
+
+/// Count the refusals of every route but `/health` (whose 503 during a drain is its answer).
+async fn count_refusals(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let probe = req.uri().path() == "/health";
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !probe {
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            st.metrics
+                .rejected_overloaded
+                .fetch_add(1, Ordering::Relaxed);
+        } else if status.is_client_error() {
+            st.metrics.rejected_invalid.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    resp
+}
+
+/// The key of an `Authorization` header value: scheme `Bearer` in any case (RFC 9110 §11.1),
+/// then the token.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
 }
 
 async fn authenticate(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
@@ -57,9 +116,8 @@ async fn authenticate(State(st): State<Arc<AppState>>, req: Request, next: Next)
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(bearer);
         if given != Some(key.as_str()) {
-            st.metrics.rejected_invalid.fetch_add(1, Ordering::Relaxed);
             return ApiError::new(
                 ApiErrorKind::Authentication,
                 "missing or wrong API key: send 'Authorization: Bearer KEY'",
@@ -73,6 +131,87 @@ async fn authenticate(State(st): State<Arc<AppState>>, req: Request, next: Next)
 
 async fn not_found() -> Response {
     ApiError::new(ApiErrorKind::NotFound, "no such route").into_response()
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    ApiError::new(
+        ApiErrorKind::MethodNotAllowed,
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+    .into_response()
+}
+
+/// The body of `req`, at most `body_bytes` and within `body_timeout`.
+async fn read_body(st: &AppState, req: Request) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            ApiErrorKind::TooLarge,
+            format!(
+                "the request body is larger than {} bytes, more than any prompt that fits the \
+                 context of {} tokens",
+                st.body_bytes, st.context
+            ),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > st.body_bytes as u64) {
+        return Err(too_large());
+    }
+    let read = axum::body::to_bytes(req.into_body(), st.body_bytes);
+    match tokio::time::timeout(st.body_timeout, read).await {
+        Err(_) => Err(ApiError::new(
+            ApiErrorKind::Timeout,
+            format!(
+                "the request body did not arrive within {} s",
+                st.body_timeout.as_secs()
+            ),
+        )),
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(e)) => {
+            let inner = e.into_inner();
+            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(inner.as_ref());
+            while let Some(c) = cause {
+                if c.is::<http_body_util::LengthLimitError>() {
+                    return Err(too_large());
+                }
+                cause = c.source();
+            }
+            Err(ApiError::invalid(
+                None,
+                format!("the request body cannot be read: {inner}"),
+            ))
+        }
+    }
+}
+
+/// A prompt text longer than the context can hold, refused before it is tokenized.
+fn too_long(st: &AppState, param: &str, bytes: usize) -> ApiError {
+    ApiError::invalid(
+        Some(param),
+        format!(
+            "the prompt is {bytes} bytes: more tokens than the context of {} tokens holds",
+            st.context
+        ),
+    )
+    .with_code("context_length_exceeded")
+}
+
+/// Run `prepare` (parse, render, tokenize) on the blocking pool, a few at once, so that a
+/// large request never holds an HTTP thread (`/health` stays prompt).
+async fn off_io<F>(st: &Arc<AppState>, prepare: F) -> Result<(Vec<u32>, Settings), ApiError>
+where
+    F: FnOnce(&AppState) -> Result<(Vec<u32>, Settings), ApiError> + Send + 'static,
+{
+    let shut = || ApiError::new(ApiErrorKind::Overloaded, "the server is shutting down");
+    let _permit = st.tokenizing.acquire().await.map_err(|_| shut())?;
+    let state = Arc::clone(st);
+    tokio::task::spawn_blocking(move || prepare(&state))
+        .await
+        .map_err(|_| shut())?
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
@@ -112,10 +251,15 @@ enum Kind {
     Completion,
 }
 
-async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    let prepared = (|| {
+async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let body = match read_body(&st, req).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let prepared = off_io(&st, move |st| {
         let (req, common): (ChatRequest, _) = api::parse(&body)?;
-        check_model(&st, &common.model)?;
+        drop(body);
+        check_model(st, &common.model)?;
         let settings = common.settings()?;
         if req.messages.is_empty() {
             return Err(ApiError::invalid(
@@ -138,25 +282,38 @@ async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
             };
             messages.push(ChatMessage::new(role, &m.text(i)?));
         }
+        let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
+        if bytes > st.prompt_bytes {
+            return Err(too_long(st, "messages", bytes));
+        }
         let template = st.template.as_ref().ok_or_else(|| {
             ApiError::invalid(None, "the model has no chat template: use /v1/completions")
         })?;
         let text = template
             .render(&messages, true)
             .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+        if text.len() > st.prompt_bytes {
+            return Err(too_long(st, "messages", text.len()));
+        }
         let prompt = st
             .tokenizer
             .encode(&text, false, true)
             .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
         Ok((prompt, settings))
-    })();
+    })
+    .await;
     respond(&st, Kind::Chat, prepared).await
 }
 
-async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    let prepared = (|| {
+async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let body = match read_body(&st, req).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let prepared = off_io(&st, move |st| {
         let (req, common): (CompletionRequest, _) = api::parse(&body)?;
-        check_model(&st, &common.model)?;
+        drop(body);
+        check_model(st, &common.model)?;
         let settings = common.settings()?;
         let prompt = match &req.prompt {
             Prompt::Text(t) => t.clone(),
@@ -180,12 +337,16 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
                 return Ok((t.clone(), settings));
             }
         };
+        if prompt.len() > st.prompt_bytes {
+            return Err(too_long(st, "prompt", prompt.len()));
+        }
         let tokens = st
             .tokenizer
             .encode(&prompt, true, false)
             .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?;
         Ok((tokens, settings))
-    })();
+    })
+    .await;
     respond(&st, Kind::Completion, prepared).await
 }
 
@@ -214,15 +375,8 @@ async fn respond(
     let submitted = prepared.and_then(|(prompt, settings)| submit(st, kind, prompt, settings));
     let (rx, settings, prompt_tokens) = match submitted {
         Ok(s) => s,
-        Err(e) => {
-            let counter = if e.kind == ApiErrorKind::Overloaded {
-                &st.metrics.rejected_overloaded
-            } else {
-                &st.metrics.rejected_invalid
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            return e.into_response();
-        }
+        // Counted by `count_refusals`.
+        Err(e) => return e.into_response(),
     };
     let id = st.next_id.fetch_add(1, Ordering::Relaxed);
     let format = Format {
@@ -299,16 +453,26 @@ fn submit(
             .unwrap_or(0);
         t ^ st.next_id.load(Ordering::Relaxed).rotate_left(32)
     });
+    let sampler = SamplerOptions {
+        temperature: settings.temperature,
+        top_k: 0,
+        top_p: settings.top_p,
+        seed,
+    };
+    // The scheduler builds the same sampler: whatever it would refuse is the client's 400 here,
+    // never a 500 there.
+    if let Err(e) = Sampler::new(sampler.clone()) {
+        let param = match &e {
+            ork_exec::ExecError::InvalidSampling { param, .. } => Some(*param),
+            _ => None,
+        };
+        return Err(ApiError::invalid(param, e.to_string()));
+    }
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
         prompt,
         max_tokens,
-        sampler: SamplerOptions {
-            temperature: settings.temperature,
-            top_k: 0,
-            top_p: settings.top_p,
-            seed,
-        },
+        sampler,
         stop: settings.stop.clone(),
         ignore_eos: settings.ignore_eos,
         events: tx,
@@ -347,11 +511,12 @@ impl Format {
         }
     }
 
-    fn usage(prompt: usize, completion: usize) -> Value {
+    fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
         json!({
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
         })
     }
 
@@ -390,7 +555,14 @@ impl Format {
     }
 
     /// The whole answer.
-    fn complete(&self, text: &str, finish: Finish, prompt: usize, completion: usize) -> Value {
+    fn complete(
+        &self,
+        text: &str,
+        finish: Finish,
+        prompt: usize,
+        cached: usize,
+        completion: usize,
+    ) -> Value {
         let choice = match self.kind {
             Kind::Chat => json!({
                 "index": 0,
@@ -411,7 +583,7 @@ impl Format {
             "created": self.created,
             "model": self.model,
             "choices": [choice],
-            "usage": Self::usage(prompt, completion),
+            "usage": Self::usage(prompt, cached, completion),
         })
     }
 }
@@ -428,10 +600,17 @@ async fn full_response(
             Event::Done {
                 finish,
                 prompt_tokens,
+                cached_tokens,
                 completion_tokens,
             } => {
-                return Json(format.complete(&text, finish, prompt_tokens, completion_tokens))
-                    .into_response()
+                let done = format.complete(
+                    &text,
+                    finish,
+                    prompt_tokens,
+                    cached_tokens,
+                    completion_tokens,
+                );
+                return Json(done).into_response();
             }
             Event::Failed(msg) => {
                 return ApiError::new(ApiErrorKind::Internal, msg).into_response();
@@ -490,6 +669,7 @@ fn stream_response(
                 Some(Event::Done {
                     finish,
                     prompt_tokens,
+                    cached_tokens,
                     completion_tokens,
                 }) => {
                     let c = s.format.chunk(None, Some(finish), false);
@@ -497,7 +677,7 @@ fn stream_response(
                     if s.include_usage {
                         let mut u = s.format.chunk(None, None, false);
                         u["choices"] = json!([]);
-                        u["usage"] = Format::usage(prompt_tokens, completion_tokens);
+                        u["usage"] = Format::usage(prompt_tokens, cached_tokens, completion_tokens);
                         s.pending.push_back(data(&u));
                     }
                     s.pending.push_back(SseEvent::default().data("[DONE]"));

@@ -17,7 +17,9 @@
 mod api;
 mod error;
 mod http;
+mod listen;
 mod metrics;
+mod prefix;
 mod scheduler;
 
 pub use api::{
@@ -26,10 +28,10 @@ pub use api::{
 };
 pub use error::{ApiError, ApiErrorKind, ServerError};
 pub use metrics::Metrics;
+pub use prefix::PrefixCache;
 pub use scheduler::{Event, Finish, Job, SchedulerConfig};
 
 use ork_runtime::Engine;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -60,6 +62,16 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     /// The model id clients name (`None`: the GGUF file name without `.gguf`).
     pub model_id: Option<String>,
+    /// A connection that has not sent a complete request head this long after it became ready
+    /// for one (after connecting, or after its previous response) is closed: the header and
+    /// idle timeout.
+    pub header_timeout: Duration,
+    /// A request whose body has not arrived this long after its head is refused (408).
+    pub body_timeout: Duration,
+    /// Connections open at once at most; one more is answered 503 and closed.
+    pub max_connections: usize,
+    /// Bytes of finished sequences' KV caches kept for prefix reuse (0: no reuse).
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for ServeConfig {
@@ -74,6 +86,10 @@ impl Default for ServeConfig {
             prefill_chunk: 64,
             drain_timeout: Duration::from_secs(30),
             model_id: None,
+            header_timeout: Duration::from_secs(15),
+            body_timeout: Duration::from_secs(60),
+            max_connections: 256,
+            prefix_cache_bytes: 256 << 20,
         }
     }
 }
@@ -83,7 +99,8 @@ pub struct Server {
     addr: SocketAddr,
     model_id: String,
     metrics: Arc<Metrics>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The first message starts a drain, the second ends it at once.
+    stop: Option<tokio::sync::mpsc::UnboundedSender<()>>,
     http: Option<JoinHandle<Result<(), ServerError>>>,
 }
 
@@ -103,15 +120,6 @@ impl Server {
     /// A setting out of range, a model without usable template metadata, or an address that
     /// cannot be bound.
     pub fn start(engine: Engine, config: ServeConfig) -> Result<Server, ServerError> {
-        Self::start_with(engine, config, std::future::pending())
-    }
-
-    /// [`Server::start`], also draining when `signal` completes (SIGTERM in [`run`]).
-    fn start_with(
-        engine: Engine,
-        config: ServeConfig,
-        signal: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<Server, ServerError> {
         let trained = engine.model().config().context_length;
         let context = config.context.unwrap_or(trained);
         check(&config, context)?;
@@ -151,6 +159,7 @@ impl Server {
                 max_seqs: config.max_seqs,
                 context,
                 prefill_chunk: config.prefill_chunk,
+                prefix_cache_bytes: config.prefix_cache_bytes,
             };
             std::thread::Builder::new()
                 .name("ork-scheduler".to_owned())
@@ -160,9 +169,14 @@ impl Server {
                     source,
                 })?
         };
+        let prompt_bytes = http::max_prompt_bytes(engine.tokenizer(), context);
         let state = Arc::new(http::AppState {
             tokenizer: Arc::clone(engine.tokenizer()),
             engine,
+            prompt_bytes,
+            body_bytes: http::max_body_bytes(prompt_bytes),
+            body_timeout: config.body_timeout,
+            tokenizing: tokio::sync::Semaphore::new(TOKENIZING_TASKS),
             template,
             model_id: model_id.clone(),
             context,
@@ -178,38 +192,29 @@ impl Server {
             .enable_all()
             .build()
             .map_err(|source| ServerError::Io { addr, source })?;
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (stop_tx, stop_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
         let drain = config.drain_timeout;
+        let limits = listen::ConnLimits {
+            header_timeout: config.header_timeout,
+            max_connections: config.max_connections,
+        };
         let http = std::thread::Builder::new()
             .name("ork-http-main".to_owned())
             .spawn(move || {
-                let result = runtime.block_on(async move {
-                    let listener = tokio::net::TcpListener::from_std(listener)
-                        .map_err(|source| ServerError::Io { addr, source })?;
-                    let app = http::router(Arc::clone(&state));
-                    let drain_state = Arc::clone(&state);
-                    let drain_abort = Arc::clone(&abort);
-                    let shutdown = async move {
-                        tokio::select! {
-                            _ = stop_rx => {}
-                            _ = signal => {}
-                        }
-                        // No new requests from here on; running ones get `drain` to finish.
-                        drain_state.draining.store(true, Ordering::Relaxed);
-                        tokio::spawn(async move {
-                            tokio::time::sleep(drain).await;
-                            drain_abort.store(true, Ordering::Relaxed);
-                        });
-                    };
-                    let served = axum::serve(listener, app)
-                        .with_graceful_shutdown(shutdown)
-                        .await
-                        .map_err(|source| ServerError::Io { addr, source });
-                    // Every connection is closed: end the scheduler (it finishes nothing more).
-                    abort.store(true, Ordering::Relaxed);
-                    drop(state);
-                    served
-                });
+                let result = runtime.block_on(serve(
+                    listener,
+                    addr,
+                    state,
+                    limits,
+                    drain,
+                    stop_rx,
+                    Arc::clone(&abort),
+                ));
+                // Connections still open after a cut drain end with the runtime; a tokenizing
+                // task cannot hold the process for more than this.
+                runtime.shutdown_timeout(Duration::from_secs(1));
+                // The end of the queue (its sender was in the handlers' state) ends the scheduler.
+                abort.store(true, Ordering::Relaxed);
                 let joined = scheduler.join();
                 runtime_shutdown(result, joined)
             })
@@ -239,6 +244,14 @@ impl Server {
     /// The server's counters.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// Start a drain (as SIGTERM does in [`run`]); a second call ends it at once, cutting the
+    /// running requests (as a second Ctrl-C does).
+    pub fn signal(&self) {
+        if let Some(stop) = &self.stop {
+            let _ = stop.send(());
+        }
     }
 
     /// Drain and stop: refuse new requests, let running ones finish (within the drain
@@ -305,13 +318,83 @@ fn check(config: &ServeConfig, context: usize) -> Result<(), ServerError> {
             format!("{} is not in 1..=65536", config.prefill_chunk),
         );
     }
-    if config.api_key.as_deref() == Some("") {
-        return bad("--api-key", "the key is empty".to_owned());
+    if let Some(key) = &config.api_key {
+        if key.is_empty() {
+            return bad("--api-key", "the key is empty".to_owned());
+        }
+        // It is compared with a header value: printable ASCII, no spaces or control characters.
+        if let Some(c) = key.chars().find(|c| !c.is_ascii_graphic()) {
+            return bad(
+                "--api-key",
+                format!(
+                    "the key holds {c:?}: use printable ASCII without spaces or control \
+                     characters (a key is sent as an HTTP header)"
+                ),
+            );
+        }
+    }
+    if !(1..=65_536).contains(&config.max_connections) {
+        return bad(
+            "--max-connections",
+            format!("{} is not in 1..=65536", config.max_connections),
+        );
+    }
+    if config.header_timeout.is_zero() {
+        return bad("--header-timeout-secs", "must be at least 1 s".to_owned());
+    }
+    if config.body_timeout.is_zero() {
+        return bad("--body-timeout-secs", "must be at least 1 s".to_owned());
     }
     Ok(())
 }
 
+/// Tokenizing tasks run at once at most (off the HTTP threads; docs/serve.md).
+const TOKENIZING_TASKS: usize = 2;
+
+/// How long the connections get to send the error event of a cut request before they close.
+const CUT_GRACE: Duration = Duration::from_secs(1);
+
+/// Serve until the first stop message, then drain: refuse new requests and let running ones
+/// finish within `drain` (or until a second stop message), then cut what still runs.
+async fn serve(
+    listener: std::net::TcpListener,
+    addr: SocketAddr,
+    state: Arc<http::AppState>,
+    limits: listen::ConnLimits,
+    drain: Duration,
+    mut stop: tokio::sync::mpsc::UnboundedReceiver<()>,
+    abort: Arc<AtomicBool>,
+) -> Result<(), ServerError> {
+    let listener = tokio::net::TcpListener::from_std(listener)
+        .map_err(|source| ServerError::Io { addr, source })?;
+    let app = http::router(Arc::clone(&state));
+    let metrics = Arc::clone(&state.metrics);
+    let graceful = listen::accept_until(listener, app, limits, metrics, next_stop(&mut stop)).await;
+    // No new requests from here on; running ones get `drain` to finish.
+    state.draining.store(true, Ordering::Relaxed);
+    drop(state);
+    let mut closed = std::pin::pin!(graceful.shutdown());
+    tokio::select! {
+        _ = &mut closed => return Ok(()),
+        _ = tokio::time::sleep(drain) => {}
+        _ = next_stop(&mut stop) => {}
+    }
+    // Cut: the scheduler ends every running and queued request with an error event; the
+    // connections get a moment to send it, then close with the runtime.
+    abort.store(true, Ordering::Relaxed);
+    let _ = tokio::time::timeout(CUT_GRACE, closed).await;
+    Ok(())
+}
+
+/// The next stop message (never, once no sender is left).
+async fn next_stop(stop: &mut tokio::sync::mpsc::UnboundedReceiver<()>) {
+    if stop.recv().await.is_none() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Serve `engine` until SIGTERM or SIGINT, then drain and return: the `ork serve` command.
+/// A second SIGTERM or SIGINT during the drain ends it at once.
 /// `on_listening` is called with the bound address once the server accepts connections.
 ///
 /// # Errors
@@ -321,9 +404,8 @@ pub fn run(
     config: ServeConfig,
     on_listening: impl FnOnce(SocketAddr, &str),
 ) -> Result<(), ServerError> {
-    // The signal handlers are installed on the server's runtime; a small current-thread runtime
-    // here only creates them before anything is accepted, so a signal is never missed.
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    // The handlers are installed on a small current-thread runtime before anything is
+    // accepted, so a signal is never missed (tokio keeps it until it is read).
     let watcher = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -331,43 +413,41 @@ pub fn run(
             what: "signal",
             source,
         })?;
-    let mut terminate = watcher
-        .block_on(async {
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        })
-        .map_err(|source| ServerError::Thread {
-            what: "signal",
-            source,
-        })?;
-    let mut interrupt = watcher
-        .block_on(async {
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        })
-        .map_err(|source| ServerError::Thread {
-            what: "signal",
-            source,
-        })?;
-    let signal_thread = std::thread::Builder::new()
+    let install = |kind| {
+        watcher
+            .block_on(async { tokio::signal::unix::signal(kind) })
+            .map_err(|source| ServerError::Thread {
+                what: "signal",
+                source,
+            })
+    };
+    let mut terminate = install(tokio::signal::unix::SignalKind::terminate())?;
+    let mut interrupt = install(tokio::signal::unix::SignalKind::interrupt())?;
+    // The signals are ours now: the pack writer's listener (armed if this process wrote its
+    // .orkpack at start-up) must not kill the process in the middle of a drain.
+    ork_store::leave_signals_to_application();
+    let mut server = Server::start(engine, config)?;
+    let stop = server.stop.clone();
+    std::thread::Builder::new()
         .name("ork-signals".to_owned())
         .spawn(move || {
             watcher.block_on(async {
-                tokio::select! {
-                    _ = terminate.recv() => {}
-                    _ = interrupt.recv() => {}
+                loop {
+                    let got = tokio::select! {
+                        t = terminate.recv() => t,
+                        i = interrupt.recv() => i,
+                    };
+                    let sent = stop.as_ref().is_some_and(|s| s.send(()).is_ok());
+                    if got.is_none() || !sent {
+                        break;
+                    }
                 }
             });
-            let _ = tx.send(());
         })
         .map_err(|source| ServerError::Thread {
             what: "signal",
             source,
         })?;
-    let signal = async move {
-        let _ = rx.await;
-    };
-    let mut server = Server::start_with(engine, config, signal)?;
     on_listening(server.addr(), server.model_id());
-    let result = server.wait();
-    drop(signal_thread);
-    result
+    server.wait()
 }

@@ -28,6 +28,10 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     /// Tokens generated.
     pub completion_tokens: AtomicU64,
+    /// Prompt tokens served from a cached prefix (not evaluated again).
+    pub cached_tokens: AtomicU64,
+    /// Bytes of keys and values held for prefix reuse.
+    pub prefix_cache_bytes: AtomicU64,
     /// Requests waiting for a slot.
     pub queue_depth: AtomicU64,
     /// Sequences running.
@@ -125,6 +129,18 @@ impl Metrics {
             "counter",
             "Prompt tokens evaluated.",
             &[("", get(&self.prompt_tokens) as f64)],
+        );
+        metric(
+            "ork_prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens served from a cached prefix (not evaluated again).",
+            &[("", get(&self.cached_tokens) as f64)],
+        );
+        metric(
+            "ork_prefix_cache_bytes",
+            "gauge",
+            "Bytes of finished sequences' keys and values kept for prefix reuse.",
+            &[("", get(&self.prefix_cache_bytes) as f64)],
         );
         metric(
             "ork_completion_tokens_total",

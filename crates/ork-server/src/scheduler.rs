@@ -6,6 +6,7 @@
 //! most one chunk of one prompt still being prefilled, so a new request delays the others by one
 //! chunk at most. Each sequence samples from its own logits with its own [`Sampler`].
 use crate::metrics::Metrics;
+use crate::prefix::PrefixCache;
 use crossbeam_channel::{Receiver, TryRecvError};
 use ork_exec::{BatchPart, Sampler, SamplerOptions, Session, TextStream, Tokenizer};
 use ork_runtime::Engine;
@@ -44,6 +45,8 @@ pub enum Event {
         finish: Finish,
         /// Prompt tokens.
         prompt_tokens: usize,
+        /// Prompt tokens whose keys and values came from a cached prefix (not run again).
+        cached_tokens: usize,
         /// Generated tokens.
         completion_tokens: usize,
     },
@@ -76,6 +79,8 @@ pub struct SchedulerConfig {
     pub context: usize,
     /// Prompt tokens per step at most.
     pub prefill_chunk: usize,
+    /// Bytes of finished sequences' KV caches kept for prefix reuse (0: none).
+    pub prefix_cache_bytes: usize,
 }
 
 /// One running sequence.
@@ -85,6 +90,8 @@ struct Slot<'t> {
     sampler: Sampler,
     /// Prompt tokens already in the cache.
     fed: usize,
+    /// Prompt tokens that came with a cached prefix.
+    cached: usize,
     /// Generated tokens (the last one is the next step's input).
     generated: Vec<u32>,
     text: TextStream<'t>,
@@ -98,6 +105,14 @@ struct Slot<'t> {
 impl Slot<'_> {
     fn prefilling(&self) -> bool {
         self.fed < self.job.prompt.len()
+    }
+
+    /// The tokens this sequence ran (its cache holds the first `session.position()`).
+    fn tokens(&self) -> Vec<u32> {
+        let mut t = Vec::with_capacity(self.job.prompt.len() + self.generated.len());
+        t.extend_from_slice(&self.job.prompt);
+        t.extend_from_slice(&self.generated);
+        t
     }
 
     /// Send `out[sent..upto]` if non-empty; false if the client is gone.
@@ -122,6 +137,7 @@ impl Slot<'_> {
         let done = Event::Done {
             finish,
             prompt_tokens: self.job.prompt.len(),
+            cached_tokens: self.cached,
             completion_tokens: self.generated.len(),
         };
         // Counted before sending, so a client that has its answer finds it in /metrics.
@@ -161,16 +177,21 @@ pub fn run(
 ) {
     let tokenizer: Arc<Tokenizer> = Arc::clone(engine.tokenizer());
     let mut slots: Vec<Slot<'_>> = Vec::with_capacity(config.max_seqs);
+    let mut prefixes = PrefixCache::new(config.prefix_cache_bytes);
     let mut closed = false;
     loop {
         // Retire sequences whose client went away: their slot is free for this step.
-        slots.retain(|s| {
-            let gone = s.job.events.is_closed();
-            if gone {
-                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-            }
-            !gone
-        });
+        let keep: Vec<bool> = slots
+            .iter()
+            .map(|s| {
+                let gone = s.job.events.is_closed();
+                if gone {
+                    metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                }
+                !gone
+            })
+            .collect();
+        retire(&mut slots, &keep, &mut prefixes, &metrics);
         metrics.active.store(slots.len() as u64, Ordering::Relaxed);
         if abort.load(Ordering::Relaxed) {
             for s in slots.drain(..) {
@@ -186,6 +207,10 @@ pub fn run(
                     .send(Event::Failed("the server is shutting down".to_owned()));
                 metrics.failed.fetch_add(1, Ordering::Relaxed);
             }
+            // Nothing is accepted once the server aborts (it drains first).
+            metrics.active.store(0, Ordering::Relaxed);
+            metrics.queue_depth.store(0, Ordering::Relaxed);
+            return;
         }
         // Admit queued requests into free slots.
         while !closed && slots.len() < config.max_seqs {
@@ -212,7 +237,7 @@ pub fn run(
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let session = match engine.session_with_context(config.context) {
+            let fresh = match engine.session_with_context(config.context) {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = job.events.send(Event::Failed(e.to_string()));
@@ -228,11 +253,23 @@ pub fn run(
                     continue;
                 }
             };
+            // The longest cached prefix of the prompt, if any: only the rest is prefilled.
+            let (session, cached) = match prefixes.take(&job.prompt, &fresh) {
+                Some((session, len)) => (session, len),
+                None => (fresh, 0),
+            };
+            metrics
+                .prefix_cache_bytes
+                .store(prefixes.bytes() as u64, Ordering::Relaxed);
+            metrics
+                .cached_tokens
+                .fetch_add(cached as u64, Ordering::Relaxed);
             slots.push(Slot {
                 job,
                 session,
                 sampler,
-                fed: 0,
+                fed: cached,
+                cached,
                 generated: Vec::new(),
                 text: TextStream::new(&tokenizer, false),
                 out: String::new(),
@@ -251,8 +288,26 @@ pub fn run(
             }
             continue;
         }
-        step(&mut slots, &config, &tokenizer, &metrics);
+        step(&mut slots, &config, &tokenizer, &metrics, &mut prefixes);
     }
+}
+
+/// Remove the slots `keep` says no to; their sessions become reusable prefixes.
+fn retire(slots: &mut Vec<Slot<'_>>, keep: &[bool], prefixes: &mut PrefixCache, metrics: &Metrics) {
+    if keep.iter().all(|&k| k) {
+        return;
+    }
+    for (s, &k) in std::mem::take(slots).into_iter().zip(keep) {
+        if k {
+            slots.push(s);
+        } else {
+            let tokens = s.tokens();
+            prefixes.insert(tokens, s.session);
+        }
+    }
+    metrics
+        .prefix_cache_bytes
+        .store(prefixes.bytes() as u64, Ordering::Relaxed);
 }
 
 /// One batched step over `slots`, then sampling, stop checks and retirement.
@@ -261,6 +316,7 @@ fn step(
     config: &SchedulerConfig,
     tokenizer: &Tokenizer,
     metrics: &Metrics,
+    prefixes: &mut PrefixCache,
 ) {
     // Inputs: every decoding sequence's last token, and one chunk of the first prefilling one.
     let mut inputs: Vec<Option<(Vec<u32>, bool)>> = Vec::with_capacity(slots.len());
@@ -341,11 +397,7 @@ fn step(
         keep.push(sample_one(s, &l, tokenizer, metrics));
     }
     metrics.record_step(decoded, elapsed);
-    let mut i = 0;
-    slots.retain(|_| {
-        i += 1;
-        keep[i - 1]
-    });
+    retire(slots, &keep, prefixes, metrics);
     metrics.active.store(slots.len() as u64, Ordering::Relaxed);
 }
 

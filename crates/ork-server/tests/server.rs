@@ -4,7 +4,9 @@
 mod server {
     mod api;
     pub mod common;
+    mod hostile;
     mod load;
+    mod prefix;
     mod python;
     mod robustness;
 }

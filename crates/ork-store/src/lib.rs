@@ -15,9 +15,10 @@
 //! The first [`OrkpackWriter`] of a process starts a signal-hook listener thread for SIGINT and
 //! SIGTERM. On either, it deletes the temp files of all live writers and re-raises the signal
 //! with its default disposition, so the process still terminates by that signal (exit status
-//! 130 for Ctrl-C). An application that wants to survive these signals must not hold an
-//! `OrkpackWriter` when they arrive. kill -9 cannot be handled: its temp file is removed by the
-//! next writer of the same target.
+//! 130 for Ctrl-C). An application that handles these signals itself (`ork serve` drains on
+//! them) calls [`leave_signals_to_application`] once its own handlers are installed; from then
+//! on the listener leaves them alone. kill -9 cannot be handled: its temp file is removed by
+//! the next writer of the same target.
 #![forbid(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
@@ -53,4 +54,4 @@ pub use smoothing::{
     TARGET_UP_TO_DOWN, TARGET_V_TO_O,
 };
 pub use target::{resolve_target, PackTarget};
-pub use writer::OrkpackWriter;
+pub use writer::{leave_signals_to_application, OrkpackWriter};

@@ -8,8 +8,8 @@
 //! - SIGINT / SIGTERM: the first writer installs (once per process) a signal-hook listener thread;
 //!   on either signal it deletes every live temp file of the process, then re-raises the signal
 //!   with its default disposition, so the process still dies of it (exit status 130 for SIGINT
-//!   in a shell). An application that wants to handle these signals itself must not rely on
-//!   surviving them while an `OrkpackWriter` exists;
+//!   in a shell). An application that handles these signals itself (a server that drains)
+//!   calls [`leave_signals_to_application`] once its handlers are installed;
 //! - kill -9 cannot be caught: the temp file stays, and the next writer for the same target
 //!   removes temps whose owning process (the pid in the name) no longer exists.
 
@@ -19,6 +19,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::checksum::xxh3;
@@ -36,6 +37,19 @@ use crate::StoreError;
 
 /// Paths of the temp files of live writers in this process (deleted by the signal listener).
 static LIVE_TEMPS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// Set by [`leave_signals_to_application`]: the listener no longer acts on signals.
+static HANDED_OVER: AtomicBool = AtomicBool::new(false);
+
+/// From now on SIGINT and SIGTERM belong to the application (a server that drains on them):
+/// the writers' listener, if one was started, no longer deletes temp files and re-raises the
+/// signal, so the process is not killed under the application's handler. Unfinished writers
+/// still delete their temp files when dropped (as the application winds down), and a temp
+/// left by an abrupt end is removed by the next writer of the same target. Call it only after
+/// installing the application's own handlers: a signal in between still ends the process, as
+/// it would have without them.
+pub fn leave_signals_to_application() {
+    HANDED_OVER.store(true, Ordering::SeqCst);
+}
 /// Set once the SIGINT/SIGTERM listener runs.
 static SIGNAL_LISTENER: OnceLock<Result<(), String>> = OnceLock::new();
 
@@ -55,7 +69,10 @@ fn install_signal_cleanup() -> Result<(), String> {
             std::thread::Builder::new()
                 .name("ork-store-signals".into())
                 .spawn(move || {
-                    if let Some(sig) = signals.forever().next() {
+                    for sig in signals.forever() {
+                        if HANDED_OVER.load(Ordering::SeqCst) {
+                            continue;
+                        }
                         // Hold the lock until the process is gone so no writer can create or
                         // publish a temp file after the cleanup.
                         let temps = live_temps();

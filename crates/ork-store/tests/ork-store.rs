@@ -658,6 +658,26 @@ fn child_writer() {
         };
         rustix::process::setrlimit(rustix::process::Resource::Fsize, lim).unwrap();
     }
+    if mode == "handover" {
+        // A server: a pack written at start-up (the listener is armed), then its own handler.
+        let mut w = OrkpackWriter::create(Path::new(&target)).unwrap();
+        w.add("t0", &weight(PackDtype::I8, 256, 256, 0), source(0))
+            .unwrap();
+        w.finish().unwrap();
+        let term = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        signal_hook::flag::register(signal_hook::consts::SIGTERM, std::sync::Arc::clone(&term))
+            .unwrap();
+        ork_store::leave_signals_to_application();
+        println!("READY");
+        while !term.load(std::sync::atomic::Ordering::SeqCst) {
+            assert!(started.elapsed() < Duration::from_secs(60), "no SIGTERM");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Still alive after the signal: the application drains and ends on its own.
+        std::thread::sleep(Duration::from_millis(200));
+        println!("DRAINED");
+        return;
+    }
     if mode == "full" {
         let seed: u32 = std::env::var(CHILD_SEED).unwrap().parse().unwrap();
         let mut w = OrkpackWriter::create(Path::new(&target)).unwrap();
@@ -710,6 +730,22 @@ fn spawn_child(
     target: &Path,
     mode: &str,
 ) -> (Child, PathBuf, BufReader<std::process::ChildStdout>) {
+    let (child, mut out) = spawn_child_process(target, mode);
+    let mut temp = None;
+    let mut line = String::new();
+    while temp.is_none() {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
+        // The harness prints "test child_writer ... " before the child's first line.
+        if let Some((_, p)) = line.trim_end().split_once("TEMP ") {
+            temp = Some(PathBuf::from(p));
+        }
+    }
+    (child, temp.unwrap(), out)
+}
+
+/// Run `child_writer` in `mode` on `target`; its stdout is piped.
+fn spawn_child_process(target: &Path, mode: &str) -> (Child, BufReader<std::process::ChildStdout>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -724,18 +760,8 @@ fn spawn_child(
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut temp = None;
-    let mut line = String::new();
-    while temp.is_none() {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
-        // The harness prints "test child_writer ... " before the child's first line.
-        if let Some((_, p)) = line.trim_end().split_once("TEMP ") {
-            temp = Some(PathBuf::from(p));
-        }
-    }
-    (child, temp.unwrap(), out)
+    let out = BufReader::new(child.stdout.take().unwrap());
+    (child, out)
 }
 
 /// Read child lines until `n` entries were added.
@@ -853,6 +879,35 @@ fn sigint_mid_write_removes_the_temp() {
         assert!(!temp.exists(), "temp not removed on {sig:?}");
         assert_eq!(std::fs::read(&path).unwrap(), good);
     }
+    assert!(other_files(dir.path(), &path).is_empty());
+}
+
+/// A process that wrote a pack and then handles SIGTERM itself (`ork serve`) is not killed by
+/// the writers' listener: it handles the signal and exits on its own.
+#[test]
+fn an_application_that_takes_the_signals_is_not_killed_by_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.orkpack");
+    let (mut child, mut out) = spawn_child_process(&path, "handover");
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
+        if line.contains("READY") {
+            break;
+        }
+    }
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "{status:?}: killed by the writer's listener"
+    );
+    assert!(rest.contains("DRAINED"), "{rest}");
+    assert!(Orkpack::open(&path).is_ok());
     assert!(other_files(dir.path(), &path).is_empty());
 }
 

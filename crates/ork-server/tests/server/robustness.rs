@@ -257,9 +257,11 @@ async fn a_client_that_disconnects_mid_stream_frees_its_slot_within_a_step() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let after = metric(&client, &server, "ork_batched_steps_total", "").await;
-    // The step running at the disconnect, and at most the one the scheduler had started.
+    // The step running at the disconnect, the one whose text the closed socket still accepts
+    // (connections support half-close, so only a failed write tells a client is gone), and at
+    // most the one the scheduler had started.
     assert!(
-        after - steps <= 2.0,
+        after - steps <= 3.0,
         "{} steps after the disconnect",
         after - steps
     );

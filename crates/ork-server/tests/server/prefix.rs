@@ -1,0 +1,152 @@
+//! Prefix reuse: a request whose tokens begin with a finished sequence's reuses its KV cache and
+//! answers exactly as served cold (greedy), with an f16 and an f32 cache; a prefix is never
+//! used by another model or cache type.
+use super::common::*;
+use ork_exec::KvType;
+use ork_runtime::{DeviceKind, Engine, EngineConfig, PackChoice};
+use ork_server::{PrefixCache, ServeConfig, Server};
+use serde_json::{json, Value};
+
+fn engine_kv(kv: KvType) -> Engine {
+    let mut c = EngineConfig::new(ork_testkit::model_path());
+    c.pack = PackChoice::Path(pack_path());
+    c.budget_bytes = Some(1024 << 20);
+    c.device = DeviceKind::Emu;
+    c.kv_cache = kv;
+    Engine::open(c).unwrap()
+}
+
+fn serve(kv: KvType, prefix_cache_bytes: usize) -> Server {
+    let config = ServeConfig {
+        port: 0,
+        prefix_cache_bytes,
+        ..ServeConfig::default()
+    };
+    Server::start(engine_kv(kv), config).unwrap()
+}
+
+/// (text, prompt tokens, cached tokens) of a non-streamed answer.
+async fn answer(
+    client: &reqwest::Client,
+    server: &Server,
+    path: &str,
+    body: Value,
+) -> (String, u64, u64) {
+    let (s, v) = post(client, &format!("{}{path}", base(server)), &body).await;
+    assert_eq!(s, 200, "{v}");
+    let c = &v["choices"][0];
+    let text = c["message"]["content"]
+        .as_str()
+        .or(c["text"].as_str())
+        .unwrap()
+        .to_owned();
+    let u = &v["usage"];
+    (
+        text,
+        u["prompt_tokens"].as_u64().unwrap(),
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_prefix_answers_exactly_as_a_cold_one() {
+    let client = reqwest::Client::new();
+    for kv in [KvType::F16, KvType::F32] {
+        let warm = serve(kv, 256 << 20);
+        let cold = serve(kv, 0);
+        let model = warm.model_id().to_owned();
+        let mut reported = 0;
+        // A conversation: the second turn carries the first and its answer.
+        let mut messages = vec![
+            json!({"role": "system", "content": "You are a helpful assistant who answers briefly."}),
+            json!({"role": "user", "content": "Name three colours of the rainbow."}),
+        ];
+        let turn = |messages: &Vec<Value>| json!({"model": model, "messages": messages, "max_tokens": 12, "temperature": 0});
+        let (first, first_prompt, cached) =
+            answer(&client, &warm, "/v1/chat/completions", turn(&messages)).await;
+        assert_eq!(cached, 0, "{kv:?}: nothing to reuse yet");
+        messages.push(json!({"role": "assistant", "content": first}));
+        messages
+            .push(json!({"role": "user", "content": "And three animals that live in the sea?"}));
+        let (w, w_prompt, w_cached) =
+            answer(&client, &warm, "/v1/chat/completions", turn(&messages)).await;
+        let (c, c_prompt, c_cached) =
+            answer(&client, &cold, "/v1/chat/completions", turn(&messages)).await;
+        assert_eq!(w, c, "{kv:?}: the reused prefix changed the answer");
+        assert_eq!((w_prompt, c_cached), (c_prompt, 0));
+        assert!(
+            w_cached >= first_prompt,
+            "{kv:?}: {w_cached} of {w_prompt} prompt tokens reused, the first turn had {first_prompt}"
+        );
+        reported += w_cached;
+        // Completions, a prompt that shares only part of a cached sequence (its copy is used).
+        let p1 = "The three largest cities of France are Paris,";
+        let body =
+            |p: &str| json!({"model": model, "prompt": p, "max_tokens": 10, "temperature": 0});
+        let (_, _, cached) = answer(&client, &warm, "/v1/completions", body(p1)).await;
+        reported += cached;
+        let p2 = format!("{p1} and the longest river of France is");
+        let (w, _, w_cached) = answer(&client, &warm, "/v1/completions", body(&p2)).await;
+        let (c, _, _) = answer(&client, &cold, "/v1/completions", body(&p2)).await;
+        assert_eq!(w, c, "{kv:?}: a forked prefix changed the answer");
+        assert!(w_cached > 0, "{kv:?}: the shared prefix was not reused");
+        reported += w_cached;
+        // The same again: the whole prompt but its last token is cached.
+        let (w2, n, again) = answer(&client, &warm, "/v1/completions", body(&p2)).await;
+        assert_eq!(w2, c);
+        assert_eq!(again, n - 1, "{kv:?}");
+        reported += again;
+        assert_eq!(
+            metric(&client, &warm, "ork_prompt_tokens_cached_total", "").await as u64,
+            reported
+        );
+        assert!(metric(&client, &warm, "ork_prefix_cache_bytes", "").await > 0.0);
+        assert_eq!(
+            metric(&client, &cold, "ork_prompt_tokens_cached_total", "").await,
+            0.0
+        );
+        assert_eq!(
+            metric(&client, &cold, "ork_prefix_cache_bytes", "").await,
+            0.0
+        );
+    }
+}
+
+#[test]
+fn a_prefix_is_never_used_by_another_model_or_cache_type() {
+    let f16 = engine_kv(KvType::F16);
+    let f32 = engine_kv(KvType::F32);
+    let other = engine_kv(KvType::F16);
+    let tokens = vec![1, 2, 3, 4, 5, 6];
+    let mut s = f16.session_with_context(64).unwrap();
+    s.prefill(&tokens).unwrap();
+    let one = s.kv_bytes();
+    let mut cache = PrefixCache::new(1 << 30);
+    cache.insert(tokens.clone(), s);
+    let prompt = [1, 2, 3, 4, 5, 6, 7];
+    for fresh in [&f32, &other] {
+        let fresh = fresh.session_with_context(64).unwrap();
+        assert!(cache.take(&prompt, &fresh).is_none());
+    }
+    // Part of it, for the same engine: a copy, the entry stays.
+    let fresh = f16.session_with_context(64).unwrap();
+    let (got, len) = cache.take(&[1, 2, 3, 9], &fresh).unwrap();
+    assert_eq!((len, got.position(), cache.len()), (3, 3, 1));
+    // All of it: the session itself, the entry goes.
+    let (got, len) = cache.take(&prompt, &fresh).unwrap();
+    assert_eq!(
+        (len, got.position(), cache.len(), cache.bytes()),
+        (6, 6, 0, 0)
+    );
+    // The budget holds: a second entry evicts the least recently used one.
+    let mut cache = PrefixCache::new(one * 3 / 2);
+    cache.insert(tokens.clone(), got);
+    let mut s = f16.session_with_context(64).unwrap();
+    s.prefill(&[9, 8, 7, 6, 5, 4]).unwrap();
+    cache.insert(vec![9, 8, 7, 6, 5, 4], s);
+    assert_eq!((cache.len(), cache.bytes()), (1, one));
+    assert!(cache.take(&prompt, &fresh).is_none());
+    assert!(cache.take(&[9, 8, 7, 6, 5, 4, 3], &fresh).is_some());
+}
