@@ -4,6 +4,8 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod cmd_bench_pack;
+mod cmd_bench_stream;
 mod cmd_device;
 mod cmd_model;
 mod cmd_pack;
@@ -32,7 +34,7 @@ fn main() -> ExitCode {
                 model,
                 threads,
                 json,
-            } => cmd_pack::bench_pack(&model, threads, json),
+            } => cmd_bench_pack::bench_pack(&model, threads, json),
             BenchCommand::Gemm { json } => cmd_device::bench_gemm(json),
             BenchCommand::Stream {
                 model,
@@ -41,7 +43,7 @@ fn main() -> ExitCode {
                 plot: _,
                 decode: Some(decode),
                 json,
-            } => cmd_model::bench_decode(&model, tokens, decode, rounds, json),
+            } => cmd_bench_stream::bench_decode(&model, tokens, decode, rounds, json),
             BenchCommand::Stream {
                 model,
                 tokens,
@@ -49,7 +51,7 @@ fn main() -> ExitCode {
                 plot,
                 decode: None,
                 json,
-            } => cmd_model::bench_stream(&model, tokens, rounds, plot.as_deref(), json),
+            } => cmd_bench_stream::bench_stream(&model, tokens, rounds, plot.as_deref(), json),
             BenchCommand::Spec {
                 model,
                 tokens,
