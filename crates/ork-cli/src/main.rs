@@ -11,6 +11,7 @@ mod cmd_model;
 mod cmd_pack;
 mod cmd_serve;
 mod cmd_spec;
+mod cpu_check;
 mod open_model;
 mod plot;
 mod progress;
@@ -23,6 +24,10 @@ use clap::Parser;
 use cli::{BenchCommand, Cli, Command};
 
 fn main() -> ExitCode {
+    // Before anything else: code built for CPU features this CPU lacks must not run.
+    if let Err(code) = cpu_check::refuse_missing() {
+        return code;
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Convert(a) => cmd_pack::convert(&a),

@@ -21,6 +21,11 @@
 //! * `ORK_RKNN_STANDIN_VERSION=text` — the runtime version `rknn_query` reports (default
 //!   `2.3.2 (ork stand-in)`).
 //!
+//! Where the real runtime's behaviour is undocumented, the stand-in takes the form a careless
+//! caller would get wrong: B's tensor attribute is named [`B_NAME`] (not "B"; a caller
+//! must pass the runtime's own name to `rknn_matmul_set_quant_params`), and `rknn_create_mem2`
+//! reports its size rounded up to a 4 KiB page.
+//!
 //! Memory objects' `fd`s are ids of the stand-in (from 1000 up), not open files, and their
 //! `phys_addr` is a stand-in address in the domain's 4 GiB space. The stand-in keeps no byte
 //! limit per domain (all device instances of a test process share it); the window limit is the
@@ -31,3 +36,5 @@
 mod block;
 mod ffi;
 mod state;
+
+pub use state::B_NAME;

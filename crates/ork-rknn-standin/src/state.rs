@@ -21,6 +21,13 @@ use crate::block::Block;
 const DOMAIN_BYTES: u64 = 1 << 32;
 /// Most shapes a dynamic-shape context takes (the stand-in's own limit, generous).
 const MAX_SHAPES: usize = 64;
+/// The name the stand-in gives B's tensor attribute. Rockchip documents no name: its matmul demo
+/// passes `io_attr.B.name` back to `rknn_matmul_set_quant_params`. The stand-in names it other
+/// than a caller would guess, so that a caller passing a literal "B" fails here.
+pub const B_NAME: &str = "B_native";
+/// The page a memory object's reported size is rounded up to, as a runtime that reports what it
+/// mapped does (`rknn_tensor_mem.size`); the bytes past the request exist and are zero.
+const PAGE: u64 = 4096;
 
 /// A failed call: its code, after printing why.
 pub(crate) type Res<T> = Result<T, i32>;
@@ -155,7 +162,7 @@ fn io_attr(s: &CShape, (a, b, c): (ElemType, ElemType, ElemType)) -> IoAttr {
     let tn = pack_dtype(b).n_tile() as u32;
     fill(
         &mut io.b,
-        "B",
+        B_NAME,
         &[n / tn, k / 32, tn, 32],
         half(n * k, b),
         ty_code(b),
@@ -405,7 +412,7 @@ impl State {
         let want = &c.attrs[cur];
         let (slot, expected) = match attr.name_str() {
             "A" => (0, &want.a),
-            "B" => (1, &want.b),
+            B_NAME => (1, &want.b),
             "C" => (2, &want.c),
             other => return Err(bad(format!("tensor attribute named {other:?} (A, B or C)"))),
         };
@@ -462,9 +469,10 @@ impl State {
     ) -> Res<()> {
         let bad = |why: String| fail(call, err::PARAM_INVALID, why);
         let c = self.ctx_mut(call, ctx)?;
-        if name != "B" {
+        if name != B_NAME {
             return Err(bad(format!(
-                "quant params for tensor {name:?} (only B takes them)"
+                "quant params for tensor {name:?} (only B, named {B_NAME:?} in its attribute, \
+                 takes them)"
             )));
         }
         if zp {
@@ -566,13 +574,14 @@ impl State {
         Ok(())
     }
 
-    fn new_mem(&mut self, ctx: u64, rec: MemRec, virt: *mut u8, phys: u64) -> usize {
+    /// A memory object for `rec`, reporting `size` bytes (`rec.len`, or more: see [`PAGE`]).
+    fn new_mem(&mut self, ctx: u64, rec: MemRec, virt: *mut u8, phys: u64, size: usize) -> usize {
         let tm = Box::new(TensorMem {
             virt_addr: virt.cast(),
             phys_addr: phys,
             fd: rec.fd,
             offset: rec.offset as i32,
-            size: rec.len as u32,
+            size: size as u32,
             flags: if rec.cacheable {
                 mem_flags::CACHEABLE as u32
             } else {
@@ -608,11 +617,11 @@ impl State {
         // No byte limit per domain here: every device instance of a test process shares this
         // library, while each keeps its own window model (the backend refuses a full window
         // before calling). Addresses are handed out top-down, wrapping, for `phys_addr` only.
-        let Some(block) = Block::new(size as usize) else {
+        let pages = size.div_ceil(PAGE) * PAGE;
+        let Some(block) = Block::new(pages as usize) else {
             return Err(fail(call, err::MALLOC_FAIL, "host memory"));
         };
         let used = &mut self.domain_bytes[domain as usize];
-        let pages = size.div_ceil(4096) * 4096;
         let phys = DOMAIN_BYTES - (*used + pages) % DOMAIN_BYTES;
         *used = (*used + pages) % DOMAIN_BYTES;
         let fd = self.next_fd;
@@ -633,6 +642,7 @@ impl State {
             },
             virt,
             phys,
+            pages as usize,
         );
         self.fds.insert(fd, key);
         Ok(key)
@@ -684,7 +694,7 @@ impl State {
         if let Some(p) = self.mems.get_mut(&pkey) {
             p.children += 1;
         }
-        Ok(self.new_mem(ctx, rec, virt as *mut u8, 0))
+        Ok(self.new_mem(ctx, rec, virt as *mut u8, 0, size as usize))
     }
 
     pub(crate) fn destroy_mem(&mut self, call: &str, ctx: u64, key: usize) -> Res<()> {

@@ -570,7 +570,8 @@ impl RknnDevice {
                     scales_buf.extend_from_slice(&task.weight.scales[n0 * groups..n1 * groups]);
                     scales_buf.resize(npad * groups, 0.0);
                     debug_assert!(kpad.is_multiple_of(g));
-                    lib.set_quant_params(c_ctx, "B", &scales_buf)?;
+                    let b = mc.attrs[0].b;
+                    lib.set_quant_params(c_ctx, &b, &scales_buf)?;
                 }
                 let mut r0 = 0;
                 while r0 < m {

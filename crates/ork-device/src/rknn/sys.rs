@@ -23,6 +23,16 @@ use crate::DeviceError;
 /// `rknn_matmul_ctx` / `rknn_context` on 64-bit targets.
 pub type RknnContext = u64;
 
+// `rknn_api.h` declares `rknn_context` as `uint32_t` on 32-bit ARM and `uint64_t` elsewhere, and
+// `rknn_tensor_mem` / `rknn_quant_params` hold pointers: every layout here is the 64-bit one
+// (pinned below). A 32-bit build would pass the wrong types across the C boundary, so it is
+// refused here rather than miscompiled (docs/rknn.md, "Targets").
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!(
+    "ork's rknn backend follows the 64-bit layouts of rknn_api.h (rknn_context is uint32_t on \
+     32-bit ARM); build for aarch64-unknown-linux-gnu"
+);
+
 /// `rknn_matmul_type` values.
 pub mod mm_type {
     /// fp16 × fp16 → fp32.
@@ -102,9 +112,19 @@ pub mod err {
     pub const INPUT_INVALID: i32 = -8;
     /// An output is invalid.
     pub const OUTPUT_INVALID: i32 = -9;
+    /// The device does not match the runtime (update the runtime and the driver).
+    pub const DEVICE_UNMATCH: i32 = -10;
+    /// A pre-compiled model is incompatible with the driver (the header spells it
+    /// `INCOMPATILE`).
+    pub const INCOMPATILE_PRE_COMPILE_MODEL: i32 = -11;
+    /// A model's optimization level is incompatible with the driver.
+    pub const INCOMPATILE_OPTIMIZATION_LEVEL_VERSION: i32 = -12;
+    /// A model's target platform does not match this chip.
+    pub const TARGET_PLATFORM_UNMATCH: i32 = -13;
 }
 
-/// What an `RKNN_ERR_*` code means, for error messages.
+/// What an `RKNN_ERR_*` code means, for error messages (the names as `rknn_api.h` spells them,
+/// its `INCOMPATILE` typo included, so that they can be searched for).
 pub fn code_name(code: i32) -> &'static str {
     match code {
         0 => "RKNN_SUCC",
@@ -118,6 +138,9 @@ pub fn code_name(code: i32) -> &'static str {
         -8 => "RKNN_ERR_INPUT_INVALID",
         -9 => "RKNN_ERR_OUTPUT_INVALID",
         -10 => "RKNN_ERR_DEVICE_UNMATCH",
+        -11 => "RKNN_ERR_INCOMPATILE_PRE_COMPILE_MODEL",
+        -12 => "RKNN_ERR_INCOMPATILE_OPTIMIZATION_LEVEL_VERSION",
+        -13 => "RKNN_ERR_TARGET_PLATFORM_UNMATCH",
         NULL_MEM => "returned NULL",
         _ => "unknown code",
     }
@@ -525,23 +548,25 @@ impl RuntimeLib {
         check("rknn_matmul_set_core_mask", r)
     }
 
-    /// `rknn_matmul_set_quant_params` for tensor `name` with `scales` (symmetric: no zero
-    /// points).
+    /// `rknn_matmul_set_quant_params` for the B tensor `b` (its attribute as the runtime
+    /// reported it, whose name is passed back unchanged, as Rockchip's matmul demo does with
+    /// `io_attr.B.name`) with `scales` (symmetric: no zero points).
     pub fn set_quant_params(
         &self,
         ctx: RknnContext,
-        name: &str,
+        b: &TensorAttr,
         scales: &[f32],
     ) -> Result<(), DeviceError> {
         let mut p = QuantParams {
-            name: [0; 256],
+            name: b.name,
             // The runtime reads the scales; the header declares the pointer mutable.
             scale: scales.as_ptr().cast_mut(),
             scale_len: i32::try_from(scales.len()).unwrap_or(i32::MAX),
             zp: std::ptr::null_mut(),
             zp_len: 0,
         };
-        set_c_str(&mut p.name, name);
+        // The name is the runtime's own bytes; keep it NUL-terminated whatever they were.
+        p.name[255] = 0;
         // SAFETY: `p` points at `scales`, alive for the call; the runtime copies what it keeps.
         let r = unsafe { (self.fns.set_quant_params)(ctx, &mut p) };
         check("rknn_matmul_set_quant_params", r)
@@ -674,6 +699,10 @@ fn check(call: &'static str, r: c_int) -> Result<(), DeviceError> {
     }
 }
 
+/// The largest page size of an aarch64 Linux kernel (4, 16 or 64 KiB): a memory object may
+/// report its size rounded up to a page, never by this much or more.
+pub const MAX_PAGE: u32 = 64 << 10;
+
 /// A live `rknn_tensor_mem` of the runtime: its pointer and what ork reads of it once (host
 /// address, length, fd). Destroyed only through [`RuntimeLib::destroy_mem`], which consumes it.
 #[derive(Debug)]
@@ -705,8 +734,12 @@ impl Mem {
             code: err::FAIL,
         };
         let len = usize::try_from(size).map_err(|_| bad)?;
-        // The struct's size field is 32-bit: it holds the size modulo 2^32.
-        if m.virt_addr.is_null() || u64::from(m.size) != size & 0xffff_ffff {
+        // The struct's size field is 32-bit: it holds the size modulo 2^32. The runtime may
+        // report what it allocated, the size rounded up to a page (up to 64 KiB on aarch64
+        // kernels): at least what was asked for, less than a largest page more. ork uses only
+        // the bytes it asked for.
+        let extra = m.size.wrapping_sub(size as u32);
+        if m.virt_addr.is_null() || extra >= MAX_PAGE {
             return Err(DeviceError::Runtime {
                 call,
                 code: err::FAIL,

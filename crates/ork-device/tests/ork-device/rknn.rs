@@ -489,3 +489,94 @@ fn tasks_on_several_threads() {
     });
     assert!((1..=4).contains(&dev.contexts()), "{}", dev.contexts());
 }
+
+/// The names of `rknn_api.h`'s error codes -10 to -13 (as the header spells them) reach the
+/// message of a failing call.
+#[test]
+fn error_codes_minus_10_to_13_are_named() {
+    for (code, name) in [
+        (sys::err::DEVICE_UNMATCH, "RKNN_ERR_DEVICE_UNMATCH"),
+        (
+            sys::err::INCOMPATILE_PRE_COMPILE_MODEL,
+            "RKNN_ERR_INCOMPATILE_PRE_COMPILE_MODEL",
+        ),
+        (
+            sys::err::INCOMPATILE_OPTIMIZATION_LEVEL_VERSION,
+            "RKNN_ERR_INCOMPATILE_OPTIMIZATION_LEVEL_VERSION",
+        ),
+        (
+            sys::err::TARGET_PLATFORM_UNMATCH,
+            "RKNN_ERR_TARGET_PLATFORM_UNMATCH",
+        ),
+    ] {
+        assert_eq!(sys::code_name(code), name);
+        let e = DeviceError::Runtime {
+            call: "rknn_matmul_run",
+            code,
+        };
+        assert!(e.to_string().contains(name), "{e}");
+    }
+    assert_eq!(sys::code_name(-14), "unknown code");
+}
+
+/// A context for the smallest int8 matmul in domain 0, through the library directly.
+fn raw_context(lib: &sys::RuntimeLib, group: i16) -> (sys::RknnContext, sys::IoAttr) {
+    let mut info = sys::MatmulInfo::zeroed();
+    info.m = 1;
+    info.k = 256;
+    info.n = 32;
+    info.b_layout = sys::LAYOUT_NATIVE;
+    info.ac_layout = sys::LAYOUT_NORM;
+    if group == 0 {
+        info.mm_type = sys::mm_type::INT8_MM_INT8_TO_INT32;
+    } else {
+        info.mm_type = sys::mm_type::INT8_MM_INT8_TO_FLOAT32;
+        info.b_quant_type = sys::QUANT_PER_GROUP_SYM;
+        info.group_size = group;
+    }
+    lib.create(&mut info)
+        .expect("the stand-in makes the context")
+}
+
+/// A memory object whose `rknn_tensor_mem.size` reports the request rounded up to a page (the
+/// stand-in does, as a runtime reporting what it mapped would) is accepted, at the size asked
+/// for; one reporting less than asked is refused.
+#[test]
+fn a_memory_object_rounded_up_to_a_page_is_accepted() {
+    let lib = sys::RuntimeLib::load(&standin()).unwrap();
+    let (ctx, _) = raw_context(&lib, 0);
+    for size in [100u64, 4096, 4097, 70_000] {
+        let m = lib
+            .create_mem2(ctx, size, sys::mem_flags::CACHEABLE)
+            .unwrap_or_else(|e| panic!("{size} bytes: {e}"));
+        assert_eq!(m.len(), size as usize);
+        lib.destroy_mem(ctx, m).unwrap();
+    }
+    lib.destroy(ctx).unwrap();
+}
+
+/// `rknn_matmul_set_quant_params` gets B's name as the runtime reported it in the context's
+/// attributes (the stand-in's is not "B", and it refuses any other name), so a per-group
+/// matmul through the backend runs and equals the emulator.
+#[test]
+fn quant_params_name_b_as_the_runtime_does() {
+    let lib = sys::RuntimeLib::load(&standin()).unwrap();
+    let (ctx, attr) = raw_context(&lib, 128);
+    assert_ne!(attr.b.name_str(), "B", "the stand-in names B its own way");
+    let scales = vec![1.0f32; 32 * 2];
+    lib.set_quant_params(ctx, &attr.b, &scales)
+        .expect("B's own name is accepted");
+    let mut literal = attr.b;
+    sys::set_c_str(&mut literal.name, "B");
+    match lib.set_quant_params(ctx, &literal, &scales) {
+        Err(DeviceError::Runtime { code, .. }) => assert_eq!(code, sys::err::PARAM_INVALID),
+        other => panic!("a name the runtime did not give is refused, got {other:?}"),
+    }
+    lib.destroy(ctx).unwrap();
+
+    let (dev, emu) = (rknn(), reference_emulator());
+    let mut rng = Rng::new(27);
+    let pw = weight(PackDtype::I8, 256, 64, ScaleGroup::Group(128), &mut rng);
+    let (r, e) = both(&dev, &emu, &pw, 3, false, DomainId(0), &mut rng);
+    assert_eq!(r, e);
+}
