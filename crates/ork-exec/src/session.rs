@@ -118,6 +118,14 @@ impl Heads {
         }
     }
 
+    /// Give back the memory reserved beyond the values held.
+    fn shrink(&mut self) {
+        match self {
+            Heads::F16(h) => h.iter_mut().for_each(Vec::shrink_to_fit),
+            Heads::F32(h) => h.iter_mut().for_each(Vec::shrink_to_fit),
+        }
+    }
+
     /// The first `len` values of every head, copied.
     fn prefix(&self, len: usize) -> Heads {
         fn each<T: Clone>(h: &[Vec<T>], len: usize) -> Vec<Vec<T>> {
@@ -296,6 +304,15 @@ impl Session {
                 .collect(),
             kv_type: self.kv_type,
             len,
+        }
+    }
+
+    /// Give back the memory the cache reserved beyond its positions (a session kept aside,
+    /// e.g. as a reusable prefix, so that [`Session::kv_bytes`] is what it holds).
+    pub fn shrink_to_fit(&mut self) {
+        for l in &mut self.kv {
+            l.keys.shrink();
+            l.values.shrink();
         }
     }
 

@@ -4,8 +4,7 @@
 //! wrong types come back as OpenAI-style errors naming the field, not as the HTTP framework's
 //! plain-text rejections. Fields that change nothing in ork's answer (`user`, `metadata` …)
 //! are ignored, as other local servers do; fields asking for what ork cannot honour (`n` > 1,
-//! log probabilities, penalties, tools, structured output …) are refused at any value but
-//! their neutral one.
+//! penalties, tools, structured output …) are refused at any value but their neutral one.
 use crate::error::ApiError;
 use serde::Deserialize;
 use serde_json::Value;
@@ -95,6 +94,12 @@ pub struct Common {
     /// benchmarks that need a fixed number of tokens).
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// Log probabilities: chat's `true`/`false`, completions' number of alternatives.
+    #[serde(default)]
+    pub logprobs: Option<Value>,
+    /// Chat: alternatives per token (0–20, with `logprobs: true`).
+    #[serde(default)]
+    pub top_logprobs: Option<Value>,
     /// The first field of the body that asks for what ork does not do, and why (`UNSERVED`),
     /// found by `parse`; [`Common::settings`] refuses the request with it.
     #[serde(skip)]
@@ -109,17 +114,6 @@ type UnservedField = (&'static str, fn(&Value) -> bool, &'static str);
 /// values by default, so those are accepted; anything else is a 400 naming the field, never an
 /// answer that silently lacks what was asked.
 const UNSERVED: &[UnservedField] = &[
-    // Completions' `logprobs: 0` still asks for the sampled token's log probability.
-    (
-        "logprobs",
-        absent_or_false,
-        "ork does not return log probabilities",
-    ),
-    (
-        "top_logprobs",
-        neutral,
-        "ork does not return log probabilities",
-    ),
     ("echo", neutral, "ork does not echo the prompt"),
     (
         "best_of",
@@ -150,11 +144,6 @@ const UNSERVED: &[UnservedField] = &[
         "ork produces free text only (type \"text\")",
     ),
 ];
-
-/// `null` or `false`.
-fn absent_or_false(v: &Value) -> bool {
-    matches!(v, Value::Null | Value::Bool(false))
-}
 
 /// `null`, `false`, 0, `""`, `[]` or `{}`.
 fn neutral(v: &Value) -> bool {
@@ -212,6 +201,9 @@ pub struct CompletionRequest {
     /// The prompt.
     pub prompt: Prompt,
 }
+
+/// Most alternatives per token `logprobs` / `top_logprobs` may ask for (OpenAI's bound).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Largest number of stop sequences, and their longest length in bytes.
 const MAX_STOPS: usize = 4;
@@ -271,9 +263,57 @@ pub struct Settings {
     pub include_usage: bool,
     /// Do not stop at end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Log probabilities with this many alternatives per token ([`Common::logprobs`]).
+    pub logprobs: Option<usize>,
 }
 
 impl Common {
+    /// How many alternatives per generated token the request wants with its log probability
+    /// (`None`: no log probabilities). Chat: `logprobs: true` and `top_logprobs` (0–20, only
+    /// with `logprobs`); completions: `logprobs` as the number of alternatives (0–20; 0 still
+    /// asks for the sampled token's).
+    pub fn logprobs(&self, chat: bool) -> Result<Option<usize>, ApiError> {
+        let count = |name: &str, v: &Value| -> Result<usize, ApiError> {
+            match v.as_u64() {
+                Some(n) if n as usize <= MAX_TOP_LOGPROBS => Ok(n as usize),
+                _ => Err(ApiError::invalid(
+                    Some(name),
+                    format!("{name} is {v}: expected an integer in 0..={MAX_TOP_LOGPROBS}"),
+                )),
+            }
+        };
+        let logprobs = self.logprobs.as_ref().filter(|v| !v.is_null());
+        let top = self.top_logprobs.as_ref().filter(|v| !v.is_null());
+        if !chat {
+            if top.is_some() {
+                return Err(ApiError::invalid(
+                    Some("top_logprobs"),
+                    "top_logprobs is a chat field: completions take the count in logprobs",
+                ));
+            }
+            return logprobs.map(|v| count("logprobs", v)).transpose();
+        }
+        let wanted = match logprobs {
+            None | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(v) => {
+                return Err(ApiError::invalid(
+                    Some("logprobs"),
+                    format!("logprobs is {v}: expected true or false"),
+                ))
+            }
+        };
+        let top = top.map(|v| count("top_logprobs", v)).transpose()?;
+        match (wanted, top) {
+            (true, top) => Ok(Some(top.unwrap_or(0))),
+            (false, Some(n)) if n > 0 => Err(ApiError::invalid(
+                Some("top_logprobs"),
+                "top_logprobs needs logprobs: true",
+            )),
+            (false, _) => Ok(None),
+        }
+    }
+
     /// Check the fields shared by both endpoints.
     pub fn settings(&self) -> Result<Settings, ApiError> {
         if let Some((param, why)) = self.unserved {
@@ -355,6 +395,7 @@ impl Common {
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            logprobs: None,
         })
     }
 }
@@ -421,6 +462,7 @@ mod tests {
     fn neutral_values_of_unserved_fields_are_accepted() {
         for ok in [
             r#"{"model":"m","messages":[],"logprobs":false,"top_logprobs":0}"#,
+            r#"{"model":"m","messages":[],"logprobs":true,"top_logprobs":20}"#,
             r#"{"model":"m","messages":[],"logprobs":null,"echo":false,"best_of":1}"#,
             r#"{"model":"m","messages":[],"suffix":"","logit_bias":{},"tools":[]}"#,
             r#"{"model":"m","messages":[],"frequency_penalty":0,"presence_penalty":0.0}"#,
@@ -436,6 +478,38 @@ mod tests {
         let e = common.settings().unwrap_err();
         assert_eq!(e.param.as_deref(), Some("presence_penalty"));
         assert!(e.message.contains("repetition penalties"), "{}", e.message);
+    }
+
+    #[test]
+    fn logprobs_are_checked_per_endpoint() {
+        let lp = |body: &str, chat: bool| {
+            let (_, common) = parse::<Value>(body.as_bytes()).unwrap();
+            common.logprobs(chat)
+        };
+        assert_eq!(lp(r#"{"model":"m"}"#, true), Ok(None));
+        assert_eq!(lp(r#"{"model":"m","logprobs":true}"#, true), Ok(Some(0)));
+        assert_eq!(
+            lp(r#"{"model":"m","logprobs":true,"top_logprobs":5}"#, true),
+            Ok(Some(5))
+        );
+        assert_eq!(lp(r#"{"model":"m","logprobs":0}"#, false), Ok(Some(0)));
+        assert_eq!(lp(r#"{"model":"m","logprobs":3}"#, false), Ok(Some(3)));
+        for (bad, chat, param) in [
+            (
+                r#"{"model":"m","logprobs":true,"top_logprobs":21}"#,
+                true,
+                "top_logprobs",
+            ),
+            (r#"{"model":"m","top_logprobs":2}"#, true, "top_logprobs"),
+            (r#"{"model":"m","logprobs":3}"#, true, "logprobs"),
+            (r#"{"model":"m","logprobs":21}"#, false, "logprobs"),
+            (r#"{"model":"m","logprobs":true}"#, false, "logprobs"),
+            (r#"{"model":"m","logprobs":-1}"#, false, "logprobs"),
+            (r#"{"model":"m","top_logprobs":1}"#, false, "top_logprobs"),
+        ] {
+            let e = lp(bad, chat).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{bad}");
+        }
     }
 
     #[test]
@@ -457,9 +531,6 @@ mod tests {
             r#"{"model":"m","messages":[],"n":2}"#,
             r#"{"model":"m","messages":[],"max_tokens":0}"#,
             r#"{"model":"m","messages":[],"stop":["a","b","c","d","e"]}"#,
-            r#"{"model":"m","messages":[],"logprobs":true}"#,
-            r#"{"model":"m","messages":[],"logprobs":0}"#,
-            r#"{"model":"m","messages":[],"top_logprobs":3}"#,
             r#"{"model":"m","messages":[],"echo":true}"#,
             r#"{"model":"m","messages":[],"best_of":2}"#,
             r#"{"model":"m","messages":[],"suffix":"end"}"#,

@@ -2,7 +2,7 @@
 use crate::api::{self, ChatRequest, CompletionRequest, Prompt, Settings};
 use crate::error::{ApiError, ApiErrorKind};
 use crate::metrics::Metrics;
-use crate::scheduler::{Event, Finish, Job};
+use crate::scheduler::{Event, Finish, Job, TokenLogprob};
 use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -260,7 +260,8 @@ async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
         let (req, common): (ChatRequest, _) = api::parse(&body)?;
         drop(body);
         check_model(st, &common.model)?;
-        let settings = common.settings()?;
+        let mut settings = common.settings()?;
+        settings.logprobs = common.logprobs(true)?;
         if req.messages.is_empty() {
             return Err(ApiError::invalid(
                 Some("messages"),
@@ -314,7 +315,8 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
         let (req, common): (CompletionRequest, _) = api::parse(&body)?;
         drop(body);
         check_model(st, &common.model)?;
-        let settings = common.settings()?;
+        let mut settings = common.settings()?;
+        settings.logprobs = common.logprobs(false)?;
         let prompt = match &req.prompt {
             Prompt::Text(t) => t.clone(),
             Prompt::Texts(v) if v.len() == 1 => v[0].clone(),
@@ -392,9 +394,14 @@ async fn respond(
         model: st.model_id.clone(),
     };
     if settings.stream {
-        stream_response(rx, format, settings.include_usage)
+        stream_response(
+            rx,
+            format,
+            settings.include_usage,
+            settings.logprobs.is_some(),
+        )
     } else {
-        full_response(rx, format, prompt_tokens).await
+        full_response(rx, format, prompt_tokens, settings.logprobs.is_some()).await
     }
 }
 
@@ -475,6 +482,7 @@ fn submit(
         sampler,
         stop: settings.stop.clone(),
         ignore_eos: settings.ignore_eos,
+        logprobs: settings.logprobs,
         events: tx,
     };
     match st.queue.try_send(job) {
@@ -520,6 +528,52 @@ impl Format {
         })
     }
 
+    /// OpenAI's `logprobs` object for `tokens` (`null` when none were asked for); completions'
+    /// `text_offset`s count characters from `offset`, the length of the text before them.
+    fn logprobs(&self, tokens: Option<&[TokenLogprob]>, offset: usize) -> Value {
+        let Some(tokens) = tokens else {
+            return Value::Null;
+        };
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        match self.kind {
+            Kind::Chat => {
+                let entry =
+                    |b: &[u8], lp: f32| json!({"token": text(b), "logprob": lp, "bytes": b});
+                let content: Vec<Value> = tokens
+                    .iter()
+                    .map(|t| {
+                        let mut e = entry(&t.bytes, t.logprob);
+                        e["top_logprobs"] = t.top.iter().map(|(b, lp)| entry(b, *lp)).collect();
+                        e
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+            Kind::Completion => {
+                let mut at = offset;
+                let mut offsets = Vec::with_capacity(tokens.len());
+                for t in tokens {
+                    offsets.push(at);
+                    at += text(&t.bytes).chars().count();
+                }
+                json!({
+                    "tokens": tokens.iter().map(|t| text(&t.bytes)).collect::<Vec<_>>(),
+                    "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": tokens
+                        .iter()
+                        .map(|t| {
+                            t.top
+                                .iter()
+                                .map(|(b, lp)| (text(b), json!(lp)))
+                                .collect::<serde_json::Map<_, _>>()
+                        })
+                        .collect::<Vec<_>>(),
+                    "text_offset": offsets,
+                })
+            }
+        }
+    }
+
     /// A stream chunk with `text` (chat: a delta) and a finish reason.
     fn chunk(&self, text: Option<&str>, finish: Option<Finish>, first: bool) -> Value {
         let choice = match self.kind {
@@ -558,6 +612,7 @@ impl Format {
     fn complete(
         &self,
         text: &str,
+        logprobs: Value,
         finish: Finish,
         prompt: usize,
         cached: usize,
@@ -567,13 +622,13 @@ impl Format {
             Kind::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish.as_str(),
             }),
             Kind::Completion => json!({
                 "index": 0,
                 "text": text,
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish.as_str(),
             }),
         };
@@ -592,19 +647,24 @@ async fn full_response(
     mut rx: mpsc::UnboundedReceiver<Event>,
     format: Format,
     prompt_tokens: usize,
+    logprobs: bool,
 ) -> Response {
     let mut text = String::new();
+    let mut tokens = Vec::new();
     while let Some(event) = rx.recv().await {
         match event {
             Event::Text(t) => text.push_str(&t),
+            Event::Logprob(t) => tokens.push(t),
             Event::Done {
                 finish,
                 prompt_tokens,
                 cached_tokens,
                 completion_tokens,
             } => {
+                let lp = format.logprobs(logprobs.then_some(&tokens[..]), 0);
                 let done = format.complete(
                     &text,
+                    lp,
                     finish,
                     prompt_tokens,
                     cached_tokens,
@@ -629,8 +689,23 @@ struct Streaming {
     rx: mpsc::UnboundedReceiver<Event>,
     format: Format,
     include_usage: bool,
+    /// Log probabilities asked for: those of tokens not yet sent ride on the next chunk.
+    logprobs: bool,
+    tokens: Vec<TokenLogprob>,
+    /// Characters of text sent so far (completions' `text_offset`).
+    sent_chars: usize,
     pending: VecDeque<SseEvent>,
     ended: bool,
+}
+
+impl Streaming {
+    /// Put the log probabilities of the tokens not yet sent on `chunk`.
+    fn attach_logprobs(&mut self, chunk: &mut Value) {
+        if self.logprobs {
+            let tokens = std::mem::take(&mut self.tokens);
+            chunk["choices"][0]["logprobs"] = self.format.logprobs(Some(&tokens), self.sent_chars);
+        }
+    }
 }
 
 fn data(v: &Value) -> SseEvent {
@@ -641,6 +716,7 @@ fn stream_response(
     rx: mpsc::UnboundedReceiver<Event>,
     format: Format,
     include_usage: bool,
+    logprobs: bool,
 ) -> Response {
     let mut pending = VecDeque::new();
     if format.kind == Kind::Chat {
@@ -650,6 +726,9 @@ fn stream_response(
         rx,
         format,
         include_usage,
+        logprobs,
+        tokens: Vec::new(),
+        sent_chars: 0,
         pending,
         ended: false,
     };
@@ -663,16 +742,20 @@ fn stream_response(
             }
             match s.rx.recv().await {
                 Some(Event::Text(t)) => {
-                    let c = s.format.chunk(Some(&t), None, false);
+                    let mut c = s.format.chunk(Some(&t), None, false);
+                    s.attach_logprobs(&mut c);
+                    s.sent_chars += t.chars().count();
                     s.pending.push_back(data(&c));
                 }
+                Some(Event::Logprob(t)) => s.tokens.push(t),
                 Some(Event::Done {
                     finish,
                     prompt_tokens,
                     cached_tokens,
                     completion_tokens,
                 }) => {
-                    let c = s.format.chunk(None, Some(finish), false);
+                    let mut c = s.format.chunk(None, Some(finish), false);
+                    s.attach_logprobs(&mut c);
                     s.pending.push_back(data(&c));
                     if s.include_usage {
                         let mut u = s.format.chunk(None, None, false);

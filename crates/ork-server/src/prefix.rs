@@ -71,12 +71,17 @@ impl PrefixCache {
     /// Keep `session`, whose cache holds the first `session.position()` of `tokens`, as the
     /// most recently used entry; entries it extends are dropped, the least recently used ones
     /// go until the budget holds. A session larger than the whole budget is not kept.
-    pub fn insert(&mut self, mut tokens: Vec<u32>, session: Session) {
+    pub fn insert(&mut self, mut tokens: Vec<u32>, mut session: Session) {
         let len = session.position();
         if len == 0 || tokens.len() < len {
             return;
         }
         tokens.truncate(len);
+        if session.kv_bytes() > self.budget {
+            return;
+        }
+        // What it holds is then what it costs (a grown cache reserves up to twice that).
+        session.shrink_to_fit();
         let bytes = session.kv_bytes();
         if bytes > self.budget {
             return;

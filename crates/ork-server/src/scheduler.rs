@@ -39,6 +39,9 @@ impl Finish {
 pub enum Event {
     /// More text (never empty).
     Text(String),
+    /// The log probability of a generated token (sent before the token's text, which may be
+    /// held back), when the request asked for them.
+    Logprob(TokenLogprob),
     /// The end: why, and the token counts.
     Done {
         /// Why it stopped.
@@ -54,6 +57,54 @@ pub enum Event {
     Failed(String),
 }
 
+/// A generated token's log probability and its most likely alternatives, from the logits the
+/// sampler saw (log-softmax at temperature 1, before top-p: the model's distribution).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's bytes (special tokens as their text).
+    pub bytes: Vec<u8>,
+    /// Its natural log probability.
+    pub logprob: f32,
+    /// The most likely tokens, best first: bytes and log probability.
+    pub top: Vec<(Vec<u8>, f32)>,
+}
+
+impl TokenLogprob {
+    /// `token`'s entry from `logits`, with `top` alternatives (the scores of a whole vocabulary).
+    pub fn new(logits: &[f32], token: u32, top: usize, tokenizer: &Tokenizer) -> TokenLogprob {
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits
+            .iter()
+            .map(|&x| (f64::from(x) - f64::from(max)).exp())
+            .sum();
+        let lse = f64::from(max) + sum.ln();
+        let lp = |x: f32| (f64::from(x) - lse) as f32;
+        let bytes = |t: u32| tokenizer.token_bytes(t, true).unwrap_or_default().to_vec();
+        let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+        let top = top.min(ids.len());
+        let by_score = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
+        if top > 0 && top < ids.len() {
+            ids.select_nth_unstable_by(top - 1, by_score);
+        }
+        ids.truncate(top);
+        ids.sort_by(by_score);
+        TokenLogprob {
+            bytes: bytes(token),
+            logprob: logits
+                .get(token as usize)
+                .map_or(f32::NEG_INFINITY, |&x| lp(x)),
+            top: ids
+                .into_iter()
+                .map(|t| (bytes(t), lp(logits[t as usize])))
+                .collect(),
+        }
+    }
+}
+
 /// A request ready to run: a tokenized prompt that fits the context with its `max_tokens`.
 pub struct Job {
     /// Prompt tokens (non-empty).
@@ -66,6 +117,8 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Send each generated token's log probability with this many alternatives.
+    pub logprobs: Option<usize>,
     /// Where the events go; a closed channel (the client went away) retires the sequence.
     pub events: UnboundedSender<Event>,
 }
@@ -418,6 +471,13 @@ fn sample_one(s: &mut Slot<'_>, logits: &[f32], tokenizer: &Tokenizer, metrics: 
     if tokenizer.is_end_of_generation(token) && !s.job.ignore_eos {
         s.finish(Finish::Stop, false, metrics);
         return false;
+    }
+    if let Some(top) = s.job.logprobs {
+        let lp = TokenLogprob::new(logits, token, top, tokenizer);
+        if s.job.events.send(Event::Logprob(lp)).is_err() {
+            metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
     }
     s.generated.push(token);
     metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);

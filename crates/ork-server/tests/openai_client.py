@@ -1,8 +1,8 @@
 """The official `openai` client against a running `ork serve` (driven by tests/server/python.rs).
 
 Usage: python3 openai_client.py BASE_URL MODEL_ID API_KEY
-Checks chat, streaming chat and completions; streamed text must equal the non-streamed text
-(greedy, same seed). Exits non-zero with a message on the first failure.
+Checks chat, streaming chat, completions and log probabilities; streamed text must equal the
+non-streamed text (greedy, same seed). Exits non-zero with a message on the first failure.
 """
 import sys
 
@@ -74,12 +74,38 @@ try:
     check(False, "empty messages accepted")
 except openai.BadRequestError:
     pass
+# Log probabilities: one entry per generated token, the greedy token first among its top ones,
+# the same streamed and not.
+lp = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3
+)
+content = lp.choices[0].logprobs.content
+check(len(content) == lp.usage.completion_tokens, f"{len(content)} logprobs for {lp.usage}")
+for t in content:
+    check(len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token
+          and abs(t.top_logprobs[0].logprob - t.logprob) < 1e-6 and t.logprob <= 0,
+          f"greedy token {t}")
+check("".join(t.token for t in content) == lp.choices[0].message.content, "logprob tokens spell the answer")
+streamed_lp = []
+for chunk in client.chat.completions.create(
+    model=model, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3,
+    stream=True,
+):
+    for c in chunk.choices:
+        if c.logprobs and c.logprobs.content:
+            streamed_lp.extend(c.logprobs.content)
+check([(t.token, t.logprob) for t in streamed_lp] == [(t.token, t.logprob) for t in content],
+      "streamed logprobs differ")
+clp = client.completions.create(model=model, prompt="The capital of France is", max_tokens=6,
+                                temperature=0, logprobs=2)
+check(len(clp.choices[0].logprobs.tokens) == clp.usage.completion_tokens
+      and all(len(d) <= 2 for d in clp.choices[0].logprobs.top_logprobs), f"completion logprobs {clp}")
 try:
     client.chat.completions.create(model=model, messages=messages, max_tokens=2, logprobs=True,
-                                   top_logprobs=2)
-    check(False, "logprobs asked for and answered without them")
+                                   top_logprobs=21)
+    check(False, "top_logprobs 21 accepted")
 except openai.BadRequestError as e:
-    check("log probabilities" in str(e), f"logprobs refusal says why: {e}")
+    check("top_logprobs" in str(e), f"the refusal names top_logprobs: {e}")
 bad = openai.OpenAI(base_url=base, api_key="wrong", max_retries=0)
 try:
     bad.models.list()

@@ -6,6 +6,7 @@ mod server {
     pub mod common;
     mod hostile;
     mod load;
+    mod logprobs;
     mod prefix;
     mod python;
     mod robustness;

@@ -52,7 +52,15 @@ async fn chat_and_completions_stream_the_same_text_with_correct_usage() {
     );
     let data = sse_data(&sse);
     let usage_chunk: serde_json::Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
-    assert_eq!(usage_chunk["usage"], *usage);
+    let streamed_usage = &usage_chunk["usage"];
+    for field in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(streamed_usage[field], usage[field], "{field}");
+    }
+    // The same prompt again: all of it but its last token came from the first one's cache.
+    assert_eq!(
+        streamed_usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        usage["prompt_tokens"].as_u64().map(|n| n - 1)
+    );
 
     let url = format!("{}/v1/completions", base(&server));
     let body = json!({"model": server.model_id(), "prompt": "The capital of France is",

@@ -3,6 +3,10 @@ use ork_runtime::{DeviceKind, Engine, EngineConfig, PackChoice};
 use ork_server::{ServeConfig, Server};
 use serde_json::{json, Value};
 
+/// Held by the tests that open several engines and by the one that measures the process's
+/// RSS, so that the measure is not another test's engines.
+pub static MEMORY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The `.orkpack` the tests share (built by the first one, then reused).
 pub fn pack_path() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ork-server-smollm2.orkpack")
@@ -49,6 +53,12 @@ pub async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Va
     let status = r.status().as_u16();
     let v = r.json::<Value>().await.unwrap();
     (status, v)
+}
+
+/// POST JSON, return the body as text (a server-sent event stream).
+pub async fn post_text(client: &reqwest::Client, url: &str, body: &Value) -> String {
+    let r = client.post(url).json(body).send().await.unwrap();
+    r.text().await.unwrap()
 }
 
 /// The `data:` payloads of an SSE body.

@@ -52,6 +52,7 @@ async fn answer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_prefix_answers_exactly_as_a_cold_one() {
+    let _engines = MEMORY.lock().await;
     let client = reqwest::Client::new();
     for kv in [KvType::F16, KvType::F32] {
         let warm = serve(kv, 256 << 20);
@@ -116,6 +117,7 @@ async fn a_reused_prefix_answers_exactly_as_a_cold_one() {
 
 #[test]
 fn a_prefix_is_never_used_by_another_model_or_cache_type() {
+    let _engines = MEMORY.blocking_lock();
     let f16 = engine_kv(KvType::F16);
     let f32 = engine_kv(KvType::F32);
     let other = engine_kv(KvType::F16);

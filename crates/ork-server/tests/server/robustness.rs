@@ -76,11 +76,10 @@ async fn bad_requests_are_4xx_with_an_openai_error_body() {
     .await;
     assert_error(s, &v, 400, Some("prompt"));
     assert_eq!(v["error"]["code"], "context_length_exceeded");
-    // Asking for what ork does not return (log probabilities, penalties, tools) is refused,
+    // Asking for what ork does not return (penalties, tools, more than 20 alternatives) is refused,
     // not answered without it.
     for (field, value) in [
-        ("logprobs", json!(true)),
-        ("top_logprobs", json!(2)),
+        ("top_logprobs", json!(21)),
         ("frequency_penalty", json!(0.5)),
         (
             "tools",
@@ -96,7 +95,7 @@ async fn bad_requests_are_4xx_with_an_openai_error_body() {
     let (s, v) = post(
         &client,
         &format!("{}/v1/completions", base(&server)),
-        &json!({"model": model, "prompt": "hi", "max_tokens": 2, "logprobs": 0}),
+        &json!({"model": model, "prompt": "hi", "max_tokens": 2, "logprobs": 21}),
     )
     .await;
     assert_error(s, &v, 400, Some("logprobs"));
@@ -128,7 +127,7 @@ async fn bad_requests_are_4xx_with_an_openai_error_body() {
             "{outcome=\"rejected_invalid\"}"
         )
         .await
-            >= 18.0
+            >= 17.0
     );
 }
 
@@ -258,10 +257,11 @@ async fn a_client_that_disconnects_mid_stream_frees_its_slot_within_a_step() {
     }
     let after = metric(&client, &server, "ork_batched_steps_total", "").await;
     // The step running at the disconnect, the one whose text the closed socket still accepts
-    // (connections support half-close, so only a failed write tells a client is gone), and at
-    // most the one the scheduler had started.
+    // (connections support half-close, so only a failed write tells a client is gone: the
+    // second write after the close), and at most one more while the HTTP task that makes that
+    // write waits for a core on a loaded machine.
     assert!(
-        after - steps <= 3.0,
+        after - steps <= 4.0,
         "{} steps after the disconnect",
         after - steps
     );
