@@ -13,6 +13,8 @@
 #![deny(missing_docs)]
 
 pub mod doctor;
+mod validate;
+pub use validate::{check_weights, CALIB_MIN_TOKENS};
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -133,7 +135,9 @@ pub enum RuntimeError {
     /// The draft's resident weights and the model's smallest working set do not fit the budget
     /// together.
     #[error(
-        "{}: the draft ({draft}) keeps {draft_mib:.1} MiB resident and the model needs at least          {model_min_mib:.1} MiB beside it, but the weight budget is {budget_mib} MiB: use a budget          of at least {need_mib} MiB or a smaller draft",
+        "{}: the draft ({draft}) keeps {draft_mib:.1} MiB resident and the model needs at least \
+         {model_min_mib:.1} MiB beside it, but the weight budget is {budget_mib} MiB: use a budget \
+         of at least {need_mib} MiB or a smaller draft",
         model.display()
     )]
     DraftTooLarge {
@@ -373,7 +377,7 @@ fn apply_smoothing(
         path: smooth.calib.clone(),
         what,
     };
-    let bytes = std::fs::read(&smooth.calib).map_err(|e| bad(e.to_string()))?;
+    let bytes = validate::read_calibration(&smooth.calib)?;
     let calib_hash = ork_store::PackSmoothing::hash(&bytes);
     let text = String::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
     if text.trim().is_empty() {
@@ -384,6 +388,7 @@ fn apply_smoothing(
         source,
     };
     let mut tokens = tokenizer.encode(&text, true, false).map_err(model_err)?;
+    validate::check_calibration_tokens(&smooth.calib, tokens.len())?;
     tokens.truncate(CALIB_MAX_TOKENS);
     // The factors depend on every tensor of the model (norms included), so the parameters name
     // the model by all its tensors' fingerprints.
@@ -887,7 +892,7 @@ fn load_draft_model(
     ork_exec::check_draft_vocabulary(tokenizer, &draft_tokenizer, &path.display().to_string())
         .map_err(err)?;
     let manifest = Manifest::from_gguf(&gguf)?;
-    check_chip(config, &manifest)?;
+    check_weights(config, &manifest)?;
     let weights = weight_bytes(&manifest, config.dtype, config.group)?;
     Ok(LoadedDraft {
         path: path.to_path_buf(),
@@ -956,6 +961,7 @@ impl Engine {
             None => (gguf, model, None),
         };
         let manifest = Arc::new(Manifest::from_gguf(&gguf)?);
+        check_weights(&config, &manifest)?;
         Ok(LoadedModel {
             config,
             gguf,
@@ -1037,7 +1043,6 @@ impl LoadedModel {
             manifest,
             smoothing,
         } = self;
-        check_chip(&config, &manifest)?;
         model.set_expert_speculation(config.expert_speculation);
         let device = open_device(config.device, config.domains, config.soc)?;
         let info = device.info();
