@@ -76,6 +76,8 @@ def main():
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(SENTENCE * a.repeat)
         prompt = f.name
+    # The packs live in .cache/ (under the working directory), which a fresh clone lacks.
+    os.makedirs(".cache", exist_ok=True)
     try:
         for name, flags in variants:  # warm-up: builds each pack
             ork_run(a.ork, a.model, name, flags, prompt, 4, a.threads)

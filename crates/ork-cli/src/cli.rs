@@ -12,6 +12,9 @@ Exit codes:
      probe stream found leaked buffers; probe persist read back different bytes;
      plan found the model cannot run (a weight larger than the budget or window)
   2  usage error, bad input or I/O error (one line on stderr names the file, tensor and problem)
+  A closed standard output (`ork ... | head -c1`) ends the run quietly, killed by SIGPIPE
+  (shells report 141); `ork serve` is never killed by a closed pipe. Text inputs (--prompt-file,
+  --calib, perplexity --file) must be regular files of at most 8 MiB (docs/cli.md).
 
 Environment:
   ORK_PERSIST=PATH         .orkpack cache to read or build (same as --pack)

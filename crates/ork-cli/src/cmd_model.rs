@@ -15,7 +15,7 @@ use ork_runtime::{budget_bytes, default_slots, plan_weights, Engine, EngineConfi
 use serde::Serialize;
 
 use crate::cli::{PerplexityArgs, PlanArgs, RunArgs};
-use crate::open_model::{engine_config, open_engine, open_loaded, open_manifest};
+use crate::open_model::{engine_config, open_engine, open_loaded};
 
 /// The figures of one run, printed as the stats line or inside `--json`.
 #[derive(Serialize)]
@@ -155,16 +155,7 @@ impl RunStats {
 fn read_prompt(args: &RunArgs) -> Result<String> {
     match (&args.prompt, &args.prompt_file) {
         (Some(p), _) => Ok(p.clone()),
-        (None, Some(f)) => {
-            let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
-            String::from_utf8(bytes).map_err(|e| {
-                anyhow::anyhow!(
-                    "{}: the prompt is not valid UTF-8 (invalid byte at offset {})",
-                    f.display(),
-                    e.utf8_error().valid_up_to()
-                )
-            })
-        }
+        (None, Some(f)) => crate::input::read_text(f, "--prompt-file"),
         (None, None) => bail!("give --prompt TEXT or --prompt-file FILE"),
     }
 }
@@ -324,15 +315,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
 
 /// `ork perplexity`.
 pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
-    let bytes =
-        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: not valid UTF-8 (offset {})",
-            args.file.display(),
-            e.utf8_error().valid_up_to()
-        )
-    })?;
+    let text = crate::input::read_text(&args.file, "--file")?;
     let engine = open_engine(engine_config(&args.model, false), args.json)?;
     let tokenizer = engine.tokenizer();
     let mut tokens = tokenizer.encode(&text, true, false)?;
@@ -455,7 +438,6 @@ fn chip_plan(config: &EngineConfig, manifest: &ork_manifest::Manifest) -> Result
 
 /// `ork plan`.
 pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
-    let manifest = open_manifest(&args.model)?;
     let budget = budget_bytes(args.budget_mb.map(|mb| mb << 20))?;
     let mut config = EngineConfig::new(&args.model);
     config.soc = args.soc.into();
@@ -463,11 +445,14 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     if let Some(q) = args.quant {
         config.set_quant(q);
     }
-    ork_runtime::check_chip(&config, &manifest)?;
-    let chip = chip_plan(&config, &manifest)?;
+    // The validation `run` and `convert` make (model, tokenizer, manifest, every chip rule for
+    // every weight): a plan never says yes to a model they refuse.
+    let loaded = ork_runtime::Engine::load(config.clone())?;
+    let manifest = loaded.manifest();
+    let chip = chip_plan(&config, manifest)?;
     let window = args.window_mb << 20;
     let p = plan_weights(
-        &manifest,
+        manifest,
         config.dtype,
         config.group,
         budget,

@@ -134,25 +134,12 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
     // The smoothed weights (docs/chip.md), folded in memory before packing; the factors come
     // from the output pack when it holds them for the same parameters, else from calibration.
     config.pack = ork_runtime::PackChoice::Path(output.clone());
-    let loaded = match config.smooth {
-        Some(_) => Some(ork_runtime::Engine::load(config.clone())?),
-        None => None,
-    };
-    let model = match &loaded {
-        Some(l) => std::sync::Arc::clone(l.gguf()),
-        None => std::sync::Arc::new(GgufFile::open(&args.model)?),
-    };
-    // Pack only what `run` can run: the same model check (architecture, metadata, every
-    // tensor present with its shape) before anything is written.
-    ork_exec::Model::load(&model).with_context(|| {
-        format!(
-            "{}: not a model ork can run, nothing converted",
-            args.model.display()
-        )
-    })?;
-    // A quant the chip lacks is refused before anything is written, with what to use instead.
-    let manifest = ork_manifest::Manifest::from_gguf(&model)?;
-    ork_runtime::check_chip(&config, &manifest)?;
+    // Pack only what `run` can run: the validation `run` makes (model, tokenizer, manifest,
+    // every chip rule for every weight, with what to use instead) before anything is written.
+    let loaded = ork_runtime::Engine::load(config.clone())
+        .context("not a model ork can run with these settings, nothing converted")?;
+    let model = std::sync::Arc::clone(loaded.gguf());
+    let manifest = loaded.manifest();
     ork_store::resolve_target(&output, Some(&args.model))?;
 
     let bar = crate::progress::ConvertBar::new(&model, args.json)?;
@@ -163,10 +150,10 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
         evict_src,
         threads: args.threads,
         progress: Some(&progress),
-        manifest: Some(&manifest),
+        manifest: Some(manifest),
         group: config.group,
         target: Some(config.soc.name()),
-        smoothing: loaded.as_ref().and_then(|l| l.smoothing()),
+        smoothing: loaded.smoothing(),
     };
     let result = ork_store::convert(&model, &output, &opts);
     bar.finish();

@@ -12,6 +12,7 @@ mod cmd_pack;
 mod cmd_serve;
 mod cmd_spec;
 mod cpu_check;
+mod input;
 mod open_model;
 mod plot;
 mod progress;
@@ -29,6 +30,12 @@ fn main() -> ExitCode {
         return code;
     }
     let cli = Cli::parse();
+    // A closed stdout (`ork … | head -c1`) ends the run quietly, killed by SIGPIPE like other
+    // Unix tools (docs/cli.md); the server keeps the default of Rust programs (EPIPE as an
+    // error), so a client that goes away never kills it.
+    if !matches!(cli.command, Command::Serve(_)) {
+        ork_gguf::sigpipe::die_on_closed_pipe();
+    }
     let result = match cli.command {
         Command::Convert(a) => cmd_pack::convert(&a),
         Command::Inspect(a) => cmd_pack::inspect(&a),

@@ -10,6 +10,8 @@ use std::sync::OnceLock;
 
 #[path = "cli/device.rs"]
 mod device;
+#[path = "cli/hostile.rs"]
+mod hostile;
 #[path = "cli/model.rs"]
 mod model;
 #[path = "cli/pack.rs"]

@@ -315,10 +315,11 @@ impl EmuDevice {
     /// which no chip has, were refused by [`MatmulTask::check`]).
     fn check_chip(&self, task: &MatmulTask<'_>) -> Result<(), DeviceError> {
         let shape = MatmulShape::of_task(task);
-        self.soc.check_types(&shape)?;
+        let l = &task.weight.layout;
         if self.enforce_limits {
-            self.soc
-                .check_limits(&submitted(&shape, &task.weight.layout))?;
+            self.soc.check_as_run(&shape, l.k_pad(), l.n_pad())?;
+        } else {
+            self.soc.check_types(&shape)?;
         }
         self.check_offsets(&shape, task.weight.group, task.weight.scales)
     }

@@ -327,6 +327,34 @@ impl Soc {
         self.check_limits(s)
     }
 
+    /// Every rule the chip applies to a matmul of shape `s` whose weight is stored padded to
+    /// `k_pad` × `n_pad` (its tiled layout's [`ork_pack::TiledLayout::k_pad`] and `n_pad`), as
+    /// the device checks it when the matmul runs: [`Soc::check_types`], [`Soc::check_limits`] of
+    /// the padded shape as submitted, and for affine groups the types and limits of the offsets
+    /// matmul ([`MatmulShape::offsets`]). The one rule both the emulator and the checks made
+    /// before converting (`ork plan`, `convert`, `run`) apply to every weight part.
+    ///
+    /// # Errors
+    /// As those checks.
+    pub fn check_as_run(
+        self,
+        s: &MatmulShape,
+        k_pad: usize,
+        n_pad: usize,
+    ) -> Result<(), DeviceError> {
+        self.check_types(s)?;
+        self.check_limits(&MatmulShape {
+            k: k_pad,
+            n: n_pad,
+            ..*s
+        })?;
+        if let Some(off) = s.offsets() {
+            self.check_types(&off)?;
+            self.check_limits(&off)?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn refuse(self, s: &MatmulShape, limit: ChipLimit) -> DeviceError {
         DeviceError::Chip {
             soc: self,

@@ -6,6 +6,9 @@
 //!   tensor's pages back to the kernel once it has been packed.
 //! - [`dequant::dequantize`] turns whole blocks of one [`GgmlType`] into f32;
 //!   [`GgufFile::dequantize_rows`] does it for rows of a tensor (the pack kernel's input).
+//! - [`input`] reads the small files ork takes whole (prompt, calibration, perplexity text):
+//!   regular files only, never blocking on a FIFO, refused above a size limit before allocating;
+//!   [`sigpipe`] lets a command-line run end quietly when its standard output is closed.
 //! - [`writer`] builds small GGUF files (test fixtures) and quantizes f32 to F32/F16/Q8_0/Q4_0/Q4_1.
 //!
 //! # Why a hand-written reader
@@ -30,8 +33,10 @@
 pub mod dequant;
 mod error;
 mod file;
+pub mod input;
 mod mmap;
 mod parse;
+pub mod sigpipe;
 mod types;
 pub mod writer;
 

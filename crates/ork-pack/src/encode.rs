@@ -38,6 +38,9 @@ pub(crate) fn encode_tile(
             return Err(PackError::NonFinite { row: first + r });
         }
         let absmax = f32::from_bits(bits);
+        // Above fp16's range for every dtype: such a weight is in no model, and its scale would
+        // lie beyond what readers accept (`MAX_SCALE`).
+        check_f16_range(absmax, first + r)?;
         let pieces = out.chunks_exact_mut(kt_stride).map(
             #[inline(always)]
             |t| &mut t[r * pb..(r + 1) * pb],
@@ -69,12 +72,6 @@ pub(crate) fn encode_tile(
                 }
             }
             PackDtype::F16 => {
-                if f16::from_f32(absmax).is_infinite() {
-                    return Err(PackError::F16Overflow {
-                        row: first + r,
-                        value: absmax,
-                    });
-                }
                 scales[r] = 1.0;
                 for_each_piece(row, pieces, f16_piece);
             }
@@ -112,4 +109,14 @@ fn for_each_piece<'a>(
     for dst in dsts {
         dst.fill(0);
     }
+}
+
+/// Refuse output channel `row` whose largest magnitude `absmax` is beyond fp16's range (it would
+/// become ±Inf as fp16, and its scale would lie beyond [`crate::MAX_SCALE`]), for every dtype.
+#[inline(always)]
+pub(crate) fn check_f16_range(absmax: f32, row: usize) -> Result<(), PackError> {
+    if f16::from_f32(absmax).is_infinite() {
+        return Err(PackError::F16Overflow { row, value: absmax });
+    }
+    Ok(())
 }

@@ -171,6 +171,7 @@ pub fn pack_grouped(
                     if is_non_finite(bits) {
                         return Err(PackError::NonFinite { row: first + r });
                     }
+                    crate::encode::check_f16_range(f32::from_bits(bits), first + r)?;
                     let s = row_scale(f32::from_bits(bits), lim);
                     *scale = s.scale;
                     if s.tiny {
@@ -247,6 +248,10 @@ pub fn pack_affine(src: &dyn RowSource, group: usize) -> Result<PackedWeight, Pa
             {
                 for (j, vals) in row.chunks_exact(group).enumerate() {
                     let fit = affine_fit(vals).ok_or(PackError::NonFinite { row: first + r })?;
+                    crate::encode::check_f16_range(
+                        fit.lo.abs().max((fit.lo + 15.0 * fit.step).abs()),
+                        first + r,
+                    )?;
                     row_steps[j] = fit.step;
                     row_offsets[j] = fit.offset;
                     for (p, piece) in vals.chunks_exact(KT).enumerate() {

@@ -45,6 +45,22 @@ pub use layout::{LayoutId, PackDtype, TiledLayout, INT4_EVEN_K_IN_LOW_NIBBLE};
 pub use source::{GgufRows, MatrixRows};
 pub use untile::{untile, untile_q};
 
+/// The largest magnitude a stored scale (or affine offset) may have: 65504, the largest fp16
+/// value. Weights are refused above fp16's range when packed ([`PackError::F16Overflow`]), so a
+/// scale (at most the largest weight / 7) and an offset (between a group's smallest and largest
+/// weight) never exceed it; a stored scale beyond it is damage, not a model (readers refuse it
+/// as they refuse a non-finite one; the chip takes offsets as fp16 values).
+pub const MAX_SCALE: f32 = 65504.0;
+
+/// The first scale of `scales` that is not finite or beyond ±[`MAX_SCALE`], with its index.
+pub fn bad_scale(scales: &[f32]) -> Option<(usize, f32)> {
+    scales
+        .iter()
+        .copied()
+        .enumerate()
+        .find(|(_, s)| !(s.is_finite() && s.abs() <= MAX_SCALE))
+}
+
 /// A weight packed into the native layout, host side.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PackedWeight {

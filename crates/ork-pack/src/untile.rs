@@ -7,7 +7,8 @@ use half::f16;
 
 impl PackedWeight {
     /// Check the weight is well formed: blob and scales lengths match the layout and scale group,
-    /// every scale is finite and non-negative, every padding element is zero.
+    /// every scale is finite, non-negative and at most [`crate::MAX_SCALE`] (offsets within
+    /// ±`MAX_SCALE`), every padding element is zero.
     ///
     /// # Errors
     /// [`PackError::Shape`], [`PackError::Length`], [`PackError::Group`], [`PackError::Scale`] or
@@ -18,15 +19,15 @@ impl PackedWeight {
         if let Some((i, &scale)) = steps
             .iter()
             .enumerate()
-            .find(|(_, s)| !(s.is_finite() && s.is_sign_positive()))
+            .find(|(_, s)| !(s.is_finite() && s.is_sign_positive() && **s <= crate::MAX_SCALE))
         {
             return Err(PackError::Scale {
                 row: i / groups,
                 scale,
             });
         }
-        // Offsets (affine groups) may be negative but must be finite.
-        if let Some((i, &scale)) = offsets.iter().enumerate().find(|(_, s)| !s.is_finite()) {
+        // Offsets (affine groups) may be negative but must be finite and within MAX_SCALE.
+        if let Some((i, scale)) = crate::bad_scale(offsets) {
             return Err(PackError::Scale {
                 row: i / groups,
                 scale,

@@ -846,15 +846,26 @@ fn affine_edge_groups_and_errors() {
             ..
         })
     ));
-    // Values far apart (max − min overflows f32) still get a finite step.
-    let wide = [f32::MAX, -f32::MAX]
-        .iter()
-        .cycle()
-        .take(32)
-        .copied()
-        .collect::<Vec<_>>();
-    let pw = ork_pack::pack_affine(&MatrixRows::new(&wide, 32, 1).unwrap(), 32).unwrap();
+    // Values beyond fp16's range are in no model: refused (their scales would lie beyond
+    // MAX_SCALE, which readers refuse), for affine, symmetric groups and per channel alike.
+    let wide = |v: f32| [v, -v].iter().cycle().take(32).copied().collect::<Vec<_>>();
+    let huge_values = wide(f32::MAX);
+    let huge = MatrixRows::new(&huge_values, 32, 1).unwrap();
+    for r in [
+        ork_pack::pack_affine(&huge, 32).map(drop),
+        ork_pack::pack_grouped(&huge, PackDtype::I8, 32).map(drop),
+        ork_pack::pack(&huge, PackDtype::I4).map(drop),
+    ] {
+        assert!(
+            matches!(r, Err(PackError::F16Overflow { row: 0, .. })),
+            "{r:?}"
+        );
+    }
+    // The widest range fp16 holds gets a finite step and scales within MAX_SCALE.
+    let edge = wide(65504.0);
+    let pw = ork_pack::pack_affine(&MatrixRows::new(&edge, 32, 1).unwrap(), 32).unwrap();
     pw.check().unwrap();
+    assert_eq!(ork_pack::bad_scale(&pw.scales), None);
 }
 
 #[test]

@@ -17,7 +17,7 @@ use crate::pack::gguf_source;
 use crate::plan::weight_bytes;
 #[cfg(doc)]
 use crate::Engine;
-use crate::{check_chip, EngineConfig, EngineLinear, RuntimeError};
+use crate::{EngineConfig, EngineLinear, RuntimeError};
 
 /// A draft that lives on the device beside the model (speculative decoding,
 /// `docs/speculative.md`).
@@ -110,7 +110,7 @@ fn load_draft_model(
     ork_exec::check_draft_vocabulary(tokenizer, &draft_tokenizer, &path.display().to_string())
         .map_err(err)?;
     let manifest = Manifest::from_gguf(&gguf)?;
-    check_chip(config, &manifest)?;
+    crate::check_weights(config, &manifest)?;
     let weights = weight_bytes(&manifest, config.dtype, config.group)?;
     Ok(LoadedDraft {
         path: path.to_path_buf(),

@@ -19,8 +19,8 @@ use crate::pack::open_weight_source;
 use crate::plan::{plan_beside_draft, weight_bytes};
 use crate::smoothing::apply_smoothing;
 use crate::{
-    budget_bytes, check_chip, open_device, ConvertObserver, EngineConfig, EngineDraft,
-    EngineLinear, ExpertStats, RuntimeError, SmoothingOrigin,
+    budget_bytes, open_device, ConvertObserver, EngineConfig, EngineDraft, EngineLinear,
+    ExpertStats, RuntimeError, SmoothingOrigin,
 };
 
 /// A model opened on a device: see the crate documentation.
@@ -102,6 +102,7 @@ impl Engine {
             None => (gguf, model, None),
         };
         let manifest = Arc::new(Manifest::from_gguf(&gguf)?);
+        crate::check_weights(&config, &manifest)?;
         Ok(LoadedModel {
             config,
             gguf,
@@ -121,6 +122,13 @@ pub struct LoadedModel {
     tokenizer: Arc<Tokenizer>,
     manifest: Arc<Manifest>,
     smoothing: Option<(ork_store::PackSmoothing, SmoothingOrigin)>,
+}
+
+impl LoadedModel {
+    /// The model's weight manifest (checked by [`crate::check_weights`] for the config's chip).
+    pub fn manifest(&self) -> &Arc<Manifest> {
+        &self.manifest
+    }
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -183,7 +191,6 @@ impl LoadedModel {
             manifest,
             smoothing,
         } = self;
-        check_chip(&config, &manifest)?;
         model.set_expert_speculation(config.expert_speculation);
         let device = open_device(config.device, config.domains, config.soc)?;
         let info = device.info();

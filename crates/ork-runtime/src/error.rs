@@ -103,7 +103,9 @@ pub enum RuntimeError {
     /// The draft's resident weights and the model's smallest working set do not fit the budget
     /// together.
     #[error(
-        "{}: the draft ({draft}) keeps {draft_mib:.1} MiB resident and the model needs at least          {model_min_mib:.1} MiB beside it, but the weight budget is {budget_mib} MiB: use a budget          of at least {need_mib} MiB or a smaller draft",
+        "{}: the draft ({draft}) keeps {draft_mib:.1} MiB resident and the model needs at least \
+         {model_min_mib:.1} MiB beside it, but the weight budget is {budget_mib} MiB: use a budget \
+         of at least {need_mib} MiB or a smaller draft",
         model.display()
     )]
     DraftTooLarge {

@@ -34,6 +34,8 @@
 #![deny(missing_docs)]
 
 pub mod doctor;
+mod validate;
+pub use validate::{check_weights, CALIB_MIN_TOKENS};
 
 #[cfg(doc)]
 use {

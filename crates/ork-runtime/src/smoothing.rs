@@ -62,7 +62,7 @@ pub(crate) fn apply_smoothing(
         path: smooth.calib.clone(),
         what,
     };
-    let bytes = std::fs::read(&smooth.calib).map_err(|e| bad(e.to_string()))?;
+    let bytes = crate::validate::read_calibration(&smooth.calib)?;
     let calib_hash = ork_store::PackSmoothing::hash(&bytes);
     let text = String::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
     if text.trim().is_empty() {
@@ -73,6 +73,7 @@ pub(crate) fn apply_smoothing(
         source,
     };
     let mut tokens = tokenizer.encode(&text, true, false).map_err(model_err)?;
+    crate::validate::check_calibration_tokens(&smooth.calib, tokens.len())?;
     tokens.truncate(CALIB_MAX_TOKENS);
     // The factors depend on every tensor of the model (norms included), so the parameters name
     // the model by all its tensors' fingerprints.

@@ -412,13 +412,14 @@ fn smoothing_is_stored_in_the_pack_and_other_parameters_rebuild_it() {
     let calib = dir.path().join("calib.txt");
     std::fs::write(
         &calib,
-        "A short calibration text about rivers, mountains and the weather in spring.",
+        // Above ork_runtime::CALIB_MIN_TOKENS (about 15 tokens a sentence).
+        "A short calibration text about rivers, mountains and the weather in spring. ".repeat(6),
     )
     .unwrap();
     let other_text = dir.path().join("other.txt");
     std::fs::write(
         &other_text,
-        "Another text, about ships and harbours at night.",
+        "Another text, about ships and harbours at night. ".repeat(8),
     )
     .unwrap();
     let pack = dir.path().join("m.orkpack");

@@ -345,9 +345,9 @@ impl Orkpack {
 
     /// Check an entry's blob and scales against their checksums without copying.
     ///
-    /// Also checks that the scales are finite: a NaN or infinite scale with a valid checksum
-    /// (a file written by another tool, or damaged before it was checksummed) is refused as
-    /// [`StoreError::CorruptBlob`] naming the tensor.
+    /// Also checks that the scales are finite and within ±[`ork_pack::MAX_SCALE`]: a NaN,
+    /// infinite or huge scale with a valid checksum (a file written by another tool, or damaged
+    /// before it was checksummed) is refused as [`StoreError::CorruptBlob`] naming the tensor.
     pub fn verify(&self, e: &Entry) -> Result<(), StoreError> {
         let e = self.own(e);
         let blob_ok = xxh3(self.blob(e)) == e.blob_checksum;
@@ -365,13 +365,11 @@ impl Orkpack {
         if !scales_ok {
             return Err(self.corrupt(e, "scale checksum"));
         }
-        if let Some(i) = scales
+        let values: Vec<f32> = scales
             .chunks_exact(4)
-            .position(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite())
-        {
-            return Err(self.corrupt(e, &format!("scale of output channel {i} (not finite)")));
-        }
-        Ok(())
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        self.check_scale_values(e, &values)
     }
 
     /// The entry's scales (per output channel, or `[N][K/g]` per group; [`Entry::group`]), verified against their checksum.
@@ -389,10 +387,24 @@ impl Orkpack {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
-            return Err(self.corrupt(e, &format!("scale of output channel {i} (not finite)")));
-        }
+        self.check_scale_values(e, &scales)?;
         Ok(scales)
+    }
+
+    /// Refuse scales no packer writes: not finite, or beyond ±[`ork_pack::MAX_SCALE`] (a scale
+    /// of 3e38 with a recomputed checksum makes every activation infinite). Cheap: one pass
+    /// over the scales, which are 1/32 of the blob or less.
+    fn check_scale_values(&self, e: &Entry, scales: &[f32]) -> Result<(), StoreError> {
+        match ork_pack::bad_scale(scales) {
+            None => Ok(()),
+            Some((i, s)) => Err(self.corrupt(
+                e,
+                &format!(
+                    "scale {i} is {s:e} (not finite or beyond ±{}, which no packer writes)",
+                    ork_pack::MAX_SCALE
+                ),
+            )),
+        }
     }
 
     /// Load a whole packed weight by name (blob verified when `verify`, scales always).

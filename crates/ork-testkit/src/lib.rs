@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod forge;
 pub mod moe;
 
 use std::path::PathBuf;

@@ -654,7 +654,8 @@ fn smooth_targets_select_the_smoothing_and_a_set_without_norm_is_refused() {
     let calib = dir.path().join("calib.txt");
     std::fs::write(
         &calib,
-        "A short calibration text about rivers, mountains and the weather in spring.",
+        // Above ork_runtime::CALIB_MIN_TOKENS (about 15 tokens a sentence).
+        "A short calibration text about rivers, mountains and the weather in spring. ".repeat(6),
     )
     .unwrap();
     let text = dir.path().join("t.txt");

@@ -44,6 +44,21 @@ fn tiny_gguf(path: &Path, tune: f32) {
             MetaValue::F32(1e-5),
         )
         .kv("llama.vocab_size", u32v(32))
+        // A byte-level vocabulary of 32 single letters: `convert` packs only a model `run`
+        // can run, tokenizer included.
+        .kv("tokenizer.ggml.model", MetaValue::String("gpt2".into()))
+        .kv("tokenizer.ggml.pre", MetaValue::String("smollm".into()))
+        .kv(
+            "tokenizer.ggml.tokens",
+            MetaValue::Array(
+                (0..32u8)
+                    .map(|i| MetaValue::String(char::from(b'A' + i).to_string()))
+                    .collect(),
+            ),
+        )
+        .kv("tokenizer.ggml.merges", MetaValue::Array(Vec::new()))
+        .kv("tokenizer.ggml.bos_token_id", u32v(0))
+        .kv("tokenizer.ggml.eos_token_id", u32v(1))
         .tensor_f32(
             "token_embd.weight",
             &[64, 32],

@@ -23,7 +23,7 @@ fn model_copy() -> (tempfile::TempDir, PathBuf) {
 }
 
 /// Run with a deadline: a hang is a failure, not a stuck test.
-fn run_within(cmd: &mut std::process::Command, secs: u64) -> Output {
+pub(crate) fn run_within(cmd: &mut std::process::Command, secs: u64) -> Output {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -60,7 +60,7 @@ fn run_args(m: &Path, pack: &str) -> Vec<String> {
     .collect()
 }
 
-fn mkfifo(path: &Path) {
+pub(crate) fn mkfifo(path: &Path) {
     rustix::fs::mknodat(
         rustix::fs::CWD,
         path,

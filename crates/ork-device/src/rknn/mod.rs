@@ -10,6 +10,7 @@
 
 mod device;
 pub mod kernels;
+mod lib_path;
 pub mod sys;
 
 pub use device::{parse_version, RknnDevice, RuntimeVersion, MIN_RUNTIME, M_BUCKETS};

@@ -445,6 +445,11 @@ impl RuntimeLib {
     /// [`DeviceError::Library`] naming the library (and the symbol, if one is missing);
     /// [`DeviceError::RuntimeTooOld`] if a symbol that only newer runtimes export is missing.
     pub fn load(path: &str) -> Result<Self, DeviceError> {
+        // A path (not a bare name for the linker's search) must be a regular file: `dlopen` of
+        // a FIFO waits for a writer forever (the rule of every path ork opens, docs/cli.md).
+        if let Some(e) = super::lib_path::not_regular(path) {
+            return Err(e);
+        }
         // SAFETY: loading a shared library runs its initialisers. The library is the vendor
         // runtime (or ork's stand-in for it) named by the user or found on the usual paths; ork
         // trusts it as it would a library linked at build time.

@@ -773,9 +773,16 @@ fn affine_int4_refusals_and_parts() {
             ..
         })
     ));
-    // An offset of 1e5 is not an fp16 value.
+    // An offset of 1e5 is not an fp16 value. The packer refuses weights beyond fp16's range
+    // (so it never writes one); a weight from elsewhere may hold one.
     let far: Vec<f32> = src.iter().map(|x| x + 1e5).collect();
-    let pf = ork_pack::pack_affine(&MatrixRows::new(&far, k, n).unwrap(), 32).unwrap();
+    assert!(matches!(
+        ork_pack::pack_affine(&MatrixRows::new(&far, k, n).unwrap(), 32),
+        Err(ork_pack::PackError::F16Overflow { .. })
+    ));
+    let mut pf = pw.clone();
+    let half = pf.scales.len() / 2;
+    pf.scales[half..].iter_mut().for_each(|o| *o += 1e5);
     assert!(matches!(
         upload(&dev, &pf, DomainId(0)),
         Err(DeviceError::Chip {
@@ -804,4 +811,39 @@ fn affine_int4_refusals_and_parts() {
             "row {r}"
         );
     }
+}
+
+/// `check_as_run`, the rule the emulator applies to every task and `ork plan` / `convert` /
+/// `run` to every weight part before converting: the padded shape is what the limits see, and
+/// affine groups bring the offsets matmul's own limits (an 8-expert router, N = 8, as int4
+/// affine g32 on the RK3576: its offsets matmul needs N a multiple of 16).
+#[test]
+fn check_as_run_applies_the_padded_limits_and_the_offsets_matmul() {
+    let layout = |b, k, n| ork_pack::TiledLayout::new(b, k, n);
+    let router = MatmulShape {
+        a: Fp16,
+        b: Int4,
+        k: 576,
+        n: 8,
+        group: ScaleGroup::Affine(32),
+    };
+    let l = layout(ork_pack::PackDtype::I4, 576, 8);
+    assert_eq!(
+        limit_of(Soc::Rk3576.check_as_run(&router, l.k_pad(), l.n_pad())),
+        Some(ChipLimit::NAlign { align: 16 })
+    );
+    // The same router, per channel (no offsets matmul): its padded N fits.
+    let per_channel = MatmulShape {
+        group: ScaleGroup::PerChannel,
+        ..router
+    };
+    assert_eq!(
+        limit_of(Soc::Rk3576.check_as_run(&per_channel, l.k_pad(), l.n_pad())),
+        None
+    );
+    // Types are checked too: no w4a16 on the RK3588.
+    assert_eq!(
+        limit_of(Soc::Rk3588.check_as_run(&per_channel, l.k_pad(), l.n_pad())),
+        Some(ChipLimit::TypePair)
+    );
 }

@@ -205,6 +205,45 @@ fn a_non_finite_scale_with_a_valid_checksum_is_refused_naming_the_tensor() {
     }
 }
 
+/// A finite scale no packer writes (3e38, beyond ±MAX_SCALE) with a valid checksum makes every
+/// activation infinite: plain `verify`, `scales` and `load` refuse it as a corrupt entry
+/// (which `ensure` and a streamed run repack), naming the tensor; MAX_SCALE itself passes.
+#[test]
+fn a_huge_scale_with_a_valid_checksum_is_refused_as_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.orkpack");
+    let source = ork_store::SourceInfo {
+        fingerprint: 1,
+        ggml_type: 0,
+    };
+    let mut huge = super::weight(PackDtype::I8, 64, 32, 7);
+    huge.scales[3] = 3e38;
+    let mut negative = super::weight(PackDtype::I8, 64, 32, 9);
+    negative.scales[0] = -1e6;
+    let mut edge = super::weight(PackDtype::I8, 64, 32, 8);
+    edge.scales[1] = ork_pack::MAX_SCALE;
+    let mut writer = ork_store::OrkpackWriter::create(&path).unwrap();
+    writer.add("edge", &edge, source).unwrap();
+    writer.add("huge", &huge, source).unwrap();
+    writer.add("negative", &negative, source).unwrap();
+    writer.finish().unwrap();
+    let pack = Orkpack::open(&path).unwrap();
+    assert!(pack.verify(pack.entry("edge").unwrap()).is_ok());
+    for name in ["huge", "negative"] {
+        let e = pack.entry(name).unwrap();
+        for err in [
+            pack.verify(e).unwrap_err(),
+            pack.scales(e).unwrap_err(),
+            pack.load(name, true).unwrap_err(),
+        ] {
+            match err {
+                StoreError::CorruptBlob { tensor, .. } => assert_eq!(tensor, name),
+                other => panic!("expected CorruptBlob, got {other:?}"),
+            }
+        }
+    }
+}
+
 #[test]
 fn an_unwritable_directory_is_a_write_failure() {
     // /proc/self accepts no new files, not even from root.
