@@ -22,9 +22,23 @@ fn request(addr: &str, method: &str, path: &str, body: &str) -> TcpStream {
 
 #[test]
 fn serve_drains_on_sigterm_and_exits_0() {
+    drains_on_sigterm(converted());
+}
+
+/// The process wrote its .orkpack at start-up, which armed the pack writer's signal cleanup:
+/// SIGTERM must still drain (it used to kill the process, exit 143, streams without [DONE]).
+#[test]
+fn serve_that_wrote_its_pack_at_start_up_still_drains_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("fresh.orkpack");
+    drains_on_sigterm(&pack);
+    assert!(pack.exists(), "the pack was written at start-up");
+}
+
+fn drains_on_sigterm(pack: &std::path::Path) {
     let mut child = ork()
         .args(["serve", "--model", model().to_str().unwrap(), "--pack"])
-        .arg(converted())
+        .arg(pack)
         .args(["--device", "emu", "--port", "0", "--budget-mb", "1024"])
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
