@@ -220,6 +220,7 @@ pub fn project_row(row: &Row, chip: &Chip) -> Result<Projection, BoardError> {
         ReplayOptions {
             preload: true,
             device_bytes: shape.total_bytes() as f64,
+            prefetch_slots: None,
         },
     )?;
     Ok(Projection::new(&timeline, &board, 128, 64))

@@ -23,6 +23,13 @@ pub struct ReplayOptions {
     pub preload: bool,
     /// Bytes of device buffers (weights and KV) held in RAM, which the page cache cannot use.
     pub device_bytes: f64,
+    /// A prefetch thread with this many slots ran: every load goes to the copy thread and may
+    /// start once compute has started the matmul `slots` before the one that uses the weight
+    /// (or earlier, if it did in the run). A run on the emulator records which loads the
+    /// prefetcher won against compute at the emulator's speeds; on the board that race has
+    /// other odds, so the prefetcher's rule decides, not the recorded loader. `None`: the
+    /// loaders as recorded.
+    pub prefetch_slots: Option<usize>,
 }
 
 /// Where the compute thread's time went.
@@ -182,13 +189,34 @@ pub fn replay(
         }
     }
 
+    // For each load, the number of the next matmul that uses its weight.
+    let mut next_use: Vec<Option<u64>> = vec![None; events.len()];
+    {
+        let total = events
+            .iter()
+            .filter(|e| matches!(e, Event::Matmul { .. }))
+            .count() as u64;
+        let mut number = total;
+        let mut seen: HashMap<&str, u64> = HashMap::new();
+        for (i, e) in events.iter().enumerate().rev() {
+            match e {
+                Event::Matmul { weight, .. } => {
+                    number -= 1;
+                    seen.insert(weight, number);
+                }
+                Event::Load { weight, .. } => next_use[i] = seen.get(weight.as_str()).copied(),
+                _ => {}
+            }
+        }
+    }
     let mut timeline = Timeline::default();
     let mut tasks: Vec<Task> = Vec::new();
     let mut matmul_task: Vec<usize> = Vec::new();
     let mut last_load: HashMap<&str, usize> = HashMap::new();
     let mut last_domain: Option<u32> = None;
+    let mut leader = 0usize;
     let mut pass: Option<usize> = None;
-    for e in events {
+    for (index, e) in events.iter().enumerate() {
         match e {
             Event::Pass { tokens, context } => {
                 timeline.passes.push(PassTime {
@@ -225,10 +253,17 @@ pub fn replay(
                 if !hit {
                     timeline.storage_bytes += b;
                 }
+                let (by, after) = match (opts.prefetch_slots, next_use[index]) {
+                    (Some(slots), Some(g)) => {
+                        let rule = (g + 1).saturating_sub(slots as u64);
+                        (Loader::Prefetch, rule.min(*after))
+                    }
+                    _ => (*by, *after),
+                };
                 let (actor, after) = match by {
                     Loader::Compute => (COMPUTE, None),
                     Loader::Prefetch => {
-                        let a = (*after as usize)
+                        let a = (after as usize)
                             .checked_sub(1)
                             .map(|i| {
                                 matmul_task.get(i).copied().ok_or_else(|| {
@@ -267,7 +302,13 @@ pub fn replay(
                 calls,
                 quantized,
             } => {
-                matmul_task.push(tasks.len());
+                // The executor announces a batch's weights (q/k/v, gate/up) to the prefetcher
+                // together, when the batch starts: a load waiting for any of them waits for the
+                // batch's first matmul.
+                if *quantized || matmul_task.is_empty() {
+                    leader = tasks.len();
+                }
+                matmul_task.push(leader);
                 let (m, k, n) = (*m as f64, *k as f64, *n as f64);
                 if *quantized {
                     tasks.push(host_task(chip, 3.0 * m * k, 5.0 * m * k, pass));

@@ -25,6 +25,8 @@ pub struct ShapeWeight {
     pub domain: u32,
     /// Device calls (chip-sized parts).
     pub calls: u32,
+    /// Kept resident by a streamed plan (loaded once, before the prompt).
+    pub pinned: bool,
 }
 
 /// A dense transformer's shape: per block `q, k, v, o, gate, up, down`, then the output weight.
@@ -87,6 +89,7 @@ impl ModelShape {
             bytes: weight_bytes(k, n, ty),
             domain: 0,
             calls: chip.calls(k, n, ty),
+            pinned: false,
         };
         let (d, q, kv) = (
             dims.d_model,
@@ -157,8 +160,8 @@ pub fn schedule(shape: &ModelShape, plan: &Plan) -> Result<Vec<Event>, BoardErro
     let order: Vec<&ShapeWeight> = shape.weights().collect();
     let mut out = Vec::new();
     let mut loads = Loads::new(plan.budget_bytes);
-    if plan.resident {
-        for w in &order {
+    for w in &order {
+        if plan.resident || w.pinned {
             out.push(loads.event(w, Loader::Prefetch, 0));
         }
     }
@@ -169,6 +172,10 @@ pub fn schedule(shape: &ModelShape, plan: &Plan) -> Result<Vec<Event>, BoardErro
     let load_until = |out: &mut Vec<Event>, loads: &mut Loads, upto: usize, loaded: &mut usize| {
         while *loaded < upto.min(total) {
             let w = order[*loaded % order.len()];
+            if w.pinned {
+                *loaded += 1;
+                continue;
+            }
             let (by, after) = if plan.slots == 0 {
                 (Loader::Compute, 0)
             } else {

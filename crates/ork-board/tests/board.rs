@@ -84,6 +84,7 @@ fn project(shape: &ModelShape, plan: Plan, board: &Board) -> Projection {
         ReplayOptions {
             preload: plan.resident,
             device_bytes: plan.budget_bytes as f64,
+            prefetch_slots: None,
         },
     )
     .unwrap();
@@ -261,4 +262,123 @@ fn board_files_refuse_bad_parameters_naming_them() {
         "{e}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The studies of `docs/board-model.md` ("Using it"): resident vs streamed vs resident across
+/// domains, and the prefetch slot count (`cargo test -p ork-board --test board -- --ignored
+/// --nocapture studies`).
+#[test]
+#[ignore]
+fn studies() {
+    let smollm2 = Dims {
+        n_layer: 30,
+        d_model: 576,
+        ffn: 1536,
+        n_head: 9,
+        n_head_kv: 3,
+        head_dim: 64,
+        vocab: 49152,
+    };
+    let llama7b = Dims {
+        n_layer: 32,
+        d_model: 4096,
+        ffn: 11008,
+        n_head: 32,
+        n_head_kv: 32,
+        head_dim: 128,
+        vocab: 32000,
+    };
+    let board = Board::named("orangepi5-16g").unwrap();
+    let chip = &board.chip;
+    let gib = 1u64 << 30;
+    for (name, dims) in [("SmolLM2-135M", smollm2), ("Llama-2-7B shape", llama7b)] {
+        let shape = ModelShape::from_dims(&dims, WeightType::Int8, chip);
+        let total = shape.total_bytes();
+        let base = Plan {
+            resident: true,
+            slots: 4,
+            budget_bytes: total,
+            prompt_tokens: 128,
+            gen_tokens: 64,
+            kv_bytes: 2,
+        };
+        let show = |label: &str, p: &Projection| {
+            let b = p.per_token.unwrap();
+            println!(
+                "| {name} | {label} | {:.0} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} |",
+                p.ttft_s * 1e3,
+                p.decode_tok_s.unwrap(),
+                b.npu_s * 1e3,
+                b.copy_stall_s * 1e3,
+                b.host_s * 1e3,
+                b.domain_switch_s * 1e3
+            );
+        };
+        if total < 4 * gib {
+            show("resident, one domain", &project(&shape, base, &board));
+        }
+        // Resident across 4 GiB domains (first fit in execution order, 3.5 GiB each).
+        let mut across = shape.clone();
+        let (mut d, mut used) = (0u32, 0u64);
+        for b in across.blocks.iter_mut() {
+            let bytes: u64 = b.iter().map(|w| w.bytes).sum();
+            if used + bytes > 3584 << 20 {
+                d += 1;
+                used = 0;
+            }
+            used += bytes;
+            for w in b.iter_mut() {
+                w.domain = d;
+            }
+        }
+        across.output.domain = d;
+        show(
+            &format!("resident across {} domains", d + 1),
+            &project(&across, base, &board),
+        );
+        let budget = (3072u64 << 20).min(total / 4);
+        for slots in [1, 2, 4, 6] {
+            let p = Plan {
+                resident: false,
+                slots,
+                budget_bytes: budget,
+                ..base
+            };
+            show(
+                &format!("streamed, {} MiB budget, {slots} slots", budget >> 20),
+                &project(&shape, p, &board),
+            );
+        }
+    }
+}
+
+/// A run's recorded on-demand loads are re-timed by the prefetcher's rule when a prefetch
+/// thread ran: the stalls shrink to what `slots` of lookahead leaves.
+#[test]
+fn the_prefetch_rule_retimes_recorded_loads() {
+    let shape = small_shape();
+    let board = Board::named("rk3588").unwrap();
+    let plan = streamed(0);
+    let events = schedule(&shape, &plan).unwrap();
+    let at = |slots| {
+        let t = replay(
+            &events,
+            &board,
+            ReplayOptions {
+                preload: false,
+                device_bytes: plan.budget_bytes as f64,
+                prefetch_slots: slots,
+            },
+        )
+        .unwrap();
+        Projection::new(&t, &board, plan.prompt_tokens, plan.gen_tokens)
+    };
+    let (recorded, retimed) = (at(None), at(Some(4)));
+    let with_prefetch = project(&shape, streamed(4), &board);
+    assert!(retimed.decode_tok_s > recorded.decode_tok_s);
+    let (a, b) = (
+        retimed.decode_tok_s.unwrap(),
+        with_prefetch.decode_tok_s.unwrap(),
+    );
+    assert!((a / b - 1.0).abs() < 0.01, "{a} vs {b}");
 }

@@ -7,6 +7,7 @@ mod cli;
 mod cmd_device;
 mod cmd_model;
 mod cmd_pack;
+mod cmd_project;
 mod cmd_serve;
 mod cmd_spec;
 mod plot;

@@ -14,6 +14,8 @@ mod device;
 mod model;
 #[path = "cli/pack.rs"]
 mod pack;
+#[path = "cli/project.rs"]
+mod project;
 #[path = "cli/rknn.rs"]
 mod rknn;
 #[path = "cli/safety.rs"]

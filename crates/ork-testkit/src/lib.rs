@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod moe;
+pub mod sparse;
 
 use std::path::PathBuf;
 use std::process::Command;
