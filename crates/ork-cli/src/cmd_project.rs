@@ -60,6 +60,31 @@ pub fn record(engine: &Engine, board: &Option<Board>) -> Option<Arc<Recorder>> {
     Some(rec)
 }
 
+/// Record `engine`'s events for a benchmark's projection on [`BENCH_BOARD`].
+pub fn record_bench(engine: &Engine) -> Option<Arc<Recorder>> {
+    record(engine, &Board::named(BENCH_BOARD).ok())
+}
+
+/// The board `ork bench stream` projects on.
+pub const BENCH_BOARD: &str = "rk3588";
+
+/// Projected prefill tokens per second of the prefill recorded in `rec` (one pass of `tokens`),
+/// on [`BENCH_BOARD`]; every load on the clock unless the plan is resident.
+pub fn bench_prefill_tok_s(engine: &Engine, rec: &Recorder, tokens: usize) -> Result<f64> {
+    let board = Board::named(BENCH_BOARD)?;
+    let timeline = replay(
+        &rec.events(),
+        &board,
+        ReplayOptions {
+            preload: engine.plan().mode == Mode::Resident,
+            device_bytes: engine.cache_stats().peak_resident as f64,
+            prefetch_slots: (engine.config().prefetch && engine.plan().mode == Mode::Streamed)
+                .then(ork_runtime::default_slots),
+        },
+    )?;
+    Ok(Projection::new(&timeline, &board, tokens, 1).prefill_tok_s)
+}
+
 /// The projection of the recorded run.
 pub fn project_run(
     engine: &Engine,
