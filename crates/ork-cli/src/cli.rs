@@ -401,6 +401,8 @@ pub struct RunArgs {
     pub chat: bool,
     #[command(flatten)]
     pub speculative: SpecArgs,
+    #[command(flatten)]
+    pub project: crate::cmd_project::RunProject,
     /// Print one JSON object (with the text) instead of streaming.
     #[arg(long)]
     pub json: bool,
@@ -681,6 +683,8 @@ pub struct PlanArgs {
     /// Prefill tokens assumed for the per-token figures.
     #[arg(long, default_value_t = 512, value_parser = count_parser(1))]
     pub prefill_tokens: usize,
+    #[command(flatten)]
+    pub project: crate::cmd_project::PlanProject,
     /// JSON output.
     #[arg(long)]
     pub json: bool,

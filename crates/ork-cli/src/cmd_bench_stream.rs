@@ -91,11 +91,13 @@ pub fn bench_stream(
     // One stack per configuration, then interleaved rounds (a noisy machine hits them alike);
     // each configuration's figure is the median of its rounds, after one warm-up pass each.
     let mut runs = Vec::new();
+    let mut recorders = Vec::new();
     for (label, budget, prefetch) in configs {
         let mut config = engine_config(opts, true);
         config.budget_bytes = Some(budget.div_ceil(1 << 20) << 20);
         config.prefetch = prefetch;
         let engine = open_engine(config, true)?;
+        recorders.push(crate::cmd_project::record_bench(&engine));
         let trace = Arc::clone(engine.trace().context("the engine records a trace")?);
         let trace_t0 = Instant::now();
         let mut session = engine.session_with_context(tokens + 1)?;
@@ -112,8 +114,12 @@ pub fn bench_stream(
             last_start_us: 0.0,
         });
     }
-    for _ in 0..rounds.max(1) {
-        for run in runs.iter_mut() {
+    for round in 0..rounds.max(1) {
+        for (run, rec) in runs.iter_mut().zip(&recorders) {
+            // The board clock replays the last round.
+            if let (Some(rec), true) = (rec, round + 1 == rounds.max(1)) {
+                rec.clear();
+            }
             let mut session = run.engine.session_with_context(tokens + 1)?;
             let t0 = Instant::now();
             session.prefill(&prompt)?;
@@ -160,6 +166,18 @@ pub fn bench_stream(
     let tok_s = |i: usize| results[i]["tok_s"].as_f64().unwrap_or(0.0);
     let ratio = tok_s(1) / tok_s(0);
     let ratio_off = tok_s(2) / tok_s(0);
+    let mut projected = Vec::new();
+    for (run, rec) in runs.iter().zip(&recorders) {
+        if let Some(rec) = rec {
+            projected.push(crate::cmd_project::bench_prefill_tok_s(
+                &run.engine,
+                rec,
+                tokens,
+            )?);
+        }
+    }
+    let projected_ratios =
+        (projected.len() == 3).then(|| (projected[1] / projected[0], projected[2] / projected[0]));
     if let Some(path) = plot {
         crate::plot::stream_svg(path, &results, trace_of_streamed.as_deref().unwrap_or(&[]))
             .with_context(|| format!("writing {}", path.display()))?;
@@ -169,7 +187,11 @@ pub fn bench_stream(
             "{}",
             serde_json::json!({"model": opts.model.display().to_string(), "model_bytes": full,
                 "results": results, "streamed_over_resident": ratio,
-                "no_prefetch_over_resident": ratio_off})
+                "no_prefetch_over_resident": ratio_off,
+                "projected": projected_ratios.map(|(a, b)| serde_json::json!({
+                    "label": "projected", "board": crate::cmd_project::BENCH_BOARD,
+                    "model_version": ork_board::MODEL_VERSION, "prefill_tok_s": projected,
+                    "streamed_over_resident": a, "no_prefetch_over_resident": b}))})
         );
     } else {
         for r in &results {
@@ -185,6 +207,13 @@ pub fn bench_stream(
             );
         }
         println!("streamed / resident = {ratio:.3}   (no prefetch: {ratio_off:.3})");
+        if let Some((a, b)) = projected_ratios {
+            println!(
+                "projected on {} (board model {}): streamed / resident = {a:.3}   (no prefetch: {b:.3})",
+                crate::cmd_project::BENCH_BOARD,
+                ork_board::MODEL_VERSION
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -185,6 +185,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         .draft
         .as_ref()
         .and_then(crate::cli::DraftArg::engine_source);
+    let soc = ork_device::Soc::from(args.model.soc).to_string();
+    let board = crate::cmd_project::board(args.project.project.as_deref(), &soc)?;
     let loaded = Engine::load(config)?;
     let tokenizer = Arc::clone(loaded.tokenizer());
     let prompt = if args.chat {
@@ -213,6 +215,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         );
     }
     let engine = open_loaded(loaded, args.json)?;
+    let recorder = crate::cmd_project::record(&engine, &board);
     let mut session = engine.session();
     let mut sampler = Sampler::new(SamplerOptions {
         temperature: args.temp,
@@ -283,6 +286,14 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     stats.streamed_bytes_per_token = moved as f64 / gen.tokens.len().max(1) as f64;
     stats.kv_cache_bytes = session.kv_bytes();
     stats.speculative = spec;
+    let projected = crate::cmd_project::project_run(
+        &engine,
+        board.as_ref(),
+        recorder.as_ref(),
+        gen.prompt_tokens,
+        // Tokens the passes produced: a stop token ends the text but took its decode pass.
+        gen.tokens.len().max(gen.decode_steps + 1),
+    )?;
     let pack = engine.pack_path().map(|p| p.display().to_string());
     drop(session);
     if let (Some(path), Some(t)) = (&args.model.trace, engine.close()) {
@@ -297,18 +308,24 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             pack: Option<String>,
             #[serde(flatten)]
             stats: &'a RunStats,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            projected: Option<ork_board::Projection>,
         }
         let o = Out {
             text: &out,
             tokens: &gen.tokens,
             pack,
             stats: &stats,
+            projected,
         };
         println!("{}", serde_json::to_string(&o)?);
     } else {
         print!("{tail}");
         println!();
         eprintln!("{}", stats.line());
+        if let Some(p) = &projected {
+            eprintln!("{}", p.line());
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -438,6 +455,8 @@ fn chip_plan(config: &EngineConfig, manifest: &ork_manifest::Manifest) -> Result
 
 /// `ork plan`.
 pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
+    let soc = ork_device::Soc::from(args.soc).to_string();
+    let board = crate::cmd_project::board(args.project.project.as_deref(), &soc)?;
     let budget = budget_bytes(args.budget_mb.map(|mb| mb << 20))?;
     let mut config = EngineConfig::new(&args.model);
     config.soc = args.soc.into();
@@ -460,6 +479,18 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         args.domains,
         default_slots(),
     )?;
+    let projected = match (&board, p.runnable) {
+        (Some(b), true) => Some(crate::cmd_project::project_plan(
+            &args.model,
+            &manifest,
+            &p,
+            b,
+            &args.project,
+            (config.dtype, config.group, config.soc),
+            (default_slots(), budget),
+        )?),
+        _ => None,
+    };
     let per_prefill_tok = p.streamed_bytes_per_prefill_token(args.prefill_tokens);
     if args.json {
         let mut v = serde_json::to_value(&p)?;
@@ -476,6 +507,9 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
             v["expected_streamed_bytes_per_token"] = p.expected_streamed_bytes_per_token(f).into();
         }
         v["chip"] = serde_json::to_value(&chip)?;
+        if let Some(pr) = &projected {
+            v["projected"] = serde_json::to_value(pr)?;
+        }
         println!("{}", serde_json::to_string(&v)?);
         return Ok(if p.runnable {
             ExitCode::SUCCESS
@@ -512,6 +546,9 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         args.window_mb,
         args.domains
     );
+    if let Some(pr) = &projected {
+        println!("{}", pr.line());
+    }
     if !p.runnable {
         // Name the limit that is short: the budget, the window, or both.
         let need = p.min_budget_bytes;

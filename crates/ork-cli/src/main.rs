@@ -9,6 +9,7 @@ mod cmd_bench_stream;
 mod cmd_device;
 mod cmd_model;
 mod cmd_pack;
+mod cmd_project;
 mod cmd_serve;
 mod cmd_spec;
 mod cpu_check;

@@ -52,6 +52,13 @@ pub trait Linear: Send + Sync {
     fn upcoming(&self, weights: &[&str]) {
         let _ = weights;
     }
+
+    /// The forward pass's own events for the board clock (passes, host operations; see
+    /// `docs/board-model.md`): a backend that records a run's events keeps them. The default
+    /// drops them.
+    fn record(&self, event: ork_board::Event) {
+        let _ = event;
+    }
 }
 
 /// Check buffer lengths against a `[K, N]` weight.

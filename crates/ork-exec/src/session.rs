@@ -568,6 +568,10 @@ fn forward_inner(
         row += n;
     }
 
+    linear.record(ork_board::Event::Pass {
+        tokens: m,
+        context: parts[0].session.len,
+    });
     let mut h = vec![0.0f32; m * d];
     let mut q = vec![0.0f32; m * c.q_dim()];
     let mut k = vec![0.0f32; m * c.k_dim()];
@@ -585,6 +589,7 @@ fn forward_inner(
     for (il, layer) in model.layers.iter().enumerate() {
         // Attention block.
         h.copy_from_slice(&x);
+        linear.record(ork_board::HostKind::norm(m, d));
         rms_norm(&mut h, &layer.attn_norm, c.rms_eps);
         // q, k and v take the same input: one call, so the backend can quantize it once and
         // submit the three together.
@@ -630,6 +635,14 @@ fn forward_inner(
                 &mut attn[row * ad..(row + n) * ad],
             );
             l.attend(shape, q_rows, n, p.tree, out_rows);
+            linear.record(ork_board::HostKind::attention(
+                n,
+                s.len,
+                c.n_head,
+                c.n_head_kv,
+                c.head_dim_k,
+                s.kv_type.bytes(),
+            ));
             row += n;
         }
         linear.matmul(&layer.wo, &attn, m, &mut proj)?;
@@ -637,6 +650,7 @@ fn forward_inner(
 
         // Feed-forward block.
         h.copy_from_slice(&x);
+        linear.record(ork_board::HostKind::norm(m, d));
         rms_norm(&mut h, &layer.ffn_norm, c.rms_eps);
         let next = model.layers.get(il + 1).map(|l| &l.ffn);
         layer.ffn.forward(linear, &h, m, &mut proj, next)?;
@@ -663,6 +677,7 @@ fn forward_inner(
     if n_rows > 0 {
         rms_norm(&mut rows, &model.output_norm, c.rms_eps);
         linear.matmul(model.output_weight(), &rows, n_rows, &mut out)?;
+        linear.record(ork_board::HostKind::sample(n_rows, c.vocab_size));
     }
     let mut logits = Vec::with_capacity(parts.len());
     let mut at = 0;

@@ -103,6 +103,8 @@ pub struct WeightCache {
     state: Mutex<State>,
     changed: Condvar,
     trace: Mutex<Option<Arc<Trace>>>,
+    /// The board clock's recorder (`docs/board-model.md`).
+    events: Mutex<Option<Arc<ork_board::Recorder>>>,
     /// The device-wide ledger (its own unless made with [`WeightCache::with_budget`]).
     budget: Arc<DeviceBudget>,
     /// This cache's id on the ledger.
@@ -216,6 +218,7 @@ impl WeightCache {
             }),
             changed: Condvar::new(),
             trace: Mutex::new(None),
+            events: Mutex::new(None),
             member: budget.new_member_id(),
             budget,
             policy: Box::new(Lru),
@@ -256,6 +259,18 @@ impl WeightCache {
     /// Start (or stop, with `None`) recording loads, packs and waits on `trace`.
     pub fn set_trace(&self, trace: Option<Arc<Trace>>) {
         *self.trace.lock().unwrap_or_else(|p| p.into_inner()) = trace;
+    }
+
+    /// Start (or stop, with `None`) recording loads for the board clock.
+    pub fn set_events(&self, events: Option<Arc<ork_board::Recorder>>) {
+        *self.events.lock().unwrap_or_else(|p| p.into_inner()) = events;
+    }
+
+    fn events(&self) -> Option<Arc<ork_board::Recorder>> {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn trace(&self) -> Option<Arc<Trace>> {
@@ -612,6 +627,8 @@ impl WeightCache {
             done: false,
         };
         let started = Instant::now();
+        let (events, created) = (self.events(), reuse.is_none());
+        let after = events.as_ref().map_or(0, |r| r.matmuls());
         let result = self.fill(name, layout, domain, by, reuse);
         let elapsed = started.elapsed();
         let mut st = self.lock();
@@ -629,6 +646,9 @@ impl WeightCache {
                 st.stats.bytes_moved += layout.blob_bytes() as u64;
                 if let Some(slot) = st.slots.get_mut(name) {
                     slot.state = SlotState::Ready(Arc::clone(&weight));
+                }
+                if let Some(rec) = &events {
+                    crate::board::load(rec, name, &layout, domain.0, created, by, after);
                 }
                 if let Some(tr) = &self.trace() {
                     let lane = match by {

@@ -12,9 +12,12 @@
 //!   weights the executor announces served first, [`Announced`]).
 //! - [`DeviceMatmul`]: `y = x · Wᵀ` by weight name on the device, w8a8.
 //! - [`Trace`]: a Perfetto / Chrome trace of loads, computes and waits.
+//! - The board clock's events (`ork_board::Recorder`, [`DeviceMatmul::set_events`]): matmuls and
+//!   loads as they happen, replayed on a board's cost model (`docs/board-model.md`).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod board;
 mod budget;
 mod cache;
 mod error;

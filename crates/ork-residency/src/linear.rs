@@ -108,6 +108,8 @@ pub struct DeviceMatmul {
     /// One activation buffer per domain, grown on demand.
     activations: Mutex<Vec<Option<DeviceBuffer>>>,
     trace: Option<Arc<Trace>>,
+    /// The board clock's recorder (`docs/board-model.md`).
+    events: std::sync::OnceLock<Arc<ork_board::Recorder>>,
     precision: ActPrecision,
     /// fp16 activations clamped to ±65504 so far.
     clamped: AtomicU64,
@@ -163,6 +165,7 @@ impl DeviceMatmul {
             warmup: None,
             activations: Mutex::new((0..domains).map(|_| None).collect()),
             trace: None,
+            events: std::sync::OnceLock::new(),
             precision: ActPrecision::Int8,
             clamped: AtomicU64::new(0),
             max_k: AtomicUsize::new(0),
@@ -192,6 +195,24 @@ impl DeviceMatmul {
     pub fn with_trace(mut self, trace: Arc<Trace>) -> Self {
         self.trace = Some(trace);
         self
+    }
+
+    /// From now on record matmuls, the cache's loads and the executor's events
+    /// ([`DeviceMatmul::record`]) in `events`, for the board clock (`docs/board-model.md`).
+    /// Returns `false` (and changes nothing) when a recorder was set before.
+    pub fn set_events(&self, events: Arc<ork_board::Recorder>) -> bool {
+        let set = self.events.set(Arc::clone(&events)).is_ok();
+        if set {
+            self.cache.set_events(Some(events));
+        }
+        set
+    }
+
+    /// Record `event` (the executor's passes and host operations) if recording.
+    pub fn record(&self, event: ork_board::Event) {
+        if let Some(rec) = self.events.get() {
+            rec.push(event);
+        }
     }
 
     /// The cache.
@@ -394,6 +415,11 @@ impl DeviceMatmul {
             let first = names[batch[0].0];
             let k = batch[0].1.layout.k;
             let domain = batch[0].1.buffer.domain();
+            if let Some(rec) = self.events.get() {
+                for (j, (i, w)) in batch.iter().enumerate() {
+                    crate::board::matmul(rec, names[*i], &w.layout, m, domain.0, 1, j == 0);
+                }
+            }
             let t0 = Instant::now();
             self.with_quantized(first, x, m, k, domain, false, |buf, scales, need| {
                 buf.sync_to_device()
@@ -505,6 +531,10 @@ impl DeviceMatmul {
         let parts = self.cache.parts(name)?;
         let weight = self.cache.get(name)?;
         let domain = weight.buffer.domain();
+        if let Some(rec) = self.events.get() {
+            let calls = parts.len();
+            crate::board::matmul(rec, name, &weight.layout, m, domain.0, calls, true);
+        }
         // A weight cut into K-segments needs room for one segment's columns after the whole
         // activations.
         let segmented = parts.iter().any(|p| p.k.len() != k);

@@ -86,6 +86,11 @@ impl Linear for EngineLinear {
     fn upcoming(&self, weights: &[&str]) {
         self.dm.upcoming(weights);
     }
+
+    /// Kept by the device matmul's board-clock recorder, if any (`docs/board-model.md`).
+    fn record(&self, event: ork_board::Event) {
+        self.dm.record(event);
+    }
 }
 
 impl EngineLinear {

@@ -7,6 +7,7 @@
 
 pub mod forge;
 pub mod moe;
+pub mod sparse;
 
 use std::path::PathBuf;
 use std::process::Command;

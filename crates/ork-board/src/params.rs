@@ -1,0 +1,372 @@
+//! The cost model as data: a chip's parameters, a board (chip + RAM + storage), the presets, and
+//! board description files. Every parameter's source is in `docs/board-model.md`.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::events::WeightType;
+use crate::BoardError;
+
+const GB: f64 = 1e9;
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// One chip's costs. All rates are per second, all times in seconds, all sizes in bytes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Chip {
+    /// The chip's name (`rk3588`, `rk3576`).
+    pub name: String,
+    /// NPU cores.
+    pub npu_cores: f64,
+    /// Effective NPU multiply-accumulate throughput of int8 weights, ops per second (2 per MAC)
+    /// with every core working: what a large-M matmul reaches through the vendor runtime
+    /// (fitted).
+    pub npu_int8_ops: f64,
+    /// fp16 throughput relative to int8 (the per-cycle MAC counts' ratio).
+    pub fp16_ratio: f64,
+    /// int4 throughput relative to int8.
+    pub int4_ratio: f64,
+    /// Rate at which one matmul call reads its weight from DDR (fitted from decode, where each
+    /// call is M = 1 and reads its whole weight).
+    pub npu_read_bw: f64,
+    /// Fixed cost of one matmul call: submit, job start, completion (fitted).
+    pub call_s: f64,
+    /// Switching the NPU from one IOMMU domain to another (detach/attach and flush).
+    pub domain_switch_s: f64,
+    /// DDR bandwidth shared by NPU reads, copies and the CPU.
+    pub ddr_bw: f64,
+    /// Allocating one device buffer and mapping it into the IOMMU (fixed part).
+    pub alloc_s: f64,
+    /// IOMMU mapping per byte of a new buffer.
+    pub map_s_per_byte: f64,
+    /// Cache sync (flush) per byte copied into a device buffer.
+    pub sync_s_per_byte: f64,
+    /// memcpy rate of one CPU core (a load copies on one thread).
+    pub memcpy_bw: f64,
+    /// Host cores used for host operations (the big cores).
+    pub host_cores: f64,
+    /// Effective fp32 operations per second of one host core on ork's host operations.
+    pub host_core_flops: f64,
+    /// Fixed cost of one host operation (fork/join on the thread pool).
+    pub host_op_s: f64,
+    /// Largest N of one int8 (and fp16) call; larger weights run as N-chunks.
+    pub n_max: f64,
+    /// Largest N of one int4 call.
+    pub n_max_int4: f64,
+    /// Largest K of one call; larger weights run as K-segments of `k_segment`.
+    pub k_max: f64,
+    /// K-segment length for K beyond `k_max`.
+    pub k_segment: f64,
+}
+
+impl Chip {
+    /// Operations per second of a matmul with weights of type `ty`.
+    pub fn ops(&self, ty: WeightType) -> f64 {
+        match ty {
+            WeightType::Int8 => self.npu_int8_ops,
+            WeightType::Fp16 => self.npu_int8_ops * self.fp16_ratio,
+            WeightType::Int4 => self.npu_int8_ops * self.int4_ratio,
+        }
+    }
+
+    /// Device calls a `K × N` weight of type `ty` takes on this chip (N-chunks × K-segments), the
+    /// rule of `docs/chip.md`.
+    pub fn calls(&self, k: usize, n: usize, ty: WeightType) -> u32 {
+        let n_max = match ty {
+            WeightType::Int4 => self.n_max_int4,
+            _ => self.n_max,
+        } as usize;
+        let chunks = n.div_ceil(n_max.max(1));
+        let segs = if k as f64 > self.k_max {
+            k.div_ceil(self.k_segment as usize)
+        } else {
+            1
+        };
+        (chunks * segs).max(1) as u32
+    }
+
+    /// The RK3588 (see `docs/board-model.md` for each figure's source; three are fitted by
+    /// [`crate::fit`] and stored here).
+    pub fn rk3588() -> Chip {
+        Chip {
+            name: "rk3588".into(),
+            npu_cores: 3.0,
+            npu_int8_ops: crate::fit::FITTED_RK3588.npu_int8_ops,
+            fp16_ratio: 0.5,
+            int4_ratio: 2.0,
+            npu_read_bw: crate::fit::FITTED_RK3588.npu_read_bw,
+            call_s: crate::fit::FITTED_RK3588.call_s,
+            domain_switch_s: 20e-6,
+            ddr_bw: 33.8 * GB,
+            alloc_s: 50e-6,
+            map_s_per_byte: 1.0 / (20.0 * GB),
+            sync_s_per_byte: 1.0 / (40.0 * GB),
+            memcpy_bw: 10.1 * GB,
+            host_cores: 4.0,
+            host_core_flops: 8.0 * GB,
+            host_op_s: 5e-6,
+            n_max: 4096.0,
+            n_max_int4: 8192.0,
+            k_max: 10240.0,
+            k_segment: 8192.0,
+        }
+    }
+
+    /// The RK3576: two NPU cores, the same per-core MAC counts and call cost assumed; its DDR
+    /// and memcpy figures are assumptions (see `docs/board-model.md`), not measurements.
+    pub fn rk3576() -> Chip {
+        Chip::rk3576_from(Chip::rk3588())
+    }
+
+    /// The RK3576 derived from an RK3588 model `a`: two cores of the same per-core rate; its
+    /// int4 weights run against fp16 activations (w4a16), at the fp16 rate.
+    pub fn rk3576_from(a: Chip) -> Chip {
+        Chip {
+            name: "rk3576".into(),
+            npu_cores: 2.0,
+            npu_int8_ops: a.npu_int8_ops * 2.0 / 3.0,
+            int4_ratio: a.fp16_ratio,
+            // The RK3576's documented N limits are unknown: the RK3588's are assumed.
+            ..a
+        }
+    }
+
+    /// Every field with its name, for validation.
+    fn fields(&self) -> [(&'static str, f64); 19] {
+        [
+            ("npu_cores", self.npu_cores),
+            ("npu_int8_ops", self.npu_int8_ops),
+            ("fp16_ratio", self.fp16_ratio),
+            ("int4_ratio", self.int4_ratio),
+            ("npu_read_bw", self.npu_read_bw),
+            ("call_s", self.call_s),
+            ("domain_switch_s", self.domain_switch_s),
+            ("ddr_bw", self.ddr_bw),
+            ("alloc_s", self.alloc_s),
+            ("map_s_per_byte", self.map_s_per_byte),
+            ("sync_s_per_byte", self.sync_s_per_byte),
+            ("memcpy_bw", self.memcpy_bw),
+            ("host_cores", self.host_cores),
+            ("host_core_flops", self.host_core_flops),
+            ("host_op_s", self.host_op_s),
+            ("n_max", self.n_max),
+            ("n_max_int4", self.n_max_int4),
+            ("k_max", self.k_max),
+            ("k_segment", self.k_segment),
+        ]
+    }
+}
+
+/// A board: a chip, its RAM and the read bandwidth of the storage the `.orkpack` is on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Board {
+    /// The board's name.
+    pub name: String,
+    /// Its chip.
+    pub chip: Chip,
+    /// RAM in bytes.
+    pub ram_bytes: f64,
+    /// Sequential read bandwidth of the pack's storage (bytes per second), for reads the page
+    /// cache does not hold.
+    pub storage_read_bw: f64,
+    /// RAM the OS and the process keep for themselves, not available to the page cache.
+    pub reserved_bytes: f64,
+}
+
+/// The presets: (name, chip, RAM GiB, storage read GB/s, what the storage is).
+const PRESETS: &[(&str, &str, f64, f64, &str)] = &[
+    ("orangepi5-8g", "rk3588", 8.0, 0.9, "NVMe (PCIe 2.0 x1)"),
+    ("orangepi5-16g", "rk3588", 16.0, 0.9, "NVMe (PCIe 2.0 x1)"),
+    ("orangepi5-32g", "rk3588", 32.0, 0.9, "NVMe (PCIe 2.0 x1)"),
+    ("rock5b-16g", "rk3588", 16.0, 3.0, "NVMe (PCIe 3.0 x4)"),
+    ("turing-rk1-32g", "rk3588", 32.0, 3.0, "NVMe (PCIe 3.0 x4)"),
+    ("rk3576-8g", "rk3576", 8.0, 0.9, "NVMe (PCIe 2.0 x1)"),
+];
+
+/// Chip names [`Board::named`] knows.
+pub const CHIPS: &[&str] = &["rk3588", "rk3576"];
+
+impl Board {
+    /// A chip alone as a board: 16 GiB of RAM and an NVMe drive at 0.9 GB/s.
+    fn of_chip(chip: Chip) -> Board {
+        Board {
+            name: chip.name.clone(),
+            chip,
+            ram_bytes: 16.0 * GIB,
+            storage_read_bw: 0.9 * GB,
+            reserved_bytes: GIB,
+        }
+    }
+
+    /// A preset board or a chip by name; [`BoardError::Unknown`] lists the known names.
+    pub fn named(name: &str) -> Result<Board, BoardError> {
+        let chip = |c: &str| match c {
+            "rk3576" => Chip::rk3576(),
+            _ => Chip::rk3588(),
+        };
+        if CHIPS.contains(&name) {
+            return Ok(Board::of_chip(chip(name)));
+        }
+        PRESETS
+            .iter()
+            .find(|p| p.0 == name)
+            .map(|&(name, c, ram, storage, _)| Board {
+                name: name.into(),
+                chip: chip(c),
+                ram_bytes: ram * GIB,
+                storage_read_bw: storage * GB,
+                reserved_bytes: GIB,
+            })
+            .ok_or_else(|| BoardError::Unknown {
+                name: name.to_owned(),
+                known: Board::known().join(", "),
+            })
+    }
+
+    /// Every name [`Board::named`] accepts: the chips, then the presets.
+    pub fn known() -> Vec<&'static str> {
+        CHIPS
+            .iter()
+            .copied()
+            .chain(PRESETS.iter().map(|p| p.0))
+            .collect()
+    }
+
+    /// `--project NAME|FILE`: a known name, or a board description file (JSON) when `arg`
+    /// names an existing file or ends in `.json`.
+    pub fn resolve(arg: &str) -> Result<Board, BoardError> {
+        let path = Path::new(arg);
+        if arg.ends_with(".json") || path.is_file() {
+            return Board::from_file(path);
+        }
+        Board::named(arg)
+    }
+
+    /// Read a board description file: `{"name", "chip": {every Chip field} | "rk3588" |
+    /// "rk3576", "ram_gib", "storage_read_gbps"}`, with optional `"overrides"` of chip fields
+    /// when `chip` is a name. A missing, negative, zero or non-finite parameter is refused naming
+    /// it and the file.
+    pub fn from_file(path: &Path) -> Result<Board, BoardError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| BoardError::Io {
+            file: file.clone(),
+            source: e,
+        })?;
+        Board::from_json(&text).map_err(|e| e.in_file(&file))
+    }
+
+    /// [`Board::from_file`] on the file's text.
+    pub fn from_json(text: &str) -> Result<Board, BoardError> {
+        let doc: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| BoardError::Parse(e.to_string()))?;
+        let obj = doc.as_object().ok_or_else(|| {
+            BoardError::Parse("the board description is not a JSON object".into())
+        })?;
+        let number = |key: &str| -> Result<f64, BoardError> {
+            let v = obj.get(key).ok_or(BoardError::Missing {
+                field: key.to_owned(),
+            })?;
+            positive(key, v)
+        };
+        let name = obj
+            .get("name")
+            .and_then(|v| v.as_str())
+            .ok_or(BoardError::Missing {
+                field: "name".into(),
+            })?
+            .to_owned();
+        let mut chip = match obj.get("chip") {
+            None => {
+                return Err(BoardError::Missing {
+                    field: "chip".into(),
+                })
+            }
+            Some(serde_json::Value::String(c)) => match c.as_str() {
+                "rk3588" => Chip::rk3588(),
+                "rk3576" => Chip::rk3576(),
+                other => {
+                    return Err(BoardError::Unknown {
+                        name: other.to_owned(),
+                        known: CHIPS.join(", "),
+                    })
+                }
+            },
+            Some(v @ serde_json::Value::Object(fields)) => {
+                // Each field checked by name before the whole is read, so a missing or bad one is
+                // named.
+                let template = Chip::rk3588();
+                for (key, _) in template.fields() {
+                    let value = fields.get(key).ok_or(BoardError::Missing {
+                        field: format!("chip.{key}"),
+                    })?;
+                    positive(&format!("chip.{key}"), value)?;
+                }
+                serde_json::from_value(v.clone()).map_err(|e| BoardError::Parse(e.to_string()))?
+            }
+            Some(_) => {
+                return Err(BoardError::Parse(
+                    "\"chip\" must be a chip name or an object of chip parameters".into(),
+                ))
+            }
+        };
+        if let Some(over) = obj.get("overrides") {
+            let over = over.as_object().ok_or_else(|| {
+                BoardError::Parse("\"overrides\" must be an object of chip parameters".into())
+            })?;
+            let mut value = serde_json::to_value(&chip).expect("a chip serializes");
+            for (key, v) in over {
+                let field = format!("overrides.{key}");
+                if key == "name" || !chip.fields().iter().any(|(k, _)| k == key) {
+                    return Err(BoardError::Parse(format!(
+                        "{field}: no such chip parameter"
+                    )));
+                }
+                value[key] = serde_json::Value::from(positive(&field, v)?);
+            }
+            chip = serde_json::from_value(value).map_err(|e| BoardError::Parse(e.to_string()))?;
+        }
+        for key in obj.keys() {
+            if !["name", "chip", "overrides", "ram_gib", "storage_read_gbps"]
+                .contains(&key.as_str())
+            {
+                return Err(BoardError::Parse(format!("unknown field \"{key}\"")));
+            }
+        }
+        Ok(Board {
+            name,
+            chip,
+            ram_bytes: number("ram_gib")? * GIB,
+            storage_read_bw: number("storage_read_gbps")? * GB,
+            reserved_bytes: GIB,
+        })
+    }
+}
+
+/// `v` as a finite number above zero, or the error naming `field`.
+fn positive(field: &str, v: &serde_json::Value) -> Result<f64, BoardError> {
+    let bad = |why: &str| BoardError::BadValue {
+        field: field.to_owned(),
+        value: v.to_string(),
+        why: why.to_owned(),
+    };
+    // JSON has no NaN or infinity; a string spelling one is refused as non-finite.
+    if let Some(s) = v.as_str() {
+        let lower = s.to_ascii_lowercase();
+        if ["nan", "inf", "infinity", "-inf", "-infinity"].contains(&lower.as_str()) {
+            return Err(bad("not finite"));
+        }
+        return Err(bad("not a number"));
+    }
+    let x = v.as_f64().ok_or_else(|| bad("not a number"))?;
+    if !x.is_finite() {
+        return Err(bad("not finite"));
+    }
+    if x < 0.0 {
+        return Err(bad("negative"));
+    }
+    if x == 0.0 {
+        return Err(bad("zero"));
+    }
+    Ok(x)
+}

@@ -1,0 +1,493 @@
+//! The replay: a run's events become tasks on simulated resources — the compute thread (host
+//! operations, and each NPU call it submits and waits for), the copy thread (the prefetcher's
+//! loads) — with the dependencies the executor and prefetcher have: a matmul waits for the load
+//! of its weight; a prefetch load starts no earlier than compute reached the matmul it followed in
+//! the run; a load on the compute path blocks compute. Tasks that move bytes share the DDR
+//! bandwidth: while an NPU read, a copy and a host operation overlap, each gets its demand's share
+//! of it. Time advances from one task boundary to the next (a fluid simulation).
+
+use std::collections::{HashMap, VecDeque};
+
+use serde::Serialize;
+
+use crate::events::{Event, Loader};
+use crate::params::Board;
+use crate::BoardError;
+
+/// How to treat the run's loads.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayOptions {
+    /// The plan keeps every weight resident: a weight loaded exactly once is part of the model's
+    /// load, done before the clock starts (reported as [`Timeline::load_s`]), as a resident
+    /// runtime loads its model before the first prompt.
+    pub preload: bool,
+    /// Bytes of device buffers (weights and KV) held in RAM, which the page cache cannot use.
+    pub device_bytes: f64,
+    /// A prefetch thread with this many slots ran: every load goes to the copy thread and may
+    /// start once compute has started the matmul `slots` before the one that uses the weight
+    /// (or earlier, if it did in the run). A run on the emulator records which loads the
+    /// prefetcher won against compute at the emulator's speeds; on the board that race has
+    /// other odds, so the prefetcher's rule decides, not the recorded loader. `None`: the
+    /// loaders as recorded.
+    pub prefetch_slots: Option<usize>,
+}
+
+/// Where the compute thread's time went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Breakdown {
+    /// NPU computing or reading weights, with compute waiting for it.
+    pub npu_s: f64,
+    /// Fixed per-call costs of matmuls (submit, job start, completion).
+    pub submit_s: f64,
+    /// IOMMU domain switches.
+    pub domain_switch_s: f64,
+    /// Host operations (attention, norms, quantizing activations, sampling).
+    pub host_s: f64,
+    /// Compute waiting for a weight: on-demand loads and prefetches not finished in time.
+    pub copy_stall_s: f64,
+}
+
+impl Breakdown {
+    pub(crate) fn add(&mut self, o: &Breakdown) {
+        self.npu_s += o.npu_s;
+        self.submit_s += o.submit_s;
+        self.domain_switch_s += o.domain_switch_s;
+        self.host_s += o.host_s;
+        self.copy_stall_s += o.copy_stall_s;
+    }
+
+    /// Every category divided by `d`.
+    pub fn scaled(&self, d: f64) -> Breakdown {
+        Breakdown {
+            npu_s: self.npu_s / d,
+            submit_s: self.submit_s / d,
+            domain_switch_s: self.domain_switch_s / d,
+            host_s: self.host_s / d,
+            copy_stall_s: self.copy_stall_s / d,
+        }
+    }
+
+    /// The sum of the categories.
+    pub fn total(&self) -> f64 {
+        self.npu_s + self.submit_s + self.domain_switch_s + self.host_s + self.copy_stall_s
+    }
+}
+
+/// One forward pass on the simulated board.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PassTime {
+    /// Tokens appended.
+    pub tokens: usize,
+    /// Positions in the KV cache before it.
+    pub context: usize,
+    /// When its last compute task ended (seconds since the clock started).
+    pub end_s: f64,
+    /// Where its compute time went.
+    pub breakdown: Breakdown,
+}
+
+/// The replayed run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Timeline {
+    /// Loading the resident weights before the clock started (one copy thread).
+    pub load_s: f64,
+    /// The passes in order.
+    pub passes: Vec<PassTime>,
+    /// Bytes read from storage during the clock (page-cache misses).
+    pub storage_bytes: f64,
+    /// Device buffers created during the clock.
+    pub buffers_created: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cat {
+    Host,
+    Npu,
+    Switch,
+    Load,
+}
+
+#[derive(Clone, Debug)]
+struct Task {
+    actor: usize,
+    cat: Cat,
+    /// Seconds that use no DDR bandwidth (fixed costs, storage reads), run first.
+    fixed: f64,
+    /// DDR bytes moved after the fixed part.
+    bytes: f64,
+    /// The rate the task moves them at on an idle bus.
+    rate: f64,
+    /// A task that must have finished first.
+    dep: Option<usize>,
+    /// A task that must have started first.
+    after: Option<usize>,
+    pass: Option<usize>,
+}
+
+const COMPUTE: usize = 0;
+const COPY: usize = 1;
+
+/// A page cache of the pack's blobs: least recently used out.
+struct PageCache {
+    capacity: f64,
+    used: f64,
+    tick: u64,
+    entries: HashMap<String, (u64, f64)>,
+}
+
+impl PageCache {
+    /// Read `bytes` of `name`: true on a hit.
+    fn read(&mut self, name: &str, bytes: f64) -> bool {
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some(e) = self.entries.get_mut(name) {
+            e.0 = tick;
+            return true;
+        }
+        if bytes > self.capacity {
+            return false;
+        }
+        while self.used + bytes > self.capacity {
+            let victim = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (t, _))| *t)
+                .map(|(k, _)| k.clone())
+                .expect("used > 0 means an entry");
+            let (_, b) = self.entries.remove(&victim).expect("just found");
+            self.used -= b;
+        }
+        self.entries.insert(name.to_owned(), (tick, bytes));
+        self.used += bytes;
+        false
+    }
+}
+
+/// Replay `events` on `board`.
+pub fn replay(
+    events: &[Event],
+    board: &Board,
+    opts: ReplayOptions,
+) -> Result<Timeline, BoardError> {
+    let chip = &board.chip;
+    let mut loads_of: HashMap<&str, usize> = HashMap::new();
+    for e in events {
+        if let Event::Load { weight, .. } = e {
+            *loads_of.entry(weight).or_default() += 1;
+        }
+    }
+    let mut page_cache = PageCache {
+        capacity: (board.ram_bytes - board.reserved_bytes - opts.device_bytes).max(0.0),
+        used: 0.0,
+        tick: 0,
+        entries: HashMap::new(),
+    };
+    // Warm: as if the same run had just run (its last-used blobs are cached).
+    for e in events {
+        if let Event::Load { weight, bytes, .. } = e {
+            page_cache.read(weight, *bytes as f64);
+        }
+    }
+
+    // For each load, the number of the next matmul that uses its weight.
+    let mut next_use: Vec<Option<u64>> = vec![None; events.len()];
+    {
+        let total = events
+            .iter()
+            .filter(|e| matches!(e, Event::Matmul { .. }))
+            .count() as u64;
+        let mut number = total;
+        let mut seen: HashMap<&str, u64> = HashMap::new();
+        for (i, e) in events.iter().enumerate().rev() {
+            match e {
+                Event::Matmul { weight, .. } => {
+                    number -= 1;
+                    seen.insert(weight, number);
+                }
+                Event::Load { weight, .. } => next_use[i] = seen.get(weight.as_str()).copied(),
+                _ => {}
+            }
+        }
+    }
+    let mut timeline = Timeline::default();
+    let mut tasks: Vec<Task> = Vec::new();
+    let mut matmul_task: Vec<usize> = Vec::new();
+    let mut last_load: HashMap<&str, usize> = HashMap::new();
+    let mut last_domain: Option<u32> = None;
+    let mut leader = 0usize;
+    let mut pass: Option<usize> = None;
+    for (index, e) in events.iter().enumerate() {
+        match e {
+            Event::Pass { tokens, context } => {
+                timeline.passes.push(PassTime {
+                    tokens: *tokens,
+                    context: *context,
+                    ..PassTime::default()
+                });
+                pass = Some(timeline.passes.len() - 1);
+            }
+            Event::Load {
+                weight,
+                bytes,
+                created,
+                by,
+                after,
+                ..
+            } => {
+                let b = *bytes as f64;
+                let hit = page_cache.read(weight, b);
+                let mut fixed = b * chip.sync_s_per_byte;
+                if *created {
+                    fixed += chip.alloc_s + b * chip.map_s_per_byte;
+                }
+                if !hit {
+                    fixed += b / board.storage_read_bw;
+                }
+                if opts.preload && loads_of[weight.as_str()] == 1 {
+                    timeline.load_s += fixed + b / chip.memcpy_bw;
+                    continue;
+                }
+                if *created {
+                    timeline.buffers_created += 1;
+                }
+                if !hit {
+                    timeline.storage_bytes += b;
+                }
+                let (by, after) = match (opts.prefetch_slots, next_use[index]) {
+                    (Some(slots), Some(g)) => {
+                        let rule = (g + 1).saturating_sub(slots as u64);
+                        (Loader::Prefetch, rule.min(*after))
+                    }
+                    _ => (*by, *after),
+                };
+                let (actor, after) = match by {
+                    Loader::Compute => (COMPUTE, None),
+                    Loader::Prefetch => {
+                        let a = (after as usize)
+                            .checked_sub(1)
+                            .map(|i| {
+                                matmul_task.get(i).copied().ok_or_else(|| {
+                                    BoardError::Stream(format!(
+                                        "load of '{weight}' follows matmul {after}, \
+                                         but only {} were recorded before it",
+                                        matmul_task.len()
+                                    ))
+                                })
+                            })
+                            .transpose()?;
+                        (COPY, a)
+                    }
+                };
+                last_load.insert(weight, tasks.len());
+                tasks.push(Task {
+                    actor,
+                    cat: Cat::Load,
+                    fixed,
+                    // A copy reads and writes every byte.
+                    bytes: 2.0 * b,
+                    rate: 2.0 * chip.memcpy_bw,
+                    dep: None,
+                    after,
+                    pass,
+                });
+            }
+            Event::Matmul {
+                weight,
+                m,
+                k,
+                n,
+                ty,
+                bytes,
+                domain,
+                calls,
+                quantized,
+            } => {
+                // The executor announces a batch's weights (q/k/v, gate/up) to the prefetcher
+                // together, when the batch starts: a load waiting for any of them waits for the
+                // batch's first matmul.
+                if *quantized || matmul_task.is_empty() {
+                    leader = tasks.len();
+                }
+                matmul_task.push(leader);
+                let (m, k, n) = (*m as f64, *k as f64, *n as f64);
+                if *quantized {
+                    tasks.push(host_task(chip, 3.0 * m * k, 5.0 * m * k, pass));
+                }
+                if last_domain.is_some_and(|d| d != *domain) {
+                    tasks.push(Task {
+                        actor: COMPUTE,
+                        cat: Cat::Switch,
+                        fixed: chip.domain_switch_s,
+                        bytes: 0.0,
+                        rate: 1.0,
+                        dep: None,
+                        after: None,
+                        pass,
+                    });
+                }
+                last_domain = Some(*domain);
+                // The NPU reads the weight, the activations once per call, writes f32 outputs.
+                let traffic = *bytes as f64 + m * k * f64::from(*calls) + 4.0 * m * n;
+                let compute_s = 2.0 * m * k * n / chip.ops(*ty);
+                let rate = chip.npu_read_bw.min(traffic / compute_s.max(1e-12));
+                tasks.push(Task {
+                    actor: COMPUTE,
+                    cat: Cat::Npu,
+                    fixed: f64::from(*calls) * chip.call_s,
+                    bytes: traffic,
+                    rate,
+                    dep: last_load.get(weight.as_str()).copied(),
+                    after: None,
+                    pass,
+                });
+            }
+            Event::Host { flops, bytes, .. } => {
+                tasks.push(host_task(chip, *flops, *bytes, pass));
+            }
+        }
+    }
+    simulate(&tasks, board.chip.ddr_bw, &mut timeline)?;
+    Ok(timeline)
+}
+
+fn host_task(chip: &crate::Chip, flops: f64, bytes: f64, pass: Option<usize>) -> Task {
+    let flop_s = flops / (chip.host_cores * chip.host_core_flops);
+    let bytes = bytes.max(1.0);
+    Task {
+        actor: COMPUTE,
+        cat: Cat::Host,
+        fixed: chip.host_op_s,
+        bytes,
+        rate: chip.ddr_bw.min(bytes / flop_s.max(1e-12)),
+        dep: None,
+        after: None,
+        pass,
+    }
+}
+
+/// A task in progress.
+struct Running {
+    task: usize,
+    fixed: f64,
+    bytes: f64,
+    start: f64,
+}
+
+/// Run the tasks on their actors, in each actor's order, and account the compute thread's time.
+fn simulate(tasks: &[Task], ddr_bw: f64, timeline: &mut Timeline) -> Result<(), BoardError> {
+    let mut queues: [VecDeque<usize>; 2] = [VecDeque::new(), VecDeque::new()];
+    for (i, t) in tasks.iter().enumerate() {
+        queues[t.actor].push_back(i);
+    }
+    let mut started = vec![false; tasks.len()];
+    let mut finished = vec![false; tasks.len()];
+    let mut running: [Option<Running>; 2] = [None, None];
+    // When the compute thread last became idle (a stall runs from then to its next start).
+    let mut idle_since = 0.0f64;
+    let mut now = 0.0f64;
+    loop {
+        // Start what can start; starting one task can release another actor's.
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for a in 0..2 {
+                if running[a].is_some() {
+                    continue;
+                }
+                let Some(&t) = queues[a].front() else {
+                    continue;
+                };
+                let task = &tasks[t];
+                let ready =
+                    task.dep.is_none_or(|d| finished[d]) && task.after.is_none_or(|s| started[s]);
+                if !ready {
+                    continue;
+                }
+                queues[a].pop_front();
+                started[t] = true;
+                if a == COMPUTE {
+                    if let Some(p) = task.pass {
+                        timeline.passes[p].breakdown.copy_stall_s += now - idle_since;
+                    }
+                }
+                running[a] = Some(Running {
+                    task: t,
+                    fixed: task.fixed,
+                    bytes: task.bytes,
+                    start: now,
+                });
+                changed = true;
+            }
+        }
+        if running.iter().all(Option::is_none) {
+            if queues.iter().all(VecDeque::is_empty) {
+                break;
+            }
+            return Err(BoardError::Stream(
+                "the event stream's dependencies form a cycle (a matmul waits for a load that \
+                 waits for a later matmul)"
+                    .into(),
+            ));
+        }
+        // Shares of the bus among the tasks moving bytes.
+        let demand: f64 = running
+            .iter()
+            .flatten()
+            .filter(|r| r.fixed <= 0.0)
+            .map(|r| tasks[r.task].rate)
+            .sum();
+        let share = if demand > ddr_bw {
+            ddr_bw / demand
+        } else {
+            1.0
+        };
+        let step = running
+            .iter()
+            .flatten()
+            .map(|r| {
+                if r.fixed > 0.0 {
+                    r.fixed
+                } else {
+                    r.bytes / (tasks[r.task].rate * share)
+                }
+            })
+            .fold(f64::INFINITY, f64::min);
+        now += step;
+        for slot in running.iter_mut() {
+            let Some(r) = slot else { continue };
+            if r.fixed > 0.0 {
+                r.fixed -= step;
+                if r.fixed <= 1e-15 * now.max(1.0) {
+                    r.fixed = 0.0;
+                }
+            } else {
+                r.bytes -= tasks[r.task].rate * share * step;
+            }
+            if r.fixed <= 0.0 && r.bytes <= 1e-6 {
+                let task = &tasks[r.task];
+                finished[r.task] = true;
+                if task.actor == COMPUTE {
+                    idle_since = now;
+                    if let Some(p) = task.pass {
+                        let pt = &mut timeline.passes[p];
+                        pt.end_s = now;
+                        let dur = now - r.start;
+                        let mut b = Breakdown::default();
+                        match task.cat {
+                            Cat::Host => b.host_s = dur,
+                            Cat::Switch => b.domain_switch_s = dur,
+                            Cat::Load => b.copy_stall_s = dur,
+                            Cat::Npu => {
+                                b.submit_s = task.fixed;
+                                b.npu_s = dur - task.fixed;
+                            }
+                        }
+                        pt.breakdown.add(&b);
+                    }
+                }
+                *slot = None;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,384 @@
+//! The board clock: board files, names, replay sensitivity, calibration.
+
+use ork_board::fit::{self, FITTED_RK3588, FIT_ROWS, HOLDOUT_ROWS};
+use ork_board::{
+    replay, schedule, Board, BoardError, Dims, ModelShape, Plan, Projection, ReplayOptions,
+    WeightType,
+};
+
+/// Print the fit and every row's prediction (`cargo test -p ork-board --test board -- --ignored
+/// --nocapture fit_report`).
+#[test]
+#[ignore]
+fn fit_report() {
+    let (f, loss) = fit::fit_rk3588().unwrap();
+    println!("fitted {f:?} loss {loss:.5}");
+    let chip = fit::with_fit(&f);
+    for row in FIT_ROWS.iter().chain(&HOLDOUT_ROWS) {
+        let p = fit::project_row(row, &chip).unwrap();
+        let d = p.decode_tok_s.unwrap();
+        println!(
+            "| {} | {} {} | {:.0} | {:.0} | {:+.0} % | {:.2} | {:.2} | {:+.0} % | {:?}",
+            row.model,
+            row.chip,
+            row.dtype,
+            p.ttft_s * 1e3,
+            row.ttft_s * 1e3,
+            (p.ttft_s / row.ttft_s - 1.0) * 100.0,
+            d,
+            row.decode_tok_s,
+            (d / row.decode_tok_s - 1.0) * 100.0,
+            p.per_token.unwrap()
+        );
+    }
+}
+
+/// The fit, recomputed, gives the stored parameters, and reproduces its three rows.
+#[test]
+fn calibration_reproduces_the_fit() {
+    let (f, loss) = fit::fit_rk3588().unwrap();
+    let close = |a: f64, b: f64| (a / b - 1.0).abs() < 0.01;
+    assert!(close(f.npu_int8_ops, FITTED_RK3588.npu_int8_ops), "{f:?}");
+    assert!(close(f.npu_read_bw, FITTED_RK3588.npu_read_bw), "{f:?}");
+    assert!(close(f.call_s, FITTED_RK3588.call_s), "{f:?}");
+    assert!(loss < 0.01, "loss {loss}");
+    let chip = ork_board::Chip::rk3588();
+    for row in &FIT_ROWS {
+        let p = fit::project_row(row, &chip).unwrap();
+        assert!(
+            close_within(p.ttft_s, row.ttft_s, 0.10),
+            "{} {p:?}",
+            row.model
+        );
+        let d = p.decode_tok_s.unwrap();
+        assert!(
+            close_within(d, row.decode_tok_s, 0.10),
+            "{} {p:?}",
+            row.model
+        );
+    }
+}
+
+fn close_within(a: f64, b: f64, tol: f64) -> bool {
+    (a / b - 1.0).abs() <= tol
+}
+
+fn small_shape() -> ModelShape {
+    let dims = Dims {
+        n_layer: 4,
+        d_model: 1024,
+        ffn: 4096,
+        n_head: 16,
+        n_head_kv: 4,
+        head_dim: 64,
+        vocab: 8192,
+    };
+    ModelShape::from_dims(&dims, WeightType::Int8, &ork_board::Chip::rk3588())
+}
+
+fn project(shape: &ModelShape, plan: Plan, board: &Board) -> Projection {
+    let events = schedule(shape, &plan).unwrap();
+    let t = replay(
+        &events,
+        board,
+        ReplayOptions {
+            preload: plan.resident,
+            device_bytes: plan.budget_bytes as f64,
+            prefetch_slots: None,
+        },
+    )
+    .unwrap();
+    Projection::new(&t, board, plan.prompt_tokens, plan.gen_tokens)
+}
+
+fn streamed(slots: usize) -> Plan {
+    Plan {
+        resident: false,
+        slots,
+        budget_bytes: 64 << 20,
+        prompt_tokens: 32,
+        gen_tokens: 8,
+        kv_bytes: 2,
+    }
+}
+
+/// A change of schedule changes the projection: streaming costs more than resident; no prefetch
+/// (every load on the compute path) costs more than prefetching, and its stalls show.
+#[test]
+fn replay_follows_the_schedule() {
+    let shape = small_shape();
+    let board = Board::named("rk3588").unwrap();
+    let resident = project(
+        &shape,
+        Plan {
+            resident: true,
+            budget_bytes: shape.total_bytes(),
+            ..streamed(0)
+        },
+        &board,
+    );
+    let on_demand = project(&shape, streamed(0), &board);
+    let prefetch = project(&shape, streamed(4), &board);
+    let (r, o, p) = (
+        resident.decode_tok_s.unwrap(),
+        on_demand.decode_tok_s.unwrap(),
+        prefetch.decode_tok_s.unwrap(),
+    );
+    assert!(r > p && p > o, "resident {r}, prefetch {p}, on demand {o}");
+    assert_eq!(resident.per_token.unwrap().copy_stall_s, 0.0);
+    assert!(on_demand.per_token.unwrap().copy_stall_s > 0.0);
+    assert!(resident.load_s > 0.0 && on_demand.load_s == 0.0);
+    // A slower NVMe matters only when the pack does not fit the page cache.
+    let tiny_ram = Board {
+        // Room for the OS, the 64 MiB budget and 16 MiB of page cache: less than the pack.
+        ram_bytes: ((1u64 << 30) + (80 << 20)) as f64,
+        ..board.clone()
+    };
+    let cold = project(&shape, streamed(4), &tiny_ram);
+    assert!(cold.decode_tok_s.unwrap() < p && cold.storage_bytes > 0.0);
+    assert_eq!(prefetch.storage_bytes, 0.0);
+}
+
+/// Domains switched every block cost their switch time.
+#[test]
+fn domain_switches_are_charged() {
+    let mut shape = small_shape();
+    let board = Board::named("rk3588").unwrap();
+    let plan = Plan {
+        resident: true,
+        budget_bytes: shape.total_bytes(),
+        ..streamed(0)
+    };
+    let one = project(&shape, plan, &board);
+    for (i, b) in shape.blocks.iter_mut().enumerate() {
+        for w in b.iter_mut() {
+            w.domain = (i % 2) as u32;
+        }
+    }
+    let two = project(&shape, plan, &board);
+    let sw = two.per_token.unwrap().domain_switch_s;
+    assert!(sw > 0.0 && two.decode_tok_s < one.decode_tok_s, "{sw}");
+}
+
+#[test]
+fn unknown_names_list_the_known_ones() {
+    let e = Board::named("rk9999").unwrap_err();
+    match &e {
+        BoardError::Unknown { name, known } => {
+            assert_eq!(name, "rk9999");
+            for k in [
+                "rk3588",
+                "rk3576",
+                "orangepi5-16g",
+                "rock5b-16g",
+                "turing-rk1-32g",
+            ] {
+                assert!(known.contains(k), "{known}");
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    for k in Board::known() {
+        assert_eq!(Board::named(k).unwrap().name, k);
+    }
+}
+
+fn field_of(e: BoardError) -> String {
+    match e {
+        BoardError::Missing { field } | BoardError::BadValue { field, .. } => field,
+        BoardError::InFile { source, .. } => field_of(*source),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn board_files_refuse_bad_parameters_naming_them() {
+    let good = r#"{"name": "mine", "chip": "rk3588", "ram_gib": 16, "storage_read_gbps": 2.0,
+                   "overrides": {"memcpy_bw": 12.4e9}}"#;
+    let b = Board::from_json(good).unwrap();
+    assert_eq!(b.chip.memcpy_bw, 12.4e9);
+    assert_eq!(b.ram_bytes, 16.0 * (1u64 << 30) as f64);
+    for (text, field) in [
+        (
+            r#"{"name": "x", "chip": "rk3588", "storage_read_gbps": 2}"#,
+            "ram_gib",
+        ),
+        (
+            r#"{"name": "x", "chip": "rk3588", "ram_gib": -8, "storage_read_gbps": 2}"#,
+            "ram_gib",
+        ),
+        (
+            r#"{"name": "x", "chip": "rk3588", "ram_gib": 8, "storage_read_gbps": 0}"#,
+            "storage_read_gbps",
+        ),
+        (
+            r#"{"name": "x", "chip": "rk3588", "ram_gib": 8, "storage_read_gbps": "NaN"}"#,
+            "storage_read_gbps",
+        ),
+        (
+            r#"{"name": "x", "chip": "rk3588", "ram_gib": 8, "storage_read_gbps": 1, "overrides": {"call_s": 0}}"#,
+            "overrides.call_s",
+        ),
+        (
+            r#"{"name": "x", "chip": "rk3588", "ram_gib": 8, "storage_read_gbps": 1, "overrides": {"ddr_bw": "inf"}}"#,
+            "overrides.ddr_bw",
+        ),
+    ] {
+        assert_eq!(
+            field_of(Board::from_json(text).unwrap_err()),
+            field,
+            "{text}"
+        );
+    }
+    // A whole chip: every parameter must be there.
+    let mut chip = serde_json::to_value(ork_board::Chip::rk3588()).unwrap();
+    chip.as_object_mut().unwrap().remove("npu_read_bw");
+    let doc = serde_json::json!({"name": "x", "chip": chip, "ram_gib": 8, "storage_read_gbps": 1});
+    assert_eq!(
+        field_of(Board::from_json(&doc.to_string()).unwrap_err()),
+        "chip.npu_read_bw"
+    );
+    chip["npu_read_bw"] = serde_json::json!(-1.0);
+    let doc = serde_json::json!({"name": "x", "chip": chip, "ram_gib": 8, "storage_read_gbps": 1});
+    assert_eq!(
+        field_of(Board::from_json(&doc.to_string()).unwrap_err()),
+        "chip.npu_read_bw"
+    );
+    chip["npu_read_bw"] = serde_json::json!(30e9);
+    let doc = serde_json::json!({"name": "x", "chip": chip, "ram_gib": 8, "storage_read_gbps": 1});
+    assert!(Board::from_json(&doc.to_string()).is_ok());
+    // From a file: the error names the file too.
+    let dir = std::env::temp_dir().join(format!("ork-board-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("bad.json");
+    std::fs::write(
+        &f,
+        r#"{"name": "x", "chip": "rk3588", "ram_gib": 0, "storage_read_gbps": 1}"#,
+    )
+    .unwrap();
+    let e = Board::resolve(f.to_str().unwrap()).unwrap_err();
+    assert!(
+        e.to_string().contains("bad.json") && e.to_string().contains("ram_gib"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The studies of `docs/board-model.md` ("Using it"): resident vs streamed vs resident across
+/// domains, and the prefetch slot count (`cargo test -p ork-board --test board -- --ignored
+/// --nocapture studies`).
+#[test]
+#[ignore]
+fn studies() {
+    let smollm2 = Dims {
+        n_layer: 30,
+        d_model: 576,
+        ffn: 1536,
+        n_head: 9,
+        n_head_kv: 3,
+        head_dim: 64,
+        vocab: 49152,
+    };
+    let llama7b = Dims {
+        n_layer: 32,
+        d_model: 4096,
+        ffn: 11008,
+        n_head: 32,
+        n_head_kv: 32,
+        head_dim: 128,
+        vocab: 32000,
+    };
+    let board = Board::named("orangepi5-16g").unwrap();
+    let chip = &board.chip;
+    let gib = 1u64 << 30;
+    for (name, dims) in [("SmolLM2-135M", smollm2), ("Llama-2-7B shape", llama7b)] {
+        let shape = ModelShape::from_dims(&dims, WeightType::Int8, chip);
+        let total = shape.total_bytes();
+        let base = Plan {
+            resident: true,
+            slots: 4,
+            budget_bytes: total,
+            prompt_tokens: 128,
+            gen_tokens: 64,
+            kv_bytes: 2,
+        };
+        let show = |label: &str, p: &Projection| {
+            let b = p.per_token.unwrap();
+            println!(
+                "| {name} | {label} | {:.0} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} |",
+                p.ttft_s * 1e3,
+                p.decode_tok_s.unwrap(),
+                b.npu_s * 1e3,
+                b.copy_stall_s * 1e3,
+                b.host_s * 1e3,
+                b.domain_switch_s * 1e3
+            );
+        };
+        if total < 4 * gib {
+            show("resident, one domain", &project(&shape, base, &board));
+        }
+        // Resident across 4 GiB domains (first fit in execution order, 3.5 GiB each).
+        let mut across = shape.clone();
+        let (mut d, mut used) = (0u32, 0u64);
+        for b in across.blocks.iter_mut() {
+            let bytes: u64 = b.iter().map(|w| w.bytes).sum();
+            if used + bytes > 3584 << 20 {
+                d += 1;
+                used = 0;
+            }
+            used += bytes;
+            for w in b.iter_mut() {
+                w.domain = d;
+            }
+        }
+        across.output.domain = d;
+        show(
+            &format!("resident across {} domains", d + 1),
+            &project(&across, base, &board),
+        );
+        let budget = (3072u64 << 20).min(total / 4);
+        for slots in [1, 2, 4, 6] {
+            let p = Plan {
+                resident: false,
+                slots,
+                budget_bytes: budget,
+                ..base
+            };
+            show(
+                &format!("streamed, {} MiB budget, {slots} slots", budget >> 20),
+                &project(&shape, p, &board),
+            );
+        }
+    }
+}
+
+/// A run's recorded on-demand loads are re-timed by the prefetcher's rule when a prefetch
+/// thread ran: the stalls shrink to what `slots` of lookahead leaves.
+#[test]
+fn the_prefetch_rule_retimes_recorded_loads() {
+    let shape = small_shape();
+    let board = Board::named("rk3588").unwrap();
+    let plan = streamed(0);
+    let events = schedule(&shape, &plan).unwrap();
+    let at = |slots| {
+        let t = replay(
+            &events,
+            &board,
+            ReplayOptions {
+                preload: false,
+                device_bytes: plan.budget_bytes as f64,
+                prefetch_slots: slots,
+            },
+        )
+        .unwrap();
+        Projection::new(&t, &board, plan.prompt_tokens, plan.gen_tokens)
+    };
+    let (recorded, retimed) = (at(None), at(Some(4)));
+    let with_prefetch = project(&shape, streamed(4), &board);
+    assert!(retimed.decode_tok_s > recorded.decode_tok_s);
+    let (a, b) = (
+        retimed.decode_tok_s.unwrap(),
+        with_prefetch.decode_tok_s.unwrap(),
+    );
+    assert!((a / b - 1.0).abs() < 0.01, "{a} vs {b}");
+}

@@ -1,0 +1,250 @@
+//! `--project BOARD`: the board clock (`ork-board`, `docs/board-model.md`) on `ork run` (the
+//! run's own event stream, replayed) and `ork plan` (the planned schedule, without running).
+//! Every figure is labelled projected.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ork_board::{
+    replay, schedule, Board, ModelShape, Projection, Recorder, ReplayOptions, ShapeWeight,
+    WeightType,
+};
+use ork_pack::{PackDtype, ScaleGroup, TiledLayout};
+use ork_residency::{Mode, Plan as Placement};
+use ork_runtime::Engine;
+
+/// `ork run --project`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct RunProject {
+    /// Project the run's cost on a board: a preset (`orangepi5-16g`, `rock5b-16g`, …), a chip
+    /// (`rk3588`, `rk3576`) or a board description file (`.json`); the run's own event stream
+    /// is replayed on the board's cost model (docs/board-model.md). Unknown names list the
+    /// known ones (exit 2).
+    #[arg(long, value_name = "BOARD|CHIP|FILE")]
+    pub project: Option<String>,
+}
+
+/// `ork plan --project`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct PlanProject {
+    /// Project the planned schedule's cost on a board (without running; only shapes matter):
+    /// a preset, a chip or a board file; without a value, the `--soc` chip.
+    #[arg(long, value_name = "BOARD|CHIP|FILE", num_args = 0..=1, default_missing_value = "")]
+    pub project: Option<String>,
+    /// Prompt tokens of the projected run.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub prompt_tokens: u64,
+    /// Generated tokens of the projected run (the first comes from the prefill).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub gen_tokens: u64,
+}
+
+/// The board `--project` names, resolved before anything is loaded (`None` without the flag);
+/// an empty name means `soc`.
+pub fn board(project: Option<&str>, soc: &str) -> Result<Option<Board>> {
+    let Some(name) = project else {
+        return Ok(None);
+    };
+    let name = if name.is_empty() { soc } else { name };
+    Ok(Some(Board::resolve(name).context("--project")?))
+}
+
+/// Start recording `engine`'s events when projecting.
+pub fn record(engine: &Engine, board: &Option<Board>) -> Option<Arc<Recorder>> {
+    board.as_ref()?;
+    let rec = Arc::new(Recorder::new());
+    engine.linear().device_matmul().set_events(Arc::clone(&rec));
+    Some(rec)
+}
+
+/// Record `engine`'s events for a benchmark's projection on [`BENCH_BOARD`].
+pub fn record_bench(engine: &Engine) -> Option<Arc<Recorder>> {
+    record(engine, &Board::named(BENCH_BOARD).ok())
+}
+
+/// The board `ork bench stream` projects on.
+pub const BENCH_BOARD: &str = "rk3588";
+
+/// Projected prefill tokens per second of the prefill recorded in `rec` (one pass of `tokens`),
+/// on [`BENCH_BOARD`]; every load on the clock unless the plan is resident.
+pub fn bench_prefill_tok_s(engine: &Engine, rec: &Recorder, tokens: usize) -> Result<f64> {
+    let board = Board::named(BENCH_BOARD)?;
+    let timeline = replay(
+        &rec.events(),
+        &board,
+        ReplayOptions {
+            preload: engine.plan().mode == Mode::Resident,
+            device_bytes: engine.cache_stats().peak_resident as f64,
+            prefetch_slots: (engine.config().prefetch && engine.plan().mode == Mode::Streamed)
+                .then(ork_runtime::default_slots),
+        },
+    )?;
+    Ok(Projection::new(&timeline, &board, tokens, 1).prefill_tok_s)
+}
+
+/// The projection of the recorded run.
+pub fn project_run(
+    engine: &Engine,
+    board: Option<&Board>,
+    rec: Option<&Arc<Recorder>>,
+    prompt_tokens: usize,
+    generated: usize,
+) -> Result<Option<Projection>> {
+    let (Some(board), Some(rec)) = (board, rec) else {
+        return Ok(None);
+    };
+    let events = rec.events();
+    dump(&events)?;
+    let timeline = replay(
+        &events,
+        board,
+        ReplayOptions {
+            // Weights loaded once (a resident plan's, a streamed plan's pinned ones) are the
+            // model's load, before the prompt.
+            preload: true,
+            device_bytes: engine.cache_stats().peak_resident as f64,
+            prefetch_slots: (engine.config().prefetch && engine.plan().mode == Mode::Streamed)
+                .then(ork_runtime::default_slots),
+        },
+    )?;
+    Ok(Some(Projection::new(
+        &timeline,
+        board,
+        prompt_tokens,
+        generated,
+    )))
+}
+
+/// The projection of `plan` for the model at `path` (its manifest `manifest`), its weights of
+/// `quant` = (dtype, scale groups, chip), with `(slots, budget)` of a streamed plan.
+pub fn project_plan(
+    path: &Path,
+    manifest: &ork_manifest::Manifest,
+    plan: &Placement,
+    board: &Board,
+    args: &PlanProject,
+    (dtype, group, soc): (PackDtype, ScaleGroup, ork_device::Soc),
+    (slots, budget): (usize, u64),
+) -> Result<Projection> {
+    let gguf = ork_gguf::GgufFile::open(path).with_context(|| format!("{}", path.display()))?;
+    let c =
+        ork_exec::ModelConfig::from_gguf(&gguf).with_context(|| format!("{}", path.display()))?;
+    if manifest.n_expert() > 0 {
+        bail!(
+            "{}: the board clock projects dense models from a plan; a MoE model's schedule \
+             depends on its router (project it with `ork run --project`)",
+            path.display()
+        );
+    }
+    let placed: HashMap<&str, (u64, u32, bool)> = plan
+        .placement
+        .iter()
+        .map(|p| (p.name.as_str(), (p.bytes, p.domain, p.resident)))
+        .collect();
+    let ty = match dtype {
+        PackDtype::I8 => WeightType::Int8,
+        PackDtype::I4 => WeightType::Int4,
+        PackDtype::F16 => WeightType::Fp16,
+    };
+    let mut blocks: Vec<Vec<ShapeWeight>> = Vec::new();
+    let mut output = None;
+    for w in manifest.execution_order() {
+        let (bytes, domain, pinned) = placed.get(w.key.as_str()).copied().unwrap_or((0, 0, false));
+        let layout = TiledLayout::new(dtype, w.k, w.n);
+        let calls = ork_device::split::split(&layout, group, soc)
+            .or_else(|_| ork_device::split::split(&layout, ScaleGroup::PerChannel, soc))
+            .map(|p| p.len())
+            .with_context(|| format!("{}: splitting '{}'", path.display(), w.key))?;
+        let sw = ShapeWeight {
+            name: w.key.clone(),
+            k: w.k,
+            n: w.n,
+            ty,
+            bytes: if bytes > 0 {
+                bytes
+            } else {
+                layout.blob_bytes() as u64
+            },
+            domain,
+            calls: calls as u32,
+            pinned: pinned && plan.mode == Mode::Streamed,
+        };
+        match w.layer {
+            Some(l) => {
+                let l = l as usize;
+                if blocks.len() <= l {
+                    blocks.resize_with(l + 1, Vec::new);
+                }
+                blocks[l].push(sw);
+            }
+            None => output = Some(sw),
+        }
+    }
+    let blocks = blocks
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| {
+            <[ShapeWeight; 7]>::try_from(b).map_err(|b| {
+                anyhow::anyhow!(
+                    "{}: block {i} has {} matmul weights; the board clock's plan projection \
+                     models blocks of q, k, v, o, gate, up, down",
+                    path.display(),
+                    b.len()
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let shape = ModelShape {
+        d_model: c.n_embd,
+        n_head: c.n_head,
+        n_head_kv: c.n_head_kv,
+        head_dim: c.head_dim_k,
+        vocab: c.vocab_size,
+        blocks,
+        output: output.with_context(|| format!("{}: no output projection", path.display()))?,
+    };
+    let resident = plan.mode == Mode::Resident;
+    let sched = ork_board::Plan {
+        resident,
+        slots,
+        budget_bytes: budget,
+        prompt_tokens: args.prompt_tokens as usize,
+        gen_tokens: args.gen_tokens as usize,
+        kv_bytes: 2,
+    };
+    let events = schedule(&shape, &sched)?;
+    dump(&events)?;
+    let device_bytes = if resident {
+        shape.total_bytes()
+    } else {
+        budget * u64::from(plan.domains_used.max(1))
+    };
+    let timeline = replay(
+        &events,
+        board,
+        ReplayOptions {
+            preload: true,
+            device_bytes: device_bytes as f64,
+            prefetch_slots: None,
+        },
+    )?;
+    Ok(Projection::new(
+        &timeline,
+        board,
+        args.prompt_tokens as usize,
+        args.gen_tokens as usize,
+    ))
+}
+
+/// With `ORK_BOARD_EVENTS=FILE`, write the event stream replayed (one JSON array), to compare a
+/// run's stream with the plan's.
+fn dump(events: &[ork_board::Event]) -> Result<()> {
+    if let Some(path) = std::env::var_os("ORK_BOARD_EVENTS") {
+        std::fs::write(&path, serde_json::to_vec(events)?)
+            .with_context(|| format!("writing {}", Path::new(&path).display()))?;
+    }
+    Ok(())
+}
