@@ -21,6 +21,11 @@ use cli::{BenchCommand, Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // An `ORK_KERNEL` this CPU cannot run is refused before any work (docs/kernels.md).
+    if let Err(e) = ork_device::kernel::Isa::from_env() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Convert(a) => cmd_pack::convert(&a),
         Command::Inspect(a) => cmd_pack::inspect(&a),

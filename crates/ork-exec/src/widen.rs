@@ -1,9 +1,13 @@
-//! f16 → f32 for the KV cache, eight values at a time with F16C where the CPU has it.
+//! f16 → f32 for the KV cache, eight values at a time with F16C where the CPU has it, and with
+//! NEON's `fcvtl`/`fcvtl2` on aarch64.
 //!
 //! `half`'s slice conversion calls its F16C routine through a function pointer for every eight
 //! values; at a few hundred thousand values per decoded token (an f16 cache read by attention)
-//! that call is most of the cost, so the loop lives here, compiled for F16C. The conversion is
-//! exact either way (every f16 is an f32), so the results never depend on the path.
+//! that call is most of the cost, so the loop lives here, compiled for F16C. On aarch64 the
+//! conversion instructions are part of the baseline (Armv8.0 Advanced SIMD; FEAT_FP16 adds half
+//! precision arithmetic, which this does not use), so that loop needs no detection; it was tested
+//! under qemu-aarch64 only, not timed (`docs/kernels.md`). The conversion is exact either way
+//! (every f16 is an f32), so the results never depend on the path.
 #![allow(unsafe_code)]
 
 use half::f16;
@@ -19,11 +23,16 @@ pub(crate) fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
         unsafe { f16c(src, dst) };
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    fcvtl(src, dst);
+    #[cfg(not(target_arch = "aarch64"))]
     portable(src, dst);
 }
 
-/// Without F16C (and on the board's aarch64, where this was not measured): `half`'s slice
-/// conversion, which uses the CPU's conversion instructions where it finds them.
+/// Without F16C (and the scalar twin of both SIMD loops): `half`'s slice conversion, which uses
+/// the CPU's conversion instructions where it finds them.
+// On aarch64 only the tests call it (the `fcvtl` loop always runs there).
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
 fn portable(src: &[f16], dst: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
     src.convert_to_f32_slice(dst);
@@ -41,6 +50,33 @@ fn f16c(src: &[f16], dst: &mut [f32]) {
         unsafe {
             let h = _mm_loadu_si128(src.as_ptr().add(i).cast::<__m128i>());
             _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+    }
+    for (d, s) in dst[whole..].iter_mut().zip(&src[whole..]) {
+        *d = s.to_f32();
+    }
+}
+
+/// The aarch64 loop: `fcvtl` widens the low four halves of a 128-bit register, `fcvtl2` the
+/// high four (both Armv8.0 Advanced SIMD, always present on aarch64).
+#[cfg(target_arch = "aarch64")]
+fn fcvtl(src: &[f16], dst: &mut [f32]) {
+    use std::arch::aarch64::{
+        vcvt_f32_f16, vcvt_high_f32_f16, vget_low_u16, vld1q_u16, vreinterpret_f16_u16,
+        vreinterpretq_f16_u16, vst1q_f32,
+    };
+    assert_eq!(src.len(), dst.len());
+    let whole = src.len() - src.len() % 8;
+    for i in (0..whole).step_by(8) {
+        // SAFETY: i + 8 <= whole <= src.len() == dst.len() (asserted above), so the 16 bytes read
+        // from `src` (an f16 is a u16 in memory) and the 32 written to `dst` lie inside them;
+        // `ld1`/`st1` take unaligned addresses; NEON is part of the aarch64 baseline.
+        unsafe {
+            let h = vld1q_u16(src.as_ptr().add(i).cast::<u16>());
+            let lo = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h)));
+            let hi = vcvt_high_f32_f16(vreinterpretq_f16_u16(h));
+            vst1q_f32(dst.as_mut_ptr().add(i), lo);
+            vst1q_f32(dst.as_mut_ptr().add(i + 4), hi);
         }
     }
     for (d, s) in dst[whole..].iter_mut().zip(&src[whole..]) {
@@ -79,6 +115,29 @@ mod tests {
                 .iter()
                 .zip(&got[100..])
                 .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+
+    /// The aarch64 loop gives, for every f16 bit pattern at every start and remainder length,
+    /// exactly the bits of `half`'s scalar conversion (NaNs too: `fcvtl` quiets a signalling NaN
+    /// and keeps its payload, as `half` does).
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn fcvtl_is_the_scalar_conversion_bit_for_bit() {
+        let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        let want: Vec<u32> = all.iter().map(|h| h.to_f32().to_bits()).collect();
+        let mut got = vec![0.0f32; all.len()];
+        super::fcvtl(&all, &mut got);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), *w, "{i:#06x}");
+        }
+        for start in [0, 1, 3, 0x7bff, 0xfc00] {
+            for len in 0..20 {
+                let mut d = vec![0.0f32; len];
+                super::fcvtl(&all[start..start + len], &mut d);
+                let bits: Vec<u32> = d.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(bits, want[start..start + len], "start {start} len {len}");
+            }
         }
     }
 }
