@@ -3,8 +3,9 @@
 //! aarch64) and, on x86-64, once more with AVX2 enabled, picked by CPU feature detection (cached
 //! by `std`). On aarch64 the baseline build runs with its fp16 pieces converted by NEON's
 //! `fcvtn`/`fcvtn2` (Armv8.0, always present) instead of `half`'s routine, which checks for
-//! FEAT_FP16 on every four values. This module holds the crate's only `unsafe`: the call into the
-//! AVX2 variant and the `fcvtn` loop.
+//! FEAT_FP16 on every four values. The `fcvtn` loop is ork-kernels'
+//! (`ork_kernels::narrow`). This module holds the crate's only `unsafe`: the call into the AVX2
+//! variant.
 
 use crate::encode;
 use crate::{PackError, TiledLayout};
@@ -29,26 +30,13 @@ pub(crate) fn encode_tile(
     encode_tile_portable(layout, first, rows, out, scales)
 }
 
-/// The aarch64 twin of [`crate::quant::f16_piece`]: 32 f32 values (the first 32 of `src`) to
-/// little-endian fp16 bytes in `dst[..64]`, round-to-nearest-even (`fcvtn` rounds by FPCR, whose
-/// mode Linux leaves at round-to-nearest-even, with subnormals kept: FZ clear).
+/// The aarch64 twin of [`crate::quant::f16_piece`]: the 32 values through ork-kernels' `fcvtn`
+/// loop (round-to-nearest-even, tested bit for bit against `half` there).
 #[cfg(target_arch = "aarch64")]
 #[inline(always)]
 fn f16_piece_fcvtn(src: &[f32], dst: &mut [u8]) {
-    use std::arch::aarch64::{
-        vcvt_f16_f32, vcvt_high_f16_f32, vld1q_f32, vreinterpretq_u8_f16, vst1q_u8,
-    };
-    let (src, dst) = (&src[..crate::quant::KT], &mut dst[..2 * crate::quant::KT]);
-    for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(16)) {
-        // SAFETY: `s` holds 8 f32 (32 bytes) and `d` 16 bytes (chunks_exact), which is what
-        // the two loads and the store touch; `ld1`/`st1` take unaligned addresses; NEON is part
-        // of the aarch64 baseline. aarch64 Linux is little-endian, so lane order is byte order.
-        unsafe {
-            let lo = vcvt_f16_f32(vld1q_f32(s.as_ptr()));
-            let h = vcvt_high_f16_f32(lo, vld1q_f32(s.as_ptr().add(4)));
-            vst1q_u8(d.as_mut_ptr(), vreinterpretq_u8_f16(h));
-        }
-    }
+    let kt = crate::quant::KT;
+    ork_kernels::narrow::f32_to_f16_le(&src[..kt], &mut dst[..2 * kt]);
 }
 
 /// [`encode::encode_tile`] compiled for the baseline target: the scalar twin of the AVX2 build
@@ -128,35 +116,6 @@ mod tests {
                     );
                 }
             }
-        }
-    }
-
-    /// The aarch64 `fcvtn` pieces equal `half`'s conversion bit for bit at every finite fp16
-    /// value, every midpoint between neighbours (the ties, rounded to even), one f32 step either
-    /// side of each midpoint, and values below fp16's smallest subnormal (both signs).
-    #[cfg(target_arch = "aarch64")]
-    #[test]
-    fn fcvtn_pieces_equal_half_s_at_every_fp16_value_and_tie() {
-        use half::f16;
-        let mut vals = Vec::new();
-        for bits in 0..0x7bffu16 {
-            let (v, up) = (
-                f16::from_bits(bits).to_f32(),
-                f16::from_bits(bits + 1).to_f32(),
-            );
-            let mid = (v + up) / 2.0; // exact: 12 significant bits
-            let next = |x: f32, d: i32| f32::from_bits((x.to_bits() as i32 + d) as u32);
-            for x in [v, mid, next(mid, -1), next(mid, 1), v * 1e-6] {
-                vals.extend([x, -x]);
-            }
-        }
-        vals.extend([65504.0, -65504.0, 65519.0, -65519.0]);
-        vals.resize(vals.len().div_ceil(32) * 32, 0.0);
-        let (mut got, mut want) = ([0u8; 64], [0u8; 64]);
-        for piece in vals.chunks_exact(32) {
-            super::f16_piece_fcvtn(piece, &mut got);
-            crate::quant::f16_piece(piece, &mut want);
-            assert_eq!(got, want, "{piece:?}");
         }
     }
 }

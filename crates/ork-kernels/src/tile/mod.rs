@@ -30,7 +30,7 @@ mod avx2;
 mod avx2_f32;
 #[cfg(target_arch = "x86_64")]
 mod avx512_vnni;
-pub(crate) mod group;
+pub mod group;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "x86_64")]
@@ -149,7 +149,7 @@ impl Isa {
 
     /// The ISA to run, detected once: the one `ORK_KERNEL` names (for comparisons; see
     /// [`Isa::ALL`] for the names), else the fastest available. An `ORK_KERNEL` this CPU cannot
-    /// run is refused by [`Isa::from_env`], which the CLI and [`crate::EmuDevice::with_config`]
+    /// run is refused by [`Isa::from_env`], which the CLI and ork-device's `EmuDevice::with_config`
     /// call first; this infallible form then falls back to the fastest.
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
@@ -184,7 +184,7 @@ pub enum KernelChoiceError {
 
 /// Activation rows padded to `kpad` in the form the chosen kernel wants.
 #[derive(Debug)]
-pub(crate) struct PreparedA {
+pub struct PreparedA {
     isa: Isa,
     kpad: usize,
     /// `rows × kpad` i8, zero padded (scalar, NEON, AVX-512 VNNI).
@@ -199,7 +199,7 @@ pub(crate) struct PreparedA {
 
 impl PreparedA {
     /// Pad `rows` rows of `k` values (`row(r)` returns row r) to `kpad`.
-    pub(crate) fn new(isa: Isa, rows: usize, k: usize, kpad: usize, a: &[i8]) -> Self {
+    pub fn new(isa: Isa, rows: usize, k: usize, kpad: usize, a: &[i8]) -> Self {
         debug_assert!(a.len() == rows * k && kpad.is_multiple_of(32) && kpad >= k);
         let mut p = PreparedA {
             isa,
@@ -249,7 +249,7 @@ impl PreparedA {
 /// `out[(r - m0)·tn + j] = Σ_k a[r, k] · w[j, k]` for rows `m0..m1` and all `tn` channels of one
 /// tile (`w.len() == tn · kpad`, `out.len() ≥ (m1 - m0) · tn`, `tn` a multiple of 8: ork-pack's
 /// integer tiles are 32 and 64 wide).
-pub(crate) fn tile_dot(a: &PreparedA, m0: usize, m1: usize, w: &[i8], tn: usize, out: &mut [i32]) {
+pub fn tile_dot(a: &PreparedA, m0: usize, m1: usize, w: &[i8], tn: usize, out: &mut [i32]) {
     let kpad = a.kpad;
     assert!(w.len() == tn * kpad && out.len() >= (m1 - m0) * tn && tn.is_multiple_of(8));
     match a.isa {
@@ -279,7 +279,7 @@ pub(crate) fn tile_dot(a: &PreparedA, m0: usize, m1: usize, w: &[i8], tn: usize,
 }
 
 /// The portable kernel and the scalar twin of every SIMD kernel.
-pub(crate) fn scalar_tile_dot(a: &[i8], kpad: usize, w: &[i8], tn: usize, out: &mut [i32]) {
+pub fn scalar_tile_dot(a: &[i8], kpad: usize, w: &[i8], tn: usize, out: &mut [i32]) {
     let rows = a.len() / kpad;
     for r in 0..rows {
         let arow = &a[r * kpad..(r + 1) * kpad];
@@ -300,13 +300,13 @@ pub(crate) fn scalar_tile_dot(a: &[i8], kpad: usize, w: &[i8], tn: usize, out: &
 
 /// Decode one int4 tile (`tn · kpad / 2` bytes) into i8 values in the same tile order.
 /// Values are two's-complement nibbles; element `2i` sits in the low nibble of byte `i` when
-/// [`ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE`] holds.
-pub(crate) fn unpack_i4_tile(src: &[u8], dst: &mut [i8]) {
+/// [`crate::INT4_EVEN_K_IN_LOW_NIBBLE`] holds.
+pub fn unpack_i4_tile(src: &[u8], dst: &mut [i8]) {
     debug_assert_eq!(dst.len(), src.len() * 2);
     for (pair, &b) in dst.chunks_exact_mut(2).zip(src) {
         let lo = ((b << 4) as i8) >> 4;
         let hi = (b as i8) >> 4;
-        if ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE {
+        if crate::INT4_EVEN_K_IN_LOW_NIBBLE {
             pair[0] = lo;
             pair[1] = hi;
         } else {
@@ -318,7 +318,7 @@ pub(crate) fn unpack_i4_tile(src: &[u8], dst: &mut [i8]) {
 
 /// A weight tile as the float kernels read it: `tn × kpad` values in tile order.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum WeightTile<'a> {
+pub enum WeightTile<'a> {
     /// int8 values (an int4 tile arrives unpacked to int8).
     I8(&'a [i8]),
     /// fp16 values.
@@ -326,7 +326,7 @@ pub(crate) enum WeightTile<'a> {
 }
 
 /// Name of the float kernel [`float_tile_dot`] runs for `isa`.
-pub(crate) fn float_kernel_name(isa: Isa) -> &'static str {
+pub fn float_kernel_name(isa: Isa) -> &'static str {
     if float_simd(isa) {
         "f32-avx2-fma"
     } else {
@@ -354,7 +354,7 @@ fn float_simd(isa: Isa) -> bool {
 /// at most 22 significant bits and stays in f32's normal range, so it is exact: a fused
 /// multiply-add and a multiply-then-add round identically, and only the additions round. The NPU
 /// also accumulates in fp32, in its own (undocumented) order.
-pub(crate) fn float_tile_dot(
+pub fn float_tile_dot(
     isa: Isa,
     a: &[f32],
     kpad: usize,
@@ -377,9 +377,9 @@ pub(crate) fn float_tile_dot(
     }
 }
 
-/// The portable float kernel and the scalar twin of [`avx2_f32`] (same accumulation order; see
+/// The portable float kernel and the scalar twin of `avx2_f32` (same accumulation order; see
 /// [`float_tile_dot`]).
-pub(crate) fn scalar_float_tile_dot<W: Copy + Into<f32>>(
+pub fn scalar_float_tile_dot<W: Copy + Into<f32>>(
     a: &[f32],
     kpad: usize,
     w: &[W],
@@ -408,7 +408,7 @@ pub(crate) fn scalar_float_tile_dot<W: Copy + Into<f32>>(
 
 /// Run the ISA's peak multiply-add loop on one thread for about `iters` iterations; returns the
 /// multiply-adds performed and a checksum (to keep the work observable).
-pub(crate) fn peak_loop(isa: Isa, iters: u64) -> (u64, i32) {
+pub fn peak_loop(isa: Isa, iters: u64) -> (u64, i32) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::AvxVnni => (iters * vnni::PEAK_MACS_PER_ITER, vnni::peak(iters)),
@@ -652,7 +652,7 @@ mod tests {
     fn int4_unpack_sign_and_order() {
         let mut d = [0i8; 4];
         unpack_i4_tile(&[0x8F, 0x17], &mut d);
-        if ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE {
+        if crate::INT4_EVEN_K_IN_LOW_NIBBLE {
             assert_eq!(d, [-1, -8, 7, 1]);
         } else {
             assert_eq!(d, [-8, -1, 1, 7]);

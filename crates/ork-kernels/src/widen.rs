@@ -8,13 +8,12 @@
 //! precision arithmetic, which this does not use), so that loop needs no detection; it was tested
 //! under qemu-aarch64 only, not timed (`docs/kernels.md`). The conversion is exact either way
 //! (every f16 is an f32), so the results never depend on the path.
-#![allow(unsafe_code)]
 
 use half::f16;
 
 /// `dst[i] = src[i]` as f32 (`src.len() == dst.len()`).
 #[inline]
-pub(crate) fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+pub fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "f16_to_f32: lengths differ");
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx") {
@@ -61,20 +60,27 @@ fn f16c(src: &[f16], dst: &mut [f32]) {
 /// high four (both Armv8.0 Advanced SIMD, always present on aarch64).
 #[cfg(target_arch = "aarch64")]
 fn fcvtl(src: &[f16], dst: &mut [f32]) {
-    use std::arch::aarch64::{
-        vcvt_f32_f16, vcvt_high_f32_f16, vget_low_u16, vld1q_u16, vreinterpret_f16_u16,
-        vreinterpretq_f16_u16, vst1q_f32,
-    };
+    use std::arch::aarch64::{float32x4_t, vld1q_u16, vst1q_f32};
     assert_eq!(src.len(), dst.len());
     let whole = src.len() - src.len() % 8;
     for i in (0..whole).step_by(8) {
         // SAFETY: i + 8 <= whole <= src.len() == dst.len() (asserted above), so the 16 bytes read
         // from `src` (an f16 is a u16 in memory) and the 32 written to `dst` lie inside them;
-        // `ld1`/`st1` take unaligned addresses; NEON is part of the aarch64 baseline.
+        // `ld1`/`st1` take unaligned addresses; NEON is part of the aarch64 baseline, and
+        // `fcvtl`/`fcvtl2` read and write vector registers only. (Their intrinsics,
+        // `vcvt_f32_f16`/`vcvt_high_f32_f16`, are stable only from Rust 1.94, above the
+        // workspace's minimum.)
         unsafe {
             let h = vld1q_u16(src.as_ptr().add(i).cast::<u16>());
-            let lo = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h)));
-            let hi = vcvt_high_f32_f16(vreinterpretq_f16_u16(h));
+            let (lo, hi): (float32x4_t, float32x4_t);
+            std::arch::asm!(
+                "fcvtl {lo:v}.4s, {h:v}.4h",
+                "fcvtl2 {hi:v}.4s, {h:v}.8h",
+                h = in(vreg) h,
+                lo = out(vreg) lo,
+                hi = out(vreg) hi,
+                options(pure, nomem, nostack, preserves_flags)
+            );
             vst1q_f32(dst.as_mut_ptr().add(i), lo);
             vst1q_f32(dst.as_mut_ptr().add(i + 4), hi);
         }
