@@ -31,6 +31,11 @@ fn main() -> ExitCode {
         return code;
     }
     let cli = Cli::parse();
+    // An `ORK_KERNEL` this CPU cannot run is refused before any work (docs/kernels.md).
+    if let Err(e) = ork_device::kernel::Isa::from_env() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     // A closed stdout (`ork … | head -c1`) ends the run quietly, killed by SIGPIPE like other
     // Unix tools (docs/cli.md); the server keeps the default of Rust programs (EPIPE as an
     // error), so a client that goes away never kills it.

@@ -229,6 +229,10 @@ impl EmuDevice {
                 reason: "window size must be 4 KiB..=4 GiB",
             });
         }
+        if config.isa.is_none() {
+            // An `ORK_KERNEL` this CPU cannot run is refused, not silently replaced.
+            Isa::from_env()?;
+        }
         if let Some(isa) = config.isa {
             if !Isa::available().contains(&isa) {
                 return Err(DeviceError::BadConfig {

@@ -162,6 +162,9 @@ pub enum DeviceError {
         /// What is missing.
         what: &'static str,
     },
+    /// `ORK_KERNEL` names a kernel that does not exist or that this CPU cannot run.
+    #[error(transparent)]
+    Kernel(#[from] crate::kernel::KernelChoiceError),
     /// A device configuration that cannot work.
     #[error("bad device configuration: {reason}")]
     BadConfig {

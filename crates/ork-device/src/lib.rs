@@ -50,7 +50,8 @@ mod emu;
 mod error;
 mod gemm;
 mod host_map;
-pub mod kernel;
+/// The CPU kernels the emulator runs, from their one home in `ork-kernels` (`docs/kernels.md`).
+pub use ork_kernels::tile as kernel;
 mod open;
 mod probe;
 pub mod rknn;

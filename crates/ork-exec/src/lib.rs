@@ -15,6 +15,8 @@
 // `unsafe` only in `prefetch` (one CPU hint, no memory access).
 #![deny(unsafe_code)]
 
+// The f32 loops compiled wide and the f16 KV widening live with the other CPU kernels.
+use ork_kernels::{wide, widen};
 mod chat;
 mod config;
 mod error;
@@ -30,8 +32,6 @@ mod smooth;
 mod speculative;
 mod tokenizer;
 mod weights;
-mod wide;
-mod widen;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Arch, ModelConfig, MoeConfig, RopeStyle};

@@ -1,7 +1,11 @@
 //! Run-time choice of the compiled variant of [`encode::encode_tile`]: the same safe source,
 //! compiled once for the build's baseline target (SSE2 on a default x86-64 build, NEON on
 //! aarch64) and, on x86-64, once more with AVX2 enabled, picked by CPU feature detection (cached
-//! by `std`). This module holds the crate's only `unsafe`: the call into the AVX2 variant.
+//! by `std`). On aarch64 the baseline build runs with its fp16 pieces converted by NEON's
+//! `fcvtn`/`fcvtn2` (Armv8.0, always present) instead of `half`'s routine, which checks for
+//! FEAT_FP16 on every four values. The `fcvtn` loop is ork-kernels'
+//! (`ork_kernels::narrow`). This module holds the crate's only `unsafe`: the call into the AVX2
+//! variant.
 
 use crate::encode;
 use crate::{PackError, TiledLayout};
@@ -20,10 +24,25 @@ pub(crate) fn encode_tile(
         // `encode_tile_avx2`.
         return unsafe { encode_tile_avx2(layout, first, rows, out, scales) };
     }
+    #[cfg(target_arch = "aarch64")]
+    return encode::encode_tile_with(layout, first, rows, out, scales, f16_piece_fcvtn);
+    #[cfg(not(target_arch = "aarch64"))]
     encode_tile_portable(layout, first, rows, out, scales)
 }
 
-/// [`encode::encode_tile`] compiled for the baseline target: the scalar twin of the AVX2 build.
+/// The aarch64 twin of [`crate::quant::f16_piece`]: the 32 values through ork-kernels' `fcvtn`
+/// loop (round-to-nearest-even, tested bit for bit against `half` there).
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+fn f16_piece_fcvtn(src: &[f32], dst: &mut [u8]) {
+    let kt = crate::quant::KT;
+    ork_kernels::narrow::f32_to_f16_le(&src[..kt], &mut dst[..2 * kt]);
+}
+
+/// [`encode::encode_tile`] compiled for the baseline target: the scalar twin of the AVX2 build
+/// and of the aarch64 `fcvtn` pieces.
+// On aarch64 only the twin tests call it (the `fcvtn` pieces run there).
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
 pub(crate) fn encode_tile_portable(
     layout: &TiledLayout,
     first: usize,
@@ -71,8 +90,8 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
-        /// The dispatched variant (AVX2 on a CPU that has it) equals the baseline build bit for
-        /// bit, codes and scales, for every dtype.
+        /// The dispatched variant (AVX2 on an x86-64 CPU that has it; on aarch64 the `fcvtn` fp16
+        /// pieces) equals the baseline build bit for bit, codes and scales, for every dtype.
         #[test]
         fn dispatched_equals_portable(
             (k, n, w) in (1usize..130, 1usize..70)

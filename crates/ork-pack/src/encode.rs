@@ -21,6 +21,8 @@ pub(crate) const fn piece_bytes(dtype: PackDtype) -> usize {
 /// `first ..`) into the N-tile `out` (`layout.n_tile_bytes()` long, laid out as
 /// `[k_tile][row in tile][32 values]`), writing every byte of `out` including padding, and their
 /// scales into `scales`. Rows may be modified (tiny rows are rescaled in place).
+// On aarch64 only the twin tests call it (the `fcvtn` pieces run there).
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
 #[inline(always)]
 pub(crate) fn encode_tile(
     layout: &TiledLayout,
@@ -28,6 +30,21 @@ pub(crate) fn encode_tile(
     rows: &mut [f32],
     out: &mut [u8],
     scales: &mut [f32],
+) -> Result<(), PackError> {
+    encode_tile_with(layout, first, rows, out, scales, f16_piece)
+}
+
+/// [`encode_tile`] with fp16 pieces written by `f16_piece` (same contract as
+/// [`crate::quant::f16_piece`]: 32 finite values within fp16's range to 64 little-endian bytes,
+/// round-to-nearest-even), so that an ISA's own conversion can stand in for `half`'s.
+#[inline(always)]
+pub(crate) fn encode_tile_with(
+    layout: &TiledLayout,
+    first: usize,
+    rows: &mut [f32],
+    out: &mut [u8],
+    scales: &mut [f32],
+    mut f16_piece: impl FnMut(&[f32], &mut [u8]),
 ) -> Result<(), PackError> {
     let (k, dtype) = (layout.k, layout.dtype);
     let pb = piece_bytes(dtype);
@@ -73,7 +90,7 @@ pub(crate) fn encode_tile(
             }
             PackDtype::F16 => {
                 scales[r] = 1.0;
-                for_each_piece(row, pieces, f16_piece);
+                for_each_piece(row, pieces, &mut f16_piece);
             }
         }
     }

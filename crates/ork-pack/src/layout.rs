@@ -81,9 +81,8 @@ impl LayoutId {
     }
 }
 
-/// Nibble order of int4 values inside a byte: `true` = the even-k element sits in the low nibble.
-/// Not documented by Rockchip; unverified until run on a board (`docs/chip.md`).
-pub const INT4_EVEN_K_IN_LOW_NIBBLE: bool = true;
+/// Nibble order of int4 values inside a byte (defined beside the kernels that read it).
+pub use ork_kernels::INT4_EVEN_K_IN_LOW_NIBBLE;
 
 /// Geometry of one tiled weight: logical K × N, padded to the dtype's alignment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

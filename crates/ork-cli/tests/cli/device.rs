@@ -101,3 +101,36 @@ fn probe_on_a_missing_rknpu_device_says_so() {
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     assert!(json(&o)["device"].as_str().unwrap().starts_with("emulated"));
 }
+
+/// `ORK_KERNEL` naming no kernel, or one this CPU cannot run, is refused before any work: exit
+/// 2, one line naming the value and listing the kernels this CPU has. A kernel it has runs.
+#[test]
+fn ork_kernel_the_cpu_lacks_is_refused_with_the_available_list() {
+    // An ISA of the other architecture is never available here.
+    let foreign = if cfg!(target_arch = "aarch64") {
+        "avx2"
+    } else {
+        "neon-dotprod"
+    };
+    for (bad, why) in [("sse9", "names no kernel"), (foreign, "cannot run")] {
+        let o = super::ork()
+            .env("ORK_KERNEL", bad)
+            .args(["probe", "dma", "--json"])
+            .output()
+            .expect("the ork binary runs");
+        assert_eq!(code(&o), Some(2), "{bad}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains(&format!("ORK_KERNEL=\"{bad}\"")) && err.contains(why),
+            "{err}"
+        );
+        assert!(err.contains("scalar"), "the list of kernels: {err}");
+        assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+    }
+    let o = super::ork()
+        .env("ORK_KERNEL", "scalar")
+        .args(["probe", "dma", "--json"])
+        .output()
+        .expect("the ork binary runs");
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+}

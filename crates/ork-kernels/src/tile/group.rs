@@ -15,7 +15,7 @@
 //! The integer partial sums reuse the per-ISA tile kernels ([`super::tile_dot`]): a group of a
 //! weight tile is itself a tile of `g / 32` k-tiles (the tile is k-tile-major), and each group's
 //! columns of the activations are prepared as their own `rows × g` operand. So every ISA computes
-//! the partial sums bit for bit like the scalar reference [`scalar_group_partials`].
+//! the partial sums bit for bit like the scalar reference `scalar_group_partials`.
 //!
 //! fp16 activations (w4a16-gN; the activations arrive as f32, exact):
 //!
@@ -50,7 +50,7 @@ pub const MAX_GROUP: usize = 1024;
 
 /// Activation rows split into their groups of columns, each prepared for the kernel of `isa`.
 #[derive(Debug)]
-pub(crate) struct GroupedA {
+pub struct GroupedA {
     group: usize,
     parts: Vec<PreparedA>,
 }
@@ -58,7 +58,7 @@ pub(crate) struct GroupedA {
 impl GroupedA {
     /// Split `rows × k` int8 activations into `k / group` operands of `rows × group`
     /// (`group` a multiple of 32 dividing `k`).
-    pub(crate) fn new(isa: Isa, rows: usize, k: usize, group: usize, a: &[i8]) -> Self {
+    pub fn new(isa: Isa, rows: usize, k: usize, group: usize, a: &[i8]) -> Self {
         assert!(group > 0 && group.is_multiple_of(32) && k.is_multiple_of(group));
         assert_eq!(a.len(), rows * k);
         let mut cols = vec![0i8; rows * group];
@@ -74,21 +74,14 @@ impl GroupedA {
     }
 
     /// Number of groups.
-    pub(crate) fn groups(&self) -> usize {
+    pub fn groups(&self) -> usize {
         self.parts.len()
     }
 }
 
 /// Integer partial sums of rows `m0..m1` against one weight tile (`w`: `tn × k` i8 in tile
 /// order): `out[(j · (m1 - m0) + r) · tn + c] = P[m0 + r, c, j]`.
-pub(crate) fn group_partials(
-    a: &GroupedA,
-    m0: usize,
-    m1: usize,
-    w: &[i8],
-    tn: usize,
-    out: &mut [i32],
-) {
+pub fn group_partials(a: &GroupedA, m0: usize, m1: usize, w: &[i8], tn: usize, out: &mut [i32]) {
     let (g, rows) = (a.group, m1 - m0);
     assert!(w.len() == tn * g * a.groups() && out.len() >= a.groups() * rows * tn);
     for (j, part) in a.parts.iter().enumerate() {
@@ -106,7 +99,7 @@ pub(crate) fn group_partials(
 /// The scalar reference of [`group_partials`], straight from the definition: `a` is `rows × k`
 /// (unpadded, `k` a multiple of `group`), `w` one tile of `tn × k` in tile order.
 #[cfg(test)]
-pub(crate) fn scalar_group_partials(
+pub fn scalar_group_partials(
     a: &[i8],
     k: usize,
     w: &[i8],
@@ -133,7 +126,7 @@ pub(crate) fn scalar_group_partials(
 /// f32 activation rows split into their groups of columns: `[group][row][g]` (fp16 activations
 /// converted to f32, exact).
 #[derive(Debug)]
-pub(crate) struct GroupedF32 {
+pub struct GroupedF32 {
     group: usize,
     rows: usize,
     data: Vec<f32>,
@@ -142,7 +135,7 @@ pub(crate) struct GroupedF32 {
 impl GroupedF32 {
     /// Split `rows × k` f32 activations into `k / group` blocks of `rows × group`
     /// (`group` a multiple of 32 dividing `k`).
-    pub(crate) fn new(rows: usize, k: usize, group: usize, a: &[f32]) -> Self {
+    pub fn new(rows: usize, k: usize, group: usize, a: &[f32]) -> Self {
         assert!(group > 0 && group.is_multiple_of(32) && k.is_multiple_of(group));
         assert_eq!(a.len(), rows * k);
         let mut data = vec![0f32; rows * k];
@@ -155,7 +148,7 @@ impl GroupedF32 {
     }
 
     /// Number of groups.
-    pub(crate) fn groups(&self) -> usize {
+    pub fn groups(&self) -> usize {
         self.data
             .len()
             .checked_div(self.rows * self.group)
@@ -165,7 +158,7 @@ impl GroupedF32 {
 
 /// Float partial sums of rows `m0..m1` against one weight tile of integer values (`w`: `tn × k`
 /// i8 in tile order, an int4 tile unpacked): `out[(j · (m1 - m0) + r) · tn + c] = P[m0 + r, c, j]`.
-pub(crate) fn float_group_partials(
+pub fn float_group_partials(
     isa: Isa,
     a: &GroupedF32,
     m0: usize,
@@ -191,7 +184,7 @@ pub(crate) fn float_group_partials(
 }
 
 /// A per-group partial sum: exact i32 (int8 activations) or f32 (fp16 activations).
-pub(crate) trait Partial: Copy {
+pub trait Partial: Copy {
     /// The value as f32 (exact for the i32 sums of a group of at most [`MAX_GROUP`]).
     fn to_f32(self) -> f32;
 }
@@ -213,7 +206,7 @@ impl Partial for f32 {
 /// Fold partial sums (`[group][row][tn]`, from [`group_partials`] or [`float_group_partials`])
 /// into `acc[r · tn + c] = Σ_j f32(P) · scale(c, j)` in ascending `j` (see the module docs for
 /// the rounding).
-pub(crate) fn apply_group_scales<P: Partial>(
+pub fn apply_group_scales<P: Partial>(
     partials: &[P],
     groups: usize,
     rows: usize,
@@ -234,7 +227,7 @@ pub(crate) fn apply_group_scales<P: Partial>(
 /// The activations' group sums as the offsets matmul takes them (see the module docs):
 /// `A[r, j] = fp16(Σ_{k in group j} a[r, k])` as f32 values, `rows × k/group`. `Err((row,
 /// group))` names the first sum beyond the fp16 range (it would become ±Inf on the chip).
-pub(crate) fn group_sums_f16(
+pub fn group_sums_f16(
     a: &[f32],
     rows: usize,
     k: usize,
@@ -259,7 +252,7 @@ pub(crate) fn group_sums_f16(
 /// `acc[r · tn + c] += Σ_j sums[r · groups + j] · fp16(offset(c, j))`, the sum in f32 from 0 in
 /// ascending `j`, added to `acc` once. `sums` holds the group sums of the block's rows
 /// ([`group_sums_f16`]).
-pub(crate) fn apply_group_offsets(
+pub fn apply_group_offsets(
     sums: &[f32],
     groups: usize,
     rows: usize,

@@ -10,9 +10,11 @@
 //! `vpmaddubsw`, which saturates at i16), AVX-VNNI (`vpdpbusd` on `a + 128` as u8, corrected by
 //! `128 · Σ_k w`; the wrap-around i32 arithmetic makes the result exact whenever the true dot
 //! product fits in i32, which [`MAX_K`] guarantees), AVX-512 VNNI (`vpdpbusd` on zmm with the
-//! weights biased to u8 instead and a per-row correction `128 · Σ_k a`, see `avx512_vnni.rs`) and
-//! NEON (aarch64 only; compiled, never run here). The ISA is detected once at run time, the best
-//! available first: AVX-512 VNNI, AVX-VNNI, AVX2, scalar.
+//! weights biased to u8 instead and a per-row correction `128 · Σ_k a`, see `avx512_vnni.rs`),
+//! and on aarch64 NEON (`smull` + `sadalp`) and NEON dotprod (`sdot`), one body in `neon.rs`
+//! (tested under qemu-aarch64 only, never on a board; `docs/kernels.md`). The ISA is detected
+//! once at run time, the best available first: AVX-512 VNNI, AVX-VNNI, AVX2, scalar on x86-64;
+//! NEON dotprod, NEON, scalar on aarch64.
 //!
 //! Float kernels (`float_tile_dot`) serve fp16 activations (w8a16 / w4a16 / fp16×fp16) and
 //! int8 activations against fp16 weights: the activation rows arrive as f32 (converted once per
@@ -28,7 +30,7 @@ mod avx2;
 mod avx2_f32;
 #[cfg(target_arch = "x86_64")]
 mod avx512_vnni;
-pub(crate) mod group;
+pub mod group;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "x86_64")]
@@ -49,8 +51,10 @@ pub enum Isa {
     AvxVnni,
     /// x86-64 AVX-512 VNNI (`vpdpbusd`, 512-bit; needs AVX-512 F as well).
     Avx512Vnni,
-    /// aarch64 NEON (`smull` + `sadalp`).
+    /// aarch64 NEON (`smull` + `sadalp`), the aarch64 baseline.
     Neon,
+    /// aarch64 NEON with FEAT_DotProd (`sdot`; Cortex-A76 / A55).
+    NeonDot,
 }
 
 impl Isa {
@@ -62,6 +66,7 @@ impl Isa {
             Isa::AvxVnni => "avx-vnni",
             Isa::Avx512Vnni => "avx512-vnni",
             Isa::Neon => "neon",
+            Isa::NeonDot => "neon-dotprod",
         }
     }
 
@@ -86,30 +91,100 @@ impl Isa {
         {
             if std::arch::is_aarch64_feature_detected!("neon") {
                 v.push(Isa::Neon);
+                if neon::has_dotprod() {
+                    v.push(Isa::NeonDot);
+                }
             }
         }
         v
     }
 
-    /// The fastest available ISA, detected once. `ORK_KERNEL=scalar|avx2|avx-vnni|avx512-vnni|neon` picks
-    /// another one if the CPU has it (for comparisons).
+    /// Every ISA of every architecture, in [`Isa::name`] order of the docs: what `ORK_KERNEL` may
+    /// name (this CPU runs those in [`Isa::available`]).
+    pub const ALL: [Isa; 6] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::AvxVnni,
+        Isa::Avx512Vnni,
+        Isa::Neon,
+        Isa::NeonDot,
+    ];
+
+    /// The ISA called `name`, if this CPU can run it.
+    ///
+    /// # Errors
+    /// [`KernelChoiceError::Unknown`] if no kernel has that name,
+    /// [`KernelChoiceError::Unavailable`] if this CPU lacks its instructions; both list the
+    /// kernels this CPU has.
+    pub fn named(name: &str) -> Result<Isa, KernelChoiceError> {
+        let available = Isa::available();
+        let names = || available.iter().map(|i| i.name()).collect();
+        match Isa::ALL.iter().find(|i| i.name() == name) {
+            None => Err(KernelChoiceError::Unknown {
+                name: name.to_owned(),
+                available: names(),
+            }),
+            Some(isa) if !available.contains(isa) => Err(KernelChoiceError::Unavailable {
+                name: name.to_owned(),
+                available: names(),
+            }),
+            Some(&isa) => Ok(isa),
+        }
+    }
+
+    /// The ISA `ORK_KERNEL` names, `None` when it is unset (or empty).
+    ///
+    /// # Errors
+    /// As [`Isa::named`]; front ends refuse to start on such an error (the CLI exits 2).
+    pub fn from_env() -> Result<Option<Isa>, KernelChoiceError> {
+        match std::env::var("ORK_KERNEL") {
+            Ok(name) if !name.is_empty() => Isa::named(&name).map(Some),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(raw)) => Err(KernelChoiceError::Unknown {
+                name: raw.to_string_lossy().into_owned(),
+                available: Isa::available().iter().map(|i| i.name()).collect(),
+            }),
+        }
+    }
+
+    /// The ISA to run, detected once: the one `ORK_KERNEL` names (for comparisons; see
+    /// [`Isa::ALL`] for the names), else the fastest available. An `ORK_KERNEL` this CPU cannot
+    /// run is refused by [`Isa::from_env`], which the CLI and ork-device's `EmuDevice::with_config`
+    /// call first; this infallible form then falls back to the fastest.
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
-        *BEST.get_or_init(|| {
-            let avail = Isa::available();
-            if let Ok(want) = std::env::var("ORK_KERNEL") {
-                if let Some(&isa) = avail.iter().find(|i| i.name() == want) {
-                    return isa;
-                }
-            }
-            *avail.last().unwrap_or(&Isa::Scalar)
+        *BEST.get_or_init(|| match Isa::from_env() {
+            Ok(Some(isa)) => isa,
+            _ => *Isa::available().last().unwrap_or(&Isa::Scalar),
         })
     }
 }
 
+/// An `ORK_KERNEL` value that cannot be honoured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KernelChoiceError {
+    /// No kernel has this name.
+    #[error("ORK_KERNEL={name:?} names no kernel; this CPU has: {}", available.join(", "))]
+    Unknown {
+        /// The value given.
+        name: String,
+        /// The kernels this CPU can run.
+        available: Vec<&'static str>,
+    },
+    /// The kernel exists but this CPU lacks its instructions.
+    #[error("ORK_KERNEL={name:?}: this CPU cannot run that kernel; it has: {}", available.join(", "))]
+    Unavailable {
+        /// The value given.
+        name: String,
+        /// The kernels this CPU can run.
+        available: Vec<&'static str>,
+    },
+}
+
 /// Activation rows padded to `kpad` in the form the chosen kernel wants.
 #[derive(Debug)]
-pub(crate) struct PreparedA {
+pub struct PreparedA {
     isa: Isa,
     kpad: usize,
     /// `rows × kpad` i8, zero padded (scalar, NEON, AVX-512 VNNI).
@@ -124,7 +199,7 @@ pub(crate) struct PreparedA {
 
 impl PreparedA {
     /// Pad `rows` rows of `k` values (`row(r)` returns row r) to `kpad`.
-    pub(crate) fn new(isa: Isa, rows: usize, k: usize, kpad: usize, a: &[i8]) -> Self {
+    pub fn new(isa: Isa, rows: usize, k: usize, kpad: usize, a: &[i8]) -> Self {
         debug_assert!(a.len() == rows * k && kpad.is_multiple_of(32) && kpad >= k);
         let mut p = PreparedA {
             isa,
@@ -151,7 +226,7 @@ impl PreparedA {
                         .for_each(|(d, &s)| *d = (s as u8) ^ 0x80);
                 }
             }
-            Isa::Scalar | Isa::Neon | Isa::Avx512Vnni => {
+            Isa::Scalar | Isa::Neon | Isa::NeonDot | Isa::Avx512Vnni => {
                 p.i8s = vec![0; rows * kpad];
                 for (dst, src) in p.i8s.chunks_exact_mut(kpad).zip(a.chunks_exact(k.max(1))) {
                     dst[..k].copy_from_slice(src);
@@ -174,7 +249,7 @@ impl PreparedA {
 /// `out[(r - m0)·tn + j] = Σ_k a[r, k] · w[j, k]` for rows `m0..m1` and all `tn` channels of one
 /// tile (`w.len() == tn · kpad`, `out.len() ≥ (m1 - m0) · tn`, `tn` a multiple of 8: ork-pack's
 /// integer tiles are 32 and 64 wide).
-pub(crate) fn tile_dot(a: &PreparedA, m0: usize, m1: usize, w: &[i8], tn: usize, out: &mut [i32]) {
+pub fn tile_dot(a: &PreparedA, m0: usize, m1: usize, w: &[i8], tn: usize, out: &mut [i32]) {
     let kpad = a.kpad;
     assert!(w.len() == tn * kpad && out.len() >= (m1 - m0) * tn && tn.is_multiple_of(8));
     match a.isa {
@@ -194,6 +269,8 @@ pub(crate) fn tile_dot(a: &PreparedA, m0: usize, m1: usize, w: &[i8], tn: usize,
         ),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::tile_dot(&a.i8s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
+        #[cfg(target_arch = "aarch64")]
+        Isa::NeonDot => neon::tile_dot_dotprod(&a.i8s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
         // An ISA of another architecture is never detected here; `Isa::available` is the only
         // constructor path used by the device.
         #[allow(unreachable_patterns)]
@@ -202,7 +279,7 @@ pub(crate) fn tile_dot(a: &PreparedA, m0: usize, m1: usize, w: &[i8], tn: usize,
 }
 
 /// The portable kernel and the scalar twin of every SIMD kernel.
-pub(crate) fn scalar_tile_dot(a: &[i8], kpad: usize, w: &[i8], tn: usize, out: &mut [i32]) {
+pub fn scalar_tile_dot(a: &[i8], kpad: usize, w: &[i8], tn: usize, out: &mut [i32]) {
     let rows = a.len() / kpad;
     for r in 0..rows {
         let arow = &a[r * kpad..(r + 1) * kpad];
@@ -223,13 +300,13 @@ pub(crate) fn scalar_tile_dot(a: &[i8], kpad: usize, w: &[i8], tn: usize, out: &
 
 /// Decode one int4 tile (`tn · kpad / 2` bytes) into i8 values in the same tile order.
 /// Values are two's-complement nibbles; element `2i` sits in the low nibble of byte `i` when
-/// [`ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE`] holds.
-pub(crate) fn unpack_i4_tile(src: &[u8], dst: &mut [i8]) {
+/// [`crate::INT4_EVEN_K_IN_LOW_NIBBLE`] holds.
+pub fn unpack_i4_tile(src: &[u8], dst: &mut [i8]) {
     debug_assert_eq!(dst.len(), src.len() * 2);
     for (pair, &b) in dst.chunks_exact_mut(2).zip(src) {
         let lo = ((b << 4) as i8) >> 4;
         let hi = (b as i8) >> 4;
-        if ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE {
+        if crate::INT4_EVEN_K_IN_LOW_NIBBLE {
             pair[0] = lo;
             pair[1] = hi;
         } else {
@@ -241,7 +318,7 @@ pub(crate) fn unpack_i4_tile(src: &[u8], dst: &mut [i8]) {
 
 /// A weight tile as the float kernels read it: `tn × kpad` values in tile order.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum WeightTile<'a> {
+pub enum WeightTile<'a> {
     /// int8 values (an int4 tile arrives unpacked to int8).
     I8(&'a [i8]),
     /// fp16 values.
@@ -249,7 +326,7 @@ pub(crate) enum WeightTile<'a> {
 }
 
 /// Name of the float kernel [`float_tile_dot`] runs for `isa`.
-pub(crate) fn float_kernel_name(isa: Isa) -> &'static str {
+pub fn float_kernel_name(isa: Isa) -> &'static str {
     if float_simd(isa) {
         "f32-avx2-fma"
     } else {
@@ -277,7 +354,7 @@ fn float_simd(isa: Isa) -> bool {
 /// at most 22 significant bits and stays in f32's normal range, so it is exact: a fused
 /// multiply-add and a multiply-then-add round identically, and only the additions round. The NPU
 /// also accumulates in fp32, in its own (undocumented) order.
-pub(crate) fn float_tile_dot(
+pub fn float_tile_dot(
     isa: Isa,
     a: &[f32],
     kpad: usize,
@@ -300,9 +377,9 @@ pub(crate) fn float_tile_dot(
     }
 }
 
-/// The portable float kernel and the scalar twin of [`avx2_f32`] (same accumulation order; see
+/// The portable float kernel and the scalar twin of `avx2_f32` (same accumulation order; see
 /// [`float_tile_dot`]).
-pub(crate) fn scalar_float_tile_dot<W: Copy + Into<f32>>(
+pub fn scalar_float_tile_dot<W: Copy + Into<f32>>(
     a: &[f32],
     kpad: usize,
     w: &[W],
@@ -331,7 +408,7 @@ pub(crate) fn scalar_float_tile_dot<W: Copy + Into<f32>>(
 
 /// Run the ISA's peak multiply-add loop on one thread for about `iters` iterations; returns the
 /// multiply-adds performed and a checksum (to keep the work observable).
-pub(crate) fn peak_loop(isa: Isa, iters: u64) -> (u64, i32) {
+pub fn peak_loop(isa: Isa, iters: u64) -> (u64, i32) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::AvxVnni => (iters * vnni::PEAK_MACS_PER_ITER, vnni::peak(iters)),
@@ -474,6 +551,60 @@ mod tests {
         }
     }
 
+    /// The kernels offered are the ones the CPU's features allow, and `ORK_EXPECT_KERNELS` (a
+    /// comma-separated list, set by the qemu runs that pick a CPU model) pins them, so a run meant
+    /// to exercise `sdot` fails if the emulated CPU lacks it instead of testing less.
+    #[test]
+    fn available_kernels_follow_the_cpu() {
+        let avail = Isa::available();
+        assert_eq!(avail[0], Isa::Scalar);
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            avail.contains(&Isa::Avx2),
+            std::arch::is_x86_feature_detected!("avx2")
+        );
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(
+            avail.contains(&Isa::NeonDot),
+            std::arch::is_aarch64_feature_detected!("dotprod")
+        );
+        let names: Vec<&str> = avail.iter().map(|i| i.name()).collect();
+        if let Ok(want) = std::env::var("ORK_EXPECT_KERNELS") {
+            assert_eq!(names.join(","), want, "kernels this CPU offers");
+        }
+        for isa in Isa::ALL {
+            assert_eq!(
+                Isa::named(isa.name()).is_ok(),
+                avail.contains(&isa),
+                "{isa:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_kernel_choice_the_cpu_cannot_run_is_refused_with_the_list() {
+        let have: Vec<&str> = Isa::available().iter().map(|i| i.name()).collect();
+        match Isa::named("sse9") {
+            Err(KernelChoiceError::Unknown { name, available }) => {
+                assert_eq!((name.as_str(), &available), ("sse9", &have));
+            }
+            other => panic!("{other:?}"),
+        }
+        // An ISA of the other architecture is never available here.
+        let foreign = if cfg!(target_arch = "aarch64") {
+            "avx2"
+        } else {
+            "neon"
+        };
+        match Isa::named(foreign) {
+            Err(e @ KernelChoiceError::Unavailable { .. }) => {
+                assert!(e.to_string().contains(&have.join(", ")), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(Isa::named("scalar"), Ok(Isa::Scalar));
+    }
+
     #[test]
     fn extremes_are_exact_at_max_k() {
         // All -128 × -128 over a long K is the worst case for i16 saturation and i32 range.
@@ -521,7 +652,7 @@ mod tests {
     fn int4_unpack_sign_and_order() {
         let mut d = [0i8; 4];
         unpack_i4_tile(&[0x8F, 0x17], &mut d);
-        if ork_pack::INT4_EVEN_K_IN_LOW_NIBBLE {
+        if crate::INT4_EVEN_K_IN_LOW_NIBBLE {
             assert_eq!(d, [-1, -8, 7, 1]);
         } else {
             assert_eq!(d, [-8, -1, 1, 7]);

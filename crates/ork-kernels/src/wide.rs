@@ -5,21 +5,23 @@
 //! that the loops its `run` inlines run eight lanes wide. The results are the same bits either
 //! way: the loops spell out their lanes and their order of additions, and AVX2 alone enables no
 //! fused multiply-add (the compiler never contracts `a * b + c` into one unless asked to).
-//! Attention's dot products and weighted sums (`ops`) run this way (figures in README "End to
-//! end").
-#![allow(unsafe_code)]
+//! ork-exec's attention dot products and weighted sums and its SwiGLU run this way (figures in
+//! README "End to end"). On aarch64 there is no wider vector than the baseline's 128-bit Advanced
+//! SIMD (the Cortex-A76 has no SVE), so `run` runs as compiled (`docs/kernels.md`).
 
 /// A piece of work whose `run` is inlined into [`wide`]'s AVX2 copy (mark it
 /// `#[inline(always)]`; a closure would not be inlined there).
-pub(crate) trait Kernel {
+pub trait Kernel {
+    /// What the work returns.
     type Out;
+    /// Do the work.
     fn run(self) -> Self::Out;
 }
 
 /// `k.run()`, compiled for AVX2 where the CPU has it (the code `run` inlines, not the functions
 /// it calls out of line).
 #[inline(always)]
-pub(crate) fn wide<K: Kernel>(k: K) -> K::Out {
+pub fn wide<K: Kernel>(k: K) -> K::Out {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked just above), the one feature `avx2` is compiled for.
@@ -36,12 +38,32 @@ fn avx2<K: Kernel>(k: K) -> K::Out {
 
 #[cfg(test)]
 mod tests {
+    /// An f32 dot product with its lanes and order of additions spelled out (as ork-exec's
+    /// attention `dot` has them).
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        const LANES: usize = 8;
+        let mut acc = [0.0f32; LANES];
+        let (ac, ar) = a.split_at(a.len() - a.len() % LANES);
+        let (bc, br) = b.split_at(ac.len());
+        for (x, y) in ac.chunks_exact(LANES).zip(bc.chunks_exact(LANES)) {
+            for l in 0..LANES {
+                acc[l] += x[l] * y[l];
+            }
+        }
+        let mut s: f32 = acc.iter().sum();
+        for (x, y) in ar.iter().zip(br) {
+            s += x * y;
+        }
+        s
+    }
+
     struct Dot<'a>(&'a [f32], &'a [f32]);
     impl super::Kernel for Dot<'_> {
         type Out = f32;
         #[inline(always)]
         fn run(self) -> f32 {
-            crate::ops::dot(self.0, self.1)
+            dot(self.0, self.1)
         }
     }
 
@@ -51,7 +73,7 @@ mod tests {
         let a: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.11).cos() * 3.0).collect();
         for len in [0, 1, 7, 8, 9, 64, 100, 1000] {
-            let narrow = crate::ops::dot(&a[..len], &b[..len]);
+            let narrow = dot(&a[..len], &b[..len]);
             let wide = super::wide(Dot(&a[..len], &b[..len]));
             assert_eq!(narrow.to_bits(), wide.to_bits(), "len {len}");
         }
