@@ -118,7 +118,9 @@ fi
 
 # ---- 5. the real model, greedy: aarch64 tokens = x86 tokens --------------------------------
 step "ork for x86 and aarch64"
-cargo build --locked --profile test -p ork-cli
+# x86: the binary scripts/test.sh's workspace tests built (a no-op after them; `-p ork-cli`
+# alone would unify features differently and rebuild the dependencies).
+cargo test --locked --workspace --no-run
 cargo build --locked --target "$TARGET" --target-dir "$TD" --profile test -p ork-cli
 X86_ORK="$ROOT/target/debug/ork"
 A64_ORK="$TD/$TARGET/debug/ork"
