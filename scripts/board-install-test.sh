@@ -11,6 +11,7 @@
 # Needs root, debootstrap, qemu-user-static, network access to the Debian mirror
 # (ORK_DEBIAN_MIRROR, default http://deb.debian.org/debian) and the .deb (scripts/package.sh
 # first). A root made by an earlier run is reused (delete target/board-root to start afresh).
+# ORK_X86_ORK names an x86 ork to compare with (default: build the workspace's tests).
 # About 15 minutes on two cores, most of it the second stage under emulation: not a CI step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -96,8 +97,13 @@ chroot "$RFS" chown -R ork:ork /var/lib/ork/models
 RUN=(run --no-pack --device emu --temp 0 -n 24 --json --prompt "The three primary colours are")
 chroot --userspec=ork:ork --groups=render,video "$RFS" \
   ork "${RUN[@]}" --model /var/lib/ork/models/model.gguf >"$BASE/board-run.json"
-cargo build --locked --profile test -p ork-cli
-target/debug/ork "${RUN[@]}" --model "$ORK_MODEL" >"$BASE/x86-run.json"
+# x86's ork: ORK_X86_ORK, else the one the workspace tests build (scripts/test.sh).
+X86_ORK="${ORK_X86_ORK:-}"
+if [ -z "$X86_ORK" ]; then
+  cargo test --locked --workspace --no-run
+  X86_ORK=target/debug/ork
+fi
+"$X86_ORK" "${RUN[@]}" --model "$ORK_MODEL" >"$BASE/x86-run.json"
 python3 - "$BASE/x86-run.json" "$BASE/board-run.json" <<'PY'
 import json, sys
 x, b = (json.load(open(p)) for p in sys.argv[1:3])
