@@ -57,6 +57,10 @@ pub enum ExecError {
         /// How.
         what: String,
     },
+    /// The file carries a tensor or a metadata key ork does not implement for its architecture
+    /// (`ork_manifest::check_understood`; docs/models.md): refused rather than ignored.
+    #[error(transparent)]
+    Unsupported(#[from] ork_manifest::ManifestError),
     /// A tensor's data cannot be laid out as its dims say (overflow, ragged rows).
     #[error("tensor '{tensor}': {what}")]
     TensorData {

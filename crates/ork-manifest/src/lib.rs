@@ -27,6 +27,9 @@ use std::path::PathBuf;
 
 use ork_gguf::{GgufFile, TensorInfo};
 
+mod supported;
+pub use supported::{check_understood, support, ArchSupport, SUPPORTED};
+
 /// Errors of [`Manifest::from_gguf`]; each names the file and the tensor (or key).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -64,6 +67,27 @@ pub enum ManifestError {
         size: u64,
         /// Its expert count.
         experts: u64,
+    },
+    /// A tensor ork does not implement for the file's architecture ([`check_understood`]).
+    #[error("{}: tensor '{tensor}' is not supported: {reason} (docs/models.md)", file.display())]
+    UnsupportedTensor {
+        /// The GGUF file.
+        file: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// What it is and why it is refused.
+        reason: String,
+    },
+    /// A metadata key ork does not implement for the file's architecture
+    /// ([`check_understood`]).
+    #[error("{}: metadata key '{key}' is not supported: {reason} (docs/models.md)", file.display())]
+    UnsupportedKey {
+        /// The GGUF file.
+        file: PathBuf,
+        /// The key.
+        key: String,
+        /// Why it is refused.
+        reason: String,
     },
 }
 
