@@ -69,7 +69,7 @@ pub enum ManifestError {
         experts: u64,
     },
     /// A tensor ork does not implement for the file's architecture ([`check_understood`]).
-    #[error("{}: tensor '{tensor}' is not supported: {reason} (docs/models.md)", file.display())]
+    #[error("{}: {}", file.display(), self.without_file())]
     UnsupportedTensor {
         /// The GGUF file.
         file: PathBuf,
@@ -80,7 +80,7 @@ pub enum ManifestError {
     },
     /// A metadata key ork does not implement for the file's architecture
     /// ([`check_understood`]).
-    #[error("{}: metadata key '{key}' is not supported: {reason} (docs/models.md)", file.display())]
+    #[error("{}: {}", file.display(), self.without_file())]
     UnsupportedKey {
         /// The GGUF file.
         file: PathBuf,
@@ -89,6 +89,21 @@ pub enum ManifestError {
         /// Why it is refused.
         reason: String,
     },
+}
+
+impl ManifestError {
+    /// The message without the leading file name, for callers that name the file themselves.
+    pub fn without_file(&self) -> String {
+        match self {
+            ManifestError::UnsupportedTensor { tensor, reason, .. } => {
+                format!("tensor '{tensor}' is not supported: {reason} (docs/models.md)")
+            }
+            ManifestError::UnsupportedKey { key, reason, .. } => {
+                format!("metadata key '{key}' is not supported: {reason} (docs/models.md)")
+            }
+            other => other.to_string(),
+        }
+    }
 }
 
 /// What a tensor is. Matmul roles come first; the others are the small tensors the executor

@@ -203,7 +203,7 @@ fn tensor_reason(arch: &str, name: &str) -> String {
 
 /// Why a key of the architecture's namespace that the table does not list is refused.
 fn key_reason(arch: &str, suffix: &str) -> String {
-    if suffix.starts_with("rope.scaling.") || suffix.starts_with("rope.") {
+    if suffix.starts_with("rope.") {
         format!(
             "this RoPE setting is not implemented for '{arch}' (ork implements rope.freq_base, \
              rope.dimension_count and linear rope.scaling.factor)"
@@ -270,6 +270,22 @@ mod tests {
                 assert!(!k.is_empty() && !s.keys[..i].contains(k), "{}: {k}", s.arch);
             }
         }
+    }
+
+    #[test]
+    fn the_message_names_the_file_and_the_tensor_once() {
+        let e = ManifestError::UnsupportedTensor {
+            file: "m.gguf".into(),
+            tensor: "rope_freqs.weight".into(),
+            reason: tensor_reason("llama", "rope_freqs.weight"),
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("m.gguf: tensor 'rope_freqs.weight'"),
+            "{msg}"
+        );
+        assert_eq!(msg.matches("m.gguf").count(), 1, "{msg}");
+        assert!(!e.without_file().contains("m.gguf"));
     }
 
     #[test]
