@@ -157,3 +157,34 @@ fn rope_scaling_keys_ork_does_not_implement_are_refused_by_name() {
         }
     }
 }
+
+/// The tables never refuse what the configuration implements: every optional key
+/// `ModelConfig::from_gguf` reads, set to a value it accepts, loads on every architecture.
+#[test]
+fn every_key_the_configuration_reads_is_accepted() {
+    for spec in specs() {
+        let a = spec.arch;
+        let h = spec.head_dim() as u32;
+        let mut b = builder(&spec, None)
+            .kv(format!("{a}.vocab_size"), MetaValue::U32(spec.vocab as u32))
+            .kv(format!("{a}.rope.dimension_count"), MetaValue::U32(h))
+            .kv(
+                format!("{a}.rope.scaling.type"),
+                MetaValue::String("linear".into()),
+            )
+            .kv(format!("{a}.rope.scaling.factor"), MetaValue::F32(2.0))
+            .kv(format!("{a}.rope.scale_linear"), MetaValue::F32(2.0));
+        if spec.head_dim.is_none() {
+            b = b
+                .kv(format!("{a}.attention.key_length"), MetaValue::U32(h))
+                .kv(format!("{a}.attention.value_length"), MetaValue::U32(h));
+        }
+        if spec.n_expert > 0 {
+            b = b
+                .kv(format!("{a}.expert_weights_scale"), MetaValue::F32(1.0))
+                .kv(format!("{a}.expert_gating_func"), MetaValue::U32(1));
+        }
+        let m = Model::load(&from_builder(b)).unwrap_or_else(|e| panic!("{a}: {e}"));
+        assert_eq!(m.config().rope_freq_scale, 0.5, "{a}");
+    }
+}
