@@ -57,6 +57,11 @@ pub enum ExecError {
         /// How.
         what: String,
     },
+    /// The file carries a tensor or a metadata key ork does not implement for its architecture
+    /// (`ork_manifest::check_understood`; docs/models.md): refused rather than ignored. Shown
+    /// without the file name, like the other variants (the caller names the file).
+    #[error("{}", .0.without_file())]
+    Unsupported(#[from] ork_manifest::ManifestError),
     /// A tensor's data cannot be laid out as its dims say (overflow, ragged rows).
     #[error("tensor '{tensor}': {what}")]
     TensorData {

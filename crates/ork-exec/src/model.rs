@@ -54,12 +54,15 @@ fn dims(k: usize, n: usize) -> [u64; 2] {
 }
 
 impl Model {
-    /// Read the configuration and check that every tensor the architecture needs is present with
-    /// the right shape. Small tensors are dequantized now; matmul weights are left to the
+    /// Read the configuration, refuse any tensor or `{arch}.` key the architecture's table
+    /// (`ork_manifest::SUPPORTED`) does not list, and check that every tensor the architecture
+    /// needs is present with the right shape. Small tensors are dequantized now; matmul weights are left to the
     /// [`crate::Linear`].
     pub fn load(file: &Arc<GgufFile>) -> Result<Model, ExecError> {
         let gguf: &GgufFile = file;
         let config = ModelConfig::from_gguf(gguf)?;
+        // Nothing the architecture's table does not list is skipped quietly (docs/models.md).
+        ork_manifest::check_understood(gguf)?;
         let c = &config;
         let embd_name = global(Role::TokenEmbd);
         // Checked now; read row by row later.

@@ -7,6 +7,7 @@ mod ork_exec {
     pub mod moe_golden;
     pub mod real_model;
     pub mod reference;
+    pub mod refuse;
     pub mod smooth;
     pub mod speculative;
     pub mod tiny_models;

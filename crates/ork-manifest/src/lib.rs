@@ -27,6 +27,9 @@ use std::path::PathBuf;
 
 use ork_gguf::{GgufFile, TensorInfo};
 
+mod supported;
+pub use supported::{check_understood, support, ArchSupport, SUPPORTED};
+
 /// Errors of [`Manifest::from_gguf`]; each names the file and the tensor (or key).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -65,6 +68,42 @@ pub enum ManifestError {
         /// Its expert count.
         experts: u64,
     },
+    /// A tensor ork does not implement for the file's architecture ([`check_understood`]).
+    #[error("{}: {}", file.display(), self.without_file())]
+    UnsupportedTensor {
+        /// The GGUF file.
+        file: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// What it is and why it is refused.
+        reason: String,
+    },
+    /// A metadata key ork does not implement for the file's architecture
+    /// ([`check_understood`]).
+    #[error("{}: {}", file.display(), self.without_file())]
+    UnsupportedKey {
+        /// The GGUF file.
+        file: PathBuf,
+        /// The key.
+        key: String,
+        /// Why it is refused.
+        reason: String,
+    },
+}
+
+impl ManifestError {
+    /// The message without the leading file name, for callers that name the file themselves.
+    pub fn without_file(&self) -> String {
+        match self {
+            ManifestError::UnsupportedTensor { tensor, reason, .. } => {
+                format!("tensor '{tensor}' is not supported: {reason} (docs/models.md)")
+            }
+            ManifestError::UnsupportedKey { key, reason, .. } => {
+                format!("metadata key '{key}' is not supported: {reason} (docs/models.md)")
+            }
+            other => other.to_string(),
+        }
+    }
 }
 
 /// What a tensor is. Matmul roles come first; the others are the small tensors the executor

@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ork_gguf::writer::GgufBuilder;
-use ork_gguf::{GgufFile, MetaValue};
+use ork_gguf::{GgmlType, GgufFile, MetaValue};
 use ork_testkit::moe::{moe_fixture, MoeFixture};
 
 use super::safety::{mkfifo, run_within as within};
@@ -267,6 +267,30 @@ fn plan_refuses_every_model_that_run_and_convert_refuse() {
                 &[],
             ),
             "ffn_gate_inp",
+        ),
+        // Not implemented, so refused rather than ignored (docs/models.md): a YaRN setting and
+        // Llama 3.1/3.2's RoPE frequency factors.
+        (
+            mutant(
+                dir.path(),
+                "attn-factor.gguf",
+                &m,
+                all,
+                &[("llama.rope.scaling.attn_factor", MetaValue::F32(1.5))],
+            ),
+            "llama.rope.scaling.attn_factor",
+        ),
+        (
+            {
+                let path = dir.path().join("rope-freqs.gguf");
+                GgufBuilder::from_file(&GgufFile::open(&m).unwrap(), all, &[])
+                    .tensor_f32("rope_freqs.weight", &[32], GgmlType::F32, &[1.0; 32])
+                    .unwrap()
+                    .write(&path)
+                    .unwrap();
+                path
+            },
+            "rope_freqs.weight",
         ),
     ];
     for (bad, what) in &cases {

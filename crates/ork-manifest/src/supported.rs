@@ -1,0 +1,301 @@
+//! What each supported architecture understands: the tensors and the computation-changing
+//! metadata keys ork implements, one table per architecture (in the spirit of llama.cpp's
+//! `LLM_TENSOR_NAMES` / `LLM_KV_NAMES`, `src/llama-arch.cpp`). [`check_understood`] refuses a
+//! file carrying anything else, so that nothing a model needs is ever skipped quietly
+//! (docs/models.md, "What ork refuses and why").
+//!
+//! The rule:
+//! - every tensor must have a role listed for the file's architecture in [`SUPPORTED`];
+//! - every key in the architecture's namespace (`{arch}.…`, the keys llama.cpp reads to build
+//!   the computation) must be listed there; the *values* of listed keys are checked by the
+//!   executor's configuration (`ork-exec`'s `ModelConfig`, e.g. `rope.scaling.type` other than
+//!   `none`/`linear` is refused there);
+//! - keys of other namespaces (`general.*`, `tokenizer.*`, `quantize.*`, …) do not change the
+//!   model's arithmetic and are allowed (the tokenizer checks its own keys).
+//!
+//! A file whose `general.architecture` is not in [`SUPPORTED`] is left to the executor, which
+//! refuses the architecture itself.
+
+use ork_gguf::GgufFile;
+
+use crate::{classify, ManifestError, Role};
+
+/// What one architecture understands.
+#[derive(Clone, Copy, Debug)]
+pub struct ArchSupport {
+    /// `general.architecture`.
+    pub arch: &'static str,
+    /// Every tensor role a file of this architecture may carry (each role's GGUF name is in
+    /// [`crate::TENSOR_NAMES`]).
+    pub tensors: &'static [Role],
+    /// Every key of the architecture's namespace it reads, without the `{arch}.` prefix.
+    pub keys: &'static [&'static str],
+}
+
+/// Tensors every supported architecture has.
+const COMMON_TENSORS: [Role; 9] = [
+    Role::TokenEmbd,
+    Role::Output,
+    Role::OutputNorm,
+    Role::AttnNorm,
+    Role::AttnQ,
+    Role::AttnK,
+    Role::AttnV,
+    Role::AttnOutput,
+    Role::FfnNorm,
+];
+
+const DENSE_FFN: [Role; 3] = [Role::FfnGate, Role::FfnUp, Role::FfnDown];
+const QKV_BIAS: [Role; 3] = [Role::AttnQBias, Role::AttnKBias, Role::AttnVBias];
+const QK_NORM: [Role; 2] = [Role::AttnQNorm, Role::AttnKNorm];
+const EXPERTS: [Role; 4] = [
+    Role::Router,
+    Role::ExpertGate,
+    Role::ExpertUp,
+    Role::ExpertDown,
+];
+const SHARED_EXPERT: [Role; 4] = [
+    Role::SharedExpertGateInp,
+    Role::SharedExpertGate,
+    Role::SharedExpertUp,
+    Role::SharedExpertDown,
+];
+
+/// `COMMON_TENSORS` followed by the groups `extra`, as one array of `N` roles.
+const fn roles<const N: usize>(extra: &[&[Role]]) -> [Role; N] {
+    let mut out = [Role::TokenEmbd; N];
+    let mut n = 0;
+    while n < COMMON_TENSORS.len() {
+        out[n] = COMMON_TENSORS[n];
+        n += 1;
+    }
+    let mut g = 0;
+    while g < extra.len() {
+        let mut i = 0;
+        while i < extra[g].len() {
+            out[n] = extra[g][i];
+            n += 1;
+            i += 1;
+        }
+        g += 1;
+    }
+    assert!(n == N, "role count");
+    out
+}
+
+/// Keys every supported architecture reads (`ork-exec`'s `ModelConfig::from_gguf`).
+const COMMON_KEYS: [&str; 15] = [
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "vocab_size",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.layer_norm_rms_epsilon",
+    "rope.dimension_count",
+    "rope.freq_base",
+    // Linear scaling only; other types are refused by the configuration, naming the key.
+    "rope.scaling.type",
+    "rope.scaling.factor",
+    "rope.scale_linear",
+];
+
+/// The MoE keys (`MoeConfig::from_gguf`).
+const MOE_KEYS: [&str; 4] = [
+    "expert_count",
+    "expert_used_count",
+    "expert_weights_scale",
+    "expert_gating_func",
+];
+
+/// `COMMON_KEYS` followed by the groups `extra`, as one array of `N` keys.
+const fn keys<const N: usize>(extra: &[&[&'static str]]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let mut n = 0;
+    while n < COMMON_KEYS.len() {
+        out[n] = COMMON_KEYS[n];
+        n += 1;
+    }
+    let mut g = 0;
+    while g < extra.len() {
+        let mut i = 0;
+        while i < extra[g].len() {
+            out[n] = extra[g][i];
+            n += 1;
+            i += 1;
+        }
+        g += 1;
+    }
+    assert!(n == N, "key count");
+    out
+}
+
+/// llama: optional q/k/v biases (as llama.cpp), dense or Mixtral-style experts (no shared
+/// expert; `feed_forward_length` is the experts' width).
+const LLAMA_TENSORS: [Role; 19] = roles(&[&QKV_BIAS, &DENSE_FFN, &EXPERTS]);
+const LLAMA_KEYS: [&str; 19] = keys(&[&MOE_KEYS]);
+const QWEN2_TENSORS: [Role; 15] = roles(&[&QKV_BIAS, &DENSE_FFN]);
+const QWEN3_TENSORS: [Role; 14] = roles(&[&QK_NORM, &DENSE_FFN]);
+const QWEN2MOE_TENSORS: [Role; 20] = roles(&[&QKV_BIAS, &EXPERTS, &SHARED_EXPERT]);
+const QWEN2MOE_KEYS: [&str; 21] = keys(&[
+    &MOE_KEYS,
+    &[
+        "expert_feed_forward_length",
+        "expert_shared_feed_forward_length",
+    ],
+]);
+const QWEN3MOE_TENSORS: [Role; 15] = roles(&[&QK_NORM, &EXPERTS]);
+const QWEN3MOE_KEYS: [&str; 20] = keys(&[&MOE_KEYS, &["expert_feed_forward_length"]]);
+
+/// The per-architecture tables: what ork implements for each `general.architecture` it runs.
+pub const SUPPORTED: &[ArchSupport] = &[
+    ArchSupport {
+        arch: "llama",
+        tensors: &LLAMA_TENSORS,
+        keys: &LLAMA_KEYS,
+    },
+    ArchSupport {
+        arch: "qwen2",
+        tensors: &QWEN2_TENSORS,
+        keys: &COMMON_KEYS,
+    },
+    ArchSupport {
+        arch: "qwen3",
+        tensors: &QWEN3_TENSORS,
+        keys: &COMMON_KEYS,
+    },
+    ArchSupport {
+        arch: "qwen2moe",
+        tensors: &QWEN2MOE_TENSORS,
+        keys: &QWEN2MOE_KEYS,
+    },
+    ArchSupport {
+        arch: "qwen3moe",
+        tensors: &QWEN3MOE_TENSORS,
+        keys: &QWEN3MOE_KEYS,
+    },
+];
+
+/// The table of `arch`, if ork runs it.
+pub fn support(arch: &str) -> Option<&'static ArchSupport> {
+    SUPPORTED.iter().find(|s| s.arch == arch)
+}
+
+/// Why a tensor the table does not know is refused: what it is when ork knows the name from
+/// llama.cpp, else a general reason.
+fn tensor_reason(arch: &str, name: &str) -> String {
+    match name {
+        "rope_freqs.weight" => {
+            "RoPE frequency factors (how Llama 3.1/3.2 store their long-context \
+                                RoPE scaling) are not implemented; ork would compute different \
+                                text than llama.cpp"
+                .to_owned()
+        }
+        "rope_factors_long.weight" | "rope_factors_short.weight" => {
+            "LongRoPE factors are not implemented".to_owned()
+        }
+        _ => format!("ork does not implement this tensor for architecture '{arch}'"),
+    }
+}
+
+/// Why a key of the architecture's namespace that the table does not list is refused.
+fn key_reason(arch: &str, suffix: &str) -> String {
+    if suffix.starts_with("rope.") {
+        format!(
+            "this RoPE setting is not implemented for '{arch}' (ork implements rope.freq_base, \
+             rope.dimension_count and linear rope.scaling.factor)"
+        )
+    } else {
+        format!("ork does not implement this setting for architecture '{arch}'")
+    }
+}
+
+/// Refuse a file of a supported architecture that carries a tensor, or a key of the
+/// architecture's namespace, outside its table in [`SUPPORTED`]. Files of other architectures
+/// (or none) pass: the executor refuses those by architecture.
+///
+/// # Errors
+/// [`ManifestError::UnsupportedTensor`] or [`ManifestError::UnsupportedKey`], naming the file,
+/// the first such tensor (in file order; tensors are checked before keys) or key, and why.
+pub fn check_understood(file: &GgufFile) -> Result<(), ManifestError> {
+    let Some(arch) = file
+        .metadata("general.architecture")
+        .and_then(|v| v.as_str())
+    else {
+        return Ok(());
+    };
+    let Some(table) = support(arch) else {
+        return Ok(());
+    };
+    for t in file.tensors() {
+        let known = classify(&t.name).is_some_and(|(role, _)| table.tensors.contains(&role));
+        if !known {
+            return Err(ManifestError::UnsupportedTensor {
+                file: file.path().to_path_buf(),
+                tensor: t.name.clone(),
+                reason: tensor_reason(arch, &t.name),
+            });
+        }
+    }
+    let prefix = format!("{arch}.");
+    for (key, _) in file.metadata_iter() {
+        if let Some(suffix) = key.strip_prefix(&prefix) {
+            if !table.keys.contains(&suffix) {
+                return Err(ManifestError::UnsupportedKey {
+                    file: file.path().to_path_buf(),
+                    key: key.to_owned(),
+                    reason: key_reason(arch, suffix),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_role_has_a_name_and_lists_have_no_duplicates() {
+        for s in SUPPORTED {
+            for (i, r) in s.tensors.iter().enumerate() {
+                assert!(crate::tensor_name(*r, 0).is_some(), "{}: {r:?}", s.arch);
+                assert!(!s.tensors[..i].contains(r), "{}: {r:?} twice", s.arch);
+            }
+            for (i, k) in s.keys.iter().enumerate() {
+                assert!(!k.is_empty() && !s.keys[..i].contains(k), "{}: {k}", s.arch);
+            }
+        }
+    }
+
+    #[test]
+    fn the_message_names_the_file_and_the_tensor_once() {
+        let e = ManifestError::UnsupportedTensor {
+            file: "m.gguf".into(),
+            tensor: "rope_freqs.weight".into(),
+            reason: tensor_reason("llama", "rope_freqs.weight"),
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("m.gguf: tensor 'rope_freqs.weight'"),
+            "{msg}"
+        );
+        assert_eq!(msg.matches("m.gguf").count(), 1, "{msg}");
+        assert!(!e.without_file().contains("m.gguf"));
+    }
+
+    #[test]
+    fn the_tables_agree_with_the_matmul_roles() {
+        for (arch, matmul) in crate::ARCHITECTURES {
+            let s = support(arch).expect("every manifest architecture has a table");
+            for r in *matmul {
+                assert!(s.tensors.contains(r), "{arch}: {r:?}");
+            }
+        }
+        assert_eq!(SUPPORTED.len(), crate::ARCHITECTURES.len());
+    }
+}
