@@ -482,7 +482,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     let projected = match (&board, p.runnable) {
         (Some(b), true) => Some(crate::cmd_project::project_plan(
             &args.model,
-            &manifest,
+            manifest,
             &p,
             b,
             &args.project,
