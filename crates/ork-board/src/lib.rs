@@ -18,6 +18,7 @@
 
 pub mod events;
 pub mod fit;
+pub mod moe;
 mod params;
 mod projection;
 mod replay;
@@ -26,7 +27,7 @@ pub mod schedule;
 pub use events::{Event, HostKind, Loader, Recorder, WeightType};
 pub use params::{Board, Chip, CHIPS};
 pub use projection::Projection;
-pub use replay::{replay, Breakdown, PassTime, ReplayOptions, Timeline};
+pub use replay::{replay, replay_warm, Breakdown, PassTime, ReplayOptions, Timeline};
 pub use schedule::{schedule, Dims, ModelShape, Plan, ShapeWeight};
 
 /// The cost model's version, printed with every projection.

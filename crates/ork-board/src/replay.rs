@@ -163,11 +163,23 @@ impl PageCache {
     }
 }
 
-/// Replay `events` on `board`.
+/// Replay `events` on `board`, the page cache warm as if the same run had just run.
 pub fn replay(
     events: &[Event],
     board: &Board,
     opts: ReplayOptions,
+) -> Result<Timeline, BoardError> {
+    replay_warm(events, board, opts, None)
+}
+
+/// Replay `events` on `board`, the page cache warmed by reading `warm` (weight name, bytes) in
+/// order instead (`None`: the run's own loads, as [`replay()`]). A plan whose working set is
+/// larger than one run's loads (a mixture of experts' pack) gives its steady state here.
+pub fn replay_warm(
+    events: &[Event],
+    board: &Board,
+    opts: ReplayOptions,
+    warm: Option<&[(String, u64)]>,
 ) -> Result<Timeline, BoardError> {
     let chip = &board.chip;
     let mut loads_of: HashMap<&str, usize> = HashMap::new();
@@ -182,10 +194,19 @@ pub fn replay(
         tick: 0,
         entries: HashMap::new(),
     };
-    // Warm: as if the same run had just run (its last-used blobs are cached).
-    for e in events {
-        if let Event::Load { weight, bytes, .. } = e {
-            page_cache.read(weight, *bytes as f64);
+    match warm {
+        Some(list) => {
+            for (weight, bytes) in list {
+                page_cache.read(weight, *bytes as f64);
+            }
+        }
+        // Warm: as if the same run had just run (its last-used blobs are cached).
+        None => {
+            for e in events {
+                if let Event::Load { weight, bytes, .. } = e {
+                    page_cache.read(weight, *bytes as f64);
+                }
+            }
         }
     }
 

@@ -78,10 +78,17 @@ pub fn weight_bytes(k: usize, n: usize, ty: WeightType) -> u64 {
     data + 4 * n as u64
 }
 
-impl ModelShape {
-    /// The shape of `dims` with weights of type `ty` in domain 0, split by `chip`'s limits.
-    pub fn from_dims(dims: &Dims, ty: WeightType, chip: &crate::Chip) -> ModelShape {
-        let w = |name: String, k: usize, n: usize| ShapeWeight {
+impl ShapeWeight {
+    /// A `K × N` weight of type `ty` in domain 0, split by `chip`'s limits.
+    pub fn new(
+        name: String,
+        k: usize,
+        n: usize,
+        ty: WeightType,
+        chip: &crate::Chip,
+        pinned: bool,
+    ) -> ShapeWeight {
+        ShapeWeight {
             name,
             k,
             n,
@@ -89,8 +96,15 @@ impl ModelShape {
             bytes: weight_bytes(k, n, ty),
             domain: 0,
             calls: chip.calls(k, n, ty),
-            pinned: false,
-        };
+            pinned,
+        }
+    }
+}
+
+impl ModelShape {
+    /// The shape of `dims` with weights of type `ty` in domain 0, split by `chip`'s limits.
+    pub fn from_dims(dims: &Dims, ty: WeightType, chip: &crate::Chip) -> ModelShape {
+        let w = |name: String, k: usize, n: usize| ShapeWeight::new(name, k, n, ty, chip, false);
         let (d, q, kv) = (
             dims.d_model,
             dims.n_head * dims.head_dim,
@@ -252,14 +266,14 @@ pub fn schedule(shape: &ModelShape, plan: &Plan) -> Result<Vec<Event>, BoardErro
 
 /// Which loads create a buffer: until the budget is full every load does; then a load reuses
 /// the buffer of an evicted weight of the same size when one was created before.
-struct Loads {
+pub(crate) struct Loads {
     budget: u64,
     created: u64,
     sizes: std::collections::HashSet<u64>,
 }
 
 impl Loads {
-    fn new(budget: u64) -> Loads {
+    pub(crate) fn new(budget: u64) -> Loads {
         Loads {
             budget,
             created: 0,
@@ -267,7 +281,7 @@ impl Loads {
         }
     }
 
-    fn event(&mut self, w: &ShapeWeight, by: Loader, after: u64) -> Event {
+    pub(crate) fn event(&mut self, w: &ShapeWeight, by: Loader, after: u64) -> Event {
         let created = self.created + w.bytes <= self.budget || !self.sizes.contains(&w.bytes);
         if created {
             self.created += w.bytes;

@@ -1,9 +1,10 @@
 //! The board clock: board files, names, replay sensitivity, calibration.
 
 use ork_board::fit::{self, FITTED_RK3588, FIT_ROWS, HOLDOUT_ROWS};
+use ork_board::moe::{moe_schedule, ExpertPrefetch, MoeDims, MoePlan, MoeSchedule};
 use ork_board::{
-    replay, schedule, Board, BoardError, Dims, ModelShape, Plan, Projection, ReplayOptions,
-    WeightType,
+    replay, replay_warm, schedule, Board, BoardError, Dims, ModelShape, Plan, Projection,
+    ReplayOptions, WeightType,
 };
 
 /// Print the fit and every row's prediction (`cargo test -p ork-board --test board -- --ignored
@@ -381,4 +382,147 @@ fn the_prefetch_rule_retimes_recorded_loads() {
         with_prefetch.decode_tok_s.unwrap(),
     );
     assert!((a / b - 1.0).abs() < 0.01, "{a} vs {b}");
+}
+
+fn moe_project(
+    board: &Board,
+    prefetch: ExpertPrefetch,
+    cache_experts: usize,
+    gen_tokens: usize,
+) -> (Projection, MoeSchedule) {
+    moe_project_ram(board, prefetch, cache_experts, gen_tokens, None)
+}
+
+/// As [`moe_project`], with the device bytes the page cache loses fixed at `device_bytes`.
+fn moe_project_ram(
+    board: &Board,
+    prefetch: ExpertPrefetch,
+    cache_experts: usize,
+    gen_tokens: usize,
+    device_bytes: Option<f64>,
+) -> (Projection, MoeSchedule) {
+    let plan = MoePlan {
+        ty: WeightType::Int8,
+        prefetch,
+        cache_experts,
+        prompt_tokens: 1,
+        gen_tokens,
+        kv_bytes: 2,
+        seed: 28,
+    };
+    let s = moe_schedule(&MoeDims::QWEN3_30B_A3B, &plan, &board.chip).unwrap();
+    let t = replay_warm(
+        &s.events,
+        board,
+        ReplayOptions {
+            preload: false,
+            device_bytes: device_bytes.unwrap_or(s.device_bytes as f64),
+            prefetch_slots: None,
+        },
+        Some(&s.warm),
+    )
+    .unwrap();
+    (
+        Projection::new(&t, board, plan.prompt_tokens, gen_tokens),
+        s,
+    )
+}
+
+/// Qwen3-30B-A3B's int8 pack (~30 GB) does not fit a 16 GB board: experts come from NVMe, and
+/// the replay reads them from storage during decode.
+#[test]
+fn moe_pack_exceeds_a_16_gb_board() {
+    let board = Board::named("orangepi5-16g").unwrap();
+    let dims = MoeDims::QWEN3_30B_A3B;
+    let total = dims.total_bytes(WeightType::Int8) as f64;
+    assert!(total > 29e9 && total < 32e9, "{total}");
+    assert!(total > board.ram_bytes);
+    let (p, s) = moe_project(&board, ExpertPrefetch::Router, 1024, 3);
+    assert!(p.storage_bytes > 0.0);
+    assert!(s.decode_uses > s.decode_hits);
+}
+
+/// More expert cache is faster or equal when the page cache keeps its size (the cache's RAM
+/// taken from elsewhere); speculative prefetch with recall 1 is at least as fast as
+/// router-driven prefetch, which is at least as fast as on-demand loading.
+#[test]
+fn moe_cache_and_prefetch_order() {
+    let board = Board::named("orangepi5-32g").unwrap();
+    let page_cache_kept = Some(12e9);
+    let rate = |prefetch, cache| {
+        moe_project_ram(&board, prefetch, cache, 5, page_cache_kept)
+            .0
+            .decode_tok_s
+            .unwrap()
+    };
+    let all = 48 * 128;
+    let mut last = 0.0;
+    for cache in [16, all / 4, all / 2, all] {
+        let r = rate(ExpertPrefetch::Router, cache);
+        assert!(r >= last * 0.999, "cache {cache}: {r} < {last}");
+        last = r;
+    }
+    let cache = all / 4;
+    let demand = rate(ExpertPrefetch::OnDemand, cache);
+    let router = rate(ExpertPrefetch::Router, cache);
+    let spec = rate(ExpertPrefetch::Speculative { recall: 1.0 }, cache);
+    assert!(router >= demand, "router {router} < on-demand {demand}");
+    assert!(spec >= router, "speculative {spec} < router {router}");
+    assert!(
+        spec > demand * 1.05,
+        "speculative {spec} ≈ on-demand {demand}"
+    );
+}
+
+/// The expert cache's RAM comes out of the page cache: on a 32 GB board, where the page cache
+/// alone holds the whole pack, a quarter of the experts cached on the device (a second copy)
+/// pushes others out to NVMe and decode is slower than with no cache.
+#[test]
+fn moe_cache_competes_with_the_page_cache() {
+    let board = Board::named("orangepi5-32g").unwrap();
+    let (none, _) = moe_project(&board, ExpertPrefetch::Router, 16, 5);
+    let (quarter, _) = moe_project(&board, ExpertPrefetch::Router, 48 * 32, 5);
+    assert!(none.storage_bytes < quarter.storage_bytes);
+    assert!(none.decode_tok_s.unwrap() > quarter.decode_tok_s.unwrap());
+}
+
+/// The MoE study of `docs/board-model.md`: Qwen3-30B-A3B's shapes on a 16 GB and a 32 GB board,
+/// pack on NVMe, expert cache size against the way missing experts come in
+/// (`cargo test -p ork-board --test board -- --ignored --nocapture moe_study`).
+#[test]
+#[ignore]
+fn moe_study() {
+    let all = 48 * 128;
+    for name in ["orangepi5-16g", "orangepi5-32g"] {
+        let board = Board::named(name).unwrap();
+        for cache in [16, all / 8, all / 4, all / 2, 3 * all / 4, all] {
+            let mut row = format!(
+                "| {name} | {cache} ({:.0} %) |",
+                100.0 * cache as f64 / all as f64
+            );
+            let mut note = String::new();
+            for prefetch in [
+                ExpertPrefetch::OnDemand,
+                ExpertPrefetch::Router,
+                ExpertPrefetch::Speculative { recall: 0.5 },
+                ExpertPrefetch::Speculative { recall: 0.8 },
+                ExpertPrefetch::Speculative { recall: 1.0 },
+            ] {
+                let (p, s) = moe_project(&board, prefetch, cache, 17);
+                if s.device_bytes as f64 > board.ram_bytes - (1u64 << 30) as f64 {
+                    row += " does not fit |";
+                    continue;
+                }
+                row += &format!(" {:.2} |", p.decode_tok_s.unwrap());
+                if prefetch == ExpertPrefetch::Router {
+                    note = format!(
+                        " {:.0} % | {:.2} |",
+                        100.0 * s.decode_hits as f64 / s.decode_uses as f64,
+                        p.storage_bytes / 1e9 / 16.0
+                    );
+                }
+            }
+            println!("{row}{note}");
+        }
+    }
 }

@@ -1,0 +1,429 @@
+//! The planned schedule of a mixture-of-experts decoder (Qwen3-MoE-shaped: per block attention,
+//! a router over `n_expert` experts, the `top_k` chosen experts' gate/up/down) as an event
+//! stream, with an expert cache in device memory and three ways of bringing a missing expert in:
+//!
+//! - [`ExpertPrefetch::OnDemand`]: the compute thread loads an expert when it reaches it;
+//! - [`ExpertPrefetch::Router`]: when a block's router has run, its chosen experts are announced
+//!   to the prefetch thread, which loads the missing ones while compute runs the others;
+//! - [`ExpertPrefetch::Speculative`]: when a block's router has run, the next block's experts
+//!   are also predicted (a fraction `recall` of its true experts, the rest of the prediction
+//!   wrong) and loaded; what the prediction missed is loaded when that block's router has run.
+//!
+//! Routing is drawn uniformly at random from a fixed seed (real routers are skewed, which makes
+//! a cache of a given size hit more often than here: these figures are a lower bound for the
+//! cache). Dense weights (attention, routers, output) are resident, loaded before the clock; the
+//! cache starts full (a warm cache), and is least-recently-used out. The replay, not a formula,
+//! turns the stream into time: see `docs/board-model.md`.
+
+use std::collections::HashMap;
+
+use crate::events::{Event, HostKind, Loader, WeightType};
+use crate::schedule::{weight_bytes, Loads, ShapeWeight};
+use crate::{BoardError, Chip};
+
+/// Published dimensions of a Qwen3-MoE-shaped model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeDims {
+    /// Blocks.
+    pub n_layer: usize,
+    /// Width.
+    pub d_model: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads.
+    pub n_head_kv: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Experts per block.
+    pub n_expert: usize,
+    /// Experts chosen per token.
+    pub top_k: usize,
+    /// One expert's FFN width.
+    pub expert_ffn: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+}
+
+impl MoeDims {
+    /// Qwen3-30B-A3B (its `config.json`: 48 blocks, hidden 2048, 32 / 4 heads of 128, 128
+    /// experts, 8 per token, expert FFN 768, vocabulary 151936).
+    pub const QWEN3_30B_A3B: MoeDims = MoeDims {
+        n_layer: 48,
+        d_model: 2048,
+        n_head: 32,
+        n_head_kv: 4,
+        head_dim: 128,
+        n_expert: 128,
+        top_k: 8,
+        expert_ffn: 768,
+        vocab: 151936,
+    };
+
+    /// Device bytes of one expert (gate, up, down) with weights of type `ty`.
+    pub fn expert_bytes(&self, ty: WeightType) -> u64 {
+        2 * weight_bytes(self.d_model, self.expert_ffn, ty)
+            + weight_bytes(self.expert_ffn, self.d_model, ty)
+    }
+
+    /// Device bytes of the dense weights (attention, routers, output).
+    pub fn dense_bytes(&self, ty: WeightType) -> u64 {
+        let (d, q, kv) = (
+            self.d_model,
+            self.n_head * self.head_dim,
+            self.n_head_kv * self.head_dim,
+        );
+        let block = weight_bytes(d, q, ty)
+            + 2 * weight_bytes(d, kv, ty)
+            + weight_bytes(q, d, ty)
+            + weight_bytes(d, self.n_expert, ty);
+        self.n_layer as u64 * block + weight_bytes(d, self.vocab, ty)
+    }
+
+    /// Device bytes of the whole pack.
+    pub fn total_bytes(&self, ty: WeightType) -> u64 {
+        self.dense_bytes(ty) + (self.n_layer * self.n_expert) as u64 * self.expert_bytes(ty)
+    }
+}
+
+/// How a missing expert is brought in.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertPrefetch {
+    /// By the compute thread, when it reaches the expert.
+    OnDemand,
+    /// By the prefetch thread, once the block's router has run.
+    Router,
+    /// As [`ExpertPrefetch::Router`], and the next block's experts predicted when this block's
+    /// router has run, a fraction `recall` (0..=1) of them right.
+    Speculative {
+        /// Fraction of the next block's true experts the prediction contains.
+        recall: f64,
+    },
+}
+
+/// How the MoE schedule runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoePlan {
+    /// Weight type of every matmul.
+    pub ty: WeightType,
+    /// How missing experts come in.
+    pub prefetch: ExpertPrefetch,
+    /// Experts the device cache holds, over all blocks (at least `2 × top_k` are kept as
+    /// staging buffers whatever this says).
+    pub cache_experts: usize,
+    /// Prompt tokens (one prefill pass).
+    pub prompt_tokens: usize,
+    /// Generated tokens (one decode pass for each after the first).
+    pub gen_tokens: usize,
+    /// Bytes per KV-cache value.
+    pub kv_bytes: usize,
+    /// Seed of the routing draw.
+    pub seed: u64,
+}
+
+/// The stream and what the replay needs beside it.
+#[derive(Clone, Debug)]
+pub struct MoeSchedule {
+    /// The events.
+    pub events: Vec<Event>,
+    /// Device bytes held: dense weights, the expert cache, the KV cache.
+    pub device_bytes: u64,
+    /// Experts the cache held (after the staging minimum).
+    pub cache_experts: usize,
+    /// Expert uses in decode passes, and how many of them the cache served.
+    pub decode_uses: u64,
+    /// Of [`MoeSchedule::decode_uses`], the cache hits (prefetched experts count as misses).
+    pub decode_hits: u64,
+    /// The page cache's steady state for [`crate::replay_warm`]: the experts the device cache
+    /// does not hold, in random order (what uniform routing leaves in an LRU page cache).
+    pub warm: Vec<(String, u64)>,
+}
+
+/// splitmix64: a fixed, dependency-free draw.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// `k` distinct values below `n`, in draw order.
+    fn choose(&mut self, n: usize, k: usize, not: &[usize]) -> Vec<usize> {
+        let mut out = Vec::with_capacity(k);
+        while out.len() < k.min(n - not.len().min(n)) {
+            let e = (self.next() % n as u64) as usize;
+            if !out.contains(&e) && !not.contains(&e) {
+                out.push(e);
+            }
+        }
+        out
+    }
+}
+
+/// An LRU set of (block, expert).
+struct Cache {
+    capacity: usize,
+    tick: u64,
+    held: HashMap<(usize, usize), u64>,
+}
+
+impl Cache {
+    fn touch(&mut self, key: (usize, usize)) -> bool {
+        self.tick += 1;
+        self.held.insert(key, self.tick).is_some()
+    }
+
+    /// Refresh `key` if held: true on a hit.
+    fn touch_if_held(&mut self, key: (usize, usize)) -> bool {
+        self.held.contains_key(&key) && self.touch(key)
+    }
+
+    fn contains(&self, key: (usize, usize)) -> bool {
+        self.held.contains_key(&key)
+    }
+
+    /// Insert `key`, evicting the least recently used beyond capacity.
+    fn insert(&mut self, key: (usize, usize)) {
+        self.touch(key);
+        while self.held.len() > self.capacity {
+            let victim = *self
+                .held
+                .iter()
+                .min_by_key(|(_, t)| **t)
+                .map(|(k, _)| k)
+                .expect("over capacity means an entry");
+            self.held.remove(&victim);
+        }
+    }
+}
+
+/// The event stream of running `dims` as `plan` says on `chip`.
+pub fn moe_schedule(
+    dims: &MoeDims,
+    plan: &MoePlan,
+    chip: &Chip,
+) -> Result<MoeSchedule, BoardError> {
+    if plan.prompt_tokens == 0 {
+        return Err(BoardError::Stream("a prompt of 0 tokens".into()));
+    }
+    if dims.top_k == 0 || dims.top_k > dims.n_expert {
+        return Err(BoardError::Stream(format!(
+            "top_k {} of {} experts",
+            dims.top_k, dims.n_expert
+        )));
+    }
+    if let ExpertPrefetch::Speculative { recall } = plan.prefetch {
+        if !(0.0..=1.0).contains(&recall) {
+            return Err(BoardError::Stream(format!(
+                "recall {recall} is not in 0..=1"
+            )));
+        }
+    }
+    let ty = plan.ty;
+    let w = |name: String, k: usize, n: usize| ShapeWeight::new(name, k, n, ty, chip, true);
+    let (d, q, kv) = (
+        dims.d_model,
+        dims.n_head * dims.head_dim,
+        dims.n_head_kv * dims.head_dim,
+    );
+    let dense: Vec<[ShapeWeight; 5]> = (0..dims.n_layer)
+        .map(|i| {
+            [
+                w(format!("blk.{i}.attn_q"), d, q),
+                w(format!("blk.{i}.attn_k"), d, kv),
+                w(format!("blk.{i}.attn_v"), d, kv),
+                w(format!("blk.{i}.attn_output"), q, d),
+                w(format!("blk.{i}.ffn_gate_inp"), d, dims.n_expert),
+            ]
+        })
+        .collect();
+    let output = w("output".into(), d, dims.vocab);
+    let expert = |b: usize, e: usize| {
+        [
+            w(format!("blk.{b}.exp.{e}.gate"), d, dims.expert_ffn),
+            w(format!("blk.{b}.exp.{e}.up"), d, dims.expert_ffn),
+            w(format!("blk.{b}.exp.{e}.down"), dims.expert_ffn, d),
+        ]
+    };
+    let expert_bytes = dims.expert_bytes(ty);
+    let all = dims.n_layer * dims.n_expert;
+    let capacity = plan.cache_experts.clamp(2 * dims.top_k, all);
+    let mut cache = Cache {
+        capacity,
+        tick: 0,
+        held: HashMap::new(),
+    };
+    // A warm cache: an even share of every block's experts (routing is uniform).
+    let mut rng = Rng(plan.seed);
+    for i in 0..capacity {
+        cache.insert((i % dims.n_layer, i / dims.n_layer));
+    }
+    // The warm cache's buffers exist: a load reuses an evicted expert's buffer.
+    let mut loads = Loads::new(0);
+    let mut outside: Vec<(usize, usize)> = (0..dims.n_layer)
+        .flat_map(|b| (0..dims.n_expert).map(move |e| (b, e)))
+        .filter(|k| !cache.contains(*k))
+        .collect();
+    for i in (1..outside.len()).rev() {
+        outside.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    let warm = outside
+        .iter()
+        .flat_map(|&(b, e)| expert(b, e).map(|x| (x.name, x.bytes)))
+        .collect();
+    let context_max = plan.prompt_tokens + plan.gen_tokens;
+    let kv_bytes = (2 * dims.n_layer * kv * plan.kv_bytes * context_max) as u64;
+    let mut out = Vec::new();
+    let mut started = 0u64;
+    let (mut decode_uses, mut decode_hits) = (0u64, 0u64);
+    let passes = plan.gen_tokens.max(1);
+    // `key` into the cache: a hit refreshes it, a miss loads it by `by` after `after` matmuls.
+    let bring = |out: &mut Vec<Event>,
+                 loads: &mut Loads,
+                 cache: &mut Cache,
+                 key: (usize, usize),
+                 by: Loader,
+                 after: u64| {
+        if cache.touch_if_held(key) {
+            return;
+        }
+        for x in expert(key.0, key.1).iter() {
+            out.push(loads.event(x, by, after));
+        }
+        cache.insert(key);
+    };
+    for p in 0..passes {
+        let (m, context) = if p == 0 {
+            (plan.prompt_tokens, 0)
+        } else {
+            (1, plan.prompt_tokens + p - 1)
+        };
+        out.push(Event::Pass { tokens: m, context });
+        // Each row's experts in every block, drawn up front (the prediction needs the next
+        // block's).
+        let routes: Vec<Vec<Vec<usize>>> = (0..dims.n_layer)
+            .map(|_| {
+                (0..m)
+                    .map(|_| rng.choose(dims.n_expert, dims.top_k, &[]))
+                    .collect()
+            })
+            .collect();
+        // Experts each block's rows use, with their row counts, in first-use order.
+        let used: Vec<Vec<(usize, usize)>> = routes
+            .iter()
+            .map(|rows| {
+                let mut u: Vec<(usize, usize)> = Vec::new();
+                for r in rows {
+                    for &e in r {
+                        match u.iter_mut().find(|(x, _)| *x == e) {
+                            Some(c) => c.1 += 1,
+                            None => u.push((e, 1)),
+                        }
+                    }
+                }
+                u
+            })
+            .collect();
+        let speculate = match plan.prefetch {
+            ExpertPrefetch::Speculative { recall } if m == 1 => Some(recall),
+            _ => None,
+        };
+        for (b, ws) in dense.iter().enumerate() {
+            out.push(HostKind::norm(m, d));
+            for (i, x) in ws[..3].iter().enumerate() {
+                matmul(&mut out, &mut started, x, m, i == 0);
+            }
+            out.push(HostKind::attention(
+                m,
+                context,
+                dims.n_head,
+                dims.n_head_kv,
+                dims.head_dim,
+                plan.kv_bytes,
+            ));
+            matmul(&mut out, &mut started, &ws[3], m, true);
+            out.push(HostKind::norm(m, d));
+            matmul(&mut out, &mut started, &ws[4], m, true);
+            // The router has run (its matmul started: the top-k on the host is negligible).
+            if m == 1 {
+                decode_uses += used[b].len() as u64;
+                decode_hits += used[b]
+                    .iter()
+                    .filter(|(e, _)| cache.contains((b, *e)))
+                    .count() as u64;
+            }
+            if plan.prefetch != ExpertPrefetch::OnDemand {
+                for &(e, _) in &used[b] {
+                    bring(
+                        &mut out,
+                        &mut loads,
+                        &mut cache,
+                        (b, e),
+                        Loader::Prefetch,
+                        started,
+                    );
+                }
+            }
+            if let (Some(recall), Some(next)) = (speculate, used.get(b + 1)) {
+                // The prediction: `recall` of the next block's experts, the rest wrong.
+                let truth: Vec<usize> = next.iter().map(|(e, _)| *e).collect();
+                let right = (recall * truth.len() as f64).round() as usize;
+                let wrong = rng.choose(dims.n_expert, truth.len() - right, &truth);
+                for e in truth[..right].iter().chain(&wrong) {
+                    bring(
+                        &mut out,
+                        &mut loads,
+                        &mut cache,
+                        (b + 1, *e),
+                        Loader::Prefetch,
+                        started,
+                    );
+                }
+            }
+            for &(e, rows) in &used[b] {
+                if plan.prefetch == ExpertPrefetch::OnDemand {
+                    bring(
+                        &mut out,
+                        &mut loads,
+                        &mut cache,
+                        (b, e),
+                        Loader::Compute,
+                        started,
+                    );
+                }
+                let [g, u, dn] = expert(b, e);
+                matmul(&mut out, &mut started, &g, rows, true);
+                matmul(&mut out, &mut started, &u, rows, false);
+                matmul(&mut out, &mut started, &dn, rows, true);
+            }
+        }
+        matmul(&mut out, &mut started, &output, 1, true);
+        out.push(HostKind::sample(1, dims.vocab));
+    }
+    Ok(MoeSchedule {
+        events: out,
+        device_bytes: dims.dense_bytes(ty) + capacity as u64 * expert_bytes + kv_bytes,
+        cache_experts: capacity,
+        decode_uses,
+        decode_hits,
+        warm,
+    })
+}
+
+fn matmul(out: &mut Vec<Event>, started: &mut u64, x: &ShapeWeight, rows: usize, quantized: bool) {
+    out.push(Event::Matmul {
+        weight: x.name.clone(),
+        m: rows,
+        k: x.k,
+        n: x.n,
+        ty: x.ty,
+        bytes: x.bytes,
+        domain: x.domain,
+        calls: x.calls,
+        quantized,
+    });
+    *started += 1;
+}
