@@ -23,6 +23,7 @@ mod params;
 mod projection;
 mod replay;
 pub mod schedule;
+pub mod spec;
 
 pub use events::{Event, HostKind, Loader, Recorder, WeightType};
 pub use params::{Board, Chip, CHIPS};

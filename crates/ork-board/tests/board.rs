@@ -2,9 +2,10 @@
 
 use ork_board::fit::{self, FITTED_RK3588, FIT_ROWS, HOLDOUT_ROWS};
 use ork_board::moe::{moe_schedule, ExpertPrefetch, MoeDims, MoePlan, MoeSchedule};
+use ork_board::spec::{spec_schedule, SpecPlan};
 use ork_board::{
     replay, replay_warm, schedule, Board, BoardError, Dims, ModelShape, Plan, Projection,
-    ReplayOptions, WeightType,
+    ReplayOptions, Timeline, WeightType,
 };
 
 /// Print the fit and every row's prediction (`cargo test -p ork-board --test board -- --ignored
@@ -265,30 +266,36 @@ fn board_files_refuse_bad_parameters_naming_them() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// SmolLM2-135M's published dimensions.
+const SMOLLM2_135M: Dims = Dims {
+    n_layer: 30,
+    d_model: 576,
+    ffn: 1536,
+    n_head: 9,
+    n_head_kv: 3,
+    head_dim: 64,
+    vocab: 49152,
+};
+
+/// Llama-2-7B's published dimensions.
+const LLAMA_7B: Dims = Dims {
+    n_layer: 32,
+    d_model: 4096,
+    ffn: 11008,
+    n_head: 32,
+    n_head_kv: 32,
+    head_dim: 128,
+    vocab: 32000,
+};
+
 /// The studies of `docs/board-model.md` ("Using it"): resident vs streamed vs resident across
 /// domains, and the prefetch slot count (`cargo test -p ork-board --test board -- --ignored
 /// --nocapture studies`).
 #[test]
 #[ignore]
 fn studies() {
-    let smollm2 = Dims {
-        n_layer: 30,
-        d_model: 576,
-        ffn: 1536,
-        n_head: 9,
-        n_head_kv: 3,
-        head_dim: 64,
-        vocab: 49152,
-    };
-    let llama7b = Dims {
-        n_layer: 32,
-        d_model: 4096,
-        ffn: 11008,
-        n_head: 32,
-        n_head_kv: 32,
-        head_dim: 128,
-        vocab: 32000,
-    };
+    let smollm2 = SMOLLM2_135M;
+    let llama7b = LLAMA_7B;
     let board = Board::named("orangepi5-16g").unwrap();
     let chip = &board.chip;
     let gib = 1u64 << 30;
@@ -523,6 +530,218 @@ fn moe_study() {
                 }
             }
             println!("{row}{note}");
+        }
+    }
+}
+
+fn spec_project(
+    verifier: &ModelShape,
+    draft: Option<&ModelShape>,
+    plan: SpecPlan,
+    board: &Board,
+) -> (Projection, Timeline) {
+    let s = spec_schedule(verifier, draft, &plan).unwrap();
+    let v = plan.verifier;
+    let device = if v.resident {
+        verifier.total_bytes()
+    } else {
+        v.budget_bytes
+    } + draft.map_or(0, |d| d.total_bytes());
+    let t = replay(
+        &s.events,
+        board,
+        ReplayOptions {
+            preload: true,
+            device_bytes: device as f64,
+            prefetch_slots: None,
+        },
+    )
+    .unwrap();
+    (Projection::new(&t, board, v.prompt_tokens, s.generated), t)
+}
+
+fn tiny_draft() -> ModelShape {
+    let dims = Dims {
+        n_layer: 2,
+        d_model: 256,
+        ffn: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        vocab: 8192,
+    };
+    ModelShape::from_dims(&dims, WeightType::Int8, &ork_board::Chip::rk3588())
+}
+
+/// Plain decode built from spliced passes (k = 0) projects what the dense schedule does.
+#[test]
+fn spec_k0_matches_plain_decode() {
+    let board = Board::named("rk3588").unwrap();
+    let shape = small_shape();
+    let plan = Plan {
+        gen_tokens: 16,
+        ..streamed(4)
+    };
+    let plain = project(&shape, plan, &board).decode_tok_s.unwrap();
+    let spec = SpecPlan {
+        verifier: plan,
+        k: 0,
+        acceptance: 0.0,
+        seed: 13,
+    };
+    let (p, _) = spec_project(&shape, None, spec, &board);
+    let k0 = p.decode_tok_s.unwrap();
+    assert!(
+        close_within(k0, plain, 0.10),
+        "k = 0: {k0} vs plain {plain}"
+    );
+}
+
+/// With no draft accepted a speculative run is slower than plain decode (drafts and wider
+/// passes for one token each); a streamed pass of k + 1 rows costs less than k + 1 passes.
+#[test]
+fn spec_acceptance_zero_loses_and_wide_passes_pay() {
+    let board = Board::named("rk3588").unwrap();
+    let shape = small_shape();
+    let draft = tiny_draft();
+    let plan = Plan {
+        gen_tokens: 16,
+        ..streamed(4)
+    };
+    let base = SpecPlan {
+        verifier: plan,
+        k: 0,
+        acceptance: 0.0,
+        seed: 13,
+    };
+    let (plain, plain_t) = spec_project(&shape, None, base, &board);
+    let k = 4;
+    let (zero, zero_t) = spec_project(&shape, Some(&draft), SpecPlan { k, ..base }, &board);
+    assert!(zero.decode_tok_s.unwrap() < plain.decode_tok_s.unwrap());
+    // Each pass's time: from the end of the pass before it.
+    let durations = |t: &Timeline, rows: usize| -> Vec<f64> {
+        t.passes
+            .windows(2)
+            .filter(|w| w[1].tokens == rows && w[1].context >= plan.prompt_tokens)
+            .map(|w| w[1].end_s - w[0].end_s)
+            .collect()
+    };
+    let one = durations(&plain_t, 1);
+    let wide = durations(&zero_t, k + 1);
+    let one = one.iter().sum::<f64>() / one.len() as f64;
+    let wide = wide.iter().sum::<f64>() / wide.len() as f64;
+    assert!(wide < (k + 1) as f64 * one * 0.5, "{wide} vs {k}+1 × {one}");
+    // Every draft accepted: fewer verifier passes, faster.
+    let (all, _) = spec_project(
+        &shape,
+        Some(&draft),
+        SpecPlan {
+            k,
+            acceptance: 1.0,
+            ..base
+        },
+        &board,
+    );
+    assert!(all.decode_tok_s.unwrap() > 2.0 * plain.decode_tok_s.unwrap());
+}
+
+/// The speculative-decoding study of `docs/board-model.md`: projected decode of a resident draft
+/// (or prompt lookup, which costs no device time) with a streamed verifier, against plain
+/// streamed decode, over draft length and acceptance
+/// (`cargo test -p ork-board --test board -- --ignored --nocapture spec_study`).
+#[test]
+#[ignore]
+fn spec_study() {
+    let board = Board::named("orangepi5-16g").unwrap();
+    let chip = &board.chip;
+    let smollm2 = SMOLLM2_135M;
+    let qwen05 = Dims {
+        n_layer: 24,
+        d_model: 896,
+        ffn: 4864,
+        n_head: 14,
+        n_head_kv: 2,
+        head_dim: 64,
+        vocab: 151936,
+    };
+    let llama7b = LLAMA_7B;
+    let shape = |d: &Dims| ModelShape::from_dims(d, WeightType::Int8, chip);
+    let (s135, q05, l7) = (shape(&smollm2), shape(&qwen05), shape(&llama7b));
+    let cases: [(&str, &ModelShape, u64, &str, Option<&ModelShape>); 4] = [
+        (
+            "SmolLM2-135M, ¼ budget",
+            &s135,
+            s135.total_bytes() / 4,
+            "lookup",
+            None,
+        ),
+        (
+            "Llama-2-7B shape, 3 GiB in one window",
+            &l7,
+            3 << 30,
+            "lookup",
+            None,
+        ),
+        (
+            "Llama-2-7B shape, 3 GiB in one window",
+            &l7,
+            3 << 30,
+            "SmolLM2-135M shape",
+            Some(&s135),
+        ),
+        (
+            "Llama-2-7B shape, 3 GiB in one window",
+            &l7,
+            3 << 30,
+            "Qwen2-0.5B shape",
+            Some(&q05),
+        ),
+    ];
+    let ks = [1usize, 2, 4, 6, 8];
+    for (name, verifier, budget, draft_name, draft) in cases {
+        let plan = Plan {
+            resident: false,
+            slots: 4,
+            budget_bytes: budget,
+            prompt_tokens: 128,
+            gen_tokens: 64,
+            kv_bytes: 2,
+        };
+        let base = SpecPlan {
+            verifier: plan,
+            k: 0,
+            acceptance: 0.0,
+            seed: 13,
+        };
+        let plain = spec_project(verifier, None, base, &board)
+            .0
+            .decode_tok_s
+            .unwrap();
+        println!(
+            "\n{name}, draft {draft_name}: plain streamed decode {plain:.2} tok/s (projected)"
+        );
+        println!(
+            "| acceptance | {} |",
+            ks.map(|k| format!("k = {k}")).join(" | ")
+        );
+        for a in [0.0, 0.03, 0.3, 0.5, 0.7, 0.8, 0.9] {
+            let mut row = format!("| {a} |");
+            for k in ks {
+                let p = spec_project(
+                    verifier,
+                    draft,
+                    SpecPlan {
+                        k,
+                        acceptance: a,
+                        ..base
+                    },
+                    &board,
+                )
+                .0;
+                let r = p.decode_tok_s.unwrap();
+                row += &format!(" {r:.2} ({:.2}×) |", r / plain);
+            }
+            println!("{row}");
         }
     }
 }

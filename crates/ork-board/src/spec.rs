@@ -1,0 +1,195 @@
+//! The planned schedule of speculative decoding as an event stream: a resident draft model
+//! proposes `k` tokens (k decode passes of one row), then the verifier — resident or streamed —
+//! runs one pass of `k + 1` rows: one weight pass serves every row. Each draft is accepted with
+//! probability `acceptance`, left to right, from a fixed seed; a round yields the accepted drafts
+//! and one more token (the correction or the bonus). `k = 0` without a draft is plain decode built
+//! the same way, the baseline. The replay turns the stream into time (see
+//! `docs/board-model.md`).
+//!
+//! The pieces are [`crate::schedule()`]'s own passes, spliced: each pass's context, attention and
+//! output rows set for its place in the run, its loads re-anchored to the matmuls before it.
+//! A verifier pass's first loads (those the prefetcher may issue before its first matmul) may
+//! start when the round's draft passes start: the prefetcher knows the verifier's weight order.
+
+use crate::events::{Event, HostKind};
+use crate::schedule::{schedule, ModelShape, Plan};
+use crate::BoardError;
+
+/// A speculative run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpecPlan {
+    /// The verifier's plan (resident or streamed, slots, budget); its `gen_tokens` is the
+    /// number of tokens to generate, its `prompt_tokens` the prompt.
+    pub verifier: Plan,
+    /// Drafts per round (0: plain decode, no draft passes).
+    pub k: usize,
+    /// Probability that a draft is accepted (0..=1), independently per draft.
+    pub acceptance: f64,
+    /// Seed of the acceptance draw.
+    pub seed: u64,
+}
+
+/// The stream and what the replay needs beside it.
+#[derive(Clone, Debug)]
+pub struct SpecSchedule {
+    /// The events.
+    pub events: Vec<Event>,
+    /// Tokens generated (the prefill's first one included).
+    pub generated: usize,
+    /// Verifier passes after the prefill.
+    pub rounds: usize,
+}
+
+/// The event stream of decoding with `verifier` checking `draft`'s proposals (`draft` is
+/// resident; `None`: drafts that cost no device time, as prompt lookup's host-side n-gram
+/// match, or plain decode with `k = 0`).
+pub fn spec_schedule(
+    verifier: &ModelShape,
+    draft: Option<&ModelShape>,
+    plan: &SpecPlan,
+) -> Result<SpecSchedule, BoardError> {
+    if !(0.0..=1.0).contains(&plan.acceptance) {
+        return Err(BoardError::Stream(format!(
+            "acceptance {} is not in 0..=1",
+            plan.acceptance
+        )));
+    }
+    let v = plan.verifier;
+    let prompt = v.prompt_tokens;
+    let one = |tokens: usize, resident: bool, p: &Plan| Plan {
+        resident,
+        prompt_tokens: tokens,
+        gen_tokens: 1,
+        ..*p
+    };
+    let mut out = Vec::new();
+    // The draft's weights, loaded once before the prompt (resident).
+    let draft_pass = match draft {
+        Some(d) => {
+            let evs = schedule(d, &one(1, true, &v))?;
+            let (loads, pass): (Vec<_>, Vec<_>) = evs
+                .into_iter()
+                .partition(|e| matches!(e, Event::Load { .. }));
+            for l in loads {
+                out.push(rename(l, "draft."));
+            }
+            Some((d, pass))
+        }
+        None => None,
+    };
+    // The prompt: the verifier's prefill, then the draft's.
+    let prefill = schedule(verifier, &one(prompt, v.resident, &v))?;
+    splice(&mut out, prefill, verifier, 0, prompt, 1, "", None);
+    if let Some((d, _)) = &draft_pass {
+        let evs = schedule(d, &one(prompt, true, &v))?;
+        let evs = evs
+            .into_iter()
+            .filter(|e| !matches!(e, Event::Load { .. }))
+            .collect();
+        splice(&mut out, evs, d, 0, prompt, 1, "draft.", None);
+    }
+    // A resident verifier's weights were loaded with the prefill.
+    let verify: Vec<Event> = schedule(verifier, &one(plan.k + 1, v.resident, &v))?
+        .into_iter()
+        .filter(|e| !(v.resident && matches!(e, Event::Load { .. })))
+        .collect();
+    let mut rng = crate::moe::Rng(plan.seed);
+    let mut generated = 1usize;
+    let mut rounds = 0usize;
+    while generated < v.gen_tokens.max(1) {
+        let context = prompt + generated - 1;
+        let round_start = matmuls(&out);
+        if let Some((d, pass)) = &draft_pass {
+            for i in 0..plan.k {
+                splice(&mut out, pass.clone(), d, context + i, 1, 1, "draft.", None);
+            }
+        }
+        let rows = plan.k + 1;
+        splice(
+            &mut out,
+            verify.clone(),
+            verifier,
+            context,
+            rows,
+            rows,
+            "",
+            Some(round_start),
+        );
+        let mut accepted = 0;
+        while accepted < plan.k && rng.unit() < plan.acceptance {
+            accepted += 1;
+        }
+        generated += accepted + 1;
+        rounds += 1;
+    }
+    Ok(SpecSchedule {
+        events: out,
+        generated: generated.min(v.gen_tokens.max(1)),
+        rounds,
+    })
+}
+
+fn matmuls(events: &[Event]) -> u64 {
+    events
+        .iter()
+        .filter(|e| matches!(e, Event::Matmul { .. }))
+        .count() as u64
+}
+
+fn rename(mut e: Event, prefix: &str) -> Event {
+    if let Event::Load { weight, .. } | Event::Matmul { weight, .. } = &mut e {
+        *weight = format!("{prefix}{weight}");
+    }
+    e
+}
+
+/// Append one pass of `shape` (`events`, as [`schedule()`] made it at context 0) at `context`
+/// with `rows` rows, the output projection and sampling over `out_rows` rows, its weights'
+/// names prefixed. Loads are re-anchored after the matmuls already in `out`; loads anchored at
+/// the pass's start may start at matmul `early` instead, if given. Buffers of a later pass exist.
+#[allow(clippy::too_many_arguments)]
+fn splice(
+    out: &mut Vec<Event>,
+    events: Vec<Event>,
+    shape: &ModelShape,
+    context: usize,
+    rows: usize,
+    out_rows: usize,
+    prefix: &str,
+    early: Option<u64>,
+) {
+    let before = matmuls(out);
+    let later = before > 0;
+    for mut e in events {
+        match &mut e {
+            Event::Pass { context: c, .. } => *c = context,
+            Event::Host {
+                kind: HostKind::Attention,
+                ..
+            } => {
+                e = HostKind::attention(
+                    rows,
+                    context,
+                    shape.n_head,
+                    shape.n_head_kv,
+                    shape.head_dim,
+                    2,
+                )
+            }
+            Event::Host {
+                kind: HostKind::Sample,
+                ..
+            } => e = HostKind::sample(out_rows, shape.vocab),
+            Event::Matmul { weight, m, .. } if *weight == shape.output.name => *m = out_rows,
+            Event::Load { created, after, .. } => {
+                *created = *created && !later;
+                *after = match (*after, early) {
+                    (0, Some(s)) => s,
+                    (a, _) => a + before,
+                };
+            }
+            _ => {}
+        }
+        out.push(rename(e, prefix));
+    }
+}
