@@ -667,13 +667,25 @@ fn spec_study() {
     let llama7b = LLAMA_7B;
     let shape = |d: &Dims| ModelShape::from_dims(d, WeightType::Int8, chip);
     let (s135, q05, l7) = (shape(&smollm2), shape(&qwen05), shape(&llama7b));
-    let cases: [(&str, &ModelShape, u64, &str, Option<&ModelShape>); 4] = [
+    // issue 13's cut-down draft: SmolLM2's first 3 blocks (resident).
+    let cut = shape(&Dims {
+        n_layer: 3,
+        ..smollm2
+    });
+    let cases: [(&str, &ModelShape, u64, &str, Option<&ModelShape>); 5] = [
         (
             "SmolLM2-135M, ¼ budget",
             &s135,
             s135.total_bytes() / 4,
             "lookup",
             None,
+        ),
+        (
+            "SmolLM2-135M, ¼ budget",
+            &s135,
+            s135.total_bytes() / 4,
+            "SmolLM2's first 3 blocks",
+            Some(&cut),
         ),
         (
             "Llama-2-7B shape, 3 GiB in one window",
