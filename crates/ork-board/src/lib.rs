@@ -9,6 +9,9 @@
 //! - [`replay()`]: the stream on simulated resources (compute thread, copy thread, a shared DDR
 //!   bus) with the executor's and prefetcher's dependencies; [`Projection`] is what users see.
 //! - [`schedule()`]: the planned schedule as a stream, without running (`ork plan --project`).
+//! - [`moe`] and [`spec`]: planned schedules of a mixture of experts (expert cache, on-demand,
+//!   router-driven or speculative expert loads) and of speculative decoding (a resident draft, a
+//!   verifier pass of k + 1 rows), for the studies of `docs/board-model.md`.
 //! - [`fit`]: the calibration on published figures and the rows it is judged on.
 //!
 //! Every figure is a projection: see `docs/board-model.md` for each parameter's source, the fit,

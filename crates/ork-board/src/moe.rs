@@ -131,7 +131,8 @@ pub struct MoeSchedule {
     pub cache_experts: usize,
     /// Expert uses in decode passes, and how many of them the cache served.
     pub decode_uses: u64,
-    /// Of [`MoeSchedule::decode_uses`], the cache hits (prefetched experts count as misses).
+    /// Of [`MoeSchedule::decode_uses`], those in the cache when the block's router ran (a
+    /// speculative prefetch's right predictions count as hits).
     pub decode_hits: u64,
     /// The page cache's steady state for [`crate::replay_warm`]: the experts the device cache
     /// does not hold, in random order (what uniform routing leaves in an LRU page cache).
