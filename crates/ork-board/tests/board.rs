@@ -757,3 +757,42 @@ fn spec_study() {
         }
     }
 }
+
+/// Bad plans are refused naming the problem.
+#[test]
+fn moe_and_spec_plans_refuse_bad_input() {
+    let chip = ork_board::Chip::rk3588();
+    let plan = MoePlan {
+        ty: WeightType::Int8,
+        prefetch: ExpertPrefetch::Speculative { recall: 1.5 },
+        cache_experts: 16,
+        prompt_tokens: 1,
+        gen_tokens: 2,
+        kv_bytes: 2,
+        seed: 1,
+    };
+    let e = moe_schedule(&MoeDims::QWEN3_30B_A3B, &plan, &chip).unwrap_err();
+    assert!(e.to_string().contains("recall 1.5"), "{e}");
+    let dims = MoeDims {
+        top_k: 0,
+        ..MoeDims::QWEN3_30B_A3B
+    };
+    let ok = MoePlan {
+        prefetch: ExpertPrefetch::Router,
+        ..plan
+    };
+    let e = moe_schedule(&dims, &ok, &chip).unwrap_err();
+    assert!(e.to_string().contains("top_k 0"), "{e}");
+    let e = spec_schedule(
+        &small_shape(),
+        None,
+        &SpecPlan {
+            verifier: streamed(1),
+            k: 2,
+            acceptance: -0.1,
+            seed: 1,
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("acceptance -0.1"), "{e}");
+}
