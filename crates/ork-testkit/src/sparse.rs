@@ -21,8 +21,9 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Write `shape` as a GGUF v3 `llama` model at `path`: f16 matmul weights (an untied
-/// `output.weight`), f32 norms, no tokenizer (`llama.vocab_size` gives the vocabulary); the data
-/// region is a hole. The header is written to a temporary file in the same directory, which is
+/// `output.weight`), f32 norms, a byte-level vocabulary of `shape.vocab` placeholder tokens with
+/// no merges (so the model opens as `run` opens it: `plan` validates models exactly as `run`
+/// does, tokenizer included); the data region is a hole. The header is written to a temporary file in the same directory, which is
 /// then extended, synced and renamed over `path`.
 pub fn write_sparse_llama(path: &Path, shape: &LlamaShape) -> std::io::Result<()> {
     let u = |v: usize| MetaValue::U32(v as u32);
@@ -44,6 +45,19 @@ pub fn write_sparse_llama(path: &Path, shape: &LlamaShape) -> std::io::Result<()
         )
         .kv("llama.rope.freq_base", MetaValue::F32(10000.0))
         .kv("llama.vocab_size", u(shape.vocab))
+        .kv("tokenizer.ggml.model", MetaValue::String("gpt2".into()))
+        .kv("tokenizer.ggml.pre", MetaValue::String("qwen2".into()))
+        .kv(
+            "tokenizer.ggml.tokens",
+            MetaValue::Array(
+                (0..shape.vocab)
+                    .map(|i| MetaValue::String(format!("t{i}")))
+                    .collect(),
+            ),
+        )
+        .kv("tokenizer.ggml.merges", MetaValue::Array(Vec::new()))
+        .kv("tokenizer.ggml.bos_token_id", u(0))
+        .kv("tokenizer.ggml.eos_token_id", u(1))
         .kv("general.name", MetaValue::String("sparse fixture".into()))
         .to_bytes()
         .map_err(std::io::Error::other)?;
