@@ -74,6 +74,7 @@ else
     --skip kill_9_mid_write_never_leaves_a_partial_target
     --skip concurrent_writer_processes_both_succeed_and_leave_a_valid_file
     --skip sigint_mid_write_removes_the_temp
+    --skip an_application_that_takes_the_signals_is_not_killed_by_the_writer
     --skip rlimit_fsize_write_failure_keeps_target_and_removes_temp
     --skip an_error_code_from_any_call_names_the_call
     --skip an_old_runtime_is_refused
