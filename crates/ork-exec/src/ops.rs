@@ -128,25 +128,9 @@ pub fn exp(x: f32) -> f32 {
     y * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
-/// Dot product with 8 independent accumulators so the compiler can vectorise it.
-#[inline(always)]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    const LANES: usize = 8;
-    let mut acc = [0.0f32; LANES];
-    let (ac, ar) = a.split_at(a.len() - a.len() % LANES);
-    let (bc, br) = b.split_at(ac.len());
-    for (x, y) in ac.chunks_exact(LANES).zip(bc.chunks_exact(LANES)) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ar.iter().zip(br) {
-        s += x * y;
-    }
-    s
-}
+/// Dot product with 8 independent accumulators so the compiler can vectorise it (one
+/// definition, beside the `wide` loops that must give its bits: `ork_kernels::wide::dot`).
+pub use ork_kernels::wide::dot;
 
 /// Index of the largest value (the first one on ties); `None` for an empty slice or NaN-only.
 pub fn argmax(v: &[f32]) -> Option<usize> {

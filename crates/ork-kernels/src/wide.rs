@@ -36,27 +36,31 @@ fn avx2<K: Kernel>(k: K) -> K::Out {
     k.run()
 }
 
+/// Dot product with its lanes and order of additions spelled out (8 independent accumulators,
+/// summed in order, then the tail), so the compiler can vectorise it and every build, `wide` or
+/// not, gives the same bits. ork-exec's attention uses it (`ork_exec::ops::dot`).
+#[inline(always)]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    const LANES: usize = 8;
+    let mut acc = [0.0f32; LANES];
+    let (ac, ar) = a.split_at(a.len() - a.len() % LANES);
+    let (bc, br) = b.split_at(ac.len());
+    for (x, y) in ac.chunks_exact(LANES).zip(bc.chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ar.iter().zip(br) {
+        s += x * y;
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
-    /// An f32 dot product with its lanes and order of additions spelled out (as ork-exec's
-    /// attention `dot` has them).
-    #[inline(always)]
-    fn dot(a: &[f32], b: &[f32]) -> f32 {
-        const LANES: usize = 8;
-        let mut acc = [0.0f32; LANES];
-        let (ac, ar) = a.split_at(a.len() - a.len() % LANES);
-        let (bc, br) = b.split_at(ac.len());
-        for (x, y) in ac.chunks_exact(LANES).zip(bc.chunks_exact(LANES)) {
-            for l in 0..LANES {
-                acc[l] += x[l] * y[l];
-            }
-        }
-        let mut s: f32 = acc.iter().sum();
-        for (x, y) in ar.iter().zip(br) {
-            s += x * y;
-        }
-        s
-    }
+    use super::dot;
 
     struct Dot<'a>(&'a [f32], &'a [f32]);
     impl super::Kernel for Dot<'_> {
