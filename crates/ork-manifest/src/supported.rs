@@ -61,12 +61,13 @@ const SHARED_EXPERT: [Role; 4] = [
     Role::SharedExpertDown,
 ];
 
-/// `COMMON_TENSORS` followed by the groups `extra`, as one array of `N` roles.
-const fn roles<const N: usize>(extra: &[&[Role]]) -> [Role; N] {
-    let mut out = [Role::TokenEmbd; N];
+/// `common` followed by the groups `extra`, as one array of `N` items (`fill` only seeds the
+/// array; every slot is written, and a wrong `N` fails to compile).
+const fn concat<T: Copy, const N: usize>(common: &[T], extra: &[&[T]], fill: T) -> [T; N] {
+    let mut out = [fill; N];
     let mut n = 0;
-    while n < COMMON_TENSORS.len() {
-        out[n] = COMMON_TENSORS[n];
+    while n < common.len() {
+        out[n] = common[n];
         n += 1;
     }
     let mut g = 0;
@@ -79,8 +80,13 @@ const fn roles<const N: usize>(extra: &[&[Role]]) -> [Role; N] {
         }
         g += 1;
     }
-    assert!(n == N, "role count");
+    assert!(n == N, "item count");
     out
+}
+
+/// `COMMON_TENSORS` followed by the groups `extra`, as one array of `N` roles.
+const fn roles<const N: usize>(extra: &[&[Role]]) -> [Role; N] {
+    concat(&COMMON_TENSORS, extra, Role::TokenEmbd)
 }
 
 /// Keys every supported architecture reads (`ork-exec`'s `ModelConfig::from_gguf`).
@@ -113,24 +119,7 @@ const MOE_KEYS: [&str; 4] = [
 
 /// `COMMON_KEYS` followed by the groups `extra`, as one array of `N` keys.
 const fn keys<const N: usize>(extra: &[&[&'static str]]) -> [&'static str; N] {
-    let mut out = [""; N];
-    let mut n = 0;
-    while n < COMMON_KEYS.len() {
-        out[n] = COMMON_KEYS[n];
-        n += 1;
-    }
-    let mut g = 0;
-    while g < extra.len() {
-        let mut i = 0;
-        while i < extra[g].len() {
-            out[n] = extra[g][i];
-            n += 1;
-            i += 1;
-        }
-        g += 1;
-    }
-    assert!(n == N, "key count");
-    out
+    concat(&COMMON_KEYS, extra, "")
 }
 
 /// llama: optional q/k/v biases (as llama.cpp), dense or Mixtral-style experts (no shared
