@@ -2,9 +2,9 @@
 //! 1. arbitrary text through a fixed byte-level vocabulary (all 256 byte tokens, a few merges, a
 //!    control token): encoding never fails, and decoding gives the text back exactly — with
 //!    special-token parsing off and on;
-//! 2. an arbitrary vocabulary (token texts, kinds, merges, BOS/EOS ids from the input), as a
-//!    hostile GGUF would carry it: building it either fails with an `ExecError` or gives a
-//!    tokenizer that encodes and decodes without panicking.
+//! 2. an arbitrary vocabulary (token texts, kinds, merges or SentencePiece scores, BOS/EOS ids,
+//!    the space-prefix flag from the input), as a hostile GGUF would carry it: building it either
+//!    fails with an `ExecError` or gives a tokenizer that encodes and decodes without panicking.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -54,6 +54,7 @@ fn fixed_tokenizer() -> Tokenizer {
         eot: None,
         add_bos: false,
         add_eos: false,
+        ..Vocabulary::default()
     })
     .expect("the fixed vocabulary is valid")
 }
@@ -84,8 +85,15 @@ fn arbitrary_vocab(data: &[u8]) -> Vocabulary {
         .map(|w| format!("{} {}", w[0], w[1]))
         .collect();
     let id = |i: usize| head.get(i).map(|&b| u32::from(b));
+    // Bit 1 of the first byte picks SentencePiece (`llama`), scored by the head bytes.
+    let spm = head.first().is_some_and(|b| b & 2 == 2);
+    let scores = (0..tokens.len())
+        .map(|i| head.get(i).map_or(0.0, |&b| f32::from(b) - 128.0))
+        .collect();
     Vocabulary {
-        model: "gpt2".to_owned(),
+        model: if spm { "llama" } else { "gpt2" }.to_owned(),
+        scores,
+        add_space_prefix: head.get(4).is_some_and(|b| b & 4 == 4),
         pre: if head.first().is_some_and(|b| b & 1 == 1) {
             "qwen2"
         } else {
@@ -100,6 +108,7 @@ fn arbitrary_vocab(data: &[u8]) -> Vocabulary {
         eot: id(3),
         add_bos: head.get(4).is_some_and(|b| b & 1 == 1),
         add_eos: head.get(4).is_some_and(|b| b & 2 == 2),
+        ..Vocabulary::default()
     }
 }
 

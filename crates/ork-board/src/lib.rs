@@ -35,7 +35,10 @@ pub use replay::{replay, replay_warm, Breakdown, PassTime, ReplayOptions, Timeli
 pub use schedule::{schedule, Dims, ModelShape, Plan, ShapeWeight};
 
 /// The cost model's version, printed with every projection.
-pub const MODEL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+fit-rk3588-rkllm-1.3.0");
+pub const MODEL_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "+fit-rk3588-rkllm-1.3.0+rk3576-32bit"
+);
 
 /// What can go wrong projecting.
 #[derive(Debug, thiserror::Error)]

@@ -113,20 +113,27 @@ impl Chip {
         }
     }
 
-    /// The RK3576: two NPU cores, the same per-core MAC counts and call cost assumed; its DDR
-    /// and memcpy figures are assumptions (see `docs/board-model.md`), not measurements.
+    /// The RK3576: two NPU cores, the same per-core MAC counts and call cost assumed; its DDR is
+    /// half the RK3588's (a 32-bit bus at the same pinned 2112 MHz, sourced in
+    /// `docs/board-model.md`); its memcpy figure is an assumption, not a measurement.
     pub fn rk3576() -> Chip {
         Chip::rk3576_from(Chip::rk3588())
     }
 
     /// The RK3576 derived from an RK3588 model `a`: two cores of the same per-core rate; its
-    /// int4 weights run against fp16 activations (w4a16), at the fp16 rate.
+    /// int4 weights run against fp16 activations (w4a16), at the fp16 rate. Its LPDDR bus is 32
+    /// bits wide where the RK3588's is 64, at the same frequency rkllm pins (2112 MHz): the DDR
+    /// rate is half, and the NPU's weight-read rate keeps the RK3588's fraction of it (the
+    /// fraction is assumed; the bus width and frequency are sourced in `docs/board-model.md`).
     pub fn rk3576_from(a: Chip) -> Chip {
+        const BUS: f64 = 32.0 / 64.0;
         Chip {
             name: "rk3576".into(),
             npu_cores: 2.0,
             npu_int8_ops: a.npu_int8_ops * 2.0 / 3.0,
             int4_ratio: a.fp16_ratio,
+            ddr_bw: a.ddr_bw * BUS,
+            npu_read_bw: a.npu_read_bw * BUS,
             // The RK3576's documented N limits are unknown: the RK3588's are assumed.
             ..a
         }

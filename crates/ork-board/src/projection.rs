@@ -30,6 +30,10 @@ pub struct Projection {
     pub storage_bytes: f64,
     /// Forward passes replayed.
     pub passes: usize,
+    /// The projected schedule when it is not plain decoding (a speculative plan's draft, draft
+    /// length and the acceptance given as input).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
 }
 
 impl Projection {
@@ -83,6 +87,7 @@ impl Projection {
             load_s: timeline.load_s,
             storage_bytes: timeline.storage_bytes,
             passes: timeline.passes.len(),
+            schedule: None,
         }
     }
 

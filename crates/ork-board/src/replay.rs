@@ -17,9 +17,12 @@ use crate::BoardError;
 /// How to treat the run's loads.
 #[derive(Clone, Copy, Debug)]
 pub struct ReplayOptions {
-    /// The plan keeps every weight resident: a weight loaded exactly once is part of the model's
-    /// load, done before the clock starts (reported as [`Timeline::load_s`]), as a resident
-    /// runtime loads its model before the first prompt.
+    /// Weights the plan keeps are loaded before the clock starts (reported as
+    /// [`Timeline::load_s`]), as a resident runtime loads its model before the first prompt:
+    /// the first load of a weight loaded exactly once, or loaded in fewer passes than use it
+    /// (the cache kept it between some of them; its later loads, after an eviction, stay on the
+    /// clock). A weight loaded for every pass that uses it is streamed: all its loads are on the
+    /// clock.
     pub preload: bool,
     /// Bytes of device buffers (weights and KV) held in RAM, which the page cache cannot use.
     pub device_bytes: f64,
@@ -183,11 +186,27 @@ pub fn replay_warm(
 ) -> Result<Timeline, BoardError> {
     let chip = &board.chip;
     let mut loads_of: HashMap<&str, usize> = HashMap::new();
+    // Passes that use each weight (a matmul of it), counted once per pass.
+    let mut used_in: HashMap<&str, (usize, usize)> = HashMap::new();
+    let mut pass_no = 0usize;
     for e in events {
-        if let Event::Load { weight, .. } = e {
-            *loads_of.entry(weight).or_default() += 1;
+        match e {
+            Event::Load { weight, .. } => *loads_of.entry(weight).or_default() += 1,
+            Event::Pass { .. } => pass_no += 1,
+            Event::Matmul { weight, .. } => {
+                let u = used_in.entry(weight).or_insert((0, usize::MAX));
+                if u.1 != pass_no {
+                    *u = (u.0 + 1, pass_no);
+                }
+            }
+            Event::Host { .. } => {}
         }
     }
+    let kept = |w: &str| {
+        let loads = loads_of[w];
+        loads == 1 || loads < used_in.get(w).map_or(0, |u| u.0)
+    };
+    let mut first_load: std::collections::HashSet<&str> = Default::default();
     let mut page_cache = PageCache {
         capacity: (board.ram_bytes - board.reserved_bytes - opts.device_bytes).max(0.0),
         used: 0.0,
@@ -264,7 +283,7 @@ pub fn replay_warm(
                 if !hit {
                     fixed += b / board.storage_read_bw;
                 }
-                if opts.preload && loads_of[weight.as_str()] == 1 {
+                if opts.preload && first_load.insert(weight.as_str()) && kept(weight) {
                     timeline.load_s += fixed + b / chip.memcpy_bw;
                     continue;
                 }

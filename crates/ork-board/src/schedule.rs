@@ -171,60 +171,63 @@ pub fn schedule(shape: &ModelShape, plan: &Plan) -> Result<Vec<Event>, BoardErro
     if plan.prompt_tokens == 0 {
         return Err(BoardError::Stream("a prompt of 0 tokens".into()));
     }
+    let passes: Vec<(usize, usize)> = (0..plan.gen_tokens.max(1))
+        .map(|p| {
+            if p == 0 {
+                (plan.prompt_tokens, 0)
+            } else {
+                (1, plan.prompt_tokens + p - 1)
+            }
+        })
+        .collect();
+    schedule_passes(shape, plan, &passes)
+}
+
+/// As [`schedule()`], for the passes `passes` (rows, context) in order (`plan`'s token counts
+/// unused): a speculative verifier's passes of `k + 1` rows through one weight cache.
+pub(crate) fn schedule_passes(
+    shape: &ModelShape,
+    plan: &Plan,
+    passes: &[(usize, usize)],
+) -> Result<Vec<Event>, BoardError> {
     let order: Vec<&ShapeWeight> = shape.weights().collect();
     let mut out = Vec::new();
-    let mut loads = Loads::new(plan.budget_bytes);
-    for w in &order {
-        if plan.resident || w.pinned {
+    if plan.resident {
+        let mut loads = Loads::new(plan.budget_bytes);
+        for w in &order {
             out.push(loads.event(w, Loader::Prefetch, 0));
         }
     }
-    let passes = plan.gen_tokens.max(1);
+    let total = order.len() * passes.len();
+    // A streamed plan's loads come from a simulation of ork's weight cache (see `Cache`).
+    let mut cache = Cache::new(plan.budget_bytes);
     let mut started = 0u64; // matmuls emitted
-    let mut loaded = 0usize; // global index of the next streamed load
-    let total = order.len() * passes;
-    let load_until = |out: &mut Vec<Event>, loads: &mut Loads, upto: usize, loaded: &mut usize| {
-        while *loaded < upto.min(total) {
-            let w = order[*loaded % order.len()];
-            if w.pinned {
-                *loaded += 1;
-                continue;
-            }
-            let (by, after) = if plan.slots == 0 {
-                (Loader::Compute, 0)
-            } else {
-                (
-                    Loader::Prefetch,
-                    (*loaded + 1).saturating_sub(plan.slots) as u64,
-                )
-            };
-            out.push(loads.event(w, by, after));
-            *loaded += 1;
-        }
-    };
-    for p in 0..passes {
-        let (m, context) = if p == 0 {
-            (plan.prompt_tokens, 0)
-        } else {
-            (1, plan.prompt_tokens + p - 1)
-        };
+    for &(m, context) in passes {
         out.push(Event::Pass { tokens: m, context });
         let mut matmul = |out: &mut Vec<Event>,
-                          loads: &mut Loads,
-                          loaded: &mut usize,
+                          cache: &mut Cache,
                           w: &ShapeWeight,
                           rows: usize,
-                          quantized: bool| {
+                          quantized: bool|
+         -> Result<(), BoardError> {
+            // Compute announces weight `g`; the prefetch thread brings in the `slots` weights
+            // after it (in plan order), stopping at the first it has no room for; compute then
+            // uses `g`: a hit, or a load on the compute path. The prefetches are written after
+            // the matmul: on the board they start once compute started it.
+            let mut prefetched = Vec::new();
             if !plan.resident {
-                // Streamed: the loads the prefetcher has issued by now (slots ahead), and this
-                // weight's own load on the compute path if it has not.
                 let g = started as usize;
-                let ahead = if plan.slots == 0 {
-                    g + 1
-                } else {
-                    g + plan.slots
-                };
-                load_until(out, loads, ahead.max(g + 1), loaded);
+                for ahead in (g + 1..=g + plan.slots).take_while(|&a| a < total) {
+                    let next = order[ahead % order.len()];
+                    match cache.request(next, Loader::Prefetch, Some(&w.name))? {
+                        Request::Hit => {}
+                        Request::Loaded(created) => prefetched.push(load(next, created)),
+                        Request::NoRoom => break,
+                    }
+                }
+                if let Request::Loaded(created) = cache.request(w, Loader::Compute, None)? {
+                    out.push(load(w, created)(Loader::Compute, started));
+                }
             }
             out.push(Event::Matmul {
                 weight: w.name.clone(),
@@ -237,12 +240,18 @@ pub fn schedule(shape: &ModelShape, plan: &Plan) -> Result<Vec<Event>, BoardErro
                 calls: w.calls,
                 quantized,
             });
+            out.extend(
+                prefetched
+                    .into_iter()
+                    .map(|l| l(Loader::Prefetch, started + 1)),
+            );
             started += 1;
+            Ok(())
         };
         for b in &shape.blocks {
             out.push(HostKind::norm(m, shape.d_model));
             for (i, w) in b[..3].iter().enumerate() {
-                matmul(&mut out, &mut loads, &mut loaded, w, m, i == 0);
+                matmul(&mut out, &mut cache, w, m, i == 0)?;
             }
             out.push(HostKind::attention(
                 m,
@@ -252,16 +261,192 @@ pub fn schedule(shape: &ModelShape, plan: &Plan) -> Result<Vec<Event>, BoardErro
                 shape.head_dim,
                 plan.kv_bytes,
             ));
-            matmul(&mut out, &mut loads, &mut loaded, &b[3], m, true);
+            matmul(&mut out, &mut cache, &b[3], m, true)?;
             out.push(HostKind::norm(m, shape.d_model));
-            matmul(&mut out, &mut loads, &mut loaded, &b[4], m, true);
-            matmul(&mut out, &mut loads, &mut loaded, &b[5], m, false);
-            matmul(&mut out, &mut loads, &mut loaded, &b[6], m, true);
+            matmul(&mut out, &mut cache, &b[4], m, true)?;
+            matmul(&mut out, &mut cache, &b[5], m, false)?;
+            matmul(&mut out, &mut cache, &b[6], m, true)?;
         }
-        matmul(&mut out, &mut loads, &mut loaded, &shape.output, 1, true);
+        matmul(&mut out, &mut cache, &shape.output, 1, true)?;
         out.push(HostKind::sample(1, shape.vocab));
     }
     Ok(out)
+}
+
+/// The load of `w` into a new buffer (`created`) or a spare, once told who and after how many
+/// matmuls.
+fn load(w: &ShapeWeight, created: bool) -> impl Fn(Loader, u64) -> Event + '_ {
+    move |by, after| Event::Load {
+        weight: w.name.clone(),
+        bytes: w.bytes,
+        domain: w.domain,
+        created,
+        by,
+        after,
+    }
+}
+
+/// What a request to [`Cache`] did.
+enum Request {
+    /// The weight was resident.
+    Hit,
+    /// It was loaded, into a new device buffer (`true`) or a spare one.
+    Loaded(bool),
+    /// A prefetch found no room it may make.
+    NoRoom,
+}
+
+/// One weight in [`Cache`].
+struct Slot {
+    bytes: u64,
+    domain: u32,
+    last_use: u64,
+    pinned: bool,
+    /// Prefetched (or asked for by the prefetcher) and not used yet: the prefetcher may not
+    /// evict it.
+    wanted: bool,
+}
+
+/// How far down the LRU order an eviction looks for a victim whose buffer the incoming weight
+/// can reuse (ork-residency's `REUSE_WINDOW`).
+const REUSE_WINDOW: usize = 8;
+
+/// ork's weight cache (`ork-residency`'s `WeightCache` with the `Lru` policy), as a sequential
+/// simulation: a byte budget per domain; pinned weights load on first use and stay; a load
+/// takes a spare buffer of its size if there is one, else frees spares of other sizes, else
+/// evicts the least recently used weight it may evict — preferring, among the first
+/// [`REUSE_WINDOW`] in LRU order, one whose buffer it can reuse — whose buffer becomes a spare.
+/// The prefetcher may not evict a weight it asked for that compute has not used yet; compute
+/// evicts those only when nothing else is evictable. Which weights survive a pass (a large
+/// weight the reuse preference spares, what the pins leave room for) decides which loads the
+/// run makes, so the plan's stream has the run's loads.
+struct Cache {
+    budget: u64,
+    used: std::collections::HashMap<u32, u64>,
+    slots: std::collections::HashMap<String, Slot>,
+    /// (domain, bytes) of buffers of evicted weights, oldest first (their bytes stay used).
+    spares: Vec<(u32, u64)>,
+    tick: u64,
+}
+
+impl Cache {
+    fn new(budget: u64) -> Cache {
+        Cache {
+            budget,
+            used: Default::default(),
+            slots: Default::default(),
+            spares: Vec::new(),
+            tick: 0,
+        }
+    }
+
+    /// `by` asks for `w`; `leased` is the weight compute holds meanwhile (not evictable).
+    fn request(
+        &mut self,
+        w: &ShapeWeight,
+        by: Loader,
+        leased: Option<&str>,
+    ) -> Result<Request, BoardError> {
+        self.tick += 1;
+        if let Some(s) = self.slots.get_mut(&w.name) {
+            match by {
+                Loader::Compute => {
+                    s.last_use = self.tick;
+                    s.wanted = false;
+                }
+                Loader::Prefetch => s.wanted = !s.pinned,
+            }
+            return Ok(Request::Hit);
+        }
+        let (d, size) = (w.domain, w.bytes);
+        if size > self.budget {
+            return Err(BoardError::Stream(format!(
+                "weight '{}' ({size} bytes) exceeds the budget of {} bytes",
+                w.name, self.budget
+            )));
+        }
+        let mut reuse = self.take_spare(d, size);
+        while self.used.get(&d).copied().unwrap_or(0) + size > self.budget {
+            if let Some(i) = self.spares.iter().position(|s| s.0 == d) {
+                let (_, b) = self.spares.remove(i);
+                *self.used.entry(d).or_default() -= b;
+                continue;
+            }
+            if self.evict(d, by, leased, (!reuse).then_some(size)) {
+                if !reuse {
+                    reuse = self.take_spare(d, size);
+                }
+                continue;
+            }
+            return match by {
+                Loader::Prefetch => Ok(Request::NoRoom),
+                Loader::Compute => Err(BoardError::Stream(format!(
+                    "no room for weight '{}' in a budget of {} bytes (pinned weights fill it)",
+                    w.name, self.budget
+                ))),
+            };
+        }
+        *self.used.entry(d).or_default() += size;
+        self.slots.insert(
+            w.name.clone(),
+            Slot {
+                bytes: size,
+                domain: d,
+                last_use: self.tick,
+                pinned: w.pinned,
+                wanted: by == Loader::Prefetch && !w.pinned,
+            },
+        );
+        Ok(Request::Loaded(!reuse))
+    }
+
+    /// Take a spare buffer of exactly `size` bytes in `d` (its bytes are booked again by the
+    /// caller): whether there was one.
+    fn take_spare(&mut self, d: u32, size: u64) -> bool {
+        match self.spares.iter().position(|s| *s == (d, size)) {
+            Some(i) => {
+                self.spares.swap_remove(i);
+                *self.used.entry(d).or_default() -= size;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Evict one weight of `d` that `by` may evict (least recently used; with `reuse_size`, one
+    /// of that size among the first [`REUSE_WINDOW`]); its buffer becomes a spare.
+    fn evict(&mut self, d: u32, by: Loader, leased: Option<&str>, reuse_size: Option<u64>) -> bool {
+        let mut evictable: Vec<(&String, &Slot)> = self
+            .slots
+            .iter()
+            .filter(|(n, s)| {
+                s.domain == d
+                    && !s.pinned
+                    && leased != Some(n.as_str())
+                    && !(by == Loader::Prefetch && s.wanted)
+            })
+            .collect();
+        if evictable.iter().any(|(_, s)| !s.wanted) {
+            evictable.retain(|(_, s)| !s.wanted);
+        }
+        evictable.sort_by_key(|(_, s)| s.last_use);
+        let Some(first) = evictable.first() else {
+            return false;
+        };
+        let pick = reuse_size
+            .and_then(|size| {
+                evictable
+                    .iter()
+                    .take(REUSE_WINDOW)
+                    .find(|(_, s)| s.bytes == size)
+            })
+            .unwrap_or(first)
+            .0
+            .clone();
+        let slot = self.slots.remove(&pick).expect("picked from the slots");
+        self.spares.push((d, slot.bytes));
+        true
+    }
 }
 
 /// Which loads create a buffer: until the budget is full every load does; then a load reuses
@@ -287,13 +472,6 @@ impl Loads {
             self.created += w.bytes;
             self.sizes.insert(w.bytes);
         }
-        Event::Load {
-            weight: w.name.clone(),
-            bytes: w.bytes,
-            domain: w.domain,
-            created,
-            by,
-            after,
-        }
+        load(w, created)(by, after)
     }
 }

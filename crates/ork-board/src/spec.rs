@@ -7,12 +7,14 @@
 //! `docs/board-model.md`).
 //!
 //! The pieces are [`crate::schedule()`]'s own passes, spliced: each pass's context, attention and
-//! output rows set for its place in the run, its loads re-anchored to the matmuls before it.
+//! output rows set for its place in the run, its loads re-anchored to the matmuls before it. The
+//! verifier's passes come from one schedule through one simulated weight cache, so a streamed
+//! verifier loads (and creates buffers for) what ork's cache would.
 //! A verifier pass's first loads (those the prefetcher may issue before its first matmul) may
 //! start when the round's draft passes start: the prefetcher knows the verifier's weight order.
 
 use crate::events::{Event, HostKind};
-use crate::schedule::{schedule, ModelShape, Plan};
+use crate::schedule::{schedule, schedule_passes, ModelShape, Plan};
 use crate::BoardError;
 
 /// A speculative run.
@@ -77,8 +79,49 @@ pub fn spec_schedule(
         }
         None => None,
     };
+    // The rounds: each drafts `k`, the verifier accepts some and adds one token.
+    let mut rng = crate::moe::Rng(plan.seed);
+    let mut generated = 1usize;
+    let mut contexts = Vec::new();
+    while generated < v.gen_tokens.max(1) {
+        contexts.push(prompt + generated - 1);
+        let mut accepted = 0;
+        while accepted < plan.k && rng.unit() < plan.acceptance {
+            accepted += 1;
+        }
+        generated += accepted + 1;
+    }
+    let rounds = contexts.len();
+    // The verifier's passes (its prefill, then one of k + 1 rows per round) through one weight
+    // cache, cut at each pass, each with its loads' anchors made relative to its start.
+    let mut passes = vec![(prompt, 0)];
+    passes.extend(contexts.iter().map(|&c| (plan.k + 1, c)));
+    let mut chunks: Vec<Vec<Event>> = Vec::new();
+    let mut base = 0u64;
+    let (mut seen, mut first_pass) = (0u64, true);
+    for e in schedule_passes(verifier, &v, &passes)? {
+        match e {
+            Event::Pass { .. } if !first_pass => {
+                base = seen;
+                chunks.push(vec![e]);
+                continue;
+            }
+            Event::Pass { .. } => first_pass = false,
+            Event::Matmul { .. } => seen += 1,
+            _ => {}
+        }
+        let mut e = e;
+        if let Event::Load { after, .. } = &mut e {
+            *after = after.saturating_sub(base);
+        }
+        match chunks.last_mut() {
+            Some(c) => c.push(e),
+            None => chunks.push(vec![e]),
+        }
+    }
+    let mut chunks = chunks.into_iter();
     // The prompt: the verifier's prefill, then the draft's.
-    let prefill = schedule(verifier, &one(prompt, v.resident, &v))?;
+    let prefill = chunks.next().unwrap_or_default();
     splice(&mut out, prefill, verifier, 0, prompt, 1, "", None);
     if let Some((d, _)) = &draft_pass {
         let evs = schedule(d, &one(prompt, true, &v))?;
@@ -88,16 +131,7 @@ pub fn spec_schedule(
             .collect();
         splice(&mut out, evs, d, 0, prompt, 1, "draft.", None);
     }
-    // A resident verifier's weights were loaded with the prefill.
-    let verify: Vec<Event> = schedule(verifier, &one(plan.k + 1, v.resident, &v))?
-        .into_iter()
-        .filter(|e| !(v.resident && matches!(e, Event::Load { .. })))
-        .collect();
-    let mut rng = crate::moe::Rng(plan.seed);
-    let mut generated = 1usize;
-    let mut rounds = 0usize;
-    while generated < v.gen_tokens.max(1) {
-        let context = prompt + generated - 1;
+    for (context, verify) in contexts.into_iter().zip(chunks) {
         let round_start = matmuls(&out);
         if let Some((d, pass)) = &draft_pass {
             for i in 0..plan.k {
@@ -107,7 +141,7 @@ pub fn spec_schedule(
         let rows = plan.k + 1;
         splice(
             &mut out,
-            verify.clone(),
+            verify,
             verifier,
             context,
             rows,
@@ -115,12 +149,6 @@ pub fn spec_schedule(
             "",
             Some(round_start),
         );
-        let mut accepted = 0;
-        while accepted < plan.k && rng.unit() < plan.acceptance {
-            accepted += 1;
-        }
-        generated += accepted + 1;
-        rounds += 1;
     }
     Ok(SpecSchedule {
         events: out,
@@ -146,7 +174,7 @@ fn rename(mut e: Event, prefix: &str) -> Event {
 /// Append one pass of `shape` (`events`, as [`schedule()`] made it at context 0) at `context`
 /// with `rows` rows, the output projection and sampling over `out_rows` rows, its weights'
 /// names prefixed. Loads are re-anchored after the matmuls already in `out`; loads anchored at
-/// the pass's start may start at matmul `early` instead, if given. Buffers of a later pass exist.
+/// the pass's start may start at matmul `early` instead, if given.
 #[allow(clippy::too_many_arguments)]
 fn splice(
     out: &mut Vec<Event>,
@@ -159,7 +187,6 @@ fn splice(
     early: Option<u64>,
 ) {
     let before = matmuls(out);
-    let later = before > 0;
     for mut e in events {
         match &mut e {
             Event::Pass { context: c, .. } => *c = context,
@@ -181,8 +208,7 @@ fn splice(
                 ..
             } => e = HostKind::sample(out_rows, shape.vocab),
             Event::Matmul { weight, m, .. } if *weight == shape.output.name => *m = out_rows,
-            Event::Load { created, after, .. } => {
-                *created = *created && !later;
+            Event::Load { after, .. } => {
                 *after = match (*after, early) {
                     (0, Some(s)) => s,
                     (a, _) => a + before,

@@ -93,11 +93,13 @@ fn project(shape: &ModelShape, plan: Plan, board: &Board) -> Projection {
     Projection::new(&t, board, plan.prompt_tokens, plan.gen_tokens)
 }
 
+/// A streamed plan whose budget (16 MiB, about one block) keeps no weight from one pass to the
+/// next: every weight is loaded in every pass.
 fn streamed(slots: usize) -> Plan {
     Plan {
         resident: false,
         slots,
-        budget_bytes: 64 << 20,
+        budget_bytes: 16 << 20,
         prompt_tokens: 32,
         gen_tokens: 8,
         kv_bytes: 2,
@@ -388,7 +390,9 @@ fn the_prefetch_rule_retimes_recorded_loads() {
         retimed.decode_tok_s.unwrap(),
         with_prefetch.decode_tok_s.unwrap(),
     );
-    assert!((a / b - 1.0).abs() < 0.01, "{a} vs {b}");
+    // Within 2 %: the runs differ in which loads create buffers (with a prefetcher the cache
+    // holds `slots` more weights, so the budget's spares churn differently).
+    assert!((a / b - 1.0).abs() < 0.02, "{a} vs {b}");
 }
 
 fn moe_project(
@@ -795,4 +799,66 @@ fn moe_and_spec_plans_refuse_bad_input() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("acceptance -0.1"), "{e}");
+}
+
+/// The planned schedule's loads are those of ork's weight cache: below one pass's working set
+/// every weight is loaded in every pass; with a budget that holds most of the model the cache
+/// keeps some of it (a cyclic scan under LRU keeps less than it holds), so fewer loads and a faster projected decode.
+#[test]
+fn streamed_schedule_loads_what_the_cache_does_not_keep() {
+    let shape = small_shape();
+    let board = Board::named("rk3588").unwrap();
+    let loads = |plan: &Plan| {
+        schedule(&shape, plan)
+            .unwrap()
+            .iter()
+            .filter(|e| matches!(e, ork_board::Event::Load { .. }))
+            .count()
+    };
+    let weights = shape.weights().count();
+    let small = Plan {
+        gen_tokens: 16,
+        ..streamed(4)
+    };
+    let large = Plan {
+        budget_bytes: 64 << 20,
+        ..small
+    };
+    assert_eq!(loads(&small), weights * 16);
+    let kept = loads(&large);
+    assert!(
+        kept < weights * 16 * 3 / 4,
+        "{kept} loads of {}",
+        weights * 16
+    );
+    let (s, l) = (
+        project(&shape, small, &board).decode_tok_s.unwrap(),
+        project(&shape, large, &board).decode_tok_s.unwrap(),
+    );
+    assert!(l > s, "64 MiB {l} vs 16 MiB {s}");
+    // A budget below a weight cannot run: an error naming it, not a projection.
+    let e = schedule(
+        &shape,
+        &Plan {
+            budget_bytes: 4 << 20,
+            ..small
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("exceeds the budget"), "{e}");
+}
+
+/// The RK3576's memory: a 32-bit LPDDR bus at the frequency rkllm pins for both chips
+/// (2112 MHz), so half the RK3588's 64-bit bus, and the NPU's read rate the same fraction of it
+/// (docs/board-model.md cites the bus widths and the frequency).
+#[test]
+fn rk3576_memory_is_half_the_rk3588s() {
+    let (a, b) = (ork_board::Chip::rk3588(), ork_board::Chip::rk3576());
+    assert!(
+        (b.ddr_bw - 2112e6 * 2.0 * 4.0).abs() / b.ddr_bw < 0.01,
+        "{}",
+        b.ddr_bw
+    );
+    assert_eq!(b.ddr_bw * 2.0, a.ddr_bw);
+    assert_eq!(b.npu_read_bw * 2.0, a.npu_read_bw);
 }

@@ -14,7 +14,8 @@ Exit codes:
   2  usage error, bad input or I/O error (one line on stderr names the file, tensor and problem)
   A closed standard output (`ork ... | head -c1`) ends the run quietly, killed by SIGPIPE
   (shells report 141); `ork serve` is never killed by a closed pipe. Text inputs (--prompt-file,
-  --calib, perplexity --file) must be regular files of at most 8 MiB (docs/cli.md).
+  --calib, perplexity --file, serve --chat-template-file) must be regular files of at most
+  8 MiB (docs/cli.md).
 
 Environment:
   ORK_PERSIST=PATH         .orkpack cache to read or build (same as --pack)
@@ -178,6 +179,10 @@ pub struct ServeArgs {
     /// next turn of a conversation) prefills only the rest; 0 turns prefix reuse off.
     #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1048576))]
     pub prefix_cache_mb: usize,
+    /// A Jinja chat template to use instead of the GGUF's own (e.g. one that shows tools to
+    /// the model; docs/serve.md, "Tool calls").
+    #[arg(long, value_name = "FILE")]
+    pub chat_template_file: Option<std::path::PathBuf>,
 }
 
 /// `ork convert`.
@@ -444,7 +449,7 @@ impl DraftArg {
 }
 
 /// `lookup`, `self`, `self:N` or a GGUF path.
-fn parse_draft(s: &str) -> Result<DraftArg, String> {
+pub(crate) fn parse_draft(s: &str) -> Result<DraftArg, String> {
     match s {
         "lookup" => Ok(DraftArg::Lookup),
         "self" => Ok(DraftArg::SelfLayers(None)),
@@ -489,7 +494,7 @@ pub struct SpecArgs {
 }
 
 /// A number in [0, 1].
-fn parse_unit(s: &str) -> Result<f32, String> {
+pub(crate) fn parse_unit(s: &str) -> Result<f32, String> {
     match s.parse::<f32>() {
         Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
         _ => Err(format!("{s} is not a number in [0, 1]")),
@@ -572,6 +577,22 @@ pub enum BenchCommand {
         /// the resident run.
         #[arg(long, value_delimiter = ',')]
         budgets_mb: Vec<u64>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Tokenizer build, encode and decode speed per model on one text, as ratios to the first
+    /// model's (same run).
+    Tokenizer {
+        /// GGUF models whose tokenizers to compare (repeat the flag).
+        #[arg(long, required = true)]
+        model: Vec<PathBuf>,
+        /// The text to encode (UTF-8).
+        #[arg(long)]
+        file: PathBuf,
+        /// Timed rounds per model (the median is reported).
+        #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+        rounds: usize,
         /// JSON output.
         #[arg(long)]
         json: bool,

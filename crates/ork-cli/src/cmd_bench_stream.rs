@@ -82,6 +82,10 @@ pub fn bench_stream(
         prompt,
         ..
     } = bench_setup(opts, tokens, json)?;
+    if let Some(path) = plot {
+        // Refused now, not after the rounds (docs/cli.md: the rule for every file ork writes).
+        ork_store::output::check_output(path, &[opts.model.as_path()]).context("--plot")?;
+    }
 
     let configs = [
         ("resident", resident_budget, true),
@@ -179,8 +183,13 @@ pub fn bench_stream(
     let projected_ratios =
         (projected.len() == 3).then(|| (projected[1] / projected[0], projected[2] / projected[0]));
     if let Some(path) = plot {
-        crate::plot::stream_svg(path, &results, trace_of_streamed.as_deref().unwrap_or(&[]))
-            .with_context(|| format!("writing {}", path.display()))?;
+        crate::plot::stream_svg(
+            path,
+            &[opts.model.as_path()],
+            &results,
+            trace_of_streamed.as_deref().unwrap_or(&[]),
+        )
+        .with_context(|| format!("--plot: writing {}", path.display()))?;
     }
     if json {
         println!(

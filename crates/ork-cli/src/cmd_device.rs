@@ -558,6 +558,11 @@ pub fn doctor(args: &crate::cli::DoctorArgs) -> Result<ExitCode> {
             "passed": report.passed(),
             "target": target,
             "checks": checks,
+            // The board clock's parameters as measured (docs/board-model.md); on the stand-in
+            // they are the emulator's, not a board's.
+            "calibration": report.calibration.as_ref().map(|c| serde_json::json!({
+                "measured_on": target, "board_figures": report.target == Target::Npu,
+                "parameters": c})),
         }))?;
     } else {
         print!("{}", report.render());

@@ -167,14 +167,14 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     if text.is_empty() {
         bail!("the prompt is empty: give some text with --prompt or --prompt-file");
     }
+    // The files this command reads, which no output of it may replace (docs/cli.md).
+    let inputs: Vec<&std::path::Path> = std::iter::once(args.model.model.as_path())
+        .chain(args.model.pack.as_deref())
+        .collect();
     if let Some(path) = &args.model.trace {
         // Find out now, not after the generation, whether the trace can be written.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .with_context(|| format!("{}: cannot write the trace", path.display()))?;
+        ork_store::output::check_output(path, &inputs)
+            .with_context(|| "--trace: cannot write the trace".to_owned())?;
     }
     // The prompt is checked against the context before the device is opened or the .orkpack
     // converted (minutes on a large model).
@@ -297,7 +297,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let pack = engine.pack_path().map(|p| p.display().to_string());
     drop(session);
     if let (Some(path), Some(t)) = (&args.model.trace, engine.close()) {
-        t.write(path)
+        t.write(path, &inputs)
             .with_context(|| format!("writing the trace {}", path.display()))?;
     }
     if args.json {

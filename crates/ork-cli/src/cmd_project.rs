@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use ork_board::{
     replay, schedule, Board, ModelShape, Projection, Recorder, ReplayOptions, ShapeWeight,
@@ -40,6 +40,35 @@ pub struct PlanProject {
     /// Generated tokens of the projected run (the first comes from the prefill).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub gen_tokens: u64,
+    /// Project speculative decoding with this draft, as `ork run --draft` takes it: `lookup`
+    /// (no device time), `self:N` (the model's first N blocks) or a draft GGUF (resident).
+    #[arg(long, requires = "project", value_parser = crate::cli::parse_draft)]
+    pub draft: Option<crate::cli::DraftArg>,
+    /// Draft tokens per verifier pass (`ork run --draft-max`).
+    #[arg(long, requires = "draft", default_value_t = crate::cli::DEFAULT_DRAFT_MAX,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub draft_max: usize,
+    /// Probability that a drafted token is accepted, an input (measure it with `ork bench
+    /// spec`; the projection does not know it).
+    #[arg(long, requires = "draft", value_parser = crate::cli::parse_unit)]
+    pub acceptance: Option<f32>,
+    /// As `ork run --no-prefetch`: no prefetch thread (every streamed weight, and a MoE model's
+    /// experts, loaded on demand by compute).
+    #[arg(long, requires = "project")]
+    pub no_prefetch: bool,
+    /// As `ork run --no-speculate`, MoE models: experts prefetched only once their block's
+    /// router has run.
+    #[arg(long, requires = "project", conflicts_with = "expert_recall")]
+    pub no_speculate: bool,
+    /// MoE models: project speculative expert prefetch (the next block's experts predicted when
+    /// a router has run) with this recall, the fraction of the next block's experts the
+    /// prediction holds (0..=1), an input; without it, router-driven prefetch is projected.
+    #[arg(long, requires = "project", value_parser = crate::cli::parse_unit)]
+    pub expert_recall: Option<f32>,
+    /// MoE models: experts the device cache holds (all blocks together; default: the experts the
+    /// plan keeps resident).
+    #[arg(long, requires = "project")]
+    pub expert_cache: Option<usize>,
 }
 
 /// The board `--project` names, resolved before anything is loaded (`None` without the flag);
@@ -75,14 +104,39 @@ pub fn bench_prefill_tok_s(engine: &Engine, rec: &Recorder, tokens: usize) -> Re
     let timeline = replay(
         &rec.events(),
         &board,
-        ReplayOptions {
-            preload: engine.plan().mode == Mode::Resident,
-            device_bytes: engine.cache_stats().peak_resident as f64,
-            prefetch_slots: (engine.config().prefetch && engine.plan().mode == Mode::Streamed)
-                .then(ork_runtime::default_slots),
-        },
+        run_options(engine, engine.plan().mode == Mode::Resident),
     )?;
     Ok(Projection::new(&timeline, &board, tokens, 1).prefill_tok_s)
+}
+
+/// Projected decode seconds of the generations recorded in `rec` on [`BENCH_BOARD`]: the
+/// replayed time of every pass after a prefill (a pass at context 0 is a prefill), the drafts'
+/// and verifier's passes alike. The recording starts after a warm-up, so every load in it is
+/// on the clock. Only device work recorded on `engine`'s own matmul backend is in the stream: a
+/// separate draft model's is not (its caller says so).
+pub fn bench_decode_s(engine: &Engine, rec: &Recorder) -> Result<f64> {
+    let board = Board::named(BENCH_BOARD)?;
+    let timeline = replay(&rec.events(), &board, run_options(engine, false))?;
+    let mut before = 0.0;
+    let mut decode = 0.0;
+    for p in &timeline.passes {
+        if p.context > 0 {
+            decode += p.end_s - before;
+        }
+        before = p.end_s;
+    }
+    Ok(decode)
+}
+
+/// How to replay what `engine` recorded: its device bytes, and the prefetcher's rule when a
+/// streamed plan prefetched; `preload`: weights loaded once are the model's load.
+fn run_options(engine: &Engine, preload: bool) -> ReplayOptions {
+    ReplayOptions {
+        preload,
+        device_bytes: engine.cache_stats().peak_resident as f64,
+        prefetch_slots: (engine.config().prefetch && engine.plan().mode == Mode::Streamed)
+            .then(ork_runtime::default_slots),
+    }
 }
 
 /// The projection of the recorded run.
@@ -101,14 +155,9 @@ pub fn project_run(
     let timeline = replay(
         &events,
         board,
-        ReplayOptions {
-            // Weights loaded once (a resident plan's, a streamed plan's pinned ones) are the
-            // model's load, before the prompt.
-            preload: true,
-            device_bytes: engine.cache_stats().peak_resident as f64,
-            prefetch_slots: (engine.config().prefetch && engine.plan().mode == Mode::Streamed)
-                .then(ork_runtime::default_slots),
-        },
+        // Weights loaded once (a resident plan's, a streamed plan's pinned ones) are the
+        // model's load, before the prompt.
+        run_options(engine, true),
     )?;
     Ok(Some(Projection::new(
         &timeline,
@@ -132,12 +181,9 @@ pub fn project_plan(
     let gguf = ork_gguf::GgufFile::open(path).with_context(|| format!("{}", path.display()))?;
     let c =
         ork_exec::ModelConfig::from_gguf(&gguf).with_context(|| format!("{}", path.display()))?;
+    let slots = if args.no_prefetch { 0 } else { slots };
     if manifest.n_expert() > 0 {
-        bail!(
-            "{}: the board clock projects dense models from a plan; a MoE model's schedule \
-             depends on its router (project it with `ork run --project`)",
-            path.display()
-        );
+        return crate::cmd_moe_project::project_moe(path, &c, plan, board, args, dtype);
     }
     let placed: HashMap<&str, (u64, u32, bool)> = plan
         .placement
@@ -215,7 +261,10 @@ pub fn project_plan(
         gen_tokens: args.gen_tokens as usize,
         kv_bytes: 2,
     };
-    let events = schedule(&shape, &sched)?;
+    let (events, generated, label) = match &args.draft {
+        None => (schedule(&shape, &sched)?, args.gen_tokens as usize, None),
+        Some(d) => crate::cmd_spec_project::plan_spec(&shape, &sched, d, args, &board.chip)?,
+    };
     dump(&events)?;
     let device_bytes = if resident {
         shape.total_bytes()
@@ -228,23 +277,22 @@ pub fn project_plan(
         ReplayOptions {
             preload: true,
             device_bytes: device_bytes as f64,
-            prefetch_slots: None,
+            // The prefetcher's rule, as the run's replay applies it.
+            prefetch_slots: (!resident && slots > 0).then_some(slots),
         },
     )?;
-    Ok(Projection::new(
-        &timeline,
-        board,
-        args.prompt_tokens as usize,
-        args.gen_tokens as usize,
-    ))
+    let mut p = Projection::new(&timeline, board, args.prompt_tokens as usize, generated);
+    p.schedule = label;
+    Ok(p)
 }
 
 /// With `ORK_BOARD_EVENTS=FILE`, write the event stream replayed (one JSON array), to compare a
 /// run's stream with the plan's.
 fn dump(events: &[ork_board::Event]) -> Result<()> {
     if let Some(path) = std::env::var_os("ORK_BOARD_EVENTS") {
-        std::fs::write(&path, serde_json::to_vec(events)?)
-            .with_context(|| format!("writing {}", Path::new(&path).display()))?;
+        // Under the rule for every file ork writes (docs/cli.md): never over a model or a pack.
+        ork_store::output::write_output(Path::new(&path), &serde_json::to_vec(events)?, &[])
+            .context("ORK_BOARD_EVENTS")?;
     }
     Ok(())
 }

@@ -10,6 +10,10 @@ use crate::open_model::{engine_config, open_engine};
 
 /// Open the engine, serve until SIGTERM / SIGINT, drain, exit 0.
 pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
+    let chat_template = match &args.chat_template_file {
+        Some(path) => Some(crate::input::read_text(path, "--chat-template-file")?),
+        None => None,
+    };
     let engine = open_engine(engine_config(&args.model, false), false)?;
     let config = ork_server::ServeConfig {
         host: args.host.clone(),
@@ -25,6 +29,7 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         body_timeout: Duration::from_secs(args.body_timeout_secs),
         max_connections: args.max_connections,
         prefix_cache_bytes: args.prefix_cache_mb << 20,
+        chat_template,
     };
     ork_server::run(engine, config, |addr, model| {
         // One line a script (or a test) can wait for.

@@ -197,6 +197,8 @@ struct Config {
     moved: u64,
     /// MoE models: (block forwards, experts run) during the timed rounds.
     moe: (u64, u64),
+    /// The board clock's recording of the last round (docs/board-model.md).
+    rec: Option<std::sync::Arc<ork_board::Recorder>>,
 }
 
 /// One greedy generation of `n` tokens; (tokens, seconds after the prefill, the speculative
@@ -355,6 +357,7 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
                 per_prompt: vec![(0, 0); PROMPTS.len()],
                 moved: 0,
                 moe: (0, 0),
+                rec: None,
             };
             match open_engine(config.clone(), true) {
                 Ok(e) => c.engine = Some(e),
@@ -385,6 +388,7 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
                 c.draft_bytes = e.draft().map_or(0, |d| d.bytes());
                 // Warm-up: first use of every weight (and of the draft's).
                 generate_once(e, c.kind.as_ref(), &prompts[0], 4, b.draft_max)?;
+                c.rec = crate::cmd_project::record_bench(e);
             }
             configs.push(c);
         }
@@ -393,6 +397,9 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
     for _ in 0..b.rounds {
         for c in configs.iter_mut() {
             let Some(e) = &c.engine else { continue };
+            if let Some(r) = &c.rec {
+                r.clear();
+            }
             let mut secs = 0.0;
             let mut tokens = Vec::new();
             let moved0 = bytes_moved(e);
@@ -425,6 +432,7 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
     }
 
     let per_round = (b.tokens * prompts.len()) as f64;
+    let projected = crate::cmd_spec_project::project(&configs_view(&configs), per_round)?;
     let mut rows = Vec::new();
     for c in &configs {
         let plain = configs
@@ -460,6 +468,7 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
             "streamed_bytes_per_token": c.moved as f64 / c.generated.max(1) as f64,
             "experts_per_block_pass": (c.moe.0 > 0).then(|| c.moe.1 as f64 / c.moe.0 as f64),
             "greedy_identical": plain.is_some_and(|p| p.tokens == c.tokens),
+            "projected": projected.json(rows.len()),
         }));
     }
     let crossovers = crossovers(&rows);
@@ -471,6 +480,7 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
                 "tokens": b.tokens, "prompts": PROMPTS.iter().map(|p| p.0).collect::<Vec<_>>(),
                 "draft_max": b.draft_max, "draft_tree": b.draft_tree,
                 "rounds": b.rounds, "results": rows, "crossover": crossovers,
+                "projected_board": crate::cmd_project::BENCH_BOARD,
                 "moe_expert_union": union})
         );
         return Ok(ExitCode::SUCCESS);
@@ -545,12 +555,34 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
     for (draft, c) in &crossovers {
         println!("crossover, {draft}: {}", c.as_str().unwrap_or(""));
     }
+    projected.print(&rows);
     println!(
         "prompts ({}, through the chat template): {}",
         b.tokens,
         PROMPTS.iter().map(|p| p.0).collect::<Vec<_>>().join(", ")
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the board clock's projection needs of each configuration.
+fn configs_view(configs: &[Config]) -> Vec<crate::cmd_spec_project::Measured<'_>> {
+    configs
+        .iter()
+        .map(|c| crate::cmd_spec_project::Measured {
+            engine: c.engine.as_ref(),
+            rec: c.rec.as_deref(),
+            requested: c.requested,
+            resident: c.resident,
+            plain: c.kind.is_none(),
+            separate_draft: matches!(
+                c.kind,
+                Some(BenchDraft {
+                    kind: DraftArg::Model(_),
+                    ..
+                })
+            ),
+        })
+        .collect()
 }
 
 /// MoE models: for verify batches of M = 1, 2, 3, 5, 9, 17 tokens (the prompt's plain greedy

@@ -6,12 +6,15 @@
 mod cli;
 mod cmd_bench_pack;
 mod cmd_bench_stream;
+mod cmd_bench_tokenizer;
 mod cmd_device;
 mod cmd_model;
+mod cmd_moe_project;
 mod cmd_pack;
 mod cmd_project;
 mod cmd_serve;
 mod cmd_spec;
+mod cmd_spec_project;
 mod cpu_check;
 mod input;
 mod open_model;
@@ -54,6 +57,12 @@ fn main() -> ExitCode {
                 json,
             } => cmd_bench_pack::bench_pack(&model, threads, json),
             BenchCommand::Gemm { json } => cmd_device::bench_gemm(json),
+            BenchCommand::Tokenizer {
+                model,
+                file,
+                rounds,
+                json,
+            } => cmd_bench_tokenizer::bench_tokenizer(&model, &file, rounds, json),
             BenchCommand::Stream {
                 model,
                 tokens,

@@ -7,9 +7,22 @@ use anyhow::{anyhow, Result};
 use ork_residency::TraceEvent;
 use plotters::prelude::*;
 
-/// Draw `results` (objects with "config" and "tok_s") and the trace `events` into `path`.
-pub fn stream_svg(path: &Path, results: &[serde_json::Value], events: &[TraceEvent]) -> Result<()> {
-    let root = SVGBackend::new(path, (1100, 700)).into_drawing_area();
+/// Draw `results` (objects with "config" and "tok_s") and the trace `events` into `path`, under
+/// the rule for every file ork writes (`ork_store::output`; `inputs` are never replaced).
+pub fn stream_svg(
+    path: &Path,
+    inputs: &[&Path],
+    results: &[serde_json::Value],
+    events: &[TraceEvent],
+) -> Result<()> {
+    let mut svg = String::new();
+    draw(&mut svg, results, events)?;
+    ork_store::output::write_output(path, svg.as_bytes(), inputs)?;
+    Ok(())
+}
+
+fn draw(svg: &mut String, results: &[serde_json::Value], events: &[TraceEvent]) -> Result<()> {
+    let root = SVGBackend::with_string(svg, (1100, 700)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
     let (top, bottom) = root.split_vertically(420);
 

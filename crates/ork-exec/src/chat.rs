@@ -5,7 +5,10 @@
 //! template carries details (SmolLM2's default system prompt, Qwen's tool blocks) that a
 //! hand-written ChatML formatter would silently get wrong. Templates that need Python-only string
 //! methods fail with [`ExecError::ChatTemplate`].
-use crate::tokenizer::Tokenizer;
+//!
+//! A Gemma GGUF without a template (Gemma 3 270M's has none) gets Gemma 3's own template,
+//! [`GEMMA3_TEMPLATE`] (docs/models.md, Chat templates).
+use crate::tokenizer::{TokenKind, Tokenizer};
 use crate::ExecError;
 use ork_gguf::GgufFile;
 use serde::Serialize;
@@ -13,10 +16,21 @@ use serde::Serialize;
 /// One chat turn.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ChatMessage {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// The text.
     pub content: String,
+    /// An assistant turn's tool calls, as templates read them (`[{"id", "type": "function",
+    /// "function": {"name", "arguments": {…}}}]`, arguments as an object); absent (undefined
+    /// in the template) when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` turn's answer is to this call id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` turn's function name, when the client gave it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -25,6 +39,9 @@ impl ChatMessage {
         ChatMessage {
             role: role.to_owned(),
             content: content.to_owned(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -39,30 +56,87 @@ pub struct ChatTemplate {
 
 const KEY: &str = "tokenizer.chat_template";
 
+/// Gemma 3's chat template, verbatim from `google/gemma-3-*-it`'s `tokenizer_config.json`: the
+/// system message is folded into the first user turn, `assistant` is called `model`, each turn is
+/// `<start_of_turn>ROLE\n…<end_of_turn>\n`, and the text starts with `bos_token` (ork encodes
+/// rendered prompts with `add_special = false`). Rendered by ork it equals Hugging Face's
+/// rendering, and llama.cpp's built-in `gemma` format after BOS (tests/golden/chat_gemma3.json,
+/// from scripts/chat_golden.py).
+pub const GEMMA3_TEMPLATE: &str = r#"{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"#;
+
 /// Instructions a template may execute in one render (minijinja "fuel"). Real templates spend a
 /// few hundred per message; this allows conversations far longer than any context while
 /// stopping a template that loops over `range(10**6)` inside another loop.
 const TEMPLATE_FUEL: u64 = 20_000_000;
 
 impl ChatTemplate {
-    /// The model's template, or `None` if the file has none.
+    /// The model's template, or `None` if the file has none. A Gemma model
+    /// (`general.architecture` `gemma*` whose vocabulary has the control tokens
+    /// `<start_of_turn>` and `<end_of_turn>`) without one gets [`GEMMA3_TEMPLATE`].
     pub fn from_gguf(
         gguf: &GgufFile,
         tokenizer: &Tokenizer,
     ) -> Result<Option<ChatTemplate>, ExecError> {
-        let Some(v) = gguf.metadata(KEY) else {
-            return Ok(None);
+        let source = match gguf.metadata(KEY) {
+            Some(v) => v.as_str().ok_or_else(|| ExecError::InvalidMetadata {
+                key: KEY.to_owned(),
+                what: "not a string".to_owned(),
+            })?,
+            None if is_gemma(gguf, tokenizer) => GEMMA3_TEMPLATE,
+            None => return Ok(None),
         };
-        let source = v.as_str().ok_or_else(|| ExecError::InvalidMetadata {
-            key: KEY.to_owned(),
-            what: "not a string".to_owned(),
-        })?;
+        ChatTemplate::with_tokenizer(source, tokenizer).map(Some)
+    }
+
+    /// Parse `source` (a template given instead of the file's) with `tokenizer`'s BOS and EOS
+    /// texts.
+    pub fn with_tokenizer(source: &str, tokenizer: &Tokenizer) -> Result<ChatTemplate, ExecError> {
         let text = |id: Option<u32>| -> String {
             id.and_then(|t| tokenizer.token_bytes(t, true))
                 .map(|b| String::from_utf8_lossy(b).into_owned())
                 .unwrap_or_default()
         };
-        ChatTemplate::new(source, &text(tokenizer.bos()), &text(tokenizer.eos())).map(Some)
+        ChatTemplate::new(source, &text(tokenizer.bos()), &text(tokenizer.eos()))
     }
 
     /// Parse `source`; `bos_token` / `eos_token` are the texts the template sees under those names.
@@ -78,11 +152,18 @@ impl ChatTemplate {
         Ok(t)
     }
 
+    /// The Jinja source being rendered (tool-call formats are recognised from it).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     fn environment(&self) -> minijinja::Environment<'static> {
         let mut env = minijinja::Environment::new();
         // The template is untrusted text from the GGUF: bound the work a render may do, so a
         // hostile loop is an error, not a hang.
         env.set_fuel(Some(TEMPLATE_FUEL));
+        // Python's str/dict/list methods, which tool-calling templates use.
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
             "raise_exception",
             |msg: String| -> Result<String, minijinja::Error> {
@@ -102,18 +183,54 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ExecError> {
-        let env = self.environment();
-        env.render_str(
-            &self.source,
-            minijinja::context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => &self.bos_token,
-                eos_token => &self.eos_token,
-            },
-        )
-        .map_err(template_error)
+        self.render_with_tools(messages, None, add_generation_prompt)
     }
+
+    /// [`ChatTemplate::render`] with OpenAI's `tools` list (`[{"type": "function", "function":
+    /// {…}}]`) in the template's `tools` variable, as Hugging Face's `apply_chat_template` and
+    /// llama-server's `--jinja` pass it; `None` leaves `tools` undefined.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ExecError> {
+        let env = self.environment();
+        let base = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        };
+        // Without tools the variable stays undefined, as `apply_chat_template` leaves it.
+        let ctx = match tools {
+            Some(t) => minijinja::context! { tools => t, ..base },
+            None => base,
+        };
+        env.render_str(&self.source, ctx).map_err(template_error)
+    }
+
+    /// Whether the template reads a `tools` variable (without one, tool definitions cannot
+    /// reach the prompt).
+    pub fn takes_tools(&self) -> bool {
+        let env = self.environment();
+        env.template_from_str(&self.source)
+            .map(|t| t.undeclared_variables(false).contains("tools"))
+            .unwrap_or(false)
+    }
+}
+
+/// Whether `gguf` is a Gemma model whose vocabulary has Gemma's turn markers as control tokens.
+fn is_gemma(gguf: &GgufFile, tokenizer: &Tokenizer) -> bool {
+    let arch = gguf
+        .metadata("general.architecture")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    arch.starts_with("gemma")
+        && ["<start_of_turn>", "<end_of_turn>"].iter().all(|marker| {
+            matches!(tokenizer.encode(marker, false, true).as_deref(),
+                Ok(&[id]) if tokenizer.kind(id) == Some(TokenKind::Control))
+        })
 }
 
 fn template_error(e: minijinja::Error) -> ExecError {
@@ -150,6 +267,58 @@ mod tests {
             s,
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
         );
+    }
+
+    #[test]
+    fn gemma3_template_folds_the_system_message_and_checks_roles() {
+        let t = ChatTemplate::new(GEMMA3_TEMPLATE, "<bos>", "<eos>").unwrap();
+        let s = t
+            .render(
+                &[
+                    ChatMessage::new("system", "Be brief."),
+                    ChatMessage::new("user", " Hi\n"),
+                ],
+                true,
+            )
+            .unwrap();
+        assert_eq!(
+            s,
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+        );
+        // Two user turns in a row: the template's own raise_exception.
+        let r = t.render(
+            &[ChatMessage::new("user", "a"), ChatMessage::new("user", "b")],
+            true,
+        );
+        assert!(matches!(r, Err(ExecError::ChatTemplate { .. })));
+    }
+
+    #[test]
+    fn tools_and_tool_turns_reach_the_template() {
+        let src = "{% if tools %}{% for t in tools %}[{{ t.function.name }}:{{ t | tojson }}]{% endfor %}{% endif %}\
+                   {% for m in messages %}{{ m.role }}={{ m.content }}\
+                   {% if m.tool_calls %}{% for c in m.tool_calls %}<{{ c.function.name }} {{ c.function.arguments.city }}>{% endfor %}{% endif %}\
+                   {% if m.tool_call_id is defined %}#{{ m.tool_call_id }}{% endif %};{% endfor %}\
+                   {{ 'x'.startswith('x') }}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        assert!(t.takes_tools());
+        assert!(!ChatTemplate::new(SMOLLM2, "", "").unwrap().takes_tools());
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "weather"}}]);
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls = Some(serde_json::json!([
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}
+        ]));
+        let mut answer = ChatMessage::new("tool", "sunny");
+        answer.tool_call_id = Some("c1".to_owned());
+        let msgs = [ChatMessage::new("user", "Hi"), call, answer];
+        let s = t.render_with_tools(&msgs, Some(&tools), true).unwrap();
+        assert_eq!(
+            s,
+            r#"[weather:{"function":{"name":"weather"},"type":"function"}]user=Hi;assistant=<weather Paris>;tool=sunny#c1;True"#
+        );
+        // No tools: the variable is undefined, and plain turns carry no tool fields.
+        let s = t.render(&msgs[..1], true).unwrap();
+        assert_eq!(s, "user=Hi;True");
     }
 
     #[test]

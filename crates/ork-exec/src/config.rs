@@ -19,6 +19,13 @@ pub enum Arch {
     /// `qwen3moe`: qwen3's attention; a Mixture-of-Experts feed-forward, no shared expert;
     /// routing weights renormalized.
     Qwen3Moe,
+    /// `phi3` (Phi-3, Phi-4-mini): llama's computation with NEOX RoPE, a fused q/k/v
+    /// projection and a fused gate-up (`ffn_up`, gate rows first), LongRoPE factors
+    /// (docs/models.md, "phi3").
+    Phi3,
+    /// `gemma3`: QK-norm, post-attention and post-FFN norms, GeLU-tanh gating, the √d
+    /// embedding scale, interleaved sliding-window and global layers (`crate::Gemma3Config`).
+    Gemma3,
 }
 
 impl Arch {
@@ -30,6 +37,8 @@ impl Arch {
             "qwen3" => Ok(Arch::Qwen3),
             "qwen2moe" => Ok(Arch::Qwen2Moe),
             "qwen3moe" => Ok(Arch::Qwen3Moe),
+            "phi3" => Ok(Arch::Phi3),
+            "gemma3" => Ok(Arch::Gemma3),
             other => Err(ExecError::UnsupportedArchitecture {
                 arch: other.to_owned(),
             }),
@@ -44,17 +53,24 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Qwen2Moe => "qwen2moe",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Phi3 => "phi3",
+            Arch::Gemma3 => "gemma3",
         }
     }
 
     /// How this architecture pairs head values for RoPE, per llama.cpp's
     /// `llama_model_rope_type()` (src/llama-model.cpp): LLAMA is `LLAMA_ROPE_TYPE_NORM`
     /// (convert_hf_to_gguf.py permutes HF llama q/k rows so that consecutive pairs rotate),
-    /// QWEN2, QWEN3 and their MoE variants are `LLAMA_ROPE_TYPE_NEOX`.
+    /// QWEN2, QWEN3, their MoE variants, PHI3 and GEMMA3 are `LLAMA_ROPE_TYPE_NEOX`.
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama => RopeStyle::Interleaved,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe => RopeStyle::Neox,
+            Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Qwen2Moe
+            | Arch::Qwen3Moe
+            | Arch::Phi3
+            | Arch::Gemma3 => RopeStyle::Neox,
         }
     }
 
@@ -102,12 +118,24 @@ pub struct ModelConfig {
     pub rope_base: f32,
     /// RoPE position scale (1 / linear scaling factor; 1.0 without scaling).
     pub rope_freq_scale: f32,
+    /// `rope.scaling.attn_factor` (1.0 when absent): multiplies every RoPE cos and sin, as
+    /// llama.cpp's `attn_factor`.
+    pub rope_attn_factor: f32,
+    /// `rope.scaling.original_context_length` (default `context_length`): LongRoPE uses its
+    /// long factors in sessions of a larger context.
+    pub rope_original_context: usize,
+    /// `rope.scaling.type` is `longrope` (llama reads LongRoPE factors instead of
+    /// `rope_freqs` then, as llama.cpp).
+    pub rope_longrope: bool,
     /// Context length the model was trained with.
     pub context_length: usize,
     /// Vocabulary size (number of rows of the embedding).
     pub vocab_size: usize,
     /// Mixture-of-Experts parameters; `None` for a dense feed-forward.
     pub moe: Option<MoeConfig>,
+    /// Gemma 3's sliding-window layers, local RoPE base, attention scale and soft-cap
+    /// (`Some` exactly for [`Arch::Gemma3`]).
+    pub gemma3: Option<crate::Gemma3Config>,
 }
 
 /// Mixture-of-Experts hyper-parameters (`{arch}.expert_*` keys) and routing, as llama.cpp
@@ -142,7 +170,7 @@ impl MoeConfig {
         let count_key = key("expert_count");
         let n_expert = match (arch, opt_usize(gguf, &count_key)?) {
             (Arch::Llama, None | Some(0)) => return Ok(None),
-            (Arch::Qwen2 | Arch::Qwen3, _) => return Ok(None),
+            (Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Gemma3, _) => return Ok(None),
             (_, None) => return Err(missing(&count_key)),
             (_, Some(0)) => return Err(invalid(&count_key, "a MoE model needs at least 1 expert")),
             (_, Some(n)) => n,
@@ -345,7 +373,18 @@ impl ModelConfig {
                 "not a finite positive number",
             ));
         }
-        let rope_freq_scale = rope_scale(gguf, p)?;
+        let (rope_freq_scale, rope_longrope) = rope_scale(gguf, p)?;
+        let attn_key = key("rope.scaling.attn_factor");
+        let rope_attn_factor = match opt_f32(gguf, &attn_key)? {
+            None => 1.0,
+            Some(f) if f.is_finite() && f > 0.0 => f,
+            Some(_) => return Err(invalid(&attn_key, "not a finite positive number")),
+        };
+        let orig_key = key("rope.scaling.original_context_length");
+        let rope_original_context = match opt_usize(gguf, &orig_key)? {
+            None | Some(0) => context_length,
+            Some(n) => n,
+        };
 
         let vocab_size = match gguf.metadata("tokenizer.ggml.tokens") {
             Some(v) => v
@@ -360,7 +399,8 @@ impl ModelConfig {
 
         let moe = MoeConfig::from_gguf(gguf, arch, n_ff)?;
 
-        Ok(ModelConfig {
+        let mut config = ModelConfig {
+            gemma3: None,
             moe,
             arch,
             n_layer,
@@ -374,9 +414,16 @@ impl ModelConfig {
             rms_eps,
             rope_base,
             rope_freq_scale,
+            rope_attn_factor,
+            rope_original_context,
+            rope_longrope,
             context_length,
             vocab_size,
-        })
+        };
+        if arch == Arch::Gemma3 {
+            config.gemma3 = Some(crate::Gemma3Config::from_gguf(gguf, &config)?);
+        }
+        Ok(config)
     }
 
     /// Width of the concatenated query heads.
@@ -401,17 +448,20 @@ impl ModelConfig {
 }
 
 /// RoPE linear scaling, as llama.cpp reads it (`rope.scaling.type`, `rope.scaling.factor`,
-/// legacy `rope.scale_linear`). Scaling schemes other than linear change the rotation itself and
-/// are refused rather than ignored.
-fn rope_scale(gguf: &GgufFile, p: &str) -> Result<f32, ExecError> {
+/// legacy `rope.scale_linear`), and whether the type is `longrope` (which llama.cpp reads like
+/// linear, its factors being tensors). Other schemes (`yarn`) change the rotation itself and are
+/// refused rather than ignored.
+fn rope_scale(gguf: &GgufFile, p: &str) -> Result<(f32, bool), ExecError> {
     let type_key = format!("{p}.rope.scaling.type");
+    let mut longrope = false;
     if let Some(v) = gguf.metadata(&type_key) {
         let ty = v
             .as_str()
             .ok_or_else(|| invalid(&type_key, "not a string"))?;
         match ty {
-            "none" => return Ok(1.0),
+            "none" => return Ok((1.0, false)),
             "linear" => {}
+            "longrope" if p == "llama" || p == "phi3" => longrope = true,
             other => {
                 return Err(invalid(
                     &type_key,
@@ -427,19 +477,19 @@ fn rope_scale(gguf: &GgufFile, p: &str) -> Result<f32, ExecError> {
         None => opt_f32(gguf, &legacy_key)?.map(|f| (legacy_key, f)),
     };
     let Some((k, f)) = factor else {
-        return Ok(1.0);
+        return Ok((1.0, longrope));
     };
     if f == 0.0 {
         // llama.cpp: a factor of 0 means "not set".
-        Ok(1.0)
+        Ok((1.0, longrope))
     } else if f.is_finite() && f > 0.0 {
-        Ok(1.0 / f)
+        Ok((1.0 / f, longrope))
     } else {
         Err(invalid(&k, "not a finite positive number"))
     }
 }
 
-fn invalid(key: &str, what: &str) -> ExecError {
+pub(crate) fn invalid(key: &str, what: &str) -> ExecError {
     ExecError::InvalidMetadata {
         key: key.to_owned(),
         what: what.to_owned(),
@@ -484,7 +534,7 @@ fn meta_f32(gguf: &GgufFile, key: &str) -> Result<f32, ExecError> {
     opt_f32(gguf, key)?.ok_or_else(|| missing(key))
 }
 
-fn opt_f32(gguf: &GgufFile, key: &str) -> Result<Option<f32>, ExecError> {
+pub(crate) fn opt_f32(gguf: &GgufFile, key: &str) -> Result<Option<f32>, ExecError> {
     match gguf.metadata(key) {
         None => Ok(None),
         Some(v) => v

@@ -10,7 +10,7 @@ pub enum ExecError {
     Gguf(#[from] ork_gguf::GgufError),
     /// `general.architecture` names a model family ork-exec cannot run.
     #[error(
-        "unsupported architecture '{arch}' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe)"
+        "unsupported architecture '{arch}' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3)"
     )]
     UnsupportedArchitecture {
         /// The architecture string from the file.
@@ -186,6 +186,21 @@ pub enum ExecError {
     InvalidTree {
         /// What is wrong.
         what: String,
+    },
+    /// A prefix that [`crate::Session::fork`] or [`crate::Session::truncate`] cannot keep: its
+    /// sliding-window layers dropped keys that the prefix's next position would need
+    /// ([`crate::Session::min_prefix`], docs/kv-cache.md "Sliding-window layers").
+    #[error(
+        "cannot keep the first {len} of {position} positions: the sliding-window layers hold \
+         only what a prefix of at least {min} positions needs"
+    )]
+    PrefixDropped {
+        /// The prefix length asked for.
+        len: usize,
+        /// The shortest prefix (other than none) the session can keep.
+        min: usize,
+        /// The positions the session holds.
+        position: usize,
     },
     /// The draft model's vocabulary is not the verifier's (checked as llama.cpp does: size,
     /// special tokens, and the text of every shared token).

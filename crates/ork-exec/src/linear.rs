@@ -1,7 +1,8 @@
-//! Matmuls against named model weights, behind one interface.
+//! Matmuls against the model's weights, behind one interface.
 //!
 //! The executor never touches matmul weights itself: it asks a [`Linear`] for `y = x · Wᵀ` by
-//! tensor name. The CPU implementations here are the references the device-backed one is judged
+//! [`WeightId`], the manifest's interned id of the weight, resolved once when the model loads
+//! (`docs/architecture.md`): a matmul call formats, hashes and compares no name. The CPU implementations here are the references the device-backed one is judged
 //! against: [`CpuF32Linear`] (exact dequantized weights, the correctness reference) and
 //! [`CpuW8A8Linear`] (the device's quantization scheme computed on the CPU, so quantization error
 //! can be told apart from device bugs).
@@ -9,18 +10,21 @@ use crate::ops::dot;
 use crate::weights::{dequantize_weight, WeightSpec};
 use crate::ExecError;
 use ork_gguf::GgufFile;
+use ork_manifest::WeightId;
 use rayon::prelude::*;
-use std::collections::HashMap;
 
 /// A provider of matrix products with the model's 2-D weights.
 ///
-/// A weight named `weight` has GGUF dims `[K, N]` (`ne[0]` = K contiguous): N rows of K values.
+/// A weight has GGUF dims `[K, N]` (`ne[0]` = K contiguous): N rows of K values. Weights are
+/// named by their [`WeightId`] in the model's manifest ([`crate::WeightSpec::id`]); an
+/// implementation resolves an id to a name only to print it (errors, traces).
 /// Implementations must be usable from several threads (`Send + Sync`) and object-safe so a
 /// [`crate::Session`] can hold an `Arc<dyn Linear>` and move to another thread.
 pub trait Linear: Send + Sync {
-    /// `y[m, n] = Σ_k x[m, k] · W[n, k]` for the named weight; `x` is `m × K` row-major f32,
+    /// `y[m, n] = Σ_k x[m, k] · W[n, k]` for the weight; `x` is `m × K` row-major f32,
     /// `y` is `m × N` row-major and fully overwritten.
-    fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError>;
+    fn matmul(&self, weight: WeightId, x: &[f32], m: usize, y: &mut [f32])
+        -> Result<(), ExecError>;
 
     /// `ys[i] = x · W_iᵀ` for several weights that take the same input (a block's q/k/v or
     /// gate/up projections): `x` is `m × K` (the weights share K), `ys[i]` is `m × N_i`. The
@@ -29,18 +33,22 @@ pub trait Linear: Send + Sync {
     /// default calls [`Linear::matmul`] for each weight in order.
     fn matmul_many(
         &self,
-        weights: &[&str],
+        weights: &[WeightId],
         x: &[f32],
         m: usize,
         ys: &mut [&mut [f32]],
     ) -> Result<(), ExecError> {
         if weights.len() != ys.len() {
             return Err(ExecError::MatmulShape {
-                weight: weights.join(","),
+                weight: weights
+                    .iter()
+                    .map(WeightId::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
                 what: format!("{} outputs for {} weights", ys.len(), weights.len()),
             });
         }
-        for (w, y) in weights.iter().zip(ys.iter_mut()) {
+        for (&w, y) in weights.iter().zip(ys.iter_mut()) {
             self.matmul(w, x, m, y)?;
         }
         Ok(())
@@ -49,7 +57,7 @@ pub trait Linear: Send + Sync {
     /// The executor will ask for `weights` next, in this order (a router's expert choice, a
     /// draft's batch): a backend that streams weights may start loading them. A hint only: the
     /// results never depend on it. The default ignores it.
-    fn upcoming(&self, weights: &[&str]) {
+    fn upcoming(&self, weights: &[WeightId]) {
         let _ = weights;
     }
 
@@ -130,25 +138,65 @@ fn tiled_matmul(n: usize, m: usize, y: &mut [f32], row_dot: impl Fn(usize, usize
 
 /// One f32 weight.
 struct F32Weight {
+    /// Its name, for messages.
+    name: String,
     k: usize,
     n: usize,
     data: Vec<f32>,
 }
 
+/// The weights of a CPU [`Linear`], indexed by [`WeightId`].
+struct ById<W> {
+    weights: Vec<Option<W>>,
+}
+
+impl<W> ById<W> {
+    fn new() -> Self {
+        ById {
+            weights: Vec::new(),
+        }
+    }
+
+    fn insert(&mut self, id: WeightId, w: W) {
+        let i = id.index();
+        if self.weights.len() <= i {
+            self.weights.resize_with(i + 1, || None);
+        }
+        self.weights[i] = Some(w);
+    }
+
+    fn get(&self, id: WeightId) -> Result<&W, ExecError> {
+        self.weights
+            .get(id.index())
+            .and_then(Option::as_ref)
+            .ok_or_else(|| ExecError::UnknownWeight {
+                weight: id.to_string(),
+            })
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (WeightId, &W)> {
+        self.weights
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| Some((WeightId(i as u32), w.as_ref()?)))
+    }
+}
+
 /// The CPU correctness reference: every weight dequantized once to f32.
 pub struct CpuF32Linear {
-    weights: HashMap<String, F32Weight>,
+    weights: ById<F32Weight>,
 }
 
 impl CpuF32Linear {
     /// Dequantize `specs` from `gguf` (see [`crate::Model::matmul_weights`]).
     pub fn from_gguf(gguf: &GgufFile, specs: &[WeightSpec]) -> Result<CpuF32Linear, ExecError> {
-        let mut weights = HashMap::with_capacity(specs.len());
+        let mut weights = ById::new();
         for spec in specs {
             let data = dequantize_weight(gguf, spec)?;
             weights.insert(
-                spec.name.clone(),
+                spec.id,
                 F32Weight {
+                    name: spec.name.clone(),
                     k: spec.k,
                     n: spec.n,
                     data,
@@ -158,9 +206,11 @@ impl CpuF32Linear {
         Ok(CpuF32Linear { weights })
     }
 
-    /// Build from f32 rows directly (`data` is `n × k`); for tests and tools.
+    /// Build from f32 rows directly (`data` is `n × k`) for weight `id`, named `name` in
+    /// messages; for tests and tools.
     pub fn insert(
         &mut self,
+        id: WeightId,
         name: &str,
         k: usize,
         n: usize,
@@ -172,26 +222,30 @@ impl CpuF32Linear {
                 what: format!("{} values given for {n} rows of {k}", data.len()),
             });
         }
-        self.weights
-            .insert(name.to_owned(), F32Weight { k, n, data });
+        let name = name.to_owned();
+        self.weights.insert(id, F32Weight { name, k, n, data });
         Ok(())
     }
 
     /// An empty set of weights.
     pub fn new() -> CpuF32Linear {
         CpuF32Linear {
-            weights: HashMap::new(),
+            weights: ById::new(),
         }
     }
 
     /// The f32 rows of a weight (`n × k`), if held.
-    pub fn weight(&self, name: &str) -> Option<&[f32]> {
-        self.weights.get(name).map(|w| w.data.as_slice())
+    pub fn weight(&self, id: WeightId) -> Option<&[f32]> {
+        self.weights.get(id).ok().map(|w| w.data.as_slice())
     }
 
     /// The f32 rows of a weight (`n × k`) to change in place, if held.
-    pub fn weight_mut(&mut self, name: &str) -> Option<&mut [f32]> {
-        self.weights.get_mut(name).map(|w| w.data.as_mut_slice())
+    pub fn weight_mut(&mut self, id: WeightId) -> Option<&mut [f32]> {
+        self.weights
+            .weights
+            .get_mut(id.index())
+            .and_then(Option::as_mut)
+            .map(|w| w.data.as_mut_slice())
     }
 }
 
@@ -202,14 +256,9 @@ impl Default for CpuF32Linear {
 }
 
 impl Linear for CpuF32Linear {
-    fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
-        let w = self
-            .weights
-            .get(weight)
-            .ok_or_else(|| ExecError::UnknownWeight {
-                weight: weight.to_owned(),
-            })?;
-        check_shape(weight, w.k, w.n, x, m, y)?;
+    fn matmul(&self, id: WeightId, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        let w = self.weights.get(id)?;
+        check_shape(&w.name, w.k, w.n, x, m, y)?;
         let k = w.k;
         tiled_matmul(w.n, m, y, |nrow, i| {
             dot(&w.data[nrow * k..][..k], &x[i * k..][..k])
@@ -256,6 +305,8 @@ pub fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
 
 /// One per-channel int8 weight.
 struct I8Weight {
+    /// Its name, for messages.
+    name: String,
     k: usize,
     n: usize,
     codes: Vec<i8>,
@@ -267,28 +318,25 @@ struct I8Weight {
 /// with one scale each, weights per output channel to int8, products accumulated in i32 and
 /// rescaled by `s_token · s_channel`. It isolates quantization error from device errors.
 pub struct CpuW8A8Linear {
-    weights: HashMap<String, I8Weight>,
+    weights: ById<I8Weight>,
 }
 
 impl CpuW8A8Linear {
     /// Dequantize `specs` from `gguf`, then requantize each row to int8.
     pub fn from_gguf(gguf: &GgufFile, specs: &[WeightSpec]) -> Result<CpuW8A8Linear, ExecError> {
-        let mut weights = HashMap::with_capacity(specs.len());
+        let mut weights = ById::new();
         for spec in specs {
             let data = dequantize_weight(gguf, spec)?;
-            weights.insert(
-                spec.name.clone(),
-                Self::quantize(&spec.name, spec.k, spec.n, &data)?,
-            );
+            weights.insert(spec.id, Self::quantize(&spec.name, spec.k, spec.n, &data)?);
         }
         Ok(CpuW8A8Linear { weights })
     }
 
     /// Quantize every weight of an f32 reference.
     pub fn from_f32(reference: &CpuF32Linear) -> Result<CpuW8A8Linear, ExecError> {
-        let mut weights = HashMap::with_capacity(reference.weights.len());
-        for (name, w) in &reference.weights {
-            weights.insert(name.clone(), Self::quantize(name, w.k, w.n, &w.data)?);
+        let mut weights = ById::new();
+        for (id, w) in reference.weights.iter() {
+            weights.insert(id, Self::quantize(&w.name, w.k, w.n, &w.data)?);
         }
         Ok(CpuW8A8Linear { weights })
     }
@@ -308,6 +356,7 @@ impl CpuW8A8Linear {
             });
         }
         Ok(I8Weight {
+            name: name.to_owned(),
             k,
             n,
             codes,
@@ -317,14 +366,9 @@ impl CpuW8A8Linear {
 }
 
 impl Linear for CpuW8A8Linear {
-    fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
-        let w = self
-            .weights
-            .get(weight)
-            .ok_or_else(|| ExecError::UnknownWeight {
-                weight: weight.to_owned(),
-            })?;
-        check_shape(weight, w.k, w.n, x, m, y)?;
+    fn matmul(&self, id: WeightId, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        let w = self.weights.get(id)?;
+        check_shape(&w.name, w.k, w.n, x, m, y)?;
         let k = w.k;
         let mut xq = vec![0i8; m * k];
         let mut xs = vec![0.0f32; m];
@@ -363,9 +407,9 @@ mod tests {
             let w: Vec<f32> = (0..k * n).map(|i| ((i as u32 ^ seed) as f32 * 0.013).sin()).collect();
             let x: Vec<f32> = (0..k * m).map(|i| ((i as u32 + seed) as f32 * 0.029).cos()).collect();
             let mut lin = CpuF32Linear::new();
-            lin.insert("w", k, n, w.clone()).unwrap();
+            lin.insert(WeightId(0), "w", k, n, w.clone()).unwrap();
             let mut y = vec![f32::NAN; m * n];
-            lin.matmul("w", &x, m, &mut y).unwrap();
+            lin.matmul(WeightId(0), &x, m, &mut y).unwrap();
             let r = naive(&w, k, n, &x, m);
             for (a, b) in y.iter().zip(&r) {
                 prop_assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()));
@@ -377,10 +421,10 @@ mod tests {
             let w: Vec<f32> = (0..k * n).map(|i| ((i as u32 ^ seed) as f32 * 0.017).sin()).collect();
             let x: Vec<f32> = (0..k * m).map(|i| ((i as u32 + seed) as f32 * 0.031).cos()).collect();
             let mut f = CpuF32Linear::new();
-            f.insert("w", k, n, w.clone()).unwrap();
+            f.insert(WeightId(0), "w", k, n, w.clone()).unwrap();
             let q = CpuW8A8Linear::from_f32(&f).unwrap();
             let mut y = vec![0.0; m * n];
-            q.matmul("w", &x, m, &mut y).unwrap();
+            q.matmul(WeightId(0), &x, m, &mut y).unwrap();
             let r = naive(&w, k, n, &x, m);
             // Each code is within half a step of the value: |err| ≤ Σ (|x|·sw/2 + |w|·sx/2 + sx·sw/4).
             for i in 0..m {
@@ -399,22 +443,22 @@ mod tests {
     #[test]
     fn unknown_weight_and_bad_shapes_are_errors() {
         let mut lin = CpuF32Linear::new();
-        lin.insert("w", 4, 2, vec![0.0; 8]).unwrap();
+        lin.insert(WeightId(0), "w", 4, 2, vec![0.0; 8]).unwrap();
         let mut y = vec![0.0; 2];
         assert!(matches!(
-            lin.matmul("nope", &[0.0; 4], 1, &mut y),
+            lin.matmul(WeightId(1), &[0.0; 4], 1, &mut y),
             Err(ExecError::UnknownWeight { .. })
         ));
         assert!(matches!(
-            lin.matmul("w", &[0.0; 3], 1, &mut y),
+            lin.matmul(WeightId(0), &[0.0; 3], 1, &mut y),
             Err(ExecError::MatmulShape { .. })
         ));
         assert!(matches!(
-            lin.matmul("w", &[0.0; 4], 1, &mut [0.0; 3]),
+            lin.matmul(WeightId(0), &[0.0; 4], 1, &mut [0.0; 3]),
             Err(ExecError::MatmulShape { .. })
         ));
         assert!(matches!(
-            lin.insert("v", 3, 3, vec![0.0; 8]),
+            lin.insert(WeightId(1), "v", 3, 3, vec![0.0; 8]),
             Err(ExecError::MatmulShape { .. })
         ));
     }

@@ -1,17 +1,19 @@
 //! A loaded model: configuration, the small f32 tensors (norms, biases), the embedding table
-//! borrowed from the GGUF map, and the names and shapes of the matmul weights a [`crate::Linear`]
-//! must provide.
+//! borrowed from the GGUF map, and the ids, names and shapes of the matmul weights a
+//! [`crate::Linear`] must provide (ids from the model's manifest, see `docs/architecture.md`).
 use crate::config::{Arch, ModelConfig, MoeConfig};
-use crate::moe::{Expert, FeedForward, MoeFfn, MoeStats, SharedExpert, Speculation};
+use crate::gemma3::{Gemma3, PostNorms};
+use crate::moe::{Activation, Expert, FeedForward, MoeFfn, MoeStats, SharedExpert, Speculation};
 use std::sync::atomic::Ordering;
 
 /// Experts predicted beyond `k` by the speculative expert prefetch, by default.
 const DEFAULT_SPECULATION_EXTRA: usize = 1;
+use crate::fused::QkvWeights;
 use crate::ops::Rope;
 use crate::weights::{dequantize_tensor, tensor_info, RowTable, WeightSpec};
 use crate::ExecError;
 use ork_gguf::GgufFile;
-use ork_manifest::{tensor_name, Role};
+use ork_manifest::{tensor_name, Manifest, Role, WeightId};
 use std::sync::Arc;
 
 /// The name of a tensor that is not per block (from the manifest's name table).
@@ -19,7 +21,7 @@ fn global(role: Role) -> String {
     tensor_name(role, 0).expect("roles in the table have names")
 }
 
-/// Per-block tensors held by the executor, and names of the block's matmul weights.
+/// Per-block tensors held by the executor, and ids of the block's matmul weights.
 #[derive(Clone)]
 pub(crate) struct Layer {
     pub(crate) attn_norm: Vec<f32>,
@@ -29,11 +31,36 @@ pub(crate) struct Layer {
     pub(crate) v_bias: Option<Vec<f32>>,
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
-    pub(crate) wq: String,
-    pub(crate) wk: String,
-    pub(crate) wv: String,
-    pub(crate) wo: String,
+    pub(crate) qkv: QkvWeights,
+    pub(crate) wo: WeightId,
     pub(crate) ffn: FeedForward,
+    /// gemma3: the norms after attention and after the feed-forward.
+    pub(crate) post_norms: Option<PostNorms>,
+    /// gemma3's local layers: keys a query sees, itself included (`None`: every earlier one).
+    pub(crate) window: Option<usize>,
+}
+
+impl Layer {
+    /// Every matmul weight of the block, to change in place.
+    fn ids_mut(&mut self) -> Vec<&mut WeightId> {
+        let mut ids = self.qkv.ids_mut();
+        ids.push(&mut self.wo);
+        match &mut self.ffn {
+            FeedForward::Dense { gate, up, down, .. } => ids.extend([gate, up, down]),
+            FeedForward::FusedDense { gate_up, down, .. } => ids.extend([gate_up, down]),
+            FeedForward::Moe(moe) => {
+                let moe = &mut **moe;
+                ids.push(&mut moe.router);
+                for e in &mut moe.experts {
+                    ids.extend([&mut e.gate, &mut e.up, &mut e.down]);
+                }
+                if let Some(s) = &mut moe.shared {
+                    ids.extend([&mut s.gate, &mut s.up, &mut s.down]);
+                }
+            }
+        }
+        ids
+    }
 }
 
 /// A model ready to run. It holds an `Arc` of the GGUF it was loaded from (the embedding rows are
@@ -45,8 +72,12 @@ pub struct Model {
     pub(crate) rope: Rope,
     pub(crate) layers: Vec<Layer>,
     pub(crate) output_norm: Vec<f32>,
-    output_weight: String,
+    output_weight: WeightId,
     weights: Vec<WeightSpec>,
+    /// The file's matmul weights: the id space of [`WeightSpec::id`].
+    manifest: Arc<Manifest>,
+    /// What a gemma3 model computes beyond the llama family (`crate::gemma3`).
+    pub(crate) gemma3: Option<Gemma3>,
 }
 
 fn dims(k: usize, n: usize) -> [u64; 2] {
@@ -70,16 +101,14 @@ impl Model {
 
         let mut weights = Vec::new();
         // Expert slices (`TENSOR#EXPERT`) are checked by `load_moe` through their 3-D tensor.
-        let mut spec = |name: String, k: usize, n: usize| -> Result<String, ExecError> {
+        // Ids are the specs' indices until every check has passed; then the manifest's.
+        let mut spec = |name: String, k: usize, n: usize| -> Result<WeightId, ExecError> {
             if !name.contains('#') {
                 tensor_info(gguf, &name, &dims(k, n))?;
             }
-            weights.push(WeightSpec {
-                name: name.clone(),
-                k,
-                n,
-            });
-            Ok(name)
+            let id = WeightId(weights.len() as u32);
+            weights.push(WeightSpec { id, name, k, n });
+            Ok(id)
         };
         let vector = |name: &str, len: usize| dequantize_tensor(gguf, name, &[len as u64]);
         let optional = |name: &str, len: usize| -> Result<Option<Vec<f32>>, ExecError> {
@@ -106,20 +135,35 @@ impl Model {
                     optional(&t(Role::AttnKBias), c.k_dim())?,
                     optional(&t(Role::AttnVBias), c.v_dim())?,
                 ),
-                Arch::Qwen3 | Arch::Qwen3Moe => (None, None, None),
+                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 | Arch::Gemma3 => (None, None, None),
             };
             let (q_norm, k_norm) = match c.arch {
-                Arch::Qwen3 | Arch::Qwen3Moe => (
+                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => (
                     Some(vector(&t(Role::AttnQNorm), c.head_dim_k)?),
                     Some(vector(&t(Role::AttnKNorm), c.head_dim_k)?),
                 ),
-                Arch::Llama | Arch::Qwen2 | Arch::Qwen2Moe => (None, None),
+                Arch::Llama | Arch::Qwen2 | Arch::Qwen2Moe | Arch::Phi3 => (None, None),
             };
-            let wq = spec(t(Role::AttnQ), c.n_embd, c.q_dim())?;
-            let wk = spec(t(Role::AttnK), c.n_embd, c.k_dim())?;
-            let wv = spec(t(Role::AttnV), c.n_embd, c.v_dim())?;
+            // phi3 may fuse q/k/v (llama.cpp's `create_tensor_qkv` takes `attn_qkv` when
+            // present, else the three); its table is the only one listing `attn_qkv`.
+            let qkv = if c.arch == Arch::Phi3 && gguf.tensor(&t(Role::AttnQkv)).is_some() {
+                let n = c.q_dim() + c.k_dim() + c.v_dim();
+                QkvWeights::Fused(spec(t(Role::AttnQkv), c.n_embd, n)?)
+            } else {
+                QkvWeights::Separate([
+                    spec(t(Role::AttnQ), c.n_embd, c.q_dim())?,
+                    spec(t(Role::AttnK), c.n_embd, c.k_dim())?,
+                    spec(t(Role::AttnV), c.n_embd, c.v_dim())?,
+                ])
+            };
             let wo = spec(t(Role::AttnOutput), c.attn_out_dim(), c.n_embd)?;
             let ffn = match &c.moe {
+                // phi3's `ffn_up` holds the gate rows then the up rows; it has no `ffn_gate`.
+                None if c.arch == Arch::Phi3 => FeedForward::FusedDense {
+                    gate_up: spec(t(Role::FfnUp), c.n_embd, 2 * c.n_ff)?,
+                    down: spec(t(Role::FfnDown), c.n_ff, c.n_embd)?,
+                    n_ff: c.n_ff,
+                },
                 None => {
                     if gguf.tensor(&t(Role::Router)).is_some() {
                         return Err(ExecError::ExpertMismatch {
@@ -135,6 +179,11 @@ impl Model {
                         up: spec(t(Role::FfnUp), c.n_embd, c.n_ff)?,
                         down: spec(t(Role::FfnDown), c.n_ff, c.n_embd)?,
                         n_ff: c.n_ff,
+                        act: if c.arch == Arch::Gemma3 {
+                            Activation::GeluTanh
+                        } else {
+                            Activation::Silu
+                        },
                     }
                 }
                 Some(moe) => FeedForward::Moe(Box::new(load_moe(gguf, c, moe, i, &mut spec)?)),
@@ -147,11 +196,20 @@ impl Model {
                 v_bias,
                 q_norm,
                 k_norm,
-                wq,
-                wk,
-                wv,
+                qkv,
                 wo,
                 ffn,
+                post_norms: match c.arch {
+                    Arch::Gemma3 => Some(PostNorms {
+                        attn: vector(&t(Role::AttnPostNorm), c.n_embd)?,
+                        ffn: vector(&t(Role::FfnPostNorm), c.n_embd)?,
+                    }),
+                    _ => None,
+                },
+                window: c
+                    .gemma3
+                    .as_ref()
+                    .and_then(|g| g.window.filter(|_| g.local[i])),
             });
         }
         let output_norm = vector(&global(Role::OutputNorm), c.n_embd)?;
@@ -160,10 +218,31 @@ impl Model {
             name if gguf.tensor(&name).is_some() => name,
             _ => embd_name.clone(),
         };
-        let output_weight = spec(output_name, c.n_embd, c.vocab_size)?;
+        let mut output_weight = spec(output_name, c.n_embd, c.vocab_size)?;
 
-        let rope = Rope::new(c.arch.rope_style(), c.n_rot, c.rope_base, c.rope_freq_scale);
+        // One id space: the manifest's, which the runtime's pack, plan and cache share.
+        let manifest = Manifest::from_gguf(gguf)?;
+        let mut ids = Vec::with_capacity(weights.len());
+        for w in &mut weights {
+            w.id = manifest
+                .id(&w.name)
+                .ok_or_else(|| ExecError::MissingTensor {
+                    tensor: w.name.clone(),
+                })?;
+            ids.push(w.id);
+        }
+        for id in layers
+            .iter_mut()
+            .flat_map(Layer::ids_mut)
+            .chain([&mut output_weight])
+        {
+            *id = ids[id.index()];
+        }
+
+        let rope = crate::rope_factors::load_rope(gguf, c)?;
+        let gemma3 = c.gemma3.as_ref().map(|g| Gemma3::new(c, g));
         Ok(Model {
+            gemma3,
             config,
             rope,
             gguf: Arc::clone(file),
@@ -172,6 +251,7 @@ impl Model {
             output_norm,
             output_weight,
             weights,
+            manifest: Arc::new(manifest),
         })
     }
 
@@ -190,33 +270,35 @@ impl Model {
                 ),
             });
         }
-        let layers = self.layers[..n_layer].to_vec();
-        let mut used: Vec<&str> = layers
-            .iter()
-            .flat_map(|l| {
-                [l.wq.as_str(), l.wk.as_str(), l.wv.as_str(), l.wo.as_str()]
-                    .into_iter()
-                    .chain(ffn_weights(&l.ffn))
-            })
+        let mut layers = self.layers[..n_layer].to_vec();
+        let mut used: Vec<WeightId> = layers
+            .iter_mut()
+            .flat_map(Layer::ids_mut)
+            .map(|id| *id)
             .collect();
-        used.push(&self.output_weight);
+        used.push(self.output_weight);
         let weights = self
             .weights
             .iter()
-            .filter(|w| used.contains(&w.name.as_str()))
+            .filter(|w| used.contains(&w.id))
             .cloned()
             .collect();
         let mut config = self.config.clone();
         config.n_layer = n_layer;
+        if let Some(g) = &mut config.gemma3 {
+            g.local.truncate(n_layer);
+        }
         Ok(Model {
+            gemma3: self.gemma3.clone(),
             gguf: Arc::clone(&self.gguf),
             embedding_name: self.embedding_name.clone(),
             config,
             rope: self.rope.clone(),
             layers,
             output_norm: self.output_norm.clone(),
-            output_weight: self.output_weight.clone(),
+            output_weight: self.output_weight,
             weights,
+            manifest: Arc::clone(&self.manifest),
         })
     }
 
@@ -234,6 +316,12 @@ impl Model {
     /// (block 0's projections first, the output projection last).
     pub fn matmul_weights(&self) -> &[WeightSpec] {
         &self.weights
+    }
+
+    /// The manifest of the file's matmul weights, whose ids the [`crate::Linear`] is asked for
+    /// (a truncated draft shares its model's).
+    pub fn manifest(&self) -> &Arc<Manifest> {
+        &self.manifest
     }
 
     /// Speculative expert prefetch in decode (MoE models; see docs/moe.md): `Some(extra)`
@@ -270,9 +358,9 @@ impl Model {
         total
     }
 
-    /// Name of the output projection (`output.weight`, or `token_embd.weight` when tied).
-    pub fn output_weight(&self) -> &str {
-        &self.output_weight
+    /// The output projection (`output.weight`, or `token_embd.weight` when tied).
+    pub fn output_weight(&self) -> WeightId {
+        self.output_weight
     }
 
     /// Embedding rows of `tokens` into `out` (`tokens.len() × n_embd`), dequantized straight
@@ -322,7 +410,7 @@ fn load_moe(
     c: &ModelConfig,
     moe: &MoeConfig,
     layer: usize,
-    spec: &mut impl FnMut(String, usize, usize) -> Result<String, ExecError>,
+    spec: &mut impl FnMut(String, usize, usize) -> Result<WeightId, ExecError>,
 ) -> Result<MoeFfn, ExecError> {
     let t = |role: Role| tensor_name(role, layer).expect("roles in the table have names");
     let p = c.arch.name();
@@ -466,21 +554,4 @@ fn load_moe(
         weights_scale: moe.weights_scale,
         speculation: Speculation::new(DEFAULT_SPECULATION_EXTRA),
     })
-}
-
-/// The matmul weights of a feed-forward block (router, experts and shared expert of a MoE).
-fn ffn_weights(ffn: &FeedForward) -> Vec<&str> {
-    match ffn {
-        FeedForward::Dense { gate, up, down, .. } => vec![gate, up, down],
-        FeedForward::Moe(moe) => {
-            let mut w = vec![moe.router.as_str()];
-            for e in &moe.experts {
-                w.extend([e.gate.as_str(), e.up.as_str(), e.down.as_str()]);
-            }
-            if let Some(s) = &moe.shared {
-                w.extend([s.gate.as_str(), s.up.as_str(), s.down.as_str()]);
-            }
-            w
-        }
-    }
 }

@@ -22,43 +22,65 @@
 //! demand, never a wrong result (announcing is a hint only). [`MoeStats`] counts predictions and
 //! recall.
 use crate::linear::Linear;
-use crate::ops::{dot, swiglu};
+use crate::ops::{dot, geglu, swiglu};
 use crate::ExecError;
+use ork_manifest::WeightId;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// A block's feed-forward network.
 #[derive(Clone)]
 pub(crate) enum FeedForward {
-    /// Dense SwiGLU: `down(silu(gate·x) ⊙ up·x)`.
+    /// Dense gated FFN: `down(act(gate·x) ⊙ up·x)`, `act` SiLU (SwiGLU) or GeLU (Gemma).
     Dense {
-        /// `ffn_gate` weight name.
-        gate: String,
-        /// `ffn_up` weight name.
-        up: String,
-        /// `ffn_down` weight name.
-        down: String,
+        /// `ffn_gate` weight.
+        gate: WeightId,
+        /// `ffn_up` weight.
+        up: WeightId,
+        /// `ffn_down` weight.
+        down: WeightId,
         /// Inner width.
+        n_ff: usize,
+        /// The gate's activation.
+        act: Activation,
+    },
+    /// Dense SwiGLU whose gate and up are one weight (phi3's `ffn_up`, `[n_embd, 2·n_ff]`,
+    /// gate rows first; `crate::fused`).
+    FusedDense {
+        /// `ffn_up` weight (gate and up).
+        gate_up: WeightId,
+        /// `ffn_down` weight.
+        down: WeightId,
+        /// Inner width (half of `gate_up`'s outputs).
         n_ff: usize,
     },
     /// Mixture of Experts.
     Moe(Box<MoeFfn>),
 }
 
-/// One expert's weight names (`TENSOR#EXPERT` keys of the 3-D expert tensors).
+/// The activation of a gated feed-forward's gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Activation {
+    /// SiLU (SwiGLU): llama, qwen.
+    Silu,
+    /// GeLU, tanh form (GeGLU): gemma3.
+    GeluTanh,
+}
+
+/// One expert's weights (slices `TENSOR#EXPERT` of the 3-D expert tensors).
 #[derive(Clone)]
 pub(crate) struct Expert {
-    pub(crate) gate: String,
-    pub(crate) up: String,
-    pub(crate) down: String,
+    pub(crate) gate: WeightId,
+    pub(crate) up: WeightId,
+    pub(crate) down: WeightId,
 }
 
 /// qwen2moe's shared expert: a SwiGLU FFN every token runs, scaled by a sigmoid gate.
 #[derive(Clone)]
 pub(crate) struct SharedExpert {
-    pub(crate) gate: String,
-    pub(crate) up: String,
-    pub(crate) down: String,
+    pub(crate) gate: WeightId,
+    pub(crate) up: WeightId,
+    pub(crate) down: WeightId,
     pub(crate) n_ff: usize,
     /// `ffn_gate_inp_shexp`: the gate is `sigmoid(h · gate_inp)`.
     pub(crate) gate_inp: Vec<f32>,
@@ -164,7 +186,7 @@ impl Speculation {
 #[derive(Clone)]
 pub(crate) struct MoeFfn {
     /// `ffn_gate_inp`: `[n_embd, n_expert]`.
-    pub(crate) router: String,
+    pub(crate) router: WeightId,
     pub(crate) experts: Vec<Expert>,
     pub(crate) shared: Option<SharedExpert>,
     pub(crate) n_used: usize,
@@ -271,7 +293,13 @@ impl FeedForward {
                 up,
                 down,
                 n_ff,
-            } => swiglu_ffn(linear, [gate, up, down], *n_ff, h, m, out),
+                act,
+            } => gated_ffn(linear, [*gate, *up, *down], *n_ff, *act, h, m, out),
+            FeedForward::FusedDense {
+                gate_up,
+                down,
+                n_ff,
+            } => crate::fused::fused_swiglu_ffn(linear, [*gate_up, *down], *n_ff, h, m, out),
             FeedForward::Moe(moe) => {
                 let next = match next {
                     Some(FeedForward::Moe(n)) => Some(&**n),
@@ -283,11 +311,12 @@ impl FeedForward {
     }
 }
 
-/// `out = down(silu(gate·x) ⊙ up·x)` for `m` rows of `x`.
-fn swiglu_ffn(
+/// `out = down(act(gate·x) ⊙ up·x)` for `m` rows of `x`.
+fn gated_ffn(
     linear: &dyn Linear,
-    [gate, up, down]: [&str; 3],
+    [gate, up, down]: [WeightId; 3],
     n_ff: usize,
+    act: Activation,
     x: &[f32],
     m: usize,
     out: &mut [f32],
@@ -295,7 +324,10 @@ fn swiglu_ffn(
     let mut g = vec![0.0f32; m * n_ff];
     let mut u = vec![0.0f32; m * n_ff];
     linear.matmul_many(&[gate, up], x, m, &mut [&mut g, &mut u])?;
-    swiglu(&mut g, &u);
+    match act {
+        Activation::Silu => swiglu(&mut g, &u),
+        Activation::GeluTanh => geglu(&mut g, &u),
+    }
     linear.matmul(down, &g, m, out)
 }
 
@@ -309,7 +341,7 @@ impl MoeFfn {
     ) -> Result<Routing, ExecError> {
         let n_expert = self.experts.len();
         let mut logits = vec![0.0f32; m * n_expert];
-        linear.matmul(&self.router, h, m, &mut logits)?;
+        linear.matmul(self.router, h, m, &mut logits)?;
         Ok(Routing::from_logits(
             &logits,
             n_expert,
@@ -319,13 +351,13 @@ impl MoeFfn {
         ))
     }
 
-    /// The weight names of `experts`, in compute order (gate, up, down of each).
-    pub(crate) fn expert_weights(&self, experts: &[usize]) -> Vec<&str> {
+    /// The weights of `experts`, in compute order (gate, up, down of each).
+    pub(crate) fn expert_weights(&self, experts: &[usize]) -> Vec<WeightId> {
         experts
             .iter()
             .flat_map(|&e| {
                 let x = &self.experts[e];
-                [x.gate.as_str(), x.up.as_str(), x.down.as_str()]
+                [x.gate, x.up, x.down]
             })
             .collect()
     }
@@ -339,7 +371,7 @@ impl MoeFfn {
     ) -> Result<Vec<usize>, ExecError> {
         let n_expert = self.experts.len();
         let mut logits = vec![0.0f32; n_expert];
-        linear.matmul(&self.router, h, 1, &mut logits)?;
+        linear.matmul(self.router, h, 1, &mut logits)?;
         let k = (self.n_used + extra).min(n_expert);
         Ok(Routing::from_logits(&logits, n_expert, k, false, None).experts)
     }
@@ -376,7 +408,8 @@ impl MoeFfn {
         let shared = match &self.shared {
             Some(s) => {
                 let mut y = vec![0.0f32; m * d];
-                swiglu_ffn(linear, [&s.gate, &s.up, &s.down], s.n_ff, h, m, &mut y)?;
+                let w = [s.gate, s.up, s.down];
+                gated_ffn(linear, w, s.n_ff, Activation::Silu, h, m, &mut y)?;
                 for (row, x) in y.chunks_exact_mut(d).zip(h.chunks_exact(d)) {
                     let g = sigmoid(dot(&s.gate_inp, x));
                     row.iter_mut().for_each(|v| *v *= g);
@@ -408,10 +441,11 @@ impl MoeFfn {
             ye.clear();
             ye.resize(rows.len() * d, 0.0);
             let x = &self.experts[e];
-            swiglu_ffn(
+            gated_ffn(
                 linear,
-                [&x.gate, &x.up, &x.down],
+                [x.gate, x.up, x.down],
                 self.n_ff_exp,
+                Activation::Silu,
                 &xe,
                 rows.len(),
                 &mut ye,

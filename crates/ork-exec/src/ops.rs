@@ -6,7 +6,10 @@
 use crate::config::RopeStyle;
 
 mod attention;
-pub use attention::{attention, attention_tree, AttentionShape, KvValue, ATTENTION_PIECE};
+pub use attention::{
+    attention, attention_tree, attention_tree_window, attention_window, AttentionShape, KvValue,
+    ATTENTION_PIECE,
+};
 
 /// RMSNorm of each row of `x` (row width = `weight.len()`), scaled by `weight`, in place.
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
@@ -27,34 +30,92 @@ fn rms_norm_row(row: &mut [f32], weight: &[f32], eps: f32) {
 }
 
 /// Rotary position embedding for one model: the inverse frequencies of each rotated pair.
+///
+/// As ggml's `ggml_rope_ext` (`ggml-cpu/ops.cpp`, `rope_yarn` with `ext_factor = 0`): pair `i`
+/// turns by `pos · freq_scale · base^(-2i/n_rot) / factor[i]` where `factor` is the model's
+/// frequency factors when it has some (Llama 3.x's `rope_freqs`, LongRoPE's long or short set),
+/// and both its cos and sin are multiplied by the attention factor (`rope.scaling.attn_factor`,
+/// 1 by default). docs/models.md, "RoPE frequency factors".
 #[derive(Clone, Debug)]
 pub struct Rope {
     style: RopeStyle,
     n_rot: usize,
-    /// `freq_scale · base^(-2i/n_rot)` for `i < n_rot/2`.
+    /// `freq_scale · base^(-2i/n_rot)` for `i < n_rot/2`, without factors.
+    unfactored: Vec<f64>,
+    /// `freq_scale · base^(-2i/n_rot) / factor[i]` for `i < n_rot/2` (the short factors of a
+    /// LongRoPE model).
     inv_freq: Vec<f64>,
+    /// LongRoPE: the inverse frequencies with the long factors, used by sessions whose context
+    /// exceeds the original context length (the second value).
+    long: Option<(Vec<f64>, usize)>,
+    /// Multiplies every cos and sin (`attn_factor`).
+    mscale: f32,
 }
 
 impl Rope {
     /// A rope rotating the first `n_rot` (even) values of each head.
     pub fn new(style: RopeStyle, n_rot: usize, base: f32, freq_scale: f32) -> Rope {
-        let inv_freq = (0..n_rot / 2)
+        let inv_freq: Vec<f64> = (0..n_rot / 2)
             .map(|i| f64::from(freq_scale) * f64::from(base).powf(-2.0 * i as f64 / n_rot as f64))
             .collect();
         Rope {
             style,
             n_rot,
+            unfactored: inv_freq.clone(),
             inv_freq,
+            long: None,
+            mscale: 1.0,
         }
     }
 
-    /// The (cos, sin) of each pair's angle at `pos`.
-    pub fn angles(&self, pos: usize) -> Vec<(f32, f32)> {
-        self.inv_freq
+    /// Divide each pair's frequency by its factor (`factors.len() == n_rot / 2`, each finite
+    /// and positive; the loader checks).
+    pub fn with_factors(mut self, factors: &[f32]) -> Rope {
+        debug_assert_eq!(factors.len(), self.inv_freq.len());
+        self.inv_freq = divided(&self.unfactored, factors);
+        self
+    }
+
+    /// LongRoPE: sessions whose context exceeds `original_context` use `long` factors instead
+    /// of the ones set by [`Rope::with_factors`] (llama.cpp's `get_rope_factors`).
+    pub fn with_long_factors(mut self, long: Option<&[f32]>, original_context: usize) -> Rope {
+        let inv = match long {
+            Some(f) => divided(&self.unfactored, f),
+            None => self.unfactored.clone(),
+        };
+        self.long = Some((inv, original_context));
+        self
+    }
+
+    /// Multiply every cos and sin by `attn_factor`.
+    pub fn with_attn_factor(mut self, attn_factor: f32) -> Rope {
+        self.mscale = attn_factor;
+        self
+    }
+
+    /// Whether a session of `context` positions uses LongRoPE's long factors (its context
+    /// exceeds the original one).
+    pub fn uses_long_factors(&self, context: usize) -> bool {
+        self.long
+            .as_ref()
+            .is_some_and(|(_, original)| context > *original)
+    }
+
+    /// The (cos, sin) of each pair's angle at `pos`, in a session of `context` positions
+    /// (which picks LongRoPE's long or short factors).
+    pub fn angles(&self, pos: usize, context: usize) -> Vec<(f32, f32)> {
+        let inv_freq = match &self.long {
+            Some((long, _)) if self.uses_long_factors(context) => long,
+            _ => &self.inv_freq,
+        };
+        inv_freq
             .iter()
             .map(|f| {
                 let theta = pos as f64 * f;
-                (theta.cos() as f32, theta.sin() as f32)
+                (
+                    theta.cos() as f32 * self.mscale,
+                    theta.sin() as f32 * self.mscale,
+                )
             })
             .collect()
     }
@@ -77,6 +138,15 @@ impl Rope {
     }
 }
 
+/// Each frequency divided by its factor.
+fn divided(inv_freq: &[f64], factors: &[f32]) -> Vec<f64> {
+    inv_freq
+        .iter()
+        .zip(factors)
+        .map(|(f, &d)| f / f64::from(d))
+        .collect()
+}
+
 /// SiLU(gate) · up, element-wise into `gate`, eight lanes wide where the CPU allows
 /// (`ork_exec::wide`; the same bits either way).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
@@ -96,6 +166,39 @@ impl crate::wide::Kernel for Swiglu<'_> {
             *g = *g / (1.0 + exp(-*g)) * u;
         }
     }
+}
+
+/// GeLU(gate) · up, element-wise into `gate`, with GeLU's tanh form
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (Gemma's `gelu_pytorch_tanh`, ggml's
+/// `ggml_gelu`), computed as the equal `x / (1 + e^(−2y))`, `y = √(2/π)·x·(1 + 0.044715·x²)`,
+/// so that it vectorizes like [`swiglu`]. ggml's CPU looks the GeLU up in a table of f16 inputs
+/// and outputs instead (docs/models.md, "gemma3"); this is the exact function.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    crate::wide::wide(Geglu { gate, up });
+}
+
+struct Geglu<'a> {
+    gate: &'a mut [f32],
+    up: &'a [f32],
+}
+
+impl crate::wide::Kernel for Geglu<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        for (g, u) in self.gate.iter_mut().zip(self.up) {
+            *g = gelu_tanh(*g) * u;
+        }
+    }
+}
+
+/// GeLU, tanh form (see [`geglu`]).
+#[inline(always)]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044_715;
+    let y = SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x);
+    x / (1.0 + exp(-2.0 * y))
 }
 
 /// `e^x` for f32 without a branch or a library call, so that a loop of it vectorizes (libm's
@@ -239,6 +342,25 @@ mod tests {
         }
     }
 
+    /// [`geglu`] against GeLU's tanh form in f64, times `up`, over the range where it bends and
+    /// far beyond it (where it is 0 or x).
+    #[test]
+    fn geglu_is_the_tanh_gelu_times_up() {
+        let xs: Vec<f32> = (-4000..=4000).map(|i| i as f32 * 0.005).collect();
+        let up: Vec<f32> = xs.iter().map(|x| 1.0 + 0.1 * x.sin()).collect();
+        let mut g = xs.clone();
+        super::geglu(&mut g, &up);
+        for ((&x, &u), &got) in xs.iter().zip(&up).zip(&g) {
+            let x64 = f64::from(x);
+            let inner = (2.0 / std::f64::consts::PI).sqrt() * (x64 + 0.044715 * x64.powi(3));
+            let want = 0.5 * x64 * (1.0 + inner.tanh()) * f64::from(u);
+            assert!(
+                (f64::from(got) - want).abs() <= 1e-6 + 1e-5 * want.abs(),
+                "x {x}: {got} vs {want}"
+            );
+        }
+    }
+
     /// [`super::exp`] within 2 ulp of the correctly rounded `e^x` over its whole normal range,
     /// on a dense sweep, and the edges as documented.
     #[test]
@@ -292,10 +414,10 @@ mod tests {
         for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
             let rope = Rope::new(style, 8, 10_000.0, 1.0);
             let mut x = head.clone();
-            rope.apply(&mut x, 8, &rope.angles(0));
+            rope.apply(&mut x, 8, &rope.angles(0, 16));
             assert_eq!(x, head, "position 0 is the identity");
             let mut x = head.clone();
-            rope.apply(&mut x, 8, &rope.angles(5));
+            rope.apply(&mut x, 8, &rope.angles(5, 16));
             let n0: f32 = head.iter().map(|v| v * v).sum();
             let n1: f32 = x.iter().map(|v| v * v).sum();
             assert!((n0 - n1).abs() < 1e-3);
@@ -307,22 +429,56 @@ mod tests {
         Rope::new(RopeStyle::Interleaved, 8, 10_000.0, 1.0).apply(
             &mut x,
             8,
-            &Rope::new(RopeStyle::Interleaved, 8, 10_000.0, 1.0).angles(pos),
+            &Rope::new(RopeStyle::Interleaved, 8, 10_000.0, 1.0).angles(pos, 16),
         );
         assert!((x[0] - (1.0 * c - 2.0 * s)).abs() < 1e-6);
         assert!((x[1] - (1.0 * s + 2.0 * c)).abs() < 1e-6);
         let neox = Rope::new(RopeStyle::Neox, 8, 10_000.0, 1.0);
         let mut y = head.clone();
-        neox.apply(&mut y, 8, &neox.angles(pos));
+        neox.apply(&mut y, 8, &neox.angles(pos, 16));
         assert!((y[0] - (1.0 * c - 5.0 * s)).abs() < 1e-6);
         assert!((y[4] - (1.0 * s + 5.0 * c)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_factors_divide_each_pairs_angle_and_attn_factor_scales_cos_and_sin() {
+        let plain = Rope::new(RopeStyle::Neox, 8, 100.0, 0.5);
+        let factors = [1.0, 2.0, 0.5, 8.0];
+        let scaled = plain.clone().with_factors(&factors).with_attn_factor(1.5);
+        let pos = 7;
+        let got = scaled.angles(pos, 16);
+        assert_eq!(plain.angles(pos, 16).len(), got.len());
+        for (i, (s, f)) in got.iter().zip(factors).enumerate() {
+            // The angle of pair i: pos · 0.5 · 100^(-2i/8) / f_i, as ggml's theta / ff.
+            let theta = pos as f64 * 0.5 * 100f64.powf(-2.0 * i as f64 / 8.0) / f64::from(f);
+            let (c, sn) = (theta.cos() as f32 * 1.5, theta.sin() as f32 * 1.5);
+            assert!(
+                (s.0 - c).abs() < 1e-5 && (s.1 - sn).abs() < 1e-5,
+                "pair {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn longrope_picks_the_long_factors_only_beyond_the_original_context() {
+        let base = Rope::new(RopeStyle::Neox, 4, 10_000.0, 1.0);
+        let rope = base
+            .clone()
+            .with_factors(&[1.0, 2.0])
+            .with_long_factors(Some(&[4.0, 8.0]), 512);
+        let short = base.clone().with_factors(&[1.0, 2.0]);
+        let long = base.with_factors(&[4.0, 8.0]);
+        assert_eq!(rope.angles(9, 512), short.angles(9, 512));
+        assert_eq!(rope.angles(9, 513), long.angles(9, 513));
+        assert_ne!(rope.angles(9, 512), rope.angles(9, 513));
+        assert!(!rope.uses_long_factors(512) && rope.uses_long_factors(513));
     }
 
     #[test]
     fn rope_leaves_unrotated_tail() {
         let rope = Rope::new(RopeStyle::Neox, 4, 10_000.0, 1.0);
         let mut x: Vec<f32> = (0..6).map(|i| i as f32).collect();
-        rope.apply(&mut x, 6, &rope.angles(3));
+        rope.apply(&mut x, 6, &rope.angles(3, 16));
         assert_eq!(&x[4..], &[4.0, 5.0]);
     }
 

@@ -1,11 +1,14 @@
 //! One conversation with a model: the KV cache and the forward pass.
+use crate::gemma3::post_norm;
 use crate::linear::Linear;
 use crate::model::Model;
-use crate::ops::{attention, attention_tree, rms_norm, AttentionShape, KvValue};
+use crate::ops::{rms_norm, AttentionShape};
 use crate::ExecError;
-use half::f16;
-use half::slice::HalfFloatSliceExt;
 use std::sync::Arc;
+
+mod kv;
+pub use kv::KvType;
+use kv::LayerKv;
 
 /// A running sequence: a KV cache over one model, and the [`Linear`] that does its matmuls.
 ///
@@ -19,184 +22,11 @@ pub struct Session {
     model: Arc<Model>,
     linear: Arc<dyn Linear>,
     context: usize,
-    /// Per layer: the keys (after RoPE) and values of every cached position.
+    /// Per layer: the keys (after RoPE) and values of the cached positions it holds (every one,
+    /// but for a sliding-window layer only the last ones: [`LayerKv::start`]).
     kv: Vec<LayerKv>,
     kv_type: KvType,
     len: usize,
-}
-
-/// What a session's KV cache stores (`docs/kv-cache.md`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum KvType {
-    /// IEEE half precision, rounded to nearest (llama.cpp's default cache type): half the bytes
-    /// of f32 to hold and to read at every token.
-    #[default]
-    F16,
-    /// f32: the values as computed, for exact comparisons with an f32 reference.
-    F32,
-}
-
-impl KvType {
-    /// Bytes per cached value.
-    pub fn bytes(self) -> usize {
-        match self {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
-        }
-    }
-}
-
-/// One layer's keys or values: per key/value head, `len × head_dim` values, position after
-/// position, so that attention reads a head's rows as one stream (`docs/kv-cache.md`).
-#[derive(Clone)]
-enum Heads {
-    F16(Vec<Vec<f16>>),
-    F32(Vec<Vec<f32>>),
-}
-
-impl Heads {
-    fn new(kind: KvType, n_kv: usize) -> Heads {
-        match kind {
-            KvType::F16 => Heads::F16(vec![Vec::new(); n_kv]),
-            KvType::F32 => Heads::F32(vec![Vec::new(); n_kv]),
-        }
-    }
-
-    /// Append `rows` (`n × (n_kv·d)`, position-major as the projections give them).
-    ///
-    /// # Errors
-    /// A finite value too large for f16 (|x| ≥ 65520, which rounds to infinity): the first
-    /// such value. The caller rolls the cache back.
-    fn append(&mut self, rows: &[f32], d: usize) -> Result<(), f32> {
-        fn each<T>(
-            heads: &mut [Vec<T>],
-            rows: &[f32],
-            d: usize,
-            put: impl Fn(&mut Vec<T>, &[f32]) -> Result<(), f32>,
-        ) -> Result<(), f32> {
-            let width = (heads.len() * d).max(1);
-            for row in rows.chunks_exact(width) {
-                for (head, x) in heads.iter_mut().zip(row.chunks_exact(d.max(1))) {
-                    put(head, x)?;
-                }
-            }
-            Ok(())
-        }
-        match self {
-            Heads::F16(h) => each(h, rows, d, |head, x| {
-                let at = head.len();
-                head.resize(at + x.len(), f16::ZERO);
-                head[at..].convert_from_f32_slice(x);
-                match head[at..]
-                    .iter()
-                    .zip(x)
-                    .find(|(h, x)| h.is_infinite() && x.is_finite())
-                {
-                    Some((_, &x)) => Err(x),
-                    None => Ok(()),
-                }
-            }),
-            Heads::F32(h) => each(h, rows, d, |head, x| {
-                head.extend_from_slice(x);
-                Ok(())
-            }),
-        }
-    }
-
-    /// Values held, over every head.
-    fn values(&self) -> usize {
-        match self {
-            Heads::F16(h) => h.iter().map(Vec::len).sum(),
-            Heads::F32(h) => h.iter().map(Vec::len).sum(),
-        }
-    }
-
-    fn truncate(&mut self, len: usize) {
-        match self {
-            Heads::F16(h) => h.iter_mut().for_each(|h| h.truncate(len)),
-            Heads::F32(h) => h.iter_mut().for_each(|h| h.truncate(len)),
-        }
-    }
-
-    /// Give back the memory reserved beyond the values held.
-    fn shrink(&mut self) {
-        match self {
-            Heads::F16(h) => h.iter_mut().for_each(Vec::shrink_to_fit),
-            Heads::F32(h) => h.iter_mut().for_each(Vec::shrink_to_fit),
-        }
-    }
-
-    /// The first `len` values of every head, copied.
-    fn prefix(&self, len: usize) -> Heads {
-        fn each<T: Clone>(h: &[Vec<T>], len: usize) -> Vec<Vec<T>> {
-            h.iter().map(|h| h[..len.min(h.len())].to_vec()).collect()
-        }
-        match self {
-            Heads::F16(h) => Heads::F16(each(h, len)),
-            Heads::F32(h) => Heads::F32(each(h, len)),
-        }
-    }
-
-    /// Copy the `d` values at position `from` over those at position `to`.
-    fn copy_position(&mut self, from: usize, to: usize, d: usize) {
-        match self {
-            Heads::F16(h) => h
-                .iter_mut()
-                .for_each(|h| h.copy_within(from * d..(from + 1) * d, to * d)),
-            Heads::F32(h) => h
-                .iter_mut()
-                .for_each(|h| h.copy_within(from * d..(from + 1) * d, to * d)),
-        }
-    }
-}
-
-/// One layer's KV cache.
-#[derive(Clone)]
-struct LayerKv {
-    keys: Heads,
-    values: Heads,
-}
-
-impl LayerKv {
-    fn new(kind: KvType, c: &crate::config::ModelConfig) -> LayerKv {
-        LayerKv {
-            keys: Heads::new(kind, c.n_head_kv),
-            values: Heads::new(kind, c.n_head_kv),
-        }
-    }
-
-    /// Attention of the last rows (`tree`: the nodes of a tree) over this layer's cache.
-    fn attend(
-        &self,
-        shape: AttentionShape,
-        q: &[f32],
-        m: usize,
-        tree: Option<&[Option<usize>]>,
-        out: &mut [f32],
-    ) {
-        fn run<T: KvValue>(
-            shape: AttentionShape,
-            q: &[f32],
-            k: &[Vec<T>],
-            v: &[Vec<T>],
-            m: usize,
-            tree: Option<&[Option<usize>]>,
-            out: &mut [f32],
-        ) {
-            let k: Vec<&[T]> = k.iter().map(Vec::as_slice).collect();
-            let v: Vec<&[T]> = v.iter().map(Vec::as_slice).collect();
-            match tree {
-                None => attention(shape, q, &k, &v, m, out),
-                Some(parents) => attention_tree(shape, q, &k, &v, parents, out),
-            }
-        }
-        match (&self.keys, &self.values) {
-            (Heads::F16(k), Heads::F16(v)) => run(shape, q, k, v, m, tree, out),
-            (Heads::F32(k), Heads::F32(v)) => run(shape, q, k, v, m, tree, out),
-            // Both are made together by `LayerKv::new`, of one type.
-            _ => unreachable!("keys and values of one layer have one type"),
-        }
-    }
 }
 
 /// Which positions of a forward pass produce logits.
@@ -212,7 +42,7 @@ impl Session {
     pub fn new(model: Arc<Model>, linear: Arc<dyn Linear>) -> Session {
         let context = model.config().context_length;
         let kv_type = KvType::default();
-        let kv = vec![LayerKv::new(kv_type, model.config()); model.config().n_layer];
+        let kv = LayerKv::all(kv_type, &model);
         Session {
             model,
             linear,
@@ -242,8 +72,7 @@ impl Session {
 
     /// This session with a cache of `kv_type` values; anything cached is dropped.
     pub fn with_kv_type(mut self, kv_type: KvType) -> Session {
-        let c = self.model.config();
-        self.kv = vec![LayerKv::new(kv_type, c); c.n_layer];
+        self.kv = LayerKv::all(kv_type, &self.model);
         self.kv_type = kv_type;
         self.len = 0;
         self
@@ -254,7 +83,8 @@ impl Session {
         self.kv_type
     }
 
-    /// Bytes the KV cache holds now: keys and values of every cached position.
+    /// Bytes the KV cache holds now: keys and values of every position held (a sliding-window
+    /// layer holds only its last ones, docs/kv-cache.md).
     pub fn kv_bytes(&self) -> usize {
         let values: usize = self
             .kv
@@ -284,26 +114,77 @@ impl Session {
         &self.linear
     }
 
+    /// The shortest length other than 0 that [`Session::fork`] and [`Session::truncate`] can
+    /// keep: 0 while every layer holds every position. A sliding-window layer drops positions
+    /// older than its window (docs/kv-cache.md, "Sliding-window layers"), so that a prefix of
+    /// `len` positions can be continued only while the keys its next position sees
+    /// (`len - window + 1 ..`) are held. Right after a pass it is never more than the position
+    /// before that pass, nor more than `position()` − min(window, 64).
+    pub fn min_prefix(&self) -> usize {
+        self.kv.iter().map(LayerKv::min_prefix).max().unwrap_or(0)
+    }
+
+    /// Whether [`Session::fork`] and [`Session::truncate`] can keep the first `len` positions
+    /// (`len` beyond [`Session::position`] meaning all of them): `len` is 0, or at least
+    /// [`Session::min_prefix`].
+    pub fn can_fork(&self, len: usize) -> bool {
+        let len = len.min(self.len);
+        len == 0 || len >= self.min_prefix()
+    }
+
     /// A new session holding a copy of this one's first `len` cached positions (at most all of
     /// them): a shared prefix another sequence continues from. Same model, matmul backend,
-    /// context and cache type.
-    pub fn fork(&self, len: usize) -> Session {
+    /// context and cache type. A sliding-window layer copies only the last `window - 1`
+    /// positions, which is all that the positions after `len` will read.
+    ///
+    /// # Errors
+    /// [`ExecError::PrefixDropped`] unless [`Session::can_fork`]`(len)`.
+    pub fn fork(&self, len: usize) -> Result<Session, ExecError> {
         let len = len.min(self.len);
+        self.check_prefix(len)?;
         let c = self.model.config();
-        Session {
+        let kv = self
+            .kv
+            .iter()
+            .map(|l| {
+                // Positions `from..len` of those held (`l.start..`), the new layer's `start`.
+                let (from, start) = match l.window {
+                    _ if len == 0 => (l.start, 0),
+                    Some(w) => {
+                        let from = len.saturating_sub(w - 1).max(l.start);
+                        (from, from)
+                    }
+                    None => (0, 0),
+                };
+                let (at, to) = (from - l.start, len.max(from) - l.start);
+                LayerKv {
+                    keys: l.keys.range(at * c.head_dim_k, to * c.head_dim_k),
+                    values: l.values.range(at * c.head_dim_v, to * c.head_dim_v),
+                    window: l.window,
+                    start,
+                }
+            })
+            .collect();
+        Ok(Session {
             model: Arc::clone(&self.model),
             linear: Arc::clone(&self.linear),
             context: self.context,
-            kv: self
-                .kv
-                .iter()
-                .map(|l| LayerKv {
-                    keys: l.keys.prefix(len * c.head_dim_k),
-                    values: l.values.prefix(len * c.head_dim_v),
-                })
-                .collect(),
+            kv,
             kv_type: self.kv_type,
             len,
+        })
+    }
+
+    /// [`ExecError::PrefixDropped`] unless [`Session::can_fork`]`(len)`.
+    fn check_prefix(&self, len: usize) -> Result<(), ExecError> {
+        if self.can_fork(len) {
+            Ok(())
+        } else {
+            Err(ExecError::PrefixDropped {
+                len,
+                min: self.min_prefix(),
+                position: self.len,
+            })
         }
     }
 
@@ -317,26 +198,43 @@ impl Session {
     }
 
     /// Whether this session and `other` compute the same keys and values for the same tokens
-    /// — the same model, the same matmul backend and the same cache type — so that positions
-    /// cached by one are valid in the other.
+    /// — the same model, the same matmul backend, the same cache type, and contexts for which
+    /// the RoPE uses the same frequency factors (LongRoPE picks them by the context) — so that
+    /// positions cached by one are valid in the other.
     pub fn same_numbers(&self, other: &Session) -> bool {
         Arc::ptr_eq(&self.model, &other.model)
             && Arc::ptr_eq(&self.linear, &other.linear)
             && self.kv_type == other.kv_type
+            && self.model.rope.uses_long_factors(self.context)
+                == other.model.rope.uses_long_factors(other.context)
     }
 
     /// Forget every cached position.
     pub fn reset(&mut self) {
-        self.truncate(0);
+        self.cut(0);
     }
 
-    /// Drop cached positions from `len` on.
-    pub fn truncate(&mut self, len: usize) {
+    /// Drop cached positions from `len` on (`len` beyond [`Session::position`]: none).
+    ///
+    /// Cutting back into the last pass, or by up to min(window, 64) positions after it, always
+    /// works; further back, a session with sliding-window layers may have dropped the keys the
+    /// next position would need (see [`Session::min_prefix`]).
+    ///
+    /// # Errors
+    /// [`ExecError::PrefixDropped`] unless [`Session::can_fork`]`(len)`; the session is
+    /// unchanged then.
+    pub fn truncate(&mut self, len: usize) -> Result<(), ExecError> {
         let len = len.min(self.len);
+        self.check_prefix(len)?;
+        self.cut(len);
+        Ok(())
+    }
+
+    /// Keep positions `..len` (`len` ≤ `position()`, and 0 or at least `min_prefix()`).
+    fn cut(&mut self, len: usize) {
         let c = self.model.config();
         for l in &mut self.kv {
-            l.keys.truncate(len * c.head_dim_k);
-            l.values.truncate(len * c.head_dim_v);
+            l.cut(len, c);
         }
         self.len = len;
     }
@@ -418,6 +316,14 @@ impl Session {
                 ),
             });
         }
+        // The positions before the tree must still be held (always so for the last pass).
+        if base < self.min_prefix() {
+            return Err(ExecError::PrefixDropped {
+                len: base,
+                min: self.min_prefix(),
+                position: self.len,
+            });
+        }
         let c = self.model.config();
         for (j, &n) in nodes.iter().enumerate() {
             let (from, to) = (base + n, base + j);
@@ -425,11 +331,12 @@ impl Session {
                 continue;
             }
             for l in &mut self.kv {
+                let (from, to) = (from - l.start, to - l.start);
                 l.keys.copy_position(from, to, c.head_dim_k);
                 l.values.copy_position(from, to, c.head_dim_v);
             }
         }
-        self.truncate(base + nodes.len());
+        self.cut(base + nodes.len());
         Ok(())
     }
 
@@ -525,7 +432,15 @@ fn forward_parts(parts: &mut [Part<'_, '_>]) -> Result<Vec<Option<Vec<f32>>>, Ex
     match result {
         Ok(out) => {
             for p in parts.iter_mut() {
-                p.session.len += p.tokens.len();
+                let s = &mut *p.session;
+                let base = s.len;
+                s.len += p.tokens.len();
+                // Sliding-window layers drop what they no longer need, but keep this pass (it
+                // may be rolled back: a rejected draft, a tree's other branches).
+                let c = s.model.config();
+                for l in &mut s.kv {
+                    l.drop_old(base, s.len, c);
+                }
             }
             Ok(out)
         }
@@ -533,7 +448,7 @@ fn forward_parts(parts: &mut [Part<'_, '_>]) -> Result<Vec<Option<Vec<f32>>>, Ex
             // Keep the caches consistent: drop whatever layers appended before the failure.
             for p in parts.iter_mut() {
                 let len = p.session.len;
-                p.session.truncate(len);
+                p.session.cut(len);
             }
             Err(e)
         }
@@ -549,24 +464,37 @@ fn forward_inner(
     let m: usize = parts.iter().map(|p| p.tokens.len()).sum();
     let d = c.n_embd;
     let mut x = vec![0.0f32; m * d];
-    let mut angles = Vec::with_capacity(m);
+    let mut positions = Vec::with_capacity(m);
     let mut row = 0;
     for p in parts.iter() {
         let n = p.tokens.len();
         model.embed(p.tokens, &mut x[row * d..(row + n) * d])?;
         match p.tree {
-            None => angles.extend((0..n).map(|i| model.rope.angles(p.session.len + i))),
+            None => positions.extend((0..n).map(|i| (p.session.len + i, p.session.context))),
             Some(parents) => {
                 let mut depth: Vec<usize> = Vec::with_capacity(n);
                 for par in parents {
                     let d = par.map_or(0, |q| depth[q] + 1);
                     depth.push(d);
-                    angles.push(model.rope.angles(p.session.len + d));
+                    positions.push((p.session.len + d, p.session.context));
                 }
             }
         }
         row += n;
     }
+    let angles: Vec<_> = positions
+        .iter()
+        .map(|&(p, context)| model.rope.angles(p, context))
+        .collect();
+    // gemma3: the embedding scale, and the local layers' own RoPE.
+    let gemma3 = model.gemma3.as_ref();
+    let local_angles: Vec<_> = gemma3.map_or(Vec::new(), |g| {
+        g.scale_embeddings(&mut x);
+        positions
+            .iter()
+            .map(|&(p, context)| g.rope_local.angles(p, context))
+            .collect()
+    });
 
     linear.record(ork_board::Event::Pass {
         tokens: m,
@@ -591,14 +519,7 @@ fn forward_inner(
         h.copy_from_slice(&x);
         linear.record(ork_board::HostKind::norm(m, d));
         rms_norm(&mut h, &layer.attn_norm, c.rms_eps);
-        // q, k and v take the same input: one call, so the backend can quantize it once and
-        // submit the three together.
-        linear.matmul_many(
-            &[&layer.wq, &layer.wk, &layer.wv],
-            &h,
-            m,
-            &mut [&mut q, &mut k, &mut v],
-        )?;
+        layer.qkv.forward(linear, &h, m, [&mut q, &mut k, &mut v])?;
         add_bias(&mut q, layer.q_bias.as_deref());
         add_bias(&mut k, layer.k_bias.as_deref());
         add_bias(&mut v, layer.v_bias.as_deref());
@@ -608,9 +529,17 @@ fn forward_inner(
         if let Some(w) = &layer.k_norm {
             rms_norm(&mut k, w, c.rms_eps);
         }
+        let angles = if layer.window.is_some() {
+            &local_angles
+        } else {
+            &angles
+        };
         for (i, a) in angles.iter().enumerate() {
             model.rope.apply(&mut q[i * qd..][..qd], c.head_dim_k, a);
             model.rope.apply(&mut k[i * kd..][..kd], c.head_dim_k, a);
+        }
+        if let Some(g) = gemma3 {
+            g.scale_queries(&mut q);
         }
         // Each part attends over its own cache, its rows being the newest positions.
         let mut row = 0;
@@ -634,7 +563,12 @@ fn forward_inner(
                 &q[row * qd..(row + n) * qd],
                 &mut attn[row * ad..(row + n) * ad],
             );
-            l.attend(shape, q_rows, n, p.tree, out_rows);
+            let window = layer.window.unwrap_or(usize::MAX);
+            // A sliding-window layer holds positions `start..`: every key the batch's first row
+            // sees (`len - window + 1 ..`), so attention over what is held, by offsets from its
+            // end, is attention over every position.
+            debug_assert!(l.start == 0 || l.start + window - 1 <= s.len);
+            l.attend(shape, q_rows, n, p.tree, window, out_rows);
             linear.record(ork_board::HostKind::attention(
                 n,
                 s.len,
@@ -645,7 +579,9 @@ fn forward_inner(
             ));
             row += n;
         }
-        linear.matmul(&layer.wo, &attn, m, &mut proj)?;
+        linear.matmul(layer.wo, &attn, m, &mut proj)?;
+        let post = layer.post_norms.as_ref();
+        post_norm(&mut proj, post.map(|p| &p.attn[..]), c.rms_eps);
         add(&mut x, &proj);
 
         // Feed-forward block.
@@ -654,6 +590,7 @@ fn forward_inner(
         rms_norm(&mut h, &layer.ffn_norm, c.rms_eps);
         let next = model.layers.get(il + 1).map(|l| &l.ffn);
         layer.ffn.forward(linear, &h, m, &mut proj, next)?;
+        post_norm(&mut proj, post.map(|p| &p.ffn[..]), c.rms_eps);
         add(&mut x, &proj);
     }
 
@@ -677,6 +614,9 @@ fn forward_inner(
     if n_rows > 0 {
         rms_norm(&mut rows, &model.output_norm, c.rms_eps);
         linear.matmul(model.output_weight(), &rows, n_rows, &mut out)?;
+        if let Some(g) = gemma3 {
+            g.cap_logits(&mut out);
+        }
         linear.record(ork_board::HostKind::sample(n_rows, c.vocab_size));
     }
     let mut logits = Vec::with_capacity(parts.len());

@@ -9,13 +9,14 @@
 //! `attn_output`'s input columns, one factor per (kv head, dim) shared by every q head of the
 //! group; `up → down` divides `ffn_up`'s output rows by `s` (the input of `ffn_down` is
 //! `silu(gate) ⊙ up`, so channel `j` is divided exactly) and scales `ffn_down`'s columns.
+use crate::fused::QkvWeights;
 use crate::linear::CpuF32Linear;
 use crate::model::Model;
 use crate::moe::FeedForward;
 use crate::{ExecError, KvType, Linear, Session};
 use ork_gguf::writer::GgufBuilder;
 use ork_gguf::{GgmlType, GgufFile};
-use ork_manifest::{tensor_name, Role};
+use ork_manifest::{tensor_name, Role, WeightId};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,17 +24,15 @@ use std::sync::{Arc, Mutex};
 /// Per-column `max|x_j|` of every matmul input, recorded while the f32 reference runs.
 struct Recorder {
     inner: Arc<CpuF32Linear>,
-    maxima: Mutex<HashMap<String, Vec<f32>>>,
+    maxima: Mutex<HashMap<WeightId, Vec<f32>>>,
 }
 
 impl Linear for Recorder {
-    fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
-        self.inner.matmul(weight, x, m, y)?;
+    fn matmul(&self, id: WeightId, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        self.inner.matmul(id, x, m, y)?;
         if let Some(k) = x.len().checked_div(m).filter(|&k| k > 0) {
             let mut maxima = self.maxima.lock().unwrap_or_else(|e| e.into_inner());
-            let col = maxima
-                .entry(weight.to_owned())
-                .or_insert_with(|| vec![0.0; k]);
+            let col = maxima.entry(id).or_insert_with(|| vec![0.0; k]);
             for row in x.chunks_exact(k) {
                 for (c, v) in col.iter_mut().zip(row) {
                     *c = c.max(v.abs());
@@ -148,18 +147,24 @@ pub struct BlockSmoothing {
     pub down: Option<Vec<f32>>,
 }
 
-/// Column maxima `max_n |W[n, j]|` over the rows of every weight in `names`.
+/// The name of `model`'s weight `id`, for messages and the GGUF's tensors.
+fn key(model: &Model, id: WeightId) -> String {
+    model.manifest().get(id).key.clone()
+}
+
+/// Column maxima `max_n |W[n, j]|` over the rows of every weight in `ids` of `model`.
 fn weight_maxima(
+    model: &Model,
     reference: &CpuF32Linear,
-    names: &[&str],
+    ids: &[WeightId],
     k: usize,
 ) -> Result<Vec<f32>, ExecError> {
     let mut col = vec![0.0f32; k];
-    for name in names {
+    for &id in ids {
         let w = reference
-            .weight(name)
+            .weight(id)
             .ok_or_else(|| ExecError::UnknownWeight {
-                weight: (*name).to_owned(),
+                weight: key(model, id),
             })?;
         for row in w.chunks_exact(k) {
             for (c, v) in col.iter_mut().zip(row) {
@@ -224,18 +229,19 @@ pub fn smoothing_factors(
     let maxima = std::mem::take(&mut *recorder.maxima.lock().unwrap_or_else(|e| e.into_inner()));
     let c = model.config();
     let d = c.n_embd;
-    let act = |name: &str| -> Result<Vec<f32>, ExecError> {
+    let act = |id: WeightId| -> Result<Vec<f32>, ExecError> {
         maxima
-            .get(name)
+            .get(&id)
             .cloned()
             .ok_or_else(|| ExecError::UnknownWeight {
-                weight: name.to_owned(),
+                weight: key(model, id),
             })
     };
     let mut out = Vec::with_capacity(model.layers.len());
     for layer in &model.layers {
-        let a = act(&layer.wq)?;
-        let w = weight_maxima(reference, &[&layer.wq, &layer.wk, &layer.wv], d)?;
+        let qkv = layer.qkv.ids();
+        let a = act(qkv[0])?;
+        let w = weight_maxima(model, reference, &qkv, d)?;
         let attn = factors(&a, &w, alpha);
         let (ffn, down) = match &layer.ffn {
             FeedForward::Dense {
@@ -245,24 +251,32 @@ pub fn smoothing_factors(
                 n_ff,
                 ..
             } => {
-                let a = act(gate)?;
-                let w = weight_maxima(reference, &[gate, up], d)?;
+                let a = act(*gate)?;
+                let w = weight_maxima(model, reference, &[*gate, *up], d)?;
                 let ffn = Some(factors(&a, &w, alpha));
                 let down = if targets.up_to_down {
-                    let a = act(down)?;
-                    let w = weight_maxima(reference, &[down], *n_ff)?;
+                    let a = act(*down)?;
+                    let w = weight_maxima(model, reference, &[*down], *n_ff)?;
                     Some(factors(&a, &w, alpha))
                 } else {
                     None
                 };
                 (ffn, down)
             }
+            // One weight holds gate and up: its columns take the factors; `up → down` would
+            // divide half of its rows and is not applied to fused weights.
+            FeedForward::FusedDense { gate_up, .. } => {
+                let a = act(*gate_up)?;
+                let w = weight_maxima(model, reference, &[*gate_up], d)?;
+                (Some(factors(&a, &w, alpha)), None)
+            }
             FeedForward::Moe(_) => (None, None),
         };
-        let vo = if targets.v_to_o {
+        // `v → o` divides `attn_v`'s rows: not applied to a fused q/k/v weight.
+        let vo = if targets.v_to_o && matches!(layer.qkv, QkvWeights::Separate(_)) {
             // One factor per (kv head, dim): the maxima over the q heads of its group.
-            let a = act(&layer.wo)?;
-            let w = weight_maxima(reference, &[&layer.wo], c.attn_out_dim())?;
+            let a = act(layer.wo)?;
+            let w = weight_maxima(model, reference, &[layer.wo], c.attn_out_dim())?;
             let (group, dv) = (c.n_head / c.n_head_kv.max(1), c.head_dim_v);
             let mut ga = vec![0.0f32; c.n_head_kv * dv];
             let mut gw = vec![0.0f32; c.n_head_kv * dv];
@@ -316,27 +330,32 @@ fn folds<'a>(model: &Model, smoothing: &'a [BlockSmoothing]) -> Result<Folds<'a>
             .entry(name(Role::AttnNorm))
             .or_default()
             .push(Fold::Rows(&b.attn));
-        for w in [&layer.wq, &layer.wk, &layer.wv] {
+        for w in layer.qkv.ids() {
             weights
-                .entry(w.clone())
+                .entry(key(model, w))
                 .or_default()
                 .push(Fold::Columns(Cow::Borrowed(&b.attn)));
         }
-        if let (FeedForward::Dense { gate, up, .. }, Some(f)) = (&layer.ffn, &b.ffn) {
+        let gate_up: Vec<WeightId> = match &layer.ffn {
+            FeedForward::Dense { gate, up, .. } => vec![*gate, *up],
+            FeedForward::FusedDense { gate_up, .. } => vec![*gate_up],
+            FeedForward::Moe(_) => Vec::new(),
+        };
+        if let (false, Some(f)) = (gate_up.is_empty(), &b.ffn) {
             vectors
                 .entry(name(Role::FfnNorm))
                 .or_default()
                 .push(Fold::Rows(f));
-            for w in [gate, up] {
+            for w in gate_up {
                 weights
-                    .entry(w.clone())
+                    .entry(key(model, w))
                     .or_default()
                     .push(Fold::Columns(Cow::Borrowed(f)));
             }
         }
-        if let Some(vo) = &b.vo {
+        if let (Some(vo), QkvWeights::Separate([_, _, wv])) = (&b.vo, &layer.qkv) {
             weights
-                .entry(layer.wv.clone())
+                .entry(key(model, *wv))
                 .or_default()
                 .push(Fold::Rows(vo));
             if layer.v_bias.is_some() {
@@ -350,14 +369,17 @@ fn folds<'a>(model: &Model, smoothing: &'a [BlockSmoothing]) -> Result<Folds<'a>
                 .flat_map(|h| vo[(h / group) * dv..][..dv].iter().copied())
                 .collect();
             weights
-                .entry(layer.wo.clone())
+                .entry(key(model, layer.wo))
                 .or_default()
                 .push(Fold::Columns(Cow::Owned(per_head)));
         }
         if let (FeedForward::Dense { up, down, .. }, Some(s)) = (&layer.ffn, &b.down) {
-            weights.entry(up.clone()).or_default().push(Fold::Rows(s));
             weights
-                .entry(down.clone())
+                .entry(key(model, *up))
+                .or_default()
+                .push(Fold::Rows(s));
+            weights
+                .entry(key(model, *down))
                 .or_default()
                 .push(Fold::Columns(Cow::Borrowed(s)));
         }
@@ -404,8 +426,10 @@ pub fn smooth_reference(
 ) -> Result<(), ExecError> {
     let folds = folds(model, smoothing)?;
     for (name, f) in &folds.weights {
-        let w = reference
-            .weight_mut(name)
+        let w = model
+            .manifest()
+            .id(name)
+            .and_then(|id| reference.weight_mut(id))
             .ok_or_else(|| ExecError::UnknownWeight {
                 weight: name.clone(),
             })?;
@@ -429,9 +453,13 @@ fn check_blocks(model: &Model, smoothing: &[BlockSmoothing]) -> Result<(), ExecE
                         f.as_ref().is_none_or(|f| f.len() == d)
                             && down.as_ref().is_none_or(|s| s.len() == *n_ff)
                     }
+                    (f, None, FeedForward::FusedDense { .. }) => {
+                        f.as_ref().is_none_or(|f| f.len() == d)
+                    }
                     (None, None, FeedForward::Moe(_)) => true,
-                    (_, _, FeedForward::Moe(_)) => false,
+                    (_, _, FeedForward::Moe(_) | FeedForward::FusedDense { .. }) => false,
                 }
+                && (b.vo.is_none() || matches!(l.qkv, QkvWeights::Separate(_)))
         });
     if ok {
         Ok(())

@@ -338,7 +338,12 @@ impl Draft for ModelDraft {
         if common == history.len() {
             common -= 1;
         }
-        self.session.truncate(common);
+        // A draft with sliding-window layers may no longer hold a prefix that far back (more
+        // rejected tokens than it keeps, docs/kv-cache.md): then the whole history is fed again.
+        if !self.session.can_fork(common) {
+            common = 0;
+        }
+        self.session.truncate(common)?;
         self.cached.truncate(common);
         let mut logits = self.session.prefill(&history[common..])?;
         self.cached.extend_from_slice(&history[common..]);
@@ -724,7 +729,7 @@ pub fn generate_speculative(
         stats.accepted += accepted;
         // The verifier's cache keeps `last` and the accepted branch.
         if chain {
-            session.truncate(base + 1 + accepted);
+            session.truncate(base + 1 + accepted)?;
         } else {
             session.keep_branch(base, &path)?;
         }
@@ -742,7 +747,7 @@ pub fn generate_speculative(
         for (e, t) in emitted.enumerate() {
             if options.stop_tokens.contains(&t) {
                 // As plain generation: every emitted token is in the cache.
-                session.truncate(base + 1 + e);
+                session.truncate(base + 1 + e)?;
                 break 'outer StopReason::EndOfGeneration(t);
             }
             tokens.push(t);
@@ -750,7 +755,7 @@ pub fn generate_speculative(
             on_token(t)?;
             if tokens.len() == options.max_tokens {
                 // As plain generation: the last emitted token is not in the cache.
-                session.truncate(base + 1 + e);
+                session.truncate(base + 1 + e)?;
                 break 'outer StopReason::MaxTokens;
             }
         }

@@ -4,13 +4,20 @@
 //! 1. special-token partition (`tokenizer_st_partition`): control / user-defined / unknown token
 //!    texts are cut out of the input, longest first, before anything else (control and unknown
 //!    ones only when `parse_special` is set, as llama.cpp does for chat prompts);
-//! 2. the remaining raw fragments go through the pre-tokenizer regexes of
-//!    `tokenizer.ggml.pre` and byte-level BPE with the file's merges — built in memory with the
-//!    `tokenizers` crate;
-//! 3. decoding maps each token's byte-level text back to bytes (`llama_decode_text`); control
-//!    tokens render only when asked.
+//! 2. the remaining raw fragments are encoded by the vocabulary's model:
+//!    - `gpt2`: the pre-tokenizer regexes of `tokenizer.ggml.pre` and byte-level BPE with the
+//!      file's merges — built in memory with the `tokenizers` crate;
+//!    - `llama` (SentencePiece): a space is put before a fragment that starts the text or follows
+//!      a special token when `tokenizer.ggml.add_space_prefix` asks, spaces become U+2581, and
+//!      the score-ordered merge loop of [`crate::spm`] runs, with `<0xNN>` byte fallback;
+//! 3. decoding maps each token back to bytes: byte-level text (`llama_decode_text`) for `gpt2`,
+//!    U+2581 → space and `<0xNN>` → the byte for `llama`; control tokens render only when asked.
+//!
+//! docs/models.md (Tokenizers) lists what is checked against llama.cpp.
 use crate::config::{meta_str, opt_bool, opt_usize};
+use crate::spm::SpmModel;
 use crate::ExecError;
+use aho_corasick::AhoCorasick;
 use ork_gguf::{GgufFile, MetaValue};
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -56,7 +63,7 @@ impl TokenKind {
 /// Everything a tokenizer is built from, as stored under `tokenizer.ggml.*`.
 #[derive(Clone, Debug, Default)]
 pub struct Vocabulary {
-    /// `tokenizer.ggml.model` (only `gpt2`, byte-level BPE, is supported).
+    /// `tokenizer.ggml.model`: `gpt2` (byte-level BPE) or `llama` (SentencePiece).
     pub model: String,
     /// `tokenizer.ggml.pre` (`smollm`, `qwen2`).
     pub pre: String,
@@ -64,8 +71,11 @@ pub struct Vocabulary {
     pub tokens: Vec<String>,
     /// Token kinds, by id (empty: all normal).
     pub kinds: Vec<TokenKind>,
-    /// Merges, `"left right"`, highest priority first.
+    /// Merges, `"left right"`, highest priority first (`gpt2` only).
     pub merges: Vec<String>,
+    /// Scores, by id (`tokenizer.ggml.scores`; `llama` merges the best-scoring pair first;
+    /// empty: all 0, as llama.cpp reads a file without them).
+    pub scores: Vec<f32>,
     /// BOS id.
     pub bos: Option<u32>,
     /// EOS id.
@@ -76,6 +86,9 @@ pub struct Vocabulary {
     pub add_bos: bool,
     /// Whether encoding with specials appends EOS.
     pub add_eos: bool,
+    /// `tokenizer.ggml.add_space_prefix`: a space before text that starts the input or follows
+    /// a special token (`llama` encoding), and one leading space removed when decoding.
+    pub add_space_prefix: bool,
 }
 
 /// Pre-tokenizer regexes per `tokenizer.ggml.pre`, copied from llama.cpp's
@@ -161,14 +174,25 @@ const EOG_TEXTS: &[&str] = &[
     "_<EOT>",
 ];
 
-/// A byte-level BPE tokenizer built from a GGUF vocabulary.
+/// How raw text fragments become ids.
+enum Model {
+    /// `gpt2`: byte-level BPE.
+    Bpe(Box<tokenizers::Tokenizer>),
+    /// `llama`: SentencePiece score merges with byte fallback.
+    Spm(Box<SpmModel>),
+}
+
+/// A tokenizer built from a GGUF vocabulary: byte-level BPE or SentencePiece.
 pub struct Tokenizer {
-    bpe: tokenizers::Tokenizer,
+    model: Model,
+    add_space_prefix: bool,
     kinds: Vec<TokenKind>,
     /// Bytes each token renders to (control tokens: their text).
     pieces: Vec<Box<[u8]>>,
     /// Partition tokens (control, user-defined, unknown), longest text first.
     specials: Vec<(String, u32, TokenKind)>,
+    /// Finds which of `specials` occur in a text at all, in one pass.
+    special_finder: AhoCorasick,
     bos: Option<u32>,
     eos: Option<u32>,
     add_bos: bool,
@@ -183,6 +207,13 @@ impl std::fmt::Debug for Tokenizer {
             .field("bos", &self.bos)
             .field("eos", &self.eos)
             .field("add_bos", &self.add_bos)
+            .field(
+                "model",
+                &match self.model {
+                    Model::Bpe(_) => "gpt2",
+                    Model::Spm(_) => "llama",
+                },
+            )
             .finish_non_exhaustive()
     }
 }
@@ -237,33 +268,61 @@ impl Tokenizer {
                 })
                 .collect::<Result<_, _>>()?,
         };
+        let scores = match gguf.metadata("tokenizer.ggml.scores") {
+            None => Vec::new(),
+            Some(v) => v
+                .as_array()
+                .ok_or_else(|| invalid("tokenizer.ggml.scores", "not an array"))?
+                .iter()
+                .map(|s| match s {
+                    MetaValue::F32(x) => Ok(*x),
+                    MetaValue::I32(x) => Ok(*x as f32),
+                    _ => Err(invalid(
+                        "tokenizer.ggml.scores",
+                        "not an array of f32 or i32 (as llama.cpp reads it)",
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+        };
         let id = |key: &str| -> Result<Option<u32>, ExecError> {
             opt_usize(gguf, key)?
                 .map(|v| u32::try_from(v).map_err(|_| invalid(key, "too large")))
                 .transpose()
         };
+        // llama.cpp's defaults when a key is absent (`llama_vocab::impl::load`): a `llama`
+        // vocabulary has BOS 1 and EOS 2 (kept only if inside the vocabulary), adds BOS and
+        // puts a space before the text; `gpt2` files name their ids and flags.
+        let spm = model == "llama";
+        let n = tokens.len();
+        let default_id = |id: u32| (spm && (id as usize) < n).then_some(id);
         let vocab = Vocabulary {
+            bos: id("tokenizer.ggml.bos_token_id")?.or(default_id(1)),
+            eos: id("tokenizer.ggml.eos_token_id")?.or(default_id(2)),
+            eot: id("tokenizer.ggml.eot_token_id")?,
+            add_bos: opt_bool(gguf, "tokenizer.ggml.add_bos_token")?.unwrap_or(spm),
+            add_eos: opt_bool(gguf, "tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+            add_space_prefix: opt_bool(gguf, "tokenizer.ggml.add_space_prefix")?.unwrap_or(spm),
             model,
             pre,
             tokens,
             kinds,
             merges,
-            bos: id("tokenizer.ggml.bos_token_id")?,
-            eos: id("tokenizer.ggml.eos_token_id")?,
-            eot: id("tokenizer.ggml.eot_token_id")?,
-            add_bos: opt_bool(gguf, "tokenizer.ggml.add_bos_token")?.unwrap_or(false),
-            add_eos: opt_bool(gguf, "tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+            scores,
         };
         Tokenizer::new(vocab)
     }
 
     /// Build from an in-memory vocabulary.
     pub fn new(vocab: Vocabulary) -> Result<Tokenizer, ExecError> {
-        if vocab.model != "gpt2" {
-            return Err(ExecError::UnsupportedTokenizer {
-                what: format!("tokenizer.ggml.model = '{}' (supported: gpt2)", vocab.model),
-            });
-        }
+        let spm = match vocab.model.as_str() {
+            "gpt2" => false,
+            "llama" => true,
+            other => {
+                return Err(ExecError::UnsupportedTokenizer {
+                    what: format!("tokenizer.ggml.model = '{other}' (supported: gpt2, llama)"),
+                })
+            }
+        };
         let n = vocab.tokens.len();
         if n == 0 || u32::try_from(n).is_err() {
             return Err(invalid("tokenizer.ggml.tokens", "empty or too large"));
@@ -305,45 +364,35 @@ impl Tokenizer {
             ));
         }
 
-        let pre = pre_tokenizer(&vocab.pre)?;
-        let mut map = tokenizers::models::bpe::Vocab::with_capacity(n);
-        for (i, t) in vocab.tokens.iter().enumerate() {
-            // Duplicate texts: the first id wins, as in llama.cpp's token_to_id map.
-            map.entry(t.clone()).or_insert(i as u32);
-        }
-        let merges = vocab
-            .merges
+        // llama.cpp renames an empty token text "[EMPTY_<id>]" when loading; both encoding (by
+        // text) and decoding (control/user-defined texts) see the new name.
+        let tokens: Vec<String> = vocab
+            .tokens
             .iter()
             .enumerate()
-            .map(|(i, m)| {
-                let (a, b) = m.split_once(' ').ok_or_else(|| {
-                    invalid(
-                        "tokenizer.ggml.merges",
-                        &format!("entry {i} {m:?} is not 'left right'"),
-                    )
-                })?;
-                // Checked here, not left to the BPE builder: `tokenizers` 0.23 indexes past its
-                // buffer (a panic) when a merge's result is longer than every token, which a
-                // hostile file can arrange (found by fuzz/fuzz_targets/tokenizer.rs).
-                for part in [a, b, &format!("{a}{b}")] {
-                    if !map.contains_key(part) {
-                        return Err(invalid(
-                            "tokenizer.ggml.merges",
-                            &format!("entry {i} {m:?}: {part:?} is not in the vocabulary"),
-                        ));
-                    }
+            .map(|(i, t)| {
+                if t.is_empty() && spm {
+                    format!("[EMPTY_{i}]")
+                } else {
+                    t.clone()
                 }
-                Ok((a.to_owned(), b.to_owned()))
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        let bpe = BPE::builder()
-            .vocab_and_merges(map, merges)
-            .build()
-            .map_err(|e| ExecError::Tokenizer {
-                what: format!("building BPE: {e}"),
-            })?;
-        let mut hf = tokenizers::Tokenizer::new(bpe);
-        hf.with_pre_tokenizer(Some(pre));
+            .collect();
+        let model = if spm {
+            let scores = match vocab.scores.len() {
+                0 => vec![0.0; n],
+                m if m >= n => vocab.scores[..n].to_vec(),
+                m => {
+                    return Err(invalid(
+                        "tokenizer.ggml.scores",
+                        &format!("{m} entries for {n} tokens"),
+                    ))
+                }
+            };
+            Model::Spm(Box::new(SpmModel::new(&tokens, &scores)?))
+        } else {
+            Model::Bpe(Box::new(bpe_model(&vocab)?))
+        };
 
         let table = byte_to_char_table();
         let char_to_byte: std::collections::HashMap<char, u8> = table
@@ -351,12 +400,13 @@ impl Tokenizer {
             .enumerate()
             .map(|(b, &c)| (c, b as u8))
             .collect();
-        let pieces = vocab
-            .tokens
+        let pieces = tokens
             .iter()
             .zip(&kinds)
             .map(|(text, kind)| -> Box<[u8]> {
                 match kind {
+                    // SentencePiece: U+2581 stands for a space (`llama_unescape_whitespace`).
+                    TokenKind::Normal if spm => text.replace('\u{2581}', " ").into_bytes().into(),
                     TokenKind::Normal => decode_byte_level(text, &char_to_byte).into(),
                     TokenKind::Control | TokenKind::Unknown | TokenKind::UserDefined => {
                         text.as_bytes().into()
@@ -370,8 +420,7 @@ impl Tokenizer {
             })
             .collect();
 
-        let mut specials: Vec<(String, u32, TokenKind)> = vocab
-            .tokens
+        let mut specials: Vec<(String, u32, TokenKind)> = tokens
             .iter()
             .zip(&kinds)
             .enumerate()
@@ -385,9 +434,15 @@ impl Tokenizer {
             .map(|(i, (text, kind))| (text.clone(), i as u32, *kind))
             .collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        let special_finder =
+            AhoCorasick::new(specials.iter().map(|s| s.0.as_str())).map_err(|e| {
+                ExecError::Tokenizer {
+                    what: format!("indexing {} special tokens: {e}", specials.len()),
+                }
+            })?;
 
         let mut eog: Vec<u32> = [vocab.eos, vocab.eot].into_iter().flatten().collect();
-        for (i, (text, kind)) in vocab.tokens.iter().zip(&kinds).enumerate() {
+        for (i, (text, kind)) in tokens.iter().zip(&kinds).enumerate() {
             if matches!(kind, TokenKind::Control | TokenKind::UserDefined)
                 && EOG_TEXTS.contains(&text.as_str())
             {
@@ -398,10 +453,12 @@ impl Tokenizer {
         eog.dedup();
 
         Ok(Tokenizer {
-            bpe: hf,
+            model,
+            add_space_prefix: vocab.add_space_prefix,
             kinds,
             pieces,
             specials,
+            special_finder,
             bos: vocab.bos,
             eos: vocab.eos,
             add_bos: vocab.add_bos,
@@ -457,17 +514,28 @@ impl Tokenizer {
         if add_special && self.add_bos {
             out.extend(self.bos);
         }
+        // SentencePiece puts a space before text at the start or after a special token.
+        let mut after_special = true;
         for fragment in self.partition(text, parse_special) {
-            match fragment {
-                Fragment::Token(id) => out.push(id),
-                Fragment::Text(s) => {
-                    let enc = self
-                        .bpe
-                        .encode(s, false)
-                        .map_err(|e| ExecError::Tokenizer {
-                            what: format!("encoding {s:?}: {e}"),
-                        })?;
+            match (fragment, &self.model) {
+                (Fragment::Token(id), _) => {
+                    out.push(id);
+                    after_special = true;
+                }
+                (Fragment::Text(s), Model::Bpe(bpe)) => {
+                    let enc = bpe.encode(s, false).map_err(|e| ExecError::Tokenizer {
+                        what: format!("encoding {s:?}: {e}"),
+                    })?;
                     out.extend_from_slice(enc.get_ids());
+                }
+                (Fragment::Text(s), Model::Spm(spm)) => {
+                    let space = self.add_space_prefix && after_special;
+                    let mut escaped = String::with_capacity(s.len() + 3);
+                    for ch in space.then_some(' ').into_iter().chain(s.chars()) {
+                        escaped.push(if ch == ' ' { '\u{2581}' } else { ch });
+                    }
+                    spm.encode(&escaped, &mut out)?;
+                    after_special = false;
                 }
             }
         }
@@ -482,8 +550,14 @@ impl Tokenizer {
         if text.is_empty() {
             return Vec::new();
         }
+        // A special token that is nowhere in `text` is in none of its fragments: skipping it is
+        // exact, and saves a scan of the text per special token (Gemma has 6,414 of them).
+        let mut present = vec![false; self.specials.len()];
+        for m in self.special_finder.find_overlapping_iter(text) {
+            present[m.pattern().as_usize()] = true;
+        }
         let mut frags = vec![Fragment::Text(text)];
-        for (special, id, kind) in &self.specials {
+        for ((special, id, kind), _) in self.specials.iter().zip(present).filter(|s| s.1) {
             if !parse_special && matches!(kind, TokenKind::Control | TokenKind::Unknown) {
                 continue;
             }
@@ -521,19 +595,69 @@ impl Tokenizer {
         Some(&self.pieces[i])
     }
 
-    /// Decode ids to text (invalid UTF-8 becomes U+FFFD).
+    /// Decode ids to text (invalid UTF-8 becomes U+FFFD), as `llama_detokenize` with
+    /// `remove_special = false`: with `tokenizer.ggml.add_space_prefix` the first token's piece
+    /// loses one leading space (the one encoding put there). [`TextStream`] keeps every space, as
+    /// llama.cpp's per-token `token_to_piece` does while generating.
     pub fn decode(&self, tokens: &[u32], render_special: bool) -> Result<String, ExecError> {
         let mut bytes = Vec::new();
-        for &t in tokens {
-            bytes.extend_from_slice(self.token_bytes(t, render_special).ok_or(
-                ExecError::TokenOutOfRange {
+        for (i, &t) in tokens.iter().enumerate() {
+            let piece = self
+                .token_bytes(t, render_special)
+                .ok_or(ExecError::TokenOutOfRange {
                     token: t,
                     vocab: self.vocab_size(),
-                },
-            )?);
+                })?;
+            let strip = i == 0 && self.add_space_prefix && piece.first() == Some(&b' ');
+            bytes.extend_from_slice(&piece[usize::from(strip)..]);
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
+}
+
+/// The byte-level BPE of a `gpt2` vocabulary, with its pre-tokenizer.
+fn bpe_model(vocab: &Vocabulary) -> Result<tokenizers::Tokenizer, ExecError> {
+    let n = vocab.tokens.len();
+    let pre = pre_tokenizer(&vocab.pre)?;
+    let mut map = tokenizers::models::bpe::Vocab::with_capacity(n);
+    for (i, t) in vocab.tokens.iter().enumerate() {
+        // Duplicate texts: the first id wins, as in llama.cpp's token_to_id map.
+        map.entry(t.clone()).or_insert(i as u32);
+    }
+    let merges = vocab
+        .merges
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let (a, b) = m.split_once(' ').ok_or_else(|| {
+                invalid(
+                    "tokenizer.ggml.merges",
+                    &format!("entry {i} {m:?} is not 'left right'"),
+                )
+            })?;
+            // Checked here, not left to the BPE builder: `tokenizers` 0.23 indexes past its
+            // buffer (a panic) when a merge's result is longer than every token, which a
+            // hostile file can arrange (found by fuzz/fuzz_targets/tokenizer.rs).
+            for part in [a, b, &format!("{a}{b}")] {
+                if !map.contains_key(part) {
+                    return Err(invalid(
+                        "tokenizer.ggml.merges",
+                        &format!("entry {i} {m:?}: {part:?} is not in the vocabulary"),
+                    ));
+                }
+            }
+            Ok((a.to_owned(), b.to_owned()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(map, merges)
+        .build()
+        .map_err(|e| ExecError::Tokenizer {
+            what: format!("building BPE: {e}"),
+        })?;
+    let mut hf = tokenizers::Tokenizer::new(bpe);
+    hf.with_pre_tokenizer(Some(pre));
+    Ok(hf)
 }
 
 enum Fragment<'t> {
@@ -622,192 +746,4 @@ impl<'t> TextStream<'t> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A tiny byte-level vocabulary: all 256 byte symbols, a few merges and specials.
-    fn tiny() -> Tokenizer {
-        let table = byte_to_char_table();
-        let mut tokens = vec![
-            "<|endoftext|>".to_owned(),
-            "<|im_start|>".to_owned(),
-            "<|im_end|>".to_owned(),
-        ];
-        let mut kinds = vec![TokenKind::Control; 3];
-        for c in table {
-            tokens.push(c.to_string());
-            kinds.push(TokenKind::Normal);
-        }
-        let merges = vec![
-            "h e".to_owned(),
-            "l l".to_owned(),
-            "he ll".to_owned(),
-            "Ġ w".to_owned(),
-        ];
-        for m in &merges {
-            tokens.push(m.replace(' ', ""));
-            kinds.push(TokenKind::Normal);
-        }
-        tokens.push("<tool>".to_owned());
-        kinds.push(TokenKind::UserDefined);
-        Tokenizer::new(Vocabulary {
-            model: "gpt2".into(),
-            pre: "smollm".into(),
-            tokens,
-            kinds,
-            merges,
-            bos: Some(1),
-            eos: Some(2),
-            eot: None,
-            add_bos: false,
-            add_eos: false,
-        })
-        .unwrap()
-    }
-
-    fn id_of(t: &Tokenizer, text: &str) -> u32 {
-        (0..t.vocab_size() as u32)
-            .find(|&i| t.token_bytes(i, true) == Some(text.as_bytes()))
-            .unwrap()
-    }
-
-    #[test]
-    fn byte_table_is_a_bijection() {
-        let t = byte_to_char_table();
-        let set: std::collections::HashSet<char> = t.iter().copied().collect();
-        assert_eq!(set.len(), 256);
-        assert_eq!(t[b' ' as usize], 'Ġ');
-        assert_eq!(t[b'\n' as usize], 'Ċ');
-        assert_eq!(t[b'A' as usize], 'A');
-    }
-
-    #[test]
-    fn merges_and_digits_split() {
-        let t = tiny();
-        let ids = t.encode("hello w12", false, false).unwrap();
-        let hell = id_of(&t, "hell");
-        let o = id_of(&t, "o");
-        let sw = id_of(&t, " w");
-        let one = id_of(&t, "1");
-        let two = id_of(&t, "2");
-        assert_eq!(ids, vec![hell, o, sw, one, two]);
-        assert_eq!(t.decode(&ids, false).unwrap(), "hello w12");
-    }
-
-    #[test]
-    fn control_tokens_only_with_parse_special() {
-        let t = tiny();
-        let with = t.encode("<|im_start|>hi<|im_end|>", false, true).unwrap();
-        assert_eq!(with.first(), Some(&1));
-        assert_eq!(with.last(), Some(&2));
-        assert_eq!(with.len(), 4);
-        let without = t.encode("<|im_start|>", false, false).unwrap();
-        assert!(!without.contains(&1));
-        assert_eq!(t.decode(&without, false).unwrap(), "<|im_start|>");
-        // User-defined tokens are always matched.
-        let tool = id_of(&t, "<tool>");
-        assert_eq!(t.encode("<tool>", false, false).unwrap(), vec![tool]);
-        // Control tokens render only when asked.
-        assert_eq!(t.decode(&with, false).unwrap(), "hi");
-        assert_eq!(t.decode(&with, true).unwrap(), "<|im_start|>hi<|im_end|>");
-    }
-
-    #[test]
-    fn eog_includes_eos_and_known_texts() {
-        let t = tiny();
-        assert!(t.is_end_of_generation(2));
-        assert!(
-            t.is_end_of_generation(0),
-            "<|endoftext|> is an end-of-generation text"
-        );
-        assert!(!t.is_end_of_generation(1));
-    }
-
-    #[test]
-    fn empty_text_is_empty_without_bos() {
-        assert!(tiny().encode("", true, true).unwrap().is_empty());
-    }
-
-    #[test]
-    fn stream_holds_back_partial_utf8() {
-        let t = tiny();
-        // "é" is two bytes, each its own byte-level token here.
-        let ids = t.encode("é!", false, false).unwrap();
-        assert_eq!(ids.len(), 3);
-        let mut s = TextStream::new(&t, false);
-        assert_eq!(s.push(ids[0]).unwrap(), "");
-        assert_eq!(s.push(ids[1]).unwrap(), "é");
-        assert_eq!(s.push(ids[2]).unwrap(), "!");
-        assert_eq!(s.finish(), "");
-        // A lone continuation byte can never complete: replaced at once.
-        let mut s = TextStream::new(&t, false);
-        assert_eq!(s.push(ids[1]).unwrap(), "\u{FFFD}");
-        assert_eq!(s.push(ids[0]).unwrap(), "");
-        assert_eq!(s.finish(), "\u{FFFD}");
-    }
-
-    #[test]
-    fn a_merge_whose_result_is_not_a_token_is_an_error_not_a_panic() {
-        // From the tokenizer fuzz target: "ichuui" is longer than every token, which made the
-        // BPE builder index past its buffer.
-        for merges in [vec!["ich uui"], vec!["ich zz"], vec!["zz ich"]] {
-            let r = Tokenizer::new(Vocabulary {
-                model: "gpt2".into(),
-                pre: "smollm".into(),
-                tokens: vec!["ich".into(), "uui".into()],
-                merges: merges.iter().map(|m| m.to_string()).collect(),
-                ..Vocabulary::default()
-            });
-            assert!(
-                matches!(r, Err(ExecError::InvalidMetadata { ref key, .. }) if key == "tokenizer.ggml.merges"),
-                "{merges:?}: {r:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn qwen2_and_smollm_pre_tokenizers_split_differently() {
-        // Qwen2's expression keeps one leading non-letter with the letters ("!w"), and its digit
-        // rule is `\p{N}` inside one expression; GPT-2's splits "!" from "w".
-        let build = |pre: &str| {
-            let mut tokens: Vec<String> =
-                byte_to_char_table().iter().map(|c| c.to_string()).collect();
-            tokens.push("!w".into());
-            Tokenizer::new(Vocabulary {
-                model: "gpt2".into(),
-                pre: pre.into(),
-                tokens,
-                merges: vec!["! w".into()],
-                ..Vocabulary::default()
-            })
-            .unwrap()
-        };
-        let merged = 256;
-        assert_eq!(
-            build("qwen2").encode("!w", false, false).unwrap(),
-            vec![merged]
-        );
-        assert_eq!(build("smollm").encode("!w", false, false).unwrap().len(), 2);
-        assert_eq!(build("qwen2").encode("12", false, false).unwrap().len(), 2);
-    }
-
-    #[test]
-    fn unsupported_model_and_pre_are_named() {
-        let mut v = Vocabulary {
-            model: "llama".into(),
-            pre: "smollm".into(),
-            tokens: vec!["a".into()],
-            ..Vocabulary::default()
-        };
-        assert!(matches!(
-            Tokenizer::new(v.clone()),
-            Err(ExecError::UnsupportedTokenizer { .. })
-        ));
-        v.model = "gpt2".into();
-        v.pre = "jais".into();
-        match Tokenizer::new(v) {
-            Err(ExecError::UnsupportedTokenizer { what }) => assert!(what.contains("jais")),
-            other => panic!("{other:?}"),
-        }
-    }
-}
+mod tests;

@@ -6,7 +6,10 @@ use rayon::prelude::*;
 /// A 2-D matmul weight the model needs: GGUF dims `[k, n]` (n rows of k values).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WeightSpec {
-    /// Tensor name in the GGUF.
+    /// Its id in the model's manifest ([`ork_manifest::Manifest::id`]): the key a
+    /// [`crate::Linear`] is asked for it by.
+    pub id: ork_manifest::WeightId,
+    /// Tensor name in the GGUF (`TENSOR#EXPERT` for an expert's slice): the manifest's key.
     pub name: String,
     /// Input width (`ne[0]`).
     pub k: usize,

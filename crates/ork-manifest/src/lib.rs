@@ -117,6 +117,9 @@ pub enum Role {
     AttnK,
     /// Attention value projection.
     AttnV,
+    /// Fused query/key/value projection (phi3's `attn_qkv`): `[n_embd, q + k + v]`, the q rows
+    /// first, then k, then v (llama.cpp's `build_qkv`).
+    AttnQkv,
     /// Attention output projection.
     AttnOutput,
     /// Dense feed-forward gate.
@@ -164,6 +167,17 @@ pub enum Role {
     SharedExpertGateInp,
     /// Final RMSNorm weight (not a matmul).
     OutputNorm,
+    /// RoPE frequency factors, one per rotated pair (Llama 3.1/3.2's `rope_freqs`; not a
+    /// matmul).
+    RopeFreqs,
+    /// LongRoPE factors for contexts beyond the original one (phi3; not a matmul).
+    RopeFactorsLong,
+    /// LongRoPE factors for contexts within the original one (phi3; not a matmul).
+    RopeFactorsShort,
+    /// RMSNorm of the attention output before the residual add (gemma3; not a matmul).
+    AttnPostNorm,
+    /// RMSNorm of the feed-forward output before the residual add (gemma3; not a matmul).
+    FfnPostNorm,
 }
 
 /// The tensor-name table: every kind of tensor ork reads and its GGUF name; `{}` stands for the
@@ -176,6 +190,7 @@ pub const TENSOR_NAMES: &[(Role, &str)] = &[
     (Role::AttnQ, "blk.{}.attn_q.weight"),
     (Role::AttnK, "blk.{}.attn_k.weight"),
     (Role::AttnV, "blk.{}.attn_v.weight"),
+    (Role::AttnQkv, "blk.{}.attn_qkv.weight"),
     (Role::AttnQBias, "blk.{}.attn_q.bias"),
     (Role::AttnKBias, "blk.{}.attn_k.bias"),
     (Role::AttnVBias, "blk.{}.attn_v.bias"),
@@ -183,6 +198,8 @@ pub const TENSOR_NAMES: &[(Role, &str)] = &[
     (Role::AttnKNorm, "blk.{}.attn_k_norm.weight"),
     (Role::AttnOutput, "blk.{}.attn_output.weight"),
     (Role::FfnNorm, "blk.{}.ffn_norm.weight"),
+    (Role::AttnPostNorm, "blk.{}.post_attention_norm.weight"),
+    (Role::FfnPostNorm, "blk.{}.post_ffw_norm.weight"),
     (Role::FfnGate, "blk.{}.ffn_gate.weight"),
     (Role::FfnUp, "blk.{}.ffn_up.weight"),
     (Role::FfnDown, "blk.{}.ffn_down.weight"),
@@ -197,6 +214,9 @@ pub const TENSOR_NAMES: &[(Role, &str)] = &[
     (Role::SharedExpertGate, "blk.{}.ffn_gate_shexp.weight"),
     (Role::SharedExpertUp, "blk.{}.ffn_up_shexp.weight"),
     (Role::SharedExpertDown, "blk.{}.ffn_down_shexp.weight"),
+    (Role::RopeFreqs, "rope_freqs.weight"),
+    (Role::RopeFactorsLong, "rope_factors_long.weight"),
+    (Role::RopeFactorsShort, "rope_factors_short.weight"),
 ];
 
 /// Matmul roles of one block in the order a forward pass uses them, with the expert roles last
@@ -205,6 +225,7 @@ const BLOCK_ORDER: &[Role] = &[
     Role::AttnQ,
     Role::AttnK,
     Role::AttnV,
+    Role::AttnQkv,
     Role::AttnOutput,
     Role::FfnGate,
     Role::FfnUp,
@@ -240,6 +261,20 @@ pub const ARCHITECTURES: &[(&str, &[Role])] = &[
     ),
     ("qwen2", &DENSE),
     ("qwen3", &DENSE),
+    ("gemma3", &DENSE),
+    (
+        "phi3",
+        // Fused q/k/v (or separate ones, as llama.cpp accepts); `ffn_up` holds gate and up.
+        &[
+            Role::AttnQkv,
+            Role::AttnQ,
+            Role::AttnK,
+            Role::AttnV,
+            Role::AttnOutput,
+            Role::FfnUp,
+            Role::FfnDown,
+        ],
+    ),
     (
         "qwen2moe",
         &[

@@ -46,6 +46,8 @@ const COMMON_TENSORS: [Role; 9] = [
 ];
 
 const DENSE_FFN: [Role; 3] = [Role::FfnGate, Role::FfnUp, Role::FfnDown];
+/// LongRoPE's two factor sets (phi3; llama when `rope.scaling.type` is `longrope`).
+const LONGROPE: [Role; 2] = [Role::RopeFactorsLong, Role::RopeFactorsShort];
 const QKV_BIAS: [Role; 3] = [Role::AttnQBias, Role::AttnKBias, Role::AttnVBias];
 const QK_NORM: [Role; 2] = [Role::AttnQNorm, Role::AttnKNorm];
 const EXPERTS: [Role; 4] = [
@@ -90,7 +92,7 @@ const fn roles<const N: usize>(extra: &[&[Role]]) -> [Role; N] {
 }
 
 /// Keys every supported architecture reads (`ork-exec`'s `ModelConfig::from_gguf`).
-const COMMON_KEYS: [&str; 15] = [
+const COMMON_KEYS: [&str; 17] = [
     "block_count",
     "context_length",
     "embedding_length",
@@ -103,10 +105,17 @@ const COMMON_KEYS: [&str; 15] = [
     "attention.layer_norm_rms_epsilon",
     "rope.dimension_count",
     "rope.freq_base",
-    // Linear scaling only; other types are refused by the configuration, naming the key.
+    // Linear scaling (and llama's `longrope` type, which only selects the factor tensors);
+    // other types (`yarn`) are refused by the configuration, naming the key.
     "rope.scaling.type",
     "rope.scaling.factor",
     "rope.scale_linear",
+    // Multiplies every rotated value's cos and sin, as llama.cpp's `attn_factor`
+    // (docs/models.md, "RoPE frequency factors").
+    "rope.scaling.attn_factor",
+    // Chooses LongRoPE's long or short factors; changes nothing else ork implements (YaRN,
+    // which also reads it, is refused).
+    "rope.scaling.original_context_length",
 ];
 
 /// The MoE keys (`MoeConfig::from_gguf`).
@@ -123,21 +132,48 @@ const fn keys<const N: usize>(extra: &[&[&'static str]]) -> [&'static str; N] {
 }
 
 /// llama: optional q/k/v biases (as llama.cpp), dense or Mixtral-style experts (no shared
-/// expert; `feed_forward_length` is the experts' width).
-const LLAMA_TENSORS: [Role; 19] = roles(&[&QKV_BIAS, &DENSE_FFN, &EXPERTS]);
-const LLAMA_KEYS: [&str; 19] = keys(&[&MOE_KEYS]);
+/// expert; `feed_forward_length` is the experts' width), Llama 3.x RoPE frequency factors, or
+/// LongRoPE factors with `rope.scaling.type = longrope`.
+const LLAMA_TENSORS: [Role; 22] = roles(&[
+    &QKV_BIAS,
+    &DENSE_FFN,
+    &EXPERTS,
+    &[Role::RopeFreqs],
+    &LONGROPE,
+]);
+const LLAMA_KEYS: [&str; 21] = keys(&[&MOE_KEYS]);
+/// phi3 (Phi-3, Phi-4-mini): fused q/k/v (or separate ones), `ffn_up` holding gate and up (no
+/// `ffn_gate`), LongRoPE factors. `attention.sliding_window` is read and not applied, as
+/// llama.cpp 0.3.36 does (docs/models.md, "phi3").
+const PHI3_TENSORS: [Role; 14] = roles(&[&[Role::AttnQkv, Role::FfnUp, Role::FfnDown], &LONGROPE]);
+const PHI3_KEYS: [&str; 18] = keys(&[&["attention.sliding_window"]]);
 const QWEN2_TENSORS: [Role; 15] = roles(&[&QKV_BIAS, &DENSE_FFN]);
 const QWEN3_TENSORS: [Role; 14] = roles(&[&QK_NORM, &DENSE_FFN]);
 const QWEN2MOE_TENSORS: [Role; 20] = roles(&[&QKV_BIAS, &EXPERTS, &SHARED_EXPERT]);
-const QWEN2MOE_KEYS: [&str; 21] = keys(&[
+const QWEN2MOE_KEYS: [&str; 23] = keys(&[
     &MOE_KEYS,
     &[
         "expert_feed_forward_length",
         "expert_shared_feed_forward_length",
     ],
 ]);
+/// gemma3 (llama.cpp's `llama_model_gemma3::load_arch_tensors`): QK-norm, the post-attention
+/// and post-FFN norms, a dense gated FFN; `output.weight` optional (tied to the embedding).
+const GEMMA3_TENSORS: [Role; 16] = roles(&[
+    &QK_NORM,
+    &DENSE_FFN,
+    &[Role::AttnPostNorm, Role::FfnPostNorm],
+]);
+/// gemma3's own keys (`llama_model_gemma3::load_arch_hparams`): the sliding window, the layer
+/// pattern, the local layers' RoPE base and the final logit soft-cap.
+const GEMMA3_KEYS: [&str; 21] = keys(&[&[
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "rope.freq_base_swa",
+    "final_logit_softcapping",
+]]);
 const QWEN3MOE_TENSORS: [Role; 15] = roles(&[&QK_NORM, &EXPERTS]);
-const QWEN3MOE_KEYS: [&str; 20] = keys(&[&MOE_KEYS, &["expert_feed_forward_length"]]);
+const QWEN3MOE_KEYS: [&str; 22] = keys(&[&MOE_KEYS, &["expert_feed_forward_length"]]);
 
 /// The per-architecture tables: what ork implements for each `general.architecture` it runs.
 pub const SUPPORTED: &[ArchSupport] = &[
@@ -155,6 +191,16 @@ pub const SUPPORTED: &[ArchSupport] = &[
         arch: "qwen3",
         tensors: &QWEN3_TENSORS,
         keys: &COMMON_KEYS,
+    },
+    ArchSupport {
+        arch: "phi3",
+        tensors: &PHI3_TENSORS,
+        keys: &PHI3_KEYS,
+    },
+    ArchSupport {
+        arch: "gemma3",
+        tensors: &GEMMA3_TENSORS,
+        keys: &GEMMA3_KEYS,
     },
     ArchSupport {
         arch: "qwen2moe",
@@ -177,15 +223,14 @@ pub fn support(arch: &str) -> Option<&'static ArchSupport> {
 /// llama.cpp, else a general reason.
 fn tensor_reason(arch: &str, name: &str) -> String {
     match name {
-        "rope_freqs.weight" => {
-            "RoPE frequency factors (how Llama 3.1/3.2 store their long-context \
-                                RoPE scaling) are not implemented; ork would compute different \
-                                text than llama.cpp"
-                .to_owned()
-        }
-        "rope_factors_long.weight" | "rope_factors_short.weight" => {
-            "LongRoPE factors are not implemented".to_owned()
-        }
+        "rope_freqs.weight" => format!(
+            "RoPE frequency factors are implemented for 'llama' only (llama.cpp reads them for \
+             llama, not for '{arch}')"
+        ),
+        "rope_factors_long.weight" | "rope_factors_short.weight" => format!(
+            "LongRoPE factors are implemented for 'phi3' and for 'llama' with \
+             rope.scaling.type = longrope, not for '{arch}'"
+        ),
         _ => format!("ork does not implement this tensor for architecture '{arch}'"),
     }
 }
@@ -195,7 +240,8 @@ fn key_reason(arch: &str, suffix: &str) -> String {
     if suffix.starts_with("rope.") {
         format!(
             "this RoPE setting is not implemented for '{arch}' (ork implements rope.freq_base, \
-             rope.dimension_count and linear rope.scaling.factor)"
+             rope.dimension_count, linear rope.scaling.factor, rope.scaling.attn_factor and \
+             frequency factors)"
         )
     } else {
         format!("ork does not implement this setting for architecture '{arch}'")

@@ -10,7 +10,8 @@
 //! - [`Prefetcher`]: a thread that fills the next slots of the schedule while the device
 //!   computes; the schedule is a [`ScheduleSource`] (the plan order, [`PlanOrder`], with the
 //!   weights the executor announces served first, [`Announced`]).
-//! - [`DeviceMatmul`]: `y = x · Wᵀ` by weight name on the device, w8a8.
+//! - [`DeviceMatmul`]: `y = x · Wᵀ` on the device, w8a8 or w8a16, by weight id in the cache
+//!   ([`WeightCache::id`], resolved once) or by name ([`WeightKey`]).
 //! - [`Trace`]: a Perfetto / Chrome trace of loads, computes and waits.
 //! - The board clock's events (`ork_board::Recorder`, [`DeviceMatmul::set_events`]): matmuls and
 //!   loads as they happen, replayed on a board's cost model (`docs/board-model.md`).
@@ -29,7 +30,7 @@ mod source;
 mod trace;
 
 pub use budget::{Candidate, DeviceBudget, EvictionPolicy, LayerOrder, Lru};
-pub use cache::{device_bytes, CacheConfig, CacheStats, WeightCache, WeightLease};
+pub use cache::{device_bytes, CacheConfig, CacheStats, WeightCache, WeightKey, WeightLease};
 pub use error::ResidencyError;
 pub use linear::{quantize_row, DeviceMatmul};
 pub use plan::{plan, Mode, Placement, Plan, PlanInput};

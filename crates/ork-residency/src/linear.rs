@@ -12,10 +12,11 @@ use ork_device::{
     ActPrecision, Activations, BufferIntent, BufferView, CoreMask, DeviceBuffer, DeviceError,
     DeviceWeight, DomainId, MatmulTask, WeightRef,
 };
+use ork_manifest::WeightId;
 use rayon::prelude::*;
 use zerocopy::FromBytes;
 
-use crate::cache::{Requester, WeightCache, WeightLease};
+use crate::cache::{Entry, Requester, WeightCache, WeightKey, WeightLease};
 use crate::parts::operands;
 use crate::prefetch::{Prefetcher, ScheduleSource, Warmup};
 use crate::trace::{Lane, Trace};
@@ -96,7 +97,8 @@ pub(crate) fn f16_row(x: &[f32], q: &mut [f16]) -> Option<usize> {
     Some(over)
 }
 
-/// `y = x · Wᵀ` for named weights on the device: quantizes `x` per token (int8, the default) or
+/// `y = x · Wᵀ` for the cache's weights on the device (named by [`WeightKey`]: the id the
+/// cache gave a weight, resolved once by the caller, or its name): quantizes `x` per token (int8, the default) or
 /// converts it to fp16 ([`DeviceMatmul::with_activations`]), leases the weight from the cache
 /// (fetching it if needed), tells the prefetcher where compute is, and submits the task with the
 /// activations in a device buffer of the weight's domain.
@@ -130,9 +132,9 @@ impl std::fmt::Debug for DeviceMatmul {
 
 impl DeviceMatmul {
     /// Matmuls through `cache`; with `prefetch = Some((schedule, slots))` a prefetch thread runs
-    /// `slots` weights ahead along `schedule`.
+    /// `slots` weights ahead along `schedule` (ids in `cache`, [`WeightCache::ids`]).
     /// The schedule is the plan order with announced weights first ([`Prefetcher::start`]).
-    pub fn new(cache: Arc<WeightCache>, prefetch: Option<(Vec<String>, usize)>) -> Self {
+    pub fn new(cache: Arc<WeightCache>, prefetch: Option<(Vec<WeightId>, usize)>) -> Self {
         let prefetcher = prefetch
             .map(|(schedule, slots)| Prefetcher::start(Arc::clone(&cache), schedule, slots));
         Self::build(cache, prefetcher)
@@ -152,7 +154,7 @@ impl DeviceMatmul {
     /// Load every weight of `schedule` (execution order) once, on a thread of its own, ahead of
     /// compute ([`Warmup`]): for a resident plan, whose first pass would otherwise load each
     /// weight on the compute path while the other cores wait.
-    pub fn with_warmup(mut self, schedule: Vec<String>) -> Self {
+    pub fn with_warmup(mut self, schedule: Vec<WeightId>) -> Self {
         self.warmup = Some(Warmup::start(Arc::clone(&self.cache), schedule));
         self
     }
@@ -220,12 +222,16 @@ impl DeviceMatmul {
         &self.cache
     }
 
-    /// Tell the prefetcher (if any) that `names` are the weights used next, in this order (a
+    /// Tell the prefetcher (if any) that `weights` are the weights used next, in this order (a
     /// router's expert choice, a draft's batch); its [`ScheduleSource`] decides what to do with
-    /// them.
-    pub fn upcoming(&self, names: &[&str]) {
+    /// them. Names the cache's source does not hold are left out.
+    pub fn upcoming<K: WeightKey>(&self, weights: &[K]) {
         if let Some(p) = &self.prefetcher {
-            p.announce(names);
+            let ids = weights
+                .iter()
+                .filter_map(|w| w.weight_id(&self.cache).ok())
+                .collect();
+            p.announce(ids);
         }
     }
 
@@ -347,22 +353,24 @@ impl DeviceMatmul {
         Ok(())
     }
 
-    /// `y[m, n] = Σ_k x[m, k] · W[n, k]` for weight `name` (GGUF dims `[K, N]`).
+    /// `y[m, n] = Σ_k x[m, k] · W[n, k]` for the weight (GGUF dims `[K, N]`).
     pub fn matmul(
         &self,
-        name: &str,
+        weight: impl WeightKey,
         x: &[f32],
         m: usize,
         y: &mut [f32],
     ) -> Result<(), ResidencyError> {
-        self.check_shape(name, x, m, y)?;
+        let id = weight.weight_id(&self.cache)?;
+        let e = self.cache.entry(id)?;
+        self.check_shape(&e, x, m, y)?;
         if let Some(p) = &self.prefetcher {
-            p.advance(name);
+            p.advance(id);
         }
-        self.run_one(name, x, m, y)
+        self.run_one(id, &e, x, m, y)
     }
 
-    /// `ys[i][m, n] = Σ_k x[m, k] · W_i[n, k]` for several weights `names[i]` that take the same
+    /// `ys[i][m, n] = Σ_k x[m, k] · W_i[n, k]` for several weights `weights[i]` that take the same
     /// input `x` (a block's q/k/v or gate/up projections), with the results of
     /// [`DeviceMatmul::matmul`] on each in turn, bit for bit.
     ///
@@ -372,33 +380,45 @@ impl DeviceMatmul {
     /// parallel pass); the others then run one by one as [`DeviceMatmul::matmul`] runs them.
     /// No lease is held while a weight is fetched, so a budget that admits each weight alone
     /// admits the batch.
-    pub fn matmul_many(
+    pub fn matmul_many<K: WeightKey>(
         &self,
-        names: &[&str],
+        weights: &[K],
         x: &[f32],
         m: usize,
         ys: &mut [&mut [f32]],
     ) -> Result<(), ResidencyError> {
-        if names.len() != ys.len() {
+        if weights.len() != ys.len() {
+            let names: Vec<String> = weights
+                .iter()
+                .map(|w| match self.cache.entry_of(w) {
+                    Ok(e) => e.name.to_string(),
+                    Err(_) => "?".to_owned(),
+                })
+                .collect();
             return Err(ResidencyError::Shape {
                 name: names.join(","),
-                what: format!("{} outputs for {} weights", ys.len(), names.len()),
+                what: format!("{} outputs for {} weights", ys.len(), weights.len()),
             });
         }
-        for (name, y) in names.iter().zip(ys.iter()) {
-            self.check_shape(name, x, m, y)?;
+        let mut entries = Vec::with_capacity(weights.len());
+        for (w, y) in weights.iter().zip(ys.iter()) {
+            let id = w.weight_id(&self.cache)?;
+            let e = self.cache.entry(id)?;
+            self.check_shape(&e, x, m, y)?;
+            entries.push((id, e));
         }
         if let Some(p) = &self.prefetcher {
-            for name in names {
-                p.advance(name);
+            for (id, _) in &entries {
+                p.advance(*id);
             }
         }
+        let names: Vec<&str> = entries.iter().map(|(_, e)| &*e.name).collect();
         // Lease what is resident and whole; the rest runs after the batch, one by one.
-        let mut batch = Vec::with_capacity(names.len());
+        let mut batch = Vec::with_capacity(entries.len());
         let mut rest = Vec::new();
-        for (i, name) in names.iter().enumerate() {
-            let whole = names.len() > 1 && self.cache.parts(name)?.len() == 1;
-            match whole.then(|| self.cache.get_if_resident(name)).flatten() {
+        for (i, (id, e)) in entries.iter().enumerate() {
+            let whole = entries.len() > 1 && self.cache.parts_of(e)?.len() == 1;
+            match whole.then(|| self.cache.get_if_resident(*id)).flatten() {
                 Some(lease)
                     if batch
                         .first()
@@ -463,23 +483,17 @@ impl DeviceMatmul {
             drop(batch);
         }
         for i in rest {
-            self.run_one(names[i], x, m, ys[i])?;
+            let (id, e) = &entries[i];
+            self.run_one(*id, e, x, m, ys[i])?;
         }
         Ok(())
     }
 
-    /// Error unless `x` is `m × K` and `y` is `m × N` for weight `name`.
-    fn check_shape(
-        &self,
-        name: &str,
-        x: &[f32],
-        m: usize,
-        y: &[f32],
-    ) -> Result<(), ResidencyError> {
-        let layout = self.cache.layout(name)?;
-        let (k, n) = (layout.k, layout.n);
+    /// Error unless `x` is `m × K` and `y` is `m × N` for weight `e`.
+    fn check_shape(&self, e: &Entry, x: &[f32], m: usize, y: &[f32]) -> Result<(), ResidencyError> {
+        let (k, n) = (e.layout.k, e.layout.n);
         let shape = |what: String| ResidencyError::Shape {
-            name: name.to_owned(),
+            name: e.name.to_string(),
             what,
         };
         if m == 0 || m.checked_mul(k) != Some(x.len()) {
@@ -522,14 +536,16 @@ impl DeviceMatmul {
     /// [`DeviceMatmul::matmul`] after its checks: lease (or fetch) the weight and compute.
     fn run_one(
         &self,
-        name: &str,
+        id: WeightId,
+        e: &Entry,
         x: &[f32],
         m: usize,
         y: &mut [f32],
     ) -> Result<(), ResidencyError> {
-        let k = self.cache.layout(name)?.k;
-        let parts = self.cache.parts(name)?;
-        let weight = self.cache.get(name)?;
+        let name = &*e.name;
+        let k = e.layout.k;
+        let parts = self.cache.parts_of(e)?;
+        let weight = self.cache.get_entry(id, e)?;
         let domain = weight.buffer.domain();
         if let Some(rec) = self.events.get() {
             let calls = parts.len();

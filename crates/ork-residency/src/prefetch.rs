@@ -27,31 +27,33 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use ork_manifest::WeightId;
+
 use crate::cache::WeightCache;
 
 /// Where the prefetcher's lookahead comes from: which weights compute uses next.
 ///
 /// The prefetch thread owns the source and asks it, after every message, for the weights ahead
 /// of compute ([`ScheduleSource::ahead`]) until it has `slots` of them in the cache. The source
-/// only names weights; the thread fetches them, so a wrong guess costs time and budget, never a
-/// wrong result.
+/// only names weights (by their ids in the cache, [`WeightCache::id`]); the thread fetches them,
+/// so a wrong guess costs time and budget, never a wrong result.
 pub trait ScheduleSource: Send {
-    /// Compute is about to use `name`. Returns how many entries the lookahead moved by (the
+    /// Compute is about to use weight `id`. Returns how many entries the lookahead moved by (the
     /// entry that was `ahead(i)` is now `ahead(i - moved)`), so the thread does not ask the
     /// cache again for those it already handled; [`usize::MAX`] when the lookahead changed in
     /// another way (the thread then walks it from the start: asking for a resident weight is
     /// cheap).
-    fn advance(&mut self, name: &str) -> usize;
+    fn advance(&mut self, id: WeightId) -> usize;
 
-    /// The executor announced `names` as the weights it uses next, in order (a router's expert
+    /// The executor announced `ids` as the weights it uses next, in order (a router's expert
     /// choice, a draft's batch). The default ignores them.
-    fn announce(&mut self, names: Vec<String>) {
-        let _ = names;
+    fn announce(&mut self, ids: Vec<WeightId>) {
+        let _ = ids;
     }
 
     /// The `i`-th weight after the one compute is at (`0` is the next), or `None` past what the
     /// source knows.
-    fn ahead(&self, i: usize) -> Option<&str>;
+    fn ahead(&self, i: usize) -> Option<WeightId>;
 
     /// How many entries of the lookahead the thread brings in, given `slots` (the default).
     fn reach(&self, slots: usize) -> usize {
@@ -60,22 +62,18 @@ pub trait ScheduleSource: Send {
 }
 
 /// The static plan order: the model's matmul weights in execution order, wrapping around from
-/// the last to the first (the next pass). Names not in the schedule leave it where it is.
+/// the last to the first (the next pass). Weights not in the schedule leave it where it is.
 #[derive(Debug, Clone)]
 pub struct PlanOrder {
-    schedule: Vec<String>,
-    positions: HashMap<String, usize>,
+    schedule: Vec<WeightId>,
+    positions: HashMap<WeightId, usize>,
     cursor: Option<usize>,
 }
 
 impl PlanOrder {
-    /// The order `schedule` (weight names in execution order).
-    pub fn new(schedule: Vec<String>) -> Self {
-        let positions = schedule
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.clone(), i))
-            .collect();
+    /// The order `schedule` (weight ids in execution order).
+    pub fn new(schedule: Vec<WeightId>) -> Self {
+        let positions = schedule.iter().enumerate().map(|(i, &n)| (n, i)).collect();
         PlanOrder {
             schedule,
             positions,
@@ -85,8 +83,8 @@ impl PlanOrder {
 }
 
 impl ScheduleSource for PlanOrder {
-    fn advance(&mut self, name: &str) -> usize {
-        let Some(&pos) = self.positions.get(name) else {
+    fn advance(&mut self, id: WeightId) -> usize {
+        let Some(&pos) = self.positions.get(&id) else {
             return 0;
         };
         let len = self.schedule.len();
@@ -95,11 +93,11 @@ impl ScheduleSource for PlanOrder {
         moved
     }
 
-    fn ahead(&self, i: usize) -> Option<&str> {
+    fn ahead(&self, i: usize) -> Option<WeightId> {
         let cur = self.cursor?;
         let len = self.schedule.len();
         // Never the current weight again (the schedule wraps after len - 1 others).
-        (i + 1 < len).then(|| self.schedule[(cur + 1 + i) % len].as_str())
+        (i + 1 < len).then(|| self.schedule[(cur + 1 + i) % len])
     }
 }
 
@@ -109,7 +107,7 @@ impl ScheduleSource for PlanOrder {
 /// announcements it is exactly `inner`.
 #[derive(Debug, Clone)]
 pub struct Announced<S> {
-    queue: VecDeque<String>,
+    queue: VecDeque<WeightId>,
     inner: S,
 }
 
@@ -124,12 +122,12 @@ impl<S: ScheduleSource> Announced<S> {
 }
 
 impl<S: ScheduleSource> ScheduleSource for Announced<S> {
-    fn advance(&mut self, name: &str) -> usize {
-        let inner = self.inner.advance(name);
+    fn advance(&mut self, id: WeightId) -> usize {
+        let inner = self.inner.advance(id);
         if self.queue.is_empty() {
             return inner;
         }
-        match self.queue.iter().position(|n| n == name) {
+        match self.queue.iter().position(|&n| n == id) {
             Some(i) => {
                 self.queue.drain(..=i);
                 // The announced part moved by i + 1, the inner part by its own step.
@@ -143,8 +141,8 @@ impl<S: ScheduleSource> ScheduleSource for Announced<S> {
         }
     }
 
-    fn announce(&mut self, names: Vec<String>) {
-        self.queue = names.into();
+    fn announce(&mut self, ids: Vec<WeightId>) {
+        self.queue = ids.into();
     }
 
     /// Every announced weight (as far as the cache has room: the executor announced them
@@ -154,9 +152,9 @@ impl<S: ScheduleSource> ScheduleSource for Announced<S> {
         self.queue.len() + slots
     }
 
-    fn ahead(&self, i: usize) -> Option<&str> {
+    fn ahead(&self, i: usize) -> Option<WeightId> {
         match self.queue.get(i) {
-            Some(n) => Some(n),
+            Some(&n) => Some(n),
             None => self.inner.ahead(i - self.queue.len()),
         }
     }
@@ -164,9 +162,9 @@ impl<S: ScheduleSource> ScheduleSource for Announced<S> {
 
 enum Msg {
     /// The compute path is about to use this weight.
-    At(String),
+    At(WeightId),
     /// The executor announced these weights as the next it uses.
-    Announce(Vec<String>),
+    Announce(Vec<WeightId>),
     Stop,
 }
 
@@ -185,10 +183,10 @@ impl std::fmt::Debug for Prefetcher {
 }
 
 impl Prefetcher {
-    /// Start the thread over `cache` following `schedule` (weight names in execution order,
+    /// Start the thread over `cache` following `schedule` (weight ids in execution order,
     /// [`PlanOrder`]) with announcements served first ([`Announced`]), `slots` weights of
     /// lookahead (at least 1).
-    pub fn start(cache: Arc<WeightCache>, schedule: Vec<String>, slots: usize) -> Self {
+    pub fn start(cache: Arc<WeightCache>, schedule: Vec<WeightId>, slots: usize) -> Self {
         Self::with_source(
             cache,
             Box::new(Announced::new(PlanOrder::new(schedule))),
@@ -209,16 +207,15 @@ impl Prefetcher {
         Prefetcher { tx, handle }
     }
 
-    /// Tell the thread the compute path is about to use `name`.
-    pub fn advance(&self, name: &str) {
+    /// Tell the thread the compute path is about to use weight `id`.
+    pub fn advance(&self, id: WeightId) {
         // A dead thread is not an error: compute then fetches on demand.
-        let _ = self.tx.send(Msg::At(name.to_owned()));
+        let _ = self.tx.send(Msg::At(id));
     }
 
-    /// Tell the thread the executor uses `names` next, in this order.
-    pub fn announce(&self, names: &[&str]) {
-        let names = names.iter().map(|n| (*n).to_owned()).collect();
-        let _ = self.tx.send(Msg::Announce(names));
+    /// Tell the thread the executor uses `ids` next, in this order.
+    pub fn announce(&self, ids: Vec<WeightId>) {
+        let _ = self.tx.send(Msg::Announce(ids));
     }
 
     /// Whether the thread is still running.
@@ -265,12 +262,12 @@ fn run(cache: &WeightCache, mut source: Box<dyn ScheduleSource>, slots: usize, r
             loop {
                 match msg {
                     Msg::Stop => return,
-                    Msg::At(name) => {
-                        next = next.saturating_sub(source.advance(&name));
+                    Msg::At(id) => {
+                        next = next.saturating_sub(source.advance(id));
                     }
-                    Msg::Announce(names) => {
+                    Msg::Announce(ids) => {
                         cache.next_generation();
-                        source.announce(names);
+                        source.announce(ids);
                         next = 0;
                     }
                 }
@@ -283,10 +280,10 @@ fn run(cache: &WeightCache, mut source: Box<dyn ScheduleSource>, slots: usize, r
             }
             continue;
         }
-        let Some(name) = source.ahead(next) else {
+        let Some(id) = source.ahead(next) else {
             continue;
         };
-        match cache.prefetch(name) {
+        match cache.prefetch(id) {
             Ok(true) => next += 1,
             // No room yet: wait for the compute path to move on.
             Ok(false) => blocked = true,
@@ -321,17 +318,17 @@ impl std::fmt::Debug for Warmup {
 }
 
 impl Warmup {
-    /// Start loading `schedule` (weight names in execution order) into `cache`.
-    pub fn start(cache: Arc<WeightCache>, schedule: Vec<String>) -> Self {
+    /// Start loading `schedule` (weight ids in execution order) into `cache`.
+    pub fn start(cache: Arc<WeightCache>, schedule: Vec<WeightId>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let handle = spawn_loader("ork-warmup", move || {
-            for name in &schedule {
+            for &id in &schedule {
                 if flag.load(Ordering::Relaxed) {
                     return;
                 }
                 // No room or an error: compute fetches the weight itself and reports it.
-                let _ = cache.prefetch(name);
+                let _ = cache.prefetch(id);
             }
         });
         Warmup { stop, handle }
@@ -381,12 +378,17 @@ mod tests {
     use super::*;
 
     fn plan(n: usize) -> PlanOrder {
-        PlanOrder::new((0..n).map(|i| format!("w{i}")).collect())
+        PlanOrder::new((0..n as u32).map(WeightId).collect())
+    }
+
+    /// Weight `i` of the test plan, named `wI` in the expectations below.
+    fn w(name: &str) -> WeightId {
+        WeightId(name[1..].parse().expect("a name wI"))
     }
 
     fn lookahead(s: &dyn ScheduleSource, k: usize) -> Vec<String> {
         (0..k)
-            .map_while(|i| s.ahead(i).map(str::to_owned))
+            .map_while(|i| s.ahead(i).map(|id| format!("w{}", id.0)))
             .collect()
     }
 
@@ -394,25 +396,25 @@ mod tests {
     fn plan_order_wraps_and_reports_how_far_it_moved() {
         let mut p = plan(4);
         assert_eq!(p.ahead(0), None, "nothing known before compute starts");
-        assert_eq!(p.advance("w0"), 0);
+        assert_eq!(p.advance(w("w0")), 0);
         assert_eq!(lookahead(&p, 9), ["w1", "w2", "w3"]);
-        assert_eq!(p.advance("w2"), 2);
+        assert_eq!(p.advance(w("w2")), 2);
         assert_eq!(lookahead(&p, 9), ["w3", "w0", "w1"]);
-        assert_eq!(p.advance("w1"), 3, "wrapped to the next pass");
-        assert_eq!(p.advance("unknown"), 0);
+        assert_eq!(p.advance(w("w1")), 3, "wrapped to the next pass");
+        assert_eq!(p.advance(WeightId(99)), 0);
         assert_eq!(lookahead(&p, 1), ["w2"]);
     }
 
     #[test]
     fn announced_weights_come_first_then_the_inner_order() {
         let mut a = Announced::new(plan(5));
-        assert_eq!(a.advance("w0"), 0);
+        assert_eq!(a.advance(w("w0")), 0);
         assert_eq!(lookahead(&a, 2), ["w1", "w2"]);
-        a.announce(vec!["w4".into(), "w3".into()]);
+        a.announce(vec![w("w4"), w("w3")]);
         assert_eq!(lookahead(&a, 4), ["w4", "w3", "w1", "w2"]);
-        assert_eq!(a.advance("w4"), 1);
+        assert_eq!(a.advance(w("w4")), 1);
         assert_eq!(lookahead(&a, 2), ["w3", "w0"]);
-        assert_eq!(a.advance("w3"), usize::MAX, "announcements used up");
+        assert_eq!(a.advance(w("w3")), usize::MAX, "announcements used up");
         assert_eq!(lookahead(&a, 2), ["w4", "w0"]);
         assert_eq!(
             a.reach(2),
@@ -420,8 +422,8 @@ mod tests {
             "nothing announced left: `slots` of the inner order"
         );
         // A new announcement replaces what is left of the old one.
-        a.announce(vec!["w1".into(), "w2".into()]);
-        a.announce(vec!["w0".into()]);
+        a.announce(vec![w("w1"), w("w2")]);
+        a.announce(vec![w("w0")]);
         assert_eq!(lookahead(&a, 2), ["w0", "w4"]);
         // The thread brings in every announced weight, then `slots` of the inner order.
         assert_eq!(a.reach(2), 1 + 2);

@@ -86,8 +86,20 @@ impl Trace {
             .clone()
     }
 
-    /// Write `{"traceEvents": [...]}` with lane names to `path`.
-    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+    /// Write `{"traceEvents": [...]}` with lane names to `path`, under the rule for every file
+    /// ork writes (`ork_store::output`: never over one of `inputs`, a model or a pack; atomic
+    /// for a regular file; a terminal or a pipe with a reader as a stream).
+    pub fn write(&self, path: &Path, inputs: &[&Path]) -> Result<(), ork_store::StoreError> {
+        let doc = self.chrome_json().map_err(|e| ork_store::StoreError::Io {
+            path: path.to_path_buf(),
+            op: "serialize the trace",
+            source: e,
+        })?;
+        ork_store::output::write_output(path, &doc, inputs)
+    }
+
+    /// The trace as Chrome trace-event JSON bytes.
+    fn chrome_json(&self) -> std::io::Result<Vec<u8>> {
         let mut events: Vec<serde_json::Value> = [
             (Lane::Compute, "compute"),
             (Lane::Prefetch, "prefetch"),
@@ -103,9 +115,6 @@ impl Trace {
             events.push(serde_json::to_value(e).map_err(std::io::Error::other)?);
         }
         let doc = serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" });
-        std::fs::write(
-            path,
-            serde_json::to_vec(&doc).map_err(std::io::Error::other)?,
-        )
+        serde_json::to_vec(&doc).map_err(std::io::Error::other)
     }
 }

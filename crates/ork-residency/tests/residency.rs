@@ -20,6 +20,7 @@ use ork_device::{
 };
 use ork_gguf::writer::GgufBuilder;
 use ork_gguf::{GgmlType, GgufFile};
+use ork_manifest::WeightId;
 use ork_pack::{PackDtype, TiledLayout};
 use ork_residency::plan::domain_map;
 use ork_residency::{
@@ -898,7 +899,10 @@ fn a_pack_truncated_mid_run_is_repacked_from_the_model_or_named_without_it() {
         .set_len(offset + 100)
         .unwrap();
     // With the model: the unreadable weight is packed from the source, outputs unchanged.
-    let dm = DeviceMatmul::new(Arc::clone(&with_model), Some((schedule.clone(), 4)));
+    let dm = DeviceMatmul::new(
+        Arc::clone(&with_model),
+        Some((with_model.ids(&schedule).unwrap(), 4)),
+    );
     assert_eq!(run_passes(&dm, &schedule, 2).unwrap(), reference_outputs(2));
     assert!(with_model.stats().packs >= 1, "{:?}", with_model.stats());
     // Without it: a typed error naming the tensor, never SIGBUS, nothing left reserved.
@@ -926,7 +930,10 @@ fn a_corrupt_blob_met_by_the_prefetcher_fails_the_run_cleanly_naming_it() {
             )
             .unwrap(),
         );
-        let dm = DeviceMatmul::new(Arc::clone(&cache), Some((schedule.clone(), SLOTS)));
+        let dm = DeviceMatmul::new(
+            Arc::clone(&cache),
+            Some((cache.ids(&schedule).unwrap(), SLOTS)),
+        );
         let r = run_passes(&dm, &schedule, 1);
         drop(dm); // joins the prefetch thread: no fill is running any more
         let ok = resident_matches_slots(&cache);
@@ -969,7 +976,7 @@ fn jitter_run(
     );
     let dm = DeviceMatmul::new(
         Arc::clone(&cache),
-        prefetch.then(|| (schedule.clone(), SLOTS)),
+        prefetch.then(|| (cache.ids(&schedule).unwrap(), SLOTS)),
     );
     assert_eq!(dm.prefetching(), prefetch);
     let outs = run_passes(&dm, &schedule, passes).unwrap();
@@ -1063,7 +1070,10 @@ fn at_a_one_weight_budget_compute_always_evicts_fresh_prefetches() {
             )
             .unwrap(),
         );
-        let dm = DeviceMatmul::new(Arc::clone(&cache), Some((schedule.clone(), SLOTS)));
+        let dm = DeviceMatmul::new(
+            Arc::clone(&cache),
+            Some((cache.ids(&schedule).unwrap(), SLOTS)),
+        );
         for pass in 0..30 {
             assert_eq!(
                 run_passes(&dm, &schedule, 1).unwrap(),
@@ -1092,7 +1102,10 @@ fn announced_weights_beyond_the_slots_and_block_order_eviction_keep_outputs_iden
             .unwrap()
             .with_policy(Box::new(LayerOrder { n_layer: BLOCKS })),
         );
-        let dm = DeviceMatmul::new(Arc::clone(&cache), Some((schedule.clone(), SLOTS)));
+        let dm = DeviceMatmul::new(
+            Arc::clone(&cache),
+            Some((cache.ids(&schedule).unwrap(), SLOTS)),
+        );
         for pass in 0..6 {
             // Even passes announce the pass in order (right), odd ones backwards (mostly wrong).
             let mut announced: Vec<&str> = schedule.iter().map(String::as_str).collect();
@@ -1130,7 +1143,8 @@ fn compute_waits_for_a_weight_the_prefetcher_is_loading_and_counts_it() {
     let result = {
         let (dev, cache, schedule) = (Arc::clone(&dev), Arc::clone(&cache), schedule.clone());
         with_deadline(Duration::from_secs(30), move || {
-            let dm = DeviceMatmul::new(Arc::clone(&cache), Some((schedule.clone(), 1)));
+            let dm =
+                DeviceMatmul::new(Arc::clone(&cache), Some((cache.ids(&schedule).unwrap(), 1)));
             // Weight 0 on demand; the prefetcher starts on weight 1 and is held at the gate,
             // with its slot reserved.
             let mut outs = run_passes(&dm, &schedule[..1], 1).unwrap();
@@ -1170,7 +1184,7 @@ fn compute_waits_for_a_weight_the_prefetcher_is_loading_and_counts_it() {
         .any(|e| e.tid == Lane::Prefetch as u32 && e.name == schedule[1] && e.cat == "pack"));
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("trace.json");
-    trace.write(&file).unwrap();
+    trace.write(&file, &[]).unwrap();
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     assert!(doc["traceEvents"].as_array().unwrap().len() >= events.len());
 }
@@ -1196,7 +1210,10 @@ fn a_panicking_prefetch_thread_does_not_hang_the_run() {
             let cache = Arc::new(
                 WeightCache::new(dev.clone(), gguf_source(), CacheConfig::new(budget)).unwrap(),
             );
-            let dm = DeviceMatmul::new(Arc::clone(&cache), Some((schedule.clone(), SLOTS)));
+            let dm = DeviceMatmul::new(
+                Arc::clone(&cache),
+                Some((cache.ids(&schedule).unwrap(), SLOTS)),
+            );
             let mut outs = run_passes(&dm, &schedule[..1], 1).unwrap();
             if gated {
                 // Make compute wait on the slot the thread is about to panic in.
@@ -1704,7 +1721,10 @@ fn the_prefetcher_loads_announced_weights_in_the_announced_order() {
         .unwrap()
         .with_trace(Arc::clone(&trace)),
     );
-    let dm = DeviceMatmul::new(Arc::clone(&cache), Some((schedule.clone(), schedule.len())));
+    let dm = DeviceMatmul::new(
+        Arc::clone(&cache),
+        Some((cache.ids(&schedule).unwrap(), schedule.len())),
+    );
     let refs: Vec<&str> = announced.iter().map(String::as_str).collect();
     dm.upcoming(&refs);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -1719,14 +1739,14 @@ fn the_prefetcher_loads_announced_weights_in_the_announced_order() {
 }
 
 /// A source that ignores where compute is and always names the plan backwards.
-struct Backwards(Vec<String>);
+struct Backwards(Vec<WeightId>);
 
 impl ScheduleSource for Backwards {
-    fn advance(&mut self, _name: &str) -> usize {
+    fn advance(&mut self, _id: WeightId) -> usize {
         0
     }
-    fn ahead(&self, i: usize) -> Option<&str> {
-        self.0.iter().rev().nth(i).map(String::as_str)
+    fn ahead(&self, i: usize) -> Option<WeightId> {
+        self.0.iter().rev().nth(i).copied()
     }
 }
 
@@ -1753,7 +1773,7 @@ fn any_schedule_source_or_announcement_keeps_outputs_bit_identical() {
         let c = cache(&trace);
         let dm = DeviceMatmul::with_schedule(
             Arc::clone(&c),
-            Box::new(Backwards(schedule.clone())),
+            Box::new(Backwards(c.ids(&schedule).unwrap())),
             SLOTS,
         );
         assert_eq!(run_passes(&dm, &schedule, passes).unwrap(), reference);
@@ -1764,7 +1784,7 @@ fn any_schedule_source_or_announcement_keeps_outputs_bit_identical() {
         // The plan order with announcements of the next weights in reverse before each one.
         let trace = Arc::new(Trace::new());
         let c = cache(&trace);
-        let dm = DeviceMatmul::new(Arc::clone(&c), Some((schedule.clone(), SLOTS)));
+        let dm = DeviceMatmul::new(Arc::clone(&c), Some((c.ids(&schedule).unwrap(), SLOTS)));
         let mut outs = Vec::new();
         for _ in 0..passes {
             for (i, name) in schedule.iter().enumerate() {
@@ -2039,7 +2059,7 @@ fn matmul_many_equals_one_by_one_at_every_budget() {
                 );
                 let dm = DeviceMatmul::new(
                     Arc::clone(&cache),
-                    prefetch.then(|| (schedule.clone(), SLOTS)),
+                    prefetch.then(|| (cache.ids(&schedule).unwrap(), SLOTS)),
                 );
                 assert_eq!(
                     run(&dm, m, true),
@@ -2090,9 +2110,10 @@ fn a_resident_first_pass_loader_loads_each_weight_once_and_changes_no_output() {
                 }
             }
             let dm = if race {
-                DeviceMatmul::new(Arc::clone(&cache), None).with_warmup(schedule.clone())
+                DeviceMatmul::new(Arc::clone(&cache), None)
+                    .with_warmup(cache.ids(&schedule).unwrap())
             } else {
-                Warmup::start(Arc::clone(&cache), schedule.clone()).join();
+                Warmup::start(Arc::clone(&cache), cache.ids(&schedule).unwrap()).join();
                 let st = cache.stats();
                 assert_eq!(st.prefetched, schedule.len() as u64, "{st:?}");
                 assert!(schedule.iter().all(|n| cache.is_resident(n)));
@@ -2140,7 +2161,8 @@ fn a_loader_packing_from_the_gguf_never_waits_for_the_compute_pool() {
                 WeightCache::new(Arc::new(device), gguf_source(), CacheConfig::new(total()))
                     .expect("cache"),
             );
-            let dm = DeviceMatmul::new(Arc::clone(&cache), None).with_warmup(schedule.clone());
+            let dm = DeviceMatmul::new(Arc::clone(&cache), None)
+                .with_warmup(cache.ids(&schedule).unwrap());
             let done = AtomicBool::new(false);
             let outs = Mutex::new(None);
             rayon::broadcast(|ctx| {

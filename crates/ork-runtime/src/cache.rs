@@ -75,15 +75,18 @@ pub(crate) fn model_linear(
     plan: &Plan,
     slots: usize,
     trace: Option<Arc<Trace>>,
+    model: &Model,
 ) -> EngineLinear {
     // Experts are not in the static order: a token uses only those its router picks, and
     // the executor announces them (Linear::upcoming) once the router has run.
+    // Names resolved to the cache's ids once, here; a name the source lacks is left out of
+    // the schedules (compute then reports it when it asks for that weight).
     let schedule = (config.prefetch && plan.mode == Mode::Streamed).then(|| {
         (
             plan.placement
                 .iter()
                 .filter(|p| !ork_manifest::is_expert_key(&p.name))
-                .map(|p| p.name.clone())
+                .filter_map(|p| cache.id(&p.name).ok())
                 .collect::<Vec<_>>(),
             slots,
         )
@@ -97,7 +100,12 @@ pub(crate) fn model_linear(
     // Resident: the first pass's loads run on a thread of their own, ahead of compute,
     // instead of one by one on the compute path (`ork_residency::Warmup`).
     if config.prefetch && plan.mode == Mode::Resident {
-        dm = dm.with_warmup(plan.placement.iter().map(|p| p.name.clone()).collect());
+        dm = dm.with_warmup(
+            plan.placement
+                .iter()
+                .filter_map(|p| cache.id(&p.name).ok())
+                .collect(),
+        );
     }
-    EngineLinear::new(dm)
+    EngineLinear::new(dm, model.manifest())
 }

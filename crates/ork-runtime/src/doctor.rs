@@ -22,6 +22,9 @@ use ork_pack::{PackDtype, ScaleGroup};
 
 use crate::{Engine, EngineConfig, PackChoice};
 
+mod calibrate;
+pub use calibrate::Calibration;
+
 /// How a check ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -76,6 +79,9 @@ pub struct DoctorReport {
     pub target: Target,
     /// The checks, in order.
     pub checks: Vec<Check>,
+    /// The board clock's recalibration measurements, where a runtime could compute (`None`
+    /// without one, or when they failed: a check says so).
+    pub calibration: Option<Calibration>,
 }
 
 impl DoctorReport {
@@ -235,6 +241,7 @@ pub fn doctor(options: &DoctorOptions) -> DoctorReport {
         Target::StandIn => " [stand-in]",
         _ => "",
     };
+    let mut calibration = None;
     match (target, rknn) {
         (Target::None, _) => {
             let why = if npu.is_ok() {
@@ -255,12 +262,38 @@ pub fn doctor(options: &DoctorOptions) -> DoctorReport {
             let dev: Arc<dyn Device> = Arc::new(dev);
             matmul_checks(&mut checks, dev.as_ref(), options.soc, label);
             dma_probe(&mut checks, dev.as_ref(), label);
+            calibration = calibrate_into(&mut checks, dev.as_ref(), target, label);
             drop(dev);
             model_run(&mut checks, options, label);
         }
         (_, Err(_)) => {}
     }
-    DoctorReport { target, checks }
+    DoctorReport {
+        target,
+        checks,
+        calibration,
+    }
+}
+
+/// The recalibration measurements as `info` lines (a failure to measure is a failed check).
+fn calibrate_into(
+    checks: &mut Vec<Check>,
+    dev: &dyn Device,
+    target: Target,
+    label: &str,
+) -> Option<Calibration> {
+    match calibrate::calibrate(dev) {
+        Ok(c) => {
+            for line in c.lines(target == Target::Npu) {
+                push(checks, format!("calibration{label}"), Status::Info, line);
+            }
+            Some(c)
+        }
+        Err(e) => {
+            push(checks, format!("calibration{label}"), Status::Fail, e);
+            None
+        }
+    }
 }
 
 fn open_rknpu() -> Result<String, DeviceError> {
@@ -288,6 +321,13 @@ fn would_check(soc: Soc) -> Vec<(String, String)> {
     v.push((
         "model run".into(),
         "8 greedy tokens of --model on the NPU equal the emulator's".into(),
+    ));
+    v.push((
+        "calibration".into(),
+        "the board clock's parameters a board run measures (call_s, npu_read_bw, npu_int8_ops, \
+         alloc_s, map_s_per_byte, memcpy_bw, sync_s_per_byte, a host read rate; \
+         docs/board-model.md); the emulator's timings are not a board's, so none are printed"
+            .into(),
     ));
     v
 }

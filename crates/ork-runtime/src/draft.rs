@@ -212,11 +212,12 @@ impl DraftReservation {
                 }
                 let dm = DeviceMatmul::new(Arc::clone(&dcache), None)
                     .with_activations(config.activations);
+                let linear = EngineLinear::new(dm, d.model.manifest());
                 Ok(Some(EngineDraft {
                     label: d.path.display().to_string(),
                     source: DraftSource::Model(d.path),
                     model: d.model,
-                    linear: Arc::new(EngineLinear::new(dm)),
+                    linear: Arc::new(linear),
                     cache: Some(dcache),
                     bytes: draft_bytes,
                     kv_cache: config.kv_cache,

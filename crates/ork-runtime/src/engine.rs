@@ -227,7 +227,14 @@ impl LoadedModel {
             info.domains,
         )?;
         let trace = config.trace.then(|| Arc::new(Trace::new()));
-        let linear = Arc::new(model_linear(&config, &cache, &plan, slots, trace.clone()));
+        let linear = Arc::new(model_linear(
+            &config,
+            &cache,
+            &plan,
+            slots,
+            trace.clone(),
+            &model,
+        ));
         let draft = draft.open(
             &config,
             &device,

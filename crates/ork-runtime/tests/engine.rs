@@ -1,7 +1,8 @@
 //! The engine on the real model: sessions on several threads agree with one at a time; errors
 //! are typed.
 
-use ork_exec::{generate, GenerateOptions, Sampler, SamplerOptions};
+mod common;
+use common::run_greedy;
 use ork_runtime::{DeviceKind, Engine, EngineConfig, PackChoice, RuntimeError};
 
 use ork_testkit::model_path;
@@ -17,17 +18,6 @@ fn config(pack: &std::path::Path, budget_mb: u64) -> EngineConfig {
 fn greedy(engine: &Engine, prompt: &str, n: usize) -> Vec<u32> {
     let tokens = engine.tokenizer().encode(prompt, true, false).unwrap();
     run_greedy(engine.session(), &tokens, n)
-}
-
-fn run_greedy(mut session: ork_exec::Session, tokens: &[u32], n: usize) -> Vec<u32> {
-    let mut sampler = Sampler::new(SamplerOptions::default()).unwrap();
-    let options = GenerateOptions {
-        max_tokens: n,
-        stop_tokens: Vec::new(),
-    };
-    generate(&mut session, tokens, &options, &mut sampler, |_| Ok(()))
-        .unwrap()
-        .tokens
 }
 
 #[test]
@@ -68,9 +58,10 @@ fn an_owned_session_runs_on_a_spawned_thread_after_the_engine_is_dropped() {
     let session = engine.session();
     assert_send_static(&session);
     // An announcement through the executor's hook reaches the prefetcher; it is a hint only.
+    let id = |name: &str| engine.manifest().id(name).unwrap();
     session
         .linear()
-        .upcoming(&["blk.29.ffn_down.weight", "blk.0.attn_q.weight"]);
+        .upcoming(&[id("blk.29.ffn_down.weight"), id("blk.0.attn_q.weight")]);
     drop(engine);
     let there = std::thread::spawn(move || run_greedy(session, &tokens, 8))
         .join()
@@ -529,4 +520,72 @@ fn smoothing_is_stored_in_the_pack_and_other_parameters_rebuild_it() {
         .unwrap()
         .smoothing()
         .is_none());
+}
+
+/// phi3's fused q/k/v and gate-up weights and LongRoPE factors run on the emulated device as
+/// they do on the CPU reference (docs/models.md, "phi3"): the fixtures of
+/// `ork_testkit::rope` (whose CPU logits match llama.cpp's, ork-exec's rope_golden.rs), fp16
+/// weights and activations, every logit of 16 positions within fp16 rounding.
+#[test]
+fn phi3_fused_weights_and_longrope_run_on_the_device_as_on_the_cpu() {
+    use ork_gguf::{GgufFile, MetaValue};
+    use ork_testkit::rope::{write_fixture, RopeFixture};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = [1u32, 5, 17, 33, 60, 9, 9, 42, 3, 27, 51, 14, 8, 63, 30, 22];
+    for (kind, contexts) in [
+        (RopeFixture::Phi3, &[256][..]),
+        (RopeFixture::Phi3LongRope, &[256, 1024][..]),
+    ] {
+        // The engine's tokenizer needs a byte-level BPE vocabulary; the ids are given directly.
+        let src = write_fixture(kind, dir.path());
+        let path = dir.path().join(format!("bpe-{}", kind.file_name()));
+        ork_gguf::writer::GgufBuilder::from_file(
+            &GgufFile::open(&src).unwrap(),
+            |_| true,
+            &[
+                ("tokenizer.ggml.model", MetaValue::String("gpt2".into())),
+                ("tokenizer.ggml.pre", MetaValue::String("smollm".into())),
+                ("tokenizer.ggml.merges", MetaValue::Array(Vec::new())),
+            ],
+        )
+        .write(&path)
+        .unwrap();
+        let mut c = EngineConfig::new(&path);
+        c.pack = PackChoice::None;
+        c.device = DeviceKind::Emu;
+        c.set_quant(ork_runtime::Quant::W16a16);
+        c.kv_cache = ork_exec::KvType::F32;
+        let engine = Engine::open(c).unwrap();
+        let g = Arc::clone(engine.model().gguf());
+        let cpu: Arc<dyn ork_exec::Linear> = Arc::new(
+            ork_exec::CpuF32Linear::from_gguf(&g, engine.model().matmul_weights()).unwrap(),
+        );
+        for &n_ctx in contexts {
+            let want = ork_exec::Session::with_context(
+                Arc::clone(engine.model()),
+                Arc::clone(&cpu),
+                n_ctx,
+            )
+            .unwrap()
+            .with_kv_type(ork_exec::KvType::F32)
+            .forward_all(&tokens)
+            .unwrap();
+            let got = engine
+                .session_with_context(n_ctx)
+                .unwrap()
+                .forward_all(&tokens)
+                .unwrap();
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
+                .fold(0.0f32, f32::max);
+            eprintln!(
+                "{} n_ctx {n_ctx}: device w16a16 vs CPU f32, worst {worst:.2e}",
+                kind.name()
+            );
+            assert!(worst < 2e-2, "{} n_ctx {n_ctx}: {worst}", kind.name());
+        }
+    }
 }

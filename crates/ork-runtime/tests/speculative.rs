@@ -3,11 +3,13 @@
 //! for each draft kind, streamed at a quarter budget and resident; drafts that cannot be used are
 //! typed errors.
 
+mod common;
+use common::run_greedy;
 use std::path::{Path, PathBuf};
 
 use ork_exec::{
-    generate, generate_speculative, Draft, ExecError, GenerateOptions, LookupDraft, ModelDraft,
-    Sampler, SpeculativeOptions, StandardAcceptance,
+    generate_speculative, Draft, ExecError, GenerateOptions, LookupDraft, ModelDraft, Sampler,
+    SpeculativeOptions, StandardAcceptance,
 };
 use ork_gguf::{writer::GgufBuilder, GgufFile, MetaValue};
 use ork_runtime::{DeviceKind, DraftSource, Engine, EngineConfig, PackChoice, RuntimeError};
@@ -60,15 +62,7 @@ fn greedy_options(n: usize) -> GenerateOptions {
 }
 
 fn plain_greedy(engine: &Engine, prompt: &[u32], n: usize) -> Vec<u32> {
-    generate(
-        &mut engine.session(),
-        prompt,
-        &greedy_options(n),
-        &mut Sampler::greedy(),
-        |_| Ok(()),
-    )
-    .unwrap()
-    .tokens
+    run_greedy(engine.session(), prompt, n)
 }
 
 #[test]
@@ -93,7 +87,7 @@ fn a_batched_pass_gives_the_logits_of_single_token_decodes_bit_for_bit() {
             assert!(same, "budget {budget} MiB: position {i} differs");
         }
         // Rolled back to two accepted tokens, then a new batch: still the single-token logits.
-        batched.truncate(prompt.len() + 2);
+        batched.truncate(prompt.len() + 2).unwrap();
         let rows = batched.forward_all(&next[2..]).unwrap();
         for (i, s) in singles[2..].iter().enumerate() {
             let b = &rows[i * vocab..][..vocab];

@@ -43,11 +43,42 @@ pub struct ContentPart {
 /// One chat message.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 pub struct Message {
-    /// `system`, `user`, `assistant` (or `developer`, treated as `system`).
+    /// `system`, `user`, `assistant`, `tool` (or `developer`, treated as `system`).
     pub role: String,
     /// The text; `null` is allowed for an assistant turn.
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's calls.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    /// A `tool` turn answers this call.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// A `tool` turn's function name (optional).
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// A call in an assistant message of the conversation.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct MessageToolCall {
+    /// The call's id.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// `function`.
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    /// The function called.
+    pub function: FunctionCall,
+}
+
+/// The function of a [`MessageToolCall`].
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct FunctionCall {
+    /// Its name.
+    pub name: String,
+    /// Its arguments: a JSON object as text (OpenAI's form), or the object itself.
+    pub arguments: Value,
 }
 
 /// `stream_options`.
@@ -114,7 +145,6 @@ type UnservedField = (&'static str, fn(&Value) -> bool, &'static str);
 /// values by default, so those are accepted; anything else is a 400 naming the field, never an
 /// answer that silently lacks what was asked.
 const UNSERVED: &[UnservedField] = &[
-    ("echo", neutral, "ork does not echo the prompt"),
     (
         "best_of",
         |v| v.is_null() || v.as_u64() == Some(1),
@@ -136,8 +166,11 @@ const UNSERVED: &[UnservedField] = &[
         neutral,
         "ork does not apply repetition penalties",
     ),
-    ("tools", neutral, "ork does not call tools"),
-    ("functions", neutral, "ork does not call tools"),
+    (
+        "functions",
+        neutral,
+        "the legacy functions field is not served: send tools",
+    ),
     (
         "response_format",
         text_format,
@@ -181,6 +214,12 @@ fn unserved(body: &Value) -> Option<(&'static str, &'static str)> {
 pub struct ChatRequest {
     /// The conversation.
     pub messages: Vec<Message>,
+    /// Functions the model may call (`[{"type": "function", "function": {"name", …}}]`).
+    #[serde(default)]
+    pub tools: Option<Value>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": …}}`.
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
 }
 
 /// A completion prompt: text, or token ids.
@@ -200,6 +239,26 @@ pub enum Prompt {
 pub struct CompletionRequest {
     /// The prompt.
     pub prompt: Prompt,
+    /// Refused unless empty: tools are a chat field.
+    #[serde(default)]
+    pub tools: Option<Value>,
+    /// Put the prompt's text before the completion's.
+    #[serde(default)]
+    pub echo: Option<bool>,
+}
+
+impl CompletionRequest {
+    /// Refuse chat-only fields that ask for something.
+    pub fn check(&self) -> Result<(), ApiError> {
+        match &self.tools {
+            Some(v) if !neutral(v) => Err(ApiError::invalid(
+                Some("tools"),
+                "tools are served on /v1/chat/completions, where the chat template shows them \
+                 to the model",
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Most alternatives per token `logprobs` / `top_logprobs` may ask for (OpenAI's bound).
@@ -265,6 +324,12 @@ pub struct Settings {
     pub ignore_eos: bool,
     /// Log probabilities with this many alternatives per token ([`Common::logprobs`]).
     pub logprobs: Option<usize>,
+    /// Chat with tools: the model's tool-call format, parsed out of the reply.
+    pub tool_format: Option<crate::tools::ToolFormat>,
+    /// Chat with `tool_choice` required or named: the start of the reply already in the prompt.
+    pub tool_prefill: String,
+    /// Completions with `echo`: the prompt's text, sent before the completion's.
+    pub echo: Option<String>,
 }
 
 impl Common {
@@ -396,6 +461,9 @@ impl Common {
                 .is_some_and(|o| o.include_usage),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             logprobs: None,
+            tool_format: None,
+            tool_prefill: String::new(),
+            echo: None,
         })
     }
 }
@@ -463,7 +531,7 @@ mod tests {
         for ok in [
             r#"{"model":"m","messages":[],"logprobs":false,"top_logprobs":0}"#,
             r#"{"model":"m","messages":[],"logprobs":true,"top_logprobs":20}"#,
-            r#"{"model":"m","messages":[],"logprobs":null,"echo":false,"best_of":1}"#,
+            r#"{"model":"m","messages":[],"logprobs":null,"best_of":1}"#,
             r#"{"model":"m","messages":[],"suffix":"","logit_bias":{},"tools":[]}"#,
             r#"{"model":"m","messages":[],"frequency_penalty":0,"presence_penalty":0.0}"#,
             r#"{"model":"m","messages":[],"response_format":{"type":"text"},"user":"u"}"#,
@@ -531,13 +599,11 @@ mod tests {
             r#"{"model":"m","messages":[],"n":2}"#,
             r#"{"model":"m","messages":[],"max_tokens":0}"#,
             r#"{"model":"m","messages":[],"stop":["a","b","c","d","e"]}"#,
-            r#"{"model":"m","messages":[],"echo":true}"#,
             r#"{"model":"m","messages":[],"best_of":2}"#,
             r#"{"model":"m","messages":[],"suffix":"end"}"#,
             r#"{"model":"m","messages":[],"logit_bias":{"50256":-100}}"#,
             r#"{"model":"m","messages":[],"frequency_penalty":0.5}"#,
             r#"{"model":"m","messages":[],"presence_penalty":-1}"#,
-            r#"{"model":"m","messages":[],"tools":[{"type":"function"}]}"#,
             r#"{"model":"m","messages":[],"functions":[{"name":"f"}]}"#,
             r#"{"model":"m","messages":[],"response_format":{"type":"json_object"}}"#,
             r#"{"model":"m","messages":[],"response_format":"json"}"#,

@@ -21,15 +21,17 @@ mod listen;
 mod metrics;
 mod prefix;
 mod scheduler;
+mod tools;
 
 pub use api::{
-    ChatRequest, Common, CompletionRequest, Content, ContentPart, Message, Prompt, Settings, Stop,
-    StreamOptions,
+    ChatRequest, Common, CompletionRequest, Content, ContentPart, FunctionCall, Message,
+    MessageToolCall, Prompt, Settings, Stop, StreamOptions,
 };
 pub use error::{ApiError, ApiErrorKind, ServerError};
 pub use metrics::Metrics;
 pub use prefix::PrefixCache;
 pub use scheduler::{Event, Finish, Job, SchedulerConfig};
+pub use tools::{ToolCall, ToolChoice, ToolDelta, ToolFormat, ToolParser};
 
 use ork_runtime::Engine;
 use std::net::SocketAddr;
@@ -72,6 +74,9 @@ pub struct ServeConfig {
     pub max_connections: usize,
     /// Bytes of finished sequences' KV caches kept for prefix reuse (0: no reuse).
     pub prefix_cache_bytes: usize,
+    /// A chat template (Jinja source) used instead of the GGUF's own, as llama-server's
+    /// `--chat-template-file` (for a file whose template lacks tool calls, or has none).
+    pub chat_template: Option<String>,
 }
 
 impl Default for ServeConfig {
@@ -90,6 +95,7 @@ impl Default for ServeConfig {
             body_timeout: Duration::from_secs(60),
             max_connections: 256,
             prefix_cache_bytes: 256 << 20,
+            chat_template: None,
         }
     }
 }
@@ -120,10 +126,40 @@ impl Server {
     /// A setting out of range, a model without usable template metadata, or an address that
     /// cannot be bound.
     pub fn start(engine: Engine, config: ServeConfig) -> Result<Server, ServerError> {
+        Server::start_with(engine, config, None)
+    }
+
+    /// [`Server::start`], but every chat reply is `reply` (its tokens stand in for the sampled
+    /// ones, run through the model and the whole reply path): a test hook, so that the parsing
+    /// of tool calls is tested through HTTP with a model too small to call tools.
+    #[cfg(feature = "test-hooks")]
+    pub fn start_scripted(
+        engine: Engine,
+        config: ServeConfig,
+        reply: &str,
+    ) -> Result<Server, ServerError> {
+        Server::start_with(engine, config, Some(reply.to_owned()))
+    }
+
+    fn start_with(
+        engine: Engine,
+        config: ServeConfig,
+        forced_reply: Option<String>,
+    ) -> Result<Server, ServerError> {
         let trained = engine.model().config().context_length;
         let context = config.context.unwrap_or(trained);
         check(&config, context)?;
-        let template = engine.chat_template()?;
+        let template = match &config.chat_template {
+            Some(source) => Some(
+                ork_exec::ChatTemplate::with_tokenizer(source, engine.tokenizer()).map_err(
+                    |e| ServerError::Config {
+                        setting: "chat template",
+                        what: e.to_string(),
+                    },
+                )?,
+            ),
+            None => engine.chat_template()?,
+        };
         let model_id = config.model_id.clone().unwrap_or_else(|| {
             let name = engine
                 .config()
@@ -183,6 +219,7 @@ impl Server {
             queue: queue_tx,
             metrics: Arc::clone(&metrics),
             api_key: config.api_key.clone(),
+            forced_reply,
             draining: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
         });

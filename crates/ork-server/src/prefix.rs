@@ -11,6 +11,13 @@
 //! session that computes the same numbers ([`Session::same_numbers`]: the same model, matmul
 //! backend and KV cache type). Greedy output from a reused prefix equals the output served
 //! cold, because every operator works row by row (`crates/ork-server/tests/server/prefix.rs`).
+//!
+//! A model with sliding-window layers (gemma3) keeps only the last positions in those layers
+//! (docs/kv-cache.md, "Sliding-window layers"), so an entry can give only the prefixes it still
+//! holds the window of ([`Session::can_fork`]): its whole length and those near its end, or any
+//! prefix while it is shorter than the window. A lookup uses the longest prefix some entry can
+//! give, else none (a cold prefill); an entry is dropped for a new one that extends it only when
+//! the new one can give every prefix the old one could.
 use ork_exec::Session;
 
 /// One cached prefix.
@@ -89,7 +96,9 @@ impl PrefixCache {
         // An entry this one extends (or repeats) is of no more use.
         let before = self.entries.len();
         self.entries.retain(|e| {
-            !(e.session.same_numbers(&session) && common(&e.tokens, &tokens) == e.tokens.len())
+            !(e.session.same_numbers(&session)
+                && common(&e.tokens, &tokens) == e.tokens.len()
+                && session.can_fork(e.session.min_prefix().max(1)))
         });
         if self.entries.len() != before {
             self.bytes = self.entries.iter().map(|e| e.bytes).sum();
@@ -108,8 +117,9 @@ impl PrefixCache {
 
     /// A session for a request with `prompt`, holding the longest cached prefix of it that a
     /// session like `fresh` may use (the same numbers, see [`Session::same_numbers`]), and the
-    /// length of that prefix; `None` if no entry shares a token with `prompt`. At least the
-    /// last prompt token is left to run.
+    /// length of that prefix; `None` if no entry shares a token with `prompt` (or none still
+    /// holds what continuing its shared prefix needs, [`Session::can_fork`]). At least the last
+    /// prompt token is left to run.
     pub fn take(&mut self, prompt: &[u32], fresh: &Session) -> Option<(Session, usize)> {
         let limit = prompt.len().saturating_sub(1);
         let (at, len) = self
@@ -119,7 +129,10 @@ impl PrefixCache {
             .filter(|(_, e)| {
                 e.session.same_numbers(fresh) && e.session.context() == fresh.context()
             })
-            .map(|(i, e)| (i, common(&e.tokens, prompt).min(limit)))
+            .map(|(i, e)| {
+                let len = common(&e.tokens, prompt).min(limit);
+                (i, if e.session.can_fork(len) { len } else { 0 })
+            })
             .max_by_key(|&(i, len)| (len, i))?;
         if len == 0 {
             return None;
@@ -133,6 +146,8 @@ impl PrefixCache {
         let session = entry.session.fork(len);
         // Used: now the most recently used.
         self.entries.push(entry);
-        Some((session, len))
+        // `can_fork(len)` held above, so the fork succeeds; a failure would only mean a cold
+        // prefill.
+        session.ok().map(|s| (s, len))
     }
 }

@@ -119,6 +119,12 @@ pub struct Job {
     pub ignore_eos: bool,
     /// Send each generated token's log probability with this many alternatives.
     pub logprobs: Option<usize>,
+    /// Control tokens whose text the reply shows (a tool-call format's markers, such as
+    /// Llama 3's `<|python_tag|>`); other control tokens render as nothing.
+    pub shown: Vec<u32>,
+    /// Tokens generated in place of the sampled ones, first to last (the test hook of
+    /// `Server::start_scripted`; empty in service).
+    pub forced: Vec<u32>,
     /// Where the events go; a closed channel (the client went away) retires the sequence.
     pub events: UnboundedSender<Event>,
 }
@@ -456,7 +462,11 @@ fn step(
 
 /// Sample the next token of `s` from `logits`, send its text; false when `s` is finished.
 fn sample_one(s: &mut Slot<'_>, logits: &[f32], tokenizer: &Tokenizer, metrics: &Metrics) -> bool {
-    let token = match s.sampler.sample(logits) {
+    let sampled = match s.job.forced.get(s.generated.len()) {
+        Some(&t) => Ok(t),
+        None => s.sampler.sample(logits),
+    };
+    let token = match sampled {
         Ok(t) => t,
         Err(e) => {
             let _ = s.job.events.send(Event::Failed(e.to_string()));
@@ -482,7 +492,13 @@ fn sample_one(s: &mut Slot<'_>, logits: &[f32], tokenizer: &Tokenizer, metrics: 
     s.generated.push(token);
     metrics.completion_tokens.fetch_add(1, Ordering::Relaxed);
     let piece = match s.text.push(token) {
-        Ok(p) => p,
+        Ok(mut p) => {
+            if s.job.shown.contains(&token) {
+                let shown = tokenizer.token_bytes(token, true).unwrap_or_default();
+                p.push_str(&String::from_utf8_lossy(shown));
+            }
+            p
+        }
         Err(e) => {
             let _ = s.job.events.send(Event::Failed(e.to_string()));
             metrics.failed.fetch_add(1, Ordering::Relaxed);

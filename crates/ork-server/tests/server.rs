@@ -10,4 +10,5 @@ mod server {
     mod prefix;
     mod python;
     mod robustness;
+    mod tools;
 }

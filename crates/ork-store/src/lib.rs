@@ -32,6 +32,7 @@ mod error;
 mod fingerprint;
 pub mod format;
 mod map;
+pub mod output;
 mod reader;
 mod smoothing;
 mod target;

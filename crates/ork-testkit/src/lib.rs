@@ -6,7 +6,9 @@
 #![deny(missing_docs)]
 
 pub mod forge;
+pub mod gemma3_golden;
 pub mod moe;
+pub mod rope;
 pub mod sparse;
 
 use std::path::PathBuf;
@@ -27,6 +29,25 @@ pub fn model_path() -> PathBuf {
     assert!(
         path.is_file(),
         "real model not found at {}: run scripts/fetch-model.sh (or set ORK_MODEL)",
+        path.display()
+    );
+    path
+}
+
+/// The second real test model (Gemma 3 270M, Q4_K_M): `$ORK_GEMMA3`, or where
+/// `scripts/fetch-model.sh gemma3` puts it (`.cache/` at the repository root).
+///
+/// # Panics
+/// If the file is missing, naming the fix: the real-model tests fail, they never skip.
+pub fn gemma3_path() -> PathBuf {
+    let path = std::env::var_os("ORK_GEMMA3")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/gemma-3-270m-q4_k_m.gguf")
+        });
+    assert!(
+        path.is_file(),
+        "Gemma 3 model not found at {}: run scripts/fetch-model.sh gemma3 (or set ORK_GEMMA3)",
         path.display()
     );
     path

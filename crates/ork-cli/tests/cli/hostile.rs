@@ -153,8 +153,8 @@ fn oversized_and_endless_inputs_are_refused_before_reading() {
     assert!(!out.exists());
 }
 
-/// A FIFO as `--calib`, `perplexity --file`, `--prompt-file` or `ORK_RKNN_LIB` (run and
-/// doctor) is refused at once, as a FIFO `--model` or `--pack` is, naming the file.
+/// A FIFO as `--calib`, `perplexity --file`, `--prompt-file`, `serve --chat-template-file` or
+/// `ORK_RKNN_LIB` (run and doctor) is refused at once, as a FIFO `--model` or `--pack` is, naming the file.
 #[test]
 fn a_fifo_is_refused_at_once_wherever_a_path_is_taken() {
     let dir = tempfile::tempdir().unwrap();
@@ -174,6 +174,18 @@ fn a_fifo_is_refused_at_once_wherever_a_path_is_taken() {
         (
             vec!["convert", s(&m), "-o", s(&out), "--calib", s(&fifo)],
             "calibration file",
+        ),
+        (
+            vec![
+                "serve",
+                "--model",
+                s(&m),
+                "--port",
+                "0",
+                "--chat-template-file",
+                s(&fifo),
+            ],
+            "--chat-template-file",
         ),
     ];
     for (args, flag) in cases {
@@ -269,28 +281,31 @@ fn plan_refuses_every_model_that_run_and_convert_refuse() {
             "ffn_gate_inp",
         ),
         // Not implemented, so refused rather than ignored (docs/models.md): a YaRN setting and
-        // Llama 3.1/3.2's RoPE frequency factors.
+        // a fused q/k/v weight (implemented for phi3 only).
         (
             mutant(
                 dir.path(),
-                "attn-factor.gguf",
+                "yarn.gguf",
                 &m,
                 all,
-                &[("llama.rope.scaling.attn_factor", MetaValue::F32(1.5))],
+                &[(
+                    "llama.rope.scaling.yarn_log_multiplier",
+                    MetaValue::F32(0.1),
+                )],
             ),
-            "llama.rope.scaling.attn_factor",
+            "llama.rope.scaling.yarn_log_multiplier",
         ),
         (
             {
-                let path = dir.path().join("rope-freqs.gguf");
+                let path = dir.path().join("qkv.gguf");
                 GgufBuilder::from_file(&GgufFile::open(&m).unwrap(), all, &[])
-                    .tensor_f32("rope_freqs.weight", &[32], GgmlType::F32, &[1.0; 32])
+                    .tensor_f32("blk.0.attn_qkv.weight", &[32], GgmlType::F32, &[1.0; 32])
                     .unwrap()
                     .write(&path)
                     .unwrap();
                 path
             },
-            "rope_freqs.weight",
+            "blk.0.attn_qkv.weight",
         ),
     ];
     for (bad, what) in &cases {
@@ -482,5 +497,35 @@ fn the_benchmark_script_makes_its_cache_directory() {
         dir.path().join(".cache/bench-w8a8.orkpack").is_file(),
         "no pack under .cache/: {}",
         stderr(&o)
+    );
+}
+
+/// Outputs follow one rule (docs/cli.md): `--trace` naming the model (under another spelling,
+/// or a symlink to it) or a FIFO with no reader is refused before any work, in one line, and
+/// the model is left as it was.
+#[test]
+fn an_output_never_replaces_the_model_and_a_fifo_without_reader_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model();
+    let before = std::fs::metadata(&m).unwrap().len();
+    let link = dir.path().join("model-link.gguf");
+    std::os::unix::fs::symlink(&m, &link).unwrap();
+    let fifo = dir.path().join("trace-fifo");
+    mkfifo(&fifo);
+    let pack = dir.path().join("t.orkpack");
+    for (target, what) in [
+        (m.clone(), "an input"),
+        (link.clone(), "an input"),
+        (fifo.clone(), "no reader"),
+    ] {
+        let mut args = run_args(&m, &pack);
+        args.extend(["--trace", s(&target)]);
+        let o = within(ork().args(&args), 60);
+        refused(&o, &["--trace", s(&target), what]);
+    }
+    assert_eq!(std::fs::metadata(&m).unwrap().len(), before);
+    assert!(
+        !pack.exists(),
+        "the run went ahead before refusing the trace path"
     );
 }

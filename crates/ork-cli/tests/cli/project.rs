@@ -10,23 +10,36 @@ fn projected(v: &serde_json::Value) -> &serde_json::Value {
     p
 }
 
+/// `ork plan --model ARGS[0] ARGS[1..] --project orangepi5-16g --json`'s `projected` object
+/// (exit 0 asserted).
+fn plan_projected(args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["plan", "--model"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--project", "orangepi5-16g", "--json"]);
+    let o = run(&a);
+    assert_eq!(code(&o), Some(0), "{args:?}: {}", stderr(&o));
+    projected(&json(&o)).clone()
+}
+
 fn f(v: &serde_json::Value, k: &str) -> f64 {
     v[k].as_f64()
         .unwrap_or_else(|| panic!("missing {k} in {v}"))
 }
 
 /// `run --project` and `plan --project` on the same model and budget: the run's own events and
-/// the planned schedule give TTFT and decode within 10 % of each other for the resident plan.
-/// Streamed (40 MiB), the run's cache keeps more weights resident than the plan pins (see
-/// docs/board-model.md), so the plan's decode is lower: within 25 % here, and both are slower
-/// than resident.
+/// the planned schedule (which simulates ork's weight cache: what it keeps, which loads reuse a
+/// buffer, the prefetcher's lookahead; docs/board-model.md) give TTFT and decode within 10 % of
+/// each other, resident (3072 MiB) and streamed (100 MiB: 63 of SmolLM2's 211 weights loaded in
+/// every pass); streamed is slower than resident. (At 40 MiB a run's own projection varies from
+/// run to run — the emulator's timing decides whether ork's cache keeps the 28 MB output weight —
+/// and 2 runs in 10 fell 5–10 % below the plan; docs/board-model.md.)
 #[test]
-fn plan_and_run_projections_agree_resident_within_ten_percent() {
+fn plan_and_run_projections_agree_within_ten_percent() {
     let m = model();
     let ms = m.to_str().unwrap();
     let pack = converted().to_str().unwrap();
     let mut decode = Vec::new();
-    for budget in ["3072", "40"] {
+    for budget in ["3072", "100"] {
         let o = run(&[
             "run",
             "--model",
@@ -68,11 +81,10 @@ fn plan_and_run_projections_agree_resident_within_ten_percent() {
         assert_eq!(code(&o), Some(0), "{}", stderr(&o));
         let p = json(&o);
         let pp = projected(&p);
-        let tolerance = if budget == "3072" { 0.10 } else { 0.25 };
         for k in ["ttft_s", "decode_tok_s"] {
             let (a, b) = (f(&rp, k), f(pp, k));
             assert!(
-                (a / b - 1.0).abs() <= tolerance,
+                (a / b - 1.0).abs() <= 0.10,
                 "budget {budget} MiB: {k} run {a} vs plan {b}\nrun {rp}\nplan {pp}"
             );
         }
@@ -162,4 +174,122 @@ fn plan_projects_a_sparse_model_of_a_published_shape() {
         "plan {d} vs calibration {w}: {p}"
     );
     assert!((f(p, "ttft_s") / want.ttft_s - 1.0).abs() < 0.02, "{p}");
+}
+
+/// `ork plan --project --draft`: the speculative schedule of `ork_board::spec`, labelled with its
+/// draft and the acceptance given. Lookup drafts at acceptance 0 project plain decode (within
+/// 10 %); at 0.9 faster; a model draft at acceptance 0 costs its passes; no acceptance: exit 2.
+#[test]
+fn plan_projects_speculative_decoding() {
+    let m = model();
+    let ms = m.to_str().unwrap();
+    let plan = |extra: &[&str]| {
+        let base = [ms, "--budget-mb", "40", "--gen-tokens", "32"];
+        plan_projected(&[&base[..], extra].concat())
+    };
+    let plain = plan(&[]);
+    assert!(plain.get("schedule").is_none(), "{plain}");
+    let d = |p: &serde_json::Value| f(p, "decode_tok_s");
+    let lookup0 = plan(&["--draft", "lookup", "--draft-max", "4", "--acceptance", "0"]);
+    let lookup9 = plan(&[
+        "--draft",
+        "lookup",
+        "--draft-max",
+        "4",
+        "--acceptance",
+        "0.9",
+    ]);
+    let self0 = plan(&["--draft", "self:3", "--draft-max", "4", "--acceptance", "0"]);
+    assert!(
+        (d(&lookup0) / d(&plain) - 1.0).abs() <= 0.10,
+        "{lookup0} vs {plain}"
+    );
+    assert!(d(&lookup9) > 1.5 * d(&plain), "{lookup9} vs {plain}");
+    assert!(d(&self0) < d(&lookup0), "{self0} vs {lookup0}");
+    let s = lookup9["schedule"].as_str().unwrap();
+    assert!(
+        s.contains("lookup") && s.contains("0.9") && s.contains("not measured"),
+        "{s}"
+    );
+    let o = run(&["plan", "--model", ms, "--project", "--draft", "lookup"]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--acceptance"), "{}", stderr(&o));
+}
+
+/// `ork plan --project` on a MoE model (the qwen3moe fixture): the board clock's MoE schedule,
+/// labelled with the expert cache and the prefetch mode. Resident (every expert cached) is
+/// fastest; experts on demand (`--no-prefetch`) are slower than router-driven prefetch at the same
+/// cache; a shared expert (qwen2moe) is refused naming it.
+#[test]
+fn plan_projects_a_moe_model() {
+    use ork_testkit::moe::{moe_fixture, MoeFixture};
+    let m = moe_fixture(MoeFixture::Qwen3Moe);
+    let ms = m.to_str().unwrap();
+    let plan = |extra: &[&str]| plan_projected(&[&[ms][..], extra].concat());
+    let d = |p: &serde_json::Value| f(p, "decode_tok_s");
+    let resident = plan(&[]);
+    let small = ["--budget-mb", "40", "--expert-cache", "16"];
+    let router = plan(&small);
+    let on_demand = plan(&[&small[..], &["--no-prefetch"]].concat());
+    let spec = plan(&[&small[..], &["--expert-recall", "0.8"]].concat());
+    assert!(d(&resident) > d(&router), "{resident} vs {router}");
+    assert!(d(&router) > d(&on_demand), "{router} vs {on_demand}");
+    let label = |p: &serde_json::Value| p["schedule"].as_str().unwrap().to_owned();
+    assert!(label(&router).contains("16 of 48") && label(&router).contains("router-driven"));
+    assert!(label(&on_demand).contains("on demand"), "{on_demand}");
+    assert!(label(&spec).contains("recall 0.8"), "{spec}");
+    let shared = moe_fixture(MoeFixture::Qwen2Moe);
+    let o = run(&["plan", "--model", shared.to_str().unwrap(), "--project"]);
+    assert_eq!(code(&o), Some(2));
+    assert!(stderr(&o).contains("shared expert"), "{}", stderr(&o));
+}
+
+/// `ork bench spec` projects each configuration's last round on rk3588 beside the measured
+/// figures: plain decode is the baseline (1.0) of its budget, streamed projects slower than
+/// resident, and lookup drafts that yield more than one token per verifier pass project faster
+/// than plain decode (they cost no device time).
+#[test]
+fn bench_spec_prints_projected_ratios() {
+    let m = model();
+    let o = run(&[
+        "bench",
+        "spec",
+        "--model",
+        m.to_str().unwrap(),
+        "--no-pack",
+        "--device",
+        "emu",
+        "--tokens",
+        "8",
+        "--rounds",
+        "1",
+        "--drafts",
+        "lookup",
+        "--budgets-mb",
+        "40",
+        "--json",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["projected_board"], "rk3588");
+    let rows = v["results"].as_array().unwrap();
+    let find = |draft: &str, resident: bool| {
+        let r = rows
+            .iter()
+            .find(|r| r["draft"] == draft && r["resident"] == resident)
+            .unwrap_or_else(|| panic!("{draft} {resident}: {v}"));
+        assert_eq!(r["projected"]["label"], "projected", "{r}");
+        assert_eq!(r["projected"]["board"], "rk3588", "{r}");
+        r
+    };
+    let (plain_s, plain_r) = (find("none", false), find("none", true));
+    assert_eq!(f(&plain_s["projected"], "speedup"), 1.0);
+    assert!(
+        f(&plain_s["projected"], "tok_s") < f(&plain_r["projected"], "tok_s"),
+        "{plain_s} {plain_r}"
+    );
+    let lookup = find("lookup", false);
+    if f(lookup, "tokens_per_pass") > 1.1 {
+        assert!(f(&lookup["projected"], "speedup") > 1.0, "{lookup}");
+    }
 }

@@ -133,6 +133,9 @@ fn doctor_without_an_npu_passes_and_says_what_it_would_check() {
         .as_str()
         .unwrap()
         .contains("no NPU: would check")));
+    // No NPU, no calibration figures: the emulator's timings are not a board's.
+    assert!(v["calibration"].is_null(), "{v}");
+    assert!(skipped.iter().any(|c| c["name"] == "calibration"), "{v}");
     let o = ork()
         .args(["doctor"])
         .env_remove("ORK_RKNN_LIB")
@@ -171,4 +174,31 @@ fn doctor_against_the_stand_in_runs_the_matmul_checks() {
     );
     assert!(passed.iter().any(|n| n.contains("per-group")));
     assert!(passed.iter().any(|n| n.contains("N-chunks")));
+    // The board clock's recalibration figures are measured and labelled as the stand-in's: not
+    // a board's.
+    let c = &v["calibration"];
+    assert_eq!(c["measured_on"], "stand-in", "{v}");
+    assert_eq!(c["board_figures"], false, "{v}");
+    for k in [
+        "call_s",
+        "npu_read_bw",
+        "npu_int8_ops",
+        "memcpy_bw",
+        "sync_s_per_byte",
+        "host_read_bw",
+    ] {
+        let x = c["parameters"][k].as_f64().unwrap();
+        assert!(x.is_finite() && x > 0.0, "{k}: {c}");
+    }
+    let lines: Vec<&str> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["name"] == "calibration [stand-in]")
+        .map(|c| c["detail"].as_str().unwrap())
+        .collect();
+    assert!(
+        lines.iter().any(|l| l.contains("NOT a board's")),
+        "{lines:?}"
+    );
 }

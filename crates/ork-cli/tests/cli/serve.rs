@@ -110,3 +110,27 @@ fn drains_on_sigterm(pack: &std::path::Path) {
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("drained"), "{stderr}");
 }
+
+/// `--chat-template-file`: a file that cannot be read, or a template that does not parse, is a
+/// one-line refusal naming it, before anything listens.
+#[test]
+fn serve_refuses_an_unreadable_or_broken_chat_template_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.jinja");
+    let broken = dir.path().join("broken.jinja");
+    std::fs::write(&broken, "{% for %}").unwrap();
+    for (file, says) in [(&missing, "missing.jinja"), (&broken, "chat template")] {
+        let out = ork()
+            .args(["serve", "--model", model().to_str().unwrap(), "--pack"])
+            .arg(converted())
+            .args(["--device", "emu", "--port", "0", "--budget-mb", "1024"])
+            .arg("--chat-template-file")
+            .arg(file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains(says), "{says:?} not in {stderr}");
+        assert!(!stderr.contains("serving"), "{stderr}");
+    }
+}

@@ -1,4 +1,4 @@
-//! Attention over the KV cache: causal and tree-masked, in f32 over f32 or f16 rows, rows over
+//! Attention over the KV cache: causal (optionally within a sliding window) and tree-masked, in f32 over f32 or f16 rows, rows over
 //! more than [`ATTENTION_PIECE`] positions computed in pieces merged by their softmax maxima and
 //! sums.
 
@@ -92,6 +92,31 @@ pub fn attention<T: KvValue>(
     Geometry::new(shape).attend_rows(q, keys, values, out, |i| 0..first_pos + i + 1);
 }
 
+/// [`attention`] over a sliding window: query row `i` (position `p = t - m + i`) attends to the
+/// `window` positions `p + 1 - window ..= p` only (fewer near the start), as llama.cpp masks a
+/// standard sliding-window layer (`is_masked_swa`: key `p0` is hidden from query `p1` when
+/// `p1 - p0 >= window`). A window of at least `t` is [`attention`] itself.
+pub fn attention_window<T: KvValue>(
+    shape: AttentionShape,
+    q: &[f32],
+    keys: &[&[T]],
+    values: &[&[T]],
+    m: usize,
+    window: usize,
+    out: &mut [f32],
+) {
+    let dk = shape.head_dim_k;
+    let t = keys.first().map_or(0, |k| k.len() / dk);
+    debug_assert!(m <= t && window > 0);
+    debug_assert_eq!(q.len(), m * shape.n_head * dk);
+    debug_assert_eq!(out.len(), m * shape.n_head * shape.head_dim_v);
+    let first_pos = t - m;
+    Geometry::new(shape).attend_rows(q, keys, values, out, |i| {
+        let end = first_pos + i + 1;
+        end.saturating_sub(window)..end
+    });
+}
+
 /// Tree attention for `m` query rows that are the nodes of a tree of drafted tokens (tree
 /// verification in speculative decoding, `docs/speculative.md`).
 ///
@@ -107,6 +132,21 @@ pub fn attention_tree<T: KvValue>(
     keys: &[&[T]],
     values: &[&[T]],
     parents: &[Option<usize>],
+    out: &mut [f32],
+) {
+    attention_tree_window(shape, q, keys, values, parents, usize::MAX, out);
+}
+
+/// [`attention_tree`] over a sliding window (see [`attention_window`]): node `i` sits at
+/// position `t - m + depth(i)`, and of the keys it would see, those at least `window` positions
+/// before it are hidden (a cached position `j` is at `j`, a branch node at `t - m + its depth`).
+pub fn attention_tree_window<T: KvValue>(
+    shape: AttentionShape,
+    q: &[f32],
+    keys: &[&[T]],
+    values: &[&[T]],
+    parents: &[Option<usize>],
+    window: usize,
     out: &mut [f32],
 ) {
     let AttentionShape {
@@ -136,7 +176,16 @@ pub fn attention_tree<T: KvValue>(
         })
         .collect();
     Geometry::new(shape).attend_rows(q, keys, values, out, |i| {
-        (0..first_pos).chain(branches[i].iter().copied())
+        // Branch node k (root first) sits at position first_pos + k; the node itself is last.
+        let depth = branches[i].len() - 1;
+        let seen = (first_pos + depth + 1).saturating_sub(window);
+        (seen.min(first_pos)..first_pos).chain(
+            branches[i]
+                .iter()
+                .enumerate()
+                .filter(move |&(k, _)| first_pos + k >= seen)
+                .map(|(_, &p)| p),
+        )
     });
 }
 

@@ -39,7 +39,7 @@ impl TinySpec {
             n_ff: 48,
             n_head: 4,
             n_head_kv: 2,
-            head_dim: if arch.starts_with("qwen3") {
+            head_dim: if arch.starts_with("qwen3") || arch == "gemma3" {
                 Some(16)
             } else {
                 None
@@ -157,7 +157,7 @@ pub fn builder(spec: &TinySpec, skip: Option<&str>) -> GgufBuilder {
             b = add(b, t("attn_k.bias"), &[kv_dim], 0.3, 0.0, f32t);
             b = add(b, t("attn_v.bias"), &[kv_dim], 0.3, 0.0, f32t);
         }
-        if a == "qwen3" || a == "qwen3moe" {
+        if a == "qwen3" || a == "qwen3moe" || a == "gemma3" {
             b = add(b, t("attn_q_norm.weight"), &[hd], 0.2, 1.0, f32t);
             b = add(b, t("attn_k_norm.weight"), &[hd], 0.2, 1.0, f32t);
         }
@@ -169,6 +169,10 @@ pub fn builder(spec: &TinySpec, skip: Option<&str>) -> GgufBuilder {
             0.0,
             f32t,
         );
+        if a == "gemma3" {
+            b = add(b, t("post_attention_norm.weight"), &[d], 0.2, 1.0, f32t);
+            b = add(b, t("post_ffw_norm.weight"), &[d], 0.2, 1.0, f32t);
+        }
         b = add(b, t("ffn_norm.weight"), &[d], 0.2, 1.0, f32t);
         if spec.n_expert == 0 {
             b = add(b, t("ffn_gate.weight"), &[d, ff], ws(d), 0.0, f32t);

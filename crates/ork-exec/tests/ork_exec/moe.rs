@@ -6,6 +6,7 @@ use super::real_model::{f32_linear, model, tokenizer};
 use ork_exec::{CpuF32Linear, ExecError, KvType, Linear, Model, Session, WeightSpec};
 use ork_gguf::writer::GgufBuilder;
 use ork_gguf::{GgmlType, GgufFile, MetaValue};
+use ork_manifest::WeightId;
 use ork_testkit::moe::{moe_fixture, MoeFixture};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -188,7 +189,7 @@ fn moe_models_list_router_and_expert_slices_as_matmul_weights() {
 pub struct LazyExperts {
     gguf: Arc<GgufFile>,
     resident: CpuF32Linear,
-    experts: HashMap<String, WeightSpec>,
+    experts: HashMap<WeightId, WeightSpec>,
 }
 
 impl LazyExperts {
@@ -201,17 +202,18 @@ impl LazyExperts {
         LazyExperts {
             gguf: Arc::clone(gguf),
             resident: CpuF32Linear::from_gguf(gguf, &resident).unwrap(),
-            experts: experts.into_iter().map(|w| (w.name.clone(), w)).collect(),
+            experts: experts.into_iter().map(|w| (w.id, w)).collect(),
         }
     }
 }
 
 impl Linear for LazyExperts {
-    fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
-        match self.experts.get(weight) {
-            Some(spec) => CpuF32Linear::from_gguf(&self.gguf, std::slice::from_ref(spec))?
-                .matmul(weight, x, m, y),
-            None => self.resident.matmul(weight, x, m, y),
+    fn matmul(&self, id: WeightId, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        match self.experts.get(&id) {
+            Some(spec) => {
+                CpuF32Linear::from_gguf(&self.gguf, std::slice::from_ref(spec))?.matmul(id, x, m, y)
+            }
+            None => self.resident.matmul(id, x, m, y),
         }
     }
 }
@@ -281,19 +283,28 @@ fn identical_experts_compute_the_dense_model() {
 /// Records the announcements a linear receives, in order with the matmuls.
 struct Recording {
     inner: CpuF32Linear,
+    manifest: Arc<ork_manifest::Manifest>,
     log: std::sync::Mutex<Vec<String>>,
 }
 
-impl Linear for Recording {
-    fn matmul(&self, weight: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
-        self.log.lock().unwrap().push(format!("matmul {weight}"));
-        self.inner.matmul(weight, x, m, y)
+impl Recording {
+    fn key(&self, id: WeightId) -> &str {
+        &self.manifest.get(id).key
     }
-    fn upcoming(&self, weights: &[&str]) {
+}
+
+impl Linear for Recording {
+    fn matmul(&self, id: WeightId, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        let name = self.key(id);
+        self.log.lock().unwrap().push(format!("matmul {name}"));
+        self.inner.matmul(id, x, m, y)
+    }
+    fn upcoming(&self, weights: &[WeightId]) {
+        let names: Vec<&str> = weights.iter().map(|&w| self.key(w)).collect();
         self.log
             .lock()
             .unwrap()
-            .push(format!("upcoming {}", weights.join(" ")));
+            .push(format!("upcoming {}", names.join(" ")));
     }
 }
 
@@ -310,6 +321,7 @@ fn speculative_expert_prefetch_announces_the_next_block_and_never_changes_result
         model.set_expert_speculation(extra);
         let rec = Arc::new(Recording {
             inner: CpuF32Linear::from_gguf(&g, model.matmul_weights()).unwrap(),
+            manifest: Arc::clone(model.manifest()),
             log: Default::default(),
         });
         let mut s = Session::new(Arc::clone(&model), rec.clone() as Arc<dyn Linear>);

@@ -66,8 +66,9 @@ fn folding_into_the_norms_is_exact_in_f32() {
                 let name = format!("blk.{il}.{w}.weight");
                 let n = file.tensor(&name).unwrap().dims[1] as usize;
                 let (mut y0, mut y1) = (vec![0.0; 4 * n], vec![0.0; 4 * n]);
-                reference().matmul(&name, &h0, 4, &mut y0).unwrap();
-                lin.matmul(&name, &h1, 4, &mut y1).unwrap();
+                let id = model().manifest().id(&name).unwrap();
+                reference().matmul(id, &h0, 4, &mut y0).unwrap();
+                lin.matmul(id, &h1, 4, &mut y1).unwrap();
                 let r = max_rel(&y0, &y1);
                 assert!(r < 1e-4, "{name}: relative difference {r}");
             }
@@ -91,7 +92,7 @@ fn folding_into_the_norms_is_exact_in_f32() {
     // smooth_reference gives the same weights as the smoothed file.
     let mut inplace = CpuF32Linear::from_gguf(gguf(), model().matmul_weights()).unwrap();
     smooth_reference(model(), &mut inplace, &s).unwrap();
-    let q = "blk.3.attn_q.weight";
+    let q = model().manifest().id("blk.3.attn_q.weight").unwrap();
     let from_file = CpuF32Linear::from_gguf(&file, smoothed.matmul_weights()).unwrap();
     assert_eq!(inplace.weight(q), from_file.weight(q));
 }
@@ -182,8 +183,9 @@ fn folding_into_v_and_up_is_exact_in_f32() {
         let name = format!("blk.{il}.{w}.weight");
         let n = f.len();
         let (mut y0, mut y1) = (vec![0.0; 3 * n], vec![0.0; 3 * n]);
-        reference().matmul(&name, &h0, 3, &mut y0).unwrap();
-        lin.matmul(&name, &h1, 3, &mut y1).unwrap();
+        let id = model().manifest().id(&name).unwrap();
+        reference().matmul(id, &h0, 3, &mut y0).unwrap();
+        lin.matmul(id, &h1, 3, &mut y1).unwrap();
         for row in y1.chunks_exact_mut(n) {
             for (v, f) in row.iter_mut().zip(f.iter()) {
                 *v *= f;
@@ -211,10 +213,11 @@ fn folding_into_v_and_up_is_exact_in_f32() {
     let from_file = CpuF32Linear::from_gguf(&file, smoothed.matmul_weights()).unwrap();
     for w in ["attn_v", "attn_output", "ffn_up", "ffn_down"] {
         let name = format!("blk.{il}.{w}.weight");
-        assert_eq!(inplace.weight(&name), from_file.weight(&name), "{name}");
+        let id = model().manifest().id(&name).unwrap();
+        assert_eq!(inplace.weight(id), from_file.weight(id), "{name}");
         assert_ne!(
-            inplace.weight(&name),
-            reference().weight(&name),
+            inplace.weight(id),
+            reference().weight(id),
             "{name} unchanged"
         );
     }

@@ -6,6 +6,7 @@ use ork_exec::{
     generate, perplexity, CpuF32Linear, CpuW8A8Linear, ExecError, GenerateOptions, KvType, Linear,
     Model, Sampler, Session,
 };
+use ork_manifest::WeightId;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -290,6 +291,7 @@ fn generation_stops_at_stop_token_or_length() {
 struct FailOn {
     inner: Arc<dyn Linear>,
     weight: &'static str,
+    id: WeightId,
     armed: AtomicBool,
 }
 
@@ -298,14 +300,14 @@ struct FailOn {
 struct DeviceLost;
 
 impl Linear for FailOn {
-    fn matmul(&self, w: &str, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
-        if w == self.weight && self.armed.load(Ordering::Relaxed) {
+    fn matmul(&self, id: WeightId, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        if id == self.id && self.armed.load(Ordering::Relaxed) {
             return Err(ExecError::Backend {
-                weight: w.to_owned(),
+                weight: self.weight.to_owned(),
                 source: Box::new(DeviceLost),
             });
         }
-        self.inner.matmul(w, x, m, y)
+        self.inner.matmul(id, x, m, y)
     }
 }
 
@@ -319,6 +321,7 @@ fn backend_failure_leaves_the_cache_consistent() {
     let failing = Arc::new(FailOn {
         inner: Arc::clone(&lin),
         weight: "blk.1.ffn_down.weight",
+        id: model.manifest().id("blk.1.ffn_down.weight").unwrap(),
         armed: AtomicBool::new(true),
     });
     let mut s = Session::new(Arc::clone(&model), Arc::clone(&failing) as Arc<dyn Linear>);

@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ork_device::{DeviceBuffer, DeviceWeight, DomainId};
+use ork_manifest::WeightId;
 
 use super::CacheStats;
 use crate::budget::{Candidate, DeviceBudget, EvictionPolicy};
@@ -25,6 +26,8 @@ pub(super) enum SlotState {
 }
 
 pub(super) struct Slot {
+    /// The weight's name, for the eviction policy.
+    pub(super) name: Arc<str>,
     pub(super) state: SlotState,
     /// Who reserved the slot (meaningful while loading).
     pub(super) loader: Requester,
@@ -57,13 +60,13 @@ impl Slot {
 const REUSE_WINDOW: usize = 8;
 
 pub(super) struct State {
-    pub(super) slots: HashMap<String, Slot>,
+    pub(super) slots: HashMap<WeightId, Slot>,
     pub(super) tick: u64,
     /// Announcements seen by the prefetcher (starts at 1; see [`Slot::protected`]).
     pub(super) generation: u64,
     pub(super) resident: Vec<u64>,
     pub(super) pinned: Vec<u64>,
-    pub(super) pinned_names: HashSet<String>,
+    pub(super) pinned_names: HashSet<WeightId>,
     /// Buffers of evicted weights kept for the next weight of the same size (their bytes stay
     /// counted in `resident`): streaming then reuses device buffers instead of freeing and
     /// allocating one per load, as the board's slots would.
@@ -85,8 +88,8 @@ impl State {
     }
 
     /// Drop a slot that never became ready and return its reserved bytes.
-    pub(super) fn abandon(&mut self, name: &str) {
-        if let Some(slot) = self.slots.remove(name) {
+    pub(super) fn abandon(&mut self, id: WeightId) {
+        if let Some(slot) = self.slots.remove(&id) {
             self.release(slot.domain, slot.bytes);
         }
     }
@@ -116,50 +119,54 @@ impl State {
         reuse_size: Option<u64>,
     ) -> bool {
         let generation = self.generation;
-        let evictable: Vec<(&String, &Slot)> = self
+        let evictable: Vec<(&WeightId, &Slot)> = self
             .slots
             .iter()
             .filter(|(_, s)| s.domain == domain && s.evictable(by, generation))
             .collect();
         let unprotected = evictable.iter().any(|(_, s)| !s.protected(generation));
-        let candidates: Vec<Candidate<'_>> = evictable
+        let (ids, candidates): (Vec<WeightId>, Vec<Candidate<'_>>) = evictable
             .into_iter()
             .filter(|(_, s)| !unprotected || !s.protected(generation))
-            .map(|(n, s)| Candidate {
-                key: n,
-                bytes: s.bytes,
-                last_use: s.last_use,
+            .map(|(&id, s)| {
+                let c = Candidate {
+                    key: &s.name,
+                    bytes: s.bytes,
+                    last_use: s.last_use,
+                };
+                (id, c)
             })
-            .collect();
+            .unzip();
         if candidates.is_empty() {
             return false;
         }
         let pick = policy
             .choose_for(incoming, &candidates)
             .min(candidates.len() - 1);
-        let buffer_size = |key: &str| match self.slots.get(key).map(|s| &s.state) {
+        let buffer_size = |id: WeightId| match self.slots.get(&id).map(|s| &s.state) {
             Some(SlotState::Ready(w)) => Some(w.buffer.size()),
             _ => None,
         };
         let pick = match reuse_size {
-            Some(size) if buffer_size(candidates[pick].key) != Some(size) => {
+            Some(size) if buffer_size(ids[pick]) != Some(size) => {
                 // The policy's next picks, in its order, until one has a buffer of `size`.
-                let mut rest = candidates.clone();
+                let (mut rest, mut rest_ids) = (candidates.clone(), ids.clone());
                 let mut found = None;
                 for _ in 0..REUSE_WINDOW.min(rest.len()) {
                     let i = policy.choose_for(incoming, &rest).min(rest.len() - 1);
-                    if buffer_size(rest[i].key) == Some(size) {
-                        found = candidates.iter().position(|c| c.key == rest[i].key);
+                    if buffer_size(rest_ids[i]) == Some(size) {
+                        found = ids.iter().position(|&id| id == rest_ids[i]);
                         break;
                     }
                     rest.swap_remove(i);
+                    rest_ids.swap_remove(i);
                 }
                 found.unwrap_or(pick)
             }
             _ => pick,
         };
-        let name = candidates[pick].key.to_owned();
-        let slot = self.slots.remove(&name).expect("victim exists");
+        let victim = ids[pick];
+        let slot = self.slots.remove(&victim).expect("victim exists");
         self.stats.evictions += 1;
         // Evictable means no lease: this is the last reference, so the buffer is free to reuse.
         match slot.state {

@@ -94,6 +94,26 @@ async fn chat_and_completions_stream_the_same_text_with_correct_usage() {
         assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
     }
 
+    // echo: the prompt's text before the completion's, whole and streamed; not with logprobs.
+    let mut b = body.clone();
+    b["echo"] = json!(true);
+    let (status, echoed) = post(&client, &url, &b).await;
+    assert_eq!(status, 200, "{echoed}");
+    assert_eq!(
+        echoed["choices"][0]["text"].as_str().unwrap(),
+        format!("The capital of France is{text}")
+    );
+    b["stream"] = json!(true);
+    let sse = post_text(&client, &url, &b).await;
+    assert_eq!(sse_text(&sse).0, format!("The capital of France is{text}"));
+    b["stream"] = json!(false);
+    b["logprobs"] = json!(1);
+    let (status, refused) = post(&client, &url, &b).await;
+    assert_eq!(
+        (status, refused["error"]["param"].as_str()),
+        (400, Some("echo"))
+    );
+
     let models: serde_json::Value = client
         .get(format!("{}/v1/models", base(&server)))
         .send()
@@ -117,7 +137,7 @@ async fn chat_and_completions_stream_the_same_text_with_correct_usage() {
             "{outcome=\"completed\"}"
         )
         .await,
-        4.0 + f64::from(u8::from(!cut.trim().is_empty()))
+        6.0 + f64::from(u8::from(!cut.trim().is_empty()))
     );
 }
 

@@ -107,3 +107,36 @@ pub async fn metric(client: &reqwest::Client, server: &Server, name: &str, label
         .parse()
         .unwrap()
 }
+
+/// Run `tests/SCRIPT` (the official `openai` Python client, installed by `scripts/test.sh`)
+/// against `server` with `key`; it must print `ok:…`. Skipped (false) without python3.
+pub fn run_openai_script(script: &str, server: &Server, key: &str) -> bool {
+    use std::process::Command;
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: python3 is not installed, so the openai client test cannot run");
+        return false;
+    }
+    let has_openai = Command::new("python3")
+        .args(["-c", "import openai"])
+        .status()
+        .unwrap()
+        .success();
+    assert!(
+        has_openai,
+        "the Python package 'openai' is missing: run ./scripts/test.sh (it installs it) or \
+         `python3 -m pip install openai`"
+    );
+    let path = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(path)
+        .arg(format!("{}/v1", base(server)))
+        .arg(server.model_id())
+        .arg(key)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script} failed:\n{stdout}\n{stderr}");
+    assert!(stdout.starts_with("ok:"), "{stdout}");
+    true
+}

@@ -88,3 +88,110 @@ async fn logprobs_describe_each_generated_token() {
         );
     }
 }
+
+/// llama.cpp's greedy continuation of a fixed prompt with its top-5 log probabilities
+/// (scripts/serve_logprobs_golden.py).
+#[derive(serde::Deserialize)]
+struct Golden {
+    prompt_tokens: Vec<u32>,
+    steps: Vec<Step>,
+}
+
+#[derive(serde::Deserialize)]
+struct Step {
+    token: String,
+    logprob: f64,
+    top: Vec<Alt>,
+}
+
+#[derive(serde::Deserialize)]
+struct Alt {
+    token: String,
+    logprob: f64,
+}
+
+/// How far ork serve's log probabilities are from llama.cpp's for `quant` (asserting the same
+/// greedy tokens): the largest difference of the sampled tokens' log probabilities, and of the
+/// top-5 alternatives' probabilities.
+/// Tolerances (sampled log probability in nats, alternative probability) for fp16 weights and
+/// activations, and for the default int8 ones.
+const TOL_FP16: (f64, f64) = (0.1, 0.06);
+const TOL_INT8: (f64, f64) = (0.4, 0.3);
+
+async fn differences(quant: ork_runtime::Quant, name: &str) -> (f64, f64) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/golden/smollm2_logprobs.json"
+    );
+    let g: Golden = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut c = ork_runtime::EngineConfig::new(ork_testkit::model_path());
+    // The default quantization shares the other tests' pack.
+    c.pack = ork_runtime::PackChoice::Path(if quant == ork_runtime::Quant::W8a8 {
+        pack_path()
+    } else {
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("ork-server-smollm2-{name}.orkpack"))
+    });
+    c.budget_bytes = Some(1024 << 20);
+    c.device = ork_runtime::DeviceKind::Emu;
+    c.set_quant(quant);
+    let engine = ork_runtime::Engine::open(c).unwrap();
+    let config = ork_server::ServeConfig {
+        port: 0,
+        ..ork_server::ServeConfig::default()
+    };
+    let server = ork_server::Server::start(engine, config).unwrap();
+    let (s, v) = post(
+        &reqwest::Client::new(),
+        &format!("{}/v1/completions", base(&server)),
+        &json!({"model": server.model_id(), "prompt": g.prompt_tokens,
+                "max_tokens": g.steps.len(), "temperature": 0, "logprobs": 5}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    let (mut sampled, mut alt_prob) = (0.0f64, 0.0f64);
+    for (i, step) in g.steps.iter().enumerate() {
+        assert_eq!(
+            lp["tokens"][i],
+            step.token.as_str(),
+            "{name} step {i}: {lp}"
+        );
+        let ours = lp["token_logprobs"][i].as_f64().unwrap();
+        sampled = sampled.max((ours - step.logprob).abs());
+        let alts = lp["top_logprobs"][i].as_object().unwrap();
+        // ork's fifth alternative: one of llama.cpp's top 5 that ork ranks below it (a near
+        // tie at the cut) must be no more likely than it, within the tolerance.
+        let cut = alts
+            .values()
+            .filter_map(Value::as_f64)
+            .fold(f64::INFINITY, f64::min);
+        for a in &step.top {
+            let d = match alts.get(&a.token).and_then(Value::as_f64) {
+                Some(ours) => (ours.exp() - a.logprob.exp()).abs(),
+                None => (a.logprob.exp() - cut.exp()).max(0.0),
+            };
+            alt_prob = alt_prob.max(d);
+        }
+    }
+    eprintln!(
+        "{name}: {} greedy tokens as llama.cpp's; largest difference of a sampled token's log \
+         probability {sampled:.4} nats, of a top-5 alternative's probability {alt_prob:.4}",
+        g.steps.len()
+    );
+    (sampled, alt_prob)
+}
+
+/// ork serve's log probabilities against llama.cpp's for the same file and prompt (greedy
+/// tokens identical; values within the tolerances docs/serve.md states, "Log probabilities").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_match_llama_cpp() {
+    let _memory = MEMORY.lock().await;
+    let fp16 = differences(ork_runtime::Quant::W16a16, "w16a16").await;
+    let int8 = differences(ork_runtime::Quant::W8a8, "w8a8").await;
+    assert!(
+        fp16.0 < TOL_FP16.0 && fp16.1 < TOL_FP16.1,
+        "w16a16: {fp16:?}"
+    );
+    assert!(int8.0 < TOL_INT8.0 && int8.1 < TOL_INT8.1, "w8a8: {int8:?}");
+}

@@ -152,3 +152,90 @@ fn a_prefix_is_never_used_by_another_model_or_cache_type() {
     assert!(cache.take(&prompt, &fresh).is_none());
     assert!(cache.take(&[9, 8, 7, 6, 5, 4, 3], &fresh).is_some());
 }
+
+/// The tiny gemma3 (window 4; crates/ork-exec/tests/golden) on the emulated device, f32 cache.
+fn tiny_gemma3() -> Engine {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../ork-exec/tests/golden/gemma3_tiny.gguf"
+    );
+    let mut c = EngineConfig::new(std::path::PathBuf::from(path));
+    c.pack = PackChoice::None;
+    c.device = DeviceKind::Emu;
+    c.kv_cache = KvType::F32;
+    Engine::open(c).unwrap()
+}
+
+/// The largest |a − b|.
+fn apart(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+/// A gemma3 entry run past its window (its local layers dropped their early positions) serves a
+/// prompt that shares all of it or a prefix it still holds the window of — with the cold
+/// batch's logits — and none that shares less (the request is then prefilled cold); an entry
+/// extended by one that cannot give its prefixes stays.
+#[test]
+fn a_gemma3_prefix_is_reused_while_its_window_is_held_else_prefilled_cold() {
+    let engine = tiny_gemma3();
+    let v = engine.model().config().vocab_size as u32;
+    let ctx = 128;
+    let toks: Vec<u32> = (0..80u32).map(|i| (i * 7919 + 3) % v).collect();
+    let session = || engine.session_with_context(ctx).unwrap();
+    let mut s = session();
+    for &t in &toks[..60] {
+        s.decode(t).unwrap();
+    }
+    let m = s.min_prefix();
+    assert!(m > 1 && m < 60, "{m}");
+    let mut cache = PrefixCache::new(1 << 30);
+    // A short entry (nothing dropped) that the long one extends: kept beside it.
+    let mut short = session();
+    short.prefill(&toks[..3]).unwrap();
+    cache.insert(toks[..3].to_vec(), short);
+    cache.insert(toks[..60].to_vec(), s);
+    assert_eq!(
+        cache.len(),
+        2,
+        "the short entry was dropped for one that cannot give it"
+    );
+    let fresh = session();
+
+    // Shares m − 1 tokens with the long entry: only the short entry's 3 can be reused.
+    let mut prompt = toks[..m - 1].to_vec();
+    prompt.extend([(toks[m - 1] + 1) % v, 5, 6]);
+    let (got, len) = cache.take(&prompt, &fresh).unwrap();
+    assert_eq!((len, got.position(), cache.len()), (3, 3, 1));
+    // Without the short entry: nothing (a cold prefill).
+    let mut only_long = PrefixCache::new(1 << 30);
+    let mut s = session();
+    for &t in &toks[..60] {
+        s.decode(t).unwrap();
+    }
+    only_long.insert(toks[..60].to_vec(), s);
+    assert!(only_long.take(&prompt, &fresh).is_none());
+    assert_eq!(only_long.len(), 1);
+
+    // Shares m + 2 tokens: a copy, and the rest gives the cold batch's logits.
+    for shared in [m, m + 2] {
+        let mut prompt = toks[..shared].to_vec();
+        prompt.extend([(toks[shared] + 1) % v, 7, 8, 9]);
+        let cold = session().forward_all(&prompt).unwrap();
+        let (mut got, len) = only_long.take(&prompt, &fresh).unwrap();
+        assert_eq!((len, got.position(), only_long.len()), (shared, shared, 1));
+        let warm = got.forward_all(&prompt[shared..]).unwrap();
+        let d = apart(&warm, &cold[shared * v as usize..]);
+        eprintln!("gemma3 prefix of {shared} (min {m}): {d:.2e} from cold");
+        assert!(d < 1e-3, "{d}");
+    }
+    // All of it, and on: the session itself continues.
+    let cold = session().forward_all(&toks).unwrap();
+    let (mut got, len) = only_long.take(&toks, &fresh).unwrap();
+    assert_eq!((len, only_long.len()), (60, 0));
+    let warm = got.forward_all(&toks[60..]).unwrap();
+    let d = apart(&warm, &cold[60 * v as usize..]);
+    assert!(d < 1e-3, "{d}");
+}

@@ -1,0 +1,264 @@
+//! Every file ork writes besides its packs — a `--trace`, `bench stream --plot`'s SVG, the board
+//! clock's `ORK_BOARD_EVENTS` dump — goes through one rule (`docs/cli.md`, "One rule for every
+//! path ork opens"), the outputs' side of the rule that packs ([`crate::resolve_target`]) and text
+//! inputs (`ork_gguf::input`) follow:
+//!
+//! - a path that does not exist yet is created in its (existing) directory;
+//! - an existing regular file is replaced atomically (a temp file beside it, synced, renamed),
+//!   never in place, so a failed or interrupted write leaves the old file whole; a symlink is
+//!   written through, a dangling one is refused;
+//! - a file that is one of the command's inputs (the model, the pack: same device and inode,
+//!   whatever the spelling or link), or that starts with a GGUF or `.orkpack` magic, is refused:
+//!   an output never replaces a model or a pack;
+//! - a directory, a block device or a socket is refused, naming what it is;
+//! - a character device (a terminal, `/dev/stderr`, `/dev/null`) or a pipe is written as a
+//!   stream, so `--trace /dev/stderr` works; a FIFO with no reader is refused at once instead of
+//!   waiting for one forever.
+//!
+//! [`check_output`] applies the rule without writing anything, so that a command can refuse a bad
+//! path before minutes of work; [`write_output`] applies it again when writing.
+
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::StoreError;
+
+/// Magics of the files an output never replaces: GGUF models and `.orkpack`s (any version).
+const PROTECTED_MAGICS: [(&[u8], &str); 2] = [(b"GGUF", "a GGUF model"), (b"ORKPK", "an .orkpack")];
+
+/// Where an output goes, once the rule has been applied.
+#[derive(Debug)]
+enum Destination {
+    /// A regular file (the resolved path; it may not exist yet), replaced atomically.
+    File(PathBuf),
+    /// A terminal, a device that accepts writes, or a pipe with a reader: written in order.
+    Stream(std::fs::File),
+}
+
+/// Apply the output rule to `path` without writing anything: `Ok` if [`write_output`] may write
+/// there now. `inputs` are the files the command reads (the model, the pack); an output that is
+/// one of them is refused.
+///
+/// # Errors
+/// [`StoreError::RefuseOverwrite`] for an input, a model or pack, a dangling symlink, a FIFO
+/// with no reader or a path with no file name; [`StoreError::NotRegularFile`] for a directory,
+/// a block device or a socket; [`StoreError::Io`] when the directory or the file cannot be read.
+pub fn check_output(path: &Path, inputs: &[&Path]) -> Result<(), StoreError> {
+    destination(path, inputs).map(drop)
+}
+
+/// Write `bytes` to `path` under the output rule (module docs).
+///
+/// # Errors
+/// As [`check_output`], and [`StoreError::Io`] when writing, syncing or renaming fails (the old
+/// file, if any, is then left as it was).
+pub fn write_output(path: &Path, bytes: &[u8], inputs: &[&Path]) -> Result<(), StoreError> {
+    let io = |op, e| StoreError::io(path, op, e);
+    match destination(path, inputs)? {
+        Destination::Stream(mut f) => f.write_all(bytes).map_err(|e| io("write", e)),
+        Destination::File(real) => {
+            let dir = real.parent().unwrap_or(Path::new("."));
+            let mut tmp = tempfile::Builder::new()
+                .prefix(".ork-output-")
+                .tempfile_in(dir)
+                .map_err(|e| io("create a temporary file", e))?;
+            tmp.write_all(bytes).map_err(|e| io("write", e))?;
+            tmp.as_file().sync_all().map_err(|e| io("sync", e))?;
+            tmp.persist(&real).map_err(|e| io("rename", e.error))?;
+            // The rename is durable once the directory is synced.
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io("sync the directory", e))
+        }
+    }
+}
+
+fn refuse(path: &Path, reason: impl Into<String>) -> StoreError {
+    StoreError::RefuseOverwrite {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+fn destination(path: &Path, inputs: &[&Path]) -> Result<Destination, StoreError> {
+    let io = |op, e| StoreError::io(path, op, e);
+    let Some(name) = path.file_name() else {
+        return Err(refuse(path, "the path has no file name"));
+    };
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            let dir = std::fs::canonicalize(parent).map_err(|e| io("resolve its directory", e))?;
+            if !dir.is_dir() {
+                return Err(StoreError::NotRegularFile {
+                    path: parent.to_path_buf(),
+                    kind: "not a directory",
+                });
+            }
+            return Ok(Destination::File(dir.join(name)));
+        }
+        Err(e) => return Err(io("stat", e)),
+        Ok(m) => m,
+    };
+    let meta = if meta.file_type().is_symlink() {
+        match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(refuse(
+                    path,
+                    "a symbolic link to a file that does not exist",
+                ))
+            }
+            Err(e) => return Err(io("stat", e)),
+        }
+    } else {
+        meta
+    };
+    for input in inputs {
+        if let Ok(m) = std::fs::metadata(input) {
+            if (m.dev(), m.ino()) == (meta.dev(), meta.ino()) {
+                return Err(refuse(
+                    path,
+                    format!("it is {} itself, an input of this command", input.display()),
+                ));
+            }
+        }
+    }
+    let ft = meta.file_type();
+    if ft.is_file() {
+        let mut head = [0u8; 8];
+        let n = read_head(path, &mut head).map_err(|e| io("read", e))?;
+        for (magic, what) in PROTECTED_MAGICS {
+            if n >= magic.len() && &head[..magic.len()] == magic {
+                return Err(refuse(
+                    path,
+                    format!("it is {what}; ork never writes another output over one"),
+                ));
+            }
+        }
+        let real = std::fs::canonicalize(path).map_err(|e| io("resolve path", e))?;
+        return Ok(Destination::File(real));
+    }
+    if ft.is_char_device() || ft.is_fifo() {
+        // O_NONBLOCK: opening a FIFO with no reader fails with ENXIO at once instead of
+        // blocking; the flag is then cleared so that writes wait for a slow reader.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(o_nonblock())
+            .open(path)
+            .map_err(|e| {
+                if e.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error()) {
+                    refuse(path, "a FIFO with no reader")
+                } else {
+                    io("open", e)
+                }
+            })?;
+        let flags = rustix::fs::fcntl_getfl(&file).map_err(|e| io("fcntl", e.into()))?;
+        rustix::fs::fcntl_setfl(&file, flags - rustix::fs::OFlags::NONBLOCK)
+            .map_err(|e| io("fcntl", e.into()))?;
+        return Ok(Destination::Stream(file));
+    }
+    Err(StoreError::NotRegularFile {
+        path: path.to_path_buf(),
+        kind: ork_gguf::describe_kind(ft),
+    })
+}
+
+fn o_nonblock() -> i32 {
+    rustix::fs::OFlags::NONBLOCK.bits() as i32
+}
+
+/// The first bytes of a regular file, opened without blocking.
+fn read_head(path: &Path, head: &mut [u8]) -> std::io::Result<usize> {
+    use std::io::Read;
+    let mut file = ork_gguf::open_regular(path).map_err(|e| match e {
+        ork_gguf::OpenRegularError::Io(e) => e,
+        ork_gguf::OpenRegularError::NotRegular(kind) => {
+            std::io::Error::other(format!("is {kind}, not a regular file"))
+        }
+        _ => std::io::Error::other("cannot open"),
+    })?;
+    let mut n = 0;
+    while n < head.len() {
+        match file.read(&mut head[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(r: Result<(), StoreError>) -> String {
+        match r {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("accepted"),
+        }
+    }
+
+    #[test]
+    fn new_and_existing_plain_files_are_written_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("trace.json");
+        write_output(&p, b"first", &[]).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"first");
+        write_output(&p, b"second", &[]).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"second");
+        // Nothing else is left in the directory (the temp file was renamed).
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn models_packs_and_inputs_are_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m.gguf");
+        std::fs::write(&model, b"GGUF\x03\0\0\0rest").unwrap();
+        let pack = dir.path().join("m.orkpack");
+        std::fs::write(&pack, b"ORKPK01\0rest").unwrap();
+        let notes = dir.path().join("notes.txt");
+        std::fs::write(&notes, b"mine").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&model, &link).unwrap();
+        let hard = dir.path().join("hard");
+        std::fs::hard_link(&notes, &hard).unwrap();
+
+        assert!(refused(write_output(&model, b"x", &[])).contains("a GGUF model"));
+        assert!(refused(write_output(&pack, b"x", &[])).contains("an .orkpack"));
+        assert!(refused(write_output(&link, b"x", &[])).contains("a GGUF model"));
+        // An input under another name (a hard link) is refused even without a magic.
+        assert!(refused(write_output(&hard, b"x", &[&notes])).contains("an input"));
+        assert_eq!(std::fs::read(&model).unwrap(), b"GGUF\x03\0\0\0rest");
+        assert_eq!(std::fs::read(&notes).unwrap(), b"mine");
+        // Not an input: replaced.
+        write_output(&notes, b"new", &[&model]).unwrap();
+        assert_eq!(std::fs::read(&notes).unwrap(), b"new");
+    }
+
+    #[test]
+    fn odd_paths_are_refused_naming_what_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(refused(check_output(dir.path(), &[])).contains("is a directory"));
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();
+        assert!(refused(check_output(&dangling, &[])).contains("does not exist"));
+        assert!(check_output(&dir.path().join("no/such/dir/f"), &[]).is_err());
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        // No reader: refused at once, not a hang.
+        assert!(refused(check_output(&fifo, &[])).contains("no reader"));
+        // A character device is a stream.
+        write_output(Path::new("/dev/null"), b"x", &[]).unwrap();
+    }
+}
