@@ -102,28 +102,41 @@ pub enum Event {
 }
 
 impl HostKind {
-    /// Attention of `m` new rows over `context + m` positions (causal within the new rows is
+    /// Attention of `m` new rows over `context + m` positions in a layer whose query sees
+    /// `window` keys, itself included (`None`: a global layer; causal within the new rows is
     /// counted as full: an upper bound), `n_head` query heads of `head_dim`, `n_head_kv` KV
-    /// heads whose cache holds `kv_bytes` bytes per value (2 for f16).
+    /// heads whose cache holds `kv_bytes` bytes per value (2 for f16). The executor records and
+    /// the planned schedule charges attention through this one function.
     pub fn attention(
         m: usize,
         context: usize,
+        window: Option<usize>,
         n_head: usize,
         n_head_kv: usize,
         head_dim: usize,
         kv_bytes: usize,
     ) -> Event {
-        let positions = (context + m) as f64;
+        // Each row reads at most its window; the pass reads the window's older keys and its own.
+        let per_row = window.map_or(context + m, |w| w.min(context + m)) as f64;
+        let read = (Self::attended_context(context, window) + m) as f64;
         let (m, h, hd) = (m as f64, n_head as f64, head_dim as f64);
-        // q·k and p·v: two multiply-adds per position, head dimension and query head.
-        let flops = 4.0 * m * positions * h * hd;
+        // q·k and p·v: two multiply-adds per key, head dimension and query head.
+        let flops = 4.0 * m * per_row * h * hd;
         // The cache is read once per pass (K and V), the queries and outputs in f32.
-        let bytes = 2.0 * positions * (n_head_kv * head_dim * kv_bytes) as f64 + 8.0 * m * h * hd;
+        let bytes = 2.0 * read * (n_head_kv * head_dim * kv_bytes) as f64 + 8.0 * m * h * hd;
         Event::Host {
             kind: HostKind::Attention,
             flops,
             bytes,
         }
+    }
+
+    /// The context a pass of new rows attends beside themselves in a layer whose query sees
+    /// `window` keys, itself included (`None`: a global layer): the rows at positions
+    /// `context..context + m` read positions `context − (window − 1)..context + m` at most, so
+    /// a sliding-window layer's cost stops growing with the conversation.
+    pub fn attended_context(context: usize, window: Option<usize>) -> usize {
+        window.map_or(context, |w| context.min(w.saturating_sub(1)))
     }
 
     /// An RMS norm of `m` rows of `d` values, with the residual add beside it.

@@ -345,6 +345,7 @@ pub fn moe_schedule(
             out.push(HostKind::attention(
                 m,
                 context,
+                None,
                 dims.n_head,
                 dims.n_head_kv,
                 dims.head_dim,

@@ -46,6 +46,9 @@ pub struct ModelShape {
     pub blocks: Vec<[ShapeWeight; 7]>,
     /// The output projection.
     pub output: ShapeWeight,
+    /// Per block, the keys a sliding-window (local) layer's query sees, itself included; a
+    /// block without an entry, or with `None`, is a global layer (Gemma 3 interleaves both).
+    pub windows: Vec<Option<usize>>,
 }
 
 /// Published dimensions of a llama-shaped model.
@@ -131,6 +134,7 @@ impl ModelShape {
             vocab: dims.vocab,
             blocks,
             output: w("output".into(), d, dims.vocab),
+            windows: Vec::new(),
         }
     }
 
@@ -248,7 +252,8 @@ pub(crate) fn schedule_passes(
             started += 1;
             Ok(())
         };
-        for b in &shape.blocks {
+        for (ib, b) in shape.blocks.iter().enumerate() {
+            let window = shape.windows.get(ib).copied().flatten();
             out.push(HostKind::norm(m, shape.d_model));
             for (i, w) in b[..3].iter().enumerate() {
                 matmul(&mut out, &mut cache, w, m, i == 0)?;
@@ -256,6 +261,7 @@ pub(crate) fn schedule_passes(
             out.push(HostKind::attention(
                 m,
                 context,
+                window,
                 shape.n_head,
                 shape.n_head_kv,
                 shape.head_dim,

@@ -187,6 +187,8 @@ fn splice(
     early: Option<u64>,
 ) {
     let before = matmuls(out);
+    // Attention comes once per block, in block order.
+    let mut block = 0;
     for mut e in events {
         match &mut e {
             Event::Pass { context: c, .. } => *c = context,
@@ -194,9 +196,12 @@ fn splice(
                 kind: HostKind::Attention,
                 ..
             } => {
+                let window = shape.windows.get(block).copied().flatten();
+                block += 1;
                 e = HostKind::attention(
                     rows,
                     context,
+                    window,
                     shape.n_head,
                     shape.n_head_kv,
                     shape.head_dim,

@@ -143,6 +143,42 @@ fn replay_follows_the_schedule() {
     assert_eq!(prefetch.storage_bytes, 0.0);
 }
 
+/// A sliding-window layer's attention is charged for its window only: with every block local
+/// (window 256), a resident plan at a 4096-token context decodes faster than the same shape with
+/// global layers and spends less host time per token; below the window both are the same.
+#[test]
+fn sliding_window_layers_are_charged_for_their_window() {
+    let global = small_shape();
+    let local = ModelShape {
+        windows: vec![Some(256); global.blocks.len()],
+        ..global.clone()
+    };
+    let board = Board::named("rk3588").unwrap();
+    let plan = |prompt_tokens| Plan {
+        resident: true,
+        budget_bytes: global.total_bytes(),
+        prompt_tokens,
+        ..streamed(0)
+    };
+    let (g, l) = (
+        project(&global, plan(4096), &board),
+        project(&local, plan(4096), &board),
+    );
+    let (gh, lh) = (g.per_token.unwrap().host_s, l.per_token.unwrap().host_s);
+    assert!(lh < 0.5 * gh, "host per token: local {lh}, global {gh}");
+    assert!(l.decode_tok_s.unwrap() > g.decode_tok_s.unwrap());
+    assert!(l.ttft_s < g.ttft_s);
+    let (g, l) = (
+        project(&global, plan(64), &board),
+        project(&local, plan(64), &board),
+    );
+    assert_eq!(g.decode_tok_s, l.decode_tok_s);
+    assert_eq!(g.ttft_s, l.ttft_s);
+    assert_eq!(ork_board::HostKind::attended_context(1000, Some(256)), 255);
+    assert_eq!(ork_board::HostKind::attended_context(100, Some(256)), 100);
+    assert_eq!(ork_board::HostKind::attended_context(1000, None), 1000);
+}
+
 /// Domains switched every block cost their switch time.
 #[test]
 fn domain_switches_are_charged() {

@@ -251,6 +251,7 @@ pub fn project_plan(
         vocab: c.vocab_size,
         blocks,
         output: output.with_context(|| format!("{}: no output projection", path.display()))?,
+        windows: windows(&c),
     };
     let resident = plan.mode == Mode::Resident;
     let sched = ork_board::Plan {
@@ -284,6 +285,14 @@ pub fn project_plan(
     let mut p = Projection::new(&timeline, board, args.prompt_tokens as usize, generated);
     p.schedule = label;
     Ok(p)
+}
+
+/// Per block, the keys a sliding-window layer's query sees (Gemma 3's local layers), as the
+/// executor attends them.
+pub fn windows(c: &ork_exec::ModelConfig) -> Vec<Option<usize>> {
+    c.gemma3.as_ref().map_or_else(Vec::new, |g| {
+        g.local.iter().map(|&l| g.window.filter(|_| l)).collect()
+    })
 }
 
 /// With `ORK_BOARD_EVENTS=FILE`, write the event stream replayed (one JSON array), to compare a

@@ -158,7 +158,10 @@ pub fn plan_spec(
                 vocab: c.vocab_size,
             };
             let ty = verifier.output.ty;
-            Some(ork_board::ModelShape::from_dims(&dims, ty, chip))
+            Some(ork_board::ModelShape {
+                windows: crate::cmd_project::windows(&c),
+                ..ork_board::ModelShape::from_dims(&dims, ty, chip)
+            })
         }
     };
     let s = ork_board::spec::spec_schedule(

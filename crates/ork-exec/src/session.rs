@@ -572,6 +572,7 @@ fn forward_inner(
             linear.record(ork_board::HostKind::attention(
                 n,
                 s.len,
+                layer.window,
                 c.n_head,
                 c.n_head_kv,
                 c.head_dim_k,

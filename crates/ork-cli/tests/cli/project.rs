@@ -293,3 +293,89 @@ fn bench_spec_prints_projected_ratios() {
         assert!(f(&lookup["projected"], "speedup") > 1.0, "{lookup}");
     }
 }
+
+/// The attention events of an event-stream dump (`ORK_BOARD_EVENTS`), as (flops, bytes).
+fn attention_events(path: &Path) -> Vec<(f64, f64)> {
+    let events: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    events
+        .iter()
+        .filter(|e| e["event"] == "host" && e["kind"] == "attention")
+        .map(|e| (f(e, "flops"), f(e, "bytes")))
+        .collect()
+}
+
+/// Gemma 3's local layers read at most their window of keys: the run records, and the plan
+/// charges, the same attention for every block and pass (one rule,
+/// `HostKind::attended_context`), and on the tiny gemma3 (window 4, one global layer in six)
+/// a local layer's attention stops growing with the context while the global one's grows.
+#[test]
+fn sliding_window_attention_is_charged_for_its_window_by_run_and_plan() {
+    let gguf =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../ork-exec/tests/golden/gemma3_tiny.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let (pack, run_events, plan_events) = (
+        dir.path().join("tiny.orkpack"),
+        dir.path().join("run.json"),
+        dir.path().join("plan.json"),
+    );
+    let o = ork()
+        .env("ORK_BOARD_EVENTS", &run_events)
+        .args([
+            "run",
+            "--model",
+            gguf.to_str().unwrap(),
+            "--pack",
+            pack.to_str().unwrap(),
+            "--device",
+            "emu",
+            "--prompt",
+            "hello there",
+            "-n",
+            "8",
+            "--project",
+            "orangepi5-16g",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let r = json(&o);
+    let prompt = r["prefill_tokens"].as_u64().unwrap();
+    assert!(prompt > 4, "the prompt must pass the window: {r}");
+    let gen = r["tokens"].as_array().unwrap().len().to_string();
+    let o = ork()
+        .env("ORK_BOARD_EVENTS", &plan_events)
+        .args([
+            "plan",
+            "--model",
+            gguf.to_str().unwrap(),
+            "--project",
+            "orangepi5-16g",
+            "--prompt-tokens",
+            &prompt.to_string(),
+            "--gen-tokens",
+            &gen,
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let (ran, planned) = (
+        attention_events(&run_events),
+        attention_events(&plan_events),
+    );
+    assert_eq!(ran, planned, "run and plan charge attention alike");
+    // Per pass six blocks; block 5 is global. Between the last two decode passes the global
+    // layer read one position more and the local ones the same window.
+    assert!(ran.len() >= 12 && ran.len() % 6 == 0, "{}", ran.len());
+    let (last, before) = (&ran[ran.len() - 6..], &ran[ran.len() - 12..ran.len() - 6]);
+    assert_eq!(last[..5], before[..5], "local blocks");
+    assert!(
+        last[5].1 > before[5].1,
+        "global block: {:?} vs {:?}",
+        last[5],
+        before[5]
+    );
+    assert!(last[5].1 > last[0].1, "{:?} vs {:?}", last[5], last[0]);
+}
