@@ -179,6 +179,11 @@ pub struct ServeArgs {
     /// next turn of a conversation) prefills only the rest; 0 turns prefix reuse off.
     #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1048576))]
     pub prefix_cache_mb: usize,
+    /// Keep the prefix cache in DIR across restarts: read when the server starts, written
+    /// (atomically, checksummed) when it stops, one file per model, quantization, device, KV
+    /// cache type and context; a file made under other settings is never used.
+    #[arg(long, value_name = "DIR")]
+    pub prefix_cache_dir: Option<std::path::PathBuf>,
     /// A Jinja chat template to use instead of the GGUF's own (e.g. one that shows tools to
     /// the model; docs/serve.md, "Tool calls").
     #[arg(long, value_name = "FILE")]

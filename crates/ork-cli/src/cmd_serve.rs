@@ -29,6 +29,7 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         body_timeout: Duration::from_secs(args.body_timeout_secs),
         max_connections: args.max_connections,
         prefix_cache_bytes: args.prefix_cache_mb << 20,
+        prefix_cache_dir: args.prefix_cache_dir.clone(),
         chat_template,
     };
     ork_server::run(engine, config, |addr, model| {

@@ -202,6 +202,10 @@ pub enum ExecError {
         /// The positions the session holds.
         position: usize,
     },
+    /// A saved KV cache ([`crate::Session::save_kv`]) that this session cannot hold: cut short,
+    /// or made for another layer count, head layout or cache type.
+    #[error("a saved KV cache does not fit this session: {0}")]
+    KvImage(String),
     /// The draft model's vocabulary is not the verifier's (checked as llama.cpp does: size,
     /// special tokens, and the text of every shared token).
     #[error("draft model {draft}: its vocabulary does not match the model's: {what}")]

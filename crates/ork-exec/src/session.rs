@@ -7,6 +7,7 @@ use crate::ExecError;
 use std::sync::Arc;
 
 mod kv;
+mod persist;
 pub use kv::KvType;
 use kv::LayerKv;
 

@@ -29,8 +29,8 @@ pub use api::{
 };
 pub use error::{ApiError, ApiErrorKind, ServerError};
 pub use metrics::Metrics;
-pub use prefix::PrefixCache;
-pub use scheduler::{Event, Finish, Job, SchedulerConfig};
+pub use prefix::{Loaded, PrefixCache};
+pub use scheduler::{Event, Finish, Job, Persist, SchedulerConfig};
 pub use tools::{ToolCall, ToolChoice, ToolDelta, ToolFormat, ToolParser};
 
 use ork_runtime::Engine;
@@ -74,6 +74,9 @@ pub struct ServeConfig {
     pub max_connections: usize,
     /// Bytes of finished sequences' KV caches kept for prefix reuse (0: no reuse).
     pub prefix_cache_bytes: usize,
+    /// A directory where the prefix cache is kept across restarts (read at start, written when
+    /// the server stops; `None`: in memory only). Created if missing.
+    pub prefix_cache_dir: Option<std::path::PathBuf>,
     /// A chat template (Jinja source) used instead of the GGUF's own, as llama-server's
     /// `--chat-template-file` (for a file whose template lacks tool calls, or has none).
     pub chat_template: Option<String>,
@@ -95,6 +98,7 @@ impl Default for ServeConfig {
             body_timeout: Duration::from_secs(60),
             max_connections: 256,
             prefix_cache_bytes: 256 << 20,
+            prefix_cache_dir: None,
             chat_template: None,
         }
     }
@@ -183,6 +187,10 @@ impl Server {
             .set_nonblocking(true)
             .map_err(|source| ServerError::Io { addr, source })?;
 
+        let persist = match &config.prefix_cache_dir {
+            Some(dir) if config.prefix_cache_bytes > 0 => Some(persist(&engine, dir, context)?),
+            _ => None,
+        };
         let engine = Arc::new(engine);
         let metrics = Arc::new(Metrics::default());
         let abort = Arc::new(AtomicBool::new(false));
@@ -196,6 +204,7 @@ impl Server {
                 context,
                 prefill_chunk: config.prefill_chunk,
                 prefix_cache_bytes: config.prefix_cache_bytes,
+                persist,
             };
             std::thread::Builder::new()
                 .name("ork-scheduler".to_owned())
@@ -322,6 +331,31 @@ impl Drop for Server {
         }
         let _ = self.wait();
     }
+}
+
+/// Where `engine`'s prefix cache of `context`-position sessions is kept in `dir` (created if
+/// missing), and what it must never replace.
+fn persist(
+    engine: &Engine,
+    dir: &std::path::Path,
+    context: usize,
+) -> Result<scheduler::Persist, ServerError> {
+    let bad = |what: String| ServerError::Config {
+        setting: "--prefix-cache-dir",
+        what: format!("{}: {what}", dir.display()),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| bad(e.to_string()))?;
+    if !dir.is_dir() {
+        return Err(bad("not a directory".to_owned()));
+    }
+    let identity = engine.numbers_identity(context);
+    let mut inputs = vec![engine.config().model.clone()];
+    inputs.extend(engine.pack_path().cloned());
+    Ok(scheduler::Persist {
+        path: PrefixCache::file_in(dir, identity),
+        identity,
+        inputs,
+    })
 }
 
 fn runtime_shutdown(

@@ -18,7 +18,17 @@
 //! prefix while it is shorter than the window. A lookup uses the longest prefix some entry can
 //! give, else none (a cold prefill); an entry is dropped for a new one that extends it only when
 //! the new one can give every prefix the old one could.
+//!
+//! With `--prefix-cache-dir DIR` the entries outlive the process ([`PrefixCache::save`],
+//! [`PrefixCache::load`]): written when the server stops, to one file per numbers identity
+//! (`ork_runtime::Engine::numbers_identity`: the model, quantization, device, threads, KV cache
+//! type, context and ork's version), atomically and checksummed; read when it starts. A file of
+//! another identity is never read, and a damaged one is refused whole.
 use ork_exec::Session;
+use std::path::{Path, PathBuf};
+
+/// The first bytes of a saved prefix cache (format version 1).
+const MAGIC: &[u8; 8] = b"ORKPFX01";
 
 /// One cached prefix.
 struct Entry {
@@ -149,5 +159,162 @@ impl PrefixCache {
         // `can_fork(len)` held above, so the fork succeeds; a failure would only mean a cold
         // prefill.
         session.ok().map(|s| (s, len))
+    }
+}
+
+/// What [`PrefixCache::load`] put back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// Entries read from the file.
+    pub entries: usize,
+    /// Entries kept (within the budget, each holding what its sequence needs).
+    pub kept: usize,
+    /// Positions the kept entries hold.
+    pub tokens: usize,
+}
+
+/// A reader over a saved cache that names what it misses.
+struct Bytes<'a>(&'a [u8]);
+
+impl<'a> Bytes<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("cut short".to_owned());
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn len(&mut self, what: &str) -> Result<usize, String> {
+        let v = self.u64()?;
+        usize::try_from(v)
+            .ok()
+            .filter(|&n| n <= self.0.len())
+            .ok_or_else(|| format!("{what} of {v} is longer than the file"))
+    }
+}
+
+impl PrefixCache {
+    /// The file the cache of numbers identity `identity` is kept in, in `dir`.
+    pub fn file_in(dir: &Path, identity: u64) -> PathBuf {
+        dir.join(format!("prefix-{identity:016x}.orkkv"))
+    }
+
+    /// Write every entry, least recently used first, to `path` for `identity`: magic, identity,
+    /// entry count, per entry its tokens and its session's KV image ([`Session::save_kv`]), then
+    /// the XXH3-64 of all before it. Written atomically under ork's output rule (never over one
+    /// of `inputs`, the model or its pack): a crash leaves the old file or none. Returns the
+    /// bytes written.
+    ///
+    /// # Errors
+    /// The output rule's refusal or an I/O error, naming the file.
+    pub fn save(&self, path: &Path, identity: u64, inputs: &[&Path]) -> Result<usize, String> {
+        let mut out = Vec::with_capacity(self.bytes + 64 * self.entries.len() + 32);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&identity.to_le_bytes());
+        out.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
+        for e in &self.entries {
+            out.extend_from_slice(&(e.tokens.len() as u64).to_le_bytes());
+            out.extend(e.tokens.iter().flat_map(|t| t.to_le_bytes()));
+            let image = e.session.save_kv();
+            out.extend_from_slice(&(image.len() as u64).to_le_bytes());
+            out.extend_from_slice(&image);
+        }
+        let sum = ork_store::xxh3_64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        ork_store::output::write_output(path, &out, inputs).map_err(|e| e.to_string())?;
+        Ok(out.len())
+    }
+
+    /// Put back the entries [`PrefixCache::save`] wrote to `path` for `identity`, each into a
+    /// session from `fresh` (the server's own kind), oldest first, as if its sequence had just
+    /// finished: entries beyond the budget and those a later one extends are dropped as
+    /// [`PrefixCache::insert`] drops them. No file is `Ok` with nothing loaded.
+    ///
+    /// # Errors
+    /// The file names what is wrong, and nothing is loaded: not a saved prefix cache, another
+    /// identity, a checksum that does not match, more bytes than twice the budget (so that a
+    /// stray file cannot take the memory), or an entry the session refuses
+    /// ([`Session::load_kv`]).
+    pub fn load(
+        &mut self,
+        path: &Path,
+        identity: u64,
+        fresh: impl Fn() -> Option<Session>,
+    ) -> Result<Loaded, String> {
+        let size = match std::fs::metadata(path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Loaded::default()),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        let named = |what: String| format!("{}: {what}", path.display());
+        if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            return Err(named("not a regular file".to_owned()));
+        }
+        let limit = 2 * self.budget as u64 + (1 << 20);
+        if size > limit {
+            return Err(named(format!(
+                "{size} bytes, more than twice the prefix cache's budget; not read"
+            )));
+        }
+        let bytes = std::fs::read(path).map_err(|e| named(e.to_string()))?;
+        if bytes.len() < MAGIC.len() + 24 || &bytes[..MAGIC.len()] != MAGIC {
+            return Err(named("not a saved ork prefix cache".to_owned()));
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 8);
+        if ork_store::xxh3_64(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+            return Err(named("checksum mismatch (a damaged file)".to_owned()));
+        }
+        let mut r = Bytes(&body[MAGIC.len()..]);
+        let found = r.u64().map_err(named)?;
+        if found != identity {
+            return Err(named(format!(
+                "made for numbers identity {found:016x}, this server computes {identity:016x}"
+            )));
+        }
+        let count = r.len("the entry count").map_err(named)?;
+        let mut entries = Vec::with_capacity(count.min(1024));
+        for i in 0..count {
+            let at = |what: String| named(format!("entry {i}: {what}"));
+            let n = r.len("a token count").map_err(at)?;
+            let tokens: Vec<u32> = r
+                .take(4 * n)
+                .map_err(at)?
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let image_len = r.len("a KV image").map_err(at)?;
+            let image = r.take(image_len).map_err(at)?;
+            let mut session = fresh().ok_or_else(|| at("no session to load into".to_owned()))?;
+            session.load_kv(image).map_err(|e| at(e.to_string()))?;
+            if session.position() > tokens.len() {
+                return Err(at(format!(
+                    "{} positions cached for {} tokens",
+                    session.position(),
+                    tokens.len()
+                )));
+            }
+            entries.push((tokens, session));
+        }
+        if !r.0.is_empty() {
+            return Err(named(format!("{} bytes after the last entry", r.0.len())));
+        }
+        let mut loaded = Loaded {
+            entries: entries.len(),
+            ..Loaded::default()
+        };
+        for (tokens, session) in entries {
+            self.insert(tokens, session);
+        }
+        loaded.kept = self.entries.len();
+        loaded.tokens = self.entries.iter().map(|e| e.tokens.len()).sum();
+        Ok(loaded)
     }
 }

@@ -140,6 +140,20 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
     /// Bytes of finished sequences' KV caches kept for prefix reuse (0: none).
     pub prefix_cache_bytes: usize,
+    /// Where the prefix cache is read from at start and written to at the end (`None`: it
+    /// lives only as long as the process).
+    pub persist: Option<Persist>,
+}
+
+/// A prefix cache kept on disk (`--prefix-cache-dir`, docs/serve.md "Prefix reuse").
+#[derive(Clone, Debug)]
+pub struct Persist {
+    /// The file ([`PrefixCache::file_in`]).
+    pub path: std::path::PathBuf,
+    /// The numbers identity of the server's sessions (`Engine::numbers_identity`).
+    pub identity: u64,
+    /// Files it must never replace (the model, its pack).
+    pub inputs: Vec<std::path::PathBuf>,
 }
 
 /// One running sequence.
@@ -227,6 +241,8 @@ fn held_back(text: &str, stops: &[String]) -> usize {
 
 /// Run the scheduler until the queue is closed and every sequence is done; once `abort` is set,
 /// every running and queued request ends with [`Event::Failed`] (the end of a bounded drain).
+/// With `config.persist`, the prefix cache is read before the first request and written after
+/// the last (a file that cannot be read or written is a warning on stderr, never a failure).
 pub fn run(
     engine: Arc<Engine>,
     config: SchedulerConfig,
@@ -234,9 +250,48 @@ pub fn run(
     metrics: Arc<Metrics>,
     abort: Arc<AtomicBool>,
 ) {
+    let mut prefixes = PrefixCache::new(config.prefix_cache_bytes);
+    if let Some(p) = &config.persist {
+        let fresh = || engine.session_with_context(config.context).ok();
+        match prefixes.load(&p.path, p.identity, fresh) {
+            Ok(l) if l.entries > 0 => eprintln!(
+                "ork serve: {} cached prefixes ({} tokens) read from {}",
+                l.kept,
+                l.tokens,
+                p.path.display()
+            ),
+            Ok(_) => {}
+            Err(e) => eprintln!("warning: prefix cache not read: {e}"),
+        }
+        metrics
+            .prefix_cache_bytes
+            .store(prefixes.bytes() as u64, Ordering::Relaxed);
+    }
+    serve(&engine, &config, &queue, &metrics, &abort, &mut prefixes);
+    if let Some(p) = &config.persist {
+        let inputs: Vec<&std::path::Path> = p.inputs.iter().map(|p| p.as_path()).collect();
+        match prefixes.save(&p.path, p.identity, &inputs) {
+            Ok(bytes) => eprintln!(
+                "ork serve: {} cached prefixes ({bytes} bytes) written to {}",
+                prefixes.len(),
+                p.path.display()
+            ),
+            Err(e) => eprintln!("warning: prefix cache not written: {e}"),
+        }
+    }
+}
+
+/// The scheduler's loop (see [`run`]).
+fn serve(
+    engine: &Engine,
+    config: &SchedulerConfig,
+    queue: &Receiver<Job>,
+    metrics: &Metrics,
+    abort: &AtomicBool,
+    prefixes: &mut PrefixCache,
+) {
     let tokenizer: Arc<Tokenizer> = Arc::clone(engine.tokenizer());
     let mut slots: Vec<Slot<'_>> = Vec::with_capacity(config.max_seqs);
-    let mut prefixes = PrefixCache::new(config.prefix_cache_bytes);
     let mut closed = false;
     loop {
         // Retire sequences whose client went away: their slot is free for this step.
@@ -250,7 +305,7 @@ pub fn run(
                 !gone
             })
             .collect();
-        retire(&mut slots, &keep, &mut prefixes, &metrics);
+        retire(&mut slots, &keep, prefixes, metrics);
         metrics.active.store(slots.len() as u64, Ordering::Relaxed);
         if abort.load(Ordering::Relaxed) {
             for s in slots.drain(..) {
@@ -347,7 +402,7 @@ pub fn run(
             }
             continue;
         }
-        step(&mut slots, &config, &tokenizer, &metrics, &mut prefixes);
+        step(&mut slots, config, &tokenizer, metrics, prefixes);
     }
 }
 

@@ -48,6 +48,12 @@ pub use convert::{
 };
 pub use error::StoreError;
 pub use fingerprint::{fingerprint, fingerprint_bytes, FULL_HASH_LIMIT};
+
+/// XXH3-64 of `bytes` (seed 0): the format's one checksum, for callers that check or key files
+/// of their own (the server's saved prefix caches).
+pub fn xxh3_64(bytes: &[u8]) -> u64 {
+    checksum::xxh3(bytes)
+}
 pub use reader::{Entry, ModelIdentity, Orkpack, SourceInfo};
 pub use smoothing::{
     PackSmoothing, SmoothedBlock, SmoothingHeader, SmoothingTargets, MAX_SMOOTH_BLOCKS,

@@ -414,3 +414,55 @@ fn a_sliding_window_draft_cut_back_past_what_it_holds_starts_over() {
         );
     }
 }
+
+/// A session's KV image (`Session::save_kv`, what `ork serve --prefix-cache-dir` keeps on disk)
+/// loaded into a fresh session continues with the same logits bit for bit, f16 and f32, past
+/// the window (the local layers have dropped positions); a short, foreign-typed or altered image
+/// is an error naming it and leaves the session empty.
+#[test]
+fn a_saved_kv_image_continues_bit_for_bit_and_a_bad_one_is_refused() {
+    let t = tiny();
+    let seq = tokens(60, t.vocab());
+    for kind in [KvType::F16, KvType::F32] {
+        let mut a = t.session().with_kv_type(kind);
+        for chunk in seq[..50].chunks(7) {
+            a.prefill(chunk).unwrap();
+        }
+        assert!(a.min_prefix() > 0, "the local layers dropped positions");
+        let image = a.save_kv();
+        let mut b = t.session().with_kv_type(kind);
+        b.load_kv(&image).unwrap();
+        assert_eq!(b.position(), 50);
+        assert_eq!(b.min_prefix(), a.min_prefix());
+        assert_eq!(b.save_kv(), image, "{kind:?}: the image round-trips");
+        for &tok in &seq[50..] {
+            assert_eq!(a.decode(tok).unwrap(), b.decode(tok).unwrap(), "{kind:?}");
+        }
+        let other = match kind {
+            KvType::F16 => KvType::F32,
+            KvType::F32 => KvType::F16,
+        };
+        let mut bad = Vec::new();
+        // Cut short, another cache type, one layer fewer, one byte too many.
+        bad.push((image[..image.len() - 3].to_vec(), "cut short"));
+        let mut fewer = image.clone();
+        fewer[9..17].copy_from_slice(&5u64.to_le_bytes());
+        bad.push((fewer, "5 layers"));
+        let mut longer = image.clone();
+        longer.push(0);
+        bad.push((longer, "1 bytes after"));
+        for (img, what) in bad {
+            let mut s = t.session().with_kv_type(kind);
+            match s.load_kv(&img) {
+                Err(e @ ExecError::KvImage(_)) => {
+                    assert!(e.to_string().contains(what), "{kind:?}: {e} lacks {what}")
+                }
+                r => panic!("{kind:?} {what}: {:?}", r.map(|_| ())),
+            }
+            assert_eq!(s.position(), 0, "{what}: the session is unchanged");
+        }
+        let mut s = t.session().with_kv_type(other);
+        let e = s.load_kv(&image).unwrap_err();
+        assert!(e.to_string().contains("cache"), "{e}");
+    }
+}

@@ -239,3 +239,180 @@ fn a_gemma3_prefix_is_reused_while_its_window_is_held_else_prefilled_cold() {
     let d = apart(&warm, &cold[60 * v as usize..]);
     assert!(d < 1e-3, "{d}");
 }
+
+fn serve_in(kv: KvType, dir: &std::path::Path) -> Server {
+    let config = ServeConfig {
+        port: 0,
+        prefix_cache_dir: Some(dir.to_owned()),
+        ..ServeConfig::default()
+    };
+    Server::start(engine_kv(kv), config).unwrap()
+}
+
+/// `--prefix-cache-dir`: a restarted server answers the next turn from the prefix its
+/// predecessor wrote, exactly as cold; a server of another cache type keeps its own file and
+/// reuses nothing of the other's; a damaged file is refused whole (the server starts and
+/// answers cold) and replaced by a good one when the server stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_reuses_the_prefixes_it_wrote() {
+    let _engines = MEMORY.lock().await;
+    let client = reqwest::Client::new();
+    let dir = tempfile::tempdir().unwrap();
+    let files = || -> Vec<std::path::PathBuf> {
+        let mut f: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        f.sort();
+        f
+    };
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a helpful assistant who answers briefly."}),
+        json!({"role": "user", "content": "Name three colours of the rainbow."}),
+    ];
+    let turn = |model: &str, messages: &Vec<Value>| json!({"model": model, "messages": messages, "max_tokens": 12, "temperature": 0});
+    let first = serve_in(KvType::F16, dir.path());
+    let model = first.model_id().to_owned();
+    let (answer1, first_prompt, _) = answer(
+        &client,
+        &first,
+        "/v1/chat/completions",
+        turn(&model, &messages),
+    )
+    .await;
+    let s = tokio::task::spawn_blocking(move || first.shutdown())
+        .await
+        .unwrap();
+    s.unwrap();
+    let saved = files();
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    assert!(saved[0].to_string_lossy().ends_with(".orkkv"));
+
+    messages.push(json!({"role": "assistant", "content": answer1}));
+    messages.push(json!({"role": "user", "content": "And three animals that live in the sea?"}));
+    let cold = serve(KvType::F16, 0);
+    let (c, _, _) = answer(
+        &client,
+        &cold,
+        "/v1/chat/completions",
+        turn(&model, &messages),
+    )
+    .await;
+    drop(cold);
+
+    // The restart reads it: the second turn reuses the first's prefix, same answer.
+    let second = serve_in(KvType::F16, dir.path());
+    assert!(metric(&client, &second, "ork_prefix_cache_bytes", "").await > 0.0);
+    let (w, _, cached) = answer(
+        &client,
+        &second,
+        "/v1/chat/completions",
+        turn(&model, &messages),
+    )
+    .await;
+    assert_eq!(w, c, "the restored prefix changed the answer");
+    assert!(cached >= first_prompt, "{cached} < {first_prompt}");
+    drop(second);
+
+    // Another cache type: its own file, nothing reused from the f16 one.
+    let other = serve_in(KvType::F32, dir.path());
+    assert_eq!(
+        metric(&client, &other, "ork_prefix_cache_bytes", "").await,
+        0.0
+    );
+    let (_, _, cached) = answer(
+        &client,
+        &other,
+        "/v1/chat/completions",
+        turn(&model, &messages),
+    )
+    .await;
+    assert_eq!(cached, 0);
+    drop(other);
+    assert_eq!(files().len(), 2, "{:?}", files());
+
+    // A damaged file: refused whole, the server answers cold, and writes a good one at the end.
+    let mut bytes = std::fs::read(&saved[0]).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&saved[0], &bytes).unwrap();
+    let damaged = serve_in(KvType::F16, dir.path());
+    assert_eq!(
+        metric(&client, &damaged, "ork_prefix_cache_bytes", "").await,
+        0.0
+    );
+    let (w, _, cached) = answer(
+        &client,
+        &damaged,
+        "/v1/chat/completions",
+        turn(&model, &messages),
+    )
+    .await;
+    assert_eq!((w.as_str(), cached), (c.as_str(), 0));
+    drop(damaged);
+    let restarted = serve_in(KvType::F16, dir.path());
+    let (w, _, cached) = answer(
+        &client,
+        &restarted,
+        "/v1/chat/completions",
+        turn(&model, &messages),
+    )
+    .await;
+    assert_eq!(w, c);
+    assert!(cached > 0, "the file written after the damaged one is read");
+    drop(restarted);
+}
+
+/// The file format refuses what it cannot trust, naming the file: not a saved cache, another
+/// identity, a cut-short file; no file is an empty load.
+#[test]
+fn a_saved_prefix_file_is_checked_before_use() {
+    let _engines = MEMORY.blocking_lock();
+    let engine = engine_kv(KvType::F16);
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = || engine.session_with_context(256).ok();
+    let mut cache = PrefixCache::new(64 << 20);
+    let mut s = fresh().unwrap();
+    let tokens: Vec<u32> = (1..40).collect();
+    s.prefill(&tokens).unwrap();
+    cache.insert(tokens.clone(), s);
+    let path = PrefixCache::file_in(dir.path(), 7);
+    let model = ork_testkit::model_path();
+    cache.save(&path, 7, &[model.as_path()]).unwrap();
+    // The output rule: never over the model.
+    let e = cache.save(&model, 7, &[model.as_path()]).unwrap_err();
+    assert!(
+        e.contains("model") || e.contains("input") || e.contains("refus"),
+        "{e}"
+    );
+    let mut back = PrefixCache::new(64 << 20);
+    let l = back.load(&path, 7, fresh).unwrap();
+    assert_eq!((l.entries, l.kept, l.tokens), (1, 1, 39));
+    assert_eq!(back.bytes(), cache.bytes());
+    let e = PrefixCache::new(64 << 20)
+        .load(&path, 8, fresh)
+        .unwrap_err();
+    assert!(
+        e.contains("identity") && e.contains(&path.display().to_string()),
+        "{e}"
+    );
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 100]).unwrap();
+    let e = PrefixCache::new(64 << 20)
+        .load(&path, 7, fresh)
+        .unwrap_err();
+    assert!(e.contains("checksum"), "{e}");
+    std::fs::write(&path, b"hello").unwrap();
+    let e = PrefixCache::new(64 << 20)
+        .load(&path, 7, fresh)
+        .unwrap_err();
+    assert!(e.contains("not a saved ork prefix cache"), "{e}");
+    let none = PrefixCache::new(64 << 20)
+        .load(&dir.path().join("absent.orkkv"), 7, fresh)
+        .unwrap();
+    assert_eq!(none.entries, 0);
+    // Bigger than twice the budget: not read at all.
+    std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
+    let e = PrefixCache::new(1 << 20).load(&path, 7, fresh).unwrap_err();
+    assert!(e.contains("budget"), "{e}");
+}
