@@ -206,9 +206,11 @@ impl Server {
                 prefix_cache_bytes: config.prefix_cache_bytes,
                 persist,
             };
+            // Read before anything listens: the first request finds what the file holds.
+            let prefixes = scheduler::load_prefixes(&engine, &sc);
             std::thread::Builder::new()
                 .name("ork-scheduler".to_owned())
-                .spawn(move || scheduler::run(engine, sc, queue_rx, metrics, abort))
+                .spawn(move || scheduler::run(engine, sc, queue_rx, metrics, abort, prefixes))
                 .map_err(|source| ServerError::Thread {
                     what: "scheduler",
                     source,

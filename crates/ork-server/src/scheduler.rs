@@ -241,15 +241,37 @@ fn held_back(text: &str, stops: &[String]) -> usize {
 
 /// Run the scheduler until the queue is closed and every sequence is done; once `abort` is set,
 /// every running and queued request ends with [`Event::Failed`] (the end of a bounded drain).
-/// With `config.persist`, the prefix cache is read before the first request and written after
-/// the last (a file that cannot be read or written is a warning on stderr, never a failure).
+/// `prefixes` is the prefix cache it starts with ([`load_prefixes`]); with `config.persist` it
+/// is written after the last request (a file that cannot be written is a warning on stderr,
+/// never a failure).
 pub fn run(
     engine: Arc<Engine>,
     config: SchedulerConfig,
     queue: Receiver<Job>,
     metrics: Arc<Metrics>,
     abort: Arc<AtomicBool>,
+    mut prefixes: PrefixCache,
 ) {
+    metrics
+        .prefix_cache_bytes
+        .store(prefixes.bytes() as u64, Ordering::Relaxed);
+    serve(&engine, &config, &queue, &metrics, &abort, &mut prefixes);
+    if let Some(p) = &config.persist {
+        let inputs: Vec<&std::path::Path> = p.inputs.iter().map(|p| p.as_path()).collect();
+        match prefixes.save(&p.path, p.identity, &inputs) {
+            Ok(bytes) => eprintln!(
+                "ork serve: {} cached prefixes ({bytes} bytes) written to {}",
+                prefixes.len(),
+                p.path.display()
+            ),
+            Err(e) => eprintln!("warning: prefix cache not written: {e}"),
+        }
+    }
+}
+
+/// The prefix cache a server of `config` starts with: with `config.persist`, what the file
+/// holds (a file that cannot be read is a warning on stderr naming it, and an empty cache).
+pub fn load_prefixes(engine: &Engine, config: &SchedulerConfig) -> PrefixCache {
     let mut prefixes = PrefixCache::new(config.prefix_cache_bytes);
     if let Some(p) = &config.persist {
         let fresh = || engine.session_with_context(config.context).ok();
@@ -263,22 +285,8 @@ pub fn run(
             Ok(_) => {}
             Err(e) => eprintln!("warning: prefix cache not read: {e}"),
         }
-        metrics
-            .prefix_cache_bytes
-            .store(prefixes.bytes() as u64, Ordering::Relaxed);
     }
-    serve(&engine, &config, &queue, &metrics, &abort, &mut prefixes);
-    if let Some(p) = &config.persist {
-        let inputs: Vec<&std::path::Path> = p.inputs.iter().map(|p| p.as_path()).collect();
-        match prefixes.save(&p.path, p.identity, &inputs) {
-            Ok(bytes) => eprintln!(
-                "ork serve: {} cached prefixes ({bytes} bytes) written to {}",
-                prefixes.len(),
-                p.path.display()
-            ),
-            Err(e) => eprintln!("warning: prefix cache not written: {e}"),
-        }
-    }
+    prefixes
 }
 
 /// The scheduler's loop (see [`run`]).

@@ -22,7 +22,7 @@ fn request(addr: &str, method: &str, path: &str, body: &str) -> TcpStream {
 
 #[test]
 fn serve_drains_on_sigterm_and_exits_0() {
-    drains_on_sigterm(converted());
+    drains_on_sigterm(converted(), &[]);
 }
 
 /// The process wrote its .orkpack at start-up, which armed the pack writer's signal cleanup:
@@ -31,25 +31,30 @@ fn serve_drains_on_sigterm_and_exits_0() {
 fn serve_that_wrote_its_pack_at_start_up_still_drains_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let pack = dir.path().join("fresh.orkpack");
-    drains_on_sigterm(&pack);
+    drains_on_sigterm(&pack, &[]);
     assert!(pack.exists(), "the pack was written at start-up");
 }
 
-fn drains_on_sigterm(pack: &std::path::Path) {
+/// Serve with `extra` options, stream one request, SIGTERM during it: the request finishes,
+/// the server exits 0. Returns its stderr.
+fn drains_on_sigterm(pack: &std::path::Path, extra: &[&std::ffi::OsStr]) -> String {
     let mut child = ork()
         .args(["serve", "--model", model().to_str().unwrap(), "--pack"])
         .arg(pack)
         .args(["--device", "emu", "--port", "0", "--budget-mb", "1024"])
+        .args(extra)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut before = Vec::new();
     let (addr, model_id) = loop {
         let line = lines
             .next()
             .expect("ork serve printed where it listens")
             .unwrap();
+        before.push(line.clone());
         if let Some(rest) = line.strip_prefix("[ork] serving ") {
             let (id, url) = rest.split_once(" on http://").unwrap();
             break (url.to_owned(), id.to_owned());
@@ -106,9 +111,50 @@ fn drains_on_sigterm(pack: &std::path::Path) {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    let stderr = rest.join().unwrap().join("\n");
+    before.extend(rest.join().unwrap());
+    let stderr = before.join("\n");
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("drained"), "{stderr}");
+    stderr
+}
+
+/// `--prefix-cache-dir`: the drained server writes its prefix cache (the streamed request's
+/// sequence) and a restarted one reads it before it serves; a path that is a file is refused
+/// before anything listens, naming the option.
+#[test]
+fn serve_keeps_its_prefix_cache_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let opt = |d: &std::path::Path| [std::ffi::OsString::from("--prefix-cache-dir"), d.into()];
+    let args = opt(dir.path());
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let first = drains_on_sigterm(converted(), &args);
+    assert!(first.contains("1 cached prefixes"), "{first}");
+    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(files.len(), 1);
+    let second = drains_on_sigterm(converted(), &args);
+    let read = second.find("read from").expect(&second);
+    assert!(read < second.find("serving").unwrap(), "{second}");
+    assert!(
+        second.contains("1 cached prefixes") || second.contains("2 cached prefixes"),
+        "{second}"
+    );
+
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let out = ork()
+        .args(["serve", "--model", model().to_str().unwrap(), "--pack"])
+        .arg(converted())
+        .args(["--device", "emu", "--port", "0", "--budget-mb", "1024"])
+        .args(opt(&file))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--prefix-cache-dir") && stderr.contains("a-file"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("serving"), "{stderr}");
 }
 
 /// `--chat-template-file`: a file that cannot be read, or a template that does not parse, is a
