@@ -12,6 +12,11 @@ question, and streams three chat requests, 16 tokens each, temperature 0:
   3. the same turn 2 under another tag: the same length, nothing to reuse (cold).
 TTFT is the time from sending the request to the first streamed chunk carrying text. Prints one
 JSON object: per round the TTFTs and the cached token counts, and the median ratio of (2) to (3).
+
+Across a restart (`ork serve --prefix-cache-dir DIR`): `--save FILE` runs only each round's turn 1
+and writes the conversations to FILE; stop the server (SIGTERM: it writes its prefix cache), start
+it again with the same options, and `--resume FILE` runs each round's turn 2, reused (from the
+file the server read at start) and cold, as above.
 """
 import argparse
 import json
@@ -63,14 +68,27 @@ def main():
     ap.add_argument("model")
     ap.add_argument("--facts", type=int, default=90)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--save", help="run turn 1 of each round only; write the conversations here")
+    ap.add_argument("--resume", help="run turn 2 of the conversations --save wrote")
     a = ap.parse_args()
     stamp = time.time_ns()
+    saved = None
+    if a.resume:
+        with open(a.resume) as f:
+            saved = json.load(f)
+        stamp, a.rounds, a.facts = saved["stamp"], len(saved["rounds"]), saved["facts"]
     rounds = []
     for r in range(a.rounds):
         def turn1(tag):
             return [{"role": "system", "content": system_text(tag, a.facts)},
                     {"role": "user", "content": "Which thing is number 14?"}]
-        t1, answer, u1 = chat(a.base, a.model, turn1(f"run {stamp} round {r}"))
+        if saved:
+            t1, answer = saved["rounds"][r]["turn1_ttft_s"], saved["rounds"][r]["answer"]
+        else:
+            t1, answer, u1 = chat(a.base, a.model, turn1(f"run {stamp} round {r}"))
+        if a.save:
+            rounds.append({"turn1_ttft_s": t1, "answer": answer})
+            continue
         second = [{"role": "assistant", "content": answer},
                   {"role": "user", "content": "And which colour has the tower?"}]
         warm, _, u2 = chat(a.base, a.model, turn1(f"run {stamp} round {r}") + second)
@@ -83,6 +101,11 @@ def main():
             "turn2_cached_tokens": u2.get("prompt_tokens_details", {}).get("cached_tokens"),
             "cold_cached_tokens": u3.get("prompt_tokens_details", {}).get("cached_tokens"),
         })
+    if a.save:
+        with open(a.save, "w") as f:
+            json.dump({"stamp": stamp, "facts": a.facts, "rounds": rounds}, f)
+        print(json.dumps({"saved": a.save, "rounds": len(rounds)}))
+        return
     ratio = statistics.median(x["turn2_reused_ttft_s"] / x["turn2_cold_ttft_s"] for x in rounds)
     print(json.dumps({"rounds": rounds, "median_reused_over_cold": round(ratio, 3)}, indent=1))
 

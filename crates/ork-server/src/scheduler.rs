@@ -258,11 +258,13 @@ pub fn run(
     serve(&engine, &config, &queue, &metrics, &abort, &mut prefixes);
     if let Some(p) = &config.persist {
         let inputs: Vec<&std::path::Path> = p.inputs.iter().map(|p| p.as_path()).collect();
+        let t = Instant::now();
         match prefixes.save(&p.path, p.identity, &inputs) {
             Ok(bytes) => eprintln!(
-                "ork serve: {} cached prefixes ({bytes} bytes) written to {}",
+                "ork serve: {} cached prefixes ({bytes} bytes) written to {} in {:.3} s",
                 prefixes.len(),
-                p.path.display()
+                p.path.display(),
+                t.elapsed().as_secs_f64()
             ),
             Err(e) => eprintln!("warning: prefix cache not written: {e}"),
         }
@@ -275,12 +277,14 @@ pub fn load_prefixes(engine: &Engine, config: &SchedulerConfig) -> PrefixCache {
     let mut prefixes = PrefixCache::new(config.prefix_cache_bytes);
     if let Some(p) = &config.persist {
         let fresh = || engine.session_with_context(config.context).ok();
+        let t = Instant::now();
         match prefixes.load(&p.path, p.identity, fresh) {
             Ok(l) if l.entries > 0 => eprintln!(
-                "ork serve: {} cached prefixes ({} tokens) read from {}",
+                "ork serve: {} cached prefixes ({} tokens) read from {} in {:.3} s",
                 l.kept,
                 l.tokens,
-                p.path.display()
+                p.path.display(),
+                t.elapsed().as_secs_f64()
             ),
             Ok(_) => {}
             Err(e) => eprintln!("warning: prefix cache not read: {e}"),
