@@ -184,6 +184,11 @@ pub struct ServeArgs {
     /// cache type and context; a file made under other settings is never used.
     #[arg(long, value_name = "DIR")]
     pub prefix_cache_dir: Option<std::path::PathBuf>,
+    /// With --prefix-cache-dir: write a changed prefix cache this often while serving, so that
+    /// a power cut loses at most this much (the disk write runs beside decoding); 0: only when
+    /// the server stops.
+    #[arg(long, default_value_t = 60, value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(0..=86400))]
+    pub prefix_cache_save_secs: u64,
     /// A Jinja chat template to use instead of the GGUF's own (e.g. one that shows tools to
     /// the model; docs/serve.md, "Tool calls").
     #[arg(long, value_name = "FILE")]

@@ -30,6 +30,8 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         max_connections: args.max_connections,
         prefix_cache_bytes: args.prefix_cache_mb << 20,
         prefix_cache_dir: args.prefix_cache_dir.clone(),
+        prefix_cache_save_every: (args.prefix_cache_save_secs > 0)
+            .then(|| Duration::from_secs(args.prefix_cache_save_secs)),
         chat_template,
     };
     ork_server::run(engine, config, |addr, model| {

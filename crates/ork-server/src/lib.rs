@@ -20,6 +20,7 @@ mod http;
 mod listen;
 mod metrics;
 mod prefix;
+mod saver;
 mod scheduler;
 mod tools;
 
@@ -77,6 +78,9 @@ pub struct ServeConfig {
     /// A directory where the prefix cache is kept across restarts (read at start, written when
     /// the server stops; `None`: in memory only). Created if missing.
     pub prefix_cache_dir: Option<std::path::PathBuf>,
+    /// With `prefix_cache_dir`: how often a changed prefix cache is written while serving
+    /// (`None`: only when the server stops).
+    pub prefix_cache_save_every: Option<Duration>,
     /// A chat template (Jinja source) used instead of the GGUF's own, as llama-server's
     /// `--chat-template-file` (for a file whose template lacks tool calls, or has none).
     pub chat_template: Option<String>,
@@ -99,6 +103,7 @@ impl Default for ServeConfig {
             max_connections: 256,
             prefix_cache_bytes: 256 << 20,
             prefix_cache_dir: None,
+            prefix_cache_save_every: Some(Duration::from_secs(60)),
             chat_template: None,
         }
     }
@@ -188,7 +193,12 @@ impl Server {
             .map_err(|source| ServerError::Io { addr, source })?;
 
         let persist = match &config.prefix_cache_dir {
-            Some(dir) if config.prefix_cache_bytes > 0 => Some(persist(&engine, dir, context)?),
+            Some(dir) if config.prefix_cache_bytes > 0 => Some(persist(
+                &engine,
+                dir,
+                context,
+                config.prefix_cache_save_every,
+            )?),
             _ => None,
         };
         let engine = Arc::new(engine);
@@ -207,7 +217,7 @@ impl Server {
                 persist,
             };
             // Read before anything listens: the first request finds what the file holds.
-            let prefixes = scheduler::load_prefixes(&engine, &sc);
+            let prefixes = saver::load_prefixes(&engine, &sc);
             std::thread::Builder::new()
                 .name("ork-scheduler".to_owned())
                 .spawn(move || scheduler::run(engine, sc, queue_rx, metrics, abort, prefixes))
@@ -341,6 +351,7 @@ fn persist(
     engine: &Engine,
     dir: &std::path::Path,
     context: usize,
+    every: Option<Duration>,
 ) -> Result<scheduler::Persist, ServerError> {
     let bad = |what: String| ServerError::Config {
         setting: "--prefix-cache-dir",
@@ -350,6 +361,7 @@ fn persist(
     if !dir.is_dir() {
         return Err(bad("not a directory".to_owned()));
     }
+    remove_stale_temporaries(dir);
     let identity = engine.numbers_identity(context);
     let mut inputs = vec![engine.config().model.clone()];
     inputs.extend(engine.pack_path().cloned());
@@ -357,7 +369,34 @@ fn persist(
         path: PrefixCache::file_in(dir, identity),
         identity,
         inputs,
+        every,
     })
+}
+
+/// Remove what a write cut by a crash or a power cut left in the prefix cache's directory: the
+/// temporary files of ork's atomic writes (`.ork-output-*`) older than ten minutes (a live
+/// writer's, in another server sharing the directory, is younger).
+fn remove_stale_temporaries(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let stale = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(600));
+        if stale && e.file_name().to_string_lossy().starts_with(".ork-output-") {
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => eprintln!(
+                    "ork serve: removed {}, left by a cut write",
+                    e.path().display()
+                ),
+                Err(err) => eprintln!("warning: cannot remove {}: {err}", e.path().display()),
+            }
+        }
+    }
 }
 
 fn runtime_shutdown(

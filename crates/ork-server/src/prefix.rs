@@ -43,6 +43,8 @@ pub struct PrefixCache {
     budget: usize,
     bytes: usize,
     entries: Vec<Entry>,
+    /// Counts the changes to `entries` (what a saver compares to know it has something new).
+    generation: u64,
 }
 
 impl std::fmt::Debug for PrefixCache {
@@ -67,7 +69,13 @@ impl PrefixCache {
             budget,
             bytes: 0,
             entries: Vec::new(),
+            generation: 0,
         }
+    }
+
+    /// A number that changes whenever the entries do (an insert, a take).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Bytes of keys and values held.
@@ -93,6 +101,7 @@ impl PrefixCache {
         if len == 0 || tokens.len() < len {
             return;
         }
+        self.generation += 1;
         tokens.truncate(len);
         if session.kv_bytes() > self.budget {
             return;
@@ -148,6 +157,7 @@ impl PrefixCache {
             return None;
         }
         let entry = self.entries.remove(at);
+        self.generation += 1;
         if len == entry.tokens.len() {
             // The conversation goes on: its session continues (and comes back when done).
             self.bytes -= entry.bytes;
@@ -216,6 +226,14 @@ impl PrefixCache {
     /// # Errors
     /// The output rule's refusal or an I/O error, naming the file.
     pub fn save(&self, path: &Path, identity: u64, inputs: &[&Path]) -> Result<usize, String> {
+        let bytes = self.image(identity);
+        PrefixCache::write(path, &bytes, inputs)?;
+        Ok(bytes.len())
+    }
+
+    /// What [`PrefixCache::save`] writes, built in memory (at memcpy speed: the slow part of a
+    /// save, the disk, can then run on another thread).
+    pub fn image(&self, identity: u64) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.bytes + 64 * self.entries.len() + 32);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&identity.to_le_bytes());
@@ -229,8 +247,16 @@ impl PrefixCache {
         }
         let sum = ork_store::xxh3_64(&out);
         out.extend_from_slice(&sum.to_le_bytes());
-        ork_store::output::write_output(path, &out, inputs).map_err(|e| e.to_string())?;
-        Ok(out.len())
+        out
+    }
+
+    /// Write an [`PrefixCache::image`] to `path` atomically under ork's output rule (never over
+    /// one of `inputs`).
+    ///
+    /// # Errors
+    /// The output rule's refusal or an I/O error, naming the file.
+    pub fn write(path: &Path, image: &[u8], inputs: &[&Path]) -> Result<(), String> {
+        ork_store::output::write_output(path, image, inputs).map_err(|e| e.to_string())
     }
 
     /// Put back the entries [`PrefixCache::save`] wrote to `path` for `identity`, each into a

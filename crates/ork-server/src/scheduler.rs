@@ -7,6 +7,8 @@
 //! chunk at most. Each sequence samples from its own logits with its own [`Sampler`].
 use crate::metrics::Metrics;
 use crate::prefix::PrefixCache;
+pub use crate::saver::Persist;
+use crate::saver::Saver;
 use crossbeam_channel::{Receiver, TryRecvError};
 use ork_exec::{BatchPart, Sampler, SamplerOptions, Session, TextStream, Tokenizer};
 use ork_runtime::Engine;
@@ -145,17 +147,6 @@ pub struct SchedulerConfig {
     pub persist: Option<Persist>,
 }
 
-/// A prefix cache kept on disk (`--prefix-cache-dir`, docs/serve.md "Prefix reuse").
-#[derive(Clone, Debug)]
-pub struct Persist {
-    /// The file ([`PrefixCache::file_in`]).
-    pub path: std::path::PathBuf,
-    /// The numbers identity of the server's sessions (`Engine::numbers_identity`).
-    pub identity: u64,
-    /// Files it must never replace (the model, its pack).
-    pub inputs: Vec<std::path::PathBuf>,
-}
-
 /// One running sequence.
 struct Slot<'t> {
     job: Job,
@@ -241,9 +232,9 @@ fn held_back(text: &str, stops: &[String]) -> usize {
 
 /// Run the scheduler until the queue is closed and every sequence is done; once `abort` is set,
 /// every running and queued request ends with [`Event::Failed`] (the end of a bounded drain).
-/// `prefixes` is the prefix cache it starts with ([`load_prefixes`]); with `config.persist` it
-/// is written after the last request (a file that cannot be written is a warning on stderr,
-/// never a failure).
+/// `prefixes` is the prefix cache it starts with ([`crate::saver::load_prefixes`]); with
+/// `config.persist` it is written while the server runs and after the last request
+/// ([`Saver`]; a file that cannot be written is a warning on stderr, never a failure).
 pub fn run(
     engine: Arc<Engine>,
     config: SchedulerConfig,
@@ -255,42 +246,19 @@ pub fn run(
     metrics
         .prefix_cache_bytes
         .store(prefixes.bytes() as u64, Ordering::Relaxed);
-    serve(&engine, &config, &queue, &metrics, &abort, &mut prefixes);
-    if let Some(p) = &config.persist {
-        let inputs: Vec<&std::path::Path> = p.inputs.iter().map(|p| p.as_path()).collect();
-        let t = Instant::now();
-        match prefixes.save(&p.path, p.identity, &inputs) {
-            Ok(bytes) => eprintln!(
-                "ork serve: {} cached prefixes ({bytes} bytes) written to {} in {:.3} s",
-                prefixes.len(),
-                p.path.display(),
-                t.elapsed().as_secs_f64()
-            ),
-            Err(e) => eprintln!("warning: prefix cache not written: {e}"),
-        }
+    let mut saver = config.persist.as_ref().map(|p| Saver::new(p, &prefixes));
+    serve(
+        &engine,
+        &config,
+        &queue,
+        &metrics,
+        &abort,
+        &mut prefixes,
+        saver.as_mut(),
+    );
+    if let Some(saver) = saver {
+        saver.finish(&prefixes);
     }
-}
-
-/// The prefix cache a server of `config` starts with: with `config.persist`, what the file
-/// holds (a file that cannot be read is a warning on stderr naming it, and an empty cache).
-pub fn load_prefixes(engine: &Engine, config: &SchedulerConfig) -> PrefixCache {
-    let mut prefixes = PrefixCache::new(config.prefix_cache_bytes);
-    if let Some(p) = &config.persist {
-        let fresh = || engine.session_with_context(config.context).ok();
-        let t = Instant::now();
-        match prefixes.load(&p.path, p.identity, fresh) {
-            Ok(l) if l.entries > 0 => eprintln!(
-                "ork serve: {} cached prefixes ({} tokens) read from {} in {:.3} s",
-                l.kept,
-                l.tokens,
-                p.path.display(),
-                t.elapsed().as_secs_f64()
-            ),
-            Ok(_) => {}
-            Err(e) => eprintln!("warning: prefix cache not read: {e}"),
-        }
-    }
-    prefixes
 }
 
 /// The scheduler's loop (see [`run`]).
@@ -301,6 +269,7 @@ fn serve(
     metrics: &Metrics,
     abort: &AtomicBool,
     prefixes: &mut PrefixCache,
+    mut saver: Option<&mut Saver<'_>>,
 ) {
     let tokenizer: Arc<Tokenizer> = Arc::clone(engine.tokenizer());
     let mut slots: Vec<Slot<'_>> = Vec::with_capacity(config.max_seqs);
@@ -412,9 +381,15 @@ fn serve(
             if closed {
                 return;
             }
+            if let Some(saver) = saver.as_deref_mut() {
+                saver.tick(prefixes);
+            }
             continue;
         }
         step(&mut slots, config, &tokenizer, metrics, prefixes);
+        if let Some(saver) = saver.as_deref_mut() {
+            saver.tick(prefixes);
+        }
     }
 }
 

@@ -180,3 +180,65 @@ fn serve_refuses_an_unreadable_or_broken_chat_template_file() {
         assert!(!stderr.contains("serving"), "{stderr}");
     }
 }
+
+/// `--prefix-cache-save-secs`: a server killed without a drain (SIGKILL: a power cut) still
+/// leaves the prefix cache it wrote while serving, and the restarted server reads it.
+#[test]
+fn a_killed_server_leaves_the_prefix_cache_it_wrote_while_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut child = ork()
+            .args(["serve", "--model", model().to_str().unwrap(), "--pack"])
+            .arg(converted())
+            .args(["--device", "emu", "--port", "0", "--budget-mb", "1024"])
+            .arg("--prefix-cache-dir")
+            .arg(dir.path())
+            .args(["--prefix-cache-save-secs", "1"])
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut before = Vec::new();
+        let (addr, id) = loop {
+            let line = lines.next().expect("ork serve started").unwrap();
+            before.push(line.clone());
+            if let Some(rest) = line.strip_prefix("[ork] serving ") {
+                let (id, url) = rest.split_once(" on http://").unwrap();
+                break (url.to_owned(), id.to_owned());
+            }
+        };
+        std::thread::spawn(move || lines.map_while(Result::ok).count());
+        (child, addr, id, before.join("\n"))
+    };
+    let (mut child, addr, id, _) = start();
+    let body = format!(
+        r#"{{"model":"{id}","messages":[{{"role":"user","content":"Count to ten."}}],"max_tokens":8,"temperature":0}}"#
+    );
+    let mut answer = String::new();
+    request(&addr, "POST", "/v1/chat/completions", &body)
+        .read_to_string(&mut answer)
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // Written within about a second of the answer, while the server runs.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let written = || {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".orkkv"))
+    };
+    while !written() {
+        assert!(
+            Instant::now() < deadline,
+            "no prefix cache written while serving"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The file has its name only once complete (written under a temporary name, renamed).
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (mut child, _, _, stderr) = start();
+    assert!(stderr.contains("1 cached prefixes"), "{stderr}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

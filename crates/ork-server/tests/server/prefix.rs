@@ -416,3 +416,29 @@ fn a_saved_prefix_file_is_checked_before_use() {
     let e = PrefixCache::new(1 << 20).load(&path, 7, fresh).unwrap_err();
     assert!(e.contains("budget"), "{e}");
 }
+
+/// A write cut by a crash leaves a temporary file: the next server removes those older than ten
+/// minutes from the prefix cache's directory, and leaves a younger one (a live writer's).
+#[test]
+fn a_cut_writes_temporary_file_is_removed_at_start() {
+    let _engines = MEMORY.blocking_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let (old, young) = (
+        dir.path().join(".ork-output-cut"),
+        dir.path().join(".ork-output-live"),
+    );
+    for p in [&old, &young] {
+        std::fs::write(p, b"partial").unwrap();
+    }
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
+    let server = serve_in(KvType::F16, dir.path());
+    assert!(!old.exists(), "the stale temporary file is still there");
+    assert!(young.exists(), "a young temporary file was removed");
+    drop(server);
+}
