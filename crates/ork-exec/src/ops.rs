@@ -150,22 +150,11 @@ fn divided(inv_freq: &[f64], factors: &[f32]) -> Vec<f64> {
 /// SiLU(gate) · up, element-wise into `gate`, eight lanes wide where the CPU allows
 /// (`ork_exec::wide`; the same bits either way).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    crate::wide::wide(Swiglu { gate, up });
-}
-
-struct Swiglu<'a> {
-    gate: &'a mut [f32],
-    up: &'a [f32],
-}
-
-impl crate::wide::Kernel for Swiglu<'_> {
-    type Out = ();
-    #[inline(always)]
-    fn run(self) {
-        for (g, u) in self.gate.iter_mut().zip(self.up) {
-            *g = *g / (1.0 + exp(-*g)) * u;
-        }
-    }
+    crate::wide::wide(Gated {
+        gate,
+        up,
+        act: silu,
+    });
 }
 
 /// GeLU(gate) · up, element-wise into `gate`, with GeLU's tanh form
@@ -174,22 +163,35 @@ impl crate::wide::Kernel for Swiglu<'_> {
 /// so that it vectorizes like [`swiglu`]. ggml's CPU looks the GeLU up in a table of f16 inputs
 /// and outputs instead (docs/models.md, "gemma3"); this is the exact function.
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
-    crate::wide::wide(Geglu { gate, up });
+    crate::wide::wide(Gated {
+        gate,
+        up,
+        act: gelu_tanh,
+    });
 }
 
-struct Geglu<'a> {
+/// `act(gate) · up` element-wise into `gate`: the gated FFN's activation, one kernel for every
+/// activation (a function item, so each use compiles to its own vectorized loop).
+struct Gated<'a, F: Fn(f32) -> f32> {
     gate: &'a mut [f32],
     up: &'a [f32],
+    act: F,
 }
 
-impl crate::wide::Kernel for Geglu<'_> {
+impl<F: Fn(f32) -> f32> crate::wide::Kernel for Gated<'_, F> {
     type Out = ();
     #[inline(always)]
     fn run(self) {
         for (g, u) in self.gate.iter_mut().zip(self.up) {
-            *g = gelu_tanh(*g) * u;
+            *g = (self.act)(*g) * u;
         }
     }
+}
+
+/// SiLU, `x / (1 + e^(−x))` (see [`swiglu`]).
+#[inline(always)]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
 }
 
 /// GeLU, tanh form (see [`geglu`]).

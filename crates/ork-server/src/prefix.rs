@@ -310,8 +310,9 @@ impl PrefixCache {
         for i in 0..count {
             let at = |what: String| named(format!("entry {i}: {what}"));
             let n = r.len("a token count").map_err(at)?;
+            let span = n.checked_mul(4).ok_or_else(|| at(format!("{n} tokens")))?;
             let tokens: Vec<u32> = r
-                .take(4 * n)
+                .take(span)
                 .map_err(at)?
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
