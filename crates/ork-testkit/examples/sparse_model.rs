@@ -15,7 +15,13 @@ fn main() -> ExitCode {
     }
     let mut n = Vec::new();
     for (a, what) in args[1..].iter().zip([
-        "N_LAYER", "D_MODEL", "FFN", "N_HEAD", "N_HEAD_KV", "HEAD_DIM", "VOCAB",
+        "N_LAYER",
+        "D_MODEL",
+        "FFN",
+        "N_HEAD",
+        "N_HEAD_KV",
+        "HEAD_DIM",
+        "VOCAB",
     ]) {
         match a.parse::<usize>() {
             Ok(v) if v > 0 => n.push(v),
