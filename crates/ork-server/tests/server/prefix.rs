@@ -287,6 +287,10 @@ async fn a_restarted_server_reuses_the_prefixes_it_wrote() {
     let saved = files();
     assert_eq!(saved.len(), 1, "{saved:?}");
     assert!(saved[0].to_string_lossy().ends_with(".orkkv"));
+    // It holds the conversation: its owner's only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&saved[0]).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
 
     messages.push(json!({"role": "assistant", "content": answer1}));
     messages.push(json!({"role": "user", "content": "And three animals that live in the sea?"}));
