@@ -374,7 +374,7 @@ fn persist(
 }
 
 /// Remove what a write cut by a crash or a power cut left in the prefix cache's directory: the
-/// temporary files of ork's atomic writes (`.ork-output-*`) older than ten minutes (a live
+/// temporary files of ork's atomic writes (`ork_store::output::TEMP_PREFIX`) older than ten minutes (a live
 /// writer's, in another server sharing the directory, is younger).
 fn remove_stale_temporaries(dir: &std::path::Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -387,7 +387,11 @@ fn remove_stale_temporaries(dir: &std::path::Path) {
             .ok()
             .and_then(|t| t.elapsed().ok())
             .is_some_and(|age| age > Duration::from_secs(600));
-        if stale && e.file_name().to_string_lossy().starts_with(".ork-output-") {
+        if stale
+            && e.file_name()
+                .to_string_lossy()
+                .starts_with(ork_store::output::TEMP_PREFIX)
+        {
             match std::fs::remove_file(e.path()) {
                 Ok(()) => eprintln!(
                     "ork serve: removed {}, left by a cut write",

@@ -275,22 +275,24 @@ impl PrefixCache {
         identity: u64,
         fresh: impl Fn() -> Option<Session>,
     ) -> Result<Loaded, String> {
-        let size = match std::fs::metadata(path) {
-            Ok(m) => m.len(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Loaded::default()),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        };
         let named = |what: String| format!("{}: {what}", path.display());
-        if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
-            return Err(named("not a regular file".to_owned()));
-        }
+        // Under the rule for every file ork reads whole (a regular file, opened without
+        // blocking, its size checked before anything is allocated).
         let limit = 2 * self.budget as u64 + (1 << 20);
-        if size > limit {
-            return Err(named(format!(
-                "{size} bytes, more than twice the prefix cache's budget; not read"
-            )));
-        }
-        let bytes = std::fs::read(path).map_err(|e| named(e.to_string()))?;
+        let bytes = match ork_gguf::input::read_input(path, limit) {
+            Ok(bytes) => bytes,
+            Err(ork_gguf::input::InputError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Ok(Loaded::default())
+            }
+            Err(ork_gguf::input::InputError::TooLarge { size, .. }) => {
+                return Err(named(format!(
+                    "{size} bytes or more, more than twice the prefix cache's budget; not read"
+                )))
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         if bytes.len() < MAGIC.len() + 24 || &bytes[..MAGIC.len()] != MAGIC {
             return Err(named("not a saved ork prefix cache".to_owned()));
         }

@@ -48,6 +48,10 @@ pub fn check_output(path: &Path, inputs: &[&Path]) -> Result<(), StoreError> {
     destination(path, inputs).map(drop)
 }
 
+/// The name prefix of the temporary file an atomic write creates beside its destination (what
+/// a write cut by a crash leaves behind).
+pub const TEMP_PREFIX: &str = ".ork-output-";
+
 /// Write `bytes` to `path` under the output rule (module docs).
 ///
 /// # Errors
@@ -60,7 +64,7 @@ pub fn write_output(path: &Path, bytes: &[u8], inputs: &[&Path]) -> Result<(), S
         Destination::File(real) => {
             let dir = real.parent().unwrap_or(Path::new("."));
             let mut tmp = tempfile::Builder::new()
-                .prefix(".ork-output-")
+                .prefix(TEMP_PREFIX)
                 .tempfile_in(dir)
                 .map_err(|e| io("create a temporary file", e))?;
             tmp.write_all(bytes).map_err(|e| io("write", e))?;

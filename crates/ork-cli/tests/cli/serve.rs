@@ -35,9 +35,19 @@ fn serve_that_wrote_its_pack_at_start_up_still_drains_on_sigterm() {
     assert!(pack.exists(), "the pack was written at start-up");
 }
 
-/// Serve with `extra` options, stream one request, SIGTERM during it: the request finishes,
-/// the server exits 0. Returns its stderr.
-fn drains_on_sigterm(pack: &std::path::Path, extra: &[&std::ffi::OsStr]) -> String {
+/// A running `ork serve` (emulated device, a free port, `extra` options), once it printed where
+/// it listens.
+struct Serving {
+    child: std::process::Child,
+    addr: String,
+    model_id: String,
+    /// Its stderr up to the line saying where it listens.
+    before: Vec<String>,
+    /// The rest of its stderr, read to the end on a thread (so it never blocks on a full pipe).
+    rest: std::thread::JoinHandle<Vec<String>>,
+}
+
+fn serve(pack: &std::path::Path, extra: &[&std::ffi::OsStr]) -> Serving {
     let mut child = ork()
         .args(["serve", "--model", model().to_str().unwrap(), "--pack"])
         .arg(pack)
@@ -60,8 +70,26 @@ fn drains_on_sigterm(pack: &std::path::Path, extra: &[&std::ffi::OsStr]) -> Stri
             break (url.to_owned(), id.to_owned());
         }
     };
-    // Keep stderr drained.
     let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    Serving {
+        child,
+        addr,
+        model_id,
+        before,
+        rest,
+    }
+}
+
+/// Serve with `extra` options, stream one request, SIGTERM during it: the request finishes,
+/// the server exits 0. Returns its stderr.
+fn drains_on_sigterm(pack: &std::path::Path, extra: &[&std::ffi::OsStr]) -> String {
+    let Serving {
+        mut child,
+        addr,
+        model_id,
+        mut before,
+        rest,
+    } = serve(pack, extra);
 
     let body = format!(
         r#"{{"model":"{model_id}","messages":[{{"role":"user","content":"Count to thirty."}}],"max_tokens":24,"temperature":0,"stream":true}}"#
@@ -186,32 +214,19 @@ fn serve_refuses_an_unreadable_or_broken_chat_template_file() {
 #[test]
 fn a_killed_server_leaves_the_prefix_cache_it_wrote_while_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let start = || {
-        let mut child = ork()
-            .args(["serve", "--model", model().to_str().unwrap(), "--pack"])
-            .arg(converted())
-            .args(["--device", "emu", "--port", "0", "--budget-mb", "1024"])
-            .arg("--prefix-cache-dir")
-            .arg(dir.path())
-            .args(["--prefix-cache-save-secs", "1"])
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let mut before = Vec::new();
-        let (addr, id) = loop {
-            let line = lines.next().expect("ork serve started").unwrap();
-            before.push(line.clone());
-            if let Some(rest) = line.strip_prefix("[ork] serving ") {
-                let (id, url) = rest.split_once(" on http://").unwrap();
-                break (url.to_owned(), id.to_owned());
-            }
-        };
-        std::thread::spawn(move || lines.map_while(Result::ok).count());
-        (child, addr, id, before.join("\n"))
-    };
-    let (mut child, addr, id, _) = start();
+    let opts = [
+        std::ffi::OsString::from("--prefix-cache-dir"),
+        dir.path().into(),
+        "--prefix-cache-save-secs".into(),
+        "1".into(),
+    ];
+    let opts: Vec<&std::ffi::OsStr> = opts.iter().map(|a| a.as_os_str()).collect();
+    let Serving {
+        mut child,
+        addr,
+        model_id: id,
+        ..
+    } = serve(converted(), &opts);
     let body = format!(
         r#"{{"model":"{id}","messages":[{{"role":"user","content":"Count to ten."}}],"max_tokens":8,"temperature":0}}"#
     );
@@ -237,7 +252,10 @@ fn a_killed_server_leaves_the_prefix_cache_it_wrote_while_serving() {
     // The file has its name only once complete (written under a temporary name, renamed).
     child.kill().unwrap();
     child.wait().unwrap();
-    let (mut child, _, _, stderr) = start();
+    let Serving {
+        mut child, before, ..
+    } = serve(converted(), &opts);
+    let stderr = before.join("\n");
     assert!(stderr.contains("1 cached prefixes"), "{stderr}");
     child.kill().unwrap();
     child.wait().unwrap();

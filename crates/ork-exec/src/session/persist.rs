@@ -17,21 +17,17 @@ fn put_u64(out: &mut Vec<u8>, v: usize) {
 }
 
 fn put_heads(out: &mut Vec<u8>, h: &Heads) {
+    /// Each head: its value count, then its values' little-endian bytes.
+    fn each<T, const N: usize>(out: &mut Vec<u8>, heads: &[Vec<T>], le: impl Fn(&T) -> [u8; N]) {
+        put_u64(out, heads.len());
+        for head in heads {
+            put_u64(out, head.len());
+            out.extend(head.iter().flat_map(&le));
+        }
+    }
     match h {
-        Heads::F16(h) => {
-            put_u64(out, h.len());
-            for head in h {
-                put_u64(out, head.len());
-                out.extend(head.iter().flat_map(|v| v.to_bits().to_le_bytes()));
-            }
-        }
-        Heads::F32(h) => {
-            put_u64(out, h.len());
-            for head in h {
-                put_u64(out, head.len());
-                out.extend(head.iter().flat_map(|v| v.to_le_bytes()));
-            }
-        }
+        Heads::F16(h) => each(out, h, |v| v.to_bits().to_le_bytes()),
+        Heads::F32(h) => each(out, h, |v| v.to_le_bytes()),
     }
 }
 
@@ -70,46 +66,32 @@ impl<'a> Reader<'a> {
                 "{what}: {n} heads, the model has {want}"
             )));
         }
-        let check = |r: &mut Reader<'a>| -> Result<(), ExecError> {
-            let got = r.u64(what)?;
+        let span = values
+            .checked_mul(kind.bytes())
+            .ok_or_else(|| ExecError::KvImage(format!("{what}: {values} values")))?;
+        // Each head: its value count (the positions held need `values`), then the values.
+        let mut raw = Vec::with_capacity(n);
+        for _ in 0..n {
+            let got = self.u64(what)?;
             if got != values {
                 return Err(ExecError::KvImage(format!(
                     "{what}: a head of {got} values where the positions held need {values}"
                 )));
             }
-            Ok(())
-        };
-        let size = kind.bytes();
-        let span = values
-            .checked_mul(size)
-            .ok_or_else(|| ExecError::KvImage(format!("{what}: {values} values")))?;
+            raw.push(self.take(span, what)?);
+        }
+        fn decode<T, const N: usize>(raw: &[&[u8]], le: impl Fn([u8; N]) -> T) -> Vec<Vec<T>> {
+            raw.iter()
+                .map(|b| {
+                    b.chunks_exact(N)
+                        .map(|c| le(c.try_into().expect("N bytes")))
+                        .collect()
+                })
+                .collect()
+        }
         Ok(match kind {
-            KvType::F16 => {
-                let mut h = Vec::with_capacity(n);
-                for _ in 0..n {
-                    check(self)?;
-                    let b = self.take(span, what)?;
-                    h.push(
-                        b.chunks_exact(2)
-                            .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
-                            .collect(),
-                    );
-                }
-                Heads::F16(h)
-            }
-            KvType::F32 => {
-                let mut h = Vec::with_capacity(n);
-                for _ in 0..n {
-                    check(self)?;
-                    let b = self.take(span, what)?;
-                    h.push(
-                        b.chunks_exact(4)
-                            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                            .collect(),
-                    );
-                }
-                Heads::F32(h)
-            }
+            KvType::F16 => Heads::F16(decode(&raw, |b| f16::from_bits(u16::from_le_bytes(b)))),
+            KvType::F32 => Heads::F32(decode(&raw, f32::from_le_bytes)),
         })
     }
 }
