@@ -218,6 +218,10 @@ impl Server {
             };
             // Read before anything listens: the first request finds what the file holds.
             let prefixes = saver::load_prefixes(&engine, &sc);
+            // Counted before anything listens, so the first /metrics shows what was read.
+            metrics
+                .prefix_cache_bytes
+                .store(prefixes.bytes() as u64, Ordering::Relaxed);
             std::thread::Builder::new()
                 .name("ork-scheduler".to_owned())
                 .spawn(move || scheduler::run(engine, sc, queue_rx, metrics, abort, prefixes))

@@ -243,9 +243,6 @@ pub fn run(
     abort: Arc<AtomicBool>,
     mut prefixes: PrefixCache,
 ) {
-    metrics
-        .prefix_cache_bytes
-        .store(prefixes.bytes() as u64, Ordering::Relaxed);
     let mut saver = config.persist.as_ref().map(|p| Saver::new(p, &prefixes));
     serve(
         &engine,
