@@ -29,6 +29,57 @@
 
 use super::{Isa, RowsFn, WeightType};
 
+/// `$f::<T>` as a [`RowsFn`] for the [`KType`] value `$t` (kernels are instantiated per type,
+/// so each decode is resolved at compile time).
+macro_rules! by_type {
+    ($t:expr, $f:ident $(, $extra:ty)?) => {
+        match $t {
+            KType::Q2 => $f::<$($extra,)? { KType::Q2 as u8 }> as RowsFn,
+            KType::Q3 => $f::<$($extra,)? { KType::Q3 as u8 }>,
+            KType::Q4 => $f::<$($extra,)? { KType::Q4 as u8 }>,
+            KType::Q5 => $f::<$($extra,)? { KType::Q5 as u8 }>,
+            KType::Q6 => $f::<$($extra,)? { KType::Q6 as u8 }>,
+        }
+    };
+}
+
+/// A SIMD kernel's two functions: `$safe::<T>`, the [`RowsFn`] the dispatcher hands out, which
+/// asserts `$check` (the CPU runs `$features`), and `$inner::<T>`, the shared driver on
+/// `$engine` compiled with `$features` (so the plain-Rust decode vectorizes for them and the
+/// engine's intrinsics inline).
+macro_rules! isa_rows {
+    ($safe:ident, $inner:ident, $features:literal, $engine:ty, $check:expr) => {
+        /// Safe entry: checks that the CPU has the kernel's features.
+        fn $safe<const T: u8>(
+            k: usize,
+            w: &[u8],
+            rows: usize,
+            acts: &[u8],
+            m: usize,
+            out: &mut [f32],
+        ) {
+            assert!($check, concat!("this k-quant kernel needs ", $features));
+            // SAFETY: the CPU has the features (asserted just above); `drive` checks the
+            // slice lengths.
+            unsafe { $inner::<T>(k, w, rows, acts, m, out) }
+        }
+
+        /// # Safety
+        /// The CPU must have the features named in `target_feature`.
+        #[target_feature(enable = $features)]
+        unsafe fn $inner<const T: u8>(
+            k: usize,
+            w: &[u8],
+            rows: usize,
+            acts: &[u8],
+            m: usize,
+            out: &mut [f32],
+        ) {
+            super::drive::<$engine, T>(k, w, rows, acts, m, out);
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "aarch64")]
@@ -120,26 +171,21 @@ pub(super) trait Engine {
 /// The rows kernel for `ty` on `isa`, if that ISA has one.
 pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
     let t = KType::of(ty)?;
-    let f: RowsFn = match (t, isa) {
-        (KType::Q2, Isa::Scalar) => rows_ty::<Scalar, { KType::Q2 as u8 }>,
-        (KType::Q3, Isa::Scalar) => rows_ty::<Scalar, { KType::Q3 as u8 }>,
-        (KType::Q4, Isa::Scalar) => rows_ty::<Scalar, { KType::Q4 as u8 }>,
-        (KType::Q5, Isa::Scalar) => rows_ty::<Scalar, { KType::Q5 as u8 }>,
-        (KType::Q6, Isa::Scalar) => rows_ty::<Scalar, { KType::Q6 as u8 }>,
+    let f: RowsFn = match isa {
+        Isa::Scalar => by_type!(t, drive, Scalar),
         #[cfg(target_arch = "x86_64")]
-        (_, Isa::Avx2) => avx2::rows(t),
+        Isa::Avx2 => avx2::rows(t),
         #[cfg(target_arch = "aarch64")]
-        (_, Isa::Neon) => neon::rows(t, false),
+        Isa::Neon => neon::rows(t, false),
         #[cfg(target_arch = "aarch64")]
-        (_, Isa::NeonDot) => neon::rows(t, true),
+        Isa::NeonDot => neon::rows(t, true),
         _ => return None,
     };
     Some(f)
 }
 
-/// The type a const parameter names (the driver is instantiated per type so the decode is
-/// resolved at compile time).
-pub(super) const fn ktype(t: u8) -> KType {
+/// The type a const parameter names.
+const fn ktype(t: u8) -> KType {
     match t {
         0 => KType::Q2,
         1 => KType::Q3,
@@ -149,18 +195,6 @@ pub(super) const fn ktype(t: u8) -> KType {
     }
 }
 
-/// [`RowsFn`] of type `T` (a `KType as u8`) on engine `E`.
-pub(super) fn rows_ty<E: Engine, const T: u8>(
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    acts: &[u8],
-    m: usize,
-    out: &mut [f32],
-) {
-    drive::<E>(ktype(T), k, w, rows, acts, m, out);
-}
-
 /// Activation bytes one pass over the weight rows keeps hot (a chunk of activation rows).
 const ACT_CHUNK_BYTES: usize = 192 * 1024;
 
@@ -168,9 +202,9 @@ const ACT_CHUNK_BYTES: usize = 192 * 1024;
 /// [`combine`]. M = 1 decodes each super-block into one stack [`Super`] right before its dot;
 /// M > 1 decodes a whole weight row once per chunk of activation rows and reuses it across the
 /// chunk. Both give the same order of float operations per output.
+/// `T` is a `KType as u8`; the signature is [`RowsFn`]'s.
 #[inline(always)]
-pub(super) fn drive<E: Engine>(
-    t: KType,
+pub(super) fn drive<E: Engine, const T: u8>(
     k: usize,
     w: &[u8],
     rows: usize,
@@ -178,6 +212,7 @@ pub(super) fn drive<E: Engine>(
     m: usize,
     out: &mut [f32],
 ) {
+    let t = ktype(T);
     let nb = k / QK_K;
     let (wrb, arb) = (nb * t.bytes(), nb * Q8K_BYTES);
     assert!(w.len() >= rows * wrb && acts.len() >= m * arb && out.len() >= rows * m);

@@ -11,43 +11,21 @@
 
 use std::arch::x86_64::*;
 
-use super::{drive, ktype, Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES, QK_K};
+use super::{Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES, QK_K};
 use crate::blocks::RowsFn;
 
 /// The AVX2 rows kernel of `t`.
 pub(super) fn rows(t: KType) -> RowsFn {
-    match t {
-        KType::Q2 => rows_ty::<{ KType::Q2 as u8 }>,
-        KType::Q3 => rows_ty::<{ KType::Q3 as u8 }>,
-        KType::Q4 => rows_ty::<{ KType::Q4 as u8 }>,
-        KType::Q5 => rows_ty::<{ KType::Q5 as u8 }>,
-        KType::Q6 => rows_ty::<{ KType::Q6 as u8 }>,
-    }
+    by_type!(t, rows_ty)
 }
 
-/// Safe entry: checks that the CPU has AVX2 (the dispatcher hands this kernel out only then).
-fn rows_ty<const T: u8>(k: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
-    assert!(
-        is_x86_feature_detected!("avx2"),
-        "the AVX2 k-quant kernel needs a CPU with AVX2"
-    );
-    // SAFETY: the CPU has AVX2 (asserted just above); `drive` checks the slice lengths.
-    unsafe { rows_avx2::<T>(k, w, rows, acts, m, out) }
-}
-
-/// # Safety
-/// The CPU must have AVX2.
-#[target_feature(enable = "avx2")]
-unsafe fn rows_avx2<const T: u8>(
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    acts: &[u8],
-    m: usize,
-    out: &mut [f32],
-) {
-    drive::<Avx2>(ktype(T), k, w, rows, acts, m, out);
-}
+isa_rows!(
+    rows_ty,
+    rows_avx2,
+    "avx2",
+    Avx2,
+    is_x86_feature_detected!("avx2")
+);
 
 /// The AVX2 engine. Private: only [`rows_avx2`] (reached after the AVX2 check) uses it.
 struct Avx2;
