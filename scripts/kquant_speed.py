@@ -12,37 +12,14 @@ M = 1: ROWS weight rows × one activation row, and M = 16). Prints seconds and o
 (ggml time / ork time; per activation row for M = 16). This compares kernels, not llama.cpp's
 whole matmul (which may repack Q4_K weights for its AVX2 gemv/gemm, `ggml-cpu/repack.cpp`).
 """
-import ctypes
 import os
 import subprocess
 import sys
 import time
 
 import numpy as np
-import llama_cpp
 
-LIB = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-ctypes.CDLL(os.path.join(LIB, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-cpu = ctypes.CDLL(os.path.join(LIB, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
-TYPES = {"Q2_K": (10, 84), "Q3_K": (11, 110), "Q4_K": (12, 144), "Q5_K": (13, 176),
-         "Q6_K": (14, 210)}
-Q8_K = 15
-FROM_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
-VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-                           ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-
-
-class TraitsCpu(ctypes.Structure):
-    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
-                ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]
-
-
-cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(TraitsCpu)
-cpu.ggml_cpu_init()
-
-
-def p(a):
-    return a.ctypes.data_as(ctypes.c_void_p)
+from ggml_cpu import K_TYPES, ptr, quantize_q8k, vec_dot
 
 
 def ggml_time(tid, size, rows, k, reps):
@@ -54,14 +31,14 @@ def ggml_time(tid, size, rows, k, reps):
     h[~np.isfinite(h)] = np.float16(0.0015)
     x = (rng.random(k, dtype=np.float32) * 2 - 1).astype(np.float32)
     a1 = np.zeros(k // 256 * 292, dtype=np.uint8)
-    FROM_FLOAT(cpu.ggml_get_type_traits_cpu(Q8_K).contents.from_float)(p(x), p(a1), k)
+    quantize_q8k(x, a1)
     a = np.tile(a1, rows)
-    dot = VEC_DOT(cpu.ggml_get_type_traits_cpu(tid).contents.vec_dot)
+    dot = vec_dot(tid)
     s = np.zeros(1, dtype=np.float32)
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
-        dot(n, p(s), 0, p(w), 0, p(a), 0, 1)
+        dot(n, ptr(s), 0, ptr(w), 0, ptr(a), 0, 1)
         best = min(best, time.perf_counter() - t)
     return best
 
@@ -79,7 +56,7 @@ def main():
                     "kquant_speed"], check=True, cwd=root)
     exe = os.path.join(root, "target", "release", "examples", "kquant_speed")
     print(f"{rows} rows x K={k}, one thread; seconds are the best of {reps}")
-    for name, (tid, size) in TYPES.items():
+    for name, (tid, size) in K_TYPES.items():
         g = ggml_time(tid, size, rows, k, reps)
         isa, o1 = ork_time(exe, name, rows, k, 1, reps)
         _, o16 = ork_time(exe, name, rows, k, 16, max(3, reps // 8))

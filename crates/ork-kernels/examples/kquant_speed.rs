@@ -37,7 +37,9 @@ fn main() {
             }
         }
     }
-    let x: Vec<f32> = (0..m * k).map(|_| (next() % 2001) as f32 * 1e-3 - 1.0).collect();
+    let x: Vec<f32> = (0..m * k)
+        .map(|_| (next() % 2001) as f32 * 1e-3 - 1.0)
+        .collect();
     assert!(k.is_multiple_of(len));
     for isa in Isa::available() {
         let Some(kern) = Kernel::with_isa(ty, isa) else {

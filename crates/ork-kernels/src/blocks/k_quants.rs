@@ -278,7 +278,7 @@ impl Engine for Scalar {
 
 /// f16 at `b[0..2]` (little-endian) as f32.
 #[inline(always)]
-fn f16_at(b: &[u8]) -> f32 {
+pub(super) fn f16_at(b: &[u8]) -> f32 {
     half::f16::from_le_bytes([b[0], b[1]]).to_f32()
 }
 
@@ -341,7 +341,7 @@ fn decode_q2(b: &[u8], s: &mut Super) {
 /// `g mod 8` (high nibble for `g ≥ 8`), two high bits from byte `8 + g mod 4` at `2·(g div 4)`;
 /// minus 32.
 #[inline(always)]
-fn q3_scale(sb: &[u8], g: usize) -> i16 {
+pub(super) fn q3_scale(sb: &[u8], g: usize) -> i16 {
     let lo = (sb[g % 8] >> (4 * (g / 8))) & 0xF;
     let hi = (sb[8 + g % 4] >> (2 * (g / 4))) & 3;
     i16::from(lo | (hi << 4)) - 32
@@ -387,7 +387,7 @@ fn scale_min_k4(q: &[u8], j: usize) -> (u8, u8) {
 
 /// The 8 sub-block scales and mins of Q4_K/Q5_K, each spread over its two 16-value groups.
 #[inline(always)]
-fn scales_k4(sb: &[u8], s: &mut Super) {
+pub(super) fn scales_k4(sb: &[u8], s: &mut Super) {
     for j in 0..8 {
         let (sc, m) = scale_min_k4(sb, j);
         s.sc[2 * j] = i16::from(sc);

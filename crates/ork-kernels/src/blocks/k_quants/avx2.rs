@@ -1,5 +1,10 @@
-//! The k-quants on x86-64 AVX2: the shared driver ([`super::drive`]) compiled with AVX2 enabled
-//! (so the plain-Rust decode vectorizes to 256-bit code), and the integer dot in intrinsics.
+//! The k-quants on x86-64 AVX2: the shared driver ([`super::drive`]) compiled with AVX2, the
+//! decode of each type and the integer dot in intrinsics.
+//!
+//! Decode: the bit fields of 32 stored bytes at a time are isolated with 16-bit shifts and byte
+//! masks (a 16-bit shift moves bits across the byte boundary only into positions the mask then
+//! clears), producing the same [`Super`] as the scalar decode; the scales are unpacked as the
+//! scalar code does.
 //!
 //! Dot: per 32 values, `vpmaddubsw` of the unsigned quants (`u ≤ 63`) with the signed
 //! activations gives 16 i16 pair sums, exact (`|2·63·128| = 16128 < 2¹⁵`, even for `a = −128`);
@@ -11,7 +16,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES, QK_K};
+use super::{f16_at, q3_scale, scales_k4, Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES, QK_K};
 use crate::blocks::RowsFn;
 
 /// The AVX2 rows kernel of `t`.
@@ -33,7 +38,18 @@ struct Avx2;
 impl Engine for Avx2 {
     #[inline(always)]
     fn decode(ty: KType, blk: &[u8], s: &mut Super) {
-        super::decode(ty, blk, s);
+        assert!(blk.len() >= ty.bytes());
+        // SAFETY: `blk` holds a whole super-block of `ty` (asserted); this engine only runs
+        // inside `rows_avx2`, whose caller checked that the CPU has AVX2.
+        unsafe {
+            match ty {
+                KType::Q2 => decode_q2(blk, s),
+                KType::Q3 => decode_q3(blk, s),
+                KType::Q4 => decode_q4(blk, s),
+                KType::Q5 => decode_q5(blk, s),
+                KType::Q6 => decode_q6(blk, s),
+            }
+        }
     }
 
     #[inline(always)]
@@ -94,4 +110,185 @@ fn hsum(v: __m256i) -> i32 {
     let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b01_00_11_10));
     let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b10_11_00_01));
     _mm_cvtsi128_si32(x)
+}
+
+/// `v` shifted right by `N` bits in each 16-bit lane (`N` a literal).
+macro_rules! srli {
+    ($v:expr, $n:literal) => {
+        _mm256_srli_epi16::<$n>($v)
+    };
+}
+
+/// Load 32 bytes at `p`.
+///
+/// # Safety
+/// `p` must be valid for 32 bytes of reads; the CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn load(p: *const u8) -> __m256i {
+    // SAFETY: forwarded from the caller.
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
+
+/// Store 32 quants at `s.u[at..at + 32]`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn put(s: &mut Super, at: usize, v: __m256i) {
+    let dst = &mut s.u[at..at + 32];
+    // SAFETY: `dst` is 32 bytes.
+    unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), v) }
+}
+
+/// Q2_K (see [`super::decode`] for the layout).
+///
+/// # Safety
+/// `b` must hold 84 bytes; the CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn decode_q2(b: &[u8], s: &mut Super) {
+    let three = _mm256_set1_epi8(3);
+    for n in 0..2 {
+        // SAFETY: bytes 16 + 32n .. 48 + 32n ≤ 80 of the block.
+        let mut q = unsafe { load(b.as_ptr().add(16 + 32 * n)) };
+        for j in 0..4 {
+            put(s, 128 * n + 32 * j, _mm256_and_si256(q, three));
+            q = srli!(q, 2);
+        }
+    }
+    for (g, &v) in b[..16].iter().enumerate() {
+        s.sc[g] = i16::from(v & 0xF);
+        s.mn[g] = i16::from(v >> 4);
+    }
+    s.d = f16_at(&b[80..]);
+    s.dmin = f16_at(&b[82..]);
+}
+
+/// Q3_K.
+///
+/// # Safety
+/// `b` must hold 110 bytes; the CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn decode_q3(b: &[u8], s: &mut Super) {
+    let (one, three) = (_mm256_set1_epi8(1), _mm256_set1_epi8(3));
+    // SAFETY: hmask is bytes 0..32.
+    let mut hm = unsafe { load(b.as_ptr()) };
+    for n in 0..2 {
+        // SAFETY: bytes 32 + 32n .. 64 + 32n ≤ 96 of the block.
+        let mut q = unsafe { load(b.as_ptr().add(32 + 32 * n)) };
+        for j in 0..4 {
+            let hi = _mm256_slli_epi16::<2>(_mm256_and_si256(hm, one));
+            put(
+                s,
+                128 * n + 32 * j,
+                _mm256_or_si256(_mm256_and_si256(q, three), hi),
+            );
+            q = srli!(q, 2);
+            hm = srli!(hm, 1);
+        }
+    }
+    for g in 0..16 {
+        let sc = q3_scale(&b[96..108], g);
+        s.sc[g] = sc;
+        s.mn[g] = 4 * sc;
+    }
+    s.d = f16_at(&b[108..]);
+    s.dmin = 0.0;
+}
+
+/// Q4_K.
+///
+/// # Safety
+/// `b` must hold 144 bytes; the CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn decode_q4(b: &[u8], s: &mut Super) {
+    let m4 = _mm256_set1_epi8(0xF);
+    for c in 0..4 {
+        // SAFETY: bytes 16 + 32c .. 48 + 32c ≤ 144 of the block.
+        let q = unsafe { load(b.as_ptr().add(16 + 32 * c)) };
+        put(s, 64 * c, _mm256_and_si256(q, m4));
+        put(s, 64 * c + 32, _mm256_and_si256(srli!(q, 4), m4));
+    }
+    scales_k4(&b[4..16], s);
+    s.d = f16_at(&b[0..]);
+    s.dmin = f16_at(&b[2..]);
+}
+
+/// Q5_K.
+///
+/// # Safety
+/// `b` must hold 176 bytes; the CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn decode_q5(b: &[u8], s: &mut Super) {
+    let (m4, b4) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
+    // SAFETY: qh is bytes 16..48.
+    let mut h = unsafe { load(b.as_ptr().add(16)) };
+    for c in 0..4 {
+        // SAFETY: bytes 48 + 32c .. 80 + 32c ≤ 176 of the block.
+        let q = unsafe { load(b.as_ptr().add(48 + 32 * c)) };
+        let lo = _mm256_and_si256(_mm256_slli_epi16::<4>(h), b4);
+        let hi = _mm256_and_si256(_mm256_slli_epi16::<3>(h), b4);
+        put(s, 64 * c, _mm256_or_si256(_mm256_and_si256(q, m4), lo));
+        put(
+            s,
+            64 * c + 32,
+            _mm256_or_si256(_mm256_and_si256(srli!(q, 4), m4), hi),
+        );
+        h = srli!(h, 2);
+    }
+    scales_k4(&b[4..16], s);
+    s.d = f16_at(&b[0..]);
+    s.dmin = f16_at(&b[2..]);
+}
+
+/// Q6_K.
+///
+/// # Safety
+/// `b` must hold 210 bytes; the CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn decode_q6(b: &[u8], s: &mut Super) {
+    let (m4, m30) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
+    for n in 0..2 {
+        // SAFETY: ql is bytes 0..128, qh 128..192.
+        let (a, c, h) = unsafe {
+            let p = b.as_ptr();
+            (
+                load(p.add(64 * n)),
+                load(p.add(64 * n + 32)),
+                load(p.add(128 + 32 * n)),
+            )
+        };
+        let h0 = _mm256_and_si256(_mm256_slli_epi16::<4>(h), m30);
+        let h1 = _mm256_and_si256(_mm256_slli_epi16::<2>(h), m30);
+        let h2 = _mm256_and_si256(h, m30);
+        let h3 = _mm256_and_si256(srli!(h, 2), m30);
+        put(s, 128 * n, _mm256_or_si256(_mm256_and_si256(a, m4), h0));
+        put(
+            s,
+            128 * n + 32,
+            _mm256_or_si256(_mm256_and_si256(c, m4), h1),
+        );
+        put(
+            s,
+            128 * n + 64,
+            _mm256_or_si256(_mm256_and_si256(srli!(a, 4), m4), h2),
+        );
+        put(
+            s,
+            128 * n + 96,
+            _mm256_or_si256(_mm256_and_si256(srli!(c, 4), m4), h3),
+        );
+    }
+    // SAFETY: the 16 int8 scales are bytes 192..208.
+    let sc = unsafe { _mm256_cvtepi8_epi16(_mm_loadu_si128(b.as_ptr().add(192).cast())) };
+    // SAFETY: `s.sc` and `s.mn` are 16 i16 each.
+    unsafe {
+        _mm256_storeu_si256(s.sc.as_mut_ptr().cast(), sc);
+        _mm256_storeu_si256(s.mn.as_mut_ptr().cast(), _mm256_slli_epi16::<5>(sc));
+    }
+    s.d = f16_at(&b[208..]);
+    s.dmin = 0.0;
 }
