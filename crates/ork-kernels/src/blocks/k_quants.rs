@@ -337,14 +337,25 @@ fn decode_q2(b: &[u8], s: &mut Super) {
     s.dmin = f16_at(&b[82..]);
 }
 
-/// The 6-bit signed scale `g` of `block_q3_K` (its 12 packed bytes): low nibble from byte
-/// `g mod 8` (high nibble for `g ≥ 8`), two high bits from byte `8 + g mod 4` at `2·(g div 4)`;
-/// minus 32.
+/// The 16 scales of `block_q3_K` from its 12 packed bytes: scale `g` has its low nibble in byte
+/// `g mod 8` (the high nibble for `g ≥ 8`) and two high bits in byte `8 + g mod 4` at bit
+/// `2·(g div 4)`; minus 32. Unpacked four at a time in u32 words, as ggml does.
 #[inline(always)]
-pub(super) fn q3_scale(sb: &[u8], g: usize) -> i16 {
-    let lo = (sb[g % 8] >> (4 * (g / 8))) & 0xF;
-    let hi = (sb[8 + g % 4] >> (2 * (g / 4))) & 3;
-    i16::from(lo | (hi << 4)) - 32
+pub(super) fn q3_scales(sb: &[u8], s: &mut Super) {
+    let word = |i: usize| u32::from_le_bytes([sb[i], sb[i + 1], sb[i + 2], sb[i + 3]]);
+    let (a0, a1, hi) = (word(0), word(4), word(8));
+    let (m4, m2) = (0x0f0f_0f0fu32, 0x0303_0303u32);
+    let words = [
+        (a0 & m4) | ((hi & m2) << 4),
+        (a1 & m4) | (((hi >> 2) & m2) << 4),
+        ((a0 >> 4) & m4) | (((hi >> 4) & m2) << 4),
+        ((a1 >> 4) & m4) | (((hi >> 6) & m2) << 4),
+    ];
+    for (g, w) in words.iter().flat_map(|w| w.to_le_bytes()).enumerate() {
+        let sc = i16::from(w) - 32;
+        s.sc[g] = sc;
+        s.mn[g] = 4 * sc;
+    }
 }
 
 /// `block_q3_K`: hmask[32], qs[64], scales[12], d. Value `128n + 32j + l` is bits `2j..2j+2` of
@@ -362,11 +373,7 @@ fn decode_q3(b: &[u8], s: &mut Super) {
             }
         }
     }
-    for g in 0..16 {
-        let sc = q3_scale(sb, g);
-        s.sc[g] = sc;
-        s.mn[g] = 4 * sc;
-    }
+    q3_scales(sb, s);
     s.d = f16_at(&b[108..]);
     s.dmin = 0.0;
 }

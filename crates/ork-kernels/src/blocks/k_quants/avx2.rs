@@ -16,7 +16,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{f16_at, q3_scale, scales_k4, Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES, QK_K};
+use super::{f16_at, q3_scales, scales_k4, Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES, QK_K};
 use crate::blocks::RowsFn;
 
 /// The AVX2 rows kernel of `t`.
@@ -187,11 +187,7 @@ unsafe fn decode_q3(b: &[u8], s: &mut Super) {
             hm = srli!(hm, 1);
         }
     }
-    for g in 0..16 {
-        let sc = q3_scale(&b[96..108], g);
-        s.sc[g] = sc;
-        s.mn[g] = 4 * sc;
-    }
+    q3_scales(&b[96..108], s);
     s.d = f16_at(&b[108..]);
     s.dmin = 0.0;
 }
