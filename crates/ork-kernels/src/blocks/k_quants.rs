@@ -337,21 +337,30 @@ fn decode_q2(b: &[u8], s: &mut Super) {
     s.dmin = f16_at(&b[82..]);
 }
 
-/// The 16 scales of `block_q3_K` from its 12 packed bytes: scale `g` has its low nibble in byte
-/// `g mod 8` (the high nibble for `g ≥ 8`) and two high bits in byte `8 + g mod 4` at bit
-/// `2·(g div 4)`; minus 32. Unpacked four at a time in u32 words, as ggml does.
+/// The 16 scales of `block_q3_K` plus 32, as 16 bytes from its 12 packed bytes: scale `g` has
+/// its low nibble in byte `g mod 8` (the high nibble for `g ≥ 8`) and two high bits in byte
+/// `8 + g mod 4` at bit `2·(g div 4)`. Unpacked four at a time in u32 words, as ggml does.
 #[inline(always)]
-pub(super) fn q3_scales(sb: &[u8], s: &mut Super) {
+pub(super) fn q3_words(sb: &[u8]) -> [u32; 4] {
     let word = |i: usize| u32::from_le_bytes([sb[i], sb[i + 1], sb[i + 2], sb[i + 3]]);
     let (a0, a1, hi) = (word(0), word(4), word(8));
     let (m4, m2) = (0x0f0f_0f0fu32, 0x0303_0303u32);
-    let words = [
+    [
         (a0 & m4) | ((hi & m2) << 4),
         (a1 & m4) | (((hi >> 2) & m2) << 4),
         ((a0 >> 4) & m4) | (((hi >> 4) & m2) << 4),
         ((a1 >> 4) & m4) | (((hi >> 6) & m2) << 4),
-    ];
-    for (g, w) in words.iter().flat_map(|w| w.to_le_bytes()).enumerate() {
+    ]
+}
+
+/// The 16 signed scales of `block_q3_K` (see [`q3_words`]) and their offset weights `4·sc`.
+#[inline(always)]
+fn q3_scales(sb: &[u8], s: &mut Super) {
+    for (g, w) in q3_words(sb)
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .enumerate()
+    {
         let sc = i16::from(w) - 32;
         s.sc[g] = sc;
         s.mn[g] = 4 * sc;
@@ -378,29 +387,36 @@ fn decode_q3(b: &[u8], s: &mut Super) {
     s.dmin = 0.0;
 }
 
-/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (of 8) from the 12
-/// packed bytes of `block_q4_K` / `block_q5_K`.
+/// The 8 six-bit scales and 8 mins of `block_q4_K` / `block_q5_K` from their 12 packed bytes,
+/// as two words of 8 bytes (byte `j` of each belongs to sub-block `j`). ggml's
+/// `get_scale_min_k4` defines them: for `j < 4` scale `q[j] & 63`, min `q[j+4] & 63`; for
+/// `j ≥ 4` scale `(q[j+4] & 15) | (q[j-4] >> 6) << 4`, min `(q[j+4] >> 4) | (q[j] >> 6) << 4`.
+/// Computed four at a time in u32 words.
 #[inline(always)]
-fn scale_min_k4(q: &[u8], j: usize) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    }
+pub(super) fn k4_words(sb: &[u8]) -> (u64, u64) {
+    let word = |i: usize| u32::from_le_bytes([sb[i], sb[i + 1], sb[i + 2], sb[i + 3]]);
+    let (q0, q1, q2) = (word(0), word(4), word(8));
+    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let sc_lo = q0 & m6;
+    let sc_hi = (q2 & m4) | (((q0 >> 6) & m2) << 4);
+    let mn_lo = q1 & m6;
+    let mn_hi = ((q2 >> 4) & m4) | (((q1 >> 6) & m2) << 4);
+    let join = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+    (join(sc_lo, sc_hi), join(mn_lo, mn_hi))
 }
 
 /// The 8 sub-block scales and mins of Q4_K/Q5_K, each spread over its two 16-value groups.
 #[inline(always)]
 pub(super) fn scales_k4(sb: &[u8], s: &mut Super) {
-    for j in 0..8 {
-        let (sc, m) = scale_min_k4(sb, j);
-        s.sc[2 * j] = i16::from(sc);
-        s.sc[2 * j + 1] = i16::from(sc);
-        s.mn[2 * j] = i16::from(m);
-        s.mn[2 * j + 1] = i16::from(m);
+    let (sc, mn) = k4_words(sb);
+    for (j, (sc, mn)) in sc
+        .to_le_bytes()
+        .into_iter()
+        .zip(mn.to_le_bytes())
+        .enumerate()
+    {
+        s.sc[2 * j..2 * j + 2].fill(i16::from(sc));
+        s.mn[2 * j..2 * j + 2].fill(i16::from(mn));
     }
 }
 

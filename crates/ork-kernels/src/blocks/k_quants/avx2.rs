@@ -16,7 +16,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{f16_at, q3_scales, scales_k4, Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES, QK_K};
+use super::{f16_at, k4_words, q3_words, Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES, QK_K};
 use crate::blocks::RowsFn;
 
 /// The AVX2 rows kernel of `t`.
@@ -139,6 +139,26 @@ fn put(s: &mut Super, at: usize, v: __m256i) {
     unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), v) }
 }
 
+/// Store the 16 group scales and 16 `mn` values (whole-vector stores, so that the dot's loads
+/// of them are forwarded from the store buffer).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn put_scales(s: &mut Super, sc: __m256i, mn: __m256i) {
+    // SAFETY: `s.sc` and `s.mn` are 16 i16 (32 bytes) each.
+    unsafe {
+        _mm256_storeu_si256(s.sc.as_mut_ptr().cast(), sc);
+        _mm256_storeu_si256(s.mn.as_mut_ptr().cast(), mn);
+    }
+}
+
+/// 8 bytes (one per 32-value sub-block) as 16 i16, each twice (one per 16-value group).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn spread(w: u64) -> __m256i {
+    let v = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(w as i64));
+    _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v))
+}
+
 /// Q2_K (see [`super::decode`] for the layout).
 ///
 /// # Safety
@@ -155,10 +175,10 @@ unsafe fn decode_q2(b: &[u8], s: &mut Super) {
             q = srli!(q, 2);
         }
     }
-    for (g, &v) in b[..16].iter().enumerate() {
-        s.sc[g] = i16::from(v & 0xF);
-        s.mn[g] = i16::from(v >> 4);
-    }
+    // SAFETY: the 16 scale bytes are bytes 0..16.
+    let v = _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(b.as_ptr().cast()) });
+    let low = _mm256_and_si256(v, _mm256_set1_epi16(0xF));
+    put_scales(s, low, _mm256_srli_epi16::<4>(v));
     s.d = f16_at(&b[80..]);
     s.dmin = f16_at(&b[82..]);
 }
@@ -187,7 +207,10 @@ unsafe fn decode_q3(b: &[u8], s: &mut Super) {
             hm = srli!(hm, 1);
         }
     }
-    q3_scales(&b[96..108], s);
+    let [w0, w1, w2, w3] = q3_words(&b[96..108]);
+    let bytes = _mm_setr_epi32(w0 as i32, w1 as i32, w2 as i32, w3 as i32);
+    let sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(bytes), _mm256_set1_epi16(32));
+    put_scales(s, sc, _mm256_slli_epi16::<2>(sc));
     s.d = f16_at(&b[108..]);
     s.dmin = 0.0;
 }
@@ -206,7 +229,8 @@ unsafe fn decode_q4(b: &[u8], s: &mut Super) {
         put(s, 64 * c, _mm256_and_si256(q, m4));
         put(s, 64 * c + 32, _mm256_and_si256(srli!(q, 4), m4));
     }
-    scales_k4(&b[4..16], s);
+    let (sc, mn) = k4_words(&b[4..16]);
+    put_scales(s, spread(sc), spread(mn));
     s.d = f16_at(&b[0..]);
     s.dmin = f16_at(&b[2..]);
 }
@@ -234,7 +258,8 @@ unsafe fn decode_q5(b: &[u8], s: &mut Super) {
         );
         h = srli!(h, 2);
     }
-    scales_k4(&b[4..16], s);
+    let (sc, mn) = k4_words(&b[4..16]);
+    put_scales(s, spread(sc), spread(mn));
     s.d = f16_at(&b[0..]);
     s.dmin = f16_at(&b[2..]);
 }
@@ -280,11 +305,7 @@ unsafe fn decode_q6(b: &[u8], s: &mut Super) {
     }
     // SAFETY: the 16 int8 scales are bytes 192..208.
     let sc = unsafe { _mm256_cvtepi8_epi16(_mm_loadu_si128(b.as_ptr().add(192).cast())) };
-    // SAFETY: `s.sc` and `s.mn` are 16 i16 each.
-    unsafe {
-        _mm256_storeu_si256(s.sc.as_mut_ptr().cast(), sc);
-        _mm256_storeu_si256(s.mn.as_mut_ptr().cast(), _mm256_slli_epi16::<5>(sc));
-    }
+    put_scales(s, sc, _mm256_slli_epi16::<5>(sc));
     s.d = f16_at(&b[208..]);
     s.dmin = 0.0;
 }
