@@ -62,7 +62,8 @@ impl<const DOT: bool> Engine for Neon<DOT> {
 #[inline(always)]
 unsafe fn dot<const DOT: bool>(s: &Super, a: &[u8]) -> (i32, i32) {
     let q = a.as_ptr().wrapping_add(4).cast::<i8>();
-    let mut acc = vdupq_n_s32(0);
+    // SAFETY: register-only NEON (baseline).
+    let mut acc = unsafe { vdupq_n_s32(0) };
     for g in 0..16 {
         // SAFETY: `s.u` and the block's 256 quants each hold 16 groups of 16 bytes; `sdot` only
         // when the caller guarantees FEAT_DotProd.
