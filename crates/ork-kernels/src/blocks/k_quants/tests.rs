@@ -423,3 +423,25 @@ fn zeros_give_zero() {
         }
     }
 }
+
+/// Every ISA with a k-quant kernel is offered where the CPU has it (so the twin tests above run
+/// it: `neon-dotprod` under qemu's cortex-a76, `neon` under cortex-a53, `avx2` on x86).
+#[test]
+fn kernels_exist_for_every_implemented_isa() {
+    for isa in Isa::available() {
+        let implemented = matches!(isa, Isa::Scalar | Isa::Avx2 | Isa::Neon | Isa::NeonDot);
+        for ty in TYPES {
+            let k = Kernel::with_isa(ty, isa);
+            assert_eq!(k.is_some(), implemented, "{} {}", ty.name(), isa.name());
+        }
+    }
+    let simd = Isa::available()
+        .into_iter()
+        .any(|i| matches!(i, Isa::Avx2 | Isa::Neon | Isa::NeonDot));
+    let best = Kernel::best(WeightType::Q4_K).expect("a Q4_K kernel");
+    assert_eq!(
+        best.isa() != Isa::Scalar,
+        simd,
+        "a SIMD kernel is chosen where one exists"
+    );
+}
