@@ -166,6 +166,12 @@ pub(super) trait Engine {
     fn decode(ty: KType, blk: &[u8], s: &mut Super);
     /// `(Σ_g sc_g·Σ u·a, Σ_g mn_g·bsum_g)` with wrapping i32 arithmetic; `a` is one Q8_K block.
     fn dot(s: &Super, a: &[u8]) -> (i32, i32);
+    /// [`Engine::dot`] of one super-block against four Q8_K blocks (M > 1 reuses the loaded
+    /// quants and scales across them).
+    #[inline(always)]
+    fn dot4(s: &Super, a: [&[u8]; 4]) -> [(i32, i32); 4] {
+        a.map(|a| Self::dot(s, a))
+    }
 }
 
 /// The rows kernel for `ty` on `isa`, if that ISA has one.
@@ -201,7 +207,8 @@ const ACT_CHUNK_BYTES: usize = 192 * 1024;
 /// The driver every ISA shares: `out[r·m + i]` accumulates super-block by super-block with
 /// [`combine`]. M = 1 decodes each super-block into one stack [`Super`] right before its dot;
 /// M > 1 decodes a whole weight row once per chunk of activation rows and reuses it across the
-/// chunk. Both give the same order of float operations per output.
+/// chunk, four activation rows at a time ([`Engine::dot4`]). All give the same order of float
+/// operations per output.
 /// `T` is a `KType as u8`; the signature is [`RowsFn`]'s.
 #[inline(always)]
 pub(super) fn drive<E: Engine, const T: u8>(
@@ -239,7 +246,23 @@ pub(super) fn drive<E: Engine, const T: u8>(
             for (blk, s) in wrow.chunks_exact(t.bytes()).zip(row.iter_mut()) {
                 E::decode(t, blk, s);
             }
-            for i in i0..i1 {
+            let mut i = i0;
+            while i + 4 <= i1 {
+                let mut acc = [0.0f32; 4];
+                for (b, s) in row.iter().enumerate() {
+                    let a: [&[u8]; 4] = std::array::from_fn(|j| {
+                        let o = (i + j) * arb + b * Q8K_BYTES;
+                        &acts[o..o + Q8K_BYTES]
+                    });
+                    let d = E::dot4(s, a);
+                    for j in 0..4 {
+                        acc[j] = step(t, acc[j], s, a[j], d[j]);
+                    }
+                }
+                out[r * m + i..r * m + i + 4].copy_from_slice(&acc);
+                i += 4;
+            }
+            for i in i..i1 {
                 let arow = &acts[i * arb..(i + 1) * arb];
                 let mut acc = 0.0f32;
                 for (s, a) in row.iter().zip(arow.chunks_exact(Q8K_BYTES)) {
@@ -251,11 +274,17 @@ pub(super) fn drive<E: Engine, const T: u8>(
     }
 }
 
-/// One super-block's float step (the order every ISA follows; see the module docs).
+/// One super-block: the integer dot, then [`step`].
 #[inline(always)]
 fn combine<E: Engine>(t: KType, acc: f32, s: &Super, a: &[u8]) -> f32 {
+    step(t, acc, s, a, E::dot(s, a))
+}
+
+/// One super-block's float step (the order every ISA follows; see the module docs); `a` is the
+/// Q8_K block (for its `d`), `(sumi, summ)` the integer dot.
+#[inline(always)]
+fn step(t: KType, acc: f32, s: &Super, a: &[u8], (sumi, summ): (i32, i32)) -> f32 {
     let da = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
-    let (sumi, summ) = E::dot(s, a);
     if t.has_mins() {
         let hi = acc + (s.d * da) * sumi as f32;
         hi - (s.dmin * da) * summ as f32

@@ -59,6 +59,70 @@ impl Engine for Avx2 {
         // `rows_avx2`, whose caller checked that the CPU has AVX2.
         unsafe { dot(s, a) }
     }
+
+    #[inline(always)]
+    fn dot4(s: &Super, a: [&[u8]; 4]) -> [(i32, i32); 4] {
+        assert!(a.iter().all(|a| a.len() >= Q8K_BYTES));
+        // SAFETY: as in `dot`, for each of the four blocks.
+        unsafe { dot4(s, a) }
+    }
+}
+
+/// Per 128-bit lane: bytes 0,1 (the first scale of a pair) eight times, then 2,3 eight times.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn scale_pick() -> __m256i {
+    _mm256_setr_epi8(
+        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+        2, 3,
+    )
+}
+
+/// The scales of groups `2c` and `2c + 1`, each in the eight i16 lanes of its 16 values.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn scales_of(s: &Super, c: usize, pick: __m256i) -> __m256i {
+    let pair = u32::from(s.sc[2 * c] as u16) | (u32::from(s.sc[2 * c + 1] as u16) << 16);
+    _mm256_shuffle_epi8(_mm256_set1_epi32(pair as i32), pick)
+}
+
+/// The mins term of one block: `Σ_g mn_g·bsum_g`.
+///
+/// # Safety
+/// The CPU must have AVX2; `a` must hold at least [`Q8K_BYTES`] bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn mins(s: &Super, a: &[u8]) -> i32 {
+    // SAFETY: `s.mn` has 16 i16 (32 bytes); the block's bsums are its last 32 bytes.
+    unsafe {
+        let mn = _mm256_loadu_si256(s.mn.as_ptr().cast());
+        let bs = _mm256_loadu_si256(a.as_ptr().add(Q8K_BSUMS).cast());
+        hsum(_mm256_madd_epi16(mn, bs))
+    }
+}
+
+/// [`dot`] against four blocks, each 32 quants and their scales loaded once for the four.
+///
+/// # Safety
+/// The CPU must have AVX2; each block must hold at least [`Q8K_BYTES`] bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn dot4(s: &Super, a: [&[u8]; 4]) -> [(i32, i32); 4] {
+    let pick = scale_pick();
+    let mut acc = [_mm256_setzero_si256(); 4];
+    for c in 0..QK_K / 32 {
+        // SAFETY: `s.u` has 256 bytes, so the load at `32c` (c < 8) is in bounds.
+        let u = unsafe { load(s.u.as_ptr().add(32 * c)) };
+        let sc = scales_of(s, c, pick);
+        for (acc, a) in acc.iter_mut().zip(&a) {
+            // SAFETY: each block holds 256 quants from byte 4.
+            let x = unsafe { load(a.as_ptr().add(4 + 32 * c)) };
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), sc);
+            *acc = _mm256_add_epi32(*acc, p);
+        }
+    }
+    // SAFETY: forwarded from the caller.
+    std::array::from_fn(|j| (hsum(acc[j]), unsafe { mins(s, a[j]) }))
 }
 
 /// # Safety
@@ -66,40 +130,29 @@ impl Engine for Avx2 {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn dot(s: &Super, a: &[u8]) -> (i32, i32) {
-    // Per 128-bit lane: bytes 0,1 (the first scale of a pair) eight times, then 2,3 eight times.
-    let pick = _mm256_setr_epi8(
-        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-        2, 3,
-    );
-    let q = a.as_ptr().wrapping_add(4);
+    let pick = scale_pick();
     let mut acc0 = _mm256_setzero_si256();
     let mut acc1 = _mm256_setzero_si256();
     for c in (0..QK_K / 32).step_by(2) {
-        // SAFETY: `s.u` has 256 bytes and `q` 256 bytes (the block holds `Q8K_BYTES`), so the
-        // 32-byte loads at `32c` and `32c + 32` (c ≤ 6) are in bounds; `s.sc` has 16 i16, so the
-        // unaligned i32 reads at `2c` and `2c + 2` are too.
-        unsafe {
-            let u0 = _mm256_loadu_si256(s.u.as_ptr().add(32 * c).cast());
-            let u1 = _mm256_loadu_si256(s.u.as_ptr().add(32 * c + 32).cast());
-            let x0 = _mm256_loadu_si256(q.add(32 * c).cast());
-            let x1 = _mm256_loadu_si256(q.add(32 * c + 32).cast());
-            let sc0 = s.sc.as_ptr().add(2 * c).cast::<i32>().read_unaligned();
-            let sc1 = s.sc.as_ptr().add(2 * c + 2).cast::<i32>().read_unaligned();
-            let s0 = _mm256_shuffle_epi8(_mm256_set1_epi32(sc0), pick);
-            let s1 = _mm256_shuffle_epi8(_mm256_set1_epi32(sc1), pick);
-            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u0, x0), s0);
-            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, x1), s1);
-            acc0 = _mm256_add_epi32(acc0, p0);
-            acc1 = _mm256_add_epi32(acc1, p1);
-        }
+        // SAFETY: `s.u` and the block's quants (from byte 4) have 256 bytes, so the 32-byte
+        // loads at `32c` and `32c + 32` (c ≤ 6) are in bounds.
+        let (u0, u1, x0, x1) = unsafe {
+            let q = a.as_ptr().add(4);
+            let u = s.u.as_ptr();
+            (
+                load(u.add(32 * c)),
+                load(u.add(32 * c + 32)),
+                load(q.add(32 * c)),
+                load(q.add(32 * c + 32)),
+            )
+        };
+        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u0, x0), scales_of(s, c, pick));
+        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, x1), scales_of(s, c + 1, pick));
+        acc0 = _mm256_add_epi32(acc0, p0);
+        acc1 = _mm256_add_epi32(acc1, p1);
     }
-    // SAFETY: `s.mn` has 16 i16 (32 bytes); the block's bsums are its last 32 bytes.
-    let mins = unsafe {
-        let mn = _mm256_loadu_si256(s.mn.as_ptr().cast());
-        let bs = _mm256_loadu_si256(a.as_ptr().add(Q8K_BSUMS).cast());
-        _mm256_madd_epi16(mn, bs)
-    };
-    (hsum(_mm256_add_epi32(acc0, acc1)), hsum(mins))
+    // SAFETY: forwarded from the caller.
+    (hsum(_mm256_add_epi32(acc0, acc1)), unsafe { mins(s, a) })
 }
 
 /// Wrapping sum of the eight i32 lanes.
