@@ -53,12 +53,42 @@ impl<const DOT: bool> Engine for Neon<DOT> {
         assert!(a.len() >= Q8K_BYTES);
         // SAFETY: `a` holds a whole Q8_K block (asserted); NEON is baseline, and `Neon<true>`
         // runs only where the CPU has FEAT_DotProd (see the type's docs).
-        unsafe { dot::<DOT>(s, a) }
+        unsafe {
+            if DOT {
+                dot_sdot(s, a)
+            } else {
+                dot_widen(s, a)
+            }
+        }
     }
 }
 
+/// The baseline dot.
+///
 /// # Safety
-/// `a` must hold at least [`Q8K_BYTES`] bytes; with `DOT` the CPU must have FEAT_DotProd.
+/// `a` must hold at least [`Q8K_BYTES`] bytes.
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn dot_widen(s: &Super, a: &[u8]) -> (i32, i32) {
+    // SAFETY: forwarded from the caller.
+    unsafe { dot::<false>(s, a) }
+}
+
+/// The `sdot` dot, in a function compiled with FEAT_DotProd wherever it ends up (the assembler
+/// accepts `sdot` only there).
+///
+/// # Safety
+/// `a` must hold at least [`Q8K_BYTES`] bytes; the CPU must have FEAT_DotProd.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+unsafe fn dot_sdot(s: &Super, a: &[u8]) -> (i32, i32) {
+    // SAFETY: forwarded from the caller.
+    unsafe { dot::<true>(s, a) }
+}
+
+/// # Safety
+/// `a` must hold at least [`Q8K_BYTES`] bytes; with `DOT` the CPU must have FEAT_DotProd and
+/// the caller must be compiled with it.
 #[inline(always)]
 unsafe fn dot<const DOT: bool>(s: &Super, a: &[u8]) -> (i32, i32) {
     let q = a.as_ptr().wrapping_add(4).cast::<i8>();
