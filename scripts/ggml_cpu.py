@@ -11,9 +11,9 @@ base = ctypes.CDLL(os.path.join(LIB, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL
 cpu = ctypes.CDLL(os.path.join(LIB, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
 
 Q8_K = 15
-# ggml type id and bytes per super-block.
+# ggml type id and bytes per super-block (the types whose activations are Q8_K).
 K_TYPES = {"Q2_K": (10, 84), "Q3_K": (11, 110), "Q4_K": (12, 144), "Q5_K": (13, 176),
-           "Q6_K": (14, 210)}
+           "Q6_K": (14, 210), "IQ4_XS": (23, 136)}
 
 FROM_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,

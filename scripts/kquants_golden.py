@@ -12,7 +12,7 @@ Records, in one flat JSON object of hex strings (little-endian f32 / raw block b
            leaves an all-zero block's bsums unwritten);
   T_w      three random super-blocks of type T (f16 scales in [2^-12, 2^-4]);
   T_deq    ggml's `dequantize_row_T` of them (768 f32);
-  T_dot    ggml's CPU `vec_dot` of T_w with q8k (1 f32), for T in Q2_K … Q6_K.
+  T_dot    ggml's CPU `vec_dot` of T_w with q8k (1 f32), for T in Q2_K … Q6_K and IQ4_XS.
 """
 import ctypes
 import json
@@ -25,7 +25,8 @@ QK_K = 256
 NB = 3
 K = NB * QK_K
 # The byte offsets of each type's f16 scales (d, dmin).
-SCALES = {"Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+SCALES = {"Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+          "IQ4_XS": [0]}
 
 
 def main():
@@ -47,7 +48,8 @@ def main():
                 h = np.float16(rng.uniform(1.0, 2.0) * 2.0 ** e)
                 w[b * size + off:b * size + off + 2] = np.frombuffer(h.tobytes(), np.uint8)
         deq = np.zeros(K, dtype=np.float32)
-        fn = getattr(base, "dequantize_row_" + name[:2].lower() + "_K")
+        sym = "iq4_xs" if name == "IQ4_XS" else name[:2].lower() + "_K"
+        fn = getattr(base, "dequantize_row_" + sym)
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         fn(ptr(w), ptr(deq), K)
         s = np.zeros(1, dtype=np.float32)

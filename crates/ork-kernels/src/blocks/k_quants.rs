@@ -1,23 +1,26 @@
-//! The k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) against Q8_K activations.
+//! The k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS against Q8_K activations.
 //!
-//! Formats follow ggml (`ggml/src/ggml-common.h`, `block_q2_K` … `block_q6_K`, `block_q8_K`;
-//! the bit layout as `ggml/src/ggml-quants.c` `dequantize_row_q*_K` reads it, llama.cpp as
-//! vendored by llama-cpp-python 0.3.36). Every weight of a 256-value super-block is
-//! `d·sc_g·q − dmin·m_g` (Q2_K, Q4_K, Q5_K: unsigned `q`, a scale and a min per group) or
-//! `d·sc_g·(q − o)` (Q3_K with `o = 4`, Q6_K with `o = 32`: signed scales).
+//! Formats follow ggml (`ggml/src/ggml-common.h`, `block_q2_K` … `block_q6_K`, `block_iq4_xs`,
+//! `block_q8_K`; the bit layout as `ggml/src/ggml-quants.c` `dequantize_row_q*_K` /
+//! `dequantize_row_iq4_xs` read it, llama.cpp as vendored by llama-cpp-python 0.3.36). Every
+//! weight of a 256-value super-block is `d·sc_g·q − dmin·m_g` (Q2_K, Q4_K, Q5_K: unsigned `q`, a
+//! scale and a min per group), `d·sc_g·(q − o)` (Q3_K with `o = 4`, Q6_K with `o = 32`: signed
+//! scales) or `d·sc_g·v` (IQ4_XS: `v` from ggml's 16-entry table `kvalues_iq4nl`).
 //!
 //! **One decoded form, one integer dot.** Each kernel first decodes a super-block into a
-//! [`Super`]: 256 unsigned quants `u ≤ 63` in activation order, and per 16-value group `g` an
+//! [`Super`]: 256 unsigned quants `u ≤ 63` (IQ4_XS: signed table values) in activation order,
+//! and per 16-value group `g` an
 //! integer scale `sc_g` and an integer weight `mn_g` of the group's activation sum. Against one
 //! Q8_K block (`da`, int8 `a`, `bsum_g = Σ a` over the group) the two integers
 //! `sumi = Σ_g sc_g · Σ_l u·a` and `summ = Σ_g mn_g · bsum_g` are exact in i32 in any order
-//! (bound: `|sumi| ≤ 256·63·128·128 < 2³¹`, `|summ| ≤ 16·4096·2032 < 2³¹` for Q8_K blocks the
+//! (bound: `|sumi| ≤ 256·63·128·128 < 2³¹`, IQ4_XS `256·127·32·128`, `|summ| ≤ 16·4096·2032 < 2³¹` for Q8_K blocks the
 //! quantizer wrote; blocks with other bytes wrap, identically on every ISA, because every ISA
 //! wraps). The float step per super-block is then fixed, in this order ([`combine`]):
 //!
 //! * with mins (Q2_K, Q4_K, Q5_K, `mn_g = m_g`): `acc = (acc + (d·da)·f32(sumi)) − (dmin·da)·f32(summ)`;
-//! * with an offset (Q3_K, Q6_K, `mn_g = o·sc_g`): `acc = acc + (d·da)·f32(sumi − summ)`
-//!   (the offset cancels exactly in integers before any rounding),
+//! * with an offset (Q3_K, Q6_K, `mn_g = o·sc_g`; IQ4_XS, `mn_g = 0`):
+//!   `acc = acc + (d·da)·f32(sumi − summ)` (the offset cancels exactly in integers before any
+//!   rounding),
 //!
 //! separate multiplies and adds (no fused multiply-add), super-blocks in row order, `acc`
 //! starting at +0. The scalar twin and every SIMD kernel (`avx2.rs`, `neon.rs`) share the
@@ -39,6 +42,7 @@ macro_rules! by_type {
             KType::Q4 => $f::<$($extra,)? { KType::Q4 as u8 }>,
             KType::Q5 => $f::<$($extra,)? { KType::Q5 as u8 }>,
             KType::Q6 => $f::<$($extra,)? { KType::Q6 as u8 }>,
+            KType::Iq4Xs => $f::<$($extra,)? { KType::Iq4Xs as u8 }>,
         }
     };
 }
@@ -100,6 +104,7 @@ pub(super) enum KType {
     Q4,
     Q5,
     Q6,
+    Iq4Xs,
 }
 
 impl KType {
@@ -110,6 +115,7 @@ impl KType {
             WeightType::Q4_K => KType::Q4,
             WeightType::Q5_K => KType::Q5,
             WeightType::Q6_K => KType::Q6,
+            WeightType::IQ4_XS => KType::Iq4Xs,
             _ => return None,
         })
     }
@@ -122,6 +128,7 @@ impl KType {
             KType::Q4 => 144,
             KType::Q5 => 176,
             KType::Q6 => 210,
+            KType::Iq4Xs => 136,
         }
     }
 
@@ -134,8 +141,11 @@ impl KType {
 /// One decoded weight super-block (see the module docs).
 #[derive(Clone, Debug)]
 pub(super) struct Super {
-    /// The 256 unsigned quants, `0 ..= 63`, in activation order.
+    /// The 256 quants in activation order: unsigned `0 ..= 63`, or, when `signed`, int8 values
+    /// of ggml's non-linear table (IQ4_XS, `−127 ..= 113`) stored as their bytes.
     pub(super) u: [u8; QK_K],
+    /// Whether `u` holds signed values.
+    pub(super) signed: bool,
     /// Integer scale of each 16-value group.
     pub(super) sc: [i16; 16],
     /// Integer weight of each group's activation sum: the min `m_g` (times `dmin`) or `o·sc_g`
@@ -151,6 +161,7 @@ impl Super {
     pub(super) const fn zero() -> Super {
         Super {
             u: [0; QK_K],
+            signed: false,
             sc: [0; 16],
             mn: [0; 16],
             d: 0.0,
@@ -197,7 +208,8 @@ const fn ktype(t: u8) -> KType {
         1 => KType::Q3,
         2 => KType::Q4,
         3 => KType::Q5,
-        _ => KType::Q6,
+        4 => KType::Q6,
+        _ => KType::Iq4Xs,
     }
 }
 
@@ -320,7 +332,14 @@ pub(super) fn dot(s: &Super, a: &[u8]) -> (i32, i32) {
         let t: i32 = u
             .iter()
             .zip(q)
-            .map(|(&u, &q)| i32::from(u) * i32::from(q as i8))
+            .map(|(&u, &q)| {
+                let u = if s.signed {
+                    i32::from(u as i8)
+                } else {
+                    i32::from(u)
+                };
+                u * i32::from(q as i8)
+            })
             .sum();
         sumi = sumi.wrapping_add(t.wrapping_mul(i32::from(sc)));
     }
@@ -343,6 +362,7 @@ pub(super) fn decode(ty: KType, blk: &[u8], s: &mut Super) {
         KType::Q4 => decode_q4(blk, s),
         KType::Q5 => decode_q5(blk, s),
         KType::Q6 => decode_q6(blk, s),
+        KType::Iq4Xs => decode_iq4xs(blk, s),
     }
 }
 
@@ -350,6 +370,7 @@ pub(super) fn decode(ty: KType, blk: &[u8], s: &mut Super) {
 /// `128n + 32j + l` is bits `2j..2j+2` of `qs[32n + l]`.
 #[inline(always)]
 fn decode_q2(b: &[u8], s: &mut Super) {
+    s.signed = false;
     let (scales, qs) = (&b[0..16], &b[16..80]);
     for n in 0..2 {
         for j in 0..4 {
@@ -401,6 +422,7 @@ fn q3_scales(sb: &[u8], s: &mut Super) {
 /// `u = low | high·4`, offset 4.
 #[inline(always)]
 fn decode_q3(b: &[u8], s: &mut Super) {
+    s.signed = false;
     let (hm, qs, sb) = (&b[0..32], &b[32..96], &b[96..108]);
     for n in 0..2 {
         for j in 0..4 {
@@ -453,6 +475,7 @@ pub(super) fn scales_k4(sb: &[u8], s: &mut Super) {
 /// and high nibble of `qs[32c + l]`.
 #[inline(always)]
 fn decode_q4(b: &[u8], s: &mut Super) {
+    s.signed = false;
     let qs = &b[16..144];
     for c in 0..4 {
         for l in 0..32 {
@@ -470,6 +493,7 @@ fn decode_q4(b: &[u8], s: &mut Super) {
 /// (low nibbles) or `2c + 1` (high nibbles) of `qh[l]`.
 #[inline(always)]
 fn decode_q5(b: &[u8], s: &mut Super) {
+    s.signed = false;
     let (qh, qs) = (&b[16..48], &b[48..176]);
     for c in 0..4 {
         for l in 0..32 {
@@ -489,6 +513,7 @@ fn decode_q5(b: &[u8], s: &mut Super) {
 /// high nibble of each, with bits 0‥1, 2‥3, 4‥5, 6‥7 of `qh[32n+l]` on top; offset 32.
 #[inline(always)]
 fn decode_q6(b: &[u8], s: &mut Super) {
+    s.signed = false;
     let (ql, qh, sb) = (&b[0..128], &b[128..192], &b[192..208]);
     for n in 0..2 {
         for l in 0..32 {
@@ -507,6 +532,45 @@ fn decode_q6(b: &[u8], s: &mut Super) {
     }
     s.d = f16_at(&b[208..]);
     s.dmin = 0.0;
+}
+
+/// ggml's `kvalues_iq4nl` (`ggml/src/ggml-common.h`): the 16 values a 4-bit IQ4 index names.
+pub(super) const IQ4_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// The 8 sub-block scales of `block_iq4_xs` (32 values each), spread over their two groups:
+/// `ls = (scales_l[j/2] >> 4·(j mod 2)) & 15 | ((scales_h >> 2j) & 3) << 4`, minus 32; no
+/// offset term (`mn = 0`).
+#[inline(always)]
+pub(super) fn iq4xs_scales(b: &[u8], s: &mut Super) {
+    let h = u16::from_le_bytes([b[2], b[3]]);
+    for j in 0..8 {
+        let lo = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF;
+        let hi = ((h >> (2 * j)) & 3) as u8;
+        let sc = i16::from(lo | (hi << 4)) - 32;
+        s.sc[2 * j..2 * j + 2].fill(sc);
+    }
+    s.mn = [0; 16];
+    s.signed = true;
+    s.d = f16_at(b);
+    s.dmin = 0.0;
+}
+
+/// `block_iq4_xs`: d, scales_h (u16), scales_l[4], qs[128]. Sub-block `j` (32 values): the low
+/// nibbles of `qs[16j .. 16j+16]`, then their high nibbles, each an index into
+/// [`IQ4_VALUES`]; the quants are stored signed.
+#[inline(always)]
+fn decode_iq4xs(b: &[u8], s: &mut Super) {
+    let qs = &b[8..136];
+    for j in 0..8 {
+        for l in 0..16 {
+            let q = qs[16 * j + l];
+            s.u[32 * j + l] = IQ4_VALUES[usize::from(q & 0xF)] as u8;
+            s.u[32 * j + 16 + l] = IQ4_VALUES[usize::from(q >> 4)] as u8;
+        }
+    }
+    iq4xs_scales(b, s);
 }
 
 #[cfg(test)]

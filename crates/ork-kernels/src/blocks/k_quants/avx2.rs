@@ -16,7 +16,10 @@
 
 use std::arch::x86_64::*;
 
-use super::{f16_at, k4_words, q3_words, Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES, QK_K};
+use super::{
+    f16_at, iq4xs_scales, k4_words, q3_words, Engine, KType, Super, IQ4_VALUES, Q8K_BSUMS,
+    Q8K_BYTES, QK_K,
+};
 use crate::blocks::RowsFn;
 
 /// The AVX2 rows kernel of `t`.
@@ -48,6 +51,7 @@ impl Engine for Avx2 {
                 KType::Q4 => decode_q4(blk, s),
                 KType::Q5 => decode_q5(blk, s),
                 KType::Q6 => decode_q6(blk, s),
+                KType::Iq4Xs => decode_iq4xs(blk, s),
             }
         }
     }
@@ -108,6 +112,10 @@ unsafe fn mins(s: &Super, a: &[u8]) -> i32 {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn dot4(s: &Super, a: [&[u8]; 4]) -> [(i32, i32); 4] {
+    if s.signed {
+        // SAFETY: forwarded from the caller.
+        return a.map(|a| unsafe { dot_signed(s, a) });
+    }
     let pick = scale_pick();
     let mut acc = [_mm256_setzero_si256(); 4];
     for c in 0..QK_K / 32 {
@@ -130,6 +138,10 @@ unsafe fn dot4(s: &Super, a: [&[u8]; 4]) -> [(i32, i32); 4] {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn dot(s: &Super, a: &[u8]) -> (i32, i32) {
+    if s.signed {
+        // SAFETY: forwarded from the caller.
+        return unsafe { dot_signed(s, a) };
+    }
     let pick = scale_pick();
     let mut acc0 = _mm256_setzero_si256();
     let mut acc1 = _mm256_setzero_si256();
@@ -219,6 +231,7 @@ fn spread(w: u64) -> __m256i {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn decode_q2(b: &[u8], s: &mut Super) {
+    s.signed = false;
     let three = _mm256_set1_epi8(3);
     for n in 0..2 {
         // SAFETY: bytes 16 + 32n .. 48 + 32n ≤ 80 of the block.
@@ -243,6 +256,7 @@ unsafe fn decode_q2(b: &[u8], s: &mut Super) {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn decode_q3(b: &[u8], s: &mut Super) {
+    s.signed = false;
     let (one, three) = (_mm256_set1_epi8(1), _mm256_set1_epi8(3));
     // SAFETY: hmask is bytes 0..32.
     let mut hm = unsafe { load(b.as_ptr()) };
@@ -275,6 +289,7 @@ unsafe fn decode_q3(b: &[u8], s: &mut Super) {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn decode_q4(b: &[u8], s: &mut Super) {
+    s.signed = false;
     let m4 = _mm256_set1_epi8(0xF);
     for c in 0..4 {
         // SAFETY: bytes 16 + 32c .. 48 + 32c ≤ 144 of the block.
@@ -295,6 +310,7 @@ unsafe fn decode_q4(b: &[u8], s: &mut Super) {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn decode_q5(b: &[u8], s: &mut Super) {
+    s.signed = false;
     let (m4, b4) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
     // SAFETY: qh is bytes 16..48.
     let mut h = unsafe { load(b.as_ptr().add(16)) };
@@ -324,6 +340,7 @@ unsafe fn decode_q5(b: &[u8], s: &mut Super) {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn decode_q6(b: &[u8], s: &mut Super) {
+    s.signed = false;
     let (m4, m30) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
     for n in 0..2 {
         // SAFETY: ql is bytes 0..128, qh 128..192.
@@ -361,4 +378,49 @@ unsafe fn decode_q6(b: &[u8], s: &mut Super) {
     put_scales(s, sc, _mm256_slli_epi16::<5>(sc));
     s.d = f16_at(&b[208..]);
     s.dmin = 0.0;
+}
+
+/// The dot for signed quants (IQ4_XS, `|v| ≤ 127`, scales `|sc| ≤ 32`): both operands widened to
+/// i16, the quants multiplied by their group's scale (`|v·sc| ≤ 4064`, exact in i16), then
+/// `vpmaddwd` with the activations (pair sums `≤ 2·4064·128`, exact in i32). Exact for every
+/// int8 activation, `−128` included (where `vpmaddubsw`'s sign trick would not be).
+///
+/// # Safety
+/// The CPU must have AVX2; `a` must hold at least [`Q8K_BYTES`] bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn dot_signed(s: &Super, a: &[u8]) -> (i32, i32) {
+    let mut acc = _mm256_setzero_si256();
+    for g in 0..16 {
+        // SAFETY: `s.u` and the block's quants (from byte 4) have 256 bytes; 16 at `16g`.
+        let (v, x) = unsafe {
+            let v = _mm_loadu_si128(s.u.as_ptr().add(16 * g).cast());
+            let x = _mm_loadu_si128(a.as_ptr().add(4 + 16 * g).cast());
+            (_mm256_cvtepi8_epi16(v), _mm256_cvtepi8_epi16(x))
+        };
+        let vs = _mm256_mullo_epi16(v, _mm256_set1_epi16(s.sc[g]));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(vs, x));
+    }
+    // SAFETY: forwarded from the caller.
+    (hsum(acc), unsafe { mins(s, a) })
+}
+
+/// IQ4_XS: each 16 index bytes looked up in ggml's table with `pshufb` (low nibbles, then high).
+///
+/// # Safety
+/// `b` must hold 136 bytes; the CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn decode_iq4xs(b: &[u8], s: &mut Super) {
+    // SAFETY: the table is 16 bytes.
+    let table = unsafe { _mm_loadu_si128(IQ4_VALUES.as_ptr().cast()) };
+    let m4 = _mm_set1_epi8(0xF);
+    for j in 0..8 {
+        // SAFETY: bytes 8 + 16j .. 24 + 16j ≤ 136 of the block.
+        let q = unsafe { _mm_loadu_si128(b.as_ptr().add(8 + 16 * j).cast()) };
+        let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m4));
+        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(q), m4));
+        put(s, 32 * j, _mm256_set_m128i(hi, lo));
+    }
+    iq4xs_scales(b, s);
 }
