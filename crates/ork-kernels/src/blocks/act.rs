@@ -38,7 +38,6 @@ pub(super) fn quantizer(act: ActType, isa: Isa) -> Option<QuantFn> {
         ActType::F16 => Some(to_f16 as QuantFn),
         ActType::BF16 => Some(to_bf16 as QuantFn),
         ActType::F32 => Some(to_f32 as QuantFn),
-        _ => None,
     }
 }
 
