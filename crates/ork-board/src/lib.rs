@@ -29,7 +29,7 @@ pub mod schedule;
 pub mod spec;
 
 pub use events::{Event, HostKind, Loader, Recorder, WeightType};
-pub use params::{Board, Chip, CHIPS};
+pub use params::{Board, Chip, ParameterRange, BOARD_FILE_LIMIT, CHIPS, PARAMETER_RANGES};
 pub use projection::Projection;
 pub use replay::{replay, replay_warm, Breakdown, PassTime, ReplayOptions, Timeline};
 pub use schedule::{schedule, Dims, ModelShape, Plan, ShapeWeight};
@@ -90,6 +90,10 @@ pub enum BoardError {
     /// The event stream cannot be replayed.
     #[error("event stream: {0}")]
     Stream(String),
+    /// The replay did not finish within its step bound, or gave a time that is not a finite,
+    /// non-negative number of seconds (never printed as a projection).
+    #[error("replay: {0}")]
+    Replay(String),
 }
 
 impl BoardError {

@@ -184,6 +184,7 @@ pub fn replay_warm(
     opts: ReplayOptions,
     warm: Option<&[(String, u64)]>,
 ) -> Result<Timeline, BoardError> {
+    board.validate()?;
     let chip = &board.chip;
     let mut loads_of: HashMap<&str, usize> = HashMap::new();
     // Passes that use each weight (a matmul of it), counted once per pass.
@@ -387,7 +388,38 @@ pub fn replay_warm(
         }
     }
     simulate(&tasks, board.chip.ddr_bw, &mut timeline)?;
+    check_finite(&timeline)?;
     Ok(timeline)
+}
+
+/// Every time of `timeline` finite and not negative: the parameter ranges make it so; a
+/// violation is an error, never a printed `inf`, `NaN` or negative time.
+fn check_finite(timeline: &Timeline) -> Result<(), BoardError> {
+    let ok = |x: f64| x.is_finite() && x >= 0.0;
+    if !ok(timeline.load_s) || !ok(timeline.storage_bytes) {
+        return Err(BoardError::Replay(format!(
+            "load time {} s or storage bytes {} not finite and non-negative",
+            timeline.load_s, timeline.storage_bytes
+        )));
+    }
+    for (i, p) in timeline.passes.iter().enumerate() {
+        let b = &p.breakdown;
+        let all = [
+            p.end_s,
+            b.npu_s,
+            b.submit_s,
+            b.domain_switch_s,
+            b.host_s,
+            b.copy_stall_s,
+        ];
+        if !all.into_iter().all(ok) {
+            return Err(BoardError::Replay(format!(
+                "pass {i} has a time that is not finite and non-negative: end {} s, {b:?}",
+                p.end_s
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn host_task(chip: &crate::Chip, flops: f64, bytes: f64, pass: Option<usize>) -> Task {
@@ -425,7 +457,19 @@ fn simulate(tasks: &[Task], ddr_bw: f64, timeline: &mut Timeline) -> Result<(), 
     // When the compute thread last became idle (a stall runs from then to its next start).
     let mut idle_since = 0.0f64;
     let mut now = 0.0f64;
+    // Each step ends at least one task (the one whose end is nearest), or leaves it a rounding
+    // residue the next step ends: twice the tasks, plus slack, bounds a finite replay.
+    let bound = 4 * tasks.len() + 64;
+    let mut steps = 0usize;
     loop {
+        steps += 1;
+        if steps > bound {
+            return Err(BoardError::Replay(format!(
+                "no end after {bound} steps for {} tasks (the simulated time stopped advancing \
+                 at {now} s)",
+                tasks.len()
+            )));
+        }
         // Start what can start; starting one task can release another actor's.
         let mut changed = true;
         while changed {
@@ -492,6 +536,11 @@ fn simulate(tasks: &[Task], ddr_bw: f64, timeline: &mut Timeline) -> Result<(), 
                 }
             })
             .fold(f64::INFINITY, f64::min);
+        if !step.is_finite() || step < 0.0 {
+            return Err(BoardError::Replay(format!(
+                "a step of {step} s at {now} s (a rate or time out of range)"
+            )));
+        }
         now += step;
         for slot in running.iter_mut() {
             let Some(r) = slot else { continue };
@@ -519,7 +568,8 @@ fn simulate(tasks: &[Task], ddr_bw: f64, timeline: &mut Timeline) -> Result<(), 
                             Cat::Load => b.copy_stall_s = dur,
                             Cat::Npu => {
                                 b.submit_s = task.fixed;
-                                b.npu_s = dur - task.fixed;
+                                // The fixed part runs first, so `dur >= fixed` but for rounding.
+                                b.npu_s = (dur - task.fixed).max(0.0);
                             }
                         }
                         pt.breakdown.add(&b);
