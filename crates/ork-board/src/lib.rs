@@ -5,7 +5,7 @@
 //!   reused buffer, on demand or prefetched, and how far compute was), forward passes and host
 //!   operations — recorded by the layers that see them into a [`Recorder`].
 //! - [`Chip`] and [`Board`]: the cost model as data, with presets ([`Board::named`]) and board
-//!   description files ([`Board::from_file`]).
+//!   description files ([`Board::from_json`]; the CLI reads them under its input rule).
 //! - [`replay()`]: the stream on simulated resources (compute thread, copy thread, a shared DDR
 //!   bus) with the executor's and prefetcher's dependencies; [`Projection`] is what users see.
 //! - [`schedule()`]: the planned schedule as a stream, without running (`ork plan --project`).

@@ -264,26 +264,6 @@ impl Board {
             .collect()
     }
 
-    /// `--project NAME|FILE`: a known name, or a board description file (JSON) when `arg`
-    /// names an existing file or ends in `.json`.
-    pub fn resolve(arg: &str) -> Result<Board, BoardError> {
-        let path = std::path::Path::new(arg);
-        if arg.ends_with(".json") || path.is_file() {
-            return Board::from_file(path);
-        }
-        Board::named(arg)
-    }
-
-    /// Read a board description file ([`Board::from_json`]).
-    pub fn from_file(path: &std::path::Path) -> Result<Board, BoardError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| BoardError::Io {
-            file: file.clone(),
-            source: e,
-        })?;
-        Board::from_json(&text).map_err(|e| e.in_file(&file))
-    }
-
     /// Whether `--project ARG` names a board description file rather than a preset or chip:
     /// `ARG` ends in `.json`, or names something that exists and is not a directory (a FIFO or
     /// device is then refused by the reader, not mistaken for a name). The CLI reads it under

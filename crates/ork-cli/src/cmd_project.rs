@@ -72,13 +72,23 @@ pub struct PlanProject {
 }
 
 /// The board `--project` names, resolved before anything is loaded (`None` without the flag);
-/// an empty name means `soc`.
+/// an empty name means `soc`. A board file is read under the input rule every file ork reads
+/// whole follows (`ork_gguf::input::read_input`: a regular file, opened without blocking, its
+/// size checked before reading, at most [`ork_board::BOARD_FILE_LIMIT`] bytes).
 pub fn board(project: Option<&str>, soc: &str) -> Result<Option<Board>> {
     let Some(name) = project else {
         return Ok(None);
     };
     let name = if name.is_empty() { soc } else { name };
-    Ok(Some(Board::resolve(name).context("--project")?))
+    let board = if Board::names_file(name) {
+        let path = Path::new(name);
+        let bytes =
+            ork_gguf::input::read_input(path, ork_board::BOARD_FILE_LIMIT).context("--project")?;
+        Board::from_bytes(&path.display().to_string(), &bytes)
+    } else {
+        Board::named(name)
+    };
+    Ok(Some(board.context("--project")?))
 }
 
 /// Start recording `engine`'s events when projecting.

@@ -16,6 +16,8 @@ mod hostile;
 mod model;
 #[path = "cli/pack.rs"]
 mod pack;
+#[path = "cli/plan_inputs.rs"]
+mod plan_inputs;
 #[path = "cli/project.rs"]
 mod project;
 #[path = "cli/rknn.rs"]

@@ -1,0 +1,90 @@
+//! `ork plan --project` on hostile input (issue 39): board files read under the input rule,
+//! names printed escaped.
+
+use super::safety::{mkfifo, run_within};
+use super::*;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `ork plan --model M --project FILE` within 60 s, refused with exit 2 and every one of
+/// `needles` in its error.
+fn refused_board(file: &Path, needles: &[&str]) {
+    let m = model();
+    let o = run_within(
+        ork().args(["plan", "--model", s(&m), "--project", s(file)]),
+        60,
+    );
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    for n in needles {
+        assert!(e.contains(n), "{n}: {e}");
+    }
+    assert!(!e.chars().any(|c| c.is_control() && c != '\n'), "{e:?}");
+}
+
+/// `--project FILE` is read as every file ork reads whole: a FIFO is refused at once (it blocked
+/// forever), a link to `/dev/zero` as a device (it read until out of memory), a file above
+/// `ork_board::BOARD_FILE_LIMIT` before it is read (a 300 MB JSON was read whole).
+#[test]
+fn board_files_are_read_under_the_input_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["fifo.json", "fifo"] {
+        let fifo = dir.path().join(name);
+        mkfifo(&fifo);
+        refused_board(&fifo, &["--project", name, "FIFO"]);
+    }
+    let zero = dir.path().join("zero.json");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    refused_board(&zero, &["zero.json", "character device"]);
+    let big = dir.path().join("big.json");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(300 << 20)
+        .unwrap();
+    refused_board(&big, &["big.json", "above the limit"]);
+    let bin = dir.path().join("bin.json");
+    std::fs::write(&bin, b"{\"name\": \"\xff\"}").unwrap();
+    refused_board(&bin, &["bin.json", "UTF-8"]);
+}
+
+/// A board name with an ANSI escape or a newline is refused, the error showing it escaped; a
+/// parameter outside its range is refused naming it (`"k_max": 1, "k_segment": 0.5` panicked).
+#[test]
+fn board_files_with_control_names_or_absurd_parameters_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (r#""\u001b[31mred""#, "{}", "name"),
+        (r#""two\nlines""#, "{}", "name"),
+        (
+            r#""b""#,
+            r#"{"k_max": 1, "k_segment": 0.5}"#,
+            "overrides.k_max",
+        ),
+        (r#""b""#, r#"{"call_s": 1e308}"#, "overrides.call_s"),
+        (
+            r#""b""#,
+            r#"{"npu_read_bw": 1e-308}"#,
+            "overrides.npu_read_bw",
+        ),
+        (
+            r#""b""#,
+            r#"{"host_cores": 1e-308}"#,
+            "overrides.host_cores",
+        ),
+    ];
+    for (i, (name, over, field)) in cases.into_iter().enumerate() {
+        let file = dir.path().join(format!("b{i}.json"));
+        std::fs::write(
+            &file,
+            format!(
+                r#"{{"name": {name}, "chip": "rk3588", "ram_gib": 16, "storage_read_gbps": 1,
+                    "overrides": {over}}}"#
+            ),
+        )
+        .unwrap();
+        refused_board(&file, &[&format!("b{i}.json"), field]);
+    }
+}
+
