@@ -32,7 +32,10 @@ pub use events::{Event, HostKind, Loader, Recorder, WeightType};
 pub use params::{Board, Chip, ParameterRange, BOARD_FILE_LIMIT, CHIPS, PARAMETER_RANGES};
 pub use projection::Projection;
 pub use replay::{replay, replay_warm, Breakdown, PassTime, ReplayOptions, Timeline};
-pub use schedule::{schedule, Dims, ModelShape, Plan, ShapeWeight};
+pub use schedule::{
+    sampled_passes, schedule, schedule_sampled, Dims, ModelShape, Plan, ShapeWeight,
+    DECODE_PASSES_REPLAYED,
+};
 
 /// The cost model's version, printed with every projection.
 pub const MODEL_VERSION: &str = concat!(

@@ -14,6 +14,28 @@ use crate::events::{Event, Loader};
 use crate::params::Board;
 use crate::BoardError;
 
+impl Timeline {
+    /// Let pass `i` stand for `weights[i]` passes like it ([`crate::schedule::schedule_sampled`]):
+    /// its duration (from the end of the pass before), its breakdown and its storage reads are
+    /// multiplied by its weight, and the later passes' ends move by the difference. All weights
+    /// 1: unchanged.
+    pub fn weigh_passes(&mut self, weights: &[f64]) {
+        if weights.iter().all(|&w| w == 1.0) {
+            return;
+        }
+        let (mut before, mut weighed_before) = (0.0, 0.0);
+        for (p, &w) in self.passes.iter_mut().zip(weights) {
+            let duration = p.end_s - before;
+            before = p.end_s;
+            weighed_before += w * duration;
+            p.end_s = weighed_before;
+            p.breakdown = p.breakdown.scaled(1.0 / w);
+            self.storage_bytes += (w - 1.0) * p.storage_bytes;
+            p.storage_bytes *= w;
+        }
+    }
+}
+
 /// How to treat the run's loads.
 #[derive(Clone, Copy, Debug)]
 pub struct ReplayOptions {
@@ -87,6 +109,8 @@ pub struct PassTime {
     pub end_s: f64,
     /// Where its compute time went.
     pub breakdown: Breakdown,
+    /// Bytes read from storage by its loads during the clock.
+    pub storage_bytes: f64,
 }
 
 /// The replayed run.
@@ -293,6 +317,9 @@ pub fn replay_warm(
                 }
                 if !hit {
                     timeline.storage_bytes += b;
+                    if let Some(p) = pass {
+                        timeline.passes[p].storage_bytes += b;
+                    }
                 }
                 let (by, after) = match (opts.prefetch_slots, next_use[index]) {
                     (Some(slots), Some(g)) => {

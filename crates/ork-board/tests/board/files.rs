@@ -1,9 +1,10 @@
 //! Hostile board files (issue 39): parameters outside their physical ranges, limits that would
-//! divide by zero, names with control characters, and the replay's bounds.
+//! divide by zero, names with control characters, the replay's bounds, and plans whose memory
+//! does not grow with their token count.
 
 use ork_board::{
-    replay, schedule, Board, BoardError, Chip, Plan, Projection, ReplayOptions, WeightType,
-    PARAMETER_RANGES,
+    replay, schedule, schedule_sampled, Board, BoardError, Chip, Plan, Projection, ReplayOptions,
+    WeightType, DECODE_PASSES_REPLAYED, PARAMETER_RANGES,
 };
 
 fn field_of(e: &BoardError) -> String {
@@ -231,4 +232,64 @@ fn board_names_with_control_characters_are_refused() {
     let doc = r#"{"name": "my-rock5b (16 GB)", "chip": "rk3588", "ram_gib": 8,
                  "storage_read_gbps": 1}"#;
     assert_eq!(Board::from_json(doc).unwrap().name, "my-rock5b (16 GB)");
+}
+
+/// A plan's memory does not grow with its token count (`--gen-tokens 1000000` grew ~70 KB per
+/// token until out of memory): beyond `DECODE_PASSES_REPLAYED` decode passes the schedule replays
+/// that many, each standing for its run of steps, and the projection stays the full replay's.
+#[test]
+fn sampled_decode_matches_the_full_replay() {
+    let board = Board::named("rk3588").unwrap();
+    let shape = super::tiny_shape(&board.chip);
+    for resident in [true, false] {
+        let mut p = plan(resident);
+        p.prompt_tokens = 64;
+        let opts = ReplayOptions {
+            preload: true,
+            device_bytes: p.budget_bytes as f64,
+            prefetch_slots: (!resident).then_some(2),
+        };
+        // Within the bound: schedule()'s own stream, every weight 1.
+        p.gen_tokens = DECODE_PASSES_REPLAYED + 1;
+        let (events, weights) = schedule_sampled(&shape, &p).unwrap();
+        assert_eq!(events, schedule(&shape, &p).unwrap());
+        assert!(weights.iter().all(|&w| w == 1.0));
+        let bounded = events.len();
+        // Beyond it: as many events for a million tokens, the weights adding up to the steps.
+        p.gen_tokens = 1_000_000;
+        let (events, weights) = schedule_sampled(&shape, &p).unwrap();
+        assert_eq!(events.len(), bounded);
+        assert_eq!(weights.iter().sum::<f64>(), 1.0 + 999_999.0);
+        // Against the full replay of 4001 tokens.
+        p.gen_tokens = 4001;
+        let full = replay(&schedule(&shape, &p).unwrap(), &board, opts).unwrap();
+        let full = Projection::new(&full, &board, p.prompt_tokens, p.gen_tokens);
+        let (events, weights) = schedule_sampled(&shape, &p).unwrap();
+        let mut t = replay(&events, &board, opts).unwrap();
+        t.weigh_passes(&weights);
+        let sampled = Projection::new(&t, &board, p.prompt_tokens, p.gen_tokens);
+        let close = |a: f64, b: f64| (a / b - 1.0).abs() < 2e-3 || (a - b).abs() < 1e-12;
+        assert_eq!(sampled.ttft_s, full.ttft_s);
+        assert!(
+            close(sampled.decode_tok_s.unwrap(), full.decode_tok_s.unwrap()),
+            "resident {resident}: {sampled:?} against {full:?}"
+        );
+        let (a, b) = (sampled.per_token.unwrap(), full.per_token.unwrap());
+        for (x, y) in [
+            (a.npu_s, b.npu_s),
+            (a.host_s, b.host_s),
+            (a.submit_s, b.submit_s),
+            (a.copy_stall_s, b.copy_stall_s),
+            (a.total(), b.total()),
+        ] {
+            assert!(close(x, y), "resident {resident}: {a:?} against {b:?}");
+        }
+        assert!(
+            close(sampled.storage_bytes, full.storage_bytes) || full.storage_bytes == 0.0,
+            "{} against {}",
+            sampled.storage_bytes,
+            full.storage_bytes
+        );
+        assert_eq!(sampled.passes, DECODE_PASSES_REPLAYED + 1);
+    }
 }

@@ -1,5 +1,5 @@
 //! `ork plan --project` on hostile input (issue 39): board files read under the input rule,
-//! names printed escaped.
+//! names printed escaped, token counts beyond the context.
 
 use super::safety::{mkfifo, run_within};
 use super::*;
@@ -88,3 +88,39 @@ fn board_files_with_control_names_or_absurd_parameters_are_refused() {
     }
 }
 
+/// `ork plan --model M --project rk3588 ARGS` within 120 s.
+fn plan(args: &[&str]) -> Output {
+    let m = model();
+    let mut a = vec!["plan", "--model", s(&m), "--project", "rk3588", "--json"];
+    a.extend_from_slice(args);
+    run_within(ork().args(&a), 120)
+}
+
+/// `--prompt-tokens` + `--gen-tokens` beyond the model's context are refused as `ork run`
+/// refuses a prompt and `-n` beyond it (`--gen-tokens 1000000` grew ~70 KB per token until out
+/// of memory; `--prompt-tokens 1000000` projected "TTFT 2160208021 ms"); up to the context, a
+/// plan's memory does not grow with the tokens (`ork_board::schedule_sampled`).
+#[test]
+fn plans_beyond_the_context_are_refused() {
+    // SmolLM2-135M's context: 8192 positions.
+    for args in [
+        &["--gen-tokens", "1000000"][..],
+        &["--prompt-tokens", "1000000"],
+        &["--prompt-tokens", "8000", "--gen-tokens", "193"],
+    ] {
+        let o = plan(args);
+        assert_eq!(code(&o), Some(2), "{args:?}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains("context") && e.contains("8192"), "{e}");
+    }
+    let o = plan(&["--prompt-tokens", "64", "--gen-tokens", "8128"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let p = &json(&o)["projected"];
+    let ok = |k: &str| p[k].as_f64().is_some_and(|x| x.is_finite() && x > 0.0);
+    assert!(ok("ttft_s") && ok("decode_tok_s"), "{p}");
+    assert_eq!(
+        p["passes"].as_u64(),
+        Some(ork_board::DECODE_PASSES_REPLAYED as u64 + 1),
+        "{p}"
+    );
+}
