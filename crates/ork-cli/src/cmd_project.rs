@@ -282,7 +282,7 @@ pub fn project_plan(
         }
         Some(d) => {
             let (events, generated, label) =
-                crate::cmd_spec_project::plan_spec(&shape, &sched, d, args, &board.chip)?;
+                crate::cmd_spec_project::plan_spec(&gguf, &shape, &sched, d, args, &board.chip)?;
             (events, Vec::new(), generated, label)
         }
     };

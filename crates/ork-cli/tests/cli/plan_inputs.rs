@@ -1,5 +1,5 @@
 //! `ork plan --project` on hostile input (issue 39): board files read under the input rule,
-//! names printed escaped, token counts beyond the context.
+//! names printed escaped, token counts beyond the context, draft vocabularies.
 
 use super::safety::{mkfifo, run_within};
 use super::*;
@@ -123,4 +123,37 @@ fn plans_beyond_the_context_are_refused() {
         Some(ork_board::DECODE_PASSES_REPLAYED as u64 + 1),
         "{p}"
     );
+}
+
+/// `plan --project --draft D.gguf` refuses a draft whose vocabulary is not the model's, with the
+/// check `ork run --draft` makes (gemma3's 262,144 tokens against SmolLM2's 49,152).
+#[test]
+fn plan_refuses_a_draft_vocabulary_as_run_does() {
+    let g = ork_testkit::gemma3_path();
+    let args = ["--draft", s(&g), "--acceptance", "0.5"];
+    let o = plan(&args);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    let planned = stderr(&o);
+    let m = model();
+    let o = run_within(
+        ork().args([
+            "run",
+            "--model",
+            s(&m),
+            "--prompt",
+            "x",
+            "-n",
+            "1",
+            "--draft",
+            s(&g),
+            "--device",
+            "emu",
+        ]),
+        120,
+    );
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    let ran = stderr(&o);
+    for e in [&planned, &ran] {
+        assert!(e.contains("262144") && e.contains("49152"), "{e}");
+    }
 }
