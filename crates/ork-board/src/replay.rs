@@ -490,13 +490,7 @@ fn simulate(tasks: &[Task], ddr_bw: f64, timeline: &mut Timeline) -> Result<(), 
     let mut steps = 0usize;
     loop {
         steps += 1;
-        if steps > bound {
-            return Err(BoardError::Replay(format!(
-                "no end after {bound} steps for {} tasks (the simulated time stopped advancing \
-                 at {now} s)",
-                tasks.len()
-            )));
-        }
+        bounded(steps, bound, tasks.len(), now)?;
         // Start what can start; starting one task can release another actor's.
         let mut changed = true;
         while changed {
@@ -540,34 +534,7 @@ fn simulate(tasks: &[Task], ddr_bw: f64, timeline: &mut Timeline) -> Result<(), 
                     .into(),
             ));
         }
-        // Shares of the bus among the tasks moving bytes.
-        let demand: f64 = running
-            .iter()
-            .flatten()
-            .filter(|r| r.fixed <= 0.0)
-            .map(|r| tasks[r.task].rate)
-            .sum();
-        let share = if demand > ddr_bw {
-            ddr_bw / demand
-        } else {
-            1.0
-        };
-        let step = running
-            .iter()
-            .flatten()
-            .map(|r| {
-                if r.fixed > 0.0 {
-                    r.fixed
-                } else {
-                    r.bytes / (tasks[r.task].rate * share)
-                }
-            })
-            .fold(f64::INFINITY, f64::min);
-        if !step.is_finite() || step < 0.0 {
-            return Err(BoardError::Replay(format!(
-                "a step of {step} s at {now} s (a rate or time out of range)"
-            )));
-        }
+        let (share, step) = next_step(tasks, &running, ddr_bw, now)?;
         now += step;
         for slot in running.iter_mut() {
             let Some(r) = slot else { continue };
@@ -585,21 +552,7 @@ fn simulate(tasks: &[Task], ddr_bw: f64, timeline: &mut Timeline) -> Result<(), 
                 if task.actor == COMPUTE {
                     idle_since = now;
                     if let Some(p) = task.pass {
-                        let pt = &mut timeline.passes[p];
-                        pt.end_s = now;
-                        let dur = now - r.start;
-                        let mut b = Breakdown::default();
-                        match task.cat {
-                            Cat::Host => b.host_s = dur,
-                            Cat::Switch => b.domain_switch_s = dur,
-                            Cat::Load => b.copy_stall_s = dur,
-                            Cat::Npu => {
-                                b.submit_s = task.fixed;
-                                // The fixed part runs first, so `dur >= fixed` but for rounding.
-                                b.npu_s = (dur - task.fixed).max(0.0);
-                            }
-                        }
-                        pt.breakdown.add(&b);
+                        account(task, now - r.start, now, &mut timeline.passes[p]);
                     }
                 }
                 *slot = None;
@@ -607,4 +560,70 @@ fn simulate(tasks: &[Task], ddr_bw: f64, timeline: &mut Timeline) -> Result<(), 
         }
     }
     Ok(())
+}
+
+/// The running tasks' shares of the bus (those moving bytes share it by demand) and the time to
+/// the nearest end of a task or of its fixed part.
+fn next_step(
+    tasks: &[Task],
+    running: &[Option<Running>; 2],
+    ddr_bw: f64,
+    now: f64,
+) -> Result<(f64, f64), BoardError> {
+    let demand: f64 = running
+        .iter()
+        .flatten()
+        .filter(|r| r.fixed <= 0.0)
+        .map(|r| tasks[r.task].rate)
+        .sum();
+    let share = if demand > ddr_bw {
+        ddr_bw / demand
+    } else {
+        1.0
+    };
+    let step = running
+        .iter()
+        .flatten()
+        .map(|r| {
+            if r.fixed > 0.0 {
+                r.fixed
+            } else {
+                r.bytes / (tasks[r.task].rate * share)
+            }
+        })
+        .fold(f64::INFINITY, f64::min);
+    if !step.is_finite() || step < 0.0 {
+        return Err(BoardError::Replay(format!(
+            "a step of {step} s at {now} s (a rate or time out of range)"
+        )));
+    }
+    Ok((share, step))
+}
+
+/// The simulation's step `steps` within `bound` (for `tasks` tasks, at `now`).
+fn bounded(steps: usize, bound: usize, tasks: usize, now: f64) -> Result<(), BoardError> {
+    if steps > bound {
+        return Err(BoardError::Replay(format!(
+            "no end after {bound} steps for {tasks} tasks (the simulated time stopped advancing \
+             at {now} s)"
+        )));
+    }
+    Ok(())
+}
+
+/// A compute task of pass `pt` ended at `now` after `dur` seconds: the pass's end and breakdown.
+fn account(task: &Task, dur: f64, now: f64, pt: &mut PassTime) {
+    pt.end_s = now;
+    let mut b = Breakdown::default();
+    match task.cat {
+        Cat::Host => b.host_s = dur,
+        Cat::Switch => b.domain_switch_s = dur,
+        Cat::Load => b.copy_stall_s = dur,
+        Cat::Npu => {
+            b.submit_s = task.fixed;
+            // The fixed part runs first, so `dur >= fixed` but for rounding.
+            b.npu_s = (dur - task.fixed).max(0.0);
+        }
+    }
+    pt.breakdown.add(&b);
 }
