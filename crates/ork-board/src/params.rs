@@ -250,7 +250,8 @@ impl Board {
                 reserved_bytes: GIB,
             })
             .ok_or_else(|| BoardError::Unknown {
-                name: name.to_owned(),
+                // Escaped: a name from the command line may hold an ANSI escape or a newline.
+                name: name.escape_debug().to_string(),
                 known: Board::known().join(", "),
             })
     }

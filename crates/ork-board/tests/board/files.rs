@@ -213,7 +213,7 @@ fn projections_are_finite_within_the_ranges_and_refused_outside() {
 }
 
 /// Board names are printed in every projection line: control characters (an ANSI escape, a
-/// newline) are refused, and the error shows them escaped.
+/// newline) are refused, and the error shows them escaped; so does an unknown `--project NAME`.
 #[test]
 fn board_names_with_control_characters_are_refused() {
     for name in [
@@ -229,6 +229,10 @@ fn board_names_with_control_characters_are_refused() {
         assert_eq!(field_of(&e), "name", "{e}");
         assert!(!e.to_string().chars().any(char::is_control), "{e:?}");
     }
+    // An unknown name from the command line is shown escaped in the error.
+    let e = Board::named("rk\u{1b}[2Jx\ny").unwrap_err();
+    assert!(!e.to_string().chars().any(char::is_control), "{e:?}");
+    assert!(e.to_string().contains(r"rk\u{1b}[2Jx\ny"), "{e}");
     let doc = r#"{"name": "my-rock5b (16 GB)", "chip": "rk3588", "ram_gib": 8,
                  "storage_read_gbps": 1}"#;
     assert_eq!(Board::from_json(doc).unwrap().name, "my-rock5b (16 GB)");
