@@ -183,6 +183,13 @@ pub(super) trait Engine {
     fn dot4(s: &Super, a: [&[u8]; 4]) -> [(i32, i32); 4] {
         a.map(|a| Self::dot(s, a))
     }
+    /// Decode `blk` and dot it with `a` (M = 1). An engine may fuse the two; it must leave
+    /// `s.d`, `s.dmin` set and return what [`Engine::dot`] would.
+    #[inline(always)]
+    fn decode_dot(ty: KType, blk: &[u8], a: &[u8], s: &mut Super) -> (i32, i32) {
+        Self::decode(ty, blk, s);
+        Self::dot(s, a)
+    }
 }
 
 /// The rows kernel for `ty` on `isa`, if that ISA has one.
@@ -243,8 +250,8 @@ pub(super) fn drive<E: Engine, const T: u8>(
                 .chunks_exact(t.bytes())
                 .zip(acts.chunks_exact(Q8K_BYTES))
             {
-                E::decode(t, blk, &mut s);
-                acc = combine::<E>(t, acc, &s, a);
+                let d = E::decode_dot(t, blk, a, &mut s);
+                acc = step(t, acc, &s, a, d);
             }
             *o = acc;
         }

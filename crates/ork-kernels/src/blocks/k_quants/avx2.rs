@@ -65,6 +65,18 @@ impl Engine for Avx2 {
     }
 
     #[inline(always)]
+    fn decode_dot(ty: KType, blk: &[u8], a: &[u8], s: &mut Super) -> (i32, i32) {
+        if ty == KType::Q4 {
+            assert!(blk.len() >= ty.bytes() && a.len() >= Q8K_BYTES);
+            // SAFETY: whole blocks (asserted); AVX2 as for `dot`.
+            unsafe { decode_dot_q4(blk, a, s) }
+        } else {
+            Self::decode(ty, blk, s);
+            Self::dot(s, a)
+        }
+    }
+
+    #[inline(always)]
     fn dot4(s: &Super, a: [&[u8]; 4]) -> [(i32, i32); 4] {
         assert!(a.iter().all(|a| a.len() >= Q8K_BYTES));
         // SAFETY: as in `dot`, for each of the four blocks.
@@ -423,4 +435,40 @@ unsafe fn decode_iq4xs(b: &[u8], s: &mut Super) {
         put(s, 32 * j, _mm256_set_m128i(hi, lo));
     }
     iq4xs_scales(b, s);
+}
+
+/// Q4_K at M = 1, decode fused into the dot: the nibbles never leave registers. Each 32-value
+/// sub-block has one scale, so its 16 i16 pair sums are `vpmaddwd`-ed with that scale broadcast.
+/// Sets `s.d`, `s.dmin` (the float step reads them) and returns what [`dot`] would.
+///
+/// # Safety
+/// The CPU must have AVX2; `b` must hold 144 bytes and `a` [`Q8K_BYTES`].
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn decode_dot_q4(b: &[u8], a: &[u8], s: &mut Super) -> (i32, i32) {
+    let (sc, mn) = k4_words(&b[4..16]);
+    let sc = sc.to_le_bytes();
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc0 = _mm256_setzero_si256();
+    let mut acc1 = _mm256_setzero_si256();
+    for c in 0..4 {
+        // SAFETY: bytes 16 + 32c .. 48 + 32c ≤ 144 of the weight block; activation quants
+        // 64c .. 64c + 64 ≤ 256 from byte 4 of the Q8_K block.
+        let (q, x0, x1) = unsafe {
+            let x = a.as_ptr().add(4 + 64 * c);
+            (load(b.as_ptr().add(16 + 32 * c)), load(x), load(x.add(32)))
+        };
+        let lo = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), x0);
+        let hi = _mm256_maddubs_epi16(_mm256_and_si256(srli!(q, 4), m4), x1);
+        let s0 = _mm256_set1_epi16(i16::from(sc[2 * c]));
+        let s1 = _mm256_set1_epi16(i16::from(sc[2 * c + 1]));
+        acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(lo, s0));
+        acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(hi, s1));
+    }
+    // SAFETY: the block's bsums are its last 32 bytes.
+    let bs = unsafe { load(a.as_ptr().add(Q8K_BSUMS)) };
+    s.d = f16_at(&b[0..]);
+    s.dmin = f16_at(&b[2..]);
+    let mins = hsum(_mm256_madd_epi16(spread(mn), bs));
+    (hsum(_mm256_add_epi32(acc0, acc1)), mins)
 }
