@@ -367,8 +367,8 @@ pub(super) fn decode(ty: KType, blk: &[u8], s: &mut Super) {
     match ty {
         KType::Q2 => decode_q2(blk, s),
         KType::Q3 => decode_q3(blk, s),
-        KType::Q4 => decode_q4(blk, s),
-        KType::Q5 => decode_q5(blk, s),
+        KType::Q4 => decode_k4::<false>(blk, s),
+        KType::Q5 => decode_k4::<true>(blk, s),
         KType::Q6 => decode_q6(blk, s),
         KType::Iq4Xs => decode_iq4xs(blk, s),
     }
@@ -479,34 +479,22 @@ pub(super) fn scales_k4(sb: &[u8], s: &mut Super) {
     }
 }
 
-/// `block_q4_K`: d, dmin, `scales[12]`, `qs[128]`. Values `64c + l` and `64c + 32 + l` are the low
-/// and high nibble of `qs[32c + l]`.
+/// `block_q4_K` (`FIVE = false`): d, dmin, `scales[12]`, `qs[128]`. Values `64c + l` and
+/// `64c + 32 + l` are the low and high nibble of `qs[32c + l]`. `block_q5_K` (`FIVE`): d, dmin,
+/// `scales[12]`, `qh[32]`, `qs[128]`: the same plus a fifth bit, bit `2c` (low nibbles) or
+/// `2c + 1` (high nibbles) of `qh[l]`.
 #[inline(always)]
-fn decode_q4(b: &[u8], s: &mut Super) {
+fn decode_k4<const FIVE: bool>(b: &[u8], s: &mut Super) {
     s.signed = false;
-    let qs = &b[16..144];
+    let (qh, qs) = if FIVE {
+        (&b[16..48], &b[48..176])
+    } else {
+        (&b[16..48], &b[16..144])
+    };
     for c in 0..4 {
         for l in 0..32 {
             let q = qs[32 * c + l];
-            s.u[64 * c + l] = q & 0xF;
-            s.u[64 * c + 32 + l] = q >> 4;
-        }
-    }
-    scales_k4(&b[4..16], s);
-    s.d = f16_at(&b[0..]);
-    s.dmin = f16_at(&b[2..]);
-}
-
-/// `block_q5_K`: d, dmin, `scales[12]`, `qh[32]`, `qs[128]`: as Q4_K plus a fifth bit, bit `2c`
-/// (low nibbles) or `2c + 1` (high nibbles) of `qh[l]`.
-#[inline(always)]
-fn decode_q5(b: &[u8], s: &mut Super) {
-    s.signed = false;
-    let (qh, qs) = (&b[16..48], &b[48..176]);
-    for c in 0..4 {
-        for l in 0..32 {
-            let q = qs[32 * c + l];
-            let h = qh[l] >> (2 * c);
+            let h = if FIVE { qh[l] >> (2 * c) } else { 0 };
             s.u[64 * c + l] = (q & 0xF) | ((h & 1) << 4);
             s.u[64 * c + 32 + l] = (q >> 4) | ((h & 2) << 3);
         }

@@ -48,8 +48,8 @@ impl Engine for Avx2 {
             match ty {
                 KType::Q2 => decode_q2(blk, s),
                 KType::Q3 => decode_q3(blk, s),
-                KType::Q4 => decode_q4(blk, s),
-                KType::Q5 => decode_q5(blk, s),
+                KType::Q4 => decode_k4::<false>(blk, s),
+                KType::Q5 => decode_k4::<true>(blk, s),
                 KType::Q6 => decode_q6(blk, s),
                 KType::Iq4Xs => decode_iq4xs(blk, s),
             }
@@ -294,50 +294,29 @@ unsafe fn decode_q3(b: &[u8], s: &mut Super) {
     s.dmin = 0.0;
 }
 
-/// Q4_K.
+/// Q4_K (`FIVE = false`) and Q5_K (`FIVE`: the fifth bits from `qh` on top).
 ///
 /// # Safety
-/// `b` must hold 144 bytes; the CPU must have AVX2.
+/// `b` must hold 144 bytes (Q4_K) or 176 (Q5_K); the CPU must have AVX2.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn decode_q4(b: &[u8], s: &mut Super) {
-    s.signed = false;
-    let m4 = _mm256_set1_epi8(0xF);
-    for c in 0..4 {
-        // SAFETY: bytes 16 + 32c .. 48 + 32c ≤ 144 of the block.
-        let q = unsafe { load(b.as_ptr().add(16 + 32 * c)) };
-        put(s, 64 * c, _mm256_and_si256(q, m4));
-        put(s, 64 * c + 32, _mm256_and_si256(srli!(q, 4), m4));
-    }
-    let (sc, mn) = k4_words(&b[4..16]);
-    put_scales(s, spread(sc), spread(mn));
-    s.d = f16_at(&b[0..]);
-    s.dmin = f16_at(&b[2..]);
-}
-
-/// Q5_K.
-///
-/// # Safety
-/// `b` must hold 176 bytes; the CPU must have AVX2.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn decode_q5(b: &[u8], s: &mut Super) {
+unsafe fn decode_k4<const FIVE: bool>(b: &[u8], s: &mut Super) {
     s.signed = false;
     let (m4, b4) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
-    // SAFETY: qh is bytes 16..48.
+    // SAFETY: qh is bytes 16..48 of Q5_K (unused for Q4_K, whose block is longer than 48).
     let mut h = unsafe { load(b.as_ptr().add(16)) };
+    let qs = if FIVE { 48 } else { 16 };
     for c in 0..4 {
-        // SAFETY: bytes 48 + 32c .. 80 + 32c ≤ 176 of the block.
-        let q = unsafe { load(b.as_ptr().add(48 + 32 * c)) };
-        let lo = _mm256_and_si256(_mm256_slli_epi16::<4>(h), b4);
-        let hi = _mm256_and_si256(_mm256_slli_epi16::<3>(h), b4);
-        put(s, 64 * c, _mm256_or_si256(_mm256_and_si256(q, m4), lo));
-        put(
-            s,
-            64 * c + 32,
-            _mm256_or_si256(_mm256_and_si256(srli!(q, 4), m4), hi),
-        );
-        h = srli!(h, 2);
+        // SAFETY: bytes qs + 32c .. qs + 32c + 32 lie within the block.
+        let q = unsafe { load(b.as_ptr().add(qs + 32 * c)) };
+        let (mut lo, mut hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(srli!(q, 4), m4));
+        if FIVE {
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(h), b4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(h), b4));
+            h = srli!(h, 2);
+        }
+        put(s, 64 * c, lo);
+        put(s, 64 * c + 32, hi);
     }
     let (sc, mn) = k4_words(&b[4..16]);
     put_scales(s, spread(sc), spread(mn));
