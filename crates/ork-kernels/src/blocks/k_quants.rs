@@ -9,15 +9,16 @@
 //!
 //! **One decoded form, one integer dot.** Each kernel first decodes a super-block into a
 //! [`Super`]: 256 unsigned quants `u ≤ 63` (IQ4_XS: signed table values) in activation order,
-//! and per 16-value group `g` an
-//! integer scale `sc_g` and an integer weight `mn_g` of the group's activation sum. Against one
-//! Q8_K block (`da`, int8 `a`, `bsum_g = Σ a` over the group) the two integers
-//! `sumi = Σ_g sc_g · Σ_l u·a` and `summ = Σ_g mn_g · bsum_g` are exact in i32 in any order
-//! (bound: `|sumi| ≤ 256·63·128·128 < 2³¹`, IQ4_XS `256·127·32·128`, `|summ| ≤ 16·4096·2032 < 2³¹` for Q8_K blocks the
-//! quantizer wrote; blocks with other bytes wrap, identically on every ISA, because every ISA
-//! wraps). The float step per super-block is then fixed, in this order ([`combine`]):
+//! and per 16-value group `g` an integer scale `sc_g` and an integer weight `mn_g` of the
+//! group's activation sum. Against one Q8_K block (`da`, int8 `a`, `bsum_g = Σ a` over the
+//! group) the two integers `sumi = Σ_g sc_g · Σ_l u·a` and `summ = Σ_g mn_g · bsum_g` are exact
+//! in i32 in any order (bounds: `|sumi| ≤ 256·63·128·128 < 2³¹`, IQ4_XS `≤ 256·127·32·128`;
+//! `|summ| ≤ 16·4096·2032 < 2³¹` for Q8_K blocks the quantizer wrote; blocks with other bytes
+//! wrap, identically on every ISA, because every ISA wraps). The float step per super-block is
+//! then fixed, in this order ([`combine`], [`step`]):
 //!
-//! * with mins (Q2_K, Q4_K, Q5_K, `mn_g = m_g`): `acc = (acc + (d·da)·f32(sumi)) − (dmin·da)·f32(summ)`;
+//! * with mins (Q2_K, Q4_K, Q5_K, `mn_g = m_g`):
+//!   `acc = (acc + (d·da)·f32(sumi)) − (dmin·da)·f32(summ)`;
 //! * with an offset (Q3_K, Q6_K, `mn_g = o·sc_g`; IQ4_XS, `mn_g = 0`):
 //!   `acc = acc + (d·da)·f32(sumi − summ)` (the offset cancels exactly in integers before any
 //!   rounding),
@@ -183,6 +184,13 @@ pub(super) trait Engine {
     fn dot4(s: &Super, a: [&[u8]; 4]) -> [(i32, i32); 4] {
         a.map(|a| Self::dot(s, a))
     }
+    /// Decode `blk` and dot it with `a` (M = 1). An engine may fuse the two; it must leave
+    /// `s.d`, `s.dmin` set and return what [`Engine::dot`] would.
+    #[inline(always)]
+    fn decode_dot(ty: KType, blk: &[u8], a: &[u8], s: &mut Super) -> (i32, i32) {
+        Self::decode(ty, blk, s);
+        Self::dot(s, a)
+    }
 }
 
 /// The rows kernel for `ty` on `isa`, if that ISA has one.
@@ -243,8 +251,8 @@ pub(super) fn drive<E: Engine, const T: u8>(
                 .chunks_exact(t.bytes())
                 .zip(acts.chunks_exact(Q8K_BYTES))
             {
-                E::decode(t, blk, &mut s);
-                acc = combine::<E>(t, acc, &s, a);
+                let d = E::decode_dot(t, blk, a, &mut s);
+                acc = step(t, acc, &s, a, d);
             }
             *o = acc;
         }
@@ -359,14 +367,14 @@ pub(super) fn decode(ty: KType, blk: &[u8], s: &mut Super) {
     match ty {
         KType::Q2 => decode_q2(blk, s),
         KType::Q3 => decode_q3(blk, s),
-        KType::Q4 => decode_q4(blk, s),
-        KType::Q5 => decode_q5(blk, s),
+        KType::Q4 => decode_k4::<false>(blk, s),
+        KType::Q5 => decode_k4::<true>(blk, s),
         KType::Q6 => decode_q6(blk, s),
         KType::Iq4Xs => decode_iq4xs(blk, s),
     }
 }
 
-/// `block_q2_K`: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin. Value
+/// `block_q2_K`: `scales[16]` (low nibble scale, high nibble min), `qs[64]`, d, dmin. Value
 /// `128n + 32j + l` is bits `2j..2j+2` of `qs[32n + l]`.
 #[inline(always)]
 fn decode_q2(b: &[u8], s: &mut Super) {
@@ -417,8 +425,8 @@ fn q3_scales(sb: &[u8], s: &mut Super) {
     }
 }
 
-/// `block_q3_K`: hmask[32], qs[64], scales[12], d. Value `128n + 32j + l` is bits `2j..2j+2` of
-/// `qs[32n + l]` minus 4 unless bit `4n + j` of `hmask[l]` is set; stored here as
+/// `block_q3_K`: `hmask[32]`, `qs[64]`, `scales[12]`, d. Value `128n + 32j + l` is bits
+/// `2j..2j+2` of `qs[32n + l]` minus 4 unless bit `4n + j` of `hmask[l]` is set; stored here as
 /// `u = low | high·4`, offset 4.
 #[inline(always)]
 fn decode_q3(b: &[u8], s: &mut Super) {
@@ -471,34 +479,22 @@ pub(super) fn scales_k4(sb: &[u8], s: &mut Super) {
     }
 }
 
-/// `block_q4_K`: d, dmin, scales[12], qs[128]. Values `64c + l` and `64c + 32 + l` are the low
-/// and high nibble of `qs[32c + l]`.
+/// `block_q4_K` (`FIVE = false`): d, dmin, `scales[12]`, `qs[128]`. Values `64c + l` and
+/// `64c + 32 + l` are the low and high nibble of `qs[32c + l]`. `block_q5_K` (`FIVE`): d, dmin,
+/// `scales[12]`, `qh[32]`, `qs[128]`: the same plus a fifth bit, bit `2c` (low nibbles) or
+/// `2c + 1` (high nibbles) of `qh[l]`.
 #[inline(always)]
-fn decode_q4(b: &[u8], s: &mut Super) {
+fn decode_k4<const FIVE: bool>(b: &[u8], s: &mut Super) {
     s.signed = false;
-    let qs = &b[16..144];
+    let (qh, qs) = if FIVE {
+        (&b[16..48], &b[48..176])
+    } else {
+        (&b[16..48], &b[16..144])
+    };
     for c in 0..4 {
         for l in 0..32 {
             let q = qs[32 * c + l];
-            s.u[64 * c + l] = q & 0xF;
-            s.u[64 * c + 32 + l] = q >> 4;
-        }
-    }
-    scales_k4(&b[4..16], s);
-    s.d = f16_at(&b[0..]);
-    s.dmin = f16_at(&b[2..]);
-}
-
-/// `block_q5_K`: d, dmin, scales[12], qh[32], qs[128]: as Q4_K plus a fifth bit, bit `2c`
-/// (low nibbles) or `2c + 1` (high nibbles) of `qh[l]`.
-#[inline(always)]
-fn decode_q5(b: &[u8], s: &mut Super) {
-    s.signed = false;
-    let (qh, qs) = (&b[16..48], &b[48..176]);
-    for c in 0..4 {
-        for l in 0..32 {
-            let q = qs[32 * c + l];
-            let h = qh[l] >> (2 * c);
+            let h = if FIVE { qh[l] >> (2 * c) } else { 0 };
             s.u[64 * c + l] = (q & 0xF) | ((h & 1) << 4);
             s.u[64 * c + 32 + l] = (q >> 4) | ((h & 2) << 3);
         }
@@ -508,7 +504,7 @@ fn decode_q5(b: &[u8], s: &mut Super) {
     s.dmin = f16_at(&b[2..]);
 }
 
-/// `block_q6_K`: ql[128], qh[64], scales[16] (int8), d. In half `n`, for `l < 32`: values
+/// `block_q6_K`: `ql[128]`, `qh[64]`, `scales[16]` (int8), d. In half `n`, for `l < 32`: values
 /// `+l`, `+32+l`, `+64+l`, `+96+l` are the low nibble of `ql[64n+l]`, of `ql[64n+32+l]`, the
 /// high nibble of each, with bits 0‥1, 2‥3, 4‥5, 6‥7 of `qh[32n+l]` on top; offset 32.
 #[inline(always)]
@@ -557,7 +553,7 @@ pub(super) fn iq4xs_scales(b: &[u8], s: &mut Super) {
     s.dmin = 0.0;
 }
 
-/// `block_iq4_xs`: d, scales_h (u16), scales_l[4], qs[128]. Sub-block `j` (32 values): the low
+/// `block_iq4_xs`: d, scales_h (u16), `scales_l[4]`, `qs[128]`. Sub-block `j` (32 values): the low
 /// nibbles of `qs[16j .. 16j+16]`, then their high nibbles, each an index into
 /// [`IQ4_VALUES`]; the quants are stored signed.
 #[inline(always)]

@@ -48,8 +48,8 @@ impl Engine for Avx2 {
             match ty {
                 KType::Q2 => decode_q2(blk, s),
                 KType::Q3 => decode_q3(blk, s),
-                KType::Q4 => decode_q4(blk, s),
-                KType::Q5 => decode_q5(blk, s),
+                KType::Q4 => decode_k4::<false>(blk, s),
+                KType::Q5 => decode_k4::<true>(blk, s),
                 KType::Q6 => decode_q6(blk, s),
                 KType::Iq4Xs => decode_iq4xs(blk, s),
             }
@@ -62,6 +62,18 @@ impl Engine for Avx2 {
         // SAFETY: `a` holds a whole Q8_K block (asserted); this engine only runs inside
         // `rows_avx2`, whose caller checked that the CPU has AVX2.
         unsafe { dot(s, a) }
+    }
+
+    #[inline(always)]
+    fn decode_dot(ty: KType, blk: &[u8], a: &[u8], s: &mut Super) -> (i32, i32) {
+        if ty == KType::Q4 {
+            assert!(blk.len() >= ty.bytes() && a.len() >= Q8K_BYTES);
+            // SAFETY: whole blocks (asserted); AVX2 as for `dot`.
+            unsafe { decode_dot_q4(blk, a, s) }
+        } else {
+            Self::decode(ty, blk, s);
+            Self::dot(s, a)
+        }
     }
 
     #[inline(always)]
@@ -282,50 +294,29 @@ unsafe fn decode_q3(b: &[u8], s: &mut Super) {
     s.dmin = 0.0;
 }
 
-/// Q4_K.
+/// Q4_K (`FIVE = false`) and Q5_K (`FIVE`: the fifth bits from `qh` on top).
 ///
 /// # Safety
-/// `b` must hold 144 bytes; the CPU must have AVX2.
+/// `b` must hold 144 bytes (Q4_K) or 176 (Q5_K); the CPU must have AVX2.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn decode_q4(b: &[u8], s: &mut Super) {
-    s.signed = false;
-    let m4 = _mm256_set1_epi8(0xF);
-    for c in 0..4 {
-        // SAFETY: bytes 16 + 32c .. 48 + 32c ≤ 144 of the block.
-        let q = unsafe { load(b.as_ptr().add(16 + 32 * c)) };
-        put(s, 64 * c, _mm256_and_si256(q, m4));
-        put(s, 64 * c + 32, _mm256_and_si256(srli!(q, 4), m4));
-    }
-    let (sc, mn) = k4_words(&b[4..16]);
-    put_scales(s, spread(sc), spread(mn));
-    s.d = f16_at(&b[0..]);
-    s.dmin = f16_at(&b[2..]);
-}
-
-/// Q5_K.
-///
-/// # Safety
-/// `b` must hold 176 bytes; the CPU must have AVX2.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn decode_q5(b: &[u8], s: &mut Super) {
+unsafe fn decode_k4<const FIVE: bool>(b: &[u8], s: &mut Super) {
     s.signed = false;
     let (m4, b4) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
-    // SAFETY: qh is bytes 16..48.
+    // SAFETY: qh is bytes 16..48 of Q5_K (unused for Q4_K, whose block is longer than 48).
     let mut h = unsafe { load(b.as_ptr().add(16)) };
+    let qs = if FIVE { 48 } else { 16 };
     for c in 0..4 {
-        // SAFETY: bytes 48 + 32c .. 80 + 32c ≤ 176 of the block.
-        let q = unsafe { load(b.as_ptr().add(48 + 32 * c)) };
-        let lo = _mm256_and_si256(_mm256_slli_epi16::<4>(h), b4);
-        let hi = _mm256_and_si256(_mm256_slli_epi16::<3>(h), b4);
-        put(s, 64 * c, _mm256_or_si256(_mm256_and_si256(q, m4), lo));
-        put(
-            s,
-            64 * c + 32,
-            _mm256_or_si256(_mm256_and_si256(srli!(q, 4), m4), hi),
-        );
-        h = srli!(h, 2);
+        // SAFETY: bytes qs + 32c .. qs + 32c + 32 lie within the block.
+        let q = unsafe { load(b.as_ptr().add(qs + 32 * c)) };
+        let (mut lo, mut hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(srli!(q, 4), m4));
+        if FIVE {
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(h), b4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(h), b4));
+            h = srli!(h, 2);
+        }
+        put(s, 64 * c, lo);
+        put(s, 64 * c + 32, hi);
     }
     let (sc, mn) = k4_words(&b[4..16]);
     put_scales(s, spread(sc), spread(mn));
@@ -423,4 +414,40 @@ unsafe fn decode_iq4xs(b: &[u8], s: &mut Super) {
         put(s, 32 * j, _mm256_set_m128i(hi, lo));
     }
     iq4xs_scales(b, s);
+}
+
+/// Q4_K at M = 1, decode fused into the dot: the nibbles never leave registers. Each 32-value
+/// sub-block has one scale, so its 16 i16 pair sums are `vpmaddwd`-ed with that scale broadcast.
+/// Sets `s.d`, `s.dmin` (the float step reads them) and returns what [`dot`] would.
+///
+/// # Safety
+/// The CPU must have AVX2; `b` must hold 144 bytes and `a` [`Q8K_BYTES`].
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn decode_dot_q4(b: &[u8], a: &[u8], s: &mut Super) -> (i32, i32) {
+    let (sc, mn) = k4_words(&b[4..16]);
+    let sc = sc.to_le_bytes();
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc0 = _mm256_setzero_si256();
+    let mut acc1 = _mm256_setzero_si256();
+    for c in 0..4 {
+        // SAFETY: bytes 16 + 32c .. 48 + 32c ≤ 144 of the weight block; activation quants
+        // 64c .. 64c + 64 ≤ 256 from byte 4 of the Q8_K block.
+        let (q, x0, x1) = unsafe {
+            let x = a.as_ptr().add(4 + 64 * c);
+            (load(b.as_ptr().add(16 + 32 * c)), load(x), load(x.add(32)))
+        };
+        let lo = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), x0);
+        let hi = _mm256_maddubs_epi16(_mm256_and_si256(srli!(q, 4), m4), x1);
+        let s0 = _mm256_set1_epi16(i16::from(sc[2 * c]));
+        let s1 = _mm256_set1_epi16(i16::from(sc[2 * c + 1]));
+        acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(lo, s0));
+        acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(hi, s1));
+    }
+    // SAFETY: the block's bsums are its last 32 bytes.
+    let bs = unsafe { load(a.as_ptr().add(Q8K_BSUMS)) };
+    s.d = f16_at(&b[0..]);
+    s.dmin = f16_at(&b[2..]);
+    let mins = hsum(_mm256_madd_epi16(spread(mn), bs));
+    (hsum(_mm256_add_epi32(acc0, acc1)), mins)
 }

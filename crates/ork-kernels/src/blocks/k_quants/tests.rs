@@ -120,43 +120,51 @@ fn deq(ty: WeightType, b: &[u8]) -> Vec<f64> {
                 }
             }
         }
-        WeightType::Q6_K => {
-            let d = f16(b, 208);
-            let mut out = [0f64; QK_K];
-            for n in 0..2 {
-                let (ql, qh, sc) = (&b[64 * n..], &b[128 + 32 * n..], &b[192 + 8 * n..]);
-                for l in 0..32 {
-                    let is = l / 16;
-                    let q = [
-                        (ql[l] & 15) | ((qh[l] & 3) << 4),
-                        (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4),
-                        (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
-                        (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
-                    ];
-                    for (t, q) in q.into_iter().enumerate() {
-                        let s = f64::from(sc[is + 2 * t] as i8);
-                        out[128 * n + 32 * t + l] = d * s * f64::from(i32::from(q) - 32);
-                    }
-                }
-            }
-            y.extend_from_slice(&out);
-        }
-        WeightType::IQ4_XS => {
-            const KV: [i32; 16] = [
-                -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-            ];
-            let d = f16(b, 0);
-            let sh = u32::from(u16::from_le_bytes([b[2], b[3]]));
-            for ib in 0..8 {
-                let lo = u32::from(b[4 + ib / 2] >> (4 * (ib % 2))) & 15;
-                let ls = lo | (((sh >> (2 * ib)) & 3) << 4);
-                let dl = d * (f64::from(ls) - 32.0);
-                let qs = &b[8 + 16 * ib..8 + 16 * ib + 16];
-                y.extend(qs.iter().map(|&q| dl * f64::from(KV[usize::from(q & 15)])));
-                y.extend(qs.iter().map(|&q| dl * f64::from(KV[usize::from(q >> 4)])));
-            }
-        }
+        WeightType::Q6_K => y.extend(deq_q6(b)),
+        WeightType::IQ4_XS => y.extend(deq_iq4xs(b)),
         _ => unreachable!(),
+    }
+    y
+}
+
+/// Q6_K in f64, as ggml's `dequantize_row_q6_K`.
+fn deq_q6(b: &[u8]) -> Vec<f64> {
+    let d = f16(b, 208);
+    let mut out = [0f64; QK_K];
+    for n in 0..2 {
+        let (ql, qh, sc) = (&b[64 * n..], &b[128 + 32 * n..], &b[192 + 8 * n..]);
+        for l in 0..32 {
+            let is = l / 16;
+            let q = [
+                (ql[l] & 15) | ((qh[l] & 3) << 4),
+                (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4),
+                (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
+            ];
+            for (t, q) in q.into_iter().enumerate() {
+                let s = f64::from(sc[is + 2 * t] as i8);
+                out[128 * n + 32 * t + l] = d * s * f64::from(i32::from(q) - 32);
+            }
+        }
+    }
+    out.to_vec()
+}
+
+/// IQ4_XS in f64, as ggml's `dequantize_row_iq4_xs`.
+fn deq_iq4xs(b: &[u8]) -> Vec<f64> {
+    let mut y = Vec::with_capacity(QK_K);
+    const KV: [i32; 16] = [
+        -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+    ];
+    let d = f16(b, 0);
+    let sh = u32::from(u16::from_le_bytes([b[2], b[3]]));
+    for ib in 0..8 {
+        let lo = u32::from(b[4 + ib / 2] >> (4 * (ib % 2))) & 15;
+        let ls = lo | (((sh >> (2 * ib)) & 3) << 4);
+        let dl = d * (f64::from(ls) - 32.0);
+        let qs = &b[8 + 16 * ib..8 + 16 * ib + 16];
+        y.extend(qs.iter().map(|&q| dl * f64::from(KV[usize::from(q & 15)])));
+        y.extend(qs.iter().map(|&q| dl * f64::from(KV[usize::from(q >> 4)])));
     }
     y
 }
