@@ -17,7 +17,14 @@ impl Load for F32 {
     #[inline(always)]
     unsafe fn load16(p: *const u8) -> [float32x4_t; 4] {
         // SAFETY: 64 readable bytes (caller); unaligned loads.
-        std::array::from_fn(|j| unsafe { vld1q_f32(p.add(16 * j).cast()) })
+        unsafe {
+            [
+                vld1q_f32(p.cast()),
+                vld1q_f32(p.add(16).cast()),
+                vld1q_f32(p.add(32).cast()),
+                vld1q_f32(p.add(48).cast()),
+            ]
+        }
     }
 }
 
@@ -70,14 +77,16 @@ unsafe fn row<E: Load, const N: usize>(wr: &[u8], ar: [&[u8]; N]) -> [f32; N] {
             }
         }
     }
-    std::array::from_fn(|i| {
+    let mut res = [0f32; N];
+    for i in 0..N {
         let mut lanes = [0f32; 16];
         for (j, v) in acc[i].iter().enumerate() {
             // SAFETY: 16 writable bytes at lane 4j.
             unsafe { vst1q_f32(lanes.as_mut_ptr().add(4 * j), *v) };
         }
-        finish::<E>(lanes, wr, ar[i], whole)
-    })
+        res[i] = finish::<E>(lanes, wr, ar[i], whole);
+    }
+    res
 }
 
 /// Safe entry (`RowsFn`): NEON is the aarch64 baseline, `Kernel::rows` checks the lengths.

@@ -63,15 +63,18 @@ unsafe fn row<E: Load, const N: usize>(wr: &[u8], ar: [&[u8]; N]) -> [f32; N] {
             }
         }
     }
-    std::array::from_fn(|i| {
+    // A plain loop: a closure would not be compiled with the caller's target features.
+    let mut res = [0f32; N];
+    for i in 0..N {
         let mut lanes = [0f32; 16];
         // SAFETY: 64 writable bytes; unaligned stores.
         unsafe {
             _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i][0]);
             _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[i][1]);
         }
-        finish::<E>(lanes, wr, ar[i], whole)
-    })
+        res[i] = finish::<E>(lanes, wr, ar[i], whole);
+    }
+    res
 }
 
 /// # Safety
