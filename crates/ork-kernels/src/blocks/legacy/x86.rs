@@ -341,8 +341,8 @@ unsafe fn row_512<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> 
     unsafe { row::<F, Avx512Vnni, N>(wr, ar) }
 }
 
-/// Safe entries (`RowsFn`): [`rows`] hands them out only for an ISA [`Isa::available`] lists
-/// on a CPU with F16C, and `Kernel::rows` checks the lengths.
+/// Safe entries (`RowsFn`): [`rows`] hands them out only on a CPU with every feature the
+/// kernel is compiled for, and `Kernel::rows` checks the lengths.
 macro_rules! entries {
     ($($name:ident => $inner:ident),*) => {$(
         fn $name<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
@@ -355,7 +355,17 @@ entries!(safe_avx2 => row_avx2, safe_vnni => row_vnni, safe_512 => row_512);
 
 /// The kernel for `ty` on `isa` (an x86 ISA this CPU runs).
 pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
-    if !std::arch::is_x86_feature_detected!("f16c") {
+    use std::arch::is_x86_feature_detected as has;
+    // Every feature the kernel is compiled for (`Isa::available` checks fewer: AVX-512 VNNI
+    // without AVX2 or VL, or AVX2 without F16C, exist on paper).
+    let base = has!("avx2") && has!("f16c");
+    let ok = match isa {
+        Isa::Avx2 => base,
+        Isa::AvxVnni => base && has!("avxvnni"),
+        Isa::Avx512Vnni => base && has!("avx512f") && has!("avx512vl") && has!("avx512vnni"),
+        _ => false,
+    };
+    if !ok {
         return None;
     }
     macro_rules! pick {
