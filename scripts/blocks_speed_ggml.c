@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
     if (blen > 1)
         for (size_t b = 0; b < wrb * rows / bbytes; b++) { uint8_t *p = w + b * bbytes; p[0] = 0; p[1] = 0x20; p[2] = 0; p[3] = 0x20; }
     else if (bbytes == 2)
-        for (size_t i = 1; i < wrb * rows; i += 2) w[i] &= 0x3f;
+        for (size_t i = 1; i < wrb * rows; i += 2) w[i] = 0x3c | (w[i] & 3); /* as ork's example */
     else
         for (size_t i = 0; i < (size_t)k * rows; i++) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; ((float *)w)[i] = (float)(s % 1000) / 1000.0f; }
     for (int i = 0; i < k * m; i++) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; x[i] = (float)(s % 2001) / 1000.0f - 1.0f; }
