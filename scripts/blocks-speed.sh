@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Single-thread speed of ork's block kernels (ork_kernels::blocks) against ggml-cpu's own
 # vec_dot (llama-cpp-python 0.3.36's libggml-cpu.so, the build llama.cpp runs here) on the same
-# shapes in the same run: GB/s of weight bytes and the ratio ork/ggml. A measurement tool that
+# shapes in the same run: GB/s of weight bytes (per second of wall time, and per second of the
+# thread's CPU time, which other load on the machine does not dilute) and the ratio ork/ggml. A measurement tool that
 # asserts nothing (docs/kernels.md, "Block kernels"). Usage:
 #   scripts/blocks-speed.sh [K ROWS M SECONDS [TYPES...]]   (default 4096 1024 1 1 Q4_0 Q4_1 Q8_0)
 set -euo pipefail
@@ -27,7 +28,9 @@ for t in "${TYPES[@]}"; do
   python3 - "$o" "$g" <<'PY'
 import json, sys
 o, g = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print(f'{o["type"]:6} {o["isa"]:12} k={o["k"]} rows={o["rows"]} m={o["m"]}: ork {o["gbps"]:.2f} GB/s, '
-      f'ggml {g["ggml_gbps"]:.2f} GB/s, ratio {o["gbps"] / g["ggml_gbps"]:.2f}')
+print(f'{o["type"]:6} {o["isa"]:12} k={o["k"]} rows={o["rows"]} m={o["m"]}: '
+      f'ork {o["gbps"]:.2f} GB/s ({o["cpu_gbps"]:.2f} per CPU-second), '
+      f'ggml {g["ggml_gbps"]:.2f} GB/s ({g["ggml_cpu_gbps"]:.2f}), '
+      f'ratio {o["gbps"] / g["ggml_gbps"]:.2f} ({o["cpu_gbps"] / g["ggml_cpu_gbps"]:.2f})')
 PY
 done

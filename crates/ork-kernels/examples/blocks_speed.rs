@@ -1,5 +1,7 @@
 //! Single-thread throughput of the block kernels (`ork_kernels::blocks`), in GB/s of weight
-//! bytes read: `blocks_speed TYPE K ROWS M SECONDS [ISA]`. `scripts/blocks-speed.sh` runs it
+//! bytes read per second of wall time and per second of the thread's CPU time (from
+//! `/proc/thread-self/schedstat`, which a loaded machine does not dilute):
+//! `blocks_speed TYPE K ROWS M SECONDS [ISA]`. `scripts/blocks-speed.sh` runs it
 //! beside ggml-cpu's own `vec_dot` on the same shapes and prints the ratio. A timing tool, not a
 //! test: it asserts nothing.
 use ork_kernels::blocks::{Isa, Kernel, WeightType};
@@ -42,8 +44,10 @@ fn main() {
             v.copy_from_slice(&((next() % 1000) as f32 / 1000.0).to_le_bytes());
         }
     } else {
+        // f16 in 1..2, bf16 in 2⁻⁷..2 (as scripts/blocks_speed_ggml.c): no subnormal products,
+        // which x86 computes slowly.
         for v in w.chunks_exact_mut(2) {
-            v[1] &= 0x3f;
+            v[1] = 0x3c | (v[1] & 3);
         }
     }
     let x: Vec<f32> = (0..m * k)
@@ -51,6 +55,7 @@ fn main() {
         .collect();
     let mut acts = vec![0u8; m * kern.act_type().row_bytes(k)];
     let mut out = vec![0f32; rows * m];
+    let cpu0 = cpu_ns();
     let start = Instant::now();
     let mut n = 0u64;
     while start.elapsed().as_secs_f64() < secs || n < 3 {
@@ -59,11 +64,22 @@ fn main() {
         n += 1;
     }
     let t = start.elapsed().as_secs_f64() / n as f64;
+    let tc = (cpu_ns() - cpu0) as f64 * 1e-9 / n as f64;
     println!(
-        "{{\"type\": \"{}\", \"isa\": \"{}\", \"k\": {k}, \"rows\": {rows}, \"m\": {m}, \"gbps\": {:.3}, \"checksum\": {}}}",
+        "{{\"type\": \"{}\", \"isa\": \"{}\", \"k\": {k}, \"rows\": {rows}, \"m\": {m}, \"gbps\": {:.3}, \"cpu_gbps\": {:.3}, \"checksum\": {}}}",
         ty.name(),
         kern.isa().name(),
         w.len() as f64 / t / 1e9,
+        w.len() as f64 / tc / 1e9,
         out.iter().sum::<f32>()
     );
+}
+
+/// This thread's time on a CPU so far, in ns (the first field of its schedstat).
+fn cpu_ns() -> u64 {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
+    s.split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a number")
 }

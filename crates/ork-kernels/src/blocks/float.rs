@@ -86,6 +86,62 @@ pub(super) fn finish<E: Elem>(mut lanes: [f32; 16], w: &[u8], a: &[u8], from: us
     reduce16(&lanes)
 }
 
+/// A SIMD kernel's `R` weight rows × `N` activation rows.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(super) type Tile<const R: usize, const N: usize> =
+    unsafe fn([&[u8]; R], [&[u8]; N]) -> [[f32; N]; R];
+
+/// Every weight row (`rb` bytes) against every activation row: with fewer than four activation
+/// rows (decode), four weight rows at a time against each; else one weight row against four
+/// activation rows at a time; the rest one by one.
+///
+/// # Safety
+/// The tiles must be safe to call on this CPU for rows of `rb` bytes; the lengths are those
+/// `Kernel::rows` checks.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(super) unsafe fn drive(
+    rb: usize,
+    w: &[u8],
+    rows: usize,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    (rows4, acts4, one): (Tile<4, 1>, Tile<1, 4>, Tile<1, 1>),
+) {
+    let wrow = |r: usize| &w[r * rb..][..rb];
+    let arow = |i: usize| &acts[i * rb..][..rb];
+    let mut r = 0;
+    while m < 4 && r + 4 <= rows {
+        for i in 0..m {
+            // SAFETY: the caller's guarantee.
+            let v = unsafe { rows4([wrow(r), wrow(r + 1), wrow(r + 2), wrow(r + 3)], [arow(i)]) };
+            for (j, v) in v.iter().enumerate() {
+                out[(r + j) * m + i] = v[0];
+            }
+        }
+        r += 4;
+    }
+    for r in r..rows {
+        let mut i = 0;
+        while i + 4 <= m {
+            // SAFETY: as above.
+            let v = unsafe { acts4([wrow(r)], [arow(i), arow(i + 1), arow(i + 2), arow(i + 3)]) };
+            out[r * m + i..][..4].copy_from_slice(&v[0]);
+            i += 4;
+        }
+        for i in i..m {
+            // SAFETY: as above.
+            out[r * m + i] = unsafe { one([wrow(r)], [arow(i)]) }[0][0];
+        }
+    }
+}
+
 /// The scalar twin (module docs).
 pub(super) fn rows_scalar<E: Elem>(
     k: usize,

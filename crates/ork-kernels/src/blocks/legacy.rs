@@ -221,19 +221,104 @@ pub(super) fn finish<F: Format>(
     reduce8(&lanes)
 }
 
-/// The activation scales of `m` rows of `nb` blocks, as f32, in one vector per field: `d` of
-/// every block, then (for Q8_1) `s` of every block. SIMD kernels load eight at a time.
-pub(super) fn act_scales(acts: &[u8], nb: usize, min: bool) -> (Vec<f32>, Vec<f32>) {
-    let (ab_len, _) = act_geometry(min);
-    let blocks = acts.chunks_exact(ab_len);
-    let d = blocks.clone().map(|b| f16_at(b, 0)).collect();
-    let s = if min {
-        blocks.map(|b| f16_at(b, 2)).collect()
-    } else {
-        Vec::new()
-    };
-    debug_assert_eq!(acts.len() / ab_len % nb.max(1), 0);
-    (d, s)
+/// The `m` activation rows of a call with their per-block fields decoded once (reused by every
+/// weight row): `d` and `s` as f32, and `Σq` (exact) of every block.
+pub(super) struct Acts<'a> {
+    bytes: &'a [u8],
+    nb: usize,
+    rb: usize,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    sum: Vec<i32>,
+}
+
+/// One activation row of [`Acts`]: its bytes and its blocks' `d`, `s` (Q8_1 only) and `Σq`.
+#[derive(Clone, Copy)]
+pub(super) struct ActRow<'a> {
+    pub(super) q: &'a [u8],
+    pub(super) d: &'a [f32],
+    pub(super) s: &'a [f32],
+    /// Read by the x86 kernels (their unsigned decodings' offset correction) only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(super) sum: &'a [i32],
+}
+
+impl<'a> Acts<'a> {
+    /// `bytes` holds whole rows of `nb` blocks, Q8_1 if `min` else Q8_0.
+    pub(super) fn new(bytes: &'a [u8], nb: usize, min: bool) -> Acts<'a> {
+        let (ab_len, qs) = act_geometry(min);
+        let blocks = bytes.chunks_exact(ab_len);
+        let d = blocks.clone().map(|b| f16_at(b, 0)).collect();
+        let s = if min {
+            blocks.clone().map(|b| f16_at(b, 2)).collect()
+        } else {
+            Vec::new()
+        };
+        let sum = blocks
+            .map(|b| b[qs..].iter().map(|&q| q as i8 as i32).sum())
+            .collect();
+        Acts {
+            bytes,
+            nb,
+            rb: nb * ab_len,
+            d,
+            s,
+            sum,
+        }
+    }
+
+    /// Row `i`.
+    pub(super) fn row(&self, i: usize) -> ActRow<'_> {
+        let (nb, rb) = (self.nb, self.rb);
+        ActRow {
+            q: &self.bytes[i * rb..][..rb],
+            d: &self.d[i * nb..][..nb],
+            s: if self.s.is_empty() {
+                &[]
+            } else {
+                &self.s[i * nb..][..nb]
+            },
+            sum: &self.sum[i * nb..][..nb],
+        }
+    }
+}
+
+/// A SIMD kernel's dot of one weight row with `N` activation rows.
+pub(super) type RowDots<const N: usize> = unsafe fn(&[u8], [ActRow<'_>; N]) -> [f32; N];
+
+/// Every weight row against every activation row, four activation rows at a time (each weight
+/// row's blocks are decoded once per four), the rest one at a time.
+///
+/// # Safety
+/// `four` and `one` must be safe to call on this CPU for a weight row of `k / 32` blocks of
+/// `F` and activation rows of as many blocks; the lengths are those `Kernel::rows` checks.
+pub(super) unsafe fn drive<F: Format>(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    (four, one): (RowDots<4>, RowDots<1>),
+) {
+    let nb = k / 32;
+    let a = Acts::new(acts, nb, F::MIN);
+    let wrb = nb * F::BYTES;
+    for r in 0..rows {
+        let wr = &w[r * wrb..][..wrb];
+        let o = &mut out[r * m..][..m];
+        let mut i = 0;
+        while i + 4 <= m {
+            let rows4 = [a.row(i), a.row(i + 1), a.row(i + 2), a.row(i + 3)];
+            // SAFETY: the caller's guarantee.
+            o[i..i + 4].copy_from_slice(&unsafe { four(wr, rows4) });
+            i += 4;
+        }
+        for (j, o) in o.iter_mut().enumerate().skip(i) {
+            // SAFETY: as above.
+            *o = unsafe { one(wr, [a.row(j)]) }[0];
+        }
+    }
 }
 
 #[cfg(test)]

@@ -31,30 +31,32 @@ unsafe fn q8_avx2(x: &[f32], dst: &mut [u8], sum: bool) {
     let qs = bytes - 32;
     let abs = _mm256_set1_ps(f32::from_bits(0x7fff_ffff));
     let inf = _mm256_set1_ps(f32::INFINITY);
+    // Plain loops, no closures: a closure is not compiled with this function's target
+    // features, and the intrinsics would not inline into it.
     for (xb, yb) in x.chunks_exact(32).zip(dst.chunks_exact_mut(bytes)) {
-        // SAFETY: `xb` holds 32 floats (four unaligned loads of eight).
-        let v: [__m256; 4] =
-            std::array::from_fn(|j| unsafe { _mm256_loadu_ps(xb[8 * j..].as_ptr()) });
-        let a = v.map(|v| _mm256_and_ps(v, abs));
-        // Ordered `< inf` is false for NaN and ±inf.
-        let fin = a.map(|a| _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(a, inf)));
-        let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+        let mut v = [_mm256_setzero_ps(); 4];
+        let (mut m, mut fin) = (_mm256_setzero_ps(), 0xff);
+        for (j, v) in v.iter_mut().enumerate() {
+            // SAFETY: `xb` holds 32 floats; unaligned load of eight.
+            *v = unsafe { _mm256_loadu_ps(xb[8 * j..].as_ptr()) };
+            let a = _mm256_and_ps(*v, abs);
+            // Ordered `< inf` is false for NaN and ±inf.
+            fin &= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(a, inf));
+            m = _mm256_max_ps(m, a);
+        }
         let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         let m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        let sc = scale(_mm_cvtss_f32(m), fin.iter().all(|&f| f == 0xff));
+        let sc = scale(_mm_cvtss_f32(m), fin == 0xff);
         let id = _mm256_set1_ps(sc.map_or(0.0, |(_, id)| id));
-        let i: [__m256i; 4] = v.map(|v| {
-            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                _mm256_mul_ps(v, id),
-            );
-            _mm256_cvtps_epi32(r)
-        });
-        let i = if sc.is_some() {
-            i
-        } else {
-            [_mm256_setzero_si256(); 4]
-        };
+        let mut i = [_mm256_setzero_si256(); 4];
+        if sc.is_some() {
+            for (i, v) in i.iter_mut().zip(v) {
+                let r = _mm256_mul_ps(v, id);
+                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(r);
+                *i = _mm256_cvtps_epi32(r);
+            }
+        }
         let qsum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
         let s = _mm_add_epi32(
             _mm256_castsi256_si128(qsum),

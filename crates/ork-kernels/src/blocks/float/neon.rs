@@ -3,7 +3,7 @@
 //! 16-bit shift. Each weight chunk is widened once for up to four activation rows.
 
 use super::super::neon::widen_f16;
-use super::{finish, Bf16, Elem, RowsFn, WeightType, F16, F32};
+use super::{drive, finish, Bf16, Elem, RowsFn, Tile, WeightType, F16, F32};
 use std::arch::aarch64::*;
 
 /// Sixteen values widened to f32.
@@ -17,7 +17,14 @@ impl Load for F32 {
     #[inline(always)]
     unsafe fn load16(p: *const u8) -> [float32x4_t; 4] {
         // SAFETY: 64 readable bytes (caller); unaligned loads.
-        std::array::from_fn(|j| unsafe { vld1q_f32(p.add(16 * j).cast()) })
+        unsafe {
+            [
+                vld1q_f32(p.cast()),
+                vld1q_f32(p.add(16).cast()),
+                vld1q_f32(p.add(32).cast()),
+                vld1q_f32(p.add(48).cast()),
+            ]
+        }
     }
 }
 
@@ -48,57 +55,55 @@ impl Load for Bf16 {
     }
 }
 
-/// One weight row against `N` activation rows.
+/// `R` weight rows against `N` activation rows (see the x86 twin of this function).
 ///
 /// # Safety
-/// `wr` and every `ar[i]` hold the same whole number of values.
-#[inline(always)]
-unsafe fn row<E: Load, const N: usize>(wr: &[u8], ar: [&[u8]; N]) -> [f32; N] {
-    let k = wr.len() / E::BYTES;
+/// Every `wr[j]` and `ar[i]` hold the same whole number of values.
+unsafe fn tile<E: Load, const R: usize, const N: usize>(
+    wr: [&[u8]; R],
+    ar: [&[u8]; N],
+) -> [[f32; N]; R] {
+    let k = wr[0].len() / E::BYTES;
     let whole = k - k % 16;
     // SAFETY: register-only; NEON is the aarch64 baseline.
-    let mut acc = [[unsafe { vdupq_n_f32(0.0) }; 4]; N];
+    let mut acc = [[[unsafe { vdupq_n_f32(0.0) }; 4]; N]; R];
     for c in (0..whole).step_by(16) {
         // SAFETY: values c .. c + 16 <= whole lie inside every row.
         unsafe {
-            let w = E::load16(wr.as_ptr().add(c * E::BYTES));
-            for i in 0..N {
-                let a = E::load16(ar[i].as_ptr().add(c * E::BYTES));
-                for j in 0..4 {
-                    acc[i][j] = vaddq_f32(acc[i][j], vmulq_f32(w[j], a[j]));
+            for j in 0..R {
+                let w = E::load16(wr[j].as_ptr().add(c * E::BYTES));
+                for i in 0..N {
+                    let a = E::load16(ar[i].as_ptr().add(c * E::BYTES));
+                    for l in 0..4 {
+                        acc[j][i][l] = vaddq_f32(acc[j][i][l], vmulq_f32(w[l], a[l]));
+                    }
                 }
             }
         }
     }
-    std::array::from_fn(|i| {
-        let mut lanes = [0f32; 16];
-        for (j, v) in acc[i].iter().enumerate() {
-            // SAFETY: 16 writable bytes at lane 4j.
-            unsafe { vst1q_f32(lanes.as_mut_ptr().add(4 * j), *v) };
+    let mut res = [[0f32; N]; R];
+    for j in 0..R {
+        for i in 0..N {
+            let mut lanes = [0f32; 16];
+            for (l, v) in acc[j][i].iter().enumerate() {
+                // SAFETY: 16 writable bytes at lane 4l.
+                unsafe { vst1q_f32(lanes.as_mut_ptr().add(4 * l), *v) };
+            }
+            res[j][i] = finish::<E>(lanes, wr[j], ar[i], whole);
         }
-        finish::<E>(lanes, wr, ar[i], whole)
-    })
+    }
+    res
 }
 
 /// Safe entry (`RowsFn`): NEON is the aarch64 baseline, `Kernel::rows` checks the lengths.
 fn entry<E: Load>(k: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
-    let rb = k * E::BYTES;
-    let arow = |i: usize| &acts[i * rb..][..rb];
-    for r in 0..rows {
-        let wr = &w[r * rb..][..rb];
-        let o = &mut out[r * m..][..m];
-        let mut i = 0;
-        while i + 4 <= m {
-            let ix: [usize; 4] = std::array::from_fn(|j| i + j);
-            // SAFETY: equal row lengths.
-            o[i..i + 4].copy_from_slice(&unsafe { row::<E, 4>(wr, ix.map(arow)) });
-            i += 4;
-        }
-        for (j, o) in o.iter_mut().enumerate().skip(i) {
-            // SAFETY: as above.
-            *o = unsafe { row::<E, 1>(wr, [arow(j)]) }[0];
-        }
-    }
+    let t = (
+        tile::<E, 4, 1> as Tile<4, 1>,
+        tile::<E, 1, 4> as Tile<1, 4>,
+        tile::<E, 1, 1> as Tile<1, 1>,
+    );
+    // SAFETY: see the doc comment.
+    unsafe { drive(k * E::BYTES, w, rows, acts, m, out, t) }
 }
 
 /// The NEON kernel for `ty` (both aarch64 ISAs run it).

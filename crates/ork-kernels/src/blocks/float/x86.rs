@@ -2,7 +2,7 @@
 //! (the scalar twin's order, `super::rows_scalar`); f16 widens with F16C, bf16 by a 16-bit
 //! shift. Each weight chunk is widened once for up to four activation rows.
 
-use super::{finish, Bf16, Elem, RowsFn, WeightType, F16, F32};
+use super::{drive, finish, Bf16, Elem, RowsFn, Tile, WeightType, F16, F32};
 use std::arch::x86_64::*;
 
 /// Eight values widened to f32.
@@ -39,69 +39,75 @@ impl Load for Bf16 {
     }
 }
 
-/// One weight row against `N` activation rows.
+/// `R` weight rows against `N` activation rows: `R · N` independent sets of sixteen lanes
+/// (decode uses `R = 4`, `N = 1`, so four add chains run at once; prefill `R = 1`, `N = 4`).
 ///
 /// # Safety
-/// `wr` and every `ar[i]` hold the same whole number of values; AVX2 and F16C.
+/// Every `wr[j]` and `ar[i]` hold the same whole number of values; AVX2 and F16C.
 #[inline(always)]
-unsafe fn row<E: Load, const N: usize>(wr: &[u8], ar: [&[u8]; N]) -> [f32; N] {
-    let k = wr.len() / E::BYTES;
+unsafe fn tile<E: Load, const R: usize, const N: usize>(
+    wr: [&[u8]; R],
+    ar: [&[u8]; N],
+) -> [[f32; N]; R] {
+    let k = wr[0].len() / E::BYTES;
     let whole = k - k % 16;
     // SAFETY: register-only; the caller guarantees AVX.
-    let mut acc = [[unsafe { _mm256_setzero_ps() }; 2]; N];
+    let mut acc = [[[unsafe { _mm256_setzero_ps() }; 2]; N]; R];
     for c in (0..whole).step_by(16) {
         // SAFETY: values c .. c + 16 <= whole lie inside every row.
         unsafe {
-            let p = wr.as_ptr().add(c * E::BYTES);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(512).cast());
-            let w = [E::load8(p), E::load8(p.add(8 * E::BYTES))];
-            for i in 0..N {
-                let q = ar[i].as_ptr().add(c * E::BYTES);
-                let a = [E::load8(q), E::load8(q.add(8 * E::BYTES))];
-                acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_mul_ps(w[0], a[0]));
-                acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_mul_ps(w[1], a[1]));
+            for j in 0..R {
+                let p = wr[j].as_ptr().add(c * E::BYTES);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(512).cast());
+                let w = [E::load8(p), E::load8(p.add(8 * E::BYTES))];
+                for i in 0..N {
+                    let q = ar[i].as_ptr().add(c * E::BYTES);
+                    let a = [E::load8(q), E::load8(q.add(8 * E::BYTES))];
+                    acc[j][i][0] = _mm256_add_ps(acc[j][i][0], _mm256_mul_ps(w[0], a[0]));
+                    acc[j][i][1] = _mm256_add_ps(acc[j][i][1], _mm256_mul_ps(w[1], a[1]));
+                }
             }
         }
     }
-    std::array::from_fn(|i| {
-        let mut lanes = [0f32; 16];
-        // SAFETY: 64 writable bytes; unaligned stores.
-        unsafe {
-            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i][0]);
-            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[i][1]);
-        }
-        finish::<E>(lanes, wr, ar[i], whole)
-    })
-}
-
-/// # Safety
-/// The lengths `Kernel::rows` checks; AVX2 and F16C.
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn body<E: Load>(k: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
-    let rb = k * E::BYTES;
-    let arow = |i: usize| &acts[i * rb..][..rb];
-    for r in 0..rows {
-        let wr = &w[r * rb..][..rb];
-        let o = &mut out[r * m..][..m];
-        let mut i = 0;
-        while i + 4 <= m {
-            let ix: [usize; 4] = std::array::from_fn(|j| i + j);
-            // SAFETY: equal row lengths; ISA as the caller guarantees.
-            o[i..i + 4].copy_from_slice(&unsafe { row::<E, 4>(wr, ix.map(arow)) });
-            i += 4;
-        }
-        for (j, o) in o.iter_mut().enumerate().skip(i) {
-            // SAFETY: as above.
-            *o = unsafe { row::<E, 1>(wr, [arow(j)]) }[0];
+    // Plain loops: a closure would not be compiled with the caller's target features.
+    let mut res = [[0f32; N]; R];
+    for j in 0..R {
+        for i in 0..N {
+            let mut lanes = [0f32; 16];
+            // SAFETY: 64 writable bytes; unaligned stores.
+            unsafe {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[j][i][0]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[j][i][1]);
+            }
+            res[j][i] = finish::<E>(lanes, wr[j], ar[i], whole);
         }
     }
+    res
+}
+
+/// `tile` compiled for AVX2 and F16C.
+///
+/// # Safety
+/// As [`tile`].
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn tile_avx2<E: Load, const R: usize, const N: usize>(
+    wr: [&[u8]; R],
+    ar: [&[u8]; N],
+) -> [[f32; N]; R] {
+    // SAFETY: forwarded.
+    unsafe { tile::<E, R, N>(wr, ar) }
 }
 
 /// Safe entry (`RowsFn`): [`rows`] hands it out only on a CPU with AVX2 and F16C, and
 /// `Kernel::rows` checks the lengths.
 fn entry<E: Load>(k: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
+    let t = (
+        tile_avx2::<E, 4, 1> as Tile<4, 1>,
+        tile_avx2::<E, 1, 4> as Tile<1, 4>,
+        tile_avx2::<E, 1, 1> as Tile<1, 1>,
+    );
     // SAFETY: see the doc comment.
-    unsafe { body::<E>(k, w, rows, acts, m, out) }
+    unsafe { drive(k * E::BYTES, w, rows, acts, m, out, t) }
 }
 
 /// The AVX2 kernel for `ty` (every x86 SIMD ISA runs it), if the CPU has AVX2 and F16C.

@@ -9,7 +9,7 @@
 //! `b % 4` of the low (`b % 8 < 4`) or high accumulator.
 
 use super::super::neon::{f16x8, sdot};
-use super::{act_geometry, act_scales, finish, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::{act_geometry, drive, finish, ActRow, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::{Isa, RowsFn, WeightType, KVALUES_IQ4NL};
 use std::arch::aarch64::*;
 
@@ -181,18 +181,14 @@ fn sums4(p: &[int32x4_t]) -> int32x4_t {
     unsafe { vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3])) }
 }
 
-/// One weight row against `N` activation rows (see the x86 twin of this function).
+/// One weight row against `N` activation rows (the x86 twin of this function has the same
+/// structure).
 ///
 /// # Safety
-/// `wr` is one weight row of `nb` blocks, each `ap[i]` one activation row of `nb` blocks,
-/// `ad[i]` (and for `F::MIN` `asc[i]`) `nb` floats; the CPU has `D`'s instructions.
+/// `wr` is one weight row of `nb` blocks and each `ar[i]` an activation row of `nb` blocks;
+/// the CPU has `D`'s instructions.
 #[inline(always)]
-unsafe fn row<F: Decode, D: Dot, const N: usize>(
-    wr: &[u8],
-    ap: [&[u8]; N],
-    ad: [&[f32]; N],
-    asc: [&[f32]; N],
-) -> [f32; N] {
+unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
     let (ab_len, qs) = act_geometry(F::MIN);
     let nb = wr.len() / F::BYTES;
     let groups = nb / 8;
@@ -200,7 +196,7 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(
     let mut acc = [[unsafe { vdupq_n_f32(0.0) }; 2]; N];
     for g in 0..groups {
         // SAFETY (whole loop body): block g·8 + j < nb of the row, activation blocks likewise,
-        // scale indices g·8 .. g·8 + 8 <= nb.
+        // per-block indices g·8 .. g·8 + 8 <= nb.
         unsafe {
             let base = wr.as_ptr().add(g * 8 * F::BYTES);
             // Plain loops, no closures, here and below: a closure would not be compiled with
@@ -215,20 +211,19 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(
             } else {
                 dw
             };
-            for i in 0..N {
-                let abase = ap[i].as_ptr().add(g * 8 * ab_len + qs);
+            for (i, a) in ar.iter().enumerate() {
+                let abase = a.q.as_ptr().add(g * 8 * ab_len + qs);
                 let mut p = [vdupq_n_s32(0); 8];
                 for (j, p) in p.iter_mut().enumerate() {
                     *p = D::dot(wv[j], load_act(abase.add(j * ab_len)));
                 }
                 let isum = [sums4(&p[..4]), sums4(&p[4..])];
-                let halves = [dw.0, dw.1];
-                let mhalves = [mw.0, mw.1];
+                let (halves, mhalves) = ([dw.0, dw.1], [mw.0, mw.1]);
                 for h in 0..2 {
-                    let da = vld1q_f32(ad[i].as_ptr().add(g * 8 + 4 * h));
+                    let da = vld1q_f32(a.d.as_ptr().add(g * 8 + 4 * h));
                     let mut v = vmulq_f32(vmulq_f32(halves[h], da), vcvtq_f32_s32(isum[h]));
                     if F::MIN {
-                        let sa = vld1q_f32(asc[i].as_ptr().add(g * 8 + 4 * h));
+                        let sa = vld1q_f32(a.s.as_ptr().add(g * 8 + 4 * h));
                         v = vaddq_f32(v, vmulq_f32(mhalves[h], sa));
                     }
                     acc[i][h] = vaddq_f32(acc[i][h], v);
@@ -237,15 +232,14 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(
         }
     }
     let mut res = [0f32; N];
-    for i in 0..N {
+    for (i, a) in ar.iter().enumerate() {
         let mut lanes = [0f32; 8];
         let mut tail = [0i32; 8];
         for (b, t) in (groups * 8..nb).zip(&mut tail) {
             // SAFETY: block b < nb of both rows; the CPU has `D`'s instructions.
             *t = unsafe {
                 let w = F::decode(wr.as_ptr().add(b * F::BYTES));
-                let a = load_act(ap[i].as_ptr().add(b * ab_len + qs));
-                vaddvq_s32(D::dot(w, a))
+                vaddvq_s32(D::dot(w, load_act(a.q.as_ptr().add(b * ab_len + qs))))
             };
         }
         // SAFETY: 32 writable bytes.
@@ -253,69 +247,42 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(
             vst1q_f32(lanes.as_mut_ptr(), acc[i][0]);
             vst1q_f32(lanes.as_mut_ptr().add(4), acc[i][1]);
         }
-        res[i] = finish::<F>(lanes, wr, ap[i], groups * 8, |b| tail[b - groups * 8]);
+        res[i] = finish::<F>(lanes, wr, a.q, groups * 8, |b| tail[b - groups * 8]);
     }
     res
 }
 
-/// Every weight row against every activation row, four activation rows at a time.
+/// `row` with the baseline NEON dot.
 ///
 /// # Safety
-/// The lengths `Kernel::rows` checks; the CPU has `D`'s instructions.
-#[inline(always)]
-unsafe fn body<F: Decode, D: Dot>(
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    acts: &[u8],
-    m: usize,
-    out: &mut [f32],
-) {
-    let nb = k / 32;
-    let (ab_len, _) = act_geometry(F::MIN);
-    let (wrb, arb) = (nb * F::BYTES, nb * ab_len);
-    let (d, s) = act_scales(acts, nb, F::MIN);
-    let arow = |i: usize| &acts[i * arb..][..arb];
-    let dsc = |i: usize| &d[i * nb..][..nb];
-    let ssc = |i: usize| if F::MIN { &s[i * nb..][..nb] } else { &s[..] };
-    for r in 0..rows {
-        let wr = &w[r * wrb..][..wrb];
-        let o = &mut out[r * m..][..m];
-        let mut i = 0;
-        while i + 4 <= m {
-            let ix: [usize; 4] = std::array::from_fn(|j| i + j);
-            // SAFETY: lengths and ISA as the caller guarantees.
-            let v = unsafe { row::<F, D, 4>(wr, ix.map(arow), ix.map(dsc), ix.map(ssc)) };
-            o[i..i + 4].copy_from_slice(&v);
-            i += 4;
-        }
-        for (j, o) in o.iter_mut().enumerate().skip(i) {
-            // SAFETY: as above.
-            *o = unsafe { row::<F, D, 1>(wr, [arow(j)], [dsc(j)], [ssc(j)]) }[0];
-        }
-    }
+/// As [`row`] (NEON is the aarch64 baseline).
+unsafe fn row_neon<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
+    // SAFETY: forwarded.
+    unsafe { row::<F, Widen, N>(wr, ar) }
 }
 
-/// Safe entry (`RowsFn`) of the NEON kernel (NEON is the aarch64 baseline; `Kernel::rows`
-/// checks the lengths).
+/// `row` compiled for FEAT_DotProd.
+///
+/// # Safety
+/// As [`row`] on a CPU with FEAT_DotProd.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn row_sdot<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
+    // SAFETY: forwarded.
+    unsafe { row::<F, Sdot, N>(wr, ar) }
+}
+
+/// Safe entry of the NEON kernel (NEON is the aarch64 baseline; `Kernel::rows` checks the
+/// lengths).
 fn entry_neon<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
     // SAFETY: see the doc comment.
-    unsafe { body::<F, Widen>(k, w, n, a, m, o) }
-}
-
-/// # Safety
-/// As [`body`] on a CPU with FEAT_DotProd.
-#[target_feature(enable = "neon,dotprod")]
-unsafe fn rows_sdot<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
-    // SAFETY: forwarded.
-    unsafe { body::<F, Sdot>(k, w, n, a, m, o) }
+    unsafe { drive::<F>(k, w, n, a, m, o, (row_neon::<F, 4>, row_neon::<F, 1>)) }
 }
 
 /// Safe entry of the dotprod kernel: [`rows`] hands it out only for [`Isa::NeonDot`], which
-/// `super::rows` has checked this CPU runs.
+/// `super::rows` has checked this CPU runs; `Kernel::rows` checks the lengths.
 fn entry_sdot<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
     // SAFETY: see the doc comment.
-    unsafe { rows_sdot::<F>(k, w, n, a, m, o) }
+    unsafe { drive::<F>(k, w, n, a, m, o, (row_sdot::<F, 4>, row_sdot::<F, 1>)) }
 }
 
 /// The kernel for `ty` on `isa` (an aarch64 ISA this CPU runs).

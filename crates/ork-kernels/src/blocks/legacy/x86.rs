@@ -1,23 +1,29 @@
 //! x86-64 kernels for the 32-weight block types: one body ([`body`]) compiled for AVX2
 //! (`vpmaddubsw` + `vpmaddwd`), AVX-VNNI and AVX-512 VNNI (`vpdpbusd`, ymm form).
 //!
-//! A block's 32 weights decode into one ymm of int8 ([`Decode`]). Its dot with the activation's
-//! 32 int8 is exact in i32 lanes: signed types use the sign trick (`|w|` as u8 times
-//! `a · sign(w)`, at most 2·128·127 per i16 pair, no saturation); Q4_1/Q5_1 weights are
-//! already unsigned. Eight blocks' lane vectors are folded by `vphaddd` into one vector of
+//! A block's 32 weights decode into one ymm of bytes ([`Decode`]). Its dot with the
+//! activation's 32 int8 is exact in i32 lanes: Q4_0/Q5_0/Q4_1/Q5_1 decode to unsigned `u` with
+//! `w = u − OFFSET` (8, 16, 0, 0), multiplied as u8 × i8 and corrected by `OFFSET · Σa` (the
+//! activation block's sum, computed once per call); Q8_0 and IQ4_NL use the sign trick (`|w|`
+//! as u8 times `a · sign(w)`). `vpmaddubsw` pairs stay within i16 (at most 2·128·127). Eight blocks' lane vectors are folded by `vphaddd` into one vector of
 //! eight block sums, and the float step (`(d_w · d_a) · isum [+ m_w · s_a]`, lane `b % 8`)
 //! runs on eight blocks at once: the scalar twin's order ([`super::rows_scalar`]).
 //!
 //! Each weight row's groups of eight blocks are decoded once for up to four activation rows
 //! (prefill); decode (M = 1) decodes straight into registers.
 
-use super::{act_geometry, act_scales, finish, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::{act_geometry, drive, finish, ActRow, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::{Isa, RowsFn, WeightType, KVALUES_IQ4NL};
 use std::arch::x86_64::*;
 
 /// A block format's AVX2 decoder.
 trait Decode: Format {
-    /// The 32 integer weights of the block at `p`, in `Format::weights` order.
+    /// Whether [`Decode::decode`] gives signed weights (else unsigned, `w = u − OFFSET`).
+    const SIGNED: bool;
+    /// See [`Decode::SIGNED`].
+    const OFFSET: i32;
+    /// The 32 weights of the block at `p`, in `Format::weights` order (signed, or unsigned
+    /// `u = w + OFFSET`).
     ///
     /// # Safety
     /// `p .. p + BYTES` must be readable; the CPU must have AVX2.
@@ -32,9 +38,9 @@ trait Decode: Format {
 unsafe fn nibbles(p: *const u8) -> __m256i {
     // SAFETY: the caller guarantees 16 readable bytes (unaligned load) and AVX2.
     unsafe {
-        let lo = _mm_loadu_si128(p.cast());
-        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(lo), lo);
-        _mm256_and_si256(both, _mm256_set1_epi8(15))
+        let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()));
+        let shifted = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
+        _mm256_and_si256(shifted, _mm256_set1_epi8(15))
     }
 }
 
@@ -63,14 +69,18 @@ unsafe fn fifth_bits(p: *const u8) -> __m256i {
 }
 
 impl Decode for Q4_0 {
+    const SIGNED: bool = false;
+    const OFFSET: i32 = 8;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: qs are bytes 2..18 of the block the caller vouches for; AVX2.
-        unsafe { _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)) }
+        unsafe { nibbles(p.add(2)) }
     }
 }
 
 impl Decode for Q4_1 {
+    const SIGNED: bool = false;
+    const OFFSET: i32 = 0;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: qs are bytes 4..20 of the block.
@@ -79,17 +89,18 @@ impl Decode for Q4_1 {
 }
 
 impl Decode for Q5_0 {
+    const SIGNED: bool = false;
+    const OFFSET: i32 = 16;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: qh is bytes 2..6, qs 6..22 of the block; AVX2.
-        unsafe {
-            let v = _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2)));
-            _mm256_sub_epi8(v, _mm256_set1_epi8(16))
-        }
+        unsafe { _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2))) }
     }
 }
 
 impl Decode for Q5_1 {
+    const SIGNED: bool = false;
+    const OFFSET: i32 = 0;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: qh is bytes 4..8, qs 8..24 of the block.
@@ -98,6 +109,8 @@ impl Decode for Q5_1 {
 }
 
 impl Decode for Q8_0 {
+    const SIGNED: bool = true;
+    const OFFSET: i32 = 0;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: qs are bytes 2..34 of the block.
@@ -106,6 +119,8 @@ impl Decode for Q8_0 {
 }
 
 impl Decode for Iq4Nl {
+    const SIGNED: bool = true;
+    const OFFSET: i32 = 0;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: the table is 16 bytes; qs are bytes 2..18 of the block; AVX2.
@@ -156,18 +171,19 @@ impl Dot for Avx512Vnni {
     }
 }
 
-/// Lanes of one block's dot: unsigned weights go straight in, signed ones by the sign trick.
+/// Lanes of one block's dot (`Σ u·a` for unsigned decodings, `Σ w·a` for signed ones, by the
+/// sign trick).
 ///
 /// # Safety
 /// As [`Dot::dot_us`].
 #[inline(always)]
-unsafe fn block_dot<F: Format, D: Dot>(w: __m256i, a: __m256i) -> __m256i {
+unsafe fn block_dot<F: Decode, D: Dot>(w: __m256i, a: __m256i) -> __m256i {
     // SAFETY: forwarded from the caller.
     unsafe {
-        if F::MIN {
-            D::dot_us(w, a)
-        } else {
+        if F::SIGNED {
             D::dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+        } else {
+            D::dot_us(w, a)
         }
     }
 }
@@ -226,20 +242,13 @@ unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
     }
 }
 
-/// One weight row against `N` activation rows. `ap[i]` is activation row `i`'s bytes,
-/// `ad[i]`/`asc[i]` its block scales `d`/`s` as f32; returns the `N` dots.
+/// One weight row against `N` activation rows.
 ///
 /// # Safety
-/// `wr` is one weight row of `nb` blocks, each `ap[i]` one activation row of `nb` blocks,
-/// `ad[i]` (and for `F::MIN` `asc[i]`) `nb` floats; the CPU has AVX2, F16C and `D`'s
-/// instructions.
+/// `wr` is one weight row of `nb` blocks and each `ar[i]` an activation row of `nb` blocks;
+/// the CPU has AVX2, F16C and `D`'s instructions.
 #[inline(always)]
-unsafe fn row<F: Decode, D: Dot, const N: usize>(
-    wr: &[u8],
-    ap: [&[u8]; N],
-    ad: [&[f32]; N],
-    asc: [&[f32]; N],
-) -> [f32; N] {
+unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
     let (ab_len, qs) = act_geometry(F::MIN);
     let nb = wr.len() / F::BYTES;
     let groups = nb / 8;
@@ -249,7 +258,7 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(
     let mut wv = [unsafe { _mm256_setzero_si256() }; 8];
     for g in 0..groups {
         // SAFETY (whole loop body): block g·8 + j < nb of the row, activation blocks likewise,
-        // scale indices g·8 .. g·8 + 8 <= nb; prefetching never faults.
+        // per-block indices g·8 .. g·8 + 8 <= nb; prefetching never faults.
         unsafe {
             let base = wr.as_ptr().add(g * 8 * F::BYTES);
             _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(16 * F::BYTES).cast());
@@ -257,115 +266,106 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(
                 *v = F::decode(base.add(j * F::BYTES));
             }
             let dw = f16x8(base, F::BYTES);
-            for i in 0..N {
-                let abase = ap[i].as_ptr().add(g * 8 * ab_len + qs);
-                let p: [__m256i; 8] = std::array::from_fn(|j| {
-                    let a = _mm256_loadu_si256(abase.add(j * ab_len).cast());
-                    block_dot::<F, D>(wv[j], a)
-                });
-                let da = _mm256_loadu_ps(ad[i].as_ptr().add(g * 8));
-                let mut v = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(sums8(&p)));
+            for (i, a) in ar.iter().enumerate() {
+                let abase = a.q.as_ptr().add(g * 8 * ab_len + qs);
+                // Plain loops, no closures, here and below: a closure is not compiled with the
+                // caller's target features, and the intrinsics would not inline into it.
+                let mut p = [_mm256_setzero_si256(); 8];
+                for (j, p) in p.iter_mut().enumerate() {
+                    let av = _mm256_loadu_si256(abase.add(j * ab_len).cast());
+                    *p = block_dot::<F, D>(wv[j], av);
+                }
+                let mut isum = sums8(&p);
+                if F::OFFSET != 0 {
+                    let asum = _mm256_loadu_si256(a.sum.as_ptr().add(g * 8).cast());
+                    let off = _mm256_mullo_epi32(asum, _mm256_set1_epi32(F::OFFSET));
+                    isum = _mm256_sub_epi32(isum, off);
+                }
+                let da = _mm256_loadu_ps(a.d.as_ptr().add(g * 8));
+                let mut v = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
                 if F::MIN {
                     let mw = f16x8(base.add(2), F::BYTES);
-                    let sa = _mm256_loadu_ps(asc[i].as_ptr().add(g * 8));
+                    let sa = _mm256_loadu_ps(a.s.as_ptr().add(g * 8));
                     v = _mm256_add_ps(v, _mm256_mul_ps(mw, sa));
                 }
                 acc[i] = _mm256_add_ps(acc[i], v);
             }
         }
     }
-    std::array::from_fn(|i| {
+    let mut res = [0f32; N];
+    for (i, a) in ar.iter().enumerate() {
         let mut lanes = [0f32; 8];
+        let mut tail = [0i32; 8];
+        for (b, t) in (groups * 8..nb).zip(&mut tail) {
+            // SAFETY: block b < nb of both rows; the ISA as the caller guarantees.
+            *t = unsafe {
+                let w = F::decode(wr.as_ptr().add(b * F::BYTES));
+                let av = _mm256_loadu_si256(a.q.as_ptr().add(b * ab_len + qs).cast());
+                sum1(block_dot::<F, D>(w, av)) - F::OFFSET * a.sum[b]
+            };
+        }
         // SAFETY: 32 writable bytes; unaligned store.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
-        finish::<F>(lanes, wr, ap[i], groups * 8, |b| {
-            // SAFETY: block b < nb of both rows.
-            unsafe {
-                let w = F::decode(wr.as_ptr().add(b * F::BYTES));
-                let a = _mm256_loadu_si256(ap[i].as_ptr().add(b * ab_len + qs).cast());
-                sum1(block_dot::<F, D>(w, a))
-            }
-        })
-    })
+        res[i] = finish::<F>(lanes, wr, a.q, groups * 8, |b| tail[b - groups * 8]);
+    }
+    res
 }
 
-/// Every weight row against every activation row, four activation rows at a time.
+/// `row` compiled for AVX2 and F16C.
 ///
 /// # Safety
-/// The lengths `Kernel::rows` checks; AVX2, F16C and `D`'s instructions.
-#[inline(always)]
-unsafe fn body<F: Decode, D: Dot>(
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    acts: &[u8],
-    m: usize,
-    out: &mut [f32],
-) {
-    let nb = k / 32;
-    let (ab_len, _) = act_geometry(F::MIN);
-    let (wrb, arb) = (nb * F::BYTES, nb * ab_len);
-    let (d, s) = act_scales(acts, nb, F::MIN);
-    let arow = |i: usize| &acts[i * arb..][..arb];
-    let dsc = |i: usize| &d[i * nb..][..nb];
-    let ssc = |i: usize| if F::MIN { &s[i * nb..][..nb] } else { &s[..] };
-    for r in 0..rows {
-        let wr = &w[r * wrb..][..wrb];
-        let o = &mut out[r * m..][..m];
-        let mut i = 0;
-        while i + 4 <= m {
-            let ix: [usize; 4] = std::array::from_fn(|j| i + j);
-            // SAFETY: lengths as the caller guarantees; ISA as the caller guarantees.
-            let v = unsafe { row::<F, D, 4>(wr, ix.map(arow), ix.map(dsc), ix.map(ssc)) };
-            o[i..i + 4].copy_from_slice(&v);
-            i += 4;
-        }
-        for (j, o) in o.iter_mut().enumerate().skip(i) {
-            // SAFETY: as above.
-            *o = unsafe { row::<F, D, 1>(wr, [arow(j)], [dsc(j)], [ssc(j)]) }[0];
-        }
-    }
-}
-
-/// # Safety
-/// As [`body`] with AVX2 and F16C.
+/// As [`row`] with `D = Avx2`.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn rows_avx2<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
+unsafe fn row_avx2<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
     // SAFETY: forwarded.
-    unsafe { body::<F, Avx2>(k, w, n, a, m, o) }
+    unsafe { row::<F, Avx2, N>(wr, ar) }
 }
 
+/// `row` compiled for AVX2, F16C and AVX-VNNI.
+///
 /// # Safety
-/// As [`body`] with AVX2, F16C and AVX-VNNI.
+/// As [`row`] with `D = AvxVnni`.
 #[target_feature(enable = "avx2,f16c,avxvnni")]
-unsafe fn rows_vnni<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
+unsafe fn row_vnni<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
     // SAFETY: forwarded.
-    unsafe { body::<F, AvxVnni>(k, w, n, a, m, o) }
+    unsafe { row::<F, AvxVnni, N>(wr, ar) }
 }
 
+/// `row` compiled for AVX2, F16C and AVX-512 F, VL, VNNI.
+///
 /// # Safety
-/// As [`body`] with AVX2, F16C, AVX-512 F, VL and VNNI.
+/// As [`row`] with `D = Avx512Vnni`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
-unsafe fn rows_512<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
+unsafe fn row_512<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
     // SAFETY: forwarded.
-    unsafe { body::<F, Avx512Vnni>(k, w, n, a, m, o) }
+    unsafe { row::<F, Avx512Vnni, N>(wr, ar) }
 }
 
-/// Safe entries (`RowsFn`): [`rows`] hands them out only for an ISA [`Isa::available`] lists
-/// on a CPU with F16C, and `Kernel::rows` checks the lengths.
+/// Safe entries (`RowsFn`): [`rows`] hands them out only on a CPU with every feature the
+/// kernel is compiled for, and `Kernel::rows` checks the lengths.
 macro_rules! entries {
     ($($name:ident => $inner:ident),*) => {$(
         fn $name<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
             // SAFETY: see the macro's doc: the ISA is present and the lengths are checked.
-            unsafe { $inner::<F>(k, w, n, a, m, o) }
+            unsafe { drive::<F>(k, w, n, a, m, o, ($inner::<F, 4>, $inner::<F, 1>)) }
         }
     )*};
 }
-entries!(safe_avx2 => rows_avx2, safe_vnni => rows_vnni, safe_512 => rows_512);
+entries!(safe_avx2 => row_avx2, safe_vnni => row_vnni, safe_512 => row_512);
 
 /// The kernel for `ty` on `isa` (an x86 ISA this CPU runs).
 pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
-    if !std::arch::is_x86_feature_detected!("f16c") {
+    use std::arch::is_x86_feature_detected as has;
+    // Every feature the kernel is compiled for (`Isa::available` checks fewer: AVX-512 VNNI
+    // without AVX2 or VL, or AVX2 without F16C, exist on paper).
+    let base = has!("avx2") && has!("f16c");
+    let ok = match isa {
+        Isa::Avx2 => base,
+        Isa::AvxVnni => base && has!("avxvnni"),
+        Isa::Avx512Vnni => base && has!("avx512f") && has!("avx512vl") && has!("avx512vnni"),
+        _ => false,
+    };
+    if !ok {
         return None;
     }
     macro_rules! pick {
