@@ -29,7 +29,7 @@ pub mod schedule;
 pub mod spec;
 
 pub use events::{Event, HostKind, Loader, Recorder, WeightType};
-pub use params::{Board, Chip, CHIPS};
+pub use params::{Board, Chip, ChipLimits, CHIPS, CHIP_LIMITS, RK3576_LIMITS, RK3588_LIMITS};
 pub use projection::Projection;
 pub use replay::{replay, replay_warm, Breakdown, PassTime, ReplayOptions, Timeline};
 pub use schedule::{schedule, Dims, ModelShape, Plan, ShapeWeight};
