@@ -29,7 +29,10 @@ pub mod schedule;
 pub mod spec;
 
 pub use events::{Event, HostKind, Loader, Recorder, WeightType};
-pub use params::{Board, Chip, ParameterRange, BOARD_FILE_LIMIT, CHIPS, PARAMETER_RANGES};
+pub use params::{
+    Board, Chip, ChipLimits, ParameterRange, BOARD_FILE_LIMIT, CHIPS, CHIP_LIMITS,
+    PARAMETER_RANGES, RK3576_LIMITS, RK3588_LIMITS,
+};
 pub use projection::Projection;
 pub use replay::{replay, replay_warm, Breakdown, PassTime, ReplayOptions, Timeline};
 pub use schedule::{

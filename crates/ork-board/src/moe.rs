@@ -247,11 +247,16 @@ pub fn moe_schedule(
         })
         .collect();
     let output = w("output".into(), d, dims.vocab);
+    // The manifest's keys (`blk.B.ffn_gate_exps.weight#E`), as the run's own events name them.
+    let key = |role, b: usize, e: usize| {
+        ork_manifest::weight_key(role, b, u32::try_from(e).ok()).unwrap_or_default()
+    };
     let expert = |b: usize, e: usize| {
+        use ork_manifest::Role;
         [
-            w(format!("blk.{b}.exp.{e}.gate"), d, dims.expert_ffn),
-            w(format!("blk.{b}.exp.{e}.up"), d, dims.expert_ffn),
-            w(format!("blk.{b}.exp.{e}.down"), dims.expert_ffn, d),
+            w(key(Role::ExpertGate, b, e), d, dims.expert_ffn),
+            w(key(Role::ExpertUp, b, e), d, dims.expert_ffn),
+            w(key(Role::ExpertDown, b, e), dims.expert_ffn, d),
         ]
     };
     let expert_bytes = dims.expert_bytes(ty);

@@ -13,6 +13,63 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// limit keeps a link to `/dev/zero` or a huge JSON from being read whole).
 pub const BOARD_FILE_LIMIT: u64 = 1 << 20;
 
+/// Shape limits and core count of one chip's NPU, as Rockchip states them (RKNPU User Guide
+/// table 3-7; `docs/chip.md`): the one table of these facts. `ork-device`'s `Soc::caps` (what the
+/// emulator and the split helpers enforce) and this crate's cost model ([`Chip::calls`]) both
+/// read it, and a test in `ork-device` ties the two.
+///
+/// It lives here because `ork-board` sits below `ork-device` (of ork it depends only on
+/// `ork-manifest` and `ork-gguf`, which parse): `ork-device` may depend on it without a cycle,
+/// while `ork-board` depending on `ork-device` would pull the device layer (ioctls, the vendor
+/// runtime's loader) into `ork-exec`, which records the board's events and knows no device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChipLimits {
+    /// The chip's name (`rk3588`, `rk3576`).
+    pub name: &'static str,
+    /// NPU cores.
+    pub npu_cores: u32,
+    /// K must be a multiple of this (all types).
+    pub k_align: usize,
+    /// Largest K of one call.
+    pub k_max: usize,
+    /// Above `k_max` the weight is cut into K-segments of this length.
+    pub k_segment: usize,
+    /// Largest N of one call with int8 weights, `None` where Rockchip does not state it.
+    pub n_max_int8: Option<usize>,
+    /// Largest N with fp16 weights, `None` where unknown.
+    pub n_max_fp16: Option<usize>,
+    /// Largest N with int4 weights, `None` where unknown.
+    pub n_max_int4: Option<usize>,
+}
+
+/// The RK3588's limits (RKNPU User Guide table 3-7).
+pub const RK3588_LIMITS: ChipLimits = ChipLimits {
+    name: "rk3588",
+    npu_cores: 3,
+    k_align: 32,
+    k_max: 10240,
+    k_segment: 8192,
+    n_max_int8: Some(4096),
+    n_max_fp16: Some(4096),
+    n_max_int4: Some(8192),
+};
+
+/// The RK3576's limits: the K limits are the RK3588's; table 3-7 gives N limits for the RK3588
+/// only, so the RK3576's are unknown here (the cost model assumes the RK3588's, [`Chip::rk3576`]).
+pub const RK3576_LIMITS: ChipLimits = ChipLimits {
+    name: "rk3576",
+    npu_cores: 2,
+    k_align: 32,
+    k_max: 10240,
+    k_segment: 8192,
+    n_max_int8: None,
+    n_max_fp16: None,
+    n_max_int4: None,
+};
+
+/// Every chip's limits, in [`CHIPS`] order.
+pub const CHIP_LIMITS: [ChipLimits; 2] = [RK3588_LIMITS, RK3576_LIMITS];
+
 /// One chip's costs. All rates are per second, all times in seconds, all sizes in bytes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -115,7 +172,7 @@ impl Chip {
     pub fn rk3588() -> Chip {
         Chip {
             name: "rk3588".into(),
-            npu_cores: 3.0,
+            npu_cores: f64::from(RK3588_LIMITS.npu_cores),
             npu_int8_ops: crate::fit::FITTED_RK3588.npu_int8_ops,
             fp16_ratio: 0.5,
             int4_ratio: 2.0,
@@ -130,10 +187,10 @@ impl Chip {
             host_cores: 4.0,
             host_core_flops: 8.0 * GB,
             host_op_s: 5e-6,
-            n_max: 4096.0,
-            n_max_int4: 8192.0,
-            k_max: 10240.0,
-            k_segment: 8192.0,
+            n_max: known(RK3588_LIMITS.n_max_int8),
+            n_max_int4: known(RK3588_LIMITS.n_max_int4),
+            k_max: RK3588_LIMITS.k_max as f64,
+            k_segment: RK3588_LIMITS.k_segment as f64,
         }
     }
 
@@ -153,12 +210,16 @@ impl Chip {
         const BUS: f64 = 32.0 / 64.0;
         Chip {
             name: "rk3576".into(),
-            npu_cores: 2.0,
-            npu_int8_ops: a.npu_int8_ops * 2.0 / 3.0,
+            npu_cores: f64::from(RK3576_LIMITS.npu_cores),
+            npu_int8_ops: a.npu_int8_ops * f64::from(RK3576_LIMITS.npu_cores) / a.npu_cores,
             int4_ratio: a.fp16_ratio,
             ddr_bw: a.ddr_bw * BUS,
             npu_read_bw: a.npu_read_bw * BUS,
-            // The RK3576's documented N limits are unknown: the RK3588's are assumed.
+            // The RK3576's N limits are unknown (None in its table): `a`'s are assumed.
+            n_max: RK3576_LIMITS.n_max_int8.map_or(a.n_max, |n| n as f64),
+            n_max_int4: RK3576_LIMITS.n_max_int4.map_or(a.n_max_int4, |n| n as f64),
+            k_max: RK3576_LIMITS.k_max as f64,
+            k_segment: RK3576_LIMITS.k_segment as f64,
             ..a
         }
     }
@@ -215,8 +276,13 @@ const PRESETS: &[(&str, &str, f64, f64, &str)] = &[
     ("rk3576-8g", "rk3576", 8.0, 0.9, "NVMe (PCIe 2.0 x1)"),
 ];
 
-/// Chip names [`Board::named`] knows.
-pub const CHIPS: &[&str] = &["rk3588", "rk3576"];
+/// Chip names [`Board::named`] knows (those of [`CHIP_LIMITS`]).
+pub const CHIPS: &[&str] = &[RK3588_LIMITS.name, RK3576_LIMITS.name];
+
+/// A limit the RK3588's table states (`Some`), as the model's float.
+fn known(limit: Option<usize>) -> f64 {
+    limit.map_or(f64::INFINITY, |n| n as f64)
+}
 
 impl Board {
     /// A chip alone as a board: 16 GiB of RAM and an NVMe drive at 0.9 GB/s.

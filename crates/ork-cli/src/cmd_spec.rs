@@ -298,14 +298,7 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
                 .and_then(|v| v.as_str())
                 .context("the model has no general.architecture")?
                 .to_owned();
-            let keep = |name: &str| match name.strip_prefix("blk.") {
-                Some(rest) => rest
-                    .split('.')
-                    .next()
-                    .and_then(|i| i.parse::<usize>().ok())
-                    .is_some_and(|i| i < blocks),
-                None => true,
-            };
+            let keep = |name: &str| ork_manifest::block_of(name).is_none_or(|i| i < blocks);
             let path = tmp.path().join(format!("draft-{blocks}-blocks.gguf"));
             ork_gguf::writer::GgufBuilder::from_file(
                 &src,

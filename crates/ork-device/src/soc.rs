@@ -98,44 +98,10 @@ pub struct GroupMode {
     pub sizes: &'static [usize],
 }
 
-/// Shape limits of one chip's matmul.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Limits {
-    /// K must be a multiple of this (all types).
-    pub k_align: usize,
-    /// Largest K.
-    pub k_max: usize,
-    /// Above this K the chip splits B into `⌈K / k_segment⌉` segments itself (informative; the
-    /// split helpers cut K-segments of this size for weights beyond `k_max`).
-    pub k_segment: usize,
-    /// Largest N for int8 weights, `None` where unknown.
-    pub n_max_int8: Option<usize>,
-    /// Largest N for fp16 weights, `None` where unknown.
-    pub n_max_fp16: Option<usize>,
-    /// Largest N for int4 weights, `None` where unknown.
-    pub n_max_int4: Option<usize>,
-}
-
-impl Limits {
-    /// N must be a multiple of this for weights of type `b` (int8 32, fp16 16, int4 64).
-    pub const fn n_align(&self, b: ElemType) -> usize {
-        match b {
-            ElemType::Int4 => 64,
-            ElemType::Fp16 => 16,
-            _ => 32,
-        }
-    }
-
-    /// Largest N for weights of type `b`, `None` where unknown.
-    pub const fn n_max(&self, b: ElemType) -> Option<usize> {
-        match b {
-            ElemType::Int8 => self.n_max_int8,
-            ElemType::Fp16 => self.n_max_fp16,
-            ElemType::Int4 => self.n_max_int4,
-            _ => None,
-        }
-    }
-}
+/// Shape limits of one chip's matmul: its row of the one table of chip limits,
+/// `ork_board::CHIP_LIMITS` (why that table lives in `ork-board`: its doc comment). Per weight
+/// type: [`Soc::n_align`], [`Soc::n_max`].
+pub type Limits = ork_board::ChipLimits;
 
 /// Everything one chip's matmul can do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -193,28 +159,13 @@ const W4A16_GROUPS: GroupMode = GroupMode {
 const RK3588_CAPS: Caps = Caps {
     types: RK3588_TYPES,
     groups: &[W8A8_GROUPS],
-    limits: Limits {
-        k_align: 32,
-        k_max: 10240,
-        k_segment: 8192,
-        n_max_int8: Some(4096),
-        n_max_fp16: Some(4096),
-        n_max_int4: Some(8192),
-    },
+    limits: ork_board::RK3588_LIMITS,
 };
 
 const RK3576_CAPS: Caps = Caps {
     types: RK3576_TYPES,
     groups: &[W8A8_GROUPS, W4A16_GROUPS],
-    limits: Limits {
-        k_align: 32,
-        k_max: 10240,
-        k_segment: 8192,
-        // Table 3-7 gives N limits for the RK3588 only; the RK3576's are not known here.
-        n_max_int8: None,
-        n_max_fp16: None,
-        n_max_int4: None,
-    },
+    limits: ork_board::RK3576_LIMITS,
 };
 
 impl Soc {
@@ -223,17 +174,36 @@ impl Soc {
 
     /// Lower-case name ("rk3588").
     pub const fn name(self) -> &'static str {
-        match self {
-            Soc::Rk3588 => "rk3588",
-            Soc::Rk3576 => "rk3576",
-        }
+        self.table().name
     }
 
     /// NPU cores of the chip.
     pub const fn cores(self) -> u32 {
-        match self {
-            Soc::Rk3588 => 3,
-            Soc::Rk3576 => 2,
+        self.table().npu_cores
+    }
+
+    /// The chip's row of the one table of chip limits (`ork_board::CHIP_LIMITS`).
+    pub const fn table(self) -> &'static Limits {
+        &self.caps().limits
+    }
+
+    /// N must be a multiple of this for weights of type `b` (int8 32, fp16 16, int4 64).
+    pub const fn n_align(b: ElemType) -> usize {
+        match b {
+            ElemType::Int4 => 64,
+            ElemType::Fp16 => 16,
+            _ => 32,
+        }
+    }
+
+    /// Largest N for weights of type `b`, `None` where unknown.
+    pub const fn n_max(self, b: ElemType) -> Option<usize> {
+        let l = self.table();
+        match b {
+            ElemType::Int8 => l.n_max_int8,
+            ElemType::Fp16 => l.n_max_fp16,
+            ElemType::Int4 => l.n_max_int4,
+            _ => None,
         }
     }
 
@@ -306,11 +276,11 @@ impl Soc {
         if s.k > l.k_max {
             return Err(self.refuse(s, ChipLimit::KMax { max: l.k_max }));
         }
-        let align = l.n_align(s.b);
+        let align = Soc::n_align(s.b);
         if !s.n.is_multiple_of(align) {
             return Err(self.refuse(s, ChipLimit::NAlign { align }));
         }
-        if let Some(max) = l.n_max(s.b) {
+        if let Some(max) = self.n_max(s.b) {
             if s.n > max {
                 return Err(self.refuse(s, ChipLimit::NMax { max }));
             }
@@ -511,6 +481,35 @@ impl MatmulShape {
             k: l.k,
             n: l.n,
             group: task.weight.group,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The device's chips and the cost model's are the same chips with the same limits: both
+    /// read `ork_board::CHIP_LIMITS`, and the board model's figures are the table's (its assumed
+    /// RK3576 N limits are the RK3588's, the one place the table says "unknown").
+    #[test]
+    fn the_device_and_the_board_model_read_one_table_of_chip_limits() {
+        assert_eq!(Soc::ALL.len(), ork_board::CHIP_LIMITS.len());
+        assert_eq!(ork_board::CHIPS.len(), ork_board::CHIP_LIMITS.len());
+        for (soc, t) in Soc::ALL.into_iter().zip(ork_board::CHIP_LIMITS) {
+            assert_eq!(soc.name(), t.name);
+            assert_eq!(ork_board::CHIPS.iter().filter(|c| **c == t.name).count(), 1);
+            let l = soc.caps().limits;
+            assert_eq!(l, t);
+            let chip = ork_board::Board::named(soc.name()).unwrap().chip;
+            assert_eq!(chip.name, soc.name());
+            assert_eq!(chip.npu_cores, f64::from(soc.cores()));
+            assert_eq!(chip.k_max, l.k_max as f64);
+            assert_eq!(chip.k_segment, l.k_segment as f64);
+            let n = |b: ElemType| soc.n_max(b).or(Soc::Rk3588.n_max(b)).unwrap() as f64;
+            assert_eq!(chip.n_max, n(ElemType::Int8));
+            assert_eq!(chip.n_max, n(ElemType::Fp16));
+            assert_eq!(chip.n_max_int4, n(ElemType::Int4));
         }
     }
 }

@@ -63,7 +63,7 @@ pub fn split(layout: &TiledLayout, group: ScaleGroup, soc: Soc) -> Result<Vec<Pa
     let limits = &soc.caps().limits;
     let tn = dtype.n_tile();
     // Chunks start on an N-tile; the chip's N limits are whole numbers of tiles.
-    let chunk = limits
+    let chunk = soc
         .n_max(ElemType::of_weight(dtype))
         .map_or(n, |max| (max / tn * tn).max(tn));
     let segment = if k > limits.k_max {

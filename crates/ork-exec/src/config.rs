@@ -2,92 +2,18 @@
 use crate::ExecError;
 use ork_gguf::{GgufFile, MetaValue};
 
-/// The model families ork-exec runs. All are pre-norm decoder-only transformers with RMSNorm,
-/// RoPE, grouped-query attention and a SwiGLU feed-forward; they differ in small ways.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Arch {
-    /// `llama` (also SmolLM2, Mistral-style dense models converted as llama).
-    Llama,
-    /// `qwen2`: adds biases to the q/k/v projections.
-    Qwen2,
-    /// `qwen3`: no q/k/v biases; per-head RMSNorm of q and k before RoPE.
-    Qwen3,
-    /// `qwen2moe`: qwen2's attention; a Mixture-of-Experts feed-forward with a shared expert
-    /// behind a sigmoid gate; routing weights not renormalized (docs/moe.md).
-    Qwen2Moe,
-    /// `qwen3moe`: qwen3's attention; a Mixture-of-Experts feed-forward, no shared expert;
-    /// routing weights renormalized.
-    Qwen3Moe,
-    /// `phi3` (Phi-3, Phi-4-mini): llama's computation with NEOX RoPE, a fused q/k/v
-    /// projection and a fused gate-up (`ffn_up`, gate rows first), LongRoPE factors
-    /// (docs/models.md, "phi3").
-    Phi3,
-    /// `gemma3`: QK-norm, post-attention and post-FFN norms, GeLU-tanh gating, the √d
-    /// embedding scale, interleaved sliding-window and global layers (`crate::Gemma3Config`).
-    Gemma3,
-}
+/// The model families ork-exec runs and how RoPE pairs values: the manifest's, one row per
+/// architecture (`ork_manifest::SUPPORTED`).
+pub use ork_manifest::{Arch, RopeStyle};
 
-impl Arch {
-    /// Parse `general.architecture`.
-    pub fn from_name(name: &str) -> Result<Arch, ExecError> {
-        match name {
-            "llama" => Ok(Arch::Llama),
-            "qwen2" => Ok(Arch::Qwen2),
-            "qwen3" => Ok(Arch::Qwen3),
-            "qwen2moe" => Ok(Arch::Qwen2Moe),
-            "qwen3moe" => Ok(Arch::Qwen3Moe),
-            "phi3" => Ok(Arch::Phi3),
-            "gemma3" => Ok(Arch::Gemma3),
-            other => Err(ExecError::UnsupportedArchitecture {
-                arch: other.to_owned(),
-            }),
-        }
-    }
-
-    /// The GGUF key prefix / architecture string.
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Qwen2Moe => "qwen2moe",
-            Arch::Qwen3Moe => "qwen3moe",
-            Arch::Phi3 => "phi3",
-            Arch::Gemma3 => "gemma3",
-        }
-    }
-
-    /// How this architecture pairs head values for RoPE, per llama.cpp's
-    /// `llama_model_rope_type()` (src/llama-model.cpp): LLAMA is `LLAMA_ROPE_TYPE_NORM`
-    /// (convert_hf_to_gguf.py permutes HF llama q/k rows so that consecutive pairs rotate),
-    /// QWEN2, QWEN3, their MoE variants, PHI3 and GEMMA3 are `LLAMA_ROPE_TYPE_NEOX`.
-    pub fn rope_style(self) -> RopeStyle {
-        match self {
-            Arch::Llama => RopeStyle::Interleaved,
-            Arch::Qwen2
-            | Arch::Qwen3
-            | Arch::Qwen2Moe
-            | Arch::Qwen3Moe
-            | Arch::Phi3
-            | Arch::Gemma3 => RopeStyle::Neox,
-        }
-    }
-
-    /// Whether every block's feed-forward is a Mixture of Experts (`llama` is one when its
-    /// `expert_count` is positive, as in llama.cpp).
-    pub fn is_moe(self) -> bool {
-        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe)
-    }
-}
-
-/// Which head values RoPE rotates together.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// ggml "normal" rope: pairs `(2i, 2i+1)`.
-    Interleaved,
-    /// ggml NEOX rope: pairs `(i, i + n_rot/2)`.
-    Neox,
+/// The architecture named by `general.architecture`.
+///
+/// # Errors
+/// [`ExecError::UnsupportedArchitecture`] for one ork does not run.
+pub fn arch_from_name(name: &str) -> Result<Arch, ExecError> {
+    Arch::from_name(name).ok_or_else(|| ExecError::UnsupportedArchitecture {
+        arch: name.to_owned(),
+    })
 }
 
 /// Hyper-parameters of a supported model.
@@ -257,7 +183,7 @@ impl ModelConfig {
     /// Read the configuration of the model in `gguf`.
     pub fn from_gguf(gguf: &GgufFile) -> Result<ModelConfig, ExecError> {
         let arch_name = meta_str(gguf, "general.architecture")?;
-        let arch = Arch::from_name(arch_name)?;
+        let arch = arch_from_name(arch_name)?;
         let p = arch.name();
         let key = |suffix: &str| format!("{p}.{suffix}");
 
@@ -373,7 +299,7 @@ impl ModelConfig {
                 "not a finite positive number",
             ));
         }
-        let (rope_freq_scale, rope_longrope) = rope_scale(gguf, p)?;
+        let (rope_freq_scale, rope_longrope) = rope_scale(gguf, arch)?;
         let attn_key = key("rope.scaling.attn_factor");
         let rope_attn_factor = match opt_f32(gguf, &attn_key)? {
             None => 1.0,
@@ -451,7 +377,8 @@ impl ModelConfig {
 /// legacy `rope.scale_linear`), and whether the type is `longrope` (which llama.cpp reads like
 /// linear, its factors being tensors). Other schemes (`yarn`) change the rotation itself and are
 /// refused rather than ignored.
-fn rope_scale(gguf: &GgufFile, p: &str) -> Result<(f32, bool), ExecError> {
+fn rope_scale(gguf: &GgufFile, arch: Arch) -> Result<(f32, bool), ExecError> {
+    let p = arch.name();
     let type_key = format!("{p}.rope.scaling.type");
     let mut longrope = false;
     if let Some(v) = gguf.metadata(&type_key) {
@@ -461,7 +388,7 @@ fn rope_scale(gguf: &GgufFile, p: &str) -> Result<(f32, bool), ExecError> {
         match ty {
             "none" => return Ok((1.0, false)),
             "linear" => {}
-            "longrope" if p == "llama" || p == "phi3" => longrope = true,
+            "longrope" if matches!(arch, Arch::Llama | Arch::Phi3) => longrope = true,
             other => {
                 return Err(invalid(
                     &type_key,
@@ -560,9 +487,9 @@ mod tests {
     #[test]
     fn arch_names_round_trip_and_unknown_is_named() {
         for a in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
-            assert_eq!(Arch::from_name(a.name()).unwrap(), a);
+            assert_eq!(arch_from_name(a.name()).unwrap(), a);
         }
-        match Arch::from_name("mamba") {
+        match arch_from_name("mamba") {
             Err(ExecError::UnsupportedArchitecture { arch }) => assert_eq!(arch, "mamba"),
             other => panic!("expected UnsupportedArchitecture, got {other:?}"),
         }

@@ -13,8 +13,7 @@
 //! - [`generate_speculative`]: speculative decoding, a draft's tokens verified in batches.
 //! - [`perplexity`]: llama.cpp's `llama-perplexity` protocol.
 #![deny(missing_docs)]
-// `unsafe` only in `prefetch` (one CPU hint, no memory access).
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 // The f32 loops compiled wide and the f16 KV widening live with the other CPU kernels.
 use ork_kernels::{wide, widen};

@@ -18,6 +18,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
+pub mod act_i8;
 pub mod blocks;
 pub mod narrow;
 pub mod tile;

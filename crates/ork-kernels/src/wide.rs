@@ -6,8 +6,9 @@
 //! way: the loops spell out their lanes and their order of additions, and AVX2 alone enables no
 //! fused multiply-add (the compiler never contracts `a * b + c` into one unless asked to).
 //! ork-exec's attention dot products and weighted sums and its SwiGLU run this way (figures in
-//! README "End to end"). On aarch64 there is no wider vector than the baseline's 128-bit Advanced
-//! SIMD (the Cortex-A76 has no SVE), so `run` runs as compiled (`docs/kernels.md`).
+//! docs/benchmarks.md, "End to end against llama.cpp"). On aarch64 there is no wider vector than
+//! the baseline's 128-bit Advanced SIMD (the Cortex-A76 has no SVE), so `run` runs as compiled
+//! (`docs/kernels.md`).
 
 /// A piece of work whose `run` is inlined into [`wide`]'s AVX2 copy (mark it
 /// `#[inline(always)]`; a closure would not be inlined there).

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use ork_gguf::{GgufFile, TensorInfo};
 
 mod supported;
-pub use supported::{check_understood, support, ArchSupport, SUPPORTED};
+pub use supported::{check_understood, support, Arch, ArchSupport, RopeStyle, SUPPORTED};
 
 /// Errors of [`Manifest::from_gguf`]; each names the file and the tensor (or key).
 #[derive(Debug, thiserror::Error)]
@@ -239,71 +239,68 @@ const BLOCK_ORDER: &[Role] = &[
     Role::ExpertDown,
 ];
 
-/// Per architecture (`general.architecture`), the matmul roles its blocks may have. A file of an
-/// architecture not listed here is read with every role of the table.
-pub const ARCHITECTURES: &[(&str, &[Role])] = &[
-    (
-        "llama",
-        // Mixtral-style MoE files are `llama` with experts.
-        &[
-            Role::AttnQ,
-            Role::AttnK,
-            Role::AttnV,
-            Role::AttnOutput,
-            Role::FfnGate,
-            Role::FfnUp,
-            Role::FfnDown,
-            Role::Router,
-            Role::ExpertGate,
-            Role::ExpertUp,
-            Role::ExpertDown,
-        ],
-    ),
-    ("qwen2", &DENSE),
-    ("qwen3", &DENSE),
-    ("gemma3", &DENSE),
-    (
-        "phi3",
-        // Fused q/k/v (or separate ones, as llama.cpp accepts); `ffn_up` holds gate and up.
-        &[
-            Role::AttnQkv,
-            Role::AttnQ,
-            Role::AttnK,
-            Role::AttnV,
-            Role::AttnOutput,
-            Role::FfnUp,
-            Role::FfnDown,
-        ],
-    ),
-    (
-        "qwen2moe",
-        &[
-            Role::AttnQ,
-            Role::AttnK,
-            Role::AttnV,
-            Role::AttnOutput,
-            Role::Router,
-            Role::ExpertGate,
-            Role::ExpertUp,
-            Role::ExpertDown,
-            Role::SharedExpertGate,
-            Role::SharedExpertUp,
-            Role::SharedExpertDown,
-        ],
-    ),
-    (
-        "qwen3moe",
-        &[
-            Role::AttnQ,
-            Role::AttnK,
-            Role::AttnV,
-            Role::AttnOutput,
-            Role::Router,
-            Role::ExpertGate,
-            Role::ExpertUp,
-            Role::ExpertDown,
-        ],
-    ),
+/// Per architecture (`general.architecture`), the matmul roles its blocks may have: built from
+/// the rows of [`SUPPORTED`], the one list of architectures. A file of an architecture not listed
+/// here is read with every role of the table.
+pub const ARCHITECTURES: &[(&str, &[Role])] = &{
+    let mut out: [(&str, &[Role]); SUPPORTED.len()] = [("", &[]); SUPPORTED.len()];
+    let mut i = 0;
+    while i < SUPPORTED.len() {
+        out[i] = (SUPPORTED[i].arch, SUPPORTED[i].matmul);
+        i += 1;
+    }
+    out
+};
+
+/// llama's matmul roles: Mixtral-style MoE files are `llama` with experts.
+const LLAMA_MATMUL: &[Role] = &[
+    Role::AttnQ,
+    Role::AttnK,
+    Role::AttnV,
+    Role::AttnOutput,
+    Role::FfnGate,
+    Role::FfnUp,
+    Role::FfnDown,
+    Role::Router,
+    Role::ExpertGate,
+    Role::ExpertUp,
+    Role::ExpertDown,
+];
+
+/// phi3's: fused q/k/v (or separate ones, as llama.cpp accepts); `ffn_up` holds gate and up.
+const PHI3_MATMUL: &[Role] = &[
+    Role::AttnQkv,
+    Role::AttnQ,
+    Role::AttnK,
+    Role::AttnV,
+    Role::AttnOutput,
+    Role::FfnUp,
+    Role::FfnDown,
+];
+
+const QWEN2MOE_MATMUL: &[Role] = &[
+    Role::AttnQ,
+    Role::AttnK,
+    Role::AttnV,
+    Role::AttnOutput,
+    Role::Router,
+    Role::ExpertGate,
+    Role::ExpertUp,
+    Role::ExpertDown,
+    Role::SharedExpertGate,
+    Role::SharedExpertUp,
+    Role::SharedExpertDown,
+];
+
+const QWEN3MOE_MATMUL: &[Role] = &[
+    Role::AttnQ,
+    Role::AttnK,
+    Role::AttnV,
+    Role::AttnOutput,
+    Role::Router,
+    Role::ExpertGate,
+    Role::ExpertUp,
+    Role::ExpertDown,
 ];
 
 const DENSE: [Role; 7] = [
@@ -341,12 +338,29 @@ pub fn classify(name: &str) -> Option<(Role, Option<usize>)> {
         .map(|(r, _)| (*r, None))
 }
 
-/// The block index of a `blk.N.…` name, whether or not the table knows the rest. The index is
-/// a `u32` printed plainly (`blk.01.` is no block): `layer + 1` cannot overflow.
-fn block_of(name: &str) -> Option<usize> {
+/// The block index (layer) of a `blk.N.…` tensor name or `TENSOR#EXPERT` key, whether or not the
+/// table knows the rest: the one place a layer is read from a name. The index is a `u32` printed
+/// plainly (`blk.01.` is no block): `layer + 1` cannot overflow.
+pub fn block_of(name: &str) -> Option<usize> {
     let (blk, _) = name.strip_prefix("blk.")?.split_once('.')?;
     let layer = blk.parse::<u32>().ok()? as usize;
     (layer.to_string() == blk).then_some(layer)
+}
+
+/// The key of a weight (its `.orkpack` entry and cache name, [`Weight::key`]): the GGUF name of
+/// `role` in block `layer`, with `#EXPERT` for an expert's slice of a 3-D expert tensor. `None`
+/// for [`Role::Other`].
+pub fn weight_key(role: Role, layer: usize, expert: Option<u32>) -> Option<String> {
+    let t = tensor_name(role, layer)?;
+    Some(match expert {
+        Some(x) => slice_key(&t, x),
+        None => t,
+    })
+}
+
+/// `TENSOR#EXPERT`: the key of expert `expert`'s slice of 3-D tensor `tensor`.
+fn slice_key(tensor: &str, expert: u32) -> String {
+    format!("{tensor}#{expert}")
 }
 
 /// Whether `key` names an expert's slice (`TENSOR#EXPERT`, see [`Weight::key`]).
@@ -577,7 +591,7 @@ impl Manifest {
                 n_expert = n_expert.max(e32);
                 let slice_bytes = t.size / e;
                 for x in 0..e32 {
-                    let key = format!("{}#{x}", t.name);
+                    let key = slice_key(&t.name, x);
                     let slice = TensorInfo {
                         name: key.clone(),
                         dims: vec![k, n],

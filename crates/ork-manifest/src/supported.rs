@@ -20,11 +20,90 @@ use ork_gguf::GgufFile;
 
 use crate::{classify, ManifestError, Role};
 
-/// What one architecture understands.
+/// The model families ork runs, by identity; everything else about each (its name, roles,
+/// tensors, keys, RoPE style) is its row of [`SUPPORTED`]. All are pre-norm decoder-only
+/// transformers with RMSNorm, RoPE, grouped-query attention and a gated feed-forward.
+// Not `#[non_exhaustive]`: the executor matches on it exhaustively, so a new row cannot be
+// added without the executor saying how it computes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// `llama` (also SmolLM2, Mistral-style dense models converted as llama).
+    Llama,
+    /// `qwen2`: adds biases to the q/k/v projections.
+    Qwen2,
+    /// `qwen3`: no q/k/v biases; per-head RMSNorm of q and k before RoPE.
+    Qwen3,
+    /// `qwen2moe`: qwen2's attention; a Mixture-of-Experts feed-forward with a shared expert
+    /// behind a sigmoid gate; routing weights not renormalized (docs/moe.md).
+    Qwen2Moe,
+    /// `qwen3moe`: qwen3's attention; a Mixture-of-Experts feed-forward, no shared expert;
+    /// routing weights renormalized.
+    Qwen3Moe,
+    /// `phi3` (Phi-3, Phi-4-mini): llama's computation with NEOX RoPE, a fused q/k/v
+    /// projection and a fused gate-up (`ffn_up`, gate rows first), LongRoPE factors
+    /// (docs/models.md, "phi3").
+    Phi3,
+    /// `gemma3`: QK-norm, post-attention and post-FFN norms, GeLU-tanh gating, the √d
+    /// embedding scale, interleaved sliding-window and global layers.
+    Gemma3,
+}
+
+impl Arch {
+    /// The architecture named `name` (`general.architecture`), if ork runs it.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        support(name).map(|s| s.id)
+    }
+
+    /// Its row of [`SUPPORTED`].
+    pub fn row(self) -> &'static ArchSupport {
+        SUPPORTED
+            .iter()
+            .find(|s| s.id == self)
+            .expect("every Arch has a row of SUPPORTED (tested)")
+    }
+
+    /// The GGUF key prefix / architecture string.
+    pub fn name(self) -> &'static str {
+        self.row().arch
+    }
+
+    /// How this architecture pairs head values for RoPE.
+    pub fn rope_style(self) -> RopeStyle {
+        self.row().rope
+    }
+
+    /// Whether every block's feed-forward is a Mixture of Experts (`llama` is one when its
+    /// `expert_count` is positive, as in llama.cpp).
+    pub fn is_moe(self) -> bool {
+        self.row().moe
+    }
+}
+
+/// Which head values RoPE rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// ggml "normal" rope: pairs `(2i, 2i+1)`.
+    Interleaved,
+    /// ggml NEOX rope: pairs `(i, i + n_rot/2)`.
+    Neox,
+}
+
+/// One architecture: the one row every list of architectures is built from
+/// ([`SUPPORTED`], [`crate::ARCHITECTURES`], [`Arch`]).
 #[derive(Clone, Copy, Debug)]
 pub struct ArchSupport {
+    /// Its identity.
+    pub id: Arch,
     /// `general.architecture`.
     pub arch: &'static str,
+    /// The matmul roles its blocks may have ([`crate::ARCHITECTURES`]).
+    pub matmul: &'static [Role],
+    /// How it pairs head values for RoPE, per llama.cpp's `llama_model_rope_type()`
+    /// (src/llama-model.cpp): LLAMA is `LLAMA_ROPE_TYPE_NORM` (convert_hf_to_gguf.py permutes HF
+    /// llama q/k rows so that consecutive pairs rotate); the others are `LLAMA_ROPE_TYPE_NEOX`.
+    pub rope: RopeStyle,
+    /// Whether every block's feed-forward is a Mixture of Experts.
+    pub moe: bool,
     /// Every tensor role a file of this architecture may carry (each role's GGUF name is in
     /// [`crate::TENSOR_NAMES`]).
     pub tensors: &'static [Role],
@@ -178,37 +257,65 @@ const QWEN3MOE_KEYS: [&str; 22] = keys(&[&MOE_KEYS, &["expert_feed_forward_lengt
 /// The per-architecture tables: what ork implements for each `general.architecture` it runs.
 pub const SUPPORTED: &[ArchSupport] = &[
     ArchSupport {
+        id: Arch::Llama,
         arch: "llama",
+        matmul: crate::LLAMA_MATMUL,
+        rope: RopeStyle::Interleaved,
+        moe: false,
         tensors: &LLAMA_TENSORS,
         keys: &LLAMA_KEYS,
     },
     ArchSupport {
+        id: Arch::Qwen2,
         arch: "qwen2",
+        matmul: &crate::DENSE,
+        rope: RopeStyle::Neox,
+        moe: false,
         tensors: &QWEN2_TENSORS,
         keys: &COMMON_KEYS,
     },
     ArchSupport {
+        id: Arch::Qwen3,
         arch: "qwen3",
+        matmul: &crate::DENSE,
+        rope: RopeStyle::Neox,
+        moe: false,
         tensors: &QWEN3_TENSORS,
         keys: &COMMON_KEYS,
     },
     ArchSupport {
+        id: Arch::Phi3,
         arch: "phi3",
+        matmul: crate::PHI3_MATMUL,
+        rope: RopeStyle::Neox,
+        moe: false,
         tensors: &PHI3_TENSORS,
         keys: &PHI3_KEYS,
     },
     ArchSupport {
+        id: Arch::Gemma3,
         arch: "gemma3",
+        matmul: &crate::DENSE,
+        rope: RopeStyle::Neox,
+        moe: false,
         tensors: &GEMMA3_TENSORS,
         keys: &GEMMA3_KEYS,
     },
     ArchSupport {
+        id: Arch::Qwen2Moe,
         arch: "qwen2moe",
+        matmul: crate::QWEN2MOE_MATMUL,
+        rope: RopeStyle::Neox,
+        moe: true,
         tensors: &QWEN2MOE_TENSORS,
         keys: &QWEN2MOE_KEYS,
     },
     ArchSupport {
+        id: Arch::Qwen3Moe,
         arch: "qwen3moe",
+        matmul: crate::QWEN3MOE_MATMUL,
+        rope: RopeStyle::Neox,
+        moe: true,
         tensors: &QWEN3MOE_TENSORS,
         keys: &QWEN3MOE_KEYS,
     },
@@ -332,5 +439,30 @@ mod tests {
             }
         }
         assert_eq!(SUPPORTED.len(), crate::ARCHITECTURES.len());
+    }
+
+    #[test]
+    fn every_arch_has_one_row_and_its_name_round_trips() {
+        let all = [
+            Arch::Llama,
+            Arch::Qwen2,
+            Arch::Qwen3,
+            Arch::Qwen2Moe,
+            Arch::Qwen3Moe,
+            Arch::Phi3,
+            Arch::Gemma3,
+        ];
+        assert_eq!(all.len(), SUPPORTED.len());
+        for a in all {
+            assert_eq!(SUPPORTED.iter().filter(|s| s.id == a).count(), 1, "{a:?}");
+            assert_eq!(Arch::from_name(a.name()), Some(a));
+            assert_eq!(
+                a.is_moe(),
+                a.row().matmul.contains(&Role::ExpertGate) && a != Arch::Llama
+            );
+        }
+        assert_eq!(Arch::from_name("mamba"), None);
+        assert_eq!(Arch::Llama.rope_style(), RopeStyle::Interleaved);
+        assert_eq!(Arch::Qwen3.rope_style(), RopeStyle::Neox);
     }
 }

@@ -71,14 +71,8 @@ pub struct LayerOrder {
 impl LayerOrder {
     /// The position of `key` in a pass: its block, or `n_layer` for weights outside the blocks.
     fn position(&self, key: &str) -> usize {
-        block_of(key).map_or(self.n_layer, |b| b.min(self.n_layer))
+        ork_manifest::block_of(key).map_or(self.n_layer, |b| b.min(self.n_layer))
     }
-}
-
-/// The block index of a `blk.N.…` key.
-fn block_of(key: &str) -> Option<usize> {
-    let (blk, _) = key.strip_prefix("blk.")?.split_once('.')?;
-    blk.parse().ok()
 }
 
 impl EvictionPolicy for LayerOrder {

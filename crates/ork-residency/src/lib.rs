@@ -32,7 +32,7 @@ mod trace;
 pub use budget::{Candidate, DeviceBudget, EvictionPolicy, LayerOrder, Lru};
 pub use cache::{device_bytes, CacheConfig, CacheStats, WeightCache, WeightKey, WeightLease};
 pub use error::ResidencyError;
-pub use linear::{quantize_row, DeviceMatmul};
+pub use linear::{quantize_row_i8, DeviceMatmul};
 pub use plan::{plan, Mode, Placement, Plan, PlanInput};
 pub use prefetch::{Announced, PlanOrder, Prefetcher, ScheduleSource, Warmup};
 pub use source::{Fetch, WeightSource};

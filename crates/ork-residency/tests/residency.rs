@@ -1456,10 +1456,10 @@ fn non_finite_activations_and_bad_shapes_are_refused() {
         Err(ResidencyError::Shape { .. })
     ));
     let mut q = vec![0i8; 4];
-    assert!(ork_residency::quantize_row(&[1.0, f32::NAN, 0.5, 0.0], &mut q).is_nan());
-    assert_eq!(ork_residency::quantize_row(&[0.0; 4], &mut q), 0.0);
+    assert!(ork_residency::quantize_row_i8(&[1.0, f32::NAN, 0.5, 0.0], &mut q).is_nan());
+    assert_eq!(ork_residency::quantize_row_i8(&[0.0; 4], &mut q), 0.0);
     assert_eq!(
-        ork_residency::quantize_row(&[-2.0, 1.0, 0.0, 2.0], &mut q),
+        ork_residency::quantize_row_i8(&[-2.0, 1.0, 0.0, 2.0], &mut q),
         2.0 / 127.0
     );
     assert_eq!(q, [-127, 64, 0, 127]);
@@ -1864,7 +1864,7 @@ fn unsplit_reference_grouped(
     let sa: Vec<f32> = q
         .chunks_mut(k)
         .zip(x.chunks(k))
-        .map(|(q, x)| ork_residency::quantize_row(x, q))
+        .map(|(q, x)| ork_residency::quantize_row_i8(x, q))
         .collect();
     let mut y = vec![0f32; m * pw.layout.n];
     let task = MatmulTask {

@@ -78,7 +78,13 @@ pub fn effective_group(group: ScaleGroup, dtype: PackDtype, k: usize) -> ScaleGr
 /// channel (fp16 × int8, an RK3576 type): on SmolLM2 (its head is Q8_0 in the GGUF) that gives
 /// perplexity 18.33 against 19.16 as int4 affine g32 (`docs/chip.md`).
 pub fn weight_quant(name: &str, dtype: PackDtype, group: ScaleGroup) -> (PackDtype, ScaleGroup) {
-    let head = name == "output.weight" || name == "token_embd.weight";
+    let head = matches!(
+        ork_manifest::classify(name),
+        Some((
+            ork_manifest::Role::Output | ork_manifest::Role::TokenEmbd,
+            _
+        ))
+    );
     if head && group.is_affine() {
         (PackDtype::I8, ScaleGroup::PerChannel)
     } else {

@@ -391,8 +391,6 @@ impl RknnDevice {
         let tn = l.dtype.n_tile();
         self.shared
             .soc
-            .caps()
-            .limits
             .n_max(ElemType::of_weight(l.dtype))
             .map_or(l.n_pad(), |max| (max / tn * tn).max(tn))
     }

@@ -34,6 +34,8 @@ fn rk3588_table_is_the_documented_one() {
     assert_eq!(
         caps.limits,
         Limits {
+            name: "rk3588",
+            npu_cores: 3,
             k_align: 32,
             k_max: 10240,
             k_segment: 8192,

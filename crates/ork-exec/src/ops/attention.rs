@@ -65,7 +65,7 @@ impl KvValue for half::f16 {
 /// of exponentials `sum_c` and its unnormalised weighted values `acc_c`; with `M` the largest
 /// `max_c` and `S = Σ_c sum_c · e^(max_c − M)` (f64), the output is
 /// `Σ_c (acc_c · e^(max_c − M)) · (1 / S)`, pieces in order. Measured with
-/// `examples/attn_bench` (README "End to end").
+/// `examples/attn_bench` (docs/benchmarks.md "End to end against llama.cpp").
 pub fn attention<T: KvValue>(
     shape: AttentionShape,
     q: &[f32],

@@ -204,12 +204,16 @@ async fn a_huge_prompt_is_refused_before_tokenizing_and_health_stays_prompt() {
         assert_eq!(v["error"]["code"], "context_length_exceeded");
         assert_eq!(v["error"]["param"], "prompt");
     }
+    // The bounds are generous on purpose: what this pins is progress (/health answers while six
+    // prompts are in flight, and every prompt is refused, none tokenized into the scheduler),
+    // not speed. A 2-core CI runner loaded by other jobs can take seconds to schedule a request,
+    // so a tight bound would test the host; these only catch a server that stalls.
     assert!(
-        health < Duration::from_secs(2),
+        health < Duration::from_secs(30),
         "/health took {health:?} while prompts were checked"
     );
     assert!(
-        t.elapsed() < Duration::from_secs(20),
+        t.elapsed() < Duration::from_secs(120),
         "refusing took {:?}",
         t.elapsed()
     );
