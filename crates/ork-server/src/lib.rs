@@ -163,7 +163,11 @@ impl Server {
                 ork_exec::ChatTemplate::with_tokenizer(source, engine.tokenizer()).map_err(
                     |e| ServerError::Config {
                         setting: "chat template",
-                        what: e.to_string(),
+                        // The setting names it already: "chat template: {what}", once.
+                        what: match e {
+                            ork_exec::ExecError::ChatTemplate { what } => what,
+                            other => other.to_string(),
+                        },
                     },
                 )?,
             ),
