@@ -241,8 +241,9 @@ impl Server {
             prompt_bytes,
             body_bytes: http::max_body_bytes(prompt_bytes),
             body_timeout: config.body_timeout,
-            tokenizing: tokio::sync::Semaphore::new(TOKENIZING_TASKS),
-            template,
+            tokenizing: Arc::new(tokio::sync::Semaphore::new(TOKENIZING_TASKS)),
+            rendering: Arc::new(tokio::sync::Semaphore::new(TOKENIZING_TASKS)),
+            template: template.map(|t| t.with_max_bytes(prompt_bytes)),
             model_id: model_id.clone(),
             context,
             queue: queue_tx,
@@ -472,7 +473,8 @@ fn check(config: &ServeConfig, context: usize) -> Result<(), ServerError> {
     Ok(())
 }
 
-/// Tokenizing tasks run at once at most (off the HTTP threads; docs/serve.md).
+/// Tokenizing tasks run at once at most (off the HTTP threads; docs/serve.md); as many chat
+/// renders again, in a lane of their own.
 const TOKENIZING_TASKS: usize = 2;
 
 /// How long the connections get to send the error event of a cut request before they close.
