@@ -197,10 +197,11 @@ impl Server {
             .map_err(|source| ServerError::Io { addr, source })?;
 
         let persist = match &config.prefix_cache_dir {
-            Some(dir) if config.prefix_cache_bytes > 0 => Some(persist(
+            Some(dir) if config.prefix_cache_bytes > 0 => Some(saver::persist(
                 &engine,
                 dir,
                 context,
+                config.prefix_cache_bytes,
                 config.prefix_cache_save_every,
             )?),
             _ => None,
@@ -351,64 +352,6 @@ impl Drop for Server {
             let _ = stop.send(());
         }
         let _ = self.wait();
-    }
-}
-
-/// Where `engine`'s prefix cache of `context`-position sessions is kept in `dir` (created if
-/// missing), and what it must never replace.
-fn persist(
-    engine: &Engine,
-    dir: &std::path::Path,
-    context: usize,
-    every: Option<Duration>,
-) -> Result<scheduler::Persist, ServerError> {
-    let bad = |what: String| ServerError::Config {
-        setting: "--prefix-cache-dir",
-        what: format!("{}: {what}", dir.display()),
-    };
-    std::fs::create_dir_all(dir).map_err(|e| bad(e.to_string()))?;
-    if !dir.is_dir() {
-        return Err(bad("not a directory".to_owned()));
-    }
-    remove_stale_temporaries(dir);
-    let identity = engine.numbers_identity(context);
-    let mut inputs = vec![engine.config().model.clone()];
-    inputs.extend(engine.pack_path().cloned());
-    Ok(scheduler::Persist {
-        path: PrefixCache::file_in(dir, identity),
-        identity,
-        inputs,
-        every,
-    })
-}
-
-/// Remove what a write cut by a crash or a power cut left in the prefix cache's directory: the
-/// temporary files of ork's atomic writes (`ork_store::output::TEMP_PREFIX`) older than ten minutes (a live
-/// writer's, in another server sharing the directory, is younger).
-fn remove_stale_temporaries(dir: &std::path::Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let stale = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > Duration::from_secs(600));
-        if stale
-            && e.file_name()
-                .to_string_lossy()
-                .starts_with(ork_store::output::TEMP_PREFIX)
-        {
-            match std::fs::remove_file(e.path()) {
-                Ok(()) => eprintln!(
-                    "ork serve: removed {}, left by a cut write",
-                    e.path().display()
-                ),
-                Err(err) => eprintln!("warning: cannot remove {}: {err}", e.path().display()),
-            }
-        }
     }
 }
 
