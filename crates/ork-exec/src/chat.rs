@@ -52,6 +52,7 @@ pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    max_bytes: usize,
 }
 
 const KEY: &str = "tokenizer.chat_template";
@@ -104,10 +105,56 @@ pub const GEMMA3_TEMPLATE: &str = r#"{{ bos_token }}
 {%- endif -%}
 "#;
 
-/// Instructions a template may execute in one render (minijinja "fuel"). Real templates spend a
-/// few hundred per message; this allows conversations far longer than any context while
-/// stopping a template that loops over `range(10**6)` inside another loop.
-const TEMPLATE_FUEL: u64 = 20_000_000;
+/// Instructions (minijinja "fuel") a render may execute: [`FUEL_BASE`] plus [`FUEL_PER_ITEM`]
+/// for each message and tool. Real templates spend tens of instructions per message (SmolLM2's
+/// ~20, Gemma 3's ~50) and a few hundred per tool, so this allows any real conversation with
+/// room to spare, while a loop of `range(100000)` stops within its first few thousand turns. Fuel counts
+/// instructions, not bytes: a template that grows a string in a loop copies O(n²) bytes in n
+/// instructions, and a small fuel is what keeps that to about a second (docs/serve.md, "Templates").
+pub const FUEL_BASE: u64 = 10_000;
+/// See [`FUEL_BASE`].
+pub const FUEL_PER_ITEM: u64 = 1_000;
+/// Nesting depth (macros, includes, recursive loops) a template may reach; minijinja's default
+/// is 500.
+const RECURSION_LIMIT: usize = 100;
+/// The output a template may produce when no context is given
+/// ([`ChatTemplate::with_max_bytes`] sets it from the context): 64 MiB.
+pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
+
+/// The longest text, in bytes, that can fit `context` tokens of `tokenizer`: every token covers
+/// at most as many bytes of text as its longest piece, so a text longer than that many bytes
+/// per token has more tokens than the context. Twice that bound, for normalizers that shorten
+/// text before it is split.
+pub fn max_text_bytes(tokenizer: &Tokenizer, context: usize) -> usize {
+    let longest = (0..tokenizer.vocab_size() as u32)
+        .filter_map(|t| tokenizer.token_bytes(t, true).map(<[u8]>::len))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    longest.saturating_mul(context).saturating_mul(2)
+}
+
+/// A render's output, refused past `max` bytes: the render stops at the first write beyond.
+struct Bounded {
+    text: Vec<u8>,
+    max: usize,
+    exceeded: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len().saturating_add(buf.len()) > self.max {
+            self.exceeded = true;
+            return Err(std::io::Error::other("the output bound is reached"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 impl ChatTemplate {
     /// The model's template, or `None` if the file has none. A Gemma model
@@ -145,11 +192,25 @@ impl ChatTemplate {
             source: source.to_owned(),
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
+            max_bytes: DEFAULT_MAX_BYTES,
         };
-        t.environment()
+        t.environment(FUEL_BASE)
             .template_from_str(&t.source)
             .map_err(template_error)?;
         Ok(t)
+    }
+
+    /// The same template, its renders stopped with [`ExecError::ChatTemplateLimit`] as soon as
+    /// their output exceeds `max_bytes` (for a prompt: [`max_text_bytes`] of the context, what
+    /// the context can hold).
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> ChatTemplate {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// The bound on a render's output ([`ChatTemplate::with_max_bytes`]).
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
     }
 
     /// The Jinja source being rendered (tool-call formats are recognised from it).
@@ -157,11 +218,12 @@ impl ChatTemplate {
         &self.source
     }
 
-    fn environment(&self) -> minijinja::Environment<'static> {
+    fn environment(&self, fuel: u64) -> minijinja::Environment<'static> {
         let mut env = minijinja::Environment::new();
         // The template is untrusted text from the GGUF: bound the work a render may do, so a
         // hostile loop is an error, not a hang.
-        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_fuel(Some(fuel));
+        env.set_recursion_limit(RECURSION_LIMIT);
         // Python's str/dict/list methods, which tool-calling templates use.
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
@@ -195,7 +257,9 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, ExecError> {
-        let env = self.environment();
+        let items = messages.len() + tools.and_then(|t| t.as_array()).map_or(0, Vec::len);
+        let fuel = FUEL_BASE.saturating_add(FUEL_PER_ITEM.saturating_mul(items as u64));
+        let env = self.environment(fuel);
         let base = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -207,13 +271,33 @@ impl ChatTemplate {
             Some(t) => minijinja::context! { tools => t, ..base },
             None => base,
         };
-        env.render_str(&self.source, ctx).map_err(template_error)
+        let template = env
+            .template_from_str(&self.source)
+            .map_err(template_error)?;
+        let mut out = Bounded {
+            text: Vec::new(),
+            max: self.max_bytes,
+            exceeded: false,
+        };
+        let rendered = template.render_captured_to(ctx, &mut out).map(drop);
+        match rendered {
+            Ok(_) => String::from_utf8(out.text).map_err(|_| ExecError::ChatTemplate {
+                what: "the output is not UTF-8".to_owned(),
+            }),
+            Err(_) if out.exceeded => Err(ExecError::ChatTemplateLimit {
+                what: format!(
+                    "its output exceeds {} bytes, more than the context can hold",
+                    self.max_bytes
+                ),
+            }),
+            Err(e) => Err(limit_or_template_error(e, fuel)),
+        }
     }
 
     /// Whether the template reads a `tools` variable (without one, tool definitions cannot
     /// reach the prompt).
     pub fn takes_tools(&self) -> bool {
-        let env = self.environment();
+        let env = self.environment(FUEL_BASE);
         env.template_from_str(&self.source)
             .map(|t| t.undeclared_variables(false).contains("tools"))
             .unwrap_or(false)
@@ -237,6 +321,21 @@ fn template_error(e: minijinja::Error) -> ExecError {
     ExecError::ChatTemplate {
         what: e.to_string(),
     }
+}
+
+/// A render error: a bound (fuel, nesting) is [`ExecError::ChatTemplateLimit`].
+fn limit_or_template_error(e: minijinja::Error, fuel: u64) -> ExecError {
+    let what = match e.kind() {
+        minijinja::ErrorKind::OutOfFuel => format!(
+            "it ran more than {fuel} instructions ({FUEL_BASE} and {FUEL_PER_ITEM} per message \
+             and tool), far more than a chat template needs"
+        ),
+        _ if e.to_string().contains("recursion limit") => {
+            format!("it nests deeper than {RECURSION_LIMIT} levels")
+        }
+        _ => return template_error(e),
+    };
+    ExecError::ChatTemplateLimit { what }
 }
 
 #[cfg(test)]
@@ -336,16 +435,16 @@ mod tests {
 
     #[test]
     fn a_runaway_template_is_stopped_not_run() {
-        // 10^12 iterations: only the fuel limit ends this render in finite time.
+        // 10^10 iterations: only the fuel limit ends this render in finite time.
         let t = ChatTemplate::new(
-            "{% for a in range(1000000) %}{% for b in range(1000000) %}{% endfor %}{% endfor %}",
+            "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
             "",
             "",
         )
         .unwrap();
         assert!(matches!(
             t.render(&[], true),
-            Err(ExecError::ChatTemplate { .. })
+            Err(ExecError::ChatTemplateLimit { .. })
         ));
         // A long but real conversation stays well within the limit.
         let t = ChatTemplate::new(SMOLLM2, "", "").unwrap();
@@ -353,5 +452,62 @@ mod tests {
             .map(|i| ChatMessage::new("user", &i.to_string()))
             .collect();
         assert!(t.render(&msgs, true).is_ok());
+    }
+
+    #[test]
+    fn a_template_bomb_is_stopped_at_the_output_bound() {
+        // 10 GB of output: stopped as soon as it passes the bound, not after allocating it.
+        let t = ChatTemplate::new(
+            r#"{% for i in range(100000) %}{{ "y" * 100000 }}{% endfor %}"#,
+            "",
+            "",
+        )
+        .unwrap()
+        .with_max_bytes(1 << 20);
+        let r = t.render(&[ChatMessage::new("user", "Hi")], true);
+        assert!(
+            matches!(&r, Err(ExecError::ChatTemplateLimit { what }) if what.contains("1048576")),
+            "{r:?}"
+        );
+        // Within the bound: rendered.
+        let t = ChatTemplate::new("{{ 'y' * 1000 }}", "", "")
+            .unwrap()
+            .with_max_bytes(1000);
+        assert_eq!(t.render(&[], true).unwrap().len(), 1000);
+        let t = t.with_max_bytes(999);
+        assert!(matches!(
+            t.render(&[], true),
+            Err(ExecError::ChatTemplateLimit { .. })
+        ));
+    }
+
+    #[test]
+    fn a_template_that_builds_a_string_in_a_loop_is_stopped_by_its_fuel() {
+        let t = ChatTemplate::new(
+            r#"{% set ns = namespace(s="") %}{% for i in range(100000) %}{% set ns.s = ns.s ~ "abcdefghij" * 100 %}{% endfor %}{{ ns.s | length }}"#,
+            "",
+            "",
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        let r = t.render(&[ChatMessage::new("user", "Hi")], true);
+        assert!(
+            matches!(&r, Err(ExecError::ChatTemplateLimit { what }) if what.contains("instructions")),
+            "{r:?}"
+        );
+        // Reported, not asserted (timing): the stop comes after at most FUEL_BASE instructions.
+        eprintln!("stopped after {:?}", started.elapsed());
+        // Endless recursion through a macro: stopped at the nesting bound.
+        let t = ChatTemplate::new(
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+            "",
+            "",
+        )
+        .unwrap();
+        let r = t.render(&[], true);
+        assert!(
+            matches!(&r, Err(ExecError::ChatTemplateLimit { what }) if what.contains("nests")),
+            "{r:?}"
+        );
     }
 }

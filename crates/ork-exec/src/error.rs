@@ -157,6 +157,14 @@ pub enum ExecError {
         /// What failed.
         what: String,
     },
+    /// A chat template was stopped for exceeding a bound on its output or its work
+    /// ([`crate::ChatTemplate`]: the bytes the context can hold, the instructions allowed, the
+    /// nesting depth): a hostile or broken template, never a hang or an abort.
+    #[error("chat template stopped: {what}")]
+    ChatTemplateLimit {
+        /// Which bound, and its value.
+        what: String,
+    },
     /// Invalid sampling parameters.
     #[error("sampling parameter {param}: {what}")]
     InvalidSampling {

@@ -37,7 +37,7 @@ mod spm;
 mod tokenizer;
 mod weights;
 
-pub use chat::{ChatMessage, ChatTemplate, GEMMA3_TEMPLATE};
+pub use chat::{max_text_bytes, ChatMessage, ChatTemplate, GEMMA3_TEMPLATE};
 pub use config::{Arch, ModelConfig, MoeConfig, RopeStyle};
 pub use error::ExecError;
 pub use gemma3::Gemma3Config;

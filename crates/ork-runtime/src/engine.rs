@@ -166,15 +166,19 @@ impl LoadedModel {
         &self.tokenizer
     }
 
-    /// The model's chat template, if it has one.
+    /// The model's chat template, if it has one, its output bounded by what the model's
+    /// trained context can hold (`ork_exec::max_text_bytes`).
     ///
     /// # Errors
     /// A template that does not parse, naming the file.
     pub fn chat_template(&self) -> Result<Option<ChatTemplate>, RuntimeError> {
-        ChatTemplate::from_gguf(&self.gguf, &self.tokenizer).map_err(|source| RuntimeError::Model {
-            model: self.config.model.clone(),
-            source,
-        })
+        let max = ork_exec::max_text_bytes(&self.tokenizer, self.model.config().context_length);
+        ChatTemplate::from_gguf(&self.gguf, &self.tokenizer)
+            .map(|t| t.map(|t| t.with_max_bytes(max)))
+            .map_err(|source| RuntimeError::Model {
+                model: self.config.model.clone(),
+                source,
+            })
     }
 
     /// The second half of [`Engine::open`]: the device, the plan, the `.orkpack` (converted if
@@ -291,15 +295,19 @@ impl Engine {
         &self.tokenizer
     }
 
-    /// The model's chat template, if it has one.
+    /// The model's chat template, if it has one, its output bounded by what the model's
+    /// trained context can hold (`ork_exec::max_text_bytes`).
     ///
     /// # Errors
     /// A template that does not parse, naming the file.
     pub fn chat_template(&self) -> Result<Option<ChatTemplate>, RuntimeError> {
-        ChatTemplate::from_gguf(&self.gguf, &self.tokenizer).map_err(|source| RuntimeError::Model {
-            model: self.config.model.clone(),
-            source,
-        })
+        let max = ork_exec::max_text_bytes(&self.tokenizer, self.model.config().context_length);
+        ChatTemplate::from_gguf(&self.gguf, &self.tokenizer)
+            .map(|t| t.map(|t| t.with_max_bytes(max)))
+            .map_err(|source| RuntimeError::Model {
+                model: self.config.model.clone(),
+                source,
+            })
     }
 
     /// The device.

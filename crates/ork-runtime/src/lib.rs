@@ -51,6 +51,7 @@ mod device;
 mod draft;
 mod engine;
 mod error;
+mod identity;
 mod linear;
 mod pack;
 mod plan;

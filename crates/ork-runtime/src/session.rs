@@ -30,49 +30,6 @@ impl Engine {
         )
     }
 
-    /// An identity of the keys and values this engine's sessions of `context` positions
-    /// compute, for KV caches kept beyond the process (`ork serve --prefix-cache-dir`): two
-    /// engines with the same identity compute the same numbers for the same tokens. It hashes
-    /// ork's version, the model file (its metadata but the tokenizer's, and every tensor's fingerprint, after
-    /// smoothing: `ork_store::fingerprint`), the quantization (dtype, activations, scale
-    /// groups), the device that computes and the chip it keeps to, the compute threads, the KV
-    /// cache type and the context (which picks LongRoPE's factors). What does not change a
-    /// number — the budget, domains, prefetch, the pack's path — is left out. Reads ~200 KiB
-    /// per tensor (the fingerprints' sample).
-    pub fn numbers_identity(&self, context: usize) -> u64 {
-        let c = &self.config;
-        let mut text = format!(
-            "ork {} numbers v1\nmodel {} bytes\n",
-            env!("CARGO_PKG_VERSION"),
-            self.gguf.file_len()
-        );
-        // The tokenizer's keys map text to tokens; the cache is keyed by tokens already.
-        for (k, v) in self
-            .gguf
-            .metadata_iter()
-            .filter(|(k, _)| !k.starts_with("tokenizer."))
-        {
-            text.push_str(&format!("{k}={v:?}\n"));
-        }
-        for t in self.gguf.tensors() {
-            let fp = ork_store::fingerprint(&self.gguf, t);
-            text.push_str(&format!("{} {fp:016x}\n", t.name));
-        }
-        let info = self.device.info();
-        text.push_str(&format!(
-            "dtype {:?} activations {:?} group {:?} device {} soc {:?} threads {} kv {:?} \
-             context {context}\n",
-            c.dtype,
-            c.activations,
-            c.group,
-            info.name,
-            c.soc,
-            self.threads(),
-            c.kv_cache,
-        ));
-        ork_store::xxh3_64(text.as_bytes())
-    }
-
     /// The matmul backend as the executor holds it.
     pub fn shared_linear(&self) -> Arc<dyn Linear> {
         Arc::clone(&self.linear) as Arc<dyn Linear>

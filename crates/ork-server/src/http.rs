@@ -46,7 +46,11 @@ pub(crate) struct AppState {
     /// Time a request body has to arrive.
     pub body_timeout: std::time::Duration,
     /// Permits to parse and tokenize a request off the HTTP threads (a few at once).
-    pub tokenizing: tokio::sync::Semaphore,
+    pub tokenizing: Arc<tokio::sync::Semaphore>,
+    /// Permits to render a chat template (and tokenize its text): a lane of its own, so that
+    /// templates that take long never hold the completions' permits (docs/serve.md).
+    pub rendering: Arc<tokio::sync::Semaphore>,
+    /// The chat template, its output bounded by `prompt_bytes`.
     pub template: Option<ChatTemplate>,
     pub model_id: String,
     pub context: usize,
@@ -60,17 +64,10 @@ pub(crate) struct AppState {
     pub next_id: AtomicU64,
 }
 
-/// The longest prompt text, in bytes, that can fit `context` tokens: every token covers at
-/// most as many bytes of text as its longest piece, so a text longer than that many bytes per
-/// token of the context has more tokens than the context — refused before tokenizing it. Twice
-/// that bound, for normalizers that shorten text before it is split.
+/// The longest prompt text, in bytes, that can fit `context` tokens
+/// ([`ork_exec::max_text_bytes`]).
 pub(crate) fn max_prompt_bytes(tokenizer: &Tokenizer, context: usize) -> usize {
-    let longest = (0..tokenizer.vocab_size() as u32)
-        .filter_map(|t| tokenizer.token_bytes(t, true).map(<[u8]>::len))
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    longest.saturating_mul(context).saturating_mul(2)
+    ork_exec::max_text_bytes(tokenizer, context)
 }
 
 /// The largest request body: a prompt of `prompt_bytes` written with JSON escapes (at most 6

@@ -163,7 +163,11 @@ impl Server {
                 ork_exec::ChatTemplate::with_tokenizer(source, engine.tokenizer()).map_err(
                     |e| ServerError::Config {
                         setting: "chat template",
-                        what: e.to_string(),
+                        // The setting names it already: "chat template: {what}", once.
+                        what: match e {
+                            ork_exec::ExecError::ChatTemplate { what } => what,
+                            other => other.to_string(),
+                        },
                     },
                 )?,
             ),
@@ -193,10 +197,11 @@ impl Server {
             .map_err(|source| ServerError::Io { addr, source })?;
 
         let persist = match &config.prefix_cache_dir {
-            Some(dir) if config.prefix_cache_bytes > 0 => Some(persist(
+            Some(dir) if config.prefix_cache_bytes > 0 => Some(saver::persist(
                 &engine,
                 dir,
                 context,
+                config.prefix_cache_bytes,
                 config.prefix_cache_save_every,
             )?),
             _ => None,
@@ -237,8 +242,9 @@ impl Server {
             prompt_bytes,
             body_bytes: http::max_body_bytes(prompt_bytes),
             body_timeout: config.body_timeout,
-            tokenizing: tokio::sync::Semaphore::new(TOKENIZING_TASKS),
-            template,
+            tokenizing: Arc::new(tokio::sync::Semaphore::new(TOKENIZING_TASKS)),
+            rendering: Arc::new(tokio::sync::Semaphore::new(TOKENIZING_TASKS)),
+            template: template.map(|t| t.with_max_bytes(prompt_bytes)),
             model_id: model_id.clone(),
             context,
             queue: queue_tx,
@@ -349,64 +355,6 @@ impl Drop for Server {
     }
 }
 
-/// Where `engine`'s prefix cache of `context`-position sessions is kept in `dir` (created if
-/// missing), and what it must never replace.
-fn persist(
-    engine: &Engine,
-    dir: &std::path::Path,
-    context: usize,
-    every: Option<Duration>,
-) -> Result<scheduler::Persist, ServerError> {
-    let bad = |what: String| ServerError::Config {
-        setting: "--prefix-cache-dir",
-        what: format!("{}: {what}", dir.display()),
-    };
-    std::fs::create_dir_all(dir).map_err(|e| bad(e.to_string()))?;
-    if !dir.is_dir() {
-        return Err(bad("not a directory".to_owned()));
-    }
-    remove_stale_temporaries(dir);
-    let identity = engine.numbers_identity(context);
-    let mut inputs = vec![engine.config().model.clone()];
-    inputs.extend(engine.pack_path().cloned());
-    Ok(scheduler::Persist {
-        path: PrefixCache::file_in(dir, identity),
-        identity,
-        inputs,
-        every,
-    })
-}
-
-/// Remove what a write cut by a crash or a power cut left in the prefix cache's directory: the
-/// temporary files of ork's atomic writes (`ork_store::output::TEMP_PREFIX`) older than ten minutes (a live
-/// writer's, in another server sharing the directory, is younger).
-fn remove_stale_temporaries(dir: &std::path::Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let stale = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > Duration::from_secs(600));
-        if stale
-            && e.file_name()
-                .to_string_lossy()
-                .starts_with(ork_store::output::TEMP_PREFIX)
-        {
-            match std::fs::remove_file(e.path()) {
-                Ok(()) => eprintln!(
-                    "ork serve: removed {}, left by a cut write",
-                    e.path().display()
-                ),
-                Err(err) => eprintln!("warning: cannot remove {}: {err}", e.path().display()),
-            }
-        }
-    }
-}
-
 fn runtime_shutdown(
     result: Result<(), ServerError>,
     scheduler: std::thread::Result<()>,
@@ -468,7 +416,8 @@ fn check(config: &ServeConfig, context: usize) -> Result<(), ServerError> {
     Ok(())
 }
 
-/// Tokenizing tasks run at once at most (off the HTTP threads; docs/serve.md).
+/// Tokenizing tasks run at once at most (off the HTTP threads; docs/serve.md); as many chat
+/// renders again, in a lane of their own.
 const TOKENIZING_TASKS: usize = 2;
 
 /// How long the connections get to send the error event of a cut request before they close.

@@ -183,6 +183,14 @@ pub struct Loaded {
     pub tokens: usize,
 }
 
+/// `path`'s directory and file name.
+fn split(path: &Path) -> Result<(&Path, &str), String> {
+    match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
+        (Some(dir), Some(name)) => Ok((dir, name)),
+        _ => Err(format!("{}: not a file in a directory", path.display())),
+    }
+}
+
 /// A reader over a saved cache that names what it misses.
 struct Bytes<'a>(&'a [u8]);
 
@@ -219,8 +227,9 @@ impl PrefixCache {
 
     /// Write every entry, least recently used first, to `path` for `identity`: magic, identity,
     /// entry count, per entry its tokens and its session's KV image ([`Session::save_kv`]), then
-    /// the XXH3-64 of all before it. Written atomically under ork's output rule (never over one
-    /// of `inputs`, the model or its pack): a crash leaves the old file or none. Returns the
+    /// the XXH3-64 of all before it. Written atomically under the rule of a file in a directory ork owns
+    /// (`ork_store::output::write_in_dir`: only inside the directory, never through a link, never
+    /// over one of `inputs`, the model or its pack): a crash leaves the old file or none. Returns the
     /// bytes written.
     ///
     /// # Errors
@@ -256,19 +265,31 @@ impl PrefixCache {
     /// # Errors
     /// The output rule's refusal or an I/O error, naming the file.
     pub fn write(path: &Path, image: &[u8], inputs: &[&Path]) -> Result<(), String> {
-        ork_store::output::write_output(path, image, inputs).map_err(|e| e.to_string())
+        let (dir, name) = split(path)?;
+        ork_store::output::write_in_dir(dir, name, image, inputs).map_err(|e| e.to_string())
+    }
+
+    /// Whether [`PrefixCache::write`] may write `path` now (a warning at start, rather than at
+    /// the first write).
+    ///
+    /// # Errors
+    /// What the write would refuse, naming the file.
+    pub fn check_writable(path: &Path, inputs: &[&Path]) -> Result<(), String> {
+        let (dir, name) = split(path)?;
+        ork_store::output::check_in_dir(dir, name, inputs).map_err(|e| e.to_string())
     }
 
     /// Put back the entries [`PrefixCache::save`] wrote to `path` for `identity`, each into a
     /// session from `fresh` (the server's own kind), oldest first, as if its sequence had just
-    /// finished: entries beyond the budget and those a later one extends are dropped as
-    /// [`PrefixCache::insert`] drops them. No file is `Ok` with nothing loaded.
+    /// finished. The file is mapped, not read into memory, and only the newest entries whose
+    /// KV images fit the budget are loaded (a restart with a smaller `--prefix-cache-mb` keeps
+    /// what fits); those a later one extends are dropped as [`PrefixCache::insert`] drops them.
+    /// No file is `Ok` with nothing loaded.
     ///
     /// # Errors
-    /// The file names what is wrong, and nothing is loaded: not a saved prefix cache, another
-    /// identity, a checksum that does not match, more bytes than twice the budget (so that a
-    /// stray file cannot take the memory), or an entry the session refuses
-    /// ([`Session::load_kv`]).
+    /// The file names what is wrong, and nothing is loaded: not a regular file, not a saved
+    /// prefix cache, another identity, a checksum that does not match, a file changed while
+    /// read, or an entry the session refuses ([`Session::load_kv`]).
     pub fn load(
         &mut self,
         path: &Path,
@@ -276,51 +297,34 @@ impl PrefixCache {
         fresh: impl Fn() -> Option<Session>,
     ) -> Result<Loaded, String> {
         let named = |what: String| format!("{}: {what}", path.display());
-        // Under the rule for every file ork reads whole (a regular file, opened without
-        // blocking, its size checked before anything is allocated).
-        let limit = 2 * self.budget as u64 + (1 << 20);
-        let bytes = match ork_gguf::input::read_input(path, limit) {
-            Ok(bytes) => bytes,
-            Err(ork_gguf::input::InputError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
+        // Opened as every file ork reads (a regular file, without blocking), then mapped: the
+        // file's pages are the page cache's, never the process's, whatever its size.
+        let file = match ork_gguf::open_regular(path) {
+            Ok(f) => f,
+            Err(ork_gguf::OpenRegularError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(Loaded::default())
             }
-            Err(ork_gguf::input::InputError::TooLarge { size, .. }) => {
-                return Err(named(format!(
-                    "{size} bytes or more, more than twice the prefix cache's budget; not read"
-                )))
+            Err(ork_gguf::OpenRegularError::NotRegular(kind)) => {
+                return Err(named(format!("{kind}, not a regular file")))
             }
-            Err(e) => return Err(e.to_string()),
+            Err(ork_gguf::OpenRegularError::Io(e)) => return Err(named(e.to_string())),
+            Err(e) => return Err(named(format!("{e:?}"))),
         };
-        if bytes.len() < MAGIC.len() + 24 || &bytes[..MAGIC.len()] != MAGIC {
-            return Err(named("not a saved ork prefix cache".to_owned()));
+        let map = ork_gguf::GuardedMap::new(file).map_err(|e| named(e.to_string()))?;
+        let entries = parse(map.bytes(), identity).map_err(named)?;
+        // The newest entries (last in the file) whose images fit the budget.
+        let (mut fit, mut bytes) = (entries.len(), 0usize);
+        while fit > 0 {
+            let next = bytes.saturating_add(entries[fit - 1].1.len());
+            if next > self.budget {
+                break;
+            }
+            bytes = next;
+            fit -= 1;
         }
-        let (body, sum) = bytes.split_at(bytes.len() - 8);
-        if ork_store::xxh3_64(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
-            return Err(named("checksum mismatch (a damaged file)".to_owned()));
-        }
-        let mut r = Bytes(&body[MAGIC.len()..]);
-        let found = r.u64().map_err(named)?;
-        if found != identity {
-            return Err(named(format!(
-                "made for numbers identity {found:016x}, this server computes {identity:016x}"
-            )));
-        }
-        let count = r.len("the entry count").map_err(named)?;
-        let mut entries = Vec::with_capacity(count.min(1024));
-        for i in 0..count {
+        let mut sessions = Vec::with_capacity(entries.len() - fit);
+        for (i, (tokens, image)) in entries.iter().enumerate().skip(fit) {
             let at = |what: String| named(format!("entry {i}: {what}"));
-            let n = r.len("a token count").map_err(at)?;
-            let span = n.checked_mul(4).ok_or_else(|| at(format!("{n} tokens")))?;
-            let tokens: Vec<u32> = r
-                .take(span)
-                .map_err(at)?
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            let image_len = r.len("a KV image").map_err(at)?;
-            let image = r.take(image_len).map_err(at)?;
             let mut session = fresh().ok_or_else(|| at("no session to load into".to_owned()))?;
             session.load_kv(image).map_err(|e| at(e.to_string()))?;
             if session.position() > tokens.len() {
@@ -330,20 +334,59 @@ impl PrefixCache {
                     tokens.len()
                 )));
             }
-            entries.push((tokens, session));
+            sessions.push((tokens.clone(), session));
         }
-        if !r.0.is_empty() {
-            return Err(named(format!("{} bytes after the last entry", r.0.len())));
-        }
-        let mut loaded = Loaded {
-            entries: entries.len(),
-            ..Loaded::default()
-        };
-        for (tokens, session) in entries {
+        map.intact()
+            .map_err(|e| named(format!("changed while read: {e}")))?;
+        let loaded = entries.len();
+        for (tokens, session) in sessions {
             self.insert(tokens, session);
         }
-        loaded.kept = self.entries.len();
-        loaded.tokens = self.entries.iter().map(|e| e.tokens.len()).sum();
-        Ok(loaded)
+        Ok(Loaded {
+            entries: loaded,
+            kept: self.entries.len(),
+            tokens: self.entries.iter().map(|e| e.tokens.len()).sum(),
+        })
     }
+}
+
+/// One entry of a saved cache: its tokens and its session's KV image (borrowed from the file).
+type SavedEntry<'a> = (Vec<u32>, &'a [u8]);
+
+/// The entries of a saved cache for `identity` (oldest first), after its magic, identity,
+/// checksum and every length are checked.
+fn parse(bytes: &[u8], identity: u64) -> Result<Vec<SavedEntry<'_>>, String> {
+    if bytes.len() < MAGIC.len() + 24 || &bytes[..MAGIC.len()] != MAGIC {
+        return Err("not a saved ork prefix cache".to_owned());
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 8);
+    if ork_store::xxh3_64(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+        return Err("checksum mismatch (a damaged file)".to_owned());
+    }
+    let mut r = Bytes(&body[MAGIC.len()..]);
+    let found = r.u64()?;
+    if found != identity {
+        return Err(format!(
+            "made for numbers identity {found:016x}, this server computes {identity:016x}"
+        ));
+    }
+    let count = r.len("the entry count")?;
+    let mut entries = Vec::with_capacity(count.min(1024));
+    for i in 0..count {
+        let at = |what: String| format!("entry {i}: {what}");
+        let n = r.len("a token count").map_err(at)?;
+        let span = n.checked_mul(4).ok_or_else(|| at(format!("{n} tokens")))?;
+        let tokens: Vec<u32> = r
+            .take(span)
+            .map_err(at)?
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let image_len = r.len("a KV image").map_err(at)?;
+        entries.push((tokens, r.take(image_len).map_err(at)?));
+    }
+    if !r.0.is_empty() {
+        return Err(format!("{} bytes after the last entry", r.0.len()));
+    }
+    Ok(entries)
 }

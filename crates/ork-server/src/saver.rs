@@ -6,10 +6,13 @@
 //! and leaves the disk to a writer thread, so decoding does not wait for an SD card; one write is
 //! in flight at most (a change meanwhile waits for the next tick). The final save waits for it
 //! and writes on the scheduler thread.
+use crate::error::ServerError;
 use crate::prefix::PrefixCache;
 use crate::scheduler::SchedulerConfig;
 use ork_runtime::Engine;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -25,6 +28,165 @@ pub struct Persist {
     /// How often a changed cache is written while the server runs (`None`: only when it
     /// stops).
     pub every: Option<Duration>,
+    /// The lock that makes this server the file's one writer (`None`: another server holds
+    /// it; this one reads the file and never writes it).
+    pub lock: Option<Arc<std::fs::File>>,
+}
+
+/// Where `engine`'s prefix cache of `context`-position sessions is kept in `dir` (created if
+/// missing), what it must never replace, and whether this server may write it (its lock).
+/// What would make a write fail later (a link in the file's place, a read-only or nearly full
+/// directory) is a warning now.
+///
+/// # Errors
+/// `dir` is not a directory (a file, a dangling link) or cannot be created.
+pub(crate) fn persist(
+    engine: &Engine,
+    dir: &Path,
+    context: usize,
+    budget: usize,
+    every: Option<Duration>,
+) -> Result<Persist, ServerError> {
+    let bad = |what: String| ServerError::Config {
+        setting: "--prefix-cache-dir",
+        what: format!("{}: {what}", dir.display()),
+    };
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_symlink() && !dir.exists() => {
+            let to = std::fs::read_link(dir).unwrap_or_default();
+            return Err(bad(format!(
+                "a symbolic link to {}, which does not exist",
+                to.display()
+            )));
+        }
+        Ok(_) if !dir.is_dir() => {
+            return Err(bad("a file, not a directory".to_owned()));
+        }
+        _ => {}
+    }
+    std::fs::create_dir_all(dir).map_err(|e| bad(format!("cannot be created: {e}")))?;
+    let identity = engine.numbers_identity(context, Some(dir));
+    let mut inputs = vec![engine.config().model.clone()];
+    inputs.extend(engine.pack_path().cloned());
+    let path = PrefixCache::file_in(dir, identity);
+    let lock = lock(&path);
+    if lock.is_some() {
+        remove_stale_temporaries(dir, &path);
+        let keep: Vec<&Path> = inputs.iter().map(PathBuf::as_path).collect();
+        if let Err(e) = PrefixCache::check_writable(&path, &keep) {
+            eprintln!("warning: the prefix cache will not be written: {e}");
+        }
+        warn_about_room(dir, budget);
+    }
+    Ok(Persist {
+        path,
+        identity,
+        inputs,
+        every,
+        lock,
+    })
+}
+
+/// An exclusive lock on `path`'s lock file (`path` + `.lock`), held while the server runs (the
+/// kernel drops it when the process ends, however it ends); `None`, with a warning, when
+/// another server holds it or it cannot be taken.
+fn lock(path: &Path) -> Option<Arc<std::fs::File>> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    // The lock file is never written; O_NOFOLLOW: a link in its place is not opened.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .mode(0o600)
+        .open(&lock_path);
+    let file = match file {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!(
+                "warning: the prefix cache will not be written: its lock {}: {e}",
+                lock_path.display()
+            );
+            return None;
+        }
+    };
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Some(Arc::new(file)),
+        Err(e) => {
+            let why = if e == rustix::io::Errno::WOULDBLOCK {
+                "another server on this directory and model holds it; this one reads the file \
+                 at start and leaves writing it to that server"
+                    .to_owned()
+            } else {
+                e.to_string()
+            };
+            eprintln!(
+                "warning: the prefix cache {} will not be written: {why}",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// Warn when `dir` cannot take a write: read-only, not writable by this user, or with less room
+/// than a full cache of `budget` bytes.
+fn warn_about_room(dir: &Path, budget: usize) {
+    match ork_store::output::dir_room(dir) {
+        Err(e) => eprintln!("warning: the prefix cache will not be written: {e}"),
+        Ok(free) if free < budget as u64 => eprintln!(
+            "warning: {} has {free} bytes free, less than the prefix cache's {budget}: a full \
+             cache will not be written",
+            dir.display()
+        ),
+        Ok(_) => {}
+    }
+    if let Ok(m) = std::fs::metadata(dir) {
+        if m.permissions().mode() & 0o022 != 0 {
+            eprintln!(
+                "warning: {} is writable by other users: whoever can write it decides what this \
+                 server reads as its cached prefixes (docs/serve.md)",
+                dir.display()
+            );
+        }
+    }
+}
+
+/// Remove what writes cut by a crash or a power cut left in the prefix cache's directory:
+/// every temporary file of `path` (only its lock holder, this server, writes them: any there
+/// now is left over, whatever its age), and other temporary files of ork's atomic writes
+/// (`ork_store::output::TEMP_PREFIX`) older than ten minutes (a live writer's is younger).
+fn remove_stale_temporaries(dir: &Path, path: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let ours = path
+        .file_name()
+        .map(|n| ork_store::output::temp_prefix_for(&n.to_string_lossy()));
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(ork_store::output::TEMP_PREFIX) {
+            continue;
+        }
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(600));
+        if old || ours.as_ref().is_some_and(|p| name.starts_with(p.as_str())) {
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => eprintln!(
+                    "ork serve: removed {}, left by a cut write",
+                    e.path().display()
+                ),
+                Err(err) => eprintln!("warning: cannot remove {}: {err}", e.path().display()),
+            }
+        }
+    }
 }
 
 /// The prefix cache a server of `config` starts with: with `config.persist`, what the file
@@ -76,7 +238,7 @@ impl<'p> Saver<'p> {
     /// Start a write of `prefixes` if it changed since the last one, the period has passed and
     /// no write is in flight.
     pub fn tick(&mut self, prefixes: &PrefixCache) {
-        let Some(every) = self.persist.every else {
+        let Some(every) = self.persist.every.filter(|_| self.persist.lock.is_some()) else {
             return;
         };
         if prefixes.generation() == self.saved || self.last.elapsed() < every {
@@ -118,6 +280,9 @@ impl<'p> Saver<'p> {
     pub fn finish(mut self, prefixes: &PrefixCache) {
         self.reap();
         let p = self.persist;
+        if p.lock.is_none() {
+            return;
+        }
         let t = Instant::now();
         match prefixes.save(&p.path, p.identity, &inputs(p)) {
             Ok(bytes) => eprintln!(

@@ -130,6 +130,20 @@ pub(crate) fn plan(template: &ChatTemplate, req: &ChatRequest) -> Result<ToolPla
             .and_then(Value::as_str)
             .filter(|n| !n.is_empty());
         match (t.get("type").and_then(Value::as_str), name) {
+            (Some("function"), Some(_))
+                if t["function"]
+                    .get("parameters")
+                    .is_some_and(|p| !p.is_object() && !p.is_null()) =>
+            {
+                return Err(ApiError::invalid(
+                    Some(&format!("tools[{i}].function.parameters")),
+                    format!(
+                        "parameters is {}: expected a JSON Schema object ({{\"type\": \"object\", \
+                         \"properties\": {{…}}}})",
+                        t["function"]["parameters"]
+                    ),
+                ))
+            }
             (Some("function"), Some(n)) => names.push(n),
             _ => {
                 return Err(ApiError::invalid(
@@ -222,6 +236,13 @@ pub(crate) fn chat_message(
     let mut out = ChatMessage::new(role, text);
     if role == "tool" {
         template_format(template, &format!("messages[{index}].role"))?;
+        if m.tool_call_id.as_deref().is_none_or(str::is_empty) {
+            return Err(ApiError::invalid(
+                Some(&format!("messages[{index}].tool_call_id")),
+                "a tool message answers one call: give the id of the assistant's tool call \
+                 it answers (tool_call_id)",
+            ));
+        }
         out.tool_call_id = m.tool_call_id.clone();
         out.name = m.name.clone();
     }
@@ -238,17 +259,24 @@ pub(crate) fn chat_message(
     template_format(template, &param)?;
     let mut list = Vec::with_capacity(calls.len());
     for (j, c) in calls.iter().enumerate() {
+        let at = format!("{param}[{j}].function.arguments");
         let arguments = match &c.function.arguments {
-            Value::String(s) => serde_json::from_str::<Value>(s).ok(),
-            v => Some(v.clone()),
-        }
-        .filter(Value::is_object)
-        .ok_or_else(|| {
-            ApiError::invalid(
-                Some(&format!("{param}[{j}].function.arguments")),
+            Value::String(s) => serde_json::from_str::<Value>(s).map_err(|e| {
+                let why = if e.to_string().contains("recursion limit") {
+                    "they nest deeper than 128 levels, the most ork's JSON reader takes".to_owned()
+                } else {
+                    format!("they are not valid JSON ({e})")
+                };
+                ApiError::invalid(Some(&at), format!("the arguments cannot be read: {why}"))
+            })?,
+            v => v.clone(),
+        };
+        if !arguments.is_object() {
+            return Err(ApiError::invalid(
+                Some(&at),
                 "the arguments are not a JSON object (the chat template shows them as one)",
-            )
-        })?;
+            ));
+        }
         list.push(json!({
             "id": c.id.clone().unwrap_or_else(|| format!("call_{j}")),
             "type": c.kind.clone().unwrap_or_else(|| "function".to_owned()),

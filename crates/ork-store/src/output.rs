@@ -15,6 +15,10 @@
 //!   stream, so `--trace /dev/stderr` works; a FIFO with no reader is refused at once instead of
 //!   waiting for one forever.
 //!
+//! A file that lives in a directory ork owns (the prefix cache, `--prefix-cache-dir`) follows a
+//! stricter rule, [`write_in_dir`]: nothing outside that directory is written, so a link there is
+//! refused instead of written through, and only a regular file is replaced.
+//!
 //! [`check_output`] applies the rule without writing anything, so that a command can refuse a bad
 //! path before minutes of work; [`write_output`] applies it again when writing.
 
@@ -63,19 +67,120 @@ pub fn write_output(path: &Path, bytes: &[u8], inputs: &[&Path]) -> Result<(), S
         Destination::Stream(mut f) => f.write_all(bytes).map_err(|e| io("write", e)),
         Destination::File(real) => {
             let dir = real.parent().unwrap_or(Path::new("."));
-            let mut tmp = tempfile::Builder::new()
-                .prefix(TEMP_PREFIX)
-                .tempfile_in(dir)
-                .map_err(|e| io("create a temporary file", e))?;
-            tmp.write_all(bytes).map_err(|e| io("write", e))?;
-            tmp.as_file().sync_all().map_err(|e| io("sync", e))?;
-            tmp.persist(&real).map_err(|e| io("rename", e.error))?;
-            // The rename is durable once the directory is synced.
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| io("sync the directory", e))
+            replace_atomically(path, dir, &real, TEMP_PREFIX, bytes)
         }
     }
+}
+
+/// A temporary file named `temp_prefix…` in `dir`, holding `bytes`, synced and renamed to
+/// `dest` (in `dir`), then `dir` synced. Errors name `shown`.
+fn replace_atomically(
+    shown: &Path,
+    dir: &Path,
+    dest: &Path,
+    temp_prefix: &str,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let io = |op, e| StoreError::io(shown, op, e);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(temp_prefix)
+        .tempfile_in(dir)
+        .map_err(|e| io("create a temporary file", e))?;
+    tmp.write_all(bytes).map_err(|e| io("write", e))?;
+    tmp.as_file().sync_all().map_err(|e| io("sync", e))?;
+    // rename(2) replaces the directory entry `dest` whatever it is now (a link raced in is
+    // replaced itself, never followed).
+    tmp.persist(dest).map_err(|e| io("rename", e.error))?;
+    // The rename is durable once the directory is synced.
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io("sync the directory", e))
+}
+
+/// The name prefix of the temporary files [`write_in_dir`] creates for `name` (what a cut
+/// write of that file leaves behind; only its writer makes them).
+pub fn temp_prefix_for(name: &str) -> String {
+    format!("{TEMP_PREFIX}{name}.")
+}
+
+/// Write `bytes` to the file `name` in `dir`, under the stricter rule of a file that lives in
+/// a directory ork owns (the prefix cache): nothing outside `dir` is ever written or created.
+///
+/// - `name` is one plain file name (no `/`, not `.` or `..`);
+/// - no file yet, or a regular file: replaced atomically by a temporary file created in `dir`
+///   (named [`temp_prefix_for`]`(name)`), synced and renamed;
+/// - a symbolic link (dangling or not) is refused, never written through: its target may be
+///   anywhere, and ork writes only inside `dir`;
+/// - anything else (a directory, a device such as `/dev/null`, a FIFO, a socket) is refused,
+///   naming what it is; one of `inputs`, a GGUF model or an `.orkpack` too, as for every output.
+///
+/// # Errors
+/// [`StoreError::RefuseOverwrite`] for a link, an input, a model or a pack or a bad name;
+/// [`StoreError::NotRegularFile`] for another kind of file; [`StoreError::Io`] when writing,
+/// syncing or renaming fails (the old file, if any, is then left as it was).
+pub fn write_in_dir(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    inputs: &[&Path],
+) -> Result<(), StoreError> {
+    let path = dir.join(name);
+    check_in_dir(dir, name, inputs)?;
+    replace_atomically(&path, dir, &path, &temp_prefix_for(name), bytes)
+}
+
+/// The bytes a write in `dir` may still use (`statvfs`: available blocks × fragment size),
+/// after checking that a temporary file can be created there (removed at once).
+///
+/// # Errors
+/// [`StoreError::Io`] naming `dir` when it is read-only, not writable by this user, or cannot be
+/// examined.
+pub fn dir_room(dir: &Path) -> Result<u64, StoreError> {
+    let io = |op, e| StoreError::io(dir, op, e);
+    tempfile::Builder::new()
+        .prefix(TEMP_PREFIX)
+        .tempfile_in(dir)
+        .map_err(|e| io("create a file in it", e))?;
+    let st = rustix::fs::statvfs(dir).map_err(|e| io("statvfs", e.into()))?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Apply [`write_in_dir`]'s rule to `dir`/`name` without writing anything.
+///
+/// # Errors
+/// As [`write_in_dir`], but for writing.
+pub fn check_in_dir(dir: &Path, name: &str, inputs: &[&Path]) -> Result<(), StoreError> {
+    let path = dir.join(name);
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return Err(refuse(&path, "not a plain file name"));
+    }
+    let meta = match std::fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StoreError::io(&path, "stat", e)),
+        Ok(m) => m,
+    };
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        let to = std::fs::read_link(&path)
+            .map(|t| format!(" (to {})", t.display()))
+            .unwrap_or_default();
+        return Err(refuse(
+            &path,
+            format!(
+                "a symbolic link{to}: this file is only ever written inside {}, never through \
+                 a link; remove the link",
+                dir.display()
+            ),
+        ));
+    }
+    if !ft.is_file() {
+        return Err(StoreError::NotRegularFile {
+            path,
+            kind: ork_gguf::describe_kind(ft),
+        });
+    }
+    // A regular file: the rule every output follows (inputs, models and packs refused).
+    destination(&path, inputs).map(drop)
 }
 
 fn refuse(path: &Path, reason: impl Into<String>) -> StoreError {
@@ -264,5 +369,47 @@ mod tests {
         assert!(refused(check_output(&fifo, &[])).contains("no reader"));
         // A character device is a stream.
         write_output(Path::new("/dev/null"), b"x", &[]).unwrap();
+    }
+
+    #[test]
+    fn a_file_in_an_owned_directory_is_never_written_through_a_link() {
+        let root = tempfile::tempdir().unwrap();
+        let (dir, out) = (root.path().join("dir"), root.path().join("out"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&out).unwrap();
+        let victim = out.join("victim.txt");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("cache")).unwrap();
+        let e = refused(write_in_dir(&dir, "cache", b"16 MB of cache", &[]));
+        assert!(
+            e.contains("symbolic link") && e.contains("victim.txt"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        // No temporary file anywhere, the link left as it was.
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        // A dangling link and a link to /dev/null: refused as well (never "written").
+        std::fs::remove_file(dir.join("cache")).unwrap();
+        std::os::unix::fs::symlink("/dev/null", dir.join("cache")).unwrap();
+        assert!(refused(write_in_dir(&dir, "cache", b"x", &[])).contains("symbolic link"));
+        std::fs::remove_file(dir.join("cache")).unwrap();
+        std::os::unix::fs::symlink(out.join("nowhere"), dir.join("cache")).unwrap();
+        assert!(refused(write_in_dir(&dir, "cache", b"x", &[])).contains("symbolic link"));
+        assert!(!out.join("nowhere").exists());
+        // A directory in its place, a path instead of a name: refused.
+        std::fs::remove_file(dir.join("cache")).unwrap();
+        std::fs::create_dir(dir.join("cache")).unwrap();
+        assert!(refused(write_in_dir(&dir, "cache", b"x", &[])).contains("directory"));
+        assert!(refused(write_in_dir(&dir, "../out/victim.txt", b"x", &[])).contains("name"));
+        // A plain file: replaced, by a temporary file in the directory, nothing left over.
+        std::fs::remove_dir(dir.join("cache")).unwrap();
+        write_in_dir(&dir, "cache", b"one", &[]).unwrap();
+        write_in_dir(&dir, "cache", b"two", &[]).unwrap();
+        assert_eq!(std::fs::read(dir.join("cache")).unwrap(), b"two");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        // A model is never replaced.
+        std::fs::write(dir.join("m"), b"GGUF\x03\0\0\0").unwrap();
+        assert!(refused(write_in_dir(&dir, "m", b"x", &[])).contains("GGUF"));
     }
 }

@@ -102,19 +102,60 @@ pub(super) async fn read_body(st: &AppState, req: Request) -> Result<Bytes, ApiE
     }
 }
 
-/// Run `prepare` (parse, render, tokenize) on the blocking pool, a few at once, so that a
-/// large request never holds an HTTP thread (`/health` stays prompt).
+/// The lane a request is prepared in (see [`off_io`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Lane {
+    /// Parse and tokenize a prompt: `AppState::tokenizing`, no deadline (the work is bounded by
+    /// the body's size).
+    Completion,
+    /// Parse, render a chat template and tokenize: `AppState::rendering`, within
+    /// [`RENDER_DEADLINE`].
+    Chat,
+}
+
+/// How long a request waits for a chat render (its turn in the lane, and the render): a
+/// template is stopped by its fuel and output bound well before this (seconds at worst); past
+/// it the request is answered and the render finishes alone, holding its permit.
+pub(super) const RENDER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Run `prepare` (parse, render, tokenize) on the blocking pool, a few at once per lane, so
+/// that a large request never holds an HTTP thread (`/health` stays prompt) and a slow chat
+/// template never holds the completions' lane.
 pub(super) async fn off_io<F>(
     st: &Arc<AppState>,
+    lane: Lane,
     prepare: F,
 ) -> Result<(Vec<u32>, Settings), ApiError>
 where
     F: FnOnce(&AppState) -> Result<(Vec<u32>, Settings), ApiError> + Send + 'static,
 {
     let shut = || ApiError::new(ApiErrorKind::Overloaded, "the server is shutting down");
-    let _permit = st.tokenizing.acquire().await.map_err(|_| shut())?;
     let state = Arc::clone(st);
-    tokio::task::spawn_blocking(move || prepare(&state))
-        .await
-        .map_err(|_| shut())?
+    let permits = match lane {
+        Lane::Completion => Arc::clone(&st.tokenizing),
+        Lane::Chat => Arc::clone(&st.rendering),
+    };
+    let work = async move {
+        let permit = permits.acquire_owned().await.map_err(|_| shut())?;
+        // The permit goes with the work: a render past the deadline still holds it.
+        let task = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            prepare(&state)
+        });
+        task.await.map_err(|_| shut())?
+    };
+    match lane {
+        Lane::Completion => work.await,
+        Lane::Chat => match tokio::time::timeout(RENDER_DEADLINE, work).await {
+            Ok(r) => r,
+            Err(_) => Err(ApiError::invalid(
+                Some("messages"),
+                format!(
+                    "the chat template did not render within {} s (the server's bound; the \
+                     template or the renders before this one take too long)",
+                    RENDER_DEADLINE.as_secs()
+                ),
+            )),
+        },
+    }
 }

@@ -1,7 +1,7 @@
 //! The two generating routes, `/v1/chat/completions` and `/v1/completions`: each request is
 //! parsed and checked, its prompt rendered (chat) and tokenized off the HTTP threads, then
 //! handed to [`respond`].
-use super::intake::{off_io, read_body};
+use super::intake::{off_io, read_body, Lane};
 use super::submit::respond;
 use super::{AppState, Kind};
 use crate::api::{self, ChatRequest, CompletionRequest, Prompt};
@@ -16,7 +16,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Respo
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let prepared = off_io(&st, move |st| {
+    let prepared = off_io(&st, Lane::Chat, move |st| {
         let (req, common): (ChatRequest, _) = api::parse(&body)?;
         drop(body);
         check_model(st, &common.model)?;
@@ -76,7 +76,7 @@ pub(super) async fn completions(State(st): State<Arc<AppState>>, req: Request) -
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let prepared = off_io(&st, move |st| {
+    let prepared = off_io(&st, Lane::Completion, move |st| {
         let (req, common): (CompletionRequest, _) = api::parse(&body)?;
         drop(body);
         req.check()?;

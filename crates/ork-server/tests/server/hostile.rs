@@ -336,3 +336,71 @@ fn a_client_that_half_closes_after_pipelining_gets_every_response() {
     assert_eq!(text.matches("HTTP/1.1 200").count(), 3, "{text}");
     assert_eq!(text.matches("\"finish_reason\"").count(), 3, "{text}");
 }
+
+/// A chat template's output is bounded by what the context holds, its work by its fuel: a
+/// template bomb is a 400 (not an abort, not a hang), and renders that take long never hold the
+/// completions' lane. The template is given as `--chat-template-file` would give it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_bombs_are_refused_and_do_not_starve_completions() {
+    let client = reqwest::Client::new();
+    for (bomb, says) in [
+        (
+            r#"{% for i in range(100000) %}{{ "y" * 100000 }}{% endfor %}"#,
+            "more than the context can hold",
+        ),
+        (
+            r#"{% set ns = namespace(s="") %}{% for i in range(100000) %}{% set ns.s = ns.s ~ "abcdefghij" * 100 %}{% endfor %}{{ ns.s }}"#,
+            "instructions",
+        ),
+        // 10 KB a turn: tens of GB copied before the fuel ends it, so the deadline answers.
+        (
+            r#"{% set ns = namespace(s="") %}{% for i in range(100000) %}{% set ns.s = ns.s ~ "abcdefghij" * 1000 %}{% endfor %}{{ ns.s }}"#,
+            "did not render within",
+        ),
+    ] {
+        let server = start(1024, |c| {
+            c.context = Some(256);
+            c.chat_template = Some(bomb.to_owned());
+        });
+        let chat = format!("{}/v1/chat/completions", base(&server));
+        let body = chat_body(&server, "Hi", 2, false);
+        // Two bombs fill the render lane; a completion still goes through while they run.
+        let start = Instant::now();
+        let bombs: Vec<_> = (0..2)
+            .map(|_| {
+                let (client, chat, body) = (client.clone(), chat.clone(), body.clone());
+                tokio::spawn(async move {
+                    let answer = post(&client, &chat, &body).await;
+                    (answer, start.elapsed())
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let completion = json!({"model": server.model_id(), "prompt": "Hi", "max_tokens": 1});
+        let (s, v) = post(
+            &client,
+            &format!("{}/v1/completions", base(&server)),
+            &completion,
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+        let completion_s = start.elapsed();
+        for b in bombs {
+            let ((s, v), bomb_s) = b.await.unwrap();
+            // These bombs run past the deadline: the completion did not wait for them.
+            if says == "did not render within" {
+                assert!(completion_s < bomb_s, "{completion_s:?} >= {bomb_s:?}");
+            }
+            assert_eq!(s, 400, "{v}");
+            let message = v["error"]["message"].as_str().unwrap();
+            // (a fast machine may run out of fuel before the deadline)
+            assert!(
+                message.contains(says) || message.contains("instructions"),
+                "{v}"
+            );
+            assert!(!message.contains("chat template: chat template"), "{v}");
+        }
+        eprintln!("{says}: completion answered in {completion_s:?} beside two bombs");
+        server.shutdown().unwrap();
+    }
+}

@@ -259,9 +259,11 @@ async fn a_restarted_server_reuses_the_prefixes_it_wrote() {
     let client = reqwest::Client::new();
     let dir = tempfile::tempdir().unwrap();
     let files = || -> Vec<std::path::PathBuf> {
+        // The prefix files (beside them: their locks and the model's digest).
         let mut f: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "orkkv"))
             .collect();
         f.sort();
         f
@@ -415,10 +417,40 @@ fn a_saved_prefix_file_is_checked_before_use() {
         .load(&dir.path().join("absent.orkkv"), 7, fresh)
         .unwrap();
     assert_eq!(none.entries, 0);
-    // Bigger than twice the budget: not read at all.
-    std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
-    let e = PrefixCache::new(1 << 20).load(&path, 7, fresh).unwrap_err();
-    assert!(e.contains("budget"), "{e}");
+    // A directory or a FIFO in its place: refused naming what it is, never read (or waited on).
+    let e = PrefixCache::new(64 << 20)
+        .load(dir.path(), 7, fresh)
+        .unwrap_err();
+    assert!(e.contains("directory"), "{e}");
+}
+
+/// A restart with a smaller budget keeps the newest entries that fit, instead of refusing the
+/// file (and then writing an empty one over it at stop).
+#[test]
+fn a_smaller_budget_keeps_the_newest_entries_that_fit() {
+    let _engines = MEMORY.blocking_lock();
+    let engine = engine_kv(KvType::F16);
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = || engine.session_with_context(256).ok();
+    let mut cache = PrefixCache::new(64 << 20);
+    for start in [100u32, 200, 300, 400] {
+        let mut s = fresh().unwrap();
+        let tokens: Vec<u32> = (start..start + 60).collect();
+        s.prefill(&tokens).unwrap();
+        cache.insert(tokens, s);
+    }
+    assert_eq!(cache.len(), 4);
+    let one = cache.bytes() / 4;
+    let path = PrefixCache::file_in(dir.path(), 7);
+    cache.save(&path, 7, &[]).unwrap();
+    // Room for two and a half entries (the file is ~4 entries: more than twice the budget).
+    let mut small = PrefixCache::new(one * 5 / 2);
+    let l = small.load(&path, 7, fresh).unwrap();
+    assert_eq!((l.entries, l.kept), (4, 2), "{l:?}");
+    // The newest two: a prompt that starts like the last one inserted reuses it.
+    let prompt: Vec<u32> = (400..470).collect();
+    let (_, reused) = small.take(&prompt, &fresh().unwrap()).unwrap();
+    assert_eq!(reused, 60);
 }
 
 /// A write cut by a crash leaves a temporary file: the next server removes those older than ten
@@ -445,4 +477,138 @@ fn a_cut_writes_temporary_file_is_removed_at_start() {
     assert!(!old.exists(), "the stale temporary file is still there");
     assert!(young.exists(), "a young temporary file was removed");
     drop(server);
+}
+
+/// One chat turn on `server` (its prefix is then cached), and the server stopped (the file
+/// written).
+async fn one_turn_and_stop(client: &reqwest::Client, server: Server, text: &str) {
+    let model = server.model_id().to_owned();
+    let body = json!({"model": model, "max_tokens": 2, "temperature": 0,
+        "messages": [{"role": "user", "content": text}]});
+    answer(client, &server, "/v1/chat/completions", body).await;
+    tokio::task::spawn_blocking(move || server.shutdown())
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+fn orkkv(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut found: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "orkkv"))
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    found.pop().unwrap()
+}
+
+/// The prefix file is only ever written inside DIR: a link in its place (to a file outside) is
+/// refused, never written through; its target keeps its bytes and mode, and no temporary file
+/// is created beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prefix_file_is_never_written_through_a_link() {
+    let _engines = MEMORY.lock().await;
+    let client = reqwest::Client::new();
+    let root = tempfile::tempdir().unwrap();
+    let (dir, out) = (root.path().join("dir"), root.path().join("out"));
+    std::fs::create_dir_all(&out).unwrap();
+    one_turn_and_stop(&client, serve_in(KvType::F16, &dir), "Hi").await;
+    let file = orkkv(&dir);
+    let victim = out.join("victim.txt");
+    std::fs::write(&victim, b"precious\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    std::os::unix::fs::symlink(&victim, &file).unwrap();
+    one_turn_and_stop(&client, serve_in(KvType::F16, &dir), "Hello there").await;
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious\n");
+    let mode = std::fs::metadata(&victim).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o644, "{mode:o}");
+    assert_eq!(
+        std::fs::read_dir(&out).unwrap().count(),
+        1,
+        "a file appeared in out/"
+    );
+    assert!(std::fs::symlink_metadata(&file)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
+/// Two servers on one DIR and model: the first holds the file's lock and is its one writer; the
+/// second reads it at start, is told, and never writes it (its entries would replace the
+/// first's). A temporary file of that prefix file left by a cut write is removed by the lock
+/// holder at start whatever its age; another young temporary file is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_writes_a_prefix_file_and_cut_writes_do_not_pile_up() {
+    let _engines = MEMORY.lock().await;
+    let client = reqwest::Client::new();
+    let dir = tempfile::tempdir().unwrap();
+    one_turn_and_stop(&client, serve_in(KvType::F16, dir.path()), "Hi").await;
+    let file = orkkv(dir.path());
+    let name = file.file_name().unwrap().to_string_lossy().into_owned();
+    let (ours, other) = (
+        dir.path().join(format!(".ork-output-{name}.cut123")),
+        dir.path().join(".ork-output-live"),
+    );
+    for p in [&ours, &other] {
+        std::fs::write(p, b"partial").unwrap();
+    }
+    let first = serve_in(KvType::F16, dir.path());
+    assert!(
+        !ours.exists(),
+        "the cut write's temporary file is still there"
+    );
+    assert!(
+        other.exists(),
+        "a young temporary file of another writer was removed"
+    );
+    let second = serve_in(KvType::F16, dir.path());
+    one_turn_and_stop(&client, first, "Name a colour.").await;
+    let written = std::fs::read(&file).unwrap();
+    one_turn_and_stop(&client, second, "Name an animal.").await;
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        written,
+        "the second server wrote over the first's file"
+    );
+}
+
+/// The numbers identity hashes every byte of every tensor: halving one block of `token_embd`
+/// outside the staleness fingerprint's sampled windows changes it (a restarted server then
+/// reads nothing of the old file). The digest is cached in DIR and used while the file is
+/// unchanged.
+#[test]
+fn an_edit_anywhere_in_the_numbers_changes_the_identity() {
+    let _engines = MEMORY.blocking_lock();
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m.gguf");
+    std::fs::copy(ork_testkit::model_path(), &model).unwrap();
+    let open = || {
+        let mut c = EngineConfig::new(&model);
+        c.pack = PackChoice::None;
+        c.device = DeviceKind::Emu;
+        Engine::open(c).unwrap()
+    };
+    let digests = tmp.path().join("dir");
+    std::fs::create_dir(&digests).unwrap();
+    let (before, at) = {
+        let e = open();
+        let t = e.gguf().tensor("token_embd.weight").unwrap();
+        assert!(t.size > 1 << 20, "{}", t.size);
+        // Between the fingerprint's first and second sampled 4 KiB windows (64 KiB edge, then
+        // windows spread over the rest): unsampled.
+        let at = t.offset + (64 << 10) + t.size / 32;
+        let id = e.numbers_identity(256, Some(&digests));
+        assert_eq!(e.numbers_identity(256, Some(&digests)), id);
+        assert_eq!(e.numbers_identity(256, None), id);
+        (id, at)
+    };
+    assert_eq!(std::fs::read_dir(&digests).unwrap().count(), 1);
+    let mut bytes = std::fs::read(&model).unwrap();
+    bytes[at as usize] ^= 0x10;
+    std::fs::write(&model, &bytes).unwrap();
+    let e = open();
+    assert_ne!(e.numbers_identity(256, Some(&digests)), before);
+    assert_ne!(e.numbers_identity(256, None), before);
 }

@@ -97,6 +97,18 @@ async fn tool_calls_are_parsed_and_refused_when_the_template_cannot_show_tools()
              "function": {"name": "get_weather", "arguments": "{not json"}}]}]}),
             "messages[1].tool_calls[0].function.arguments",
         ),
+        // A tool turn answers a call: without its id it is refused.
+        (
+            json!({"messages": [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{}"}}]},
+            {"role": "tool", "content": "sunny"}]}),
+            "messages[2].tool_call_id",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}),
+            "tools[0].function.parameters",
+        ),
     ] {
         let mut b = body.clone();
         b["tool_choice"] = json!("auto");
@@ -107,6 +119,19 @@ async fn tool_calls_are_parsed_and_refused_when_the_template_cannot_show_tools()
         assert_eq!(s, 400, "{patch}: {v}");
         assert_eq!(v["error"]["param"], param, "{v}");
     }
+    // Arguments nested deeper than the JSON reader takes: refused saying so, not "not a
+    // JSON object".
+    let deep = format!("{}1{}", "{\"a\":".repeat(5000), "}".repeat(5000));
+    let mut b = body.clone();
+    b["tool_choice"] = json!("auto");
+    b["messages"] = json!([{"role": "user", "content": "hi"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+         "function": {"name": "get_weather", "arguments": deep}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "sunny"}]);
+    let (s, v) = post(b).await;
+    assert_eq!(s, 400, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("nest deeper"), "{v}");
     server.shutdown().unwrap();
 
     // SmolLM2's own template has no tools variable: tools, tool turns and calls are refused.
