@@ -45,11 +45,7 @@ fn rk3588_table_is_the_documented_one() {
         }
     );
     assert_eq!(
-        (
-            caps.limits.n_align(Int8),
-            caps.limits.n_align(Fp16),
-            caps.limits.n_align(Int4)
-        ),
+        (Soc::n_align(Int8), Soc::n_align(Fp16), Soc::n_align(Int4)),
         (32, 16, 64)
     );
     // The RK3576 adds the mixed types and w4a16 groups; its N limits are not documented.
