@@ -4,6 +4,8 @@ use super::{ActType, Isa, QuantFn};
 
 /// The quantizer for `act` on `isa`, if that ISA has one.
 pub(super) fn quantizer(act: ActType, isa: Isa) -> Option<QuantFn> {
-    let _ = (act, isa);
-    None
+    match act {
+        ActType::Q8_K => super::act_k::quantizer(isa),
+        _ => None,
+    }
 }

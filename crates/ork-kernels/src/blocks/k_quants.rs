@@ -1,8 +1,426 @@
-//! (filled in by the kernel work)
+//! The k-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) against Q8_K activations.
+//!
+//! Formats follow ggml (`ggml/src/ggml-common.h`, `block_q2_K` … `block_q6_K`, `block_q8_K`;
+//! the bit layout as `ggml/src/ggml-quants.c` `dequantize_row_q*_K` reads it, llama.cpp as
+//! vendored by llama-cpp-python 0.3.36). Every weight of a 256-value super-block is
+//! `d·sc_g·q − dmin·m_g` (Q2_K, Q4_K, Q5_K: unsigned `q`, a scale and a min per group) or
+//! `d·sc_g·(q − o)` (Q3_K with `o = 4`, Q6_K with `o = 32`: signed scales).
+//!
+//! **One decoded form, one integer dot.** Each kernel first decodes a super-block into a
+//! [`Super`]: 256 unsigned quants `u ≤ 63` in activation order, and per 16-value group `g` an
+//! integer scale `sc_g` and an integer weight `mn_g` of the group's activation sum. Against one
+//! Q8_K block (`da`, int8 `a`, `bsum_g = Σ a` over the group) the two integers
+//! `sumi = Σ_g sc_g · Σ_l u·a` and `summ = Σ_g mn_g · bsum_g` are exact in i32 in any order
+//! (bound: `|sumi| ≤ 256·63·128·128 < 2³¹`, `|summ| ≤ 16·4096·2032 < 2³¹` for Q8_K blocks the
+//! quantizer wrote; blocks with other bytes wrap, identically on every ISA, because every ISA
+//! wraps). The float step per super-block is then fixed, in this order ([`combine`]):
+//!
+//! * with mins (Q2_K, Q4_K, Q5_K, `mn_g = m_g`): `acc = (acc + (d·da)·f32(sumi)) − (dmin·da)·f32(summ)`;
+//! * with an offset (Q3_K, Q6_K, `mn_g = o·sc_g`): `acc = acc + (d·da)·f32(sumi − summ)`
+//!   (the offset cancels exactly in integers before any rounding),
+//!
+//! separate multiplies and adds (no fused multiply-add), super-blocks in row order, `acc`
+//! starting at +0. The scalar twin and every SIMD kernel (`avx2.rs`, `neon.rs`) share the
+//! driver and [`combine`]; they differ only in how they decode and in the integer dot, so they
+//! agree bit for bit.
+//!
+//! NaN: weights are taken as stored (a NaN or infinite `d`/`dmin` yields NaN or ±inf through the
+//! float step); a non-finite activation gives NaN outputs (`act_k.rs`).
+
 use super::{Isa, RowsFn, WeightType};
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+
+/// Values per super-block (ggml's `QK_K`).
+pub(super) const QK_K: usize = 256;
+/// Bytes of one `block_q8_K`: f32 `d`, 256 int8, 16 i16 group sums.
+pub(super) const Q8K_BYTES: usize = 292;
+/// Offset of the 16 i16 `bsums` in a `block_q8_K`.
+pub(super) const Q8K_BSUMS: usize = 4 + QK_K;
+
+/// The k-quant weight types this module computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum KType {
+    Q2,
+    Q3,
+    Q4,
+    Q5,
+    Q6,
+}
+
+impl KType {
+    fn of(ty: WeightType) -> Option<KType> {
+        Some(match ty {
+            WeightType::Q2_K => KType::Q2,
+            WeightType::Q3_K => KType::Q3,
+            WeightType::Q4_K => KType::Q4,
+            WeightType::Q5_K => KType::Q5,
+            WeightType::Q6_K => KType::Q6,
+            _ => return None,
+        })
+    }
+
+    /// Bytes of one super-block (ggml's `type_size`).
+    const fn bytes(self) -> usize {
+        match self {
+            KType::Q2 => 84,
+            KType::Q3 => 110,
+            KType::Q4 => 144,
+            KType::Q5 => 176,
+            KType::Q6 => 210,
+        }
+    }
+
+    /// Whether the type has a per-group min (`dmin·m_g`) rather than an offset.
+    const fn has_mins(self) -> bool {
+        matches!(self, KType::Q2 | KType::Q4 | KType::Q5)
+    }
+}
+
+/// One decoded weight super-block (see the module docs).
+#[derive(Clone, Debug)]
+pub(super) struct Super {
+    /// The 256 unsigned quants, `0 ..= 63`, in activation order.
+    pub(super) u: [u8; QK_K],
+    /// Integer scale of each 16-value group.
+    pub(super) sc: [i16; 16],
+    /// Integer weight of each group's activation sum: the min `m_g` (times `dmin`) or `o·sc_g`
+    /// (subtracted, times `d`).
+    pub(super) mn: [i16; 16],
+    /// The super-block scale.
+    pub(super) d: f32,
+    /// The super-block min scale (types with mins; 0 otherwise).
+    pub(super) dmin: f32,
+}
+
+impl Super {
+    pub(super) const fn zero() -> Super {
+        Super {
+            u: [0; QK_K],
+            sc: [0; 16],
+            mn: [0; 16],
+            d: 0.0,
+            dmin: 0.0,
+        }
+    }
+}
+
+/// How an ISA decodes a super-block and computes `(sumi, summ)` against a Q8_K block. Both are
+/// exact integer computations, so every implementation returns the same values.
+pub(super) trait Engine {
+    /// Decode one stored super-block of `ty` (`ty.bytes()` bytes).
+    fn decode(ty: KType, blk: &[u8], s: &mut Super);
+    /// `(Σ_g sc_g·Σ u·a, Σ_g mn_g·bsum_g)` with wrapping i32 arithmetic; `a` is one Q8_K block.
+    fn dot(s: &Super, a: &[u8]) -> (i32, i32);
+}
 
 /// The rows kernel for `ty` on `isa`, if that ISA has one.
 pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
-    let _ = (ty, isa);
-    None
+    let t = KType::of(ty)?;
+    let f: RowsFn = match (t, isa) {
+        (KType::Q2, Isa::Scalar) => rows_ty::<Scalar, { KType::Q2 as u8 }>,
+        (KType::Q3, Isa::Scalar) => rows_ty::<Scalar, { KType::Q3 as u8 }>,
+        (KType::Q4, Isa::Scalar) => rows_ty::<Scalar, { KType::Q4 as u8 }>,
+        (KType::Q5, Isa::Scalar) => rows_ty::<Scalar, { KType::Q5 as u8 }>,
+        (KType::Q6, Isa::Scalar) => rows_ty::<Scalar, { KType::Q6 as u8 }>,
+        #[cfg(target_arch = "x86_64")]
+        (_, Isa::Avx2) => avx2::rows(t),
+        #[cfg(target_arch = "aarch64")]
+        (_, Isa::Neon) => neon::rows(t, false),
+        #[cfg(target_arch = "aarch64")]
+        (_, Isa::NeonDot) => neon::rows(t, true),
+        _ => return None,
+    };
+    Some(f)
 }
+
+/// The type a const parameter names (the driver is instantiated per type so the decode is
+/// resolved at compile time).
+pub(super) const fn ktype(t: u8) -> KType {
+    match t {
+        0 => KType::Q2,
+        1 => KType::Q3,
+        2 => KType::Q4,
+        3 => KType::Q5,
+        _ => KType::Q6,
+    }
+}
+
+/// [`RowsFn`] of type `T` (a `KType as u8`) on engine `E`.
+pub(super) fn rows_ty<E: Engine, const T: u8>(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+) {
+    drive::<E>(ktype(T), k, w, rows, acts, m, out);
+}
+
+/// Activation bytes one pass over the weight rows keeps hot (a chunk of activation rows).
+const ACT_CHUNK_BYTES: usize = 192 * 1024;
+
+/// The driver every ISA shares: `out[r·m + i]` accumulates super-block by super-block with
+/// [`combine`]. M = 1 decodes each super-block into one stack [`Super`] right before its dot;
+/// M > 1 decodes a whole weight row once per chunk of activation rows and reuses it across the
+/// chunk. Both give the same order of float operations per output.
+#[inline(always)]
+pub(super) fn drive<E: Engine>(
+    t: KType,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+) {
+    let nb = k / QK_K;
+    let (wrb, arb) = (nb * t.bytes(), nb * Q8K_BYTES);
+    assert!(w.len() >= rows * wrb && acts.len() >= m * arb && out.len() >= rows * m);
+    if m == 1 {
+        let mut s = Super::zero();
+        for (wrow, o) in w.chunks_exact(wrb).take(rows).zip(out.iter_mut()) {
+            let mut acc = 0.0f32;
+            for (blk, a) in wrow
+                .chunks_exact(t.bytes())
+                .zip(acts.chunks_exact(Q8K_BYTES))
+            {
+                E::decode(t, blk, &mut s);
+                acc = combine::<E>(t, acc, &s, a);
+            }
+            *o = acc;
+        }
+        return;
+    }
+    let mut row: Vec<Super> = vec![Super::zero(); nb];
+    let chunk = (ACT_CHUNK_BYTES / arb.max(1)).clamp(1, m);
+    for i0 in (0..m).step_by(chunk) {
+        let i1 = (i0 + chunk).min(m);
+        for (r, wrow) in w.chunks_exact(wrb).take(rows).enumerate() {
+            for (blk, s) in wrow.chunks_exact(t.bytes()).zip(row.iter_mut()) {
+                E::decode(t, blk, s);
+            }
+            for i in i0..i1 {
+                let arow = &acts[i * arb..(i + 1) * arb];
+                let mut acc = 0.0f32;
+                for (s, a) in row.iter().zip(arow.chunks_exact(Q8K_BYTES)) {
+                    acc = combine::<E>(t, acc, s, a);
+                }
+                out[r * m + i] = acc;
+            }
+        }
+    }
+}
+
+/// One super-block's float step (the order every ISA follows; see the module docs).
+#[inline(always)]
+fn combine<E: Engine>(t: KType, acc: f32, s: &Super, a: &[u8]) -> f32 {
+    let da = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
+    let (sumi, summ) = E::dot(s, a);
+    if t.has_mins() {
+        let hi = acc + (s.d * da) * sumi as f32;
+        hi - (s.dmin * da) * summ as f32
+    } else {
+        acc + (s.d * da) * sumi.wrapping_sub(summ) as f32
+    }
+}
+
+/// The portable twin: plain Rust decode and dot.
+pub(super) struct Scalar;
+
+impl Engine for Scalar {
+    fn decode(ty: KType, blk: &[u8], s: &mut Super) {
+        decode(ty, blk, s);
+    }
+    fn dot(s: &Super, a: &[u8]) -> (i32, i32) {
+        dot(s, a)
+    }
+}
+
+/// f16 at `b[0..2]` (little-endian) as f32.
+#[inline(always)]
+fn f16_at(b: &[u8]) -> f32 {
+    half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+/// The scalar integer dot (see [`Engine::dot`]).
+#[inline(always)]
+pub(super) fn dot(s: &Super, a: &[u8]) -> (i32, i32) {
+    let q = &a[4..4 + QK_K];
+    let mut sumi = 0i32;
+    for ((u, q), &sc) in s.u.chunks_exact(16).zip(q.chunks_exact(16)).zip(&s.sc) {
+        let t: i32 = u
+            .iter()
+            .zip(q)
+            .map(|(&u, &q)| i32::from(u) * i32::from(q as i8))
+            .sum();
+        sumi = sumi.wrapping_add(t.wrapping_mul(i32::from(sc)));
+    }
+    let mut summ = 0i32;
+    for g in 0..16 {
+        let o = Q8K_BSUMS + 2 * g;
+        let bsum = i16::from_le_bytes([a[o], a[o + 1]]);
+        summ = summ.wrapping_add(i32::from(s.mn[g]) * i32::from(bsum));
+    }
+    (sumi, summ)
+}
+
+/// Decode one super-block into `s` (plain Rust, written so compilers vectorize it; the SIMD
+/// engines compile this same code under their target features where they have no own decode).
+#[inline(always)]
+pub(super) fn decode(ty: KType, blk: &[u8], s: &mut Super) {
+    match ty {
+        KType::Q2 => decode_q2(blk, s),
+        KType::Q3 => decode_q3(blk, s),
+        KType::Q4 => decode_q4(blk, s),
+        KType::Q5 => decode_q5(blk, s),
+        KType::Q6 => decode_q6(blk, s),
+    }
+}
+
+/// `block_q2_K`: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin. Value
+/// `128n + 32j + l` is bits `2j..2j+2` of `qs[32n + l]`.
+#[inline(always)]
+fn decode_q2(b: &[u8], s: &mut Super) {
+    let (scales, qs) = (&b[0..16], &b[16..80]);
+    for n in 0..2 {
+        for j in 0..4 {
+            for l in 0..32 {
+                s.u[128 * n + 32 * j + l] = (qs[32 * n + l] >> (2 * j)) & 3;
+            }
+        }
+    }
+    for (g, &b) in scales.iter().enumerate() {
+        s.sc[g] = i16::from(b & 0xF);
+        s.mn[g] = i16::from(b >> 4);
+    }
+    s.d = f16_at(&b[80..]);
+    s.dmin = f16_at(&b[82..]);
+}
+
+/// The 6-bit signed scale `g` of `block_q3_K` (its 12 packed bytes): low nibble from byte
+/// `g mod 8` (high nibble for `g ≥ 8`), two high bits from byte `8 + g mod 4` at `2·(g div 4)`;
+/// minus 32.
+#[inline(always)]
+fn q3_scale(sb: &[u8], g: usize) -> i16 {
+    let lo = (sb[g % 8] >> (4 * (g / 8))) & 0xF;
+    let hi = (sb[8 + g % 4] >> (2 * (g / 4))) & 3;
+    i16::from(lo | (hi << 4)) - 32
+}
+
+/// `block_q3_K`: hmask[32], qs[64], scales[12], d. Value `128n + 32j + l` is bits `2j..2j+2` of
+/// `qs[32n + l]` minus 4 unless bit `4n + j` of `hmask[l]` is set; stored here as
+/// `u = low | high·4`, offset 4.
+#[inline(always)]
+fn decode_q3(b: &[u8], s: &mut Super) {
+    let (hm, qs, sb) = (&b[0..32], &b[32..96], &b[96..108]);
+    for n in 0..2 {
+        for j in 0..4 {
+            for l in 0..32 {
+                let lo = (qs[32 * n + l] >> (2 * j)) & 3;
+                let hi = (hm[l] >> (4 * n + j)) & 1;
+                s.u[128 * n + 32 * j + l] = lo | (hi << 2);
+            }
+        }
+    }
+    for g in 0..16 {
+        let sc = q3_scale(sb, g);
+        s.sc[g] = sc;
+        s.mn[g] = 4 * sc;
+    }
+    s.d = f16_at(&b[108..]);
+    s.dmin = 0.0;
+}
+
+/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (of 8) from the 12
+/// packed bytes of `block_q4_K` / `block_q5_K`.
+#[inline(always)]
+fn scale_min_k4(q: &[u8], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// The 8 sub-block scales and mins of Q4_K/Q5_K, each spread over its two 16-value groups.
+#[inline(always)]
+fn scales_k4(sb: &[u8], s: &mut Super) {
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(sb, j);
+        s.sc[2 * j] = i16::from(sc);
+        s.sc[2 * j + 1] = i16::from(sc);
+        s.mn[2 * j] = i16::from(m);
+        s.mn[2 * j + 1] = i16::from(m);
+    }
+}
+
+/// `block_q4_K`: d, dmin, scales[12], qs[128]. Values `64c + l` and `64c + 32 + l` are the low
+/// and high nibble of `qs[32c + l]`.
+#[inline(always)]
+fn decode_q4(b: &[u8], s: &mut Super) {
+    let qs = &b[16..144];
+    for c in 0..4 {
+        for l in 0..32 {
+            let q = qs[32 * c + l];
+            s.u[64 * c + l] = q & 0xF;
+            s.u[64 * c + 32 + l] = q >> 4;
+        }
+    }
+    scales_k4(&b[4..16], s);
+    s.d = f16_at(&b[0..]);
+    s.dmin = f16_at(&b[2..]);
+}
+
+/// `block_q5_K`: d, dmin, scales[12], qh[32], qs[128]: as Q4_K plus a fifth bit, bit `2c`
+/// (low nibbles) or `2c + 1` (high nibbles) of `qh[l]`.
+#[inline(always)]
+fn decode_q5(b: &[u8], s: &mut Super) {
+    let (qh, qs) = (&b[16..48], &b[48..176]);
+    for c in 0..4 {
+        for l in 0..32 {
+            let q = qs[32 * c + l];
+            let h = qh[l] >> (2 * c);
+            s.u[64 * c + l] = (q & 0xF) | ((h & 1) << 4);
+            s.u[64 * c + 32 + l] = (q >> 4) | ((h & 2) << 3);
+        }
+    }
+    scales_k4(&b[4..16], s);
+    s.d = f16_at(&b[0..]);
+    s.dmin = f16_at(&b[2..]);
+}
+
+/// `block_q6_K`: ql[128], qh[64], scales[16] (int8), d. In half `n`, for `l < 32`: values
+/// `+l`, `+32+l`, `+64+l`, `+96+l` are the low nibble of `ql[64n+l]`, of `ql[64n+32+l]`, the
+/// high nibble of each, with bits 0‥1, 2‥3, 4‥5, 6‥7 of `qh[32n+l]` on top; offset 32.
+#[inline(always)]
+fn decode_q6(b: &[u8], s: &mut Super) {
+    let (ql, qh, sb) = (&b[0..128], &b[128..192], &b[192..208]);
+    for n in 0..2 {
+        for l in 0..32 {
+            let (a, c, h) = (ql[64 * n + l], ql[64 * n + 32 + l], qh[32 * n + l]);
+            let u = &mut s.u[128 * n..128 * n + 128];
+            u[l] = (a & 0xF) | ((h & 3) << 4);
+            u[32 + l] = (c & 0xF) | (((h >> 2) & 3) << 4);
+            u[64 + l] = (a >> 4) | (((h >> 4) & 3) << 4);
+            u[96 + l] = (c >> 4) | (((h >> 6) & 3) << 4);
+        }
+    }
+    for (g, &b) in sb.iter().enumerate() {
+        let sc = i16::from(b as i8);
+        s.sc[g] = sc;
+        s.mn[g] = 32 * sc;
+    }
+    s.d = f16_at(&b[208..]);
+    s.dmin = 0.0;
+}
+
+#[cfg(test)]
+mod tests;

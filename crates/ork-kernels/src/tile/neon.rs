@@ -130,7 +130,7 @@ impl Step for Sdot {
 /// # Safety
 /// The CPU must have FEAT_DotProd.
 #[inline(always)]
-unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(crate) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: `sdot` reads and writes vector registers only (no memory, flags or stack); the
     // caller guarantees the CPU implements it.
