@@ -12,53 +12,21 @@ Records, in one flat JSON object of hex strings (little-endian f32 / raw block b
            leaves an all-zero block's bsums unwritten);
   T_w      three random super-blocks of type T (f16 scales in [2^-12, 2^-4]);
   T_deq    ggml's `dequantize_row_T` of them (768 f32);
-  T_dot    ggml's CPU `vec_dot` of T_w with q8k (1 f32), for T in Q2_K … Q6_K.
+  T_dot    ggml's CPU `vec_dot` of T_w with q8k (1 f32), for T in Q2_K … Q6_K and IQ4_XS.
 """
 import ctypes
 import json
-import os
 
 import numpy as np
-import llama_cpp
 
-LIB = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-base = ctypes.CDLL(os.path.join(LIB, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-cpu = ctypes.CDLL(os.path.join(LIB, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+from ggml_cpu import K_TYPES, Q8_K, base, ptr, quantize_q8k, traits, vec_dot
 
 QK_K = 256
 NB = 3
 K = NB * QK_K
-Q8_K = 15
-# ggml type id, bytes per super-block, the byte offsets of its f16 scales (d, dmin).
-TYPES = {
-    "Q2_K": (10, 84, [80, 82]),
-    "Q3_K": (11, 110, [108]),
-    "Q4_K": (12, 144, [0, 2]),
-    "Q5_K": (13, 176, [0, 2]),
-    "Q6_K": (14, 210, [208]),
-}
-
-FROM_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
-VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-                           ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-
-
-class TraitsCpu(ctypes.Structure):
-    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
-                ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]
-
-
-cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(TraitsCpu)
-cpu.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
-cpu.ggml_cpu_init()
-
-
-def traits(t):
-    return cpu.ggml_get_type_traits_cpu(t).contents
-
-
-def ptr(a):
-    return a.ctypes.data_as(ctypes.c_void_p)
+# The byte offsets of each type's f16 scales (d, dmin).
+SCALES = {"Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+          "IQ4_XS": [0]}
 
 
 def main():
@@ -68,10 +36,10 @@ def main():
     x[7], x[100] = 9.5, -11.25
     x[2 * QK_K:] = (rng.standard_normal(QK_K) * 1e-40).astype(np.float32)
     q8k = np.zeros(NB * 292, dtype=np.uint8)
-    FROM_FLOAT(traits(Q8_K).from_float)(ptr(x), ptr(q8k), K)
+    quantize_q8k(x, q8k)
     out = {"x": x.tobytes().hex(), "q8k": q8k.tobytes().hex()}
-    for name, (tid, size, scales) in TYPES.items():
-        t = traits(tid)
+    for name, (tid, size) in K_TYPES.items():
+        t, scales = traits(tid), SCALES[name]
         assert t.vec_dot_type == Q8_K, name
         w = rng.integers(0, 256, NB * size, dtype=np.uint8)
         for b in range(NB):
@@ -80,11 +48,12 @@ def main():
                 h = np.float16(rng.uniform(1.0, 2.0) * 2.0 ** e)
                 w[b * size + off:b * size + off + 2] = np.frombuffer(h.tobytes(), np.uint8)
         deq = np.zeros(K, dtype=np.float32)
-        fn = getattr(base, "dequantize_row_" + name[:2].lower() + "_K")
+        sym = "iq4_xs" if name == "IQ4_XS" else name[:2].lower() + "_K"
+        fn = getattr(base, "dequantize_row_" + sym)
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         fn(ptr(w), ptr(deq), K)
         s = np.zeros(1, dtype=np.float32)
-        VEC_DOT(t.vec_dot)(K, ptr(s), 0, ptr(w), 0, ptr(q8k), 0, 1)
+        vec_dot(tid)(K, ptr(s), 0, ptr(w), 0, ptr(q8k), 0, 1)
         out[name + "_w"] = w.tobytes().hex()
         out[name + "_deq"] = deq.tobytes().hex()
         out[name + "_dot"] = s.tobytes().hex()

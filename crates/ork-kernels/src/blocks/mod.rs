@@ -19,8 +19,13 @@
 mod act;
 mod act_k;
 mod float;
+#[cfg(test)]
+mod golden;
 mod k_quants;
 mod legacy;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+mod order;
 
 pub use crate::tile::Isa;
 

@@ -24,7 +24,7 @@
 use std::arch::aarch64::*;
 
 /// Whether the CPU has the dot-product instructions (`sdot`).
-pub(super) fn has_dotprod() -> bool {
+pub(crate) fn has_dotprod() -> bool {
     std::arch::is_aarch64_feature_detected!("dotprod")
 }
 

@@ -15,111 +15,85 @@
 
 use std::arch::aarch64::*;
 
-use super::{drive, ktype, Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES};
+use super::{Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES};
 use crate::blocks::RowsFn;
 use crate::tile::neon::{has_dotprod, sdot};
 
 /// The aarch64 rows kernel of `t`, with `sdot` when `dotprod`.
 pub(super) fn rows(t: KType, dotprod: bool) -> RowsFn {
-    match (t, dotprod) {
-        (KType::Q2, false) => rows_neon::<{ KType::Q2 as u8 }>,
-        (KType::Q3, false) => rows_neon::<{ KType::Q3 as u8 }>,
-        (KType::Q4, false) => rows_neon::<{ KType::Q4 as u8 }>,
-        (KType::Q5, false) => rows_neon::<{ KType::Q5 as u8 }>,
-        (KType::Q6, false) => rows_neon::<{ KType::Q6 as u8 }>,
-        (KType::Q2, true) => rows_dot::<{ KType::Q2 as u8 }>,
-        (KType::Q3, true) => rows_dot::<{ KType::Q3 as u8 }>,
-        (KType::Q4, true) => rows_dot::<{ KType::Q4 as u8 }>,
-        (KType::Q5, true) => rows_dot::<{ KType::Q5 as u8 }>,
-        (KType::Q6, true) => rows_dot::<{ KType::Q6 as u8 }>,
+    if dotprod {
+        by_type!(t, rows_dot)
+    } else {
+        by_type!(t, rows_neon)
     }
 }
 
-/// Safe entry of the NEON kernel (NEON is part of the aarch64 baseline).
-fn rows_neon<const T: u8>(k: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
-    // SAFETY: NEON is part of the aarch64 baseline; `drive` checks the slice lengths.
-    unsafe { rows_widen::<T>(k, w, rows, acts, m, out) }
+isa_rows!(rows_neon, rows_widen, "neon", Neon<false>, true);
+isa_rows!(
+    rows_dot,
+    rows_sdot,
+    "neon,dotprod",
+    Neon<true>,
+    has_dotprod()
+);
+
+/// The NEON engine: `smull`/`smlal2`/`saddlp` per group, or `sdot` when `DOT`. Private: only
+/// the kernels above use it, `Neon<true>` only inside `rows_sdot` (reached after the `sdot`
+/// check).
+struct Neon<const DOT: bool>;
+
+impl<const DOT: bool> Engine for Neon<DOT> {
+    #[inline(always)]
+    fn decode(ty: KType, blk: &[u8], s: &mut Super) {
+        super::decode(ty, blk, s);
+    }
+
+    #[inline(always)]
+    fn dot(s: &Super, a: &[u8]) -> (i32, i32) {
+        assert!(a.len() >= Q8K_BYTES);
+        // SAFETY: `a` holds a whole Q8_K block (asserted); NEON is baseline, and `Neon<true>`
+        // runs only where the CPU has FEAT_DotProd (see the type's docs).
+        unsafe {
+            if DOT {
+                dot_sdot(s, a)
+            } else {
+                dot_widen(s, a)
+            }
+        }
+    }
 }
 
-/// Safe entry of the dotprod kernel: checks that the CPU has `sdot`.
-fn rows_dot<const T: u8>(k: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]) {
-    assert!(
-        has_dotprod(),
-        "the dotprod k-quant kernel needs a CPU with sdot"
-    );
-    // SAFETY: the CPU has FEAT_DotProd (asserted just above); `drive` checks the slice lengths.
-    unsafe { rows_sdot::<T>(k, w, rows, acts, m, out) }
-}
-
+/// The baseline dot.
+///
 /// # Safety
-/// None beyond aarch64 (NEON is baseline); `unsafe` for the target-feature attribute.
+/// `a` must hold at least [`Q8K_BYTES`] bytes.
 #[target_feature(enable = "neon")]
-unsafe fn rows_widen<const T: u8>(
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    acts: &[u8],
-    m: usize,
-    out: &mut [f32],
-) {
-    drive::<Widen>(ktype(T), k, w, rows, acts, m, out);
+#[inline]
+unsafe fn dot_widen(s: &Super, a: &[u8]) -> (i32, i32) {
+    // SAFETY: forwarded from the caller.
+    unsafe { dot::<false>(s, a) }
 }
 
+/// The `sdot` dot, in a function compiled with FEAT_DotProd wherever it ends up (the assembler
+/// accepts `sdot` only there).
+///
 /// # Safety
-/// The CPU must have FEAT_DotProd.
+/// `a` must hold at least [`Q8K_BYTES`] bytes; the CPU must have FEAT_DotProd.
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn rows_sdot<const T: u8>(
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    acts: &[u8],
-    m: usize,
-    out: &mut [f32],
-) {
-    drive::<Sdot>(ktype(T), k, w, rows, acts, m, out);
-}
-
-/// The baseline NEON engine (`smull`/`smlal2`/`saddlp`).
-struct Widen;
-
-/// The dotprod engine. Private: only [`rows_sdot`] (reached after the `sdot` check) uses it.
-struct Sdot;
-
-impl Engine for Widen {
-    #[inline(always)]
-    fn decode(ty: KType, blk: &[u8], s: &mut Super) {
-        super::decode(ty, blk, s);
-    }
-
-    #[inline(always)]
-    fn dot(s: &Super, a: &[u8]) -> (i32, i32) {
-        assert!(a.len() >= Q8K_BYTES);
-        // SAFETY: `a` holds a whole Q8_K block (asserted); NEON is baseline.
-        unsafe { dot::<false>(s, a) }
-    }
-}
-
-impl Engine for Sdot {
-    #[inline(always)]
-    fn decode(ty: KType, blk: &[u8], s: &mut Super) {
-        super::decode(ty, blk, s);
-    }
-
-    #[inline(always)]
-    fn dot(s: &Super, a: &[u8]) -> (i32, i32) {
-        assert!(a.len() >= Q8K_BYTES);
-        // SAFETY: `a` holds a whole Q8_K block (asserted); this engine only runs inside
-        // `rows_sdot`, whose caller checked that the CPU has FEAT_DotProd.
-        unsafe { dot::<true>(s, a) }
-    }
+#[inline]
+unsafe fn dot_sdot(s: &Super, a: &[u8]) -> (i32, i32) {
+    // SAFETY: forwarded from the caller.
+    unsafe { dot::<true>(s, a) }
 }
 
 /// # Safety
-/// `a` must hold at least [`Q8K_BYTES`] bytes; with `DOT` the CPU must have FEAT_DotProd.
+/// `a` must hold at least [`Q8K_BYTES`] bytes; with `DOT` the CPU must have FEAT_DotProd and
+/// the caller must be compiled with it.
 #[inline(always)]
 unsafe fn dot<const DOT: bool>(s: &Super, a: &[u8]) -> (i32, i32) {
     let q = a.as_ptr().wrapping_add(4).cast::<i8>();
-    let mut acc = vdupq_n_s32(0);
+    // SAFETY: register-only NEON (baseline).
+    let mut acc = unsafe { vdupq_n_s32(0) };
     for g in 0..16 {
         // SAFETY: `s.u` and the block's 256 quants each hold 16 groups of 16 bytes; `sdot` only
         // when the caller guarantees FEAT_DotProd.

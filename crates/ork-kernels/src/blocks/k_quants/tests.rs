@@ -7,12 +7,13 @@ use super::super::act_k::quantize_row_q8_k;
 use super::super::{Isa, Kernel, WeightType};
 use super::{KType, Q8K_BYTES, QK_K};
 
-const TYPES: [WeightType; 5] = [
+const TYPES: [WeightType; 6] = [
     WeightType::Q2_K,
     WeightType::Q3_K,
     WeightType::Q4_K,
     WeightType::Q5_K,
     WeightType::Q6_K,
+    WeightType::IQ4_XS,
 ];
 
 const GOLDEN: &str = include_str!("../../../tests/golden/kquants.json");
@@ -140,6 +141,21 @@ fn deq(ty: WeightType, b: &[u8]) -> Vec<f64> {
             }
             y.extend_from_slice(&out);
         }
+        WeightType::IQ4_XS => {
+            const KV: [i32; 16] = [
+                -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+            ];
+            let d = f16(b, 0);
+            let sh = u32::from(u16::from_le_bytes([b[2], b[3]]));
+            for ib in 0..8 {
+                let lo = u32::from(b[4 + ib / 2] >> (4 * (ib % 2))) & 15;
+                let ls = lo | (((sh >> (2 * ib)) & 3) << 4);
+                let dl = d * (f64::from(ls) - 32.0);
+                let qs = &b[8 + 16 * ib..8 + 16 * ib + 16];
+                y.extend(qs.iter().map(|&q| dl * f64::from(KV[usize::from(q & 15)])));
+                y.extend(qs.iter().map(|&q| dl * f64::from(KV[usize::from(q >> 4)])));
+            }
+        }
         _ => unreachable!(),
     }
     y
@@ -161,10 +177,14 @@ fn bytes_of(ty: WeightType) -> usize {
 
 #[test]
 fn block_sizes_match_ggml() {
-    for (ty, t) in TYPES
-        .iter()
-        .zip([KType::Q2, KType::Q3, KType::Q4, KType::Q5, KType::Q6])
-    {
+    for (ty, t) in TYPES.iter().zip([
+        KType::Q2,
+        KType::Q3,
+        KType::Q4,
+        KType::Q5,
+        KType::Q6,
+        KType::Iq4Xs,
+    ]) {
         assert_eq!(t.bytes(), bytes_of(*ty), "{}", ty.name());
         assert_eq!(KType::of(*ty), Some(t));
     }
@@ -264,6 +284,7 @@ fn weights(ty: WeightType, nb: usize, rows: usize, rng: &mut Rng, extreme: bool)
         WeightType::Q2_K => &[80, 82],
         WeightType::Q3_K => &[108],
         WeightType::Q6_K => &[208],
+        WeightType::IQ4_XS => &[0],
         _ => &[0, 2],
     };
     let mut w: Vec<u8> = (0..nb * rows * size).map(|_| rng.next() as u8).collect();
@@ -319,7 +340,7 @@ proptest! {
     /// Every available SIMD kernel equals the scalar twin bit for bit (NaN payloads aside: a NaN
     /// must be NaN on both), M = 1 and M > 1, with extreme and zero scales and all-zero blocks.
     #[test]
-    fn every_isa_matches_scalar_twin(t in 0usize..5, nb in 1usize..5, rows in 1usize..5, m in 1usize..7, extreme in any::<bool>(), seed in any::<u64>()) {
+    fn every_isa_matches_scalar_twin(t in 0usize..6, nb in 1usize..5, rows in 1usize..5, m in 1usize..7, extreme in any::<bool>(), seed in any::<u64>()) {
         let ty = TYPES[t];
         let mut rng = Rng(seed | 1);
         let w = weights(ty, nb, rows, &mut rng, extreme);
@@ -347,7 +368,7 @@ proptest! {
     /// The scalar twin against an f64 reference (ggml's dequantization in f64 times the Q8_K
     /// values): relative to `Σ|w·a|`, within a few f32 roundings per super-block.
     #[test]
-    fn scalar_matches_f64_reference(t in 0usize..5, nb in 1usize..9, seed in any::<u64>()) {
+    fn scalar_matches_f64_reference(t in 0usize..6, nb in 1usize..9, seed in any::<u64>()) {
         let ty = TYPES[t];
         let mut rng = Rng(seed | 1);
         let w = weights(ty, nb, 2, &mut rng, false);
@@ -422,4 +443,26 @@ fn zeros_give_zero() {
             assert_eq!(run(ty, isa, k, &zw, 1, &b, 1)[0].to_bits(), 0);
         }
     }
+}
+
+/// Every ISA with a k-quant kernel is offered where the CPU has it (so the twin tests above run
+/// it: `neon-dotprod` under qemu's cortex-a76, `neon` under cortex-a53, `avx2` on x86).
+#[test]
+fn kernels_exist_for_every_implemented_isa() {
+    for isa in Isa::available() {
+        let implemented = matches!(isa, Isa::Scalar | Isa::Avx2 | Isa::Neon | Isa::NeonDot);
+        for ty in TYPES {
+            let k = Kernel::with_isa(ty, isa);
+            assert_eq!(k.is_some(), implemented, "{} {}", ty.name(), isa.name());
+        }
+    }
+    let simd = Isa::available()
+        .into_iter()
+        .any(|i| matches!(i, Isa::Avx2 | Isa::Neon | Isa::NeonDot));
+    let best = Kernel::best(WeightType::Q4_K).expect("a Q4_K kernel");
+    assert_eq!(
+        best.isa() != Isa::Scalar,
+        simd,
+        "a SIMD kernel is chosen where one exists"
+    );
 }
