@@ -58,14 +58,13 @@ impl Engine {
             let fp = ork_store::fingerprint(&self.gguf, t);
             text.push_str(&format!("{} {fp:016x}\n", t.name));
         }
-        let info = self.device.info();
         text.push_str(&format!(
             "dtype {:?} activations {:?} group {:?} device {} soc {:?} threads {} kv {:?} \
              context {context}\n",
             c.dtype,
             c.activations,
             c.group,
-            info.name,
+            self.compute_name(),
             c.soc,
             self.threads(),
             c.kv_cache,
@@ -75,7 +74,7 @@ impl Engine {
 
     /// The matmul backend as the executor holds it.
     pub fn shared_linear(&self) -> Arc<dyn Linear> {
-        Arc::clone(&self.linear) as Arc<dyn Linear>
+        Arc::clone(&self.linear)
     }
 
     /// Stop the prefetcher and drop the device state, keeping the trace (complete once the
