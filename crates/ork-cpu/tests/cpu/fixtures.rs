@@ -104,7 +104,7 @@ pub fn open(
     let gguf = Arc::new(GgufFile::open(path).unwrap());
     let model = Arc::new(ork_exec::Model::load(&gguf).unwrap());
     let specs = model.matmul_weights();
-    let cpu = GgufLinear::open(Arc::clone(&gguf), &specs, pool(threads)).unwrap();
-    let reference = ork_exec::CpuF32Linear::from_gguf(&gguf, &specs).unwrap();
+    let cpu = GgufLinear::open(Arc::clone(&gguf), specs, pool(threads)).unwrap();
+    let reference = ork_exec::CpuF32Linear::from_gguf(&gguf, specs).unwrap();
     (model, Arc::new(cpu), Arc::new(reference))
 }

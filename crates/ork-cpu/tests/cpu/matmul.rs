@@ -121,7 +121,7 @@ fn every_fixture_type_is_within_the_activation_bound() {
     for ty in TYPES {
         let (model, cpu, reference) = open(&smollm2_in(ty), 2);
         let specs = model.matmul_weights();
-        for spec in some_weights(&specs) {
+        for spec in some_weights(specs) {
             for m in [1, 3, 17] {
                 check_close(&cpu, &reference, spec, m);
             }
@@ -139,10 +139,10 @@ fn threads_split_rows_without_changing_a_bit() {
         let gguf = Arc::new(ork_gguf::GgufFile::open(&path).unwrap());
         let model = ork_exec::Model::load(&gguf).unwrap();
         let specs = model.matmul_weights();
-        let one = GgufLinear::open(Arc::clone(&gguf), &specs, pool(1)).unwrap();
-        let two = GgufLinear::open(Arc::clone(&gguf), &specs, pool(2)).unwrap();
-        let three = GgufLinear::open(Arc::clone(&gguf), &specs, pool(3)).unwrap();
-        for spec in some_weights(&specs) {
+        let one = GgufLinear::open(Arc::clone(&gguf), specs, pool(1)).unwrap();
+        let two = GgufLinear::open(Arc::clone(&gguf), specs, pool(2)).unwrap();
+        let three = GgufLinear::open(Arc::clone(&gguf), specs, pool(3)).unwrap();
+        for spec in some_weights(specs) {
             for m in [1, 5] {
                 let x = acts(m, spec.k, 7);
                 let run = |l: &GgufLinear| {
