@@ -336,7 +336,7 @@ fn open_cpu(
 ) -> Result<Arc<GgufLinear>, RuntimeError> {
     check_cpu_options(config)?;
     let pool = Arc::new(CpuPool::new(options)?);
-    let linear = GgufLinear::open(Arc::clone(gguf), &model.matmul_weights(), pool)?;
+    let linear = GgufLinear::open(Arc::clone(gguf), model.matmul_weights(), pool)?;
     Ok(Arc::new(linear))
 }
 
