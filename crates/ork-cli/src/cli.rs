@@ -101,9 +101,13 @@ impl DeviceArg {
     }
 }
 
+/// A `--cpus` core list (one value, not a repeated flag).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuList(pub Vec<usize>);
+
 /// Parse a `--cpus` core list (`4-7`, `0,2,4-5`).
-pub fn cpus_parser(s: &str) -> Result<Vec<usize>, String> {
-    ork_cpu::topology::parse_cpu_list(s)
+pub fn cpus_parser(s: &str) -> Result<CpuList, String> {
+    ork_cpu::topology::parse_cpu_list(s).map(CpuList)
 }
 
 /// The verbs.
@@ -319,7 +323,7 @@ pub struct ModelOpts {
     /// With --device cpu: the cores its workers run on, as `taskset -c` writes them (`4-7`);
     /// default: the big cores of a big.LITTLE CPU, else every core (docs/cpu.md).
     #[arg(long, value_parser = cpus_parser)]
-    pub cpus: Option<Vec<usize>>,
+    pub cpus: Option<CpuList>,
     /// Activation precision on the NPU: int8 per token (w8a8) or fp16 (w8a16; no activation
     /// quantization error, slower).
     #[arg(long = "act", value_enum, default_value = "i8")]
@@ -739,7 +743,7 @@ pub struct PlanArgs {
     pub threads: Option<usize>,
     /// With --device cpu: the cores to run on (`4-7`; default: the big cores).
     #[arg(long, value_parser = cpus_parser)]
-    pub cpus: Option<Vec<usize>>,
+    pub cpus: Option<CpuList>,
     /// With --device cpu: the context the KV cache figure is for (default: the model's).
     #[arg(long, value_parser = count_parser(1))]
     pub ctx: Option<usize>,

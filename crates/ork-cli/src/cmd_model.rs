@@ -513,7 +513,7 @@ fn plan_cpu(args: &PlanArgs) -> Result<ExitCode> {
     let mut config = EngineConfig::new(&args.model);
     config.cpu = Some(ork_cpu::CpuOptions {
         threads: args.threads,
-        cpus: args.cpus.clone(),
+        cpus: args.cpus.clone().map(|c| c.0),
     });
     let engine = Engine::open(config)?;
     let linear = engine.cpu_linear().context("the CPU engine did not open")?;

@@ -57,7 +57,7 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfi
         kv_cache: opts.kv_cache.into(),
         cpu: (opts.device == DeviceArg::Cpu).then(|| ork_cpu::CpuOptions {
             threads: opts.threads,
-            cpus: opts.cpus.clone(),
+            cpus: opts.cpus.clone().map(|c| c.0),
         }),
     };
     if let Some(q) = opts.quant {
