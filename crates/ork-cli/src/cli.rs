@@ -82,17 +82,32 @@ pub enum DeviceArg {
     /// Rockchip's vendor runtime librknnrt.so (ORK_RKNN_LIB or the usual paths), computing
     /// through its matmul API (docs/rknn.md).
     Rknn,
+    /// No device: the CPU engine computes every matmul in place from the GGUF's blocks, at the
+    /// file's own bits (no .orkpack, no weight cache; docs/cpu.md). --threads and --cpus choose
+    /// its workers.
+    Cpu,
 }
 
-impl From<DeviceArg> for ork_device::DeviceKind {
-    fn from(a: DeviceArg) -> Self {
-        match a {
-            DeviceArg::Auto => ork_device::DeviceKind::Auto,
-            DeviceArg::Emu => ork_device::DeviceKind::Emu,
-            DeviceArg::Rknpu => ork_device::DeviceKind::Rknpu,
-            DeviceArg::Rknn => ork_device::DeviceKind::Rknn,
+impl DeviceArg {
+    /// The device backend to open, `None` for the CPU engine.
+    pub fn device_kind(self) -> Option<ork_device::DeviceKind> {
+        match self {
+            DeviceArg::Auto => Some(ork_device::DeviceKind::Auto),
+            DeviceArg::Emu => Some(ork_device::DeviceKind::Emu),
+            DeviceArg::Rknpu => Some(ork_device::DeviceKind::Rknpu),
+            DeviceArg::Rknn => Some(ork_device::DeviceKind::Rknn),
+            DeviceArg::Cpu => None,
         }
     }
+}
+
+/// A `--cpus` core list (one value, not a repeated flag).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuList(pub Vec<usize>);
+
+/// Parse a `--cpus` core list (`4-7`, `0,2,4-5`).
+pub fn cpus_parser(s: &str) -> Result<CpuList, String> {
+    ork_cpu::topology::parse_cpu_list(s).map(CpuList)
 }
 
 /// The verbs.
@@ -301,9 +316,14 @@ pub struct ModelOpts {
     /// Write a Chrome trace-event (Perfetto) timeline of loads, computes and waits.
     #[arg(long)]
     pub trace: Option<PathBuf>,
-    /// Worker threads for compute (default: all cores).
+    /// Worker threads for compute (default: all cores; with --device cpu, one per core it
+    /// runs on).
     #[arg(long, value_parser = threads_parser())]
     pub threads: Option<usize>,
+    /// With --device cpu: the cores its workers run on, as `taskset -c` writes them (`4-7`);
+    /// default: the big cores of a big.LITTLE CPU, else every core (docs/cpu.md).
+    #[arg(long, value_parser = cpus_parser)]
+    pub cpus: Option<CpuList>,
     /// Activation precision on the NPU: int8 per token (w8a8) or fp16 (w8a16; no activation
     /// quantization error, slower).
     #[arg(long = "act", value_enum, default_value = "i8")]
@@ -714,6 +734,19 @@ pub struct PlanArgs {
     /// Prefill tokens assumed for the per-token figures.
     #[arg(long, default_value_t = 512, value_parser = count_parser(1))]
     pub prefill_tokens: usize,
+    /// `cpu`: plan the CPU engine instead (weights read in place, threads and cores, KV cache
+    /// bytes; docs/cpu.md). The other values plan the NPU, as without the flag.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// With --device cpu: worker threads (default: one per chosen core).
+    #[arg(long, value_parser = threads_parser())]
+    pub threads: Option<usize>,
+    /// With --device cpu: the cores to run on (`4-7`; default: the big cores).
+    #[arg(long, value_parser = cpus_parser)]
+    pub cpus: Option<CpuList>,
+    /// With --device cpu: the context the KV cache figure is for (default: the model's).
+    #[arg(long, value_parser = count_parser(1))]
+    pub ctx: Option<usize>,
     #[command(flatten)]
     pub project: crate::cmd_project::PlanProject,
     /// JSON output.

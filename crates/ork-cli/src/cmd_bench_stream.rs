@@ -53,7 +53,7 @@ fn bench_setup(opts: &ModelOpts, tokens: usize, json: bool) -> Result<BenchSetup
         ),
     };
     let resident_budget = full + (64 << 20);
-    let mut base = engine_config(opts, false);
+    let mut base = engine_config(opts, false)?;
     base.budget_bytes = Some((resident_budget >> 20) << 20);
     let first = open_engine(base, json)?;
     let prompt = bench_prompt(first.tokenizer(), tokens)?;
@@ -75,6 +75,7 @@ pub fn bench_stream(
     plot: Option<&Path>,
     json: bool,
 ) -> Result<ExitCode> {
+    crate::open_model::refuse_cpu(opts, "bench stream")?;
     let BenchSetup {
         full,
         streamed_budget,
@@ -97,7 +98,7 @@ pub fn bench_stream(
     let mut runs = Vec::new();
     let mut recorders = Vec::new();
     for (label, budget, prefetch) in configs {
-        let mut config = engine_config(opts, true);
+        let mut config = engine_config(opts, true)?;
         config.budget_bytes = Some(budget.div_ceil(1 << 20) << 20);
         config.prefetch = prefetch;
         let engine = open_engine(config, true)?;
@@ -269,6 +270,7 @@ pub fn bench_decode(
     rounds: usize,
     json: bool,
 ) -> Result<ExitCode> {
+    crate::open_model::refuse_cpu(opts, "bench stream --decode")?;
     let load_before = load_average();
     let BenchSetup {
         full,
@@ -292,7 +294,7 @@ pub fn bench_decode(
     let context = prompt.len() + decode + 1;
     let mut runs = Vec::new();
     for (label, budget, prefetch, speculation) in configs {
-        let mut config = engine_config(opts, false);
+        let mut config = engine_config(opts, false)?;
         config.budget_bytes = Some(budget.div_ceil(1 << 20) << 20);
         config.prefetch = prefetch;
         config.expert_speculation = if opts.no_speculate { None } else { speculation };

@@ -28,7 +28,10 @@ fn print_json<T: Serialize>(v: &T) -> Result<()> {
 /// where it opens, else the emulator; `ork_device::open` documents the policy).
 fn open_device(which: DeviceArg) -> Result<Arc<dyn Device>> {
     let options = ork_device::OpenOptions::new().compute(false);
-    ork_device::open(which.into(), &options).context("opening the device")
+    let kind = which.device_kind().context(
+        "the probes allocate device buffers, and --device cpu has none: use auto, emu, rknpu or rknn",
+    )?;
+    ork_device::open(kind, &options).context("opening the device")
 }
 
 /// `ork probe …`.

@@ -32,7 +32,10 @@ struct RunStats {
     stall_seconds: f64,
     peak_resident_bytes: u64,
     budget_bytes: u64,
-    mode: Mode,
+    /// Resident or streamed; `null` for the CPU engine (no weight cache).
+    mode: Option<Mode>,
+    /// What computed the matmuls: the device's name, or `cpu`.
+    device: String,
     activations: &'static str,
     /// The chip the run kept to, and the matmul type every weight used on it.
     soc: &'static str,
@@ -58,6 +61,14 @@ struct RunStats {
     /// MoE models only: expert cache hits, speculative prefetch predictions and recall.
     #[serde(skip_serializing_if = "Option::is_none")]
     experts: Option<ork_runtime::ExpertStats>,
+    /// The process's memory at the end of the run (`/proc/self/status`): anonymous memory
+    /// (KV cache, activations, tables, and any weights copied) apart from file pages (the
+    /// GGUF's map).
+    rss_anon_bytes: u64,
+    rss_file_bytes: u64,
+    /// The CPU engine only: the cores its workers run on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpus: Option<String>,
 }
 
 impl RunStats {
@@ -77,6 +88,8 @@ impl RunStats {
             }
         };
         let at_convert = engine.convert_report().map_or(0, |r| r.packed as u64);
+        let mem = crate::rss::snapshot();
+        let cpu = engine.cpu_linear();
         RunStats {
             loaded: cache.loads,
             packed: cache.packs + at_convert,
@@ -89,15 +102,27 @@ impl RunStats {
             waits: cache.waits,
             stall_seconds: cache.stall_seconds,
             peak_resident_bytes: cache.peak_resident,
-            budget_bytes: engine.cache().budget(),
-            mode: engine.plan().mode,
-            activations: engine.activations().name(),
+            budget_bytes: engine.cache().map_or(0, |c| c.budget()),
+            mode: engine.plan().map(|p| p.mode),
+            device: engine.compute_name(),
+            activations: match cpu {
+                Some(_) => "q8 (per weight type, as ggml's CPU backend)",
+                None => engine.activations().name(),
+            },
             soc: engine.config().soc.name(),
-            matmul_type: format!(
-                "{}x{}",
-                ork_device::ElemType::of_activations(engine.activations()).name(),
-                ork_device::ElemType::of_weight(engine.config().dtype).name()
-            ),
+            matmul_type: match cpu {
+                Some(l) => l
+                    .type_counts()
+                    .iter()
+                    .map(|t| t.ty.name())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                None => format!(
+                    "{}x{}",
+                    ork_device::ElemType::of_activations(engine.activations()).name(),
+                    ork_device::ElemType::of_weight(engine.config().dtype).name()
+                ),
+            },
             threads: engine.threads(),
             kv_cache: match engine.config().kv_cache {
                 ork_runtime::KvType::F16 => "f16",
@@ -114,11 +139,34 @@ impl RunStats {
             speculative: None,
             bytes_streamed: cache.bytes_moved,
             experts: engine.expert_stats(),
+            rss_anon_bytes: mem.rss_anon_bytes,
+            rss_file_bytes: mem.rss_file_bytes,
+            cpus: cpu.map(|l| ork_cpu::topology::format_cpu_list(&l.pool().choice().cores)),
         }
     }
 
     fn line(&self) -> String {
-        let mut line = self.base_line();
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        let Some(mode) = self.mode else {
+            // The CPU engine: no cache, nothing streamed.
+            return format!(
+                "[ork] cpu: {} threads on cpus {} | weights {} read in place | \
+                 prefill {} tok {:.1} tok/s | decode {} tok {:.1} tok/s | ttft {:.3} s | \
+                 KV {:.1} MiB | RssAnon {:.1} MiB RssFile {:.1} MiB",
+                self.threads,
+                self.cpus.as_deref().unwrap_or("?"),
+                self.matmul_type,
+                self.prefill_tokens,
+                self.prefill_tok_s,
+                self.decode_tokens,
+                self.decode_tok_s,
+                self.ttft_seconds,
+                mib(self.kv_cache_bytes as u64),
+                mib(self.rss_anon_bytes),
+                mib(self.rss_file_bytes),
+            );
+        };
+        let mut line = self.base_line(mode);
         if let Some(s) = &self.speculative {
             line.push_str(&s.line());
         }
@@ -129,7 +177,7 @@ impl RunStats {
         line
     }
 
-    fn base_line(&self) -> String {
+    fn base_line(&self, mode: Mode) -> String {
         format!(
             "[ork] loaded {} | packed {} | evictions {} | wall hits {} | peak resident {:.1} MiB (budget {:.0} MiB, {}) | \
              prefill {} tok {:.1} tok/s | decode {} tok {:.1} tok/s | ttft {:.3} s",
@@ -139,7 +187,7 @@ impl RunStats {
             self.wall_hits,
             self.peak_resident_bytes as f64 / (1 << 20) as f64,
             self.budget_bytes as f64 / (1 << 20) as f64,
-            match self.mode {
+            match mode {
                 Mode::Resident => "resident",
                 Mode::Streamed => "streamed",
             },
@@ -179,7 +227,13 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     // The prompt is checked against the context before the device is opened or the .orkpack
     // converted (minutes on a large model).
     let spec_options = crate::cmd_spec::options(&args.speculative)?;
-    let mut config = engine_config(&args.model, args.model.trace.is_some());
+    if args.project.project.is_some() && args.model.device == crate::cli::DeviceArg::Cpu {
+        bail!(
+            "--project replays the run's device work on a board's NPU; --device cpu has none \
+             (docs/cpu.md)"
+        );
+    }
+    let mut config = engine_config(&args.model, args.model.trace.is_some())?;
     config.draft = args
         .speculative
         .draft
@@ -333,7 +387,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
 /// `ork perplexity`.
 pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
     let text = crate::input::read_text(&args.file, "--file")?;
-    let engine = open_engine(engine_config(&args.model, false), args.json)?;
+    let engine = open_engine(engine_config(&args.model, false)?, args.json)?;
     let tokenizer = engine.tokenizer();
     let mut tokens = tokenizer.encode(&text, true, false)?;
     if let Some(chunks) = args.chunks {
@@ -453,8 +507,85 @@ fn chip_plan(config: &EngineConfig, manifest: &ork_manifest::Manifest) -> Result
     })
 }
 
+/// `ork plan --device cpu`: what the CPU engine would run with. The engine is opened (every
+/// weight checked against its kernel, the workers started) but runs nothing.
+fn plan_cpu(args: &PlanArgs) -> Result<ExitCode> {
+    let mut config = EngineConfig::new(&args.model);
+    config.cpu = Some(ork_cpu::CpuOptions {
+        threads: args.threads,
+        cpus: args.cpus.clone().map(|c| c.0),
+    });
+    let engine = Engine::open(config)?;
+    let linear = engine.cpu_linear().context("the CPU engine did not open")?;
+    let pool = linear.pool();
+    let choice = pool.choice();
+    let model = engine.model().config();
+    let ctx = args.ctx.unwrap_or(model.context_length);
+    let kv_type = engine.config().kv_cache;
+    // Keys and values of every layer at every position: the most the cache holds (a
+    // sliding-window layer holds less).
+    let kv_bytes = (model.n_layer * (model.k_dim() + model.v_dim()))
+        .saturating_mul(ctx)
+        .saturating_mul(kv_type.bytes());
+    let cpus = ork_cpu::topology::format_cpu_list(&choice.cores);
+    let types = linear.type_counts();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    if args.json {
+        let v = serde_json::json!({
+            "device": "cpu",
+            "mapped_bytes": linear.mapped_bytes(),
+            "types": types.iter().map(|t| serde_json::json!({
+                "type": t.ty.name(), "weights": t.weights, "bytes": t.bytes,
+            })).collect::<Vec<_>>(),
+            "threads": pool.threads(),
+            "cpus": cpus,
+            "cores_from": choice.source.to_string(),
+            "pinned": pool.pinned(),
+            "ctx": ctx,
+            "kv_cache": format!("{kv_type:?}").to_lowercase(),
+            "kv_bytes": kv_bytes,
+        });
+        println!("{}", serde_json::to_string(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "model {}: CPU engine, {:.1} MiB of weights read in place from the file's map (no copy, no pack)",
+        args.model.display(),
+        mib(linear.mapped_bytes())
+    );
+    for t in &types {
+        println!(
+            "  {:<6} {:>5} weights {:>9.1} MiB",
+            t.ty.name(),
+            t.weights,
+            mib(t.bytes)
+        );
+    }
+    println!(
+        "threads: {} on cpus {cpus} ({}{})",
+        pool.threads(),
+        choice.source,
+        if pool.pinned() {
+            ", pinned"
+        } else {
+            ", not pinned: the affinity call failed"
+        }
+    );
+    println!(
+        "KV cache: {:.1} MiB at most at a context of {ctx} ({kv_type:?}), in anonymous memory",
+        mib(kv_bytes as u64)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `ork plan`.
 pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
+    if args.device == Some(crate::cli::DeviceArg::Cpu) {
+        return plan_cpu(args);
+    }
+    if args.threads.is_some() || args.cpus.is_some() || args.ctx.is_some() {
+        bail!("--threads, --cpus and --ctx plan the CPU engine: they need --device cpu");
+    }
     let soc = ork_device::Soc::from(args.soc).to_string();
     let board = crate::cmd_project::board(args.project.project.as_deref(), &soc)?;
     let budget = budget_bytes(args.budget_mb.map(|mb| mb << 20))?;

@@ -91,11 +91,15 @@ pub fn board(project: Option<&str>, soc: &str) -> Result<Option<Board>> {
     Ok(Some(board.context("--project")?))
 }
 
-/// Start recording `engine`'s events when projecting.
+/// Start recording `engine`'s events when projecting (device engines only: the CPU engine
+/// records no device work).
 pub fn record(engine: &Engine, board: &Option<Board>) -> Option<Arc<Recorder>> {
     board.as_ref()?;
     let rec = Arc::new(Recorder::new());
-    engine.linear().device_matmul().set_events(Arc::clone(&rec));
+    engine
+        .linear()?
+        .device_matmul()
+        .set_events(Arc::clone(&rec));
     Some(rec)
 }
 
@@ -114,7 +118,10 @@ pub fn bench_prefill_tok_s(engine: &Engine, rec: &Recorder, tokens: usize) -> Re
     let timeline = replay(
         &rec.events(),
         &board,
-        run_options(engine, engine.plan().mode == Mode::Resident),
+        run_options(
+            engine,
+            engine.plan().is_some_and(|p| p.mode == Mode::Resident),
+        ),
     )?;
     Ok(Projection::new(&timeline, &board, tokens, 1).prefill_tok_s)
 }
@@ -144,8 +151,9 @@ fn run_options(engine: &Engine, preload: bool) -> ReplayOptions {
     ReplayOptions {
         preload,
         device_bytes: engine.cache_stats().peak_resident as f64,
-        prefetch_slots: (engine.config().prefetch && engine.plan().mode == Mode::Streamed)
-            .then(ork_runtime::default_slots),
+        prefetch_slots: (engine.config().prefetch
+            && engine.plan().is_some_and(|p| p.mode == Mode::Streamed))
+        .then(ork_runtime::default_slots),
     }
 }
 

@@ -14,7 +14,7 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         Some(path) => Some(crate::input::read_text(path, "--chat-template-file")?),
         None => None,
     };
-    let engine = open_engine(engine_config(&args.model, false), false)?;
+    let engine = open_engine(engine_config(&args.model, false)?, false)?;
     let config = ork_server::ServeConfig {
         host: args.host.clone(),
         port: args.port,

@@ -252,6 +252,7 @@ fn generate_once(
 
 /// `ork bench spec`.
 pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCode> {
+    crate::open_model::refuse_cpu(opts, "bench spec")?;
     let manifest = open_manifest(&opts.model)?;
     let dtype = PackDtype::from(opts.dtype);
     let full = packed_model_bytes(&manifest, dtype)?;
@@ -267,7 +268,7 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
     let resident_budget = (full + (64 << 20)).div_ceil(1 << 20) << 20;
 
     // The .orkpack first, and the prompts.
-    let mut base = engine_config(opts, false);
+    let mut base = engine_config(opts, false)?;
     base.budget_bytes = Some(resident_budget);
     let first = open_engine(base, true)?;
     let template = first.chat_template()?;
@@ -330,7 +331,7 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
         .chain([(resident_budget, true)])
     {
         for kind in &kinds {
-            let mut config = engine_config(opts, false);
+            let mut config = engine_config(opts, false)?;
             config.draft = kind.as_ref().and_then(|k| k.kind.engine_source());
             config.budget_bytes = Some(budget);
             let mut c = Config {

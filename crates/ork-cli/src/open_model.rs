@@ -10,14 +10,21 @@ use ork_manifest::Manifest;
 use ork_pack::PackDtype;
 use ork_runtime::{plan_weights, Engine, EngineConfig, PackChoice};
 
-use crate::cli::ModelOpts;
+use crate::cli::{DeviceArg, ModelOpts};
 
 fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
-/// The engine configuration the command line asks for.
-pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
+/// The engine configuration the command line asks for (`--device cpu`: the CPU engine, with
+/// `--threads` and `--cpus`; `--device` names the backend otherwise).
+///
+/// # Errors
+/// `--cpus` without `--device cpu`.
+pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfig> {
+    if opts.cpus.is_some() && opts.device != DeviceArg::Cpu {
+        anyhow::bail!("--cpus chooses the CPU engine's cores: it needs --device cpu");
+    }
     let mut config = EngineConfig {
         model: opts.model.clone(),
         pack: match (&opts.pack, opts.no_pack) {
@@ -26,7 +33,10 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
             (None, false) => PackChoice::Default,
         },
         budget_bytes: opts.budget_mb.map(|mb| mb << 20),
-        device: opts.device.into(),
+        device: opts
+            .device
+            .device_kind()
+            .unwrap_or(ork_device::DeviceKind::Auto),
         domains: opts.domains,
         dtype: opts.dtype.into(),
         activations: opts.activations.into(),
@@ -45,11 +55,27 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> EngineConfig {
             targets: opts.smooth_targets,
         }),
         kv_cache: opts.kv_cache.into(),
+        cpu: (opts.device == DeviceArg::Cpu).then(|| ork_cpu::CpuOptions {
+            threads: opts.threads,
+            cpus: opts.cpus.clone().map(|c| c.0),
+        }),
     };
     if let Some(q) = opts.quant {
         config.set_quant(q);
     }
-    config
+    Ok(config)
+}
+
+/// Refuse `--device cpu` for a benchmark of the device path (`what` names it), with a message
+/// saying where CPU figures come from instead.
+pub(crate) fn refuse_cpu(opts: &ModelOpts, what: &str) -> Result<()> {
+    if opts.device == DeviceArg::Cpu {
+        anyhow::bail!(
+            "{what} measures the device path (the .orkpack, the weight cache, streaming); \
+             --device cpu has none of them: time the CPU engine with `ork run --device cpu` (its stats line)"
+        );
+    }
+    Ok(())
 }
 
 /// Open the engine, drawing the conversion bar unless `quiet`; say on stderr why an existing

@@ -77,6 +77,11 @@ pub struct EngineConfig {
     pub smooth: Option<Smoothing>,
     /// What the sessions' KV caches store (f16 by default, as llama.cpp's; `docs/kv-cache.md`).
     pub kv_cache: KvType,
+    /// `Some`: the CPU engine (`--device cpu`, `docs/cpu.md`) computes every matmul from the
+    /// GGUF's mapped blocks on these cores and threads; no device, `.orkpack` or weight cache is
+    /// opened, so `device`, `pack`, `budget_bytes`, `domains`, `dtype`, `activations`, `group`,
+    /// `prefetch`, `verify` and `evict_src` do not apply. `None`: the device computes.
+    pub cpu: Option<ork_cpu::CpuOptions>,
 }
 
 impl EngineConfig {
@@ -102,6 +107,7 @@ impl EngineConfig {
             expert_speculation: Some(1),
             smooth: None,
             kv_cache: KvType::F16,
+            cpu: None,
         }
     }
 

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use ork_cpu::{CpuPool, GgufLinear};
 use ork_device::{ActPrecision, Device};
-use ork_exec::{ChatTemplate, Model, Tokenizer};
+use ork_exec::{ChatTemplate, Linear, Model, Tokenizer};
 use ork_gguf::GgufFile;
 use ork_manifest::Manifest;
 use ork_residency::{CacheStats, DeviceBudget, Plan, Trace, WeightCache};
@@ -23,33 +24,51 @@ use crate::{
     ExpertStats, RuntimeError, SmoothingOrigin,
 };
 
-/// A model opened on a device: see the crate documentation.
+/// A model opened on a device or on the CPU engine: see the crate documentation.
 pub struct Engine {
     pub(crate) config: EngineConfig,
     pub(crate) gguf: Arc<GgufFile>,
     pub(crate) manifest: Arc<Manifest>,
     pub(crate) model: Arc<Model>,
     pub(crate) tokenizer: Arc<Tokenizer>,
+    pub(crate) compute: Compute,
+    /// The matmul backend sessions use: the device's [`EngineLinear`] or the CPU engine's
+    /// [`GgufLinear`].
+    pub(crate) linear: Arc<dyn Linear>,
+    pub(crate) trace: Option<Arc<Trace>>,
+    pub(crate) draft: Option<EngineDraft>,
+    pub(crate) smoothing_origin: Option<SmoothingOrigin>,
+}
+
+/// What computes the matmuls.
+pub(crate) enum Compute {
+    /// A device, through the `.orkpack` and the weight cache.
+    Device(Box<DeviceParts>),
+    /// The CPU engine, in place from the GGUF's map (`--device cpu`).
+    Cpu(Arc<GgufLinear>),
+}
+
+/// What a device engine holds beside the model.
+pub(crate) struct DeviceParts {
     pub(crate) device: Arc<dyn Device>,
     pub(crate) plan: Plan,
     pub(crate) cache: Arc<WeightCache>,
     pub(crate) device_budget: Arc<DeviceBudget>,
     pub(crate) linear: Arc<EngineLinear>,
-    pub(crate) trace: Option<Arc<Trace>>,
     pub(crate) convert: Option<ConvertReport>,
     pub(crate) pack_path: Option<PathBuf>,
     pub(crate) pack_unwritable: Option<ork_store::StoreError>,
-    pub(crate) draft: Option<EngineDraft>,
-    pub(crate) smoothing_origin: Option<SmoothingOrigin>,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine")
-            .field("config", &self.config)
-            .field("mode", &self.plan.mode)
-            .field("cache", &self.cache)
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("Engine");
+        d.field("config", &self.config);
+        match &self.compute {
+            Compute::Device(p) => d.field("mode", &p.plan.mode).field("cache", &p.cache),
+            Compute::Cpu(l) => d.field("cpu", l),
+        };
+        d.finish_non_exhaustive()
     }
 }
 
@@ -78,6 +97,7 @@ impl Engine {
     /// # Errors
     /// The GGUF cannot be opened, or its model, tokenizer or manifest is not usable.
     pub fn load(config: EngineConfig) -> Result<LoadedModel, RuntimeError> {
+        check_cpu_options(&config)?;
         if let Some(n) = config.threads {
             // Before anything here runs in parallel: the first use of rayon's global pool
             // (loading the model uses it) builds it with one thread per core, and
@@ -102,7 +122,9 @@ impl Engine {
             None => (gguf, model, None),
         };
         let manifest = Arc::new(Manifest::from_gguf(&gguf)?);
-        crate::check_weights(&config, &manifest)?;
+        if config.cpu.is_none() {
+            crate::check_weights(&config, &manifest)?;
+        }
         Ok(LoadedModel {
             config,
             gguf,
@@ -196,6 +218,21 @@ impl LoadedModel {
             smoothing,
         } = self;
         model.set_expert_speculation(config.expert_speculation);
+        if let Some(options) = &config.cpu {
+            let cpu = open_cpu(&config, options, &gguf, &model)?;
+            return Ok(Engine {
+                linear: Arc::clone(&cpu) as Arc<dyn Linear>,
+                compute: Compute::Cpu(cpu),
+                config,
+                gguf,
+                manifest,
+                model,
+                tokenizer,
+                trace: None,
+                draft: None,
+                smoothing_origin: smoothing.map(|s| s.1),
+            });
+        }
         let device = open_device(config.device, config.domains, config.soc)?;
         let info = device.info();
         let budget = budget_bytes(config.budget_bytes)?;
@@ -254,19 +291,57 @@ impl LoadedModel {
             manifest,
             model,
             tokenizer,
-            device,
-            plan,
-            cache,
-            device_budget,
-            linear,
+            linear: Arc::clone(&linear) as Arc<dyn Linear>,
+            compute: Compute::Device(Box::new(DeviceParts {
+                device,
+                plan,
+                cache,
+                device_budget,
+                linear,
+                convert: pack.convert,
+                pack_path: pack.path,
+                pack_unwritable: pack.unwritable,
+            })),
             trace,
-            convert: pack.convert,
-            pack_path: pack.path,
-            pack_unwritable: pack.unwritable,
             draft,
             smoothing_origin: smoothing.map(|s| s.1),
         })
     }
+}
+
+/// Options that only a device run takes, refused with the CPU engine rather than ignored
+/// (before anything is computed: smoothing would run a calibration pass first).
+fn check_cpu_options(config: &EngineConfig) -> Result<(), RuntimeError> {
+    if config.cpu.is_none() {
+        return Ok(());
+    }
+    if config.draft.is_some() {
+        return Err(RuntimeError::CpuOption {
+            option: "a draft model (--draft)",
+            why: "drafts are kept in a device's weight cache; use prompt lookup instead",
+        });
+    }
+    if config.smooth.is_some() {
+        return Err(RuntimeError::CpuOption {
+            option: "smoothing (--calib)",
+            why: "it reduces int8 activation error on the NPU; the CPU computes at the file's bits",
+        });
+    }
+    Ok(())
+}
+
+/// The CPU engine's matmuls for `model`: its workers on the cores `options` choose, every
+/// weight checked against its kernel ([`GgufLinear::open`]).
+fn open_cpu(
+    config: &EngineConfig,
+    options: &ork_cpu::CpuOptions,
+    gguf: &Arc<GgufFile>,
+    model: &Model,
+) -> Result<Arc<GgufLinear>, RuntimeError> {
+    check_cpu_options(config)?;
+    let pool = Arc::new(CpuPool::new(options)?);
+    let linear = GgufLinear::open(Arc::clone(gguf), model.matmul_weights(), pool)?;
+    Ok(Arc::new(linear))
 }
 
 impl Engine {
@@ -310,37 +385,61 @@ impl Engine {
             })
     }
 
-    /// The device.
-    pub fn device(&self) -> &Arc<dyn Device> {
-        &self.device
+    /// The device's parts, `None` for the CPU engine.
+    fn parts(&self) -> Option<&DeviceParts> {
+        match &self.compute {
+            Compute::Device(p) => Some(p),
+            Compute::Cpu(_) => None,
+        }
     }
-    /// Compute threads: the size of rayon's global pool, which the forward pass runs on
-    /// ([`EngineConfig::threads`] sizes it when the first engine of the process loads).
+
+    /// The device, `None` for the CPU engine.
+    pub fn device(&self) -> Option<&Arc<dyn Device>> {
+        self.parts().map(|p| &p.device)
+    }
+
+    /// The name of what computes the matmuls: the device's, or `cpu`.
+    pub fn compute_name(&self) -> String {
+        match &self.compute {
+            Compute::Device(p) => p.device.info().name.to_string(),
+            Compute::Cpu(_) => "cpu".to_owned(),
+        }
+    }
+
+    /// Compute threads: the CPU engine's workers, or for a device the size of rayon's global
+    /// pool, which the forward pass runs on ([`EngineConfig::threads`] sizes it when the first
+    /// engine of the process loads).
     pub fn threads(&self) -> usize {
-        rayon::current_num_threads()
+        match &self.compute {
+            Compute::Cpu(l) => l.pool().threads(),
+            Compute::Device(_) => rayon::current_num_threads(),
+        }
     }
 
-    /// The residency plan in force.
-    pub fn plan(&self) -> &Plan {
-        &self.plan
+    /// The residency plan in force, `None` for the CPU engine.
+    pub fn plan(&self) -> Option<&Plan> {
+        self.parts().map(|p| &p.plan)
     }
 
-    /// The weight cache.
-    pub fn cache(&self) -> &Arc<WeightCache> {
-        &self.cache
+    /// The weight cache, `None` for the CPU engine.
+    pub fn cache(&self) -> Option<&Arc<WeightCache>> {
+        self.parts().map(|p| &p.cache)
     }
 
-    /// The device's byte budget per domain, shared by every cache on it.
-    pub fn device_budget(&self) -> &Arc<DeviceBudget> {
-        &self.device_budget
+    /// The device's byte budget per domain, shared by every cache on it; `None` for the CPU
+    /// engine.
+    pub fn device_budget(&self) -> Option<&Arc<DeviceBudget>> {
+        self.parts().map(|p| &p.device_budget)
     }
 
-    /// MoE models: expert cache hits and speculative prefetch counters so far, summed over the
-    /// engine's sessions (`None` for a dense model).
+    /// MoE models on a device: expert cache hits and speculative prefetch counters so far,
+    /// summed over the engine's sessions (`None` for a dense model, and for the CPU engine,
+    /// which has no expert cache).
     pub fn expert_stats(&self) -> Option<ExpertStats> {
         let moe = self.model.moe_stats()?;
-        let calls = self.linear.expert_calls.load(Ordering::Relaxed);
-        let hits = self.linear.expert_hits.load(Ordering::Relaxed);
+        let linear = &self.parts()?.linear;
+        let calls = linear.expert_calls.load(Ordering::Relaxed);
+        let hits = linear.expert_hits.load(Ordering::Relaxed);
         Some(ExpertStats {
             expert_matmuls: calls,
             expert_hits: hits,
@@ -354,9 +453,10 @@ impl Engine {
         })
     }
 
-    /// The cache's counters so far.
+    /// The cache's counters so far (all zero for the CPU engine, which has no cache: nothing
+    /// is loaded, every weight is read in place).
     pub fn cache_stats(&self) -> CacheStats {
-        self.cache.stats()
+        self.parts().map(|p| p.cache.stats()).unwrap_or_default()
     }
 
     /// Where the smoothing factors came from (a calibration pass, or the `.orkpack`), `None`
@@ -367,22 +467,22 @@ impl Engine {
 
     /// What the self-populating `.orkpack` did at open (`None` without a pack).
     pub fn convert_report(&self) -> Option<&ConvertReport> {
-        self.convert.as_ref()
+        self.parts()?.convert.as_ref()
     }
 
     /// Why the configured `.orkpack` could not be written, when the engine runs from memory
     /// instead (read-only directory, full disk …); `None` when the pack is in use or none was
     /// asked for.
     pub fn pack_unwritable(&self) -> Option<&ork_store::StoreError> {
-        self.pack_unwritable.as_ref()
+        self.parts()?.pack_unwritable.as_ref()
     }
 
     /// The `.orkpack` in use, if any.
     pub fn pack_path(&self) -> Option<&PathBuf> {
-        self.pack_path.as_ref()
+        self.parts()?.pack_path.as_ref()
     }
 
-    /// The timeline, when the config asked for one.
+    /// The timeline, when the config asked for one (device engines only).
     pub fn trace(&self) -> Option<&Arc<Trace>> {
         self.trace.as_ref()
     }
@@ -392,9 +492,17 @@ impl Engine {
         self.draft.as_ref()
     }
 
-    /// The matmul backend sessions use.
-    pub fn linear(&self) -> &Arc<EngineLinear> {
-        &self.linear
+    /// The device's matmul backend, `None` for the CPU engine.
+    pub fn linear(&self) -> Option<&Arc<EngineLinear>> {
+        self.parts().map(|p| &p.linear)
+    }
+
+    /// The CPU engine's matmul backend, `None` for a device.
+    pub fn cpu_linear(&self) -> Option<&Arc<GgufLinear>> {
+        match &self.compute {
+            Compute::Cpu(l) => Some(l),
+            Compute::Device(_) => None,
+        }
     }
 
     /// Activation precision of the device matmuls.

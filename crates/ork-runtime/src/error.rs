@@ -131,4 +131,16 @@ pub enum RuntimeError {
         #[source]
         source: Option<ork_device::DeviceError>,
     },
+    /// The CPU engine cannot open (a weight type it has no kernel for, a shape its blocks do
+    /// not fit, thread or core settings), naming the file and tensor.
+    #[error(transparent)]
+    Cpu(#[from] ork_cpu::CpuError),
+    /// An option the CPU engine does not take (`--draft`, `--calib` …) was given with it.
+    #[error("{option} does not apply to --device cpu: {why}")]
+    CpuOption {
+        /// The option.
+        option: &'static str,
+        /// Why, and what to do instead.
+        why: &'static str,
+    },
 }

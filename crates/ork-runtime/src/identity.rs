@@ -72,14 +72,13 @@ impl Engine {
             "tensors {:016x}\n",
             self.tensor_digest(digest_dir)
         ));
-        let info = self.device.info();
         text.push_str(&format!(
             "dtype {:?} activations {:?} group {:?} device {} soc {:?} threads {} kv {:?} \
              context {context}\n",
             c.dtype,
             c.activations,
             c.group,
-            computing_device(&info.name),
+            computing_device(&self.compute_name()),
             c.soc,
             self.threads(),
             c.kv_cache,

@@ -32,7 +32,7 @@ impl Engine {
 
     /// The matmul backend as the executor holds it.
     pub fn shared_linear(&self) -> Arc<dyn Linear> {
-        Arc::clone(&self.linear) as Arc<dyn Linear>
+        Arc::clone(&self.linear)
     }
 
     /// Stop the prefetcher and drop the device state, keeping the trace (complete once the

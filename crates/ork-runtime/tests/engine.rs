@@ -39,7 +39,13 @@ fn sessions_on_two_threads_match_one_at_a_time() {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert_eq!(alone, together, "budget {budget_mb} MiB");
-        assert!(engine.device_budget().used(ork_device::DomainId(0)) <= budget_mb << 20);
+        assert!(
+            engine
+                .device_budget()
+                .expect("a device engine")
+                .used(ork_device::DomainId(0))
+                <= budget_mb << 20
+        );
     }
 }
 
@@ -101,13 +107,25 @@ fn the_lm_head_runs_in_chip_sized_chunks_with_unchanged_greedy_text() {
         let mut c = config(&dir.path().join(format!("{soc}.orkpack")), 1024);
         c.soc = soc;
         let engine = Engine::open(c).unwrap();
-        assert_eq!(engine.device().info().soc, Some(soc));
         assert_eq!(
-            engine.cache().parts("token_embd.weight").unwrap().len(),
+            engine.device().expect("a device engine").info().soc,
+            Some(soc)
+        );
+        assert_eq!(
+            engine
+                .cache()
+                .expect("a device engine")
+                .parts("token_embd.weight")
+                .unwrap()
+                .len(),
             chunks
         );
         let tokens = greedy(&engine, prompt, 8);
-        let (k, n) = engine.linear().device_matmul().max_submitted();
+        let (k, n) = engine
+            .linear()
+            .expect("a device engine")
+            .device_matmul()
+            .max_submitted();
         assert_eq!((k, n), (1536, max_n), "{soc}: largest K and N submitted");
         runs.push(tokens);
     }
@@ -249,7 +267,7 @@ fn a_moe_model_streams_its_experts_with_the_resident_tokens() {
         let tokens = greedy(&engine, "The capital of France is", 6);
         (
             tokens,
-            engine.plan().clone(),
+            engine.plan().expect("a device engine").clone(),
             engine.expert_stats().unwrap(),
         )
     };
@@ -311,7 +329,11 @@ fn w4a16_g32_packs_affine_int4_and_runs_from_the_pack() {
     old.group = ScaleGroup::Group(32);
     let engine = Engine::open(old).unwrap();
     assert_eq!(
-        engine.cache().group("blk.0.attn_q.weight").unwrap(),
+        engine
+            .cache()
+            .expect("a device engine")
+            .group("blk.0.attn_q.weight")
+            .unwrap(),
         ScaleGroup::Group(32)
     );
     drop(engine);
@@ -334,18 +356,31 @@ fn w4a16_g32_packs_affine_int4_and_runs_from_the_pack() {
     );
     for name in ["blk.0.attn_q.weight", "blk.3.ffn_down.weight"] {
         assert_eq!(
-            engine.cache().group(name).unwrap(),
+            engine
+                .cache()
+                .expect("a device engine")
+                .group(name)
+                .unwrap(),
             ScaleGroup::Affine(32),
             "{name}"
         );
     }
     // The lm head (tied to the embedding) stays int8 per channel (fp16 × int8, docs/chip.md).
     assert_eq!(
-        engine.cache().group("token_embd.weight").unwrap(),
+        engine
+            .cache()
+            .expect("a device engine")
+            .group("token_embd.weight")
+            .unwrap(),
         ScaleGroup::PerChannel
     );
     assert_eq!(
-        engine.cache().layout("token_embd.weight").unwrap().dtype,
+        engine
+            .cache()
+            .expect("a device engine")
+            .layout("token_embd.weight")
+            .unwrap()
+            .dtype,
         ork_pack::PackDtype::I8
     );
     let resident = greedy(&engine, "The capital of France is", 6);
@@ -361,7 +396,11 @@ fn w4a16_g32_packs_affine_int4_and_runs_from_the_pack() {
         engine.convert_report()
     );
     assert_eq!(
-        engine.cache().group("blk.0.attn_k.weight").unwrap(),
+        engine
+            .cache()
+            .expect("a device engine")
+            .group("blk.0.attn_k.weight")
+            .unwrap(),
         ScaleGroup::Affine(32)
     );
     assert_eq!(greedy(&engine, "The capital of France is", 6), resident);

@@ -129,11 +129,17 @@ fn a_streamed_run_gives_the_resident_tokens() {
     let pack = dir.path().join("g.orkpack");
     let engine = open(&pack, Quant::W16a16, 2048, None);
     let resident = run_greedy(engine.session(), &p.tokens, p.greedy.len());
-    let (weights, head) = (engine.plan().model_bytes, engine.plan().min_budget_bytes);
+    let (weights, head) = (
+        engine.plan().expect("a device engine").model_bytes,
+        engine.plan().expect("a device engine").min_budget_bytes,
+    );
     drop(engine);
     let budget = (head + (weights - head) / 4).div_ceil(1 << 20);
     let engine = Engine::open(config(&pack, Quant::W16a16, budget)).unwrap();
-    assert_eq!(engine.plan().mode, ork_residency::Mode::Streamed);
+    assert_eq!(
+        engine.plan().expect("a device engine").mode,
+        ork_residency::Mode::Streamed
+    );
     let t0 = Instant::now();
     assert_eq!(
         run_greedy(engine.session(), &p.tokens, p.greedy.len()),

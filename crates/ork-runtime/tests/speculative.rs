@@ -149,13 +149,18 @@ fn greedy_speculative_output_is_plain_greedy_for_each_draft_kind_streamed_and_re
             source.clone(),
         ))
         .unwrap();
-        let streamed = engine.plan().mode == ork_residency::Mode::Streamed;
+        let streamed =
+            engine.plan().expect("a device engine").mode == ork_residency::Mode::Streamed;
         assert_eq!(streamed, budget < RESIDENT_MB, "{source:?} at {budget} MiB");
         if let Some(d) = engine.draft() {
             // The draft's bytes are out of the model's budget.
             assert!(d.bytes() > 0);
             assert!(
-                engine.device_budget().pinned(ork_device::DomainId(0)) <= budget << 20,
+                engine
+                    .device_budget()
+                    .expect("a device engine")
+                    .pinned(ork_device::DomainId(0))
+                    <= budget << 20,
                 "{source:?}"
             );
         }
@@ -184,7 +189,13 @@ fn greedy_speculative_output_is_plain_greedy_for_each_draft_kind_streamed_and_re
             }
         }
         // Used for every verifier pass: the device budget still holds.
-        assert!(engine.device_budget().used(ork_device::DomainId(0)) <= budget << 20);
+        assert!(
+            engine
+                .device_budget()
+                .expect("a device engine")
+                .used(ork_device::DomainId(0))
+                <= budget << 20
+        );
     }
 }
 

@@ -87,10 +87,13 @@ impl Metrics {
     pub fn render(&self, engine: &Engine) -> String {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let cache = engine.cache_stats();
-        let budget = engine.device_budget();
-        let resident: u64 = (0..engine.device().info().domains)
-            .map(|d| budget.used(ork_device::DomainId(d)))
-            .sum();
+        // The CPU engine has no device: nothing is resident on one.
+        let resident: u64 = match (engine.device_budget(), engine.device()) {
+            (Some(budget), Some(device)) => (0..device.info().domains)
+                .map(|d| budget.used(ork_device::DomainId(d)))
+                .sum(),
+            _ => 0,
+        };
         let mut out = String::new();
         let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, f64)]| {
             let _ = writeln!(out, "# HELP {name} {help}");
@@ -219,8 +222,8 @@ impl Metrics {
         metric(
             "ork_weight_budget_bytes",
             "gauge",
-            "Weight budget per domain.",
-            &[("", budget.budget() as f64)],
+            "Weight budget per domain (0 for the CPU engine: no device).",
+            &[("", engine.device_budget().map_or(0, |b| b.budget()) as f64)],
         );
         out
     }
