@@ -7,7 +7,7 @@ From SmolLM2-135M-Instruct Q4_1 ($ORK_MODEL, or .cache/ at the repository root) 
 `SmolLM2-135M-Instruct.<TYPE>.gguf` for each type of TYPES into OUT_DIR (default: `.cache/` at
 the repository root, gitignored), with `llama_model_quantize` of llama-cpp-python 0.3.36 on its default parameters
 (`allow_requantize` set, since the source is already quantized: llama.cpp dequantizes each tensor
-and quantizes it again; tensors the mix keeps at another type, such as the tied embedding of the
+and quantizes it again; `pure` set for the one copy named `_pure`; tensors the mix keeps at another type, such as the tied embedding of the
 k-quant mixes, are chosen by llama.cpp, not here).
 
 Idempotent and atomic: each output is written under a temporary name in OUT_DIR and renamed into
@@ -26,16 +26,22 @@ import tempfile
 
 import llama_cpp
 
-# The set: each legacy type ork's CPU engine computes, and llama.cpp's k-quant mixes.
+# The set (name, llama.cpp file type, `pure`): legacy types and llama.cpp's k-quant mixes.
+# SmolLM2's width (576) is not a multiple of the k-quants' 256-weight super-block, so llama.cpp
+# stores every tensor with K = 576 in a legacy fallback type and only ffn_down (K = 1536) in a
+# k-quant; its Q2_K mix even puts ffn_down in Q3_K, so no default mix holds a Q2_K block.
+# `Q2_K_pure` (`pure`: no mix, the file type wherever the shape allows) is the copy with Q2_K
+# blocks (ffn_down; the rest Q4_0).
 TYPES = [
-    ("Q4_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0),
-    ("Q5_1", llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_1),
-    ("Q8_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0),
-    ("Q2_K", llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K),
-    ("Q3_K_M", llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M),
-    ("Q4_K_M", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M),
-    ("Q5_K_M", llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M),
-    ("Q6_K", llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K),
+    ("Q4_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, False),
+    ("Q5_1", llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_1, False),
+    ("Q8_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, False),
+    ("Q2_K", llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K, False),
+    ("Q2_K_pure", llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K, True),
+    ("Q3_K_M", llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M, False),
+    ("Q4_K_M", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, False),
+    ("Q5_K_M", llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M, False),
+    ("Q6_K", llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K, False),
 ]
 
 SOURCE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -68,10 +74,11 @@ def up_to_date(path: str) -> str | None:
     return recorded
 
 
-def quantize(source: str, dest: str, ftype: int) -> None:
+def quantize(source: str, dest: str, ftype: int, pure: bool) -> None:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.allow_requantize = True
+    params.pure = pure
     params.nthread = 2
     rc = llama_cpp.llama_model_quantize(source.encode(), dest.encode(), ctypes.byref(params))
     if rc != 0:
@@ -85,7 +92,7 @@ def write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def make(source: str, out_dir: str, name: str, ftype: int) -> tuple[str, str]:
+def make(source: str, out_dir: str, name: str, ftype: int, pure: bool) -> tuple[str, str]:
     path = output_path(out_dir, name)
     recorded = up_to_date(path)
     if recorded is not None:
@@ -93,7 +100,7 @@ def make(source: str, out_dir: str, name: str, ftype: int) -> tuple[str, str]:
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".requantize-", suffix=".gguf.tmp")
     os.close(fd)
     try:
-        quantize(source, tmp, ftype)
+        quantize(source, tmp, ftype, pure)
         digest = sha256_of(tmp)
         os.replace(tmp, path)
     finally:
@@ -113,8 +120,8 @@ def main() -> None:
     os.makedirs(out_dir, exist_ok=True)
     llama_cpp.llama_backend_init()
     llama_cpp.llama_log_set(_QUIET, ctypes.c_void_p(0))
-    for name, ftype in TYPES:
-        path, digest = make(source, out_dir, name, ftype)
+    for name, ftype, pure in TYPES:
+        path, digest = make(source, out_dir, name, ftype, pure)
         print(f"{name} {path} {digest}", flush=True)
 
 
