@@ -3,8 +3,11 @@
 # Rockchip's librknnrt.so), as
 #   target/ork-VERSION-aarch64-linux-gnu.tar.gz   (ork, the systemd unit, config, udev rule, docs)
 #   target/ork_VERSION-1_arm64.deb                (cargo-deb; metadata in crates/ork-cli/Cargo.toml)
-# Needs the aarch64 Rust target, aarch64-linux-gnu-gcc and cargo-deb
-# (`cargo install cargo-deb --locked`). Install and use: docs/board.md.
+# Needs the aarch64 Rust target, aarch64-linux-gnu-gcc (with the arm64 C library), its objdump and
+# cargo-deb. All are checked before anything is built; what can be installed is installed, as
+# .ci/run does — the Rust target (rustup target add), cargo-deb (cargo install cargo-deb --locked),
+# the cross toolchain (apt-get, as root) — and what cannot is listed at once, each with the command
+# that installs it. ORK_PACKAGE_NO_INSTALL=1: check and list only. Install and use: docs/board.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -12,10 +15,56 @@ TARGET=aarch64-unknown-linux-gnu
 export CARGO_TARGET_DIR="${ORK_AARCH64_TARGET_DIR:-$ROOT/target/aarch64}"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER="${CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER:-aarch64-linux-gnu-gcc}"
 OBJDUMP="${ORK_AARCH64_OBJDUMP:-aarch64-linux-gnu-objdump}"
-for tool in "$CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER" "$OBJDUMP" tar gzip; do
-  command -v "$tool" >/dev/null || { echo "error: $tool not found (apt-get install gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu)" >&2; exit 1; }
+LINKER=$CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER
+install=true
+[ "${ORK_PACKAGE_NO_INSTALL:-0}" = 1 ] && install=false
+
+problems=()
+apt=()
+for pair in "$LINKER:gcc-aarch64-linux-gnu" "$OBJDUMP:binutils-aarch64-linux-gnu" tar:tar gzip:gzip; do
+  tool=${pair%%:*}
+  command -v "$tool" >/dev/null && continue
+  case "$tool" in
+    aarch64-linux-gnu-gcc | aarch64-linux-gnu-objdump | tar | gzip) apt+=("${pair#*:}") ;;
+    *) problems+=("$tool not found (set by the environment; install it or unset the variable)") ;;
+  esac
 done
-cargo deb --version >/dev/null 2>&1 || { echo "error: cargo-deb not found: cargo install cargo-deb --locked" >&2; exit 1; }
+[ -f /usr/aarch64-linux-gnu/include/stdio.h ] || [ "$LINKER" != aarch64-linux-gnu-gcc ] ||
+  apt+=(libc6-dev-arm64-cross)
+if [ ${#apt[@]} -gt 0 ]; then
+  if $install && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing ${apt[*]} (apt-get)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt[@]}" ||
+      problems+=("apt-get install ${apt[*]} failed")
+  else
+    problems+=("missing ${apt[*]}: sudo apt-get install ${apt[*]}")
+  fi
+fi
+if ! command -v cargo >/dev/null; then
+  problems+=("cargo not found: install Rust with rustup (https://rustup.rs)")
+else
+  libdir=$(rustc --print target-libdir --target "$TARGET" 2>/dev/null || true)
+  if [ -z "$libdir" ] || ! compgen -G "$libdir/libcore-*.rlib" >/dev/null; then
+    if $install && command -v rustup >/dev/null && rustup target add "$TARGET"; then
+      :
+    else
+      problems+=("the Rust standard library for $TARGET is missing (cargo would fail with \"can't find crate for \`core\`\"): rustup target add $TARGET")
+    fi
+  fi
+  if ! cargo deb --version >/dev/null 2>&1; then
+    if $install && echo "== installing cargo-deb" && cargo install cargo-deb --locked; then
+      :
+    else
+      problems+=("cargo-deb not found: cargo install cargo-deb --locked")
+    fi
+  fi
+fi
+if [ ${#problems[@]} -gt 0 ]; then
+  echo "error: $0 cannot build the package yet:" >&2
+  printf '  - %s\n' "${problems[@]}" >&2
+  exit 1
+fi
 
 # Stripped, no debug info (the release profile keeps line tables for profiling on a PC).
 echo "== building ork for $TARGET (release, stripped)"

@@ -5,7 +5,7 @@
 //!   reused buffer, on demand or prefetched, and how far compute was), forward passes and host
 //!   operations — recorded by the layers that see them into a [`Recorder`].
 //! - [`Chip`] and [`Board`]: the cost model as data, with presets ([`Board::named`]) and board
-//!   description files ([`Board::from_file`]).
+//!   description files ([`Board::from_json`]; the CLI reads them under its input rule).
 //! - [`replay()`]: the stream on simulated resources (compute thread, copy thread, a shared DDR
 //!   bus) with the executor's and prefetcher's dependencies; [`Projection`] is what users see.
 //! - [`schedule()`]: the planned schedule as a stream, without running (`ork plan --project`).
@@ -29,10 +29,13 @@ pub mod schedule;
 pub mod spec;
 
 pub use events::{Event, HostKind, Loader, Recorder, WeightType};
-pub use params::{Board, Chip, CHIPS};
+pub use params::{Board, Chip, ParameterRange, BOARD_FILE_LIMIT, CHIPS, PARAMETER_RANGES};
 pub use projection::Projection;
 pub use replay::{replay, replay_warm, Breakdown, PassTime, ReplayOptions, Timeline};
-pub use schedule::{schedule, Dims, ModelShape, Plan, ShapeWeight};
+pub use schedule::{
+    sampled_passes, schedule, schedule_sampled, Dims, ModelShape, Plan, ShapeWeight,
+    DECODE_PASSES_REPLAYED,
+};
 
 /// The cost model's version, printed with every projection.
 pub const MODEL_VERSION: &str = concat!(
@@ -90,6 +93,10 @@ pub enum BoardError {
     /// The event stream cannot be replayed.
     #[error("event stream: {0}")]
     Stream(String),
+    /// The replay did not finish within its step bound, or gave a time that is not a finite,
+    /// non-negative number of seconds (never printed as a projection).
+    #[error("replay: {0}")]
+    Replay(String),
 }
 
 impl BoardError {

@@ -1,8 +1,6 @@
 //! The cost model as data: a chip's parameters, a board (chip + RAM + storage), the presets, and
 //! board description files. Every parameter's source is in `docs/board-model.md`.
 
-use std::path::Path;
-
 use serde::{Deserialize, Serialize};
 
 use crate::events::WeightType;
@@ -10,6 +8,10 @@ use crate::BoardError;
 
 const GB: f64 = 1e9;
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// The largest board description file read: 1 MiB (a board file is a few hundred bytes; the
+/// limit keeps a link to `/dev/zero` or a huge JSON from being read whole).
+pub const BOARD_FILE_LIMIT: u64 = 1 << 20;
 
 /// One chip's costs. All rates are per second, all times in seconds, all sizes in bytes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -77,13 +79,35 @@ impl Chip {
             WeightType::Int4 => self.n_max_int4,
             _ => self.n_max,
         } as usize;
+        // A validated chip has whole limits of at least 32 (`PARAMETER_RANGES`); the `max(1)`
+        // keeps a chip built in code from dividing by zero.
         let chunks = n.div_ceil(n_max.max(1));
         let segs = if k as f64 > self.k_max {
-            k.div_ceil(self.k_segment as usize)
+            k.div_ceil((self.k_segment as usize).max(1))
         } else {
             1
         };
-        (chunks * segs).max(1) as u32
+        u32::try_from(chunks.saturating_mul(segs).max(1)).unwrap_or(u32::MAX)
+    }
+
+    /// Every parameter within its physical range ([`PARAMETER_RANGES`]), the limits whole
+    /// numbers, and a K-segment no longer than the longest K of one call; `prefix` names where
+    /// the parameters came from (`chip.`, `overrides.`) in the error.
+    pub fn validate(&self, prefix: &str) -> Result<(), BoardError> {
+        for (key, value) in self.fields() {
+            check_range(&format!("{prefix}{key}"), key, value, &value.to_string())?;
+        }
+        if self.k_segment > self.k_max {
+            return Err(BoardError::BadValue {
+                field: format!("{prefix}k_segment"),
+                value: self.k_segment.to_string(),
+                why: format!(
+                    "longer than k_max ({}): a K-segment must fit one call",
+                    self.k_max
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// The RK3588 (see `docs/board-model.md` for each figure's source; three are fitted by
@@ -226,7 +250,8 @@ impl Board {
                 reserved_bytes: GIB,
             })
             .ok_or_else(|| BoardError::Unknown {
-                name: name.to_owned(),
+                // Escaped: a name from the command line may hold an ANSI escape or a newline.
+                name: name.escape_debug().to_string(),
                 known: Board::known().join(", "),
             })
     }
@@ -240,30 +265,32 @@ impl Board {
             .collect()
     }
 
-    /// `--project NAME|FILE`: a known name, or a board description file (JSON) when `arg`
-    /// names an existing file or ends in `.json`.
-    pub fn resolve(arg: &str) -> Result<Board, BoardError> {
-        let path = Path::new(arg);
-        if arg.ends_with(".json") || path.is_file() {
-            return Board::from_file(path);
-        }
-        Board::named(arg)
+    /// Whether `--project ARG` names a board description file rather than a preset or chip:
+    /// `ARG` ends in `.json`, or names something that exists and is not a directory (a FIFO or
+    /// device is then refused by the reader, not mistaken for a name). The CLI reads it under
+    /// the input rule (a regular file, opened without blocking, at most [`BOARD_FILE_LIMIT`]
+    /// bytes) and parses it with [`Board::from_bytes`].
+    pub fn names_file(arg: &str) -> bool {
+        arg.ends_with(".json") || std::fs::metadata(arg).is_ok_and(|m| !m.is_dir())
     }
 
-    /// Read a board description file: `{"name", "chip": {every Chip field} | "rk3588" |
-    /// "rk3576", "ram_gib", "storage_read_gbps"}`, with optional `"overrides"` of chip fields
-    /// when `chip` is a name. A missing, negative, zero or non-finite parameter is refused naming
-    /// it and the file.
-    pub fn from_file(path: &Path) -> Result<Board, BoardError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| BoardError::Io {
-            file: file.clone(),
-            source: e,
+    /// A board description file's bytes, `file` naming it in errors: UTF-8 text, then
+    /// [`Board::from_json`].
+    pub fn from_bytes(file: &str, bytes: &[u8]) -> Result<Board, BoardError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            BoardError::Parse(format!(
+                "not UTF-8 text (invalid byte at offset {})",
+                e.valid_up_to()
+            ))
+            .in_file(file)
         })?;
-        Board::from_json(&text).map_err(|e| e.in_file(&file))
+        Board::from_json(text).map_err(|e| e.in_file(file))
     }
 
-    /// [`Board::from_file`] on the file's text.
+    /// A board description: `{"name", "chip": {every Chip field} | "rk3588" | "rk3576",
+    /// "ram_gib", "storage_read_gbps"}`, with optional `"overrides"` of chip fields when `chip`
+    /// is a name. A missing parameter, or one that is not a finite number within its physical
+    /// range ([`PARAMETER_RANGES`]), is refused naming it; so is a name with control characters.
     pub fn from_json(text: &str) -> Result<Board, BoardError> {
         let doc: serde_json::Value =
             serde_json::from_str(text).map_err(|e| BoardError::Parse(e.to_string()))?;
@@ -274,15 +301,9 @@ impl Board {
             let v = obj.get(key).ok_or(BoardError::Missing {
                 field: key.to_owned(),
             })?;
-            positive(key, v)
+            parameter(key, key, v)
         };
-        let name = obj
-            .get("name")
-            .and_then(|v| v.as_str())
-            .ok_or(BoardError::Missing {
-                field: "name".into(),
-            })?
-            .to_owned();
+        let name = board_name(obj.get("name"))?;
         let mut chip = match obj.get("chip") {
             None => {
                 return Err(BoardError::Missing {
@@ -307,9 +328,12 @@ impl Board {
                     let value = fields.get(key).ok_or(BoardError::Missing {
                         field: format!("chip.{key}"),
                     })?;
-                    positive(&format!("chip.{key}"), value)?;
+                    parameter(&format!("chip.{key}"), key, value)?;
                 }
-                serde_json::from_value(v.clone()).map_err(|e| BoardError::Parse(e.to_string()))?
+                let chip: Chip = serde_json::from_value(v.clone())
+                    .map_err(|e| BoardError::Parse(e.to_string()))?;
+                chip.validate("chip.")?;
+                chip
             }
             Some(_) => {
                 return Err(BoardError::Parse(
@@ -329,9 +353,10 @@ impl Board {
                         "{field}: no such chip parameter"
                     )));
                 }
-                value[key] = serde_json::Value::from(positive(&field, v)?);
+                value[key] = serde_json::Value::from(parameter(&field, key, v)?);
             }
             chip = serde_json::from_value(value).map_err(|e| BoardError::Parse(e.to_string()))?;
+            chip.validate("overrides.")?;
         }
         for key in obj.keys() {
             if !["name", "chip", "overrides", "ram_gib", "storage_read_gbps"]
@@ -350,8 +375,172 @@ impl Board {
     }
 }
 
-/// `v` as a finite number above zero, or the error naming `field`.
-fn positive(field: &str, v: &serde_json::Value) -> Result<f64, BoardError> {
+/// The longest board name a file may give (it is printed in every projection).
+const NAME_MAX: usize = 64;
+
+/// The board's `name`: a string of at most [`NAME_MAX`] characters without control characters
+/// (an ANSI escape or a newline in it would be written raw to the terminal and into every
+/// projection line).
+fn board_name(v: Option<&serde_json::Value>) -> Result<String, BoardError> {
+    let v = v.ok_or(BoardError::Missing {
+        field: "name".into(),
+    })?;
+    let bad = |why: &str| BoardError::BadValue {
+        field: "name".into(),
+        // JSON-escaped: the control characters are shown as escapes, not sent to the terminal.
+        value: v.to_string(),
+        why: why.to_owned(),
+    };
+    let name = v.as_str().ok_or_else(|| bad("not a string"))?;
+    if name.is_empty() {
+        return Err(bad("empty"));
+    }
+    if name.chars().count() > NAME_MAX {
+        return Err(bad(&format!("longer than {NAME_MAX} characters")));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(bad("a name with control characters (escapes, newlines)"));
+    }
+    Ok(name.to_owned())
+}
+
+/// The physical range of a board parameter: every chip parameter and the board's own two.
+pub struct ParameterRange {
+    /// The parameter's name (a [`Chip`] field, `ram_gib` or `storage_read_gbps`).
+    pub name: &'static str,
+    /// The least value accepted.
+    pub min: f64,
+    /// The largest value accepted.
+    pub max: f64,
+    /// Whether it must be a whole number (a count or a matrix dimension).
+    pub whole: bool,
+    /// Why these bounds.
+    pub why: &'static str,
+}
+
+const fn range(
+    name: &'static str,
+    min: f64,
+    max: f64,
+    whole: bool,
+    why: &'static str,
+) -> ParameterRange {
+    ParameterRange {
+        name,
+        min,
+        max,
+        whole,
+        why,
+    }
+}
+
+const RATE: &str = "100 MB/s (below any DDR or NVMe link) to 10 TB/s (above HBM3e)";
+const FIXED: &str = "10 ns (tens of cycles) to 1 s (no driver call takes longer)";
+const PER_BYTE: &str = "the reciprocal of 10 MB/s to 10 TB/s";
+const LIMIT: &str = "a whole matrix dimension: at least 32 (the NPU's K alignment, \
+                     docs/chip.md) and at most 2^24";
+
+/// Every board parameter's physical range, the reason beside it (`docs/board-model.md`, "Your
+/// own board"). A value outside it is refused: far outside, a rate of 1e-308 or a time of 1e308
+/// made the replay divide by a vanishing rate or step through times no board takes (endless or
+/// infinite projections, issue 39); within them, every projected time is finite.
+pub const PARAMETER_RANGES: &[ParameterRange] = &[
+    range(
+        "npu_cores",
+        1.0,
+        64.0,
+        true,
+        "Rockchip NPUs have 1 to 3 cores; 64 covers any NPU",
+    ),
+    range(
+        "npu_int8_ops",
+        1e9,
+        1e16,
+        false,
+        "1 GOPS to 10 POPS (above any chip's int8 peak)",
+    ),
+    range(
+        "fp16_ratio",
+        0.01,
+        100.0,
+        false,
+        "a ratio of per-cycle MAC counts (0.5 on the RK3588)",
+    ),
+    range(
+        "int4_ratio",
+        0.01,
+        100.0,
+        false,
+        "a ratio of per-cycle MAC counts (2 on the RK3588)",
+    ),
+    range("npu_read_bw", 1e8, 1e13, false, RATE),
+    range("call_s", 1e-8, 1.0, false, FIXED),
+    range("domain_switch_s", 1e-8, 1.0, false, FIXED),
+    range("ddr_bw", 1e8, 1e13, false, RATE),
+    range("alloc_s", 1e-8, 1.0, false, FIXED),
+    range("map_s_per_byte", 1e-13, 1e-7, false, PER_BYTE),
+    range("sync_s_per_byte", 1e-13, 1e-7, false, PER_BYTE),
+    range("memcpy_bw", 1e8, 1e13, false, RATE),
+    range(
+        "host_cores",
+        1.0,
+        256.0,
+        true,
+        "a whole number of cores, 1 to 256",
+    ),
+    range(
+        "host_core_flops",
+        1e7,
+        1e13,
+        false,
+        "10 MFLOP/s to 10 TFLOP/s per core",
+    ),
+    range("host_op_s", 1e-9, 1.0, false, FIXED),
+    range("n_max", 32.0, 16_777_216.0, true, LIMIT),
+    range("n_max_int4", 32.0, 16_777_216.0, true, LIMIT),
+    range("k_max", 32.0, 16_777_216.0, true, LIMIT),
+    range("k_segment", 32.0, 16_777_216.0, true, LIMIT),
+    range("ram_gib", 0.25, 4096.0, false, "256 MiB to 4 TiB of RAM"),
+    range(
+        "storage_read_gbps",
+        0.001,
+        1000.0,
+        false,
+        "1 MB/s (a slow SD card) to 1 TB/s",
+    ),
+];
+
+/// `x`, the value of parameter `key` given as `field` (`value` as written), within its range.
+fn check_range(field: &str, key: &str, x: f64, value: &str) -> Result<f64, BoardError> {
+    let bad = |why: String| BoardError::BadValue {
+        field: field.to_owned(),
+        value: value.to_owned(),
+        why,
+    };
+    if !x.is_finite() {
+        return Err(bad("not finite".into()));
+    }
+    if x < 0.0 {
+        return Err(bad("negative".into()));
+    }
+    if x == 0.0 {
+        return Err(bad("zero".into()));
+    }
+    let r = PARAMETER_RANGES
+        .iter()
+        .find(|r| r.name == key)
+        .ok_or_else(|| bad("not a board parameter".into()))?;
+    if !(r.min..=r.max).contains(&x) {
+        return Err(bad(format!("outside {} ..= {} ({})", r.min, r.max, r.why)));
+    }
+    if r.whole && x.fract() != 0.0 {
+        return Err(bad(format!("not a whole number ({})", r.why)));
+    }
+    Ok(x)
+}
+
+/// `v`, the value of parameter `key` given as `field`, as a finite number within its range.
+fn parameter(field: &str, key: &str, v: &serde_json::Value) -> Result<f64, BoardError> {
     let bad = |why: &str| BoardError::BadValue {
         field: field.to_owned(),
         value: v.to_string(),
@@ -366,14 +555,28 @@ fn positive(field: &str, v: &serde_json::Value) -> Result<f64, BoardError> {
         return Err(bad("not a number"));
     }
     let x = v.as_f64().ok_or_else(|| bad("not a number"))?;
-    if !x.is_finite() {
-        return Err(bad("not finite"));
+    check_range(field, key, x, &v.to_string())
+}
+
+/// A validated board: its chip's parameters ([`Chip::validate`]) and its own.
+impl Board {
+    /// Every parameter within its range ([`PARAMETER_RANGES`]): a board built in code is held
+    /// to the rule a board file is.
+    pub fn validate(&self) -> Result<(), BoardError> {
+        self.chip.validate("chip.")?;
+        check_range(
+            "ram_gib",
+            "ram_gib",
+            self.ram_bytes / GIB,
+            &(self.ram_bytes / GIB).to_string(),
+        )?;
+        let gbps = self.storage_read_bw / GB;
+        check_range(
+            "storage_read_gbps",
+            "storage_read_gbps",
+            gbps,
+            &gbps.to_string(),
+        )?;
+        Ok(())
     }
-    if x < 0.0 {
-        return Err(bad("negative"));
-    }
-    if x == 0.0 {
-        return Err(bad("zero"));
-    }
-    Ok(x)
 }

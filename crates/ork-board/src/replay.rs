@@ -14,6 +14,28 @@ use crate::events::{Event, Loader};
 use crate::params::Board;
 use crate::BoardError;
 
+impl Timeline {
+    /// Let pass `i` stand for `weights[i]` passes like it ([`crate::schedule::schedule_sampled`]):
+    /// its duration (from the end of the pass before), its breakdown and its storage reads are
+    /// multiplied by its weight, and the later passes' ends move by the difference. All weights
+    /// 1: unchanged.
+    pub fn weigh_passes(&mut self, weights: &[f64]) {
+        if weights.iter().all(|&w| w == 1.0) {
+            return;
+        }
+        let (mut before, mut weighed_before) = (0.0, 0.0);
+        for (p, &w) in self.passes.iter_mut().zip(weights) {
+            let duration = p.end_s - before;
+            before = p.end_s;
+            weighed_before += w * duration;
+            p.end_s = weighed_before;
+            p.breakdown = p.breakdown.scaled(1.0 / w);
+            self.storage_bytes += (w - 1.0) * p.storage_bytes;
+            p.storage_bytes *= w;
+        }
+    }
+}
+
 /// How to treat the run's loads.
 #[derive(Clone, Copy, Debug)]
 pub struct ReplayOptions {
@@ -87,6 +109,8 @@ pub struct PassTime {
     pub end_s: f64,
     /// Where its compute time went.
     pub breakdown: Breakdown,
+    /// Bytes read from storage by its loads during the clock.
+    pub storage_bytes: f64,
 }
 
 /// The replayed run.
@@ -184,6 +208,7 @@ pub fn replay_warm(
     opts: ReplayOptions,
     warm: Option<&[(String, u64)]>,
 ) -> Result<Timeline, BoardError> {
+    board.validate()?;
     let chip = &board.chip;
     let mut loads_of: HashMap<&str, usize> = HashMap::new();
     // Passes that use each weight (a matmul of it), counted once per pass.
@@ -292,6 +317,9 @@ pub fn replay_warm(
                 }
                 if !hit {
                     timeline.storage_bytes += b;
+                    if let Some(p) = pass {
+                        timeline.passes[p].storage_bytes += b;
+                    }
                 }
                 let (by, after) = match (opts.prefetch_slots, next_use[index]) {
                     (Some(slots), Some(g)) => {
@@ -387,7 +415,38 @@ pub fn replay_warm(
         }
     }
     simulate(&tasks, board.chip.ddr_bw, &mut timeline)?;
+    check_finite(&timeline)?;
     Ok(timeline)
+}
+
+/// Every time of `timeline` finite and not negative: the parameter ranges make it so; a
+/// violation is an error, never a printed `inf`, `NaN` or negative time.
+fn check_finite(timeline: &Timeline) -> Result<(), BoardError> {
+    let ok = |x: f64| x.is_finite() && x >= 0.0;
+    if !ok(timeline.load_s) || !ok(timeline.storage_bytes) {
+        return Err(BoardError::Replay(format!(
+            "load time {} s or storage bytes {} not finite and non-negative",
+            timeline.load_s, timeline.storage_bytes
+        )));
+    }
+    for (i, p) in timeline.passes.iter().enumerate() {
+        let b = &p.breakdown;
+        let all = [
+            p.end_s,
+            b.npu_s,
+            b.submit_s,
+            b.domain_switch_s,
+            b.host_s,
+            b.copy_stall_s,
+        ];
+        if !all.into_iter().all(ok) {
+            return Err(BoardError::Replay(format!(
+                "pass {i} has a time that is not finite and non-negative: end {} s, {b:?}",
+                p.end_s
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn host_task(chip: &crate::Chip, flops: f64, bytes: f64, pass: Option<usize>) -> Task {
@@ -425,7 +484,13 @@ fn simulate(tasks: &[Task], ddr_bw: f64, timeline: &mut Timeline) -> Result<(), 
     // When the compute thread last became idle (a stall runs from then to its next start).
     let mut idle_since = 0.0f64;
     let mut now = 0.0f64;
+    // Each step ends at least one task (the one whose end is nearest), or leaves it a rounding
+    // residue the next step ends: twice the tasks, plus slack, bounds a finite replay.
+    let bound = 4 * tasks.len() + 64;
+    let mut steps = 0usize;
     loop {
+        steps += 1;
+        bounded(steps, bound, tasks.len(), now)?;
         // Start what can start; starting one task can release another actor's.
         let mut changed = true;
         while changed {
@@ -469,29 +534,7 @@ fn simulate(tasks: &[Task], ddr_bw: f64, timeline: &mut Timeline) -> Result<(), 
                     .into(),
             ));
         }
-        // Shares of the bus among the tasks moving bytes.
-        let demand: f64 = running
-            .iter()
-            .flatten()
-            .filter(|r| r.fixed <= 0.0)
-            .map(|r| tasks[r.task].rate)
-            .sum();
-        let share = if demand > ddr_bw {
-            ddr_bw / demand
-        } else {
-            1.0
-        };
-        let step = running
-            .iter()
-            .flatten()
-            .map(|r| {
-                if r.fixed > 0.0 {
-                    r.fixed
-                } else {
-                    r.bytes / (tasks[r.task].rate * share)
-                }
-            })
-            .fold(f64::INFINITY, f64::min);
+        let (share, step) = next_step(tasks, &running, ddr_bw, now)?;
         now += step;
         for slot in running.iter_mut() {
             let Some(r) = slot else { continue };
@@ -509,20 +552,7 @@ fn simulate(tasks: &[Task], ddr_bw: f64, timeline: &mut Timeline) -> Result<(), 
                 if task.actor == COMPUTE {
                     idle_since = now;
                     if let Some(p) = task.pass {
-                        let pt = &mut timeline.passes[p];
-                        pt.end_s = now;
-                        let dur = now - r.start;
-                        let mut b = Breakdown::default();
-                        match task.cat {
-                            Cat::Host => b.host_s = dur,
-                            Cat::Switch => b.domain_switch_s = dur,
-                            Cat::Load => b.copy_stall_s = dur,
-                            Cat::Npu => {
-                                b.submit_s = task.fixed;
-                                b.npu_s = dur - task.fixed;
-                            }
-                        }
-                        pt.breakdown.add(&b);
+                        account(task, now - r.start, now, &mut timeline.passes[p]);
                     }
                 }
                 *slot = None;
@@ -530,4 +560,70 @@ fn simulate(tasks: &[Task], ddr_bw: f64, timeline: &mut Timeline) -> Result<(), 
         }
     }
     Ok(())
+}
+
+/// The running tasks' shares of the bus (those moving bytes share it by demand) and the time to
+/// the nearest end of a task or of its fixed part.
+fn next_step(
+    tasks: &[Task],
+    running: &[Option<Running>; 2],
+    ddr_bw: f64,
+    now: f64,
+) -> Result<(f64, f64), BoardError> {
+    let demand: f64 = running
+        .iter()
+        .flatten()
+        .filter(|r| r.fixed <= 0.0)
+        .map(|r| tasks[r.task].rate)
+        .sum();
+    let share = if demand > ddr_bw {
+        ddr_bw / demand
+    } else {
+        1.0
+    };
+    let step = running
+        .iter()
+        .flatten()
+        .map(|r| {
+            if r.fixed > 0.0 {
+                r.fixed
+            } else {
+                r.bytes / (tasks[r.task].rate * share)
+            }
+        })
+        .fold(f64::INFINITY, f64::min);
+    if !step.is_finite() || step < 0.0 {
+        return Err(BoardError::Replay(format!(
+            "a step of {step} s at {now} s (a rate or time out of range)"
+        )));
+    }
+    Ok((share, step))
+}
+
+/// The simulation's step `steps` within `bound` (for `tasks` tasks, at `now`).
+fn bounded(steps: usize, bound: usize, tasks: usize, now: f64) -> Result<(), BoardError> {
+    if steps > bound {
+        return Err(BoardError::Replay(format!(
+            "no end after {bound} steps for {tasks} tasks (the simulated time stopped advancing \
+             at {now} s)"
+        )));
+    }
+    Ok(())
+}
+
+/// A compute task of pass `pt` ended at `now` after `dur` seconds: the pass's end and breakdown.
+fn account(task: &Task, dur: f64, now: f64, pt: &mut PassTime) {
+    pt.end_s = now;
+    let mut b = Breakdown::default();
+    match task.cat {
+        Cat::Host => b.host_s = dur,
+        Cat::Switch => b.domain_switch_s = dur,
+        Cat::Load => b.copy_stall_s = dur,
+        Cat::Npu => {
+            b.submit_s = task.fixed;
+            // The fixed part runs first, so `dur >= fixed` but for rounding.
+            b.npu_s = (dur - task.fixed).max(0.0);
+        }
+    }
+    pt.breakdown.add(&b);
 }

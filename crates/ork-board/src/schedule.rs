@@ -187,6 +187,44 @@ pub fn schedule(shape: &ModelShape, plan: &Plan) -> Result<Vec<Event>, BoardErro
     schedule_passes(shape, plan, &passes)
 }
 
+/// Decode passes [`schedule_sampled`] replays one by one; a plan with more replays this many,
+/// spread over its decode contexts, so a plan's memory does not grow with its token count.
+pub const DECODE_PASSES_REPLAYED: usize = 512;
+
+/// The passes of `plan` as (rows, context), with the decode steps each stands for: the prefill
+/// and every decode pass once (the passes of [`schedule()`]) up to [`DECODE_PASSES_REPLAYED`]
+/// decode passes; beyond, the decode steps are cut into that many runs of consecutive contexts
+/// and each run is replayed as one pass at its middle context, standing for the run's steps. A
+/// decode pass's cost is its context's attention (linear in the context, or constant for a
+/// sliding-window layer) plus the same weights every pass, so the middle pass times the run's
+/// length is the run's cost (`sampled_decode_matches_the_full_replay` bounds the difference).
+pub fn sampled_passes(plan: &Plan) -> (Vec<(usize, usize)>, Vec<f64>) {
+    let steps = plan.gen_tokens.saturating_sub(1);
+    let mut passes = vec![(plan.prompt_tokens, 0)];
+    let mut weights = vec![1.0];
+    let runs = steps.min(DECODE_PASSES_REPLAYED);
+    for j in 0..runs {
+        let (start, end) = (j * steps / runs, (j + 1) * steps / runs);
+        passes.push((1, plan.prompt_tokens + start + (end - start - 1) / 2));
+        weights.push((end - start) as f64);
+    }
+    (passes, weights)
+}
+
+/// [`schedule()`] on [`sampled_passes`]: the events, and per pass the decode steps it stands
+/// for (give them to [`crate::Timeline::weigh_passes`] after the replay). With at most
+/// [`DECODE_PASSES_REPLAYED`] decode passes the events are [`schedule()`]'s and every weight 1.
+pub fn schedule_sampled(
+    shape: &ModelShape,
+    plan: &Plan,
+) -> Result<(Vec<Event>, Vec<f64>), BoardError> {
+    if plan.prompt_tokens == 0 {
+        return Err(BoardError::Stream("a prompt of 0 tokens".into()));
+    }
+    let (passes, weights) = sampled_passes(plan);
+    Ok((schedule_passes(shape, plan, &passes)?, weights))
+}
+
 /// As [`schedule()`], for the passes `passes` (rows, context) in order (`plan`'s token counts
 /// unused): a speculative verifier's passes of `k + 1` rows through one weight cache.
 pub(crate) fn schedule_passes(

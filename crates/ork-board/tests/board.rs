@@ -8,6 +8,9 @@ use ork_board::{
     ReplayOptions, Timeline, WeightType,
 };
 
+#[path = "board/files.rs"]
+mod files;
+
 /// Print the fit and every row's prediction (`cargo test -p ork-board --test board -- --ignored
 /// --nocapture fit_report`).
 #[test]
@@ -287,21 +290,20 @@ fn board_files_refuse_bad_parameters_naming_them() {
     chip["npu_read_bw"] = serde_json::json!(30e9);
     let doc = serde_json::json!({"name": "x", "chip": chip, "ram_gib": 8, "storage_read_gbps": 1});
     assert!(Board::from_json(&doc.to_string()).is_ok());
-    // From a file: the error names the file too.
-    let dir = std::env::temp_dir().join(format!("ork-board-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let f = dir.join("bad.json");
-    std::fs::write(
-        &f,
-        r#"{"name": "x", "chip": "rk3588", "ram_gib": 0, "storage_read_gbps": 1}"#,
+    // From a file's bytes: the error names the file too.
+    let e = Board::from_bytes(
+        "dir/bad.json",
+        br#"{"name": "x", "chip": "rk3588", "ram_gib": 0, "storage_read_gbps": 1}"#,
     )
-    .unwrap();
-    let e = Board::resolve(f.to_str().unwrap()).unwrap_err();
+    .unwrap_err();
     assert!(
         e.to_string().contains("bad.json") && e.to_string().contains("ram_gib"),
         "{e}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(matches!(
+        Board::from_bytes("b.json", b"\xff{}").unwrap_err(),
+        BoardError::InFile { .. }
+    ));
 }
 
 /// SmolLM2-135M's published dimensions.
@@ -601,6 +603,11 @@ fn spec_project(
 }
 
 fn tiny_draft() -> ModelShape {
+    tiny_shape(&ork_board::Chip::rk3588())
+}
+
+/// Two small blocks and an 8192-token vocabulary, split by `chip`'s limits.
+fn tiny_shape(chip: &ork_board::Chip) -> ModelShape {
     let dims = Dims {
         n_layer: 2,
         d_model: 256,
@@ -610,7 +617,7 @@ fn tiny_draft() -> ModelShape {
         head_dim: 64,
         vocab: 8192,
     };
-    ModelShape::from_dims(&dims, WeightType::Int8, &ork_board::Chip::rk3588())
+    ModelShape::from_dims(&dims, WeightType::Int8, chip)
 }
 
 /// Plain decode built from spliced passes (k = 0) projects what the dense schedule does.

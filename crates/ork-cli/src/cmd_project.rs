@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 use ork_board::{
-    replay, schedule, Board, ModelShape, Projection, Recorder, ReplayOptions, ShapeWeight,
+    replay, schedule_sampled, Board, ModelShape, Projection, Recorder, ReplayOptions, ShapeWeight,
     WeightType,
 };
 use ork_pack::{PackDtype, ScaleGroup, TiledLayout};
@@ -72,13 +72,23 @@ pub struct PlanProject {
 }
 
 /// The board `--project` names, resolved before anything is loaded (`None` without the flag);
-/// an empty name means `soc`.
+/// an empty name means `soc`. A board file is read under the input rule every file ork reads
+/// whole follows (`ork_gguf::input::read_input`: a regular file, opened without blocking, its
+/// size checked before reading, at most [`ork_board::BOARD_FILE_LIMIT`] bytes).
 pub fn board(project: Option<&str>, soc: &str) -> Result<Option<Board>> {
     let Some(name) = project else {
         return Ok(None);
     };
     let name = if name.is_empty() { soc } else { name };
-    Ok(Some(Board::resolve(name).context("--project")?))
+    let board = if Board::names_file(name) {
+        let path = Path::new(name);
+        let bytes =
+            ork_gguf::input::read_input(path, ork_board::BOARD_FILE_LIMIT).context("--project")?;
+        Board::from_bytes(&path.display().to_string(), &bytes)
+    } else {
+        Board::named(name)
+    };
+    Ok(Some(board.context("--project")?))
 }
 
 /// Start recording `engine`'s events when projecting.
@@ -182,6 +192,7 @@ pub fn project_plan(
     let c =
         ork_exec::ModelConfig::from_gguf(&gguf).with_context(|| format!("{}", path.display()))?;
     let slots = if args.no_prefetch { 0 } else { slots };
+    check_context(args, c.context_length, path)?;
     if manifest.n_expert() > 0 {
         return crate::cmd_moe_project::project_moe(path, &c, plan, board, args, dtype);
     }
@@ -262,9 +273,18 @@ pub fn project_plan(
         gen_tokens: args.gen_tokens as usize,
         kv_bytes: 2,
     };
-    let (events, generated, label) = match &args.draft {
-        None => (schedule(&shape, &sched)?, args.gen_tokens as usize, None),
-        Some(d) => crate::cmd_spec_project::plan_spec(&shape, &sched, d, args, &board.chip)?,
+    // Plain decode replays at most `DECODE_PASSES_REPLAYED` decode passes, each standing for
+    // its share of the steps: the plan's memory does not grow with `--gen-tokens`.
+    let (events, weights, generated, label) = match &args.draft {
+        None => {
+            let (events, weights) = schedule_sampled(&shape, &sched)?;
+            (events, weights, args.gen_tokens as usize, None)
+        }
+        Some(d) => {
+            let (events, generated, label) =
+                crate::cmd_spec_project::plan_spec(&gguf, &shape, &sched, d, args, &board.chip)?;
+            (events, Vec::new(), generated, label)
+        }
     };
     dump(&events)?;
     let device_bytes = if resident {
@@ -272,7 +292,7 @@ pub fn project_plan(
     } else {
         budget * u64::from(plan.domains_used.max(1))
     };
-    let timeline = replay(
+    let mut timeline = replay(
         &events,
         board,
         ReplayOptions {
@@ -282,9 +302,26 @@ pub fn project_plan(
             prefetch_slots: (!resident && slots > 0).then_some(slots),
         },
     )?;
+    timeline.weigh_passes(&weights);
     let mut p = Projection::new(&timeline, board, args.prompt_tokens as usize, generated);
     p.schedule = label;
     Ok(p)
+}
+
+/// The projected run within the model's context, as `ork run` holds a prompt and `-n` to it:
+/// `--prompt-tokens` + `--gen-tokens` at most `context` (a million-token prompt projected a
+/// TTFT of 2,160,208,021 ms on a model of 8,192 positions).
+fn check_context(args: &PlanProject, context: usize, path: &Path) -> Result<()> {
+    let (prompt, gen) = (args.prompt_tokens, args.gen_tokens);
+    if prompt.saturating_add(gen) > context as u64 {
+        anyhow::bail!(
+            "--prompt-tokens {prompt} and --gen-tokens {gen} need {} positions, but the context \
+             of {} is {context} tokens",
+            prompt.saturating_add(gen),
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// Per block, the keys a sliding-window layer's query sees (Gemma 3's local layers), as the

@@ -112,6 +112,7 @@ impl Projected {
 /// checking them in one pass of k + 1 rows, each draft accepted with probability A). Returns
 /// the events, the tokens generated and the schedule's label for the projection.
 pub fn plan_spec(
+    model: &ork_gguf::GgufFile,
     verifier: &ork_board::ModelShape,
     plan: &ork_board::Plan,
     draft: &crate::cli::DraftArg,
@@ -148,6 +149,16 @@ pub fn plan_spec(
                 .with_context(|| format!("--draft {}", path.display()))?;
             let c = ork_exec::ModelConfig::from_gguf(&gguf)
                 .with_context(|| format!("--draft {}", path.display()))?;
+            // The check `ork run --draft` makes: a draft with another vocabulary is refused.
+            let model_tokens = ork_exec::Tokenizer::from_gguf(model).context("the model")?;
+            let draft_tokens = ork_exec::Tokenizer::from_gguf(&gguf)
+                .with_context(|| format!("--draft {}", path.display()))?;
+            ork_exec::check_draft_vocabulary(
+                &model_tokens,
+                &draft_tokens,
+                &path.display().to_string(),
+            )
+            .with_context(|| format!("--draft {}", path.display()))?;
             let dims = ork_board::Dims {
                 n_layer: c.n_layer,
                 d_model: c.n_embd,

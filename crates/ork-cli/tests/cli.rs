@@ -16,6 +16,10 @@ mod hostile;
 mod model;
 #[path = "cli/pack.rs"]
 mod pack;
+#[path = "cli/packaging.rs"]
+mod packaging;
+#[path = "cli/plan_inputs.rs"]
+mod plan_inputs;
 #[path = "cli/project.rs"]
 mod project;
 #[path = "cli/rknn.rs"]

@@ -10,6 +10,8 @@
 //! - [`wide`]: an f32 loop compiled for AVX2 where the CPU has it (the executor's attention and
 //!   SwiGLU).
 //! - [`narrow`]: f32 → f16 pieces for the pack kernel's fp16 tiles (`fcvtn` on aarch64).
+//! - [`blocks`]: matmuls straight from GGUF's quantized blocks with ggml's activation
+//!   quantizers, for the CPU engine (`--device cpu`).
 //!
 //! The bottom layer: it depends on no other ork crate. Adding a kernel touches this crate (and
 //! the dispatcher of the layer that calls it) only.

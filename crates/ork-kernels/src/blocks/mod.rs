@@ -17,9 +17,15 @@
 //! ([`Kernel::rows`]). Threads are the caller's (ork-cpu splits weight rows across its pool).
 
 mod act;
+mod act_k;
 mod float;
+#[cfg(test)]
+mod golden;
 mod k_quants;
 mod legacy;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+mod order;
 
 pub use crate::tile::Isa;
 
@@ -188,7 +194,8 @@ impl WeightType {
 /// `out[r·m + i] = Σ_k W[r, k] · A[i, k]` for `rows` weight rows (`w`, each
 /// `WeightType::row_bytes(k)` bytes) against `m` quantized activation rows (`acts`, each
 /// `ActType::row_bytes(k)` bytes). The caller has checked every length.
-pub(crate) type RowsFn = fn(k: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]);
+pub(crate) type RowsFn =
+    fn(k: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]);
 
 /// Quantize one activation row `x` (its length a multiple of the block length) into `dst`
 /// (exactly `ActType::row_bytes(x.len())` bytes).

@@ -32,7 +32,7 @@ mod avx2_f32;
 mod avx512_vnni;
 pub mod group;
 #[cfg(target_arch = "aarch64")]
-mod neon;
+pub(crate) mod neon;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 

@@ -24,7 +24,7 @@
 use std::arch::aarch64::*;
 
 /// Whether the CPU has the dot-product instructions (`sdot`).
-pub(super) fn has_dotprod() -> bool {
+pub(crate) fn has_dotprod() -> bool {
     std::arch::is_aarch64_feature_detected!("dotprod")
 }
 
@@ -130,7 +130,7 @@ impl Step for Sdot {
 /// # Safety
 /// The CPU must have FEAT_DotProd.
 #[inline(always)]
-unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(crate) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: `sdot` reads and writes vector registers only (no memory, flags or stack); the
     // caller guarantees the CPU implements it.

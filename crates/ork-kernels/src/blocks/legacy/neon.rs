@@ -1,0 +1,308 @@
+//! aarch64 kernels for the 32-weight block types, one body ([`body`]) compiled twice: NEON
+//! (`smull`/`smull2` + `sadalp`, the Cortex-A72/A53 path) and NEON dotprod (`sdot`, Cortex-A76
+//! and A55).
+//!
+//! A block decodes into two int8x16 (weights 0..16 and 16..32, [`Decode`]); its dot with the
+//! activation's 32 int8 is exact in four i32 lanes (signed × signed, `|w·a| ≤ 128·127`).
+//! Eight blocks' lane vectors fold by `addp` into two vectors of block sums, and the float step
+//! runs on them in the scalar twin's order ([`super::rows_scalar`]): lane `b % 8` is lane
+//! `b % 4` of the low (`b % 8 < 4`) or high accumulator.
+
+use super::super::neon::{f16x8, sdot};
+use super::{act_geometry, drive, finish, ActRow, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::{Isa, RowsFn, WeightType, KVALUES_IQ4NL};
+use std::arch::aarch64::*;
+
+/// A block format's NEON decoder.
+trait Decode: Format {
+    /// The 32 integer weights of the block at `p`: `(weights 0..16, weights 16..32)`.
+    ///
+    /// # Safety
+    /// `p .. p + BYTES` must be readable.
+    unsafe fn decode(p: *const u8) -> (int8x16_t, int8x16_t);
+}
+
+/// The low and high nibbles of the 16 bytes at `p`.
+///
+/// # Safety
+/// 16 readable bytes at `p`.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: the caller guarantees 16 readable bytes (`ld1` takes unaligned addresses); NEON
+    // is the aarch64 baseline.
+    unsafe {
+        let v = vld1q_u8(p);
+        (vandq_u8(v, vdupq_n_u8(15)), vshrq_n_u8::<4>(v))
+    }
+}
+
+/// Q5's fifth bits from the u32 at `p`, as 0x10 in each weight's byte.
+///
+/// # Safety
+/// 4 readable bytes at `p`.
+#[inline(always)]
+unsafe fn fifth_bits(p: *const u8) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: the caller guarantees 4 readable bytes; NEON is the aarch64 baseline.
+    unsafe {
+        let h = p.cast::<u32>().read_unaligned();
+        let hv = vreinterpretq_u8_u32(vdupq_n_u32(h));
+        let bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040_2010_0804_0201));
+        let spread = |lo: u64, hi: u64| {
+            let i = vcombine_u8(vcreate_u8(lo), vcreate_u8(hi));
+            vandq_u8(vtstq_u8(vqtbl1q_u8(hv, i), bit), vdupq_n_u8(0x10))
+        };
+        (
+            spread(0, 0x0101_0101_0101_0101),
+            spread(0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
+        )
+    }
+}
+
+/// Signed weights `v − off`.
+#[inline(always)]
+fn centred((lo, hi): (uint8x16_t, uint8x16_t), off: u8) -> (int8x16_t, int8x16_t) {
+    // SAFETY: register-only; NEON is the aarch64 baseline.
+    unsafe {
+        let o = vdupq_n_u8(off);
+        (
+            vreinterpretq_s8_u8(vsubq_u8(lo, o)),
+            vreinterpretq_s8_u8(vsubq_u8(hi, o)),
+        )
+    }
+}
+
+/// Bitwise or of two pairs.
+#[inline(always)]
+fn or2(a: (uint8x16_t, uint8x16_t), b: (uint8x16_t, uint8x16_t)) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: register-only; NEON is the aarch64 baseline.
+    unsafe { (vorrq_u8(a.0, b.0), vorrq_u8(a.1, b.1)) }
+}
+
+impl Decode for Q4_0 {
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (int8x16_t, int8x16_t) {
+        // SAFETY: qs are bytes 2..18 of the block.
+        centred(unsafe { nibbles(p.add(2)) }, 8)
+    }
+}
+
+impl Decode for Q4_1 {
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (int8x16_t, int8x16_t) {
+        // SAFETY: qs are bytes 4..20 of the block.
+        centred(unsafe { nibbles(p.add(4)) }, 0)
+    }
+}
+
+impl Decode for Q5_0 {
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (int8x16_t, int8x16_t) {
+        // SAFETY: qh is bytes 2..6, qs 6..22 of the block.
+        centred(unsafe { or2(nibbles(p.add(6)), fifth_bits(p.add(2))) }, 16)
+    }
+}
+
+impl Decode for Q5_1 {
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (int8x16_t, int8x16_t) {
+        // SAFETY: qh is bytes 4..8, qs 8..24 of the block.
+        centred(unsafe { or2(nibbles(p.add(8)), fifth_bits(p.add(4))) }, 0)
+    }
+}
+
+impl Decode for Q8_0 {
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (int8x16_t, int8x16_t) {
+        // SAFETY: qs are bytes 2..34 of the block.
+        unsafe { (vld1q_s8(p.add(2).cast()), vld1q_s8(p.add(18).cast())) }
+    }
+}
+
+impl Decode for Iq4Nl {
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> (int8x16_t, int8x16_t) {
+        // SAFETY: the table is 16 bytes; qs are bytes 2..18 of the block; NEON baseline.
+        unsafe {
+            let (t, (lo, hi)) = (vld1q_s8(KVALUES_IQ4NL.as_ptr()), nibbles(p.add(2)));
+            (vqtbl1q_s8(t, lo), vqtbl1q_s8(t, hi))
+        }
+    }
+}
+
+/// The int8 dot of one block into four i32 lanes.
+trait Dot {
+    /// # Safety
+    /// The CPU must have the instructions the implementation uses.
+    unsafe fn dot(w: (int8x16_t, int8x16_t), a: (int8x16_t, int8x16_t)) -> int32x4_t;
+}
+
+/// `smull`/`smull2` + `sadalp`.
+struct Widen;
+/// `sdot`.
+struct Sdot;
+
+impl Dot for Widen {
+    #[inline(always)]
+    unsafe fn dot(w: (int8x16_t, int8x16_t), a: (int8x16_t, int8x16_t)) -> int32x4_t {
+        // SAFETY: register-only; NEON is the aarch64 baseline.
+        unsafe {
+            let p0 = vmull_s8(vget_low_s8(w.0), vget_low_s8(a.0));
+            let p1 = vmull_high_s8(w.0, a.0);
+            let p2 = vmull_s8(vget_low_s8(w.1), vget_low_s8(a.1));
+            let p3 = vmull_high_s8(w.1, a.1);
+            let acc = vpadalq_s16(vpaddlq_s16(p0), p1);
+            vpadalq_s16(vpadalq_s16(acc, p2), p3)
+        }
+    }
+}
+
+impl Dot for Sdot {
+    #[inline(always)]
+    unsafe fn dot(w: (int8x16_t, int8x16_t), a: (int8x16_t, int8x16_t)) -> int32x4_t {
+        // SAFETY: the caller guarantees FEAT_DotProd.
+        unsafe { sdot(sdot(vdupq_n_s32(0), w.0, a.0), w.1, a.1) }
+    }
+}
+
+/// The 32 activation int8 at `p`.
+///
+/// # Safety
+/// 32 readable bytes.
+#[inline(always)]
+unsafe fn load_act(p: *const u8) -> (int8x16_t, int8x16_t) {
+    // SAFETY: the caller guarantees 32 readable bytes.
+    unsafe { (vld1q_s8(p.cast()), vld1q_s8(p.add(16).cast())) }
+}
+
+/// `[Σ p0, Σ p1, Σ p2, Σ p3]`.
+#[inline(always)]
+fn sums4(p: &[int32x4_t]) -> int32x4_t {
+    // SAFETY: register-only; NEON is the aarch64 baseline.
+    unsafe { vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3])) }
+}
+
+/// One weight row against `N` activation rows (the x86 twin of this function has the same
+/// structure).
+///
+/// # Safety
+/// `wr` is one weight row of `nb` blocks and each `ar[i]` an activation row of `nb` blocks;
+/// the CPU has `D`'s instructions.
+#[inline(always)]
+unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
+    let (ab_len, qs) = act_geometry(F::MIN);
+    let nb = wr.len() / F::BYTES;
+    let groups = nb / 8;
+    // SAFETY: register-only; NEON is the aarch64 baseline.
+    let mut acc = [[unsafe { vdupq_n_f32(0.0) }; 2]; N];
+    for g in 0..groups {
+        // SAFETY (whole loop body): block g·8 + j < nb of the row, activation blocks likewise,
+        // per-block indices g·8 .. g·8 + 8 <= nb.
+        unsafe {
+            let base = wr.as_ptr().add(g * 8 * F::BYTES);
+            // Plain loops, no closures, here and below: a closure would not be compiled with
+            // the caller's `dotprod` feature, and `sdot` would not assemble in it.
+            let mut wv = [(vdupq_n_s8(0), vdupq_n_s8(0)); 8];
+            for (j, v) in wv.iter_mut().enumerate() {
+                *v = F::decode(base.add(j * F::BYTES));
+            }
+            let dw = f16x8(base, F::BYTES);
+            let mw = if F::MIN {
+                f16x8(base.add(2), F::BYTES)
+            } else {
+                dw
+            };
+            for (i, a) in ar.iter().enumerate() {
+                let abase = a.q.as_ptr().add(g * 8 * ab_len + qs);
+                let mut p = [vdupq_n_s32(0); 8];
+                for (j, p) in p.iter_mut().enumerate() {
+                    *p = D::dot(wv[j], load_act(abase.add(j * ab_len)));
+                }
+                let isum = [sums4(&p[..4]), sums4(&p[4..])];
+                let (halves, mhalves) = ([dw.0, dw.1], [mw.0, mw.1]);
+                for h in 0..2 {
+                    let da = vld1q_f32(a.d.as_ptr().add(g * 8 + 4 * h));
+                    let mut v = vmulq_f32(vmulq_f32(halves[h], da), vcvtq_f32_s32(isum[h]));
+                    if F::MIN {
+                        let sa = vld1q_f32(a.s.as_ptr().add(g * 8 + 4 * h));
+                        v = vaddq_f32(v, vmulq_f32(mhalves[h], sa));
+                    }
+                    acc[i][h] = vaddq_f32(acc[i][h], v);
+                }
+            }
+        }
+    }
+    let mut res = [0f32; N];
+    for (i, a) in ar.iter().enumerate() {
+        let mut lanes = [0f32; 8];
+        let mut tail = [0i32; 8];
+        for (b, t) in (groups * 8..nb).zip(&mut tail) {
+            // SAFETY: block b < nb of both rows; the CPU has `D`'s instructions.
+            *t = unsafe {
+                let w = F::decode(wr.as_ptr().add(b * F::BYTES));
+                vaddvq_s32(D::dot(w, load_act(a.q.as_ptr().add(b * ab_len + qs))))
+            };
+        }
+        // SAFETY: 32 writable bytes.
+        unsafe {
+            vst1q_f32(lanes.as_mut_ptr(), acc[i][0]);
+            vst1q_f32(lanes.as_mut_ptr().add(4), acc[i][1]);
+        }
+        res[i] = finish::<F>(lanes, wr, a.q, groups * 8, |b| tail[b - groups * 8]);
+    }
+    res
+}
+
+/// `row` with the baseline NEON dot.
+///
+/// # Safety
+/// As [`row`] (NEON is the aarch64 baseline).
+unsafe fn row_neon<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
+    // SAFETY: forwarded.
+    unsafe { row::<F, Widen, N>(wr, ar) }
+}
+
+/// `row` compiled for FEAT_DotProd.
+///
+/// # Safety
+/// As [`row`] on a CPU with FEAT_DotProd.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn row_sdot<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
+    // SAFETY: forwarded.
+    unsafe { row::<F, Sdot, N>(wr, ar) }
+}
+
+/// Safe entry of the NEON kernel (NEON is the aarch64 baseline; `Kernel::rows` checks the
+/// lengths).
+fn entry_neon<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
+    // SAFETY: see the doc comment.
+    unsafe { drive::<F>(k, w, n, a, m, o, (row_neon::<F, 4>, row_neon::<F, 1>)) }
+}
+
+/// Safe entry of the dotprod kernel: [`rows`] hands it out only for [`Isa::NeonDot`], which
+/// `super::rows` has checked this CPU runs; `Kernel::rows` checks the lengths.
+fn entry_sdot<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
+    // SAFETY: see the doc comment.
+    unsafe { drive::<F>(k, w, n, a, m, o, (row_sdot::<F, 4>, row_sdot::<F, 1>)) }
+}
+
+/// The kernel for `ty` on `isa` (an aarch64 ISA this CPU runs).
+pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
+    macro_rules! pick {
+        ($f:ident) => {
+            match ty {
+                WeightType::Q4_0 => $f::<Q4_0> as RowsFn,
+                WeightType::Q4_1 => $f::<Q4_1>,
+                WeightType::Q5_0 => $f::<Q5_0>,
+                WeightType::Q5_1 => $f::<Q5_1>,
+                WeightType::Q8_0 => $f::<Q8_0>,
+                WeightType::IQ4_NL => $f::<Iq4Nl>,
+                _ => return None,
+            }
+        };
+    }
+    Some(match isa {
+        Isa::Neon => pick!(entry_neon),
+        Isa::NeonDot => pick!(entry_sdot),
+        _ => return None,
+    })
+}

@@ -1,0 +1,390 @@
+//! x86-64 kernels for the 32-weight block types: one body ([`body`]) compiled for AVX2
+//! (`vpmaddubsw` + `vpmaddwd`), AVX-VNNI and AVX-512 VNNI (`vpdpbusd`, ymm form).
+//!
+//! A block's 32 weights decode into one ymm of bytes ([`Decode`]). Its dot with the
+//! activation's 32 int8 is exact in i32 lanes: Q4_0/Q5_0/Q4_1/Q5_1 decode to unsigned `u` with
+//! `w = u − OFFSET` (8, 16, 0, 0), multiplied as u8 × i8 and corrected by `OFFSET · Σa` (the
+//! activation block's sum, computed once per call); Q8_0 and IQ4_NL use the sign trick (`|w|`
+//! as u8 times `a · sign(w)`). `vpmaddubsw` pairs stay within i16 (at most 2·128·127). Eight blocks' lane vectors are folded by `vphaddd` into one vector of
+//! eight block sums, and the float step (`(d_w · d_a) · isum [+ m_w · s_a]`, lane `b % 8`)
+//! runs on eight blocks at once: the scalar twin's order ([`super::rows_scalar`]).
+//!
+//! Each weight row's groups of eight blocks are decoded once for up to four activation rows
+//! (prefill); decode (M = 1) decodes straight into registers.
+
+use super::{act_geometry, drive, finish, ActRow, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::{Isa, RowsFn, WeightType, KVALUES_IQ4NL};
+use std::arch::x86_64::*;
+
+/// A block format's AVX2 decoder.
+trait Decode: Format {
+    /// Whether [`Decode::decode`] gives signed weights (else unsigned, `w = u − OFFSET`).
+    const SIGNED: bool;
+    /// See [`Decode::SIGNED`].
+    const OFFSET: i32;
+    /// The 32 weights of the block at `p`, in `Format::weights` order (signed, or unsigned
+    /// `u = w + OFFSET`).
+    ///
+    /// # Safety
+    /// `p .. p + BYTES` must be readable; the CPU must have AVX2.
+    unsafe fn decode(p: *const u8) -> __m256i;
+}
+
+/// The 32 nibbles of the 16 bytes at `p` (weight `j` low nibble of byte `j`, `j + 16` high).
+///
+/// # Safety
+/// 16 readable bytes at `p`; AVX2.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 16 readable bytes (unaligned load) and AVX2.
+    unsafe {
+        let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()));
+        let shifted = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
+        _mm256_and_si256(shifted, _mm256_set1_epi8(15))
+    }
+}
+
+/// Bit `j` of the u32 at `p`, as 0x10 in byte `j` (Q5's fifth bit).
+///
+/// # Safety
+/// 4 readable bytes at `p`; AVX2.
+#[inline(always)]
+unsafe fn fifth_bits(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 4 readable bytes and AVX2.
+    unsafe {
+        let h = p.cast::<i32>().read_unaligned();
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(h),
+            _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            ),
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    }
+}
+
+impl Decode for Q4_0 {
+    const SIGNED: bool = false;
+    const OFFSET: i32 = 8;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> __m256i {
+        // SAFETY: qs are bytes 2..18 of the block the caller vouches for; AVX2.
+        unsafe { nibbles(p.add(2)) }
+    }
+}
+
+impl Decode for Q4_1 {
+    const SIGNED: bool = false;
+    const OFFSET: i32 = 0;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> __m256i {
+        // SAFETY: qs are bytes 4..20 of the block.
+        unsafe { nibbles(p.add(4)) }
+    }
+}
+
+impl Decode for Q5_0 {
+    const SIGNED: bool = false;
+    const OFFSET: i32 = 16;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> __m256i {
+        // SAFETY: qh is bytes 2..6, qs 6..22 of the block; AVX2.
+        unsafe { _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2))) }
+    }
+}
+
+impl Decode for Q5_1 {
+    const SIGNED: bool = false;
+    const OFFSET: i32 = 0;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> __m256i {
+        // SAFETY: qh is bytes 4..8, qs 8..24 of the block.
+        unsafe { _mm256_or_si256(nibbles(p.add(8)), fifth_bits(p.add(4))) }
+    }
+}
+
+impl Decode for Q8_0 {
+    const SIGNED: bool = true;
+    const OFFSET: i32 = 0;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> __m256i {
+        // SAFETY: qs are bytes 2..34 of the block.
+        unsafe { _mm256_loadu_si256(p.add(2).cast()) }
+    }
+}
+
+impl Decode for Iq4Nl {
+    const SIGNED: bool = true;
+    const OFFSET: i32 = 0;
+    #[inline(always)]
+    unsafe fn decode(p: *const u8) -> __m256i {
+        // SAFETY: the table is 16 bytes; qs are bytes 2..18 of the block; AVX2.
+        unsafe {
+            let t = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
+            _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles(p.add(2)))
+        }
+    }
+}
+
+/// The int8 dot of one block: eight i32 lanes whose sum is `Σ w_j · a_j`.
+trait Dot {
+    /// `u` (unsigned bytes) times `s` (signed bytes), four adjacent products per lane.
+    ///
+    /// # Safety
+    /// The CPU must have the instructions the implementation uses.
+    unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i;
+}
+
+/// `vpmaddubsw` then `vpmaddwd` by ones.
+struct Avx2;
+/// `vpdpbusd` (AVX-VNNI, VEX).
+struct AvxVnni;
+/// `vpdpbusd` (AVX-512 VNNI + VL, EVEX ymm).
+struct Avx512Vnni;
+
+impl Dot for Avx2 {
+    #[inline(always)]
+    unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: register-only AVX2 arithmetic; the caller guarantees AVX2.
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
+    }
+}
+
+impl Dot for AvxVnni {
+    #[inline(always)]
+    unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: register-only; the caller guarantees AVX-VNNI.
+        unsafe { _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s) }
+    }
+}
+
+impl Dot for Avx512Vnni {
+    #[inline(always)]
+    unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: register-only; the caller guarantees AVX-512 VNNI and VL.
+        unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s) }
+    }
+}
+
+/// Lanes of one block's dot (`Σ u·a` for unsigned decodings, `Σ w·a` for signed ones, by the
+/// sign trick).
+///
+/// # Safety
+/// As [`Dot::dot_us`].
+#[inline(always)]
+unsafe fn block_dot<F: Decode, D: Dot>(w: __m256i, a: __m256i) -> __m256i {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if F::SIGNED {
+            D::dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+        } else {
+            D::dot_us(w, a)
+        }
+    }
+}
+
+/// `[Σ p0, Σ p1, …, Σ p7]`: the lane sums of eight vectors (exact i32).
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn sums8(p: &[__m256i; 8]) -> __m256i {
+    // SAFETY: register-only; the caller guarantees AVX2.
+    unsafe {
+        let a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(a, b),
+            _mm256_permute2x128_si256::<0x31>(a, b),
+        )
+    }
+}
+
+/// Sum of one vector's eight lanes.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn sum1(v: __m256i) -> i32 {
+    // SAFETY: register-only; the caller guarantees AVX2.
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    }
+}
+
+/// The f16 at `p + j·stride` for j in 0..8, as f32.
+///
+/// # Safety
+/// Each of those 2-byte fields must be readable; F16C.
+#[inline(always)]
+unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
+    // SAFETY: the caller vouches for the eight fields and F16C.
+    unsafe {
+        let h = |j: usize| p.add(j * stride).cast::<i16>().read_unaligned();
+        _mm256_cvtph_ps(_mm_set_epi16(
+            h(7),
+            h(6),
+            h(5),
+            h(4),
+            h(3),
+            h(2),
+            h(1),
+            h(0),
+        ))
+    }
+}
+
+/// One weight row against `N` activation rows.
+///
+/// # Safety
+/// `wr` is one weight row of `nb` blocks and each `ar[i]` an activation row of `nb` blocks;
+/// the CPU has AVX2, F16C and `D`'s instructions.
+#[inline(always)]
+unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
+    let (ab_len, qs) = act_geometry(F::MIN);
+    let nb = wr.len() / F::BYTES;
+    let groups = nb / 8;
+    // SAFETY: register-only; the caller guarantees AVX.
+    let mut acc = [unsafe { _mm256_setzero_ps() }; N];
+    // SAFETY: as above.
+    let mut wv = [unsafe { _mm256_setzero_si256() }; 8];
+    for g in 0..groups {
+        // SAFETY (whole loop body): block g·8 + j < nb of the row, activation blocks likewise,
+        // per-block indices g·8 .. g·8 + 8 <= nb; prefetching never faults.
+        unsafe {
+            let base = wr.as_ptr().add(g * 8 * F::BYTES);
+            _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(16 * F::BYTES).cast());
+            for (j, v) in wv.iter_mut().enumerate() {
+                *v = F::decode(base.add(j * F::BYTES));
+            }
+            let dw = f16x8(base, F::BYTES);
+            for (i, a) in ar.iter().enumerate() {
+                let abase = a.q.as_ptr().add(g * 8 * ab_len + qs);
+                // Plain loops, no closures, here and below: a closure is not compiled with the
+                // caller's target features, and the intrinsics would not inline into it.
+                let mut p = [_mm256_setzero_si256(); 8];
+                for (j, p) in p.iter_mut().enumerate() {
+                    let av = _mm256_loadu_si256(abase.add(j * ab_len).cast());
+                    *p = block_dot::<F, D>(wv[j], av);
+                }
+                let mut isum = sums8(&p);
+                if F::OFFSET != 0 {
+                    let asum = _mm256_loadu_si256(a.sum.as_ptr().add(g * 8).cast());
+                    let off = _mm256_mullo_epi32(asum, _mm256_set1_epi32(F::OFFSET));
+                    isum = _mm256_sub_epi32(isum, off);
+                }
+                let da = _mm256_loadu_ps(a.d.as_ptr().add(g * 8));
+                let mut v = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
+                if F::MIN {
+                    let mw = f16x8(base.add(2), F::BYTES);
+                    let sa = _mm256_loadu_ps(a.s.as_ptr().add(g * 8));
+                    v = _mm256_add_ps(v, _mm256_mul_ps(mw, sa));
+                }
+                acc[i] = _mm256_add_ps(acc[i], v);
+            }
+        }
+    }
+    let mut res = [0f32; N];
+    for (i, a) in ar.iter().enumerate() {
+        let mut lanes = [0f32; 8];
+        let mut tail = [0i32; 8];
+        for (b, t) in (groups * 8..nb).zip(&mut tail) {
+            // SAFETY: block b < nb of both rows; the ISA as the caller guarantees.
+            *t = unsafe {
+                let w = F::decode(wr.as_ptr().add(b * F::BYTES));
+                let av = _mm256_loadu_si256(a.q.as_ptr().add(b * ab_len + qs).cast());
+                sum1(block_dot::<F, D>(w, av)) - F::OFFSET * a.sum[b]
+            };
+        }
+        // SAFETY: 32 writable bytes; unaligned store.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
+        res[i] = finish::<F>(lanes, wr, a.q, groups * 8, |b| tail[b - groups * 8]);
+    }
+    res
+}
+
+/// `row` compiled for AVX2 and F16C.
+///
+/// # Safety
+/// As [`row`] with `D = Avx2`.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn row_avx2<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
+    // SAFETY: forwarded.
+    unsafe { row::<F, Avx2, N>(wr, ar) }
+}
+
+/// `row` compiled for AVX2, F16C and AVX-VNNI.
+///
+/// # Safety
+/// As [`row`] with `D = AvxVnni`.
+#[target_feature(enable = "avx2,f16c,avxvnni")]
+unsafe fn row_vnni<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
+    // SAFETY: forwarded.
+    unsafe { row::<F, AvxVnni, N>(wr, ar) }
+}
+
+/// `row` compiled for AVX2, F16C and AVX-512 F, VL, VNNI.
+///
+/// # Safety
+/// As [`row`] with `D = Avx512Vnni`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn row_512<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
+    // SAFETY: forwarded.
+    unsafe { row::<F, Avx512Vnni, N>(wr, ar) }
+}
+
+/// Safe entries (`RowsFn`): [`rows`] hands them out only on a CPU with every feature the
+/// kernel is compiled for, and `Kernel::rows` checks the lengths.
+macro_rules! entries {
+    ($($name:ident => $inner:ident),*) => {$(
+        fn $name<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
+            // SAFETY: see the macro's doc: the ISA is present and the lengths are checked.
+            unsafe { drive::<F>(k, w, n, a, m, o, ($inner::<F, 4>, $inner::<F, 1>)) }
+        }
+    )*};
+}
+entries!(safe_avx2 => row_avx2, safe_vnni => row_vnni, safe_512 => row_512);
+
+/// The kernel for `ty` on `isa` (an x86 ISA this CPU runs).
+pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
+    use std::arch::is_x86_feature_detected as has;
+    // Every feature the kernel is compiled for (`Isa::available` checks fewer: AVX-512 VNNI
+    // without AVX2 or VL, or AVX2 without F16C, exist on paper).
+    let base = has!("avx2") && has!("f16c");
+    let ok = match isa {
+        Isa::Avx2 => base,
+        Isa::AvxVnni => base && has!("avxvnni"),
+        Isa::Avx512Vnni => base && has!("avx512f") && has!("avx512vl") && has!("avx512vnni"),
+        _ => false,
+    };
+    if !ok {
+        return None;
+    }
+    macro_rules! pick {
+        ($f:ident) => {
+            match ty {
+                WeightType::Q4_0 => $f::<Q4_0> as RowsFn,
+                WeightType::Q4_1 => $f::<Q4_1>,
+                WeightType::Q5_0 => $f::<Q5_0>,
+                WeightType::Q5_1 => $f::<Q5_1>,
+                WeightType::Q8_0 => $f::<Q8_0>,
+                WeightType::IQ4_NL => $f::<Iq4Nl>,
+                _ => return None,
+            }
+        };
+    }
+    Some(match isa {
+        Isa::Avx2 => pick!(safe_avx2),
+        Isa::AvxVnni => pick!(safe_vnni),
+        Isa::Avx512Vnni => pick!(safe_512),
+        _ => return None,
+    })
+}
