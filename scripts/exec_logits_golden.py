@@ -18,6 +18,8 @@ import sys
 import numpy as np
 import llama_cpp
 
+from llama_cpp_perplexity import chunk_nlls
+
 N_CTX = 64
 
 TEXT = (
@@ -52,23 +54,9 @@ def main() -> None:
         top.append({"ids": [int(i) for i in ids], "logits": [float(row[i]) for i in ids]})
 
     # llama-perplexity protocol over chunks of N_CTX.
-    bos = llm.token_bos()
     n_chunk = len(tokens) // N_CTX
-    nll, count = 0.0, 0
-    first = N_CTX // 2
-    for c in range(n_chunk):
-        chunk = list(tokens[c * N_CTX:(c + 1) * N_CTX])
-        if add_bos:
-            chunk[0] = bos
-        llm.reset()
-        llm.eval(chunk)
-        sc = np.array(llm.scores[:N_CTX], dtype=np.float32)
-        for j in range(first, N_CTX - 1):
-            row = sc[j]
-            m = float(row.max())
-            lse = math.log(float(np.exp((row - m).astype(np.float64)).sum()))
-            nll += -(float(row[chunk[j + 1]]) - m - lse)
-            count += 1
+    nlls = [v for chunk in chunk_nlls(llm, tokens, N_CTX, bool(add_bos), n_chunk) for v in chunk]
+    nll, count = sum(nlls), len(nlls)
     out = {
         "reference": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}, CPU",
         "model_sha256": sha,

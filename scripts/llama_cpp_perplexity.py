@@ -12,6 +12,28 @@ import numpy as np
 import llama_cpp
 
 
+def chunk_nlls(llm, tokens, n_ctx: int, add_bos: bool, n_chunk: int):
+    """llama-perplexity's protocol: for each of `n_chunk` chunks of `n_ctx` tokens (the first
+    replaced by BOS when the vocabulary adds one), evaluated from an empty cache, yields the
+    negative log-likelihoods of the tokens of the chunk's second half, in order. `llm` is a
+    `llama_cpp.Llama` with `logits_all=True` and a context of at least `n_ctx`."""
+    first = n_ctx // 2
+    for c in range(n_chunk):
+        chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
+        if add_bos:
+            chunk[0] = llm.token_bos()
+        llm.reset()
+        llm.eval(chunk)
+        scores = np.array(llm.scores[:n_ctx], dtype=np.float32)
+        values = []
+        for j in range(first, n_ctx - 1):
+            row = scores[j]
+            m = float(row.max())
+            lse = math.log(float(np.exp((row - m).astype(np.float64)).sum()))
+            values.append(-(float(row[chunk[j + 1]]) - m - lse))
+        yield values
+
+
 def main() -> None:
     model, text_path = sys.argv[1], sys.argv[2]
     n_ctx = int(sys.argv[3]) if len(sys.argv) > 3 else 512
@@ -25,21 +47,10 @@ def main() -> None:
         n_chunk = min(n_chunk, max_chunks)
     if n_chunk < 2:
         sys.exit(f"need at least {2 * n_ctx} tokens, got {len(tokens)}")
-    first = n_ctx // 2
     nll, nll2, count = 0.0, 0.0, 0
     t0 = time.time()
-    for c in range(n_chunk):
-        chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
-        if add_bos:
-            chunk[0] = llm.token_bos()
-        llm.reset()
-        llm.eval(chunk)
-        scores = np.array(llm.scores[:n_ctx], dtype=np.float32)
-        for j in range(first, n_ctx - 1):
-            row = scores[j]
-            m = float(row.max())
-            lse = math.log(float(np.exp((row - m).astype(np.float64)).sum()))
-            v = -(float(row[chunk[j + 1]]) - m - lse)
+    for c, values in enumerate(chunk_nlls(llm, tokens, n_ctx, add_bos, n_chunk)):
+        for v in values:
             nll += v
             nll2 += v * v
             count += 1

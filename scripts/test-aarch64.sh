@@ -14,7 +14,8 @@
 #  3. the integration tests of ork-gguf, ork-pack and ork-store;
 #  4. ork-device's integration tests: the conformance suite on the emulator and, through the
 #     rknn stand-in built for aarch64 and dlopened, on the rknn backend;
-#  5. the real model's greedy run: the aarch64 `ork run --json` tokens must equal x86's;
+#  5. the real model's greedy run: the aarch64 `ork run --json` tokens must equal x86's, on the
+#     emulated NPU path and on the CPU engine (`--device cpu`), both computed on x86 in this run;
 #  6. arch-neutral packs: `ork convert` on aarch64 and on x86 write the same bytes (sha256);
 #  7. bad input: ork's CPU check built to assume dotprod, started on a CPU without it, exits 2
 #     naming it (no SIGILL).
@@ -137,20 +138,26 @@ X86_ORK="${ORK_X86_ORK:-$ROOT/target/debug/ork}"
 A64_ORK="$TD/$TARGET/debug/ork"
 WORK="$(mktemp -d "$TD/check.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
-RUN=(run --model "$ORK_MODEL" --no-pack --device emu --temp 0 -n 24 --json
-  --prompt "The three primary colours are")
-step "greedy run on x86"
-"$X86_ORK" "${RUN[@]}" >"$WORK/x86.json"
-for cpu in cortex-a76 cortex-a53; do
-  step "greedy run on aarch64 (-cpu $cpu)"
-  timeout -k 10 "$TMO" "$QEMU" -cpu "$cpu" "$A64_ORK" "${RUN[@]}" >"$WORK/a64-$cpu.json"
-  python3 - "$WORK/x86.json" "$WORK/a64-$cpu.json" "$cpu" <<'PY'
+# The emulated NPU path (int8 pack) and the CPU engine (`--device cpu`: the GGUF's own Q4_1
+# blocks, ork-kernels' NEON kernels with sdot on cortex-a76 and the plain NEON ones on
+# cortex-a53); each device's x86 tokens are computed here, in this run, and are the reference.
+for device in emu cpu; do
+  RUN=(run --model "$ORK_MODEL" --device "$device" --temp 0 -n 24 --json
+    --prompt "The three primary colours are")
+  if [ "$device" = emu ]; then RUN+=(--no-pack); fi
+  step "greedy run on x86 (--device $device)"
+  "$X86_ORK" "${RUN[@]}" >"$WORK/x86-$device.json"
+  for cpu in cortex-a76 cortex-a53; do
+    step "greedy run on aarch64 (-cpu $cpu, --device $device)"
+    timeout -k 10 "$TMO" "$QEMU" -cpu "$cpu" "$A64_ORK" "${RUN[@]}" >"$WORK/a64-$cpu-$device.json"
+    python3 - "$WORK/x86-$device.json" "$WORK/a64-$cpu-$device.json" "$cpu --device $device" <<'PY'
 import json, sys
 x, a = (json.load(open(p)) for p in sys.argv[1:3])
 if x["tokens"] != a["tokens"]:
     sys.exit(f"error: aarch64 ({sys.argv[3]}) tokens {a['tokens']} differ from x86 {x['tokens']}")
 print(f"same {len(x['tokens'])} tokens as x86: {x['text']!r}")
 PY
+  done
 done
 
 # ---- 6. arch-neutral packs ----------------------------------------------------------------

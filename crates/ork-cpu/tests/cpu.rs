@@ -4,6 +4,7 @@
 mod cpu {
     pub mod bad_input;
     pub mod fixtures;
+    pub mod llama_cpp;
     pub mod matmul;
     pub mod models;
     pub mod topology;
