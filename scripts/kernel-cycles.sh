@@ -7,15 +7,15 @@
 #
 # - ggml: llama.cpp's ggml/src/ggml-cpu/arch/arm/quants.c from llama-cpp-python 0.3.36's source
 #   distribution (PyPI, `pip download --no-binary`), compiled with
-#   `aarch64-linux-gnu-gcc -O3 -march=armv8.2-a+dotprod -S` (the RK3588's A76/A55: ARMv8.2-A with
-#   dotprod, no i8mm).
+#   `aarch64-linux-gnu-gcc -O3 -march=armv8.2-a+dotprod+fp16 -S` (the RK3588's A76/A55: ARMv8.2-A
+#   with dotprod and fp16 arithmetic, no i8mm); F16 from ggml-cpu/vec.cpp (g++).
 # - ork: ork-kernels built for aarch64-unknown-linux-gnu with `-C target-cpu=cortex-a76`
 #   (`cargo rustc --release -p ork-kernels --target aarch64-unknown-linux-gnu -- --emit asm`);
 #   the column is empty ("-", null) while ork-kernels has no NEON block kernels.
 # - scripts/kernel_cycles.py finds each kernel's hot loop and runs llvm-mca on it (how, in its
 #   docstring). Deterministic: pinned sources, fixed flags, fixed llvm-mca iteration count.
 #
-# Installs what it lacks, as root: Debian's llvm (llvm-mca) and gcc-aarch64-linux-gnu (apt), the
+# Installs what it lacks, as root: Debian's llvm (llvm-mca), gcc- and g++-aarch64-linux-gnu (apt), the
 # rust aarch64 target (rustup). Work files go to ${ORK_CACHE:-.cache}/kernel-cycles.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,7 @@ log() { echo "kernel-cycles: $*" >&2; }
 need_apt=()
 command -v llvm-mca >/dev/null || need_apt+=(llvm)
 command -v aarch64-linux-gnu-gcc >/dev/null || need_apt+=(gcc-aarch64-linux-gnu)
+command -v aarch64-linux-gnu-g++ >/dev/null || need_apt+=(g++-aarch64-linux-gnu)
 if ((${#need_apt[@]})); then
     log "installing ${need_apt[*]} (apt)"
     apt-get install -y "${need_apt[@]}" >&2 || { apt-get update >&2 && apt-get install -y "${need_apt[@]}" >&2; }
@@ -51,10 +52,11 @@ if [[ ! -f $src/src/ggml-cpu/arch/arm/quants.c ]]; then
         "llama_cpp_python-$ver/vendor/llama.cpp/ggml/include/*" \
         "llama_cpp_python-$ver/vendor/llama.cpp/ggml/src/*"
 fi
-ggml_s="$work/ggml-quants.s"
-aarch64-linux-gnu-gcc -O3 -march=armv8.2-a+dotprod -fno-asynchronous-unwind-tables \
-    -I"$src/include" -I"$src/src" -I"$src/src/ggml-cpu" \
-    -S "$src/src/ggml-cpu/arch/arm/quants.c" -o "$ggml_s"
+# The RK3588's cores: ARMv8.2-A with dotprod and fp16 arithmetic, no i8mm (docs/kernels.md).
+flags=(-O3 -march=armv8.2-a+dotprod+fp16 -fno-asynchronous-unwind-tables
+    -I"$src/include" -I"$src/src" -I"$src/src/ggml-cpu")
+aarch64-linux-gnu-gcc "${flags[@]}" -S "$src/src/ggml-cpu/arch/arm/quants.c" -o "$work/ggml-quants.s"
+aarch64-linux-gnu-g++ "${flags[@]}" -S "$src/src/ggml-cpu/vec.cpp" -o "$work/ggml-vec.s"
 
 # ork's kernels, when ork-kernels has NEON block kernels.
 ork_args=()
@@ -69,4 +71,4 @@ if grep -rqs "sdot\|vdotq_s32" crates/ork-kernels/src/blocks/; then
 else
     log "ork-kernels has no NEON block kernels yet: the ork column is empty"
 fi
-python3 scripts/kernel_cycles.py --ggml "$ggml_s" "${ork_args[@]}" "$@"
+python3 scripts/kernel_cycles.py --ggml "$work/ggml-quants.s" --ggml "$work/ggml-vec.s" "${ork_args[@]}" "$@"

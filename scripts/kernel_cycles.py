@@ -9,10 +9,11 @@ How a kernel's figure is made, the same way for both columns:
 - the kernel's function is found in the assembly (ggml: `ggml_vec_dot_<type>_<act>`; ork: the
   functions whose demangled name holds the type and `neon`, see ORK_PATTERNS);
 - its loops are the spans from a label to a backward branch to it; the hot loop is the one with
-  the most `sdot`/`udot` instructions (the main loop over blocks: ggml's inner loops over a
+  the most multiply-adds (the main loop over blocks: ggml's inner loops over a
   super-block's sub-blocks are unrolled by the compiler, so the main loop has no inner loop);
-- the weights one iteration covers are 16 per `sdot`/`udot` on 16 bytes (each is 16 int8
-  products, and every weight is multiplied once), so no per-type table is needed;
+- the weights one iteration covers are its multiply-adds (every weight is multiplied once): 16
+  per `sdot`/`udot` on 16 bytes, 8 per `fmla` on 8 fp16 lanes (F16: `ggml_vec_dot_f16`, from
+  ggml-cpu/vec.cpp), so no per-type table is needed;
 - llvm-mca runs the loop body for 200 iterations (`-mtriple=aarch64 -mcpu=CPU -mattr=+dotprod`);
   cycles per iteration = total cycles / 200, scaled to 256 weights.
 """
@@ -24,6 +25,7 @@ import sys
 
 # (type, ggml function suffix): ggml's vec_dot names in ggml/src/ggml-cpu/arch/arm/quants.c.
 TYPES = [
+    ("F16", "f16"),
     ("Q4_0", "q4_0_q8_0"),
     ("Q4_1", "q4_1_q8_1"),
     ("Q5_0", "q5_0_q8_0"),
@@ -38,7 +40,8 @@ TYPES = [
     ("IQ4_XS", "iq4_xs_q8_K"),
 ]
 CORES = [("A76", "cortex-a76"), ("A55", "cortex-a55")]
-DOT = re.compile(r"^\s+(sdot|udot)\s+v\d+\.4s,")
+# Multiply-adds per instruction: sdot/udot on 16 bytes (16 int8 products), fmla on 8 fp16 lanes.
+MACS = [(re.compile(r"^\s+(sdot|udot)\s+v\d+\.4s,"), 16), (re.compile(r"^\s+fmla\s+v\d+\.8h,"), 8)]
 BRANCH = re.compile(r"^\s+(b\.?\w*|cbn?z|tbn?z)\s+.*?(\.?L[\w$]+)\s*$")
 LABEL = re.compile(r"^(\.?L[\w$]+):")
 FUNC = re.compile(r"^([A-Za-z_][\w.$]*):\s*$")
@@ -75,7 +78,8 @@ def loops(body):
 
 
 def dots(body, span):
-    return sum(1 for x in body[span[0] : span[1] + 1] if DOT.match(x))
+    """Multiply-adds one pass of the loop `span` makes (each weight is multiplied once)."""
+    return sum(n for x in body[span[0] : span[1] + 1] for r, n in MACS if r.match(x))
 
 
 def hot_loop(body):
@@ -86,7 +90,7 @@ def hot_loop(body):
     span = max(spans, key=lambda s: (dots(body, s), -(s[1] - s[0])))
     lines = [x for x in body[span[0] + 1 : span[1] + 1] if re.match(r"^\s+[a-z]", x)]
     label = LABEL.match(body[span[0]]).group(1)
-    return label + ":\n" + "\n".join(lines) + "\n", 16 * dots(body, span)
+    return label + ":\n" + "\n".join(lines) + "\n", dots(body, span)
 
 
 def mca(text, cpu):
@@ -135,15 +139,19 @@ def ork_kernel(funcs, ty):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ggml", required=True)
+    ap.add_argument("--ggml", required=True, action="append")
     ap.add_argument("--ork")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    g = functions(a.ggml)
+    g = {}
+    for path in a.ggml:
+        g.update(functions(path))
     o = functions(a.ork) if a.ork else {}
     rows = []
     for ty, suffix in TYPES:
         gbody = g.get("ggml_vec_dot_" + suffix)
+        if gbody is None:
+            sys.exit(f"ggml_vec_dot_{suffix} not found in {a.ggml}")
         obody = ork_kernel(o, ty) if o else None
         for core, cpu in CORES:
             rows.append(
