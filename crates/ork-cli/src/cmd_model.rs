@@ -456,7 +456,7 @@ fn chip_plan(config: &EngineConfig, manifest: &ork_manifest::Manifest) -> Result
 /// `ork plan`.
 pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     let soc = ork_device::Soc::from(args.soc).to_string();
-    let board = crate::cmd_project::board(args.project.project.as_deref(), &soc)?;
+    let (board, cpu_board) = crate::cmd_project::boards(args.project.project.as_deref(), &soc)?;
     let budget = budget_bytes(args.budget_mb.map(|mb| mb << 20))?;
     let mut config = EngineConfig::new(&args.model);
     config.soc = args.soc.into();
@@ -470,15 +470,35 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     let manifest = loaded.manifest();
     let chip = chip_plan(&config, manifest)?;
     let window = args.window_mb << 20;
-    let p = plan_weights(
-        manifest,
-        config.dtype,
-        config.group,
-        budget,
-        window,
-        args.domains,
-        default_slots(),
-    )?;
+    let place = |domains| {
+        plan_weights(
+            manifest,
+            config.dtype,
+            config.group,
+            budget,
+            window,
+            domains,
+            default_slots(),
+        )
+    };
+    let auto = args.domains.is_none() && args.budget_mb.is_none();
+    let p = match (args.domains, &board) {
+        (Some(d), _) => place(d)?,
+        (None, Some(_)) if !auto => place(1)?,
+        (None, None) => place(1)?,
+        // As rkllm does: resident across as many domains as the weights need when they fit the
+        // board's RAM beside its reserve and ork's own (KV cache, activations), else streamed.
+        (None, Some(b)) => {
+            let p = place(crate::cli::MAX_DOMAINS)?;
+            let room = b.ram_bytes - b.reserved_bytes - crate::cmd_engines::PROCESS_BYTES;
+            if p.mode == Mode::Resident && p.model_bytes as f64 <= room {
+                p
+            } else {
+                place(1)?
+            }
+        }
+    };
+    let domains = args.domains.unwrap_or(p.domains_used.max(1));
     let projected = match (&board, p.runnable) {
         (Some(b), true) => Some(crate::cmd_project::project_plan(
             &args.model,
@@ -490,6 +510,23 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
             (default_slots(), budget),
         )?),
         _ => None,
+    };
+    let engines = match &cpu_board {
+        Some(cb) => {
+            let npu_bytes = match p.mode {
+                Mode::Resident => p.model_bytes,
+                Mode::Streamed => budget * u64::from(p.domains_used.max(1)),
+            };
+            Some(crate::cmd_engines::engines(
+                &args.model,
+                manifest,
+                cb,
+                projected.as_ref().map(|pr| (pr, npu_bytes as f64)),
+                args.project.prompt_tokens as usize,
+                args.project.gen_tokens as usize,
+            )?)
+        }
+        None => None,
     };
     let per_prefill_tok = p.streamed_bytes_per_prefill_token(args.prefill_tokens);
     if args.json {
@@ -509,6 +546,9 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         v["chip"] = serde_json::to_value(&chip)?;
         if let Some(pr) = &projected {
             v["projected"] = serde_json::to_value(pr)?;
+        }
+        if let (Some((choice, shape)), Some(cb)) = (&engines, &cpu_board) {
+            crate::cmd_engines::add_json(&mut v["projected"], choice, shape, cb);
         }
         println!("{}", serde_json::to_string(&v)?);
         return Ok(if p.runnable {
@@ -544,10 +584,13 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         "budget {:.0} MiB per domain, window {} MiB, {} domain(s) available",
         mib(budget),
         args.window_mb,
-        args.domains
+        domains
     );
     if let Some(pr) = &projected {
         println!("{}", pr.line());
+    }
+    if let Some((choice, _)) = &engines {
+        println!("{}", crate::cmd_engines::line(choice));
     }
     if !p.runnable {
         // Name the limit that is short: the budget, the window, or both.
