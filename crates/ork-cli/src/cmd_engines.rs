@@ -7,7 +7,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use ork_board::cpu::{project, CpuBoard, CpuPlan, CpuShape, CpuWeight, FileType, Kernels};
 use ork_board::engines::{choose, Choice, EngineInputs, Phases};
-use ork_board::Projection;
+use ork_board::{Board, Projection};
+use ork_residency::{Mode, Plan as Placement};
 
 /// The CPU engine's shape of the model at `path`: every matmul weight of `manifest` at its GGUF
 /// type (an expert tensor once, with its expert count), the output projection computed for the
@@ -120,6 +121,60 @@ pub fn engines(
         )
     })?;
     Ok((choice, shape))
+}
+
+/// The plan `place(domains)` makes: with `domains` given, that; with `auto` (no `--domains`, no
+/// `--budget-mb`) on a `board`, as rkllm does: resident across as many domains as the weights need
+/// (up to 16) when they fit the board's RAM beside its reserve and ork's own
+/// ([`PROCESS_BYTES`]), else streamed through one; otherwise one domain.
+pub fn place<E>(
+    domains: Option<u32>,
+    auto: bool,
+    board: Option<&Board>,
+    place: impl Fn(u32) -> Result<Placement, E>,
+) -> Result<Placement, E> {
+    match (domains, board) {
+        (Some(d), _) => place(d),
+        (None, Some(b)) if auto => {
+            let p = place(crate::cli::MAX_DOMAINS)?;
+            let room = b.ram_bytes - b.reserved_bytes - PROCESS_BYTES;
+            if p.mode == Mode::Resident && p.model_bytes as f64 <= room {
+                Ok(p)
+            } else {
+                place(1)
+            }
+        }
+        _ => place(1),
+    }
+}
+
+/// [`engines`] for `ork plan`'s placement `p` (the NPU's buffers: a resident pack's bytes, or
+/// the budget in each domain used), `None` without a CPU board.
+pub fn for_plan(
+    path: &Path,
+    manifest: &ork_manifest::Manifest,
+    cpu_board: Option<&CpuBoard>,
+    p: &Placement,
+    budget: u64,
+    npu: Option<&Projection>,
+    (prompt, gen): (usize, usize),
+) -> Result<Option<(Choice, CpuShape)>> {
+    let Some(cb) = cpu_board else {
+        return Ok(None);
+    };
+    let npu_bytes = match p.mode {
+        Mode::Resident => p.model_bytes,
+        Mode::Streamed => budget * u64::from(p.domains_used.max(1)),
+    };
+    engines(
+        path,
+        manifest,
+        cb,
+        npu.map(|pr| (pr, npu_bytes as f64)),
+        prompt,
+        gen,
+    )
+    .map(Some)
 }
 
 /// RAM ork's own process holds beside the weights (KV cache, activations, tables): 0.5 GiB, a

@@ -482,22 +482,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         )
     };
     let auto = args.domains.is_none() && args.budget_mb.is_none();
-    let p = match (args.domains, &board) {
-        (Some(d), _) => place(d)?,
-        (None, Some(_)) if !auto => place(1)?,
-        (None, None) => place(1)?,
-        // As rkllm does: resident across as many domains as the weights need when they fit the
-        // board's RAM beside its reserve and ork's own (KV cache, activations), else streamed.
-        (None, Some(b)) => {
-            let p = place(crate::cli::MAX_DOMAINS)?;
-            let room = b.ram_bytes - b.reserved_bytes - crate::cmd_engines::PROCESS_BYTES;
-            if p.mode == Mode::Resident && p.model_bytes as f64 <= room {
-                p
-            } else {
-                place(1)?
-            }
-        }
-    };
+    let p = crate::cmd_engines::place(args.domains, auto, board.as_ref(), place)?;
     let domains = args.domains.unwrap_or(p.domains_used.max(1));
     let projected = match (&board, p.runnable) {
         (Some(b), true) => Some(crate::cmd_project::project_plan(
@@ -511,23 +496,18 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         )?),
         _ => None,
     };
-    let engines = match &cpu_board {
-        Some(cb) => {
-            let npu_bytes = match p.mode {
-                Mode::Resident => p.model_bytes,
-                Mode::Streamed => budget * u64::from(p.domains_used.max(1)),
-            };
-            Some(crate::cmd_engines::engines(
-                &args.model,
-                manifest,
-                cb,
-                projected.as_ref().map(|pr| (pr, npu_bytes as f64)),
-                args.project.prompt_tokens as usize,
-                args.project.gen_tokens as usize,
-            )?)
-        }
-        None => None,
-    };
+    let engines = crate::cmd_engines::for_plan(
+        &args.model,
+        manifest,
+        cpu_board.as_ref(),
+        &p,
+        budget,
+        projected.as_ref(),
+        (
+            args.project.prompt_tokens as usize,
+            args.project.gen_tokens as usize,
+        ),
+    )?;
     let per_prefill_tok = p.streamed_bytes_per_prefill_token(args.prefill_tokens);
     if args.json {
         let mut v = serde_json::to_value(&p)?;
