@@ -480,6 +480,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
             domains,
             default_slots(),
         )
+        .map_err(anyhow::Error::from)
     };
     let auto = args.domains.is_none() && args.budget_mb.is_none();
     let p = crate::cmd_engines::place(args.domains, auto, board.as_ref(), place)?;

@@ -48,7 +48,7 @@ pub fn sparse_type(name: &str) -> Option<SparseType> {
 /// fallback llama.cpp's quantizer uses (`llama-quant.cpp` `tensor_type_fallback`: Q4_K → Q5_0,
 /// Q5_K → Q5_1, Q6_K → Q8_0; Q2_K and Q3_K → IQ4_NL there, which ork does not read: Q4_0 here).
 fn fitting(ty: SparseType, k: usize) -> SparseType {
-    if k % ty.1 == 0 {
+    if k.is_multiple_of(ty.1) {
         return ty;
     }
     match ty.0 {
