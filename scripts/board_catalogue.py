@@ -15,6 +15,13 @@ ork's process, its KV cache and activations: a judgment, not a measurement); oth
 streamed through one 3 GiB budget (`--domains 1 --budget-mb 3072`), the rest of the RAM being
 page cache over the NVMe drive. w8a8 per channel (the RK3588's int8 type; the RK3576 also with
 w4a16, int4 weights), 128 prompt tokens, 64 generated.
+
+`--engines` prints the second table of docs/board-model.md instead: each model as 4-bit and 3-bit
+GGUFs (shapes only), every pairing of the NPU (int8 from the pack) and the CPU (the file's bits)
+for prefill and decode, the one `ork plan --project` chooses, and the goals of issue 38 with the
+physical ceiling (bytes one token reads / the board's DDR rate) beside each projection. The
+placement is the plan's own (`--domains` left to `--project`: resident across as many domains as
+the int8 weights need when they fit the RAM beside 1.5 GiB, else streamed).
 """
 import argparse
 import json
@@ -50,6 +57,99 @@ BOARDS = [
 GIB = 1 << 30
 ALLOWANCE = 3 * GIB // 2
 
+# File classes of --engines: (label, block type, output type or "tied"). A class stands for
+# llama.cpp's mix by its main type: Q4_K_M also puts some attn_v / ffn_down at Q6_K and Q3_K_S
+# some at Q4_K, so these files are slightly smaller than the real ones (stated in the docs).
+FILES = [("Q4_0", "Q4_0", "Q6_K"), ("Q4_K_M-class", "Q4_K", "Q6_K"), ("Q3_K_S-class", "Q3_K", "Q6_K")]
+# (name, dims, file class, board, goal): issue 38's goals table. Gemma 3 1B runs as a llama shape
+# (google/gemma-3-1b-it config.json: 26, 1152, 6912, 4/1 heads of 256, vocab 262144, tied; its
+# sliding window does not bind at 512 positions); Qwen3-30B-A3B as a llama MoE of its dims
+# (config.json: 48 blocks, 2048, expert FFN 768, 32/4 heads of 128, vocab 151936, 128 experts,
+# top-8; q/k norms not modelled). Q4_0 files: Gemma's tied output is Q8_0 in llama.cpp's quantizer
+# (1152 is not a multiple of 256), written so here.
+GEMMA = ("Gemma-3-1B", (26, 1152, 6912, 4, 1, 256, 262144), None)
+QWEN3 = ("Qwen3-30B-A3B", (48, 2048, 768, 32, 4, 128, 151936), "128:8")
+GOALS = [
+    (GEMMA, ("Q4_0", "Q4_0", "tied"), "orangepi5-16g", 512, "decode >= 28.3 tok/s, TTFT(512) <= 1.35 s",
+     lambda d, t: d >= 28.3 and t <= 1.35),
+    (("Qwen2.5-1.5B", (28, 1536, 8960, 12, 2, 128, 151936), None), ("Q4_0", "Q4_0", "Q6_K"),
+     "orangepi5-16g", 128, "decode >= 21.7 tok/s (1.3 x 16.7), TTFT(128) <= 0.378 s",
+     lambda d, t: d >= 1.3 * 16.7 and t <= 0.378),
+    (("Llama-3.1-8B", (32, 4096, 14336, 32, 8, 128, 128256), None), ("Q4_0", "Q4_0", "Q6_K"),
+     "orangepi5-8g", 128, "decode >= 4 tok/s", lambda d, t: d >= 4),
+    (QWEN3, ("Q3_K_S-class", "Q3_K", "Q6_K"), "orangepi5-16g", 512,
+     "decode >= 12 tok/s, TTFT(512) <= 8 s", lambda d, t: d >= 12 and t <= 8),
+    (QWEN3, ("Q4_K_M-class", "Q4_K", "Q6_K"), "orangepi5-16g", 128, "decode >= 5 tok/s",
+     lambda d, t: d >= 5),
+    (QWEN3, ("Q4_K_M-class", "Q4_K", "Q6_K"), "orangepi5-32g", 128, "decode >= 10 tok/s",
+     lambda d, t: d >= 10),
+    (QWEN3, ("Q3_K_S-class", "Q3_K", "Q6_K"), "pi5-16g", 512, "hold-out: llama.cpp tg128 7.99, pp512 10.91",
+     lambda d, t: True),
+]
+ENGINE_BOARDS = ["orangepi5-8g", "orangepi5-16g", "orangepi5-32g", "pi5-16g"]
+
+
+def sparse(tool, path, dims, ty, out, experts):
+    args = [tool, path, *map(str, dims), ty, out] + ([experts] if experts else [])
+    subprocess.run(args, check=True)
+
+
+def plan_engines(ork, model, board, prompt, gen):
+    """`ork plan --project BOARD --json` with the plan's own placement; its projection."""
+    out = subprocess.run(
+        [ork, "plan", "--model", model, "--soc", "rk3588", "--project",
+         board, "--prompt-tokens", str(prompt), "--gen-tokens", str(gen), "--json"],
+        capture_output=True, text=True)
+    if out.returncode not in (0, 1) or not out.stdout:
+        sys.exit(f"ork plan failed for {model} on {board}: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+def cell(p):
+    j = p["projected"]
+    e = j["engines"]
+    best = next(a for a in j["alternatives"]
+                if a["prefill"] == e["prefill"] and a["decode"] == e["decode"])
+    return best, j
+
+
+def engines_tables(a):
+    with tempfile.TemporaryDirectory() as tmp:
+        print("PROJECTED (board clock; CPU model "
+              "cpu-0.1: decode fitted on llama.cpp's RK3588 rows, see docs). Cell: chosen "
+              "prefill/decode engines · TTFT(128) s · decode tok/s (ceiling: bytes per token / DDR).")
+        print("| model | file | GB | " + " | ".join(ENGINE_BOARDS) + " |")
+        print("|---|---|---:|" + "---|" * len(ENGINE_BOARDS))
+        models = [(n, tuple(d), None) for n, *d in MODELS] + [QWEN3]
+        for name, dims, experts in models:
+            for label, ty, out in FILES:
+                path = os.path.join(tmp, "m.gguf")
+                sparse(a.sparse, path, dims, ty, out, experts)
+                cells, gb = [], 0
+                for board in ENGINE_BOARDS:
+                    best, j = cell(plan_engines(a.ork, path, board, 128, 64))
+                    gb = j["cpu"]["file_bytes"] / 1e9
+                    cells.append(f"{best['prefill']}/{best['decode']} · {best['ttft_s']:.2f} · "
+                                 f"{best['decode_tok_s']:.2f} ({j['cpu']['ceiling_tok_s']:.1f})")
+                os.remove(path)
+                print(f"| {name} | {label} | {gb:.1f} | " + " | ".join(cells) + " |")
+        print()
+        print("| model file (shapes) | board | goal | chosen | TTFT | decode tok/s | ceiling tok/s | "
+              "npu/npu | cpu/cpu | met? |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for (name, dims, experts), (label, ty, out), board, prompt, goal, met in GOALS:
+            path = os.path.join(tmp, "g.gguf")
+            sparse(a.sparse, path, dims, ty, out, experts)
+            best, j = cell(plan_engines(a.ork, path, board, prompt, 128))
+            os.remove(path)
+            alone = {f"{x['prefill']}/{x['decode']}": x for x in j["alternatives"]}
+            fmt = lambda k: (f"{alone[k]['ttft_s']:.2f} s · {alone[k]['decode_tok_s']:.2f}"
+                             if k in alone else "–")
+            ok = "yes" if met(best["decode_tok_s"], best["ttft_s"]) else "**no**"
+            print(f"| {name} {label} | {board} | {goal} | {best['prefill']}/{best['decode']} | "
+                  f"{best['ttft_s']:.2f} s | {best['decode_tok_s']:.2f} | "
+                  f"{j['cpu']['ceiling_tok_s']:.1f} | {fmt('npu/npu')} | {fmt('cpu/cpu')} | {ok} |")
+
 
 def plan(ork, model, board, soc, quant, domains, budget_mb):
     out = subprocess.run(
@@ -67,7 +167,11 @@ def main():
     ap.add_argument("--ork", default="target/release/ork")
     ap.add_argument("--sparse", default="target/release/examples/sparse_model")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--engines", action="store_true")
     a = ap.parse_args()
+    if a.engines:
+        engines_tables(a)
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, *dims in MODELS:

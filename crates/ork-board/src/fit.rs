@@ -256,8 +256,18 @@ pub fn fit_rk3588() -> Result<(Fitted, f64), BoardError> {
         npu_read_bw: x[1].exp(),
         call_s: x[2].exp(),
     };
-    let f = |x: &[f64; 3]| loss(&to(x));
     let start = [(1e12f64).ln(), (25e9f64).ln(), (30e-6f64).ln()];
+    let (x, loss) = nelder_mead(|x| loss(&to(x)), start, 120)?;
+    Ok((to(&x), loss))
+}
+
+/// Nelder–Mead minimization of `f` over three coordinates from `start` (steps of 0.3 in each),
+/// `iterations` times: deterministic. The best point and its value.
+pub(crate) fn nelder_mead(
+    f: impl Fn(&[f64; 3]) -> Result<f64, BoardError>,
+    start: [f64; 3],
+    iterations: usize,
+) -> Result<([f64; 3], f64), BoardError> {
     let mut simplex: Vec<([f64; 3], f64)> = Vec::new();
     for i in 0..4 {
         let mut x = start;
@@ -266,7 +276,7 @@ pub fn fit_rk3588() -> Result<(Fitted, f64), BoardError> {
         }
         simplex.push((x, f(&x)?));
     }
-    for _ in 0..120 {
+    for _ in 0..iterations {
         simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
         let centroid: [f64; 3] =
             std::array::from_fn(|j| simplex[..3].iter().map(|s| s.0[j]).sum::<f64>() / 3.0);
@@ -297,5 +307,5 @@ pub fn fit_rk3588() -> Result<(Fitted, f64), BoardError> {
         }
     }
     simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
-    Ok((to(&simplex[0].0), simplex[0].1))
+    Ok(simplex[0])
 }

@@ -19,6 +19,9 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod cpu;
+pub mod cpu_fit;
+pub mod engines;
 pub mod events;
 pub mod fit;
 pub mod moe;

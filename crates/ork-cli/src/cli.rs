@@ -716,9 +716,10 @@ pub struct PlanArgs {
     /// Window per domain in MiB.
     #[arg(long, default_value_t = 4096, value_parser = mib_parser())]
     pub window_mb: u64,
-    /// Domains available (1..=16).
-    #[arg(long, default_value_t = 1, value_parser = domains_parser())]
-    pub domains: u32,
+    /// Domains available (1..=16). Default 1; with `--project` and no `--budget-mb`, as many as
+    /// the weights need (up to 16) when they fit the board's RAM beside its reserve, else 1.
+    #[arg(long, value_parser = domains_parser())]
+    pub domains: Option<u32>,
     /// Weight-cache budget in MiB (default: ORK_WCACHE_BUDGET_MB or 3072).
     #[arg(long, value_parser = mib_parser())]
     pub budget_mb: Option<u64>,

@@ -587,7 +587,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         bail!("--threads, --cpus and --ctx plan the CPU engine: they need --device cpu");
     }
     let soc = ork_device::Soc::from(args.soc).to_string();
-    let board = crate::cmd_project::board(args.project.project.as_deref(), &soc)?;
+    let (board, cpu_board) = crate::cmd_project::boards(args.project.project.as_deref(), &soc)?;
     let budget = budget_bytes(args.budget_mb.map(|mb| mb << 20))?;
     let mut config = EngineConfig::new(&args.model);
     config.soc = args.soc.into();
@@ -601,15 +601,21 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     let manifest = loaded.manifest();
     let chip = chip_plan(&config, manifest)?;
     let window = args.window_mb << 20;
-    let p = plan_weights(
-        manifest,
-        config.dtype,
-        config.group,
-        budget,
-        window,
-        args.domains,
-        default_slots(),
-    )?;
+    let place = |domains| {
+        plan_weights(
+            manifest,
+            config.dtype,
+            config.group,
+            budget,
+            window,
+            domains,
+            default_slots(),
+        )
+        .map_err(anyhow::Error::from)
+    };
+    let auto = args.domains.is_none() && args.budget_mb.is_none();
+    let p = crate::cmd_engines::place(args.domains, auto, board.as_ref(), place)?;
+    let domains = args.domains.unwrap_or(p.domains_used.max(1));
     let projected = match (&board, p.runnable) {
         (Some(b), true) => Some(crate::cmd_project::project_plan(
             &args.model,
@@ -622,6 +628,18 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         )?),
         _ => None,
     };
+    let engines = crate::cmd_engines::for_plan(
+        &args.model,
+        manifest,
+        cpu_board.as_ref(),
+        &p,
+        budget,
+        projected.as_ref(),
+        (
+            args.project.prompt_tokens as usize,
+            args.project.gen_tokens as usize,
+        ),
+    )?;
     let per_prefill_tok = p.streamed_bytes_per_prefill_token(args.prefill_tokens);
     if args.json {
         let mut v = serde_json::to_value(&p)?;
@@ -640,6 +658,9 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         v["chip"] = serde_json::to_value(&chip)?;
         if let Some(pr) = &projected {
             v["projected"] = serde_json::to_value(pr)?;
+        }
+        if let (Some((choice, shape)), Some(cb)) = (&engines, &cpu_board) {
+            crate::cmd_engines::add_json(&mut v["projected"], choice, shape, cb);
         }
         println!("{}", serde_json::to_string(&v)?);
         return Ok(if p.runnable {
@@ -675,10 +696,13 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         "budget {:.0} MiB per domain, window {} MiB, {} domain(s) available",
         mib(budget),
         args.window_mb,
-        args.domains
+        domains
     );
     if let Some(pr) = &projected {
         println!("{}", pr.line());
+    }
+    if let Some((choice, _)) = &engines {
+        println!("{}", crate::cmd_engines::line(choice));
     }
     if !p.runnable {
         // Name the limit that is short: the budget, the window, or both.

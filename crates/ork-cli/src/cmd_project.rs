@@ -91,6 +91,22 @@ pub fn board(project: Option<&str>, soc: &str) -> Result<Option<Board>> {
     Ok(Some(board.context("--project")?))
 }
 
+/// `ork plan --project`'s boards: the NPU's (as [`board`]; `None` on a CPU-only preset such as
+/// `pi5-16g`) and the CPU engine's (`None` without `--project` or where the board's CPU is not
+/// modelled).
+pub fn boards(
+    project: Option<&str>,
+    soc: &str,
+) -> Result<(Option<Board>, Option<ork_board::cpu::CpuBoard>)> {
+    use ork_board::cpu::{CpuBoard, FITTED_CPU};
+    if let Some(cpu) = project.and_then(|n| CpuBoard::cpu_only(n, &FITTED_CPU)) {
+        return Ok((None, Some(cpu)));
+    }
+    let board = self::board(project, soc)?;
+    let cpu = board.as_ref().and_then(|b| CpuBoard::of(b, &FITTED_CPU));
+    Ok((board, cpu))
+}
+
 /// Start recording `engine`'s events when projecting (device engines only: the CPU engine
 /// records no device work).
 pub fn record(engine: &Engine, board: &Option<Board>) -> Option<Arc<Recorder>> {

@@ -8,6 +8,7 @@ mod cmd_bench_pack;
 mod cmd_bench_stream;
 mod cmd_bench_tokenizer;
 mod cmd_device;
+mod cmd_engines;
 mod cmd_model;
 mod cmd_moe_project;
 mod cmd_pack;

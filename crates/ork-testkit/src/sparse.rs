@@ -12,7 +12,6 @@ use ork_gguf::MetaValue;
 pub use ork_board::Dims as LlamaShape;
 
 const F32: u32 = 0;
-const F16: u32 = 1;
 const ALIGN: u64 = 32;
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
@@ -20,16 +19,71 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
+/// A GGUF weight type a sparse model's matmul weights may have: (ggml type id, weights per
+/// block, bytes per block), ggml's block layouts.
+pub type SparseType = (u32, usize, u64);
+
+/// ggml's F16.
+pub const SPARSE_F16: SparseType = (1, 1, 2);
+
+/// The types by ggml name ork reads: F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K … Q6_K.
+pub fn sparse_type(name: &str) -> Option<SparseType> {
+    Some(match name {
+        "F16" => SPARSE_F16,
+        "Q4_0" => (2, 32, 18),
+        "Q4_1" => (3, 32, 20),
+        "Q5_0" => (6, 32, 22),
+        "Q5_1" => (7, 32, 24),
+        "Q8_0" => (8, 32, 34),
+        "Q2_K" => (10, 256, 84),
+        "Q3_K" => (11, 256, 110),
+        "Q4_K" => (12, 256, 144),
+        "Q5_K" => (13, 256, 176),
+        "Q6_K" => (14, 256, 210),
+        _ => return None,
+    })
+}
+
+/// The type a weight of `k` columns takes: `ty` when `k` is a multiple of its block, else the
+/// fallback llama.cpp's quantizer uses (`llama-quant.cpp` `tensor_type_fallback`: Q4_K → Q5_0,
+/// Q5_K → Q5_1, Q6_K → Q8_0; Q2_K and Q3_K → IQ4_NL there, which ork does not read: Q4_0 here).
+fn fitting(ty: SparseType, k: usize) -> SparseType {
+    if k.is_multiple_of(ty.1) {
+        return ty;
+    }
+    match ty.0 {
+        12 => (6, 32, 22),
+        13 => (7, 32, 24),
+        14 => (8, 32, 34),
+        _ => (2, 32, 18),
+    }
+}
+
 /// Write `shape` as a GGUF v3 `llama` model at `path`: f16 matmul weights (an untied
-/// `output.weight`), f32 norms, a byte-level vocabulary of `shape.vocab` placeholder tokens with
+/// `output.weight`), f32 norms: [`write_sparse_typed`] with F16 throughout.
+pub fn write_sparse_llama(path: &Path, shape: &LlamaShape) -> std::io::Result<()> {
+    write_sparse_typed(path, shape, SPARSE_F16, Some(SPARSE_F16), (0, 0))
+}
+
+/// Write `shape` as a GGUF v3 `llama` model at `path`: block matmul weights of `ty` (a weight
+/// whose width is not a multiple of `ty`'s block takes llama.cpp's fallback type), the output of
+/// `output` (`None`: tied to the token embedding), f32 norms; with `experts` = (E, K), E > 0, a
+/// `llama` mixture of experts (E experts of FFN width `shape.ffn` per block, K per token, an f32
+/// router) instead of the dense FFN, a byte-level vocabulary of `shape.vocab` placeholder tokens with
 /// no merges (so the model opens as `run` opens it: `plan` validates models exactly as `run`
 /// does, tokenizer included); the data region is a hole. The header is written to a temporary file in the same directory, which is
 /// then extended, synced and renamed over `path`.
-pub fn write_sparse_llama(path: &Path, shape: &LlamaShape) -> std::io::Result<()> {
+pub fn write_sparse_typed(
+    path: &Path,
+    shape: &LlamaShape,
+    ty: SparseType,
+    output: Option<SparseType>,
+    experts: (usize, usize),
+) -> std::io::Result<()> {
     let u = |v: usize| MetaValue::U32(v as u32);
     // The metadata, serialized by ork-gguf's writer; its last value is a string ending in a
     // non-zero byte, so the padding after it can be cut off exactly.
-    let meta = GgufBuilder::new()
+    let mut meta = GgufBuilder::new()
         .kv("general.architecture", MetaValue::String("llama".into()))
         .kv("llama.block_count", u(shape.n_layer))
         .kv("llama.context_length", u(4096))
@@ -57,7 +111,13 @@ pub fn write_sparse_llama(path: &Path, shape: &LlamaShape) -> std::io::Result<()
         )
         .kv("tokenizer.ggml.merges", MetaValue::Array(Vec::new()))
         .kv("tokenizer.ggml.bos_token_id", u(0))
-        .kv("tokenizer.ggml.eos_token_id", u(1))
+        .kv("tokenizer.ggml.eos_token_id", u(1));
+    if experts.0 > 0 {
+        meta = meta
+            .kv("llama.expert_count", u(experts.0))
+            .kv("llama.expert_used_count", u(experts.1));
+    }
+    let meta = meta
         .kv("general.name", MetaValue::String("sparse fixture".into()))
         .to_bytes()
         .map_err(std::io::Error::other)?;
@@ -69,24 +129,44 @@ pub fn write_sparse_llama(path: &Path, shape: &LlamaShape) -> std::io::Result<()
         shape.n_head * shape.head_dim,
         shape.n_head_kv * shape.head_dim,
     );
-    let mut tensors: Vec<(String, Vec<usize>, u32)> =
-        vec![("token_embd.weight".into(), vec![d, shape.vocab], F16)];
+    // The token embedding takes the file's type, as llama.cpp's quantizer gives it.
+    let mut tensors: Vec<(String, Vec<usize>, SparseType)> = vec![(
+        "token_embd.weight".into(),
+        vec![d, shape.vocab],
+        fitting(ty, d),
+    )];
+    let t = |k: usize| fitting(ty, k);
+    let norm: SparseType = (F32, 1, 4);
     for i in 0..shape.n_layer {
         let b = |s: &str| format!("blk.{i}.{s}.weight");
         tensors.extend([
-            (b("attn_norm"), vec![d], F32),
-            (b("attn_q"), vec![d, q], F16),
-            (b("attn_k"), vec![d, kv], F16),
-            (b("attn_v"), vec![d, kv], F16),
-            (b("attn_output"), vec![q, d], F16),
-            (b("ffn_norm"), vec![d], F32),
-            (b("ffn_gate"), vec![d, shape.ffn], F16),
-            (b("ffn_up"), vec![d, shape.ffn], F16),
-            (b("ffn_down"), vec![shape.ffn, d], F16),
+            (b("attn_norm"), vec![d], norm),
+            (b("attn_q"), vec![d, q], t(d)),
+            (b("attn_k"), vec![d, kv], t(d)),
+            (b("attn_v"), vec![d, kv], t(d)),
+            (b("attn_output"), vec![q, d], t(q)),
+            (b("ffn_norm"), vec![d], norm),
         ]);
+        if experts.0 > 0 {
+            let e = experts.0;
+            tensors.extend([
+                (b("ffn_gate_inp"), vec![d, e], norm),
+                (b("ffn_gate_exps"), vec![d, shape.ffn, e], t(d)),
+                (b("ffn_up_exps"), vec![d, shape.ffn, e], t(d)),
+                (b("ffn_down_exps"), vec![shape.ffn, d, e], t(shape.ffn)),
+            ]);
+        } else {
+            tensors.extend([
+                (b("ffn_gate"), vec![d, shape.ffn], t(d)),
+                (b("ffn_up"), vec![d, shape.ffn], t(d)),
+                (b("ffn_down"), vec![shape.ffn, d], t(shape.ffn)),
+            ]);
+        }
     }
-    tensors.push(("output_norm.weight".into(), vec![d], F32));
-    tensors.push(("output.weight".into(), vec![d, shape.vocab], F16));
+    tensors.push(("output_norm.weight".into(), vec![d], norm));
+    if let Some(o) = output {
+        tensors.push(("output.weight".into(), vec![d, shape.vocab], fitting(o, d)));
+    }
     out[8..16].copy_from_slice(&(tensors.len() as u64).to_le_bytes());
     let mut rel = 0u64;
     for (name, dims, ty) in &tensors {
@@ -95,10 +175,10 @@ pub fn write_sparse_llama(path: &Path, shape: &LlamaShape) -> std::io::Result<()
         for &x in dims {
             out.extend_from_slice(&(x as u64).to_le_bytes());
         }
-        out.extend_from_slice(&ty.to_le_bytes());
+        out.extend_from_slice(&ty.0.to_le_bytes());
         out.extend_from_slice(&rel.to_le_bytes());
-        let elems: u64 = dims.iter().map(|&x| x as u64).product();
-        let bytes = elems * if *ty == F32 { 4 } else { 2 };
+        let rows: u64 = dims[1..].iter().map(|&x| x as u64).product();
+        let bytes = rows * dims[0].div_ceil(ty.1) as u64 * ty.2;
         rel = (rel + bytes).next_multiple_of(ALIGN);
     }
     out.resize((out.len() as u64).next_multiple_of(ALIGN) as usize, 0);

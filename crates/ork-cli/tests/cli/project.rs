@@ -379,3 +379,99 @@ fn sliding_window_attention_is_charged_for_its_window_by_run_and_plan() {
     );
     assert!(last[5].1 > last[0].1, "{:?} vs {:?}", last[5], last[0]);
 }
+
+/// `ork plan --project --json` on shapes-only GGUFs of the types ork reads: every pairing of
+/// the NPU and the CPU is projected, the chosen one is the fastest by the stated rule and never
+/// slower than either engine alone; a CPU-only board projects the CPU alone; a MoE file is
+/// costed by its chosen experts.
+#[test]
+fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
+    use ork_testkit::sparse::{sparse_type, write_sparse_typed};
+    let dir = tempfile::tempdir().unwrap();
+    let dims = ork_board::fit::FIT_ROWS[0].dims;
+    let total = |a: &serde_json::Value| f(a, "total_s");
+    for ty in ["Q3_K", "Q4_0", "Q4_K", "Q8_0"] {
+        let path = dir.path().join(format!("{ty}.gguf"));
+        let t = sparse_type(ty).unwrap();
+        write_sparse_typed(&path, &dims, t, sparse_type("Q6_K"), (0, 0)).unwrap();
+        let o = run(&[
+            "plan",
+            "--model",
+            path.to_str().unwrap(),
+            "--project",
+            "orangepi5-16g",
+            "--json",
+        ]);
+        assert_eq!(code(&o), Some(0), "{ty}: {}", stderr(&o));
+        let v = json(&o);
+        let p = projected(&v);
+        let alts = p["alternatives"].as_array().unwrap();
+        assert_eq!(alts.len(), 4, "{ty}: {p}");
+        let e = &p["engines"];
+        let chosen = alts
+            .iter()
+            .find(|a| a["prefill"] == e["prefill"] && a["decode"] == e["decode"])
+            .unwrap();
+        for a in alts {
+            assert!(total(chosen) <= total(a), "{ty}: {p}");
+            assert!(
+                f(a, "ttft_s") > 0.0 && f(a, "decode_tok_s") > 0.0,
+                "{ty}: {p}"
+            );
+        }
+        assert_eq!(p["cpu"]["label"], "projected");
+    }
+    // A MoE (8 experts, 2 per token) on the Raspberry Pi 5: no NPU, the CPU alone.
+    let moe = dir.path().join("moe.gguf");
+    let small = ork_board::Dims {
+        n_layer: 2,
+        d_model: 256,
+        ffn: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        vocab: 512,
+    };
+    write_sparse_typed(&moe, &small, sparse_type("Q4_K").unwrap(), None, (8, 2)).unwrap();
+    let o = run(&[
+        "plan",
+        "--model",
+        moe.to_str().unwrap(),
+        "--project",
+        "pi5-16g",
+        "--json",
+    ]);
+    let v = json(&o);
+    let p = projected(&v);
+    let alts = p["alternatives"].as_array().unwrap();
+    assert_eq!(alts.len(), 1, "{p}");
+    assert_eq!(p["engines"]["prefill"], "cpu");
+    let (file, active) = (
+        f(&p["cpu"], "file_bytes"),
+        f(&p["cpu"], "active_bytes_per_token"),
+    );
+    assert!(active < file * 0.7, "{p}");
+}
+
+/// With `--project` and neither `--domains` nor `--budget-mb`, a model whose int8 weights exceed
+/// one budget (3 GiB) is resident across domains on a board whose RAM holds it (Phi-3's shape:
+/// two domains); a given budget keeps one domain, as before.
+#[test]
+fn plan_with_project_uses_as_many_domains_as_the_weights_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("phi3.gguf");
+    ork_testkit::sparse::write_sparse_llama(&path, &ork_board::fit::FIT_ROWS[2].dims).unwrap();
+    let p = path.to_str().unwrap();
+    let plan = |extra: &[&str]| {
+        let mut a = vec!["plan", "--model", p, "--json"];
+        a.extend_from_slice(extra);
+        json(&run(&a))
+    };
+    let v = plan(&["--project", "orangepi5-16g"]);
+    assert_eq!(v["mode"], "resident", "{v}");
+    assert!(v["domains_used"].as_u64().unwrap() >= 2, "{v}");
+    // Without --project, or with a budget given, one domain: streamed.
+    assert_eq!(plan(&[])["mode"], "streamed");
+    let v = plan(&["--project", "orangepi5-16g", "--budget-mb", "3072"]);
+    assert_eq!(v["mode"], "streamed", "{v}");
+}

@@ -1,0 +1,497 @@
+//! The board's CPU as an engine: GGUF weights computed at their own bits by dot-product kernels
+//! on the big (and optionally little) cores, every weight read from the page cache (or storage)
+//! over the board's one DDR bus.
+//!
+//! A pass of `m` rows costs, per matmul weight, the larger of its compute (multiply-adds ÷ 256 ×
+//! the kernel's cycles per 256 weights, [`GGML_CYCLES`], split evenly over the threads, so the
+//! slowest core sets the time, as llama.cpp's row split does) and its reads (bytes ÷ the cores'
+//! read rate, the storage's for bytes the page cache cannot hold); plus attention (the
+//! [`HostKind::attention`] flops and bytes, as the NPU clock charges the host) and a fixed cost
+//! per block and pass. Three parameters are fitted ([`crate::cpu_fit`]) on llama.cpp's published
+//! RK3588 CPU figures. Every figure is a projection: see `docs/board-model.md`.
+
+use serde::Serialize;
+
+use crate::events::{Event, HostKind};
+use crate::{Board, BoardError};
+
+/// The CPU cost model's version, printed with its projections.
+pub const CPU_MODEL: &str = "cpu-0.1+fit-rk-llama.cpp-readme+ggml-0.3.36-llvm-mca-14";
+
+const GB: f64 = 1e9;
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// A GGUF weight type, computed at its own bits.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum FileType {
+    /// f32.
+    F32,
+    /// f16.
+    F16,
+    /// bf16.
+    BF16,
+    /// ggml Q4_0.
+    Q4_0,
+    /// ggml Q4_1.
+    Q4_1,
+    /// ggml Q5_0.
+    Q5_0,
+    /// ggml Q5_1.
+    Q5_1,
+    /// ggml Q8_0.
+    Q8_0,
+    /// ggml Q2_K.
+    Q2_K,
+    /// ggml Q3_K.
+    Q3_K,
+    /// ggml Q4_K.
+    Q4_K,
+    /// ggml Q5_K.
+    Q5_K,
+    /// ggml Q6_K.
+    Q6_K,
+    /// ggml IQ4_NL.
+    IQ4_NL,
+    /// ggml IQ4_XS.
+    IQ4_XS,
+}
+
+/// (type, name, weights per block, bytes per block): ggml's block layouts (`ggml-common.h`;
+/// the same figures as `docs/kernels.md`).
+const BLOCKS: [(FileType, &str, u64, u64); 15] = [
+    (FileType::F32, "F32", 1, 4),
+    (FileType::F16, "F16", 1, 2),
+    (FileType::BF16, "BF16", 1, 2),
+    (FileType::Q4_0, "Q4_0", 32, 18),
+    (FileType::Q4_1, "Q4_1", 32, 20),
+    (FileType::Q5_0, "Q5_0", 32, 22),
+    (FileType::Q5_1, "Q5_1", 32, 24),
+    (FileType::Q8_0, "Q8_0", 32, 34),
+    (FileType::Q2_K, "Q2_K", 256, 84),
+    (FileType::Q3_K, "Q3_K", 256, 110),
+    (FileType::Q4_K, "Q4_K", 256, 144),
+    (FileType::Q5_K, "Q5_K", 256, 176),
+    (FileType::Q6_K, "Q6_K", 256, 210),
+    (FileType::IQ4_NL, "IQ4_NL", 32, 18),
+    (FileType::IQ4_XS, "IQ4_XS", 256, 136),
+];
+
+impl FileType {
+    fn entry(self) -> &'static (FileType, &'static str, u64, u64) {
+        BLOCKS
+            .iter()
+            .find(|b| b.0 == self)
+            .expect("every type has a block entry")
+    }
+
+    /// ggml's name of the type.
+    pub fn name(self) -> &'static str {
+        self.entry().1
+    }
+
+    /// The type ggml names `name`, if the CPU model knows it.
+    pub fn from_name(name: &str) -> Option<FileType> {
+        BLOCKS.iter().find(|b| b.1 == name).map(|b| b.0)
+    }
+
+    /// Bytes of one row of `k` weights.
+    pub fn row_bytes(self, k: usize) -> u64 {
+        let &(_, _, w, b) = self.entry();
+        (k as u64).div_ceil(w) * b
+    }
+}
+
+/// Cycles per 256 weights of ggml's M = 1 dot kernel for each type on the Cortex-A76 and the
+/// Cortex-A55: `scripts/kernel-cycles.sh` (llvm-mca 14's scheduling models on the hot loop of
+/// `ggml_vec_dot_*` from llama-cpp-python 0.3.36's llama.cpp, `aarch64-linux-gnu-gcc -O3
+/// -march=armv8.2-a+dotprod+fp16`). An estimate from a scheduling model, not a measurement
+/// (`docs/kernels.md`). F32 and BF16 have no entry: see [`cycles`].
+pub const GGML_CYCLES: [(FileType, f64, f64); 13] = [
+    (FileType::F16, 64.4, 224.0),
+    (FileType::Q4_0, 72.5, 204.0),
+    (FileType::Q4_1, 80.6, 216.0),
+    (FileType::Q5_0, 128.5, 328.0),
+    (FileType::Q5_1, 144.6, 368.0),
+    (FileType::Q8_0, 64.6, 204.0),
+    (FileType::Q2_K, 80.2, 236.0),
+    (FileType::Q3_K, 97.2, 305.0),
+    (FileType::Q4_K, 58.2, 215.0),
+    (FileType::Q5_K, 83.2, 263.0),
+    (FileType::Q6_K, 105.2, 292.0),
+    (FileType::IQ4_NL, 84.8, 228.0),
+    (FileType::IQ4_XS, 77.2, 207.0),
+];
+
+/// ork's column of the same table: empty while ork-kernels has no NEON block kernels
+/// (`scripts/kernel-cycles.sh` prints it once they land); ork's CPU engine is then projected
+/// with ggml's cycles, and says so ([`Kernels::Ork`]).
+pub const ORK_CYCLES: [(FileType, f64, f64); 0] = [];
+
+/// Whose kernels a CPU projection charges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernels {
+    /// llama.cpp's ggml (the fit's rows are llama.cpp's).
+    Ggml,
+    /// ork's, where [`ORK_CYCLES`] has the type; ggml's otherwise.
+    Ork,
+}
+
+/// A core kind of a big.LITTLE CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Core {
+    /// Cortex-A76 (the big cores of the RK3588 and the BCM2712).
+    A76,
+    /// Cortex-A55 (the RK3588's little cores).
+    A55,
+}
+
+/// Cycles per 256 weights of `ty`'s dot kernel on `core`, from `kernels`' column (ggml's where
+/// ork's lacks the type). F32 is charged twice F16 (4 lanes per fp32 `fmla` instead of 8) and
+/// BF16 as F32 (ggml converts bf16 to f32 on cores without bf16 instructions, as these):
+/// both assumed, not estimated.
+pub fn cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
+    let pick = |t: &[(FileType, f64, f64)], ty: FileType| {
+        t.iter().find(|c| c.0 == ty).map(|c| match core {
+            Core::A76 => c.1,
+            Core::A55 => c.2,
+        })
+    };
+    let one = |ty| {
+        let ork = match kernels {
+            Kernels::Ork => pick(&ORK_CYCLES, ty),
+            Kernels::Ggml => None,
+        };
+        ork.or_else(|| pick(&GGML_CYCLES, ty))
+    };
+    match ty {
+        FileType::F32 | FileType::BF16 => 2.0 * one(FileType::F16).unwrap_or(f64::NAN),
+        t => one(t).unwrap_or(f64::NAN),
+    }
+}
+
+/// A board's CPU: its cores, their clocks and read rates, and the fitted costs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Cpu {
+    /// Big cores and their clock (Hz).
+    pub big: (f64, f64),
+    /// Little cores and their clock (Hz); (0, 0) without.
+    pub little: (f64, f64),
+    /// Read rate of one core (bytes/s).
+    pub core_read_bw: f64,
+    /// Read rate of all cores together (bytes/s): the fitted fraction of the DDR bus.
+    pub read_bw: f64,
+    /// Fixed cost of one block in one pass (graph nodes, thread barriers), seconds (fitted).
+    pub layer_s: f64,
+    /// Multiply-adds per cycle of a pass of many rows over the M = 1 kernel's (prefill reuses
+    /// each weight load across rows; fitted).
+    pub gemm_gain: f64,
+    /// Effective fp32 operations per second of one core on attention.
+    pub core_flops: f64,
+}
+
+/// The CPU fit's three parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CpuFitted {
+    /// All cores' read rate as a fraction of the board's theoretical DDR rate.
+    pub read_frac: f64,
+    /// Fixed cost per block and pass, seconds.
+    pub layer_s: f64,
+    /// Prefill multiply-adds per cycle over the M = 1 kernel's.
+    pub gemm_gain: f64,
+}
+
+/// The fit as [`crate::cpu_fit::fit_cpu`] computes it (a test recomputes it).
+pub const FITTED_CPU: CpuFitted = CpuFitted {
+    read_frac: 0.71215,
+    layer_s: 188.65e-6,
+    gemm_gain: 3.1904,
+};
+
+/// A board as the CPU engine sees it: the CPU, the DDR bus it shares with the NPU (if any), RAM
+/// for the page cache and the storage behind it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CpuBoard {
+    /// The board's name.
+    pub name: String,
+    /// Its CPU.
+    pub cpu: Cpu,
+    /// Its theoretical DDR rate, bytes/s (the bus the NPU shares).
+    pub ddr_bw: f64,
+    /// RAM, bytes.
+    pub ram_bytes: f64,
+    /// RAM the system keeps, not available to the page cache.
+    pub reserved_bytes: f64,
+    /// Sequential read rate of the model's storage, bytes/s.
+    pub storage_read_bw: f64,
+    /// The board has an NPU the clock models.
+    pub npu: bool,
+}
+
+/// CPU-only boards: (name, RAM GiB, storage GB/s, what the storage is).
+const CPU_ONLY: &[(&str, f64, f64, &str)] = &[("pi5-16g", 16.0, 0.45, "NVMe (PCIe 2.0 x1)")];
+
+impl Cpu {
+    /// The RK3588's: 4 × Cortex-A76 at 2.352 GHz and 4 × Cortex-A55 at 1.8 GHz, one A76 core
+    /// reading 11.4 GB/s (the middle of the 10.5–12.3 GB/s measured), the fit's costs, all
+    /// cores reading the fitted fraction of `ddr_bw`.
+    pub fn rk3588(ddr_bw: f64, f: &CpuFitted, core_flops: f64) -> Cpu {
+        Cpu {
+            big: (4.0, 2.352e9),
+            little: (4.0, 1.8e9),
+            core_read_bw: 11.4 * GB,
+            read_bw: f.read_frac * ddr_bw,
+            layer_s: f.layer_s,
+            gemm_gain: f.gemm_gain,
+            core_flops,
+        }
+    }
+
+    /// The Raspberry Pi 5's BCM2712: 4 × Cortex-A76 at 2.4 GHz, no little cores, one core
+    /// reading 6.0 GB/s (memcpy), the RK3588's fitted costs and read fraction (assumed to carry
+    /// over: the same core).
+    pub fn bcm2712(ddr_bw: f64, f: &CpuFitted, core_flops: f64) -> Cpu {
+        Cpu {
+            big: (4.0, 2.4e9),
+            little: (0.0, 0.0),
+            core_read_bw: 6.0 * GB,
+            ..Cpu::rk3588(ddr_bw, f, core_flops)
+        }
+    }
+}
+
+impl CpuBoard {
+    /// The CPU side of `board` with the fit `f`; `None` for a chip whose cores the table does
+    /// not cover (the RK3576's Cortex-A72/A53 have no dotprod: ggml's plain-NEON kernels are
+    /// not estimated).
+    pub fn of(board: &Board, f: &CpuFitted) -> Option<CpuBoard> {
+        (board.chip.name == "rk3588").then(|| CpuBoard {
+            name: board.name.clone(),
+            cpu: Cpu::rk3588(board.chip.ddr_bw, f, board.chip.host_core_flops),
+            ddr_bw: board.chip.ddr_bw,
+            ram_bytes: board.ram_bytes,
+            reserved_bytes: board.reserved_bytes,
+            storage_read_bw: board.storage_read_bw,
+            npu: true,
+        })
+    }
+
+    /// A CPU-only preset (`pi5-16g`: Raspberry Pi 5 16 GB, LPDDR4X-4267 on a 32-bit bus, 17.07
+    /// GB/s theoretical), with the fit `f`.
+    pub fn cpu_only(name: &str, f: &CpuFitted) -> Option<CpuBoard> {
+        let &(name, ram, storage, _) = CPU_ONLY.iter().find(|p| p.0 == name)?;
+        let ddr_bw = 4267e6 * 4.0;
+        Some(CpuBoard {
+            name: name.into(),
+            cpu: Cpu::bcm2712(ddr_bw, f, crate::Chip::rk3588().host_core_flops),
+            ddr_bw,
+            ram_bytes: ram * GIB,
+            reserved_bytes: GIB,
+            storage_read_bw: storage * GB,
+            npu: false,
+        })
+    }
+
+    /// The CPU-only preset names.
+    pub fn cpu_only_names() -> Vec<&'static str> {
+        CPU_ONLY.iter().map(|p| p.0).collect()
+    }
+
+    /// A preset `NAME` for the CPU engine: a CPU-only preset, else the board
+    /// [`Board::named`] gives (`Ok(None)` when its CPU is not modelled). Board files are read
+    /// by the front end under the input rule and given to [`CpuBoard::of`].
+    pub fn resolve(arg: &str) -> Result<Option<CpuBoard>, BoardError> {
+        if let Some(b) = CpuBoard::cpu_only(arg, &FITTED_CPU) {
+            return Ok(Some(b));
+        }
+        Ok(CpuBoard::of(&Board::named(arg)?, &FITTED_CPU))
+    }
+}
+
+/// One matmul weight as the CPU computes it: `n` rows of `k` weights of type `ty`, in
+/// `experts` experts (1 for a dense weight).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpuWeight {
+    /// Inner dimension.
+    pub k: usize,
+    /// Output rows (per expert).
+    pub n: usize,
+    /// The file's type.
+    pub ty: FileType,
+    /// Experts (1: dense).
+    pub experts: usize,
+    /// The output projection: computed for the last row of a pass only.
+    pub output: bool,
+}
+
+impl CpuWeight {
+    /// Bytes of the weight in the file (all experts).
+    pub fn bytes(&self) -> u64 {
+        self.ty.row_bytes(self.k) * (self.n * self.experts) as u64
+    }
+}
+
+/// A model's shape for the CPU engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpuShape {
+    /// Blocks.
+    pub n_layer: usize,
+    /// Query heads, KV heads, head dimension.
+    pub heads: (usize, usize, usize),
+    /// Per block, the keys a sliding-window layer sees (`None`: global).
+    pub windows: Vec<Option<usize>>,
+    /// Every matmul weight.
+    pub weights: Vec<CpuWeight>,
+    /// Experts chosen per token (0: dense).
+    pub top_k: usize,
+    /// Bytes actually stored per byte the types give (1.0, or a published file's size over its
+    /// types' bytes where the file's own type mix is not known).
+    pub bytes_scale: f64,
+    /// Bytes of the file's weights not in `weights` (the token embedding when untied), read
+    /// one row per token.
+    pub other_bytes: u64,
+}
+
+impl CpuShape {
+    /// Bytes of the file's weights.
+    pub fn file_bytes(&self) -> f64 {
+        self.weights.iter().map(|w| w.bytes() as f64).sum::<f64>() * self.bytes_scale
+            + self.other_bytes as f64
+    }
+
+    /// Bytes one decoded token reads (dense weights, the chosen experts, the output).
+    pub fn active_bytes(&self) -> f64 {
+        self.weights
+            .iter()
+            .map(|w| w.bytes() as f64 * active_experts(w, self.top_k, 1) / w.experts as f64)
+            .sum::<f64>()
+            * self.bytes_scale
+    }
+}
+
+/// Distinct experts of `w` a pass of `rows` rows touches (uniform routing of `top_k` of them per
+/// row; all of a dense weight's one).
+fn active_experts(w: &CpuWeight, top_k: usize, rows: usize) -> f64 {
+    if w.experts <= 1 || top_k == 0 {
+        return 1.0;
+    }
+    let e = w.experts as f64;
+    let miss = 1.0 - (top_k as f64 / e).min(1.0);
+    e * (1.0 - miss.powi(rows.min(i32::MAX as usize) as i32))
+}
+
+/// How the CPU engine runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CpuPlan {
+    /// Threads: the big cores first, then little ones.
+    pub threads: usize,
+    /// Whose kernels.
+    pub kernels: Kernels,
+    /// RAM the page cache may give the file (bytes), after the system's reserve and whatever
+    /// else (the NPU's buffers) holds RAM.
+    pub cache_bytes: f64,
+    /// Bytes per KV-cache value.
+    pub kv_bytes: usize,
+}
+
+/// The threads' count and the cores' all-together read rate for `plan` on `b`.
+fn threads_and_bw(b: &CpuBoard, plan: &CpuPlan) -> (f64, f64, f64) {
+    let cpu = &b.cpu;
+    let big = (plan.threads as f64).min(cpu.big.0);
+    let little = (plan.threads as f64 - big).min(cpu.little.0).max(0.0);
+    let read_bw = cpu
+        .read_bw
+        .min((big + little) * cpu.core_read_bw)
+        .min(b.ddr_bw);
+    (big, little, read_bw)
+}
+
+/// Time of the matmuls of one pass of `m` rows (the output projection for the last row).
+pub fn weights_s(shape: &CpuShape, b: &CpuBoard, plan: &CpuPlan, m: usize) -> f64 {
+    let cpu = &b.cpu;
+    let (big, little, read_bw) = threads_and_bw(b, plan);
+    // The share of the file the page cache holds; the rest comes from storage on every read.
+    let cached = (plan.cache_bytes / shape.file_bytes()).clamp(0.0, 1.0);
+    let mut t = 0.0;
+    for w in &shape.weights {
+        let rows = if w.output { 1 } else { m };
+        let per_row_experts = if w.experts > 1 {
+            shape.top_k as f64
+        } else {
+            1.0
+        };
+        let macs = rows as f64 * per_row_experts * (w.k * w.n) as f64;
+        let gain = if rows > 1 { cpu.gemm_gain } else { 1.0 };
+        // Rows split evenly over the threads: the slowest core's share sets the time.
+        let mut slowest = cycles(w.ty, Core::A76, plan.kernels) / cpu.big.1;
+        if little > 0.0 {
+            slowest = slowest.max(cycles(w.ty, Core::A55, plan.kernels) / cpu.little.1);
+        }
+        let compute = macs / 256.0 * slowest / (big + little) / gain;
+        let touched = active_experts(w, shape.top_k, rows) / w.experts as f64;
+        let bytes = w.bytes() as f64 * shape.bytes_scale * touched;
+        let read = bytes * cached / read_bw + bytes * (1.0 - cached) / b.storage_read_bw;
+        t += compute.max(read);
+    }
+    t
+}
+
+/// Time of one pass's attention (every block) and fixed per-block costs, `m` rows over
+/// `context` positions.
+pub fn attention_s(
+    shape: &CpuShape,
+    b: &CpuBoard,
+    plan: &CpuPlan,
+    m: usize,
+    context: usize,
+) -> f64 {
+    let (big, little, read_bw) = threads_and_bw(b, plan);
+    let (heads, kv, hd) = shape.heads;
+    let mut t = shape.n_layer as f64 * b.cpu.layer_s;
+    for l in 0..shape.n_layer {
+        let window = shape.windows.get(l).copied().flatten();
+        if let Event::Host { flops, bytes, .. } =
+            HostKind::attention(m, context, window, heads, kv, hd, plan.kv_bytes)
+        {
+            t += (flops / ((big + little) * b.cpu.core_flops)).max(bytes / read_bw);
+        }
+    }
+    t
+}
+
+/// The CPU engine's projected figures: TTFT of a `prompt`-token prefill (one pass) and decode
+/// tokens per second over `gen` tokens after it (the first comes from the prefill; with `gen`
+/// ≤ 1, one step is projected).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct CpuProjection {
+    /// Time to first token, seconds.
+    pub ttft_s: f64,
+    /// Prompt tokens per second.
+    pub prefill_tok_s: f64,
+    /// Decode tokens per second.
+    pub decode_tok_s: f64,
+}
+
+/// Project `shape` on `b` as `plan` says: a prefill of `prompt` rows, then `gen − 1` decode
+/// passes.
+pub fn project(
+    shape: &CpuShape,
+    b: &CpuBoard,
+    plan: &CpuPlan,
+    prompt: usize,
+    gen: usize,
+) -> CpuProjection {
+    let ttft = weights_s(shape, b, plan, prompt) + attention_s(shape, b, plan, prompt, 0);
+    let steps = gen.saturating_sub(1).max(1);
+    let decode = steps as f64 * weights_s(shape, b, plan, 1)
+        + (0..steps)
+            .map(|i| attention_s(shape, b, plan, 1, prompt + i))
+            .sum::<f64>();
+    CpuProjection {
+        ttft_s: ttft,
+        prefill_tok_s: prompt as f64 / ttft,
+        decode_tok_s: steps as f64 / decode,
+    }
+}

@@ -1,0 +1,116 @@
+//! Engines per phase: a request's prefill on one engine (the NPU at int8, or the CPU at the
+//! file's bits) and its decode on the same or the other, one KV cache in host memory. Every
+//! pairing is projected, and the fastest chosen by one stated rule ([`RULE`]). Every figure is
+//! a projection (`docs/board-model.md`).
+
+use serde::Serialize;
+
+/// An engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// The NPU, int8 weights from the pack (the board clock's replay).
+    Npu,
+    /// The CPU, the GGUF's blocks at their own bits ([`crate::cpu`]).
+    Cpu,
+}
+
+/// One engine's projected phases for the request.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Phases {
+    /// Time to first token (the prompt's prefill), seconds.
+    pub ttft_s: f64,
+    /// Decode tokens per second.
+    pub decode_tok_s: f64,
+}
+
+/// What each engine projects: alone (the whole RAM its own), and the CPU beside the NPU (the
+/// page cache less the NPU's device buffers), for pairings that hold both.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct EngineInputs {
+    /// The NPU (`None`: the board has none, or the plan cannot run).
+    pub npu: Option<Phases>,
+    /// The CPU alone (`None`: the board's CPU is not modelled).
+    pub cpu: Option<Phases>,
+    /// The CPU while the NPU's buffers hold RAM.
+    pub cpu_beside_npu: Option<Phases>,
+}
+
+/// One pairing as projected.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Pairing {
+    /// The prefill's engine.
+    pub prefill: Engine,
+    /// The decode's engine.
+    pub decode: Engine,
+    /// Time to first token, seconds.
+    pub ttft_s: f64,
+    /// Decode tokens per second.
+    pub decode_tok_s: f64,
+    /// The rule's figure: TTFT plus the decode of the other generated tokens, seconds.
+    pub total_s: f64,
+}
+
+/// The chosen engines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Engines {
+    /// The prefill's engine.
+    pub prefill: Engine,
+    /// The decode's engine.
+    pub decode: Engine,
+}
+
+/// The choice and everything considered.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Choice {
+    /// The pairing with the least [`Pairing::total_s`].
+    pub engines: Engines,
+    /// Every pairing considered, in the order npu/npu, npu/cpu, cpu/cpu, cpu/npu.
+    pub alternatives: Vec<Pairing>,
+    /// The rule.
+    pub rule: &'static str,
+}
+
+/// How the pairing is chosen.
+pub const RULE: &str = "least TTFT + (generated tokens - 1) / decode tok/s, the request's own \
+                        prompt and generated counts; ties to the earlier of npu/npu, npu/cpu, \
+                        cpu/cpu, cpu/npu";
+
+/// Every pairing `inputs` allows, and the fastest for a request that generates `gen` tokens
+/// (the first from the prefill); `None` when neither engine is projected.
+pub fn choose(inputs: &EngineInputs, gen: usize) -> Option<Choice> {
+    let steps = gen.saturating_sub(1) as f64;
+    let pair = |prefill, decode, p: Option<Phases>, d: Option<Phases>| {
+        let (p, d) = (p?, d?);
+        Some(Pairing {
+            prefill,
+            decode,
+            ttft_s: p.ttft_s,
+            decode_tok_s: d.decode_tok_s,
+            total_s: p.ttft_s + steps / d.decode_tok_s,
+        })
+    };
+    let (npu, cpu, beside) = (inputs.npu, inputs.cpu, inputs.cpu_beside_npu);
+    let alternatives: Vec<Pairing> = [
+        pair(Engine::Npu, Engine::Npu, npu, npu),
+        pair(Engine::Npu, Engine::Cpu, npu, beside),
+        pair(Engine::Cpu, Engine::Cpu, cpu, cpu),
+        pair(Engine::Cpu, Engine::Npu, beside, npu),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|p| p.total_s.is_finite())
+    .collect();
+    let best = alternatives.iter().fold(None::<&Pairing>, |b, p| match b {
+        Some(b) if b.total_s <= p.total_s => Some(b),
+        _ => Some(p),
+    })?;
+    Some(Choice {
+        engines: Engines {
+            prefill: best.prefill,
+            decode: best.decode,
+        },
+        alternatives,
+        rule: RULE,
+    })
+}

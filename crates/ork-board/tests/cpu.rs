@@ -1,0 +1,193 @@
+//! The CPU engine's cost model: its fit reproduces, its predictions are reported, and the
+//! engine choice is never projected slower than either engine alone.
+
+use ork_board::cpu::{
+    cycles, project, Core, CpuBoard, CpuPlan, FileType, Kernels, FITTED_CPU, GGML_CYCLES,
+};
+use ork_board::cpu_fit::{
+    fit_cpu, project_cpu_row, CPU_FIT_ROWS, CPU_HOLDOUT_ROWS, GEMMA3_1B, QWEN3_30B_A3B,
+};
+use ork_board::engines::{choose, Engine, EngineInputs, Phases};
+use ork_board::Board;
+
+#[test]
+fn cpu_calibration_reproduces_the_fit() {
+    let (f, loss) = fit_cpu().unwrap();
+    let close = |a: f64, b: f64| (a / b - 1.0).abs() < 0.01;
+    assert!(close(f.read_frac, FITTED_CPU.read_frac), "{f:?}");
+    assert!(close(f.layer_s, FITTED_CPU.layer_s), "{f:?}");
+    assert!(close(f.gemm_gain, FITTED_CPU.gemm_gain), "{f:?}");
+    assert!((loss / FITTED_CPU_LOSS - 1.0).abs() < 0.01, "loss {loss}");
+    // Decode, which the fit is for, within 12 % on each fitted row.
+    for row in &CPU_FIT_ROWS {
+        let (_, tg) = project_cpu_row(row, &FITTED_CPU).unwrap();
+        assert!((tg / row.tg128 - 1.0).abs() < 0.12, "{} tg {tg}", row.model);
+    }
+}
+
+/// The fit's loss (sum of squared log errors over the three rows' pp512 and tg128).
+const FITTED_CPU_LOSS: f64 = 0.585;
+
+#[test]
+#[ignore = "prints the table of docs/board-model.md"]
+fn cpu_fit_report() {
+    println!("{FITTED_CPU:?}");
+    for (fitted, row) in CPU_FIT_ROWS
+        .iter()
+        .map(|r| (true, r))
+        .chain(CPU_HOLDOUT_ROWS.iter().map(|r| (false, r)))
+    {
+        let (pp, tg) = project_cpu_row(row, &FITTED_CPU).unwrap();
+        println!(
+            "| {}{} | {} | {pp:.1} | {} | {:+.0} % | {tg:.2} | {} | {:+.0} % |",
+            row.model,
+            if fitted { " (fitted)" } else { "" },
+            row.board,
+            row.pp512,
+            (pp / row.pp512 - 1.0) * 100.0,
+            row.tg128,
+            (tg / row.tg128 - 1.0) * 100.0
+        );
+    }
+}
+
+#[test]
+fn pi5_holdout_decode_within_fifteen_percent() {
+    let row = CPU_HOLDOUT_ROWS
+        .iter()
+        .find(|r| r.board == "pi5-16g")
+        .unwrap();
+    let (_, tg) = project_cpu_row(row, &FITTED_CPU).unwrap();
+    assert!((tg / row.tg128 - 1.0).abs() < 0.15, "tg {tg}");
+}
+
+#[test]
+fn cycles_come_from_the_table_and_little_cores_are_slower() {
+    for (ty, a76, a55) in GGML_CYCLES {
+        assert_eq!(cycles(ty, Core::A76, Kernels::Ggml), a76);
+        assert_eq!(cycles(ty, Core::A55, Kernels::Ggml), a55);
+        assert!(a55 > a76, "{ty:?}");
+    }
+    assert_eq!(
+        cycles(FileType::F32, Core::A76, Kernels::Ggml),
+        2.0 * cycles(FileType::F16, Core::A76, Kernels::Ggml)
+    );
+    // Row bytes: ggml's block sizes.
+    assert_eq!(FileType::Q4_0.row_bytes(64), 36);
+    assert_eq!(FileType::Q3_K.row_bytes(512), 220);
+    assert_eq!(FileType::from_name("Q6_K"), Some(FileType::Q6_K));
+}
+
+fn rk3588(name: &str) -> CpuBoard {
+    CpuBoard::of(&Board::named(name).unwrap(), &FITTED_CPU).unwrap()
+}
+
+fn plan(b: &CpuBoard, threads: usize) -> CpuPlan {
+    CpuPlan {
+        threads,
+        kernels: Kernels::Ggml,
+        cache_bytes: b.ram_bytes - b.reserved_bytes,
+        kv_bytes: 2,
+    }
+}
+
+#[test]
+fn little_cores_and_storage_slow_the_cpu_down() {
+    let b = rk3588("orangepi5-16g");
+    let shape = GEMMA3_1B.shape(FileType::Q4_0, FileType::Q8_0);
+    let big = project(&shape, &b, &plan(&b, 4), 128, 64);
+    // llama.cpp splits rows evenly: four A55s beside the A76s make the slowest share slower.
+    let all = project(&shape, &b, &plan(&b, 8), 128, 64);
+    assert!(all.ttft_s > big.ttft_s, "{all:?} {big:?}");
+    // One thread reads at one core's rate.
+    let one = project(&shape, &b, &plan(&b, 1), 128, 64);
+    assert!(one.decode_tok_s < big.decode_tok_s / 1.5);
+    // A page cache smaller than the file: the rest from NVMe, every token.
+    let starved = CpuPlan {
+        cache_bytes: 0.1e9,
+        ..plan(&b, 4)
+    };
+    let s = project(&shape, &b, &starved, 128, 64);
+    assert!(s.decode_tok_s < big.decode_tok_s / 5.0, "{s:?}");
+}
+
+#[test]
+fn a_moe_reads_only_its_chosen_experts_in_decode() {
+    let b = rk3588("orangepi5-32g");
+    let moe = QWEN3_30B_A3B.shape(FileType::Q4_K, FileType::Q6_K);
+    let active = moe.active_bytes();
+    assert!(active < moe.file_bytes() / 5.0, "{active}");
+    let p = project(&moe, &b, &plan(&b, 4), 128, 64);
+    // Decode below the bus's ceiling for the bytes read, above a tenth of it.
+    let ceiling = b.ddr_bw / active;
+    assert!(
+        p.decode_tok_s < ceiling && p.decode_tok_s > ceiling / 10.0,
+        "{p:?}"
+    );
+}
+
+#[test]
+fn the_chosen_pairing_is_never_slower_than_either_engine_alone() {
+    // Every catalogue-like case: the NPU faster in one phase, the CPU in the other, or one
+    // engine missing.
+    let cases = [
+        (Some((0.4, 16.0)), Some((3.0, 28.0)), Some((3.2, 25.0))),
+        (Some((0.4, 40.0)), Some((3.0, 28.0)), Some((3.2, 25.0))),
+        (Some((9.0, 0.7)), Some((40.0, 8.0)), Some((60.0, 3.0))),
+        (None, Some((40.0, 8.0)), None),
+        (Some((1.0, 4.0)), None, None),
+    ];
+    let ph = |x: Option<(f64, f64)>| {
+        x.map(|(ttft_s, decode_tok_s)| Phases {
+            ttft_s,
+            decode_tok_s,
+        })
+    };
+    for (npu, cpu, beside) in cases {
+        let inputs = EngineInputs {
+            npu: ph(npu),
+            cpu: ph(cpu),
+            cpu_beside_npu: ph(beside),
+        };
+        let c = choose(&inputs, 64).unwrap();
+        let chosen = c
+            .alternatives
+            .iter()
+            .find(|p| p.prefill == c.engines.prefill && p.decode == c.engines.decode)
+            .unwrap();
+        for alone in [Engine::Npu, Engine::Cpu] {
+            if let Some(a) = c
+                .alternatives
+                .iter()
+                .find(|p| p.prefill == alone && p.decode == alone)
+            {
+                assert!(chosen.total_s <= a.total_s, "{c:?}");
+            }
+        }
+    }
+    // The first case: the NPU prefills, the CPU decodes.
+    let c = choose(
+        &EngineInputs {
+            npu: ph(cases[0].0),
+            cpu: ph(cases[0].1),
+            cpu_beside_npu: ph(cases[0].2),
+        },
+        64,
+    )
+    .unwrap();
+    assert_eq!(
+        (c.engines.prefill, c.engines.decode),
+        (Engine::Npu, Engine::Cpu)
+    );
+    assert_eq!(c.alternatives.len(), 4);
+}
+
+#[test]
+fn pi5_is_a_cpu_only_board() {
+    let b = CpuBoard::resolve("pi5-16g").unwrap().unwrap();
+    assert!(!b.npu);
+    assert_eq!(b.cpu.big, (4.0, 2.4e9));
+    assert!((b.ddr_bw - 17.068e9).abs() < 1e7);
+    // The RK3576's A72/A53 have no dotprod: not modelled.
+    assert!(CpuBoard::resolve("rk3576-8g").unwrap().is_none());
+}

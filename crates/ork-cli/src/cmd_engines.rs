@@ -1,0 +1,257 @@
+//! `ork plan --project`: engines per phase. The NPU's projection (the board clock's replay)
+//! beside the CPU engine's (`ork_board::cpu`, the GGUF's blocks at their own bits), every
+//! pairing of the two, and the fastest by `ork_board::engines::RULE`. Every figure projected.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use ork_board::cpu::{project, CpuBoard, CpuPlan, CpuShape, CpuWeight, FileType, Kernels};
+use ork_board::engines::{choose, Choice, EngineInputs, Phases};
+use ork_board::{Board, Projection};
+use ork_residency::{Mode, Plan as Placement};
+
+/// The CPU engine's shape of the model at `path`: every matmul weight of `manifest` at its GGUF
+/// type (an expert tensor once, with its expert count), the output projection computed for the
+/// last row of a pass; the untied token embedding's bytes beside them.
+pub fn cpu_shape(
+    path: &Path,
+    manifest: &ork_manifest::Manifest,
+    c: &ork_exec::ModelConfig,
+) -> Result<CpuShape> {
+    let mut weights = Vec::new();
+    let mut output_tensor = None;
+    for w in manifest.execution_order() {
+        if w.expert.is_some_and(|e| e > 0) {
+            continue;
+        }
+        let ty = w.slice.ty;
+        let name = ty.name().unwrap_or("unknown");
+        let ty = FileType::from_name(name).with_context(|| {
+            format!(
+                "{}: tensor '{}' has type {name}, which the board clock's CPU model does not cost",
+                path.display(),
+                w.tensor
+            )
+        })?;
+        let output = w.layer.is_none();
+        if output {
+            output_tensor = Some(w.tensor.clone());
+        }
+        weights.push(CpuWeight {
+            k: w.k,
+            n: w.n,
+            ty,
+            experts: if w.expert.is_some() {
+                manifest.n_expert() as usize
+            } else {
+                1
+            },
+            output,
+        });
+    }
+    let gguf = ork_gguf::GgufFile::open(path).with_context(|| format!("{}", path.display()))?;
+    let other_bytes = gguf
+        .tensor("token_embd.weight")
+        .filter(|_| output_tensor.as_deref() != Some("token_embd.weight"))
+        .map_or(0, |t| t.size);
+    Ok(CpuShape {
+        n_layer: c.n_layer,
+        heads: (c.n_head, c.n_head_kv, c.head_dim_k),
+        windows: crate::cmd_project::windows(c),
+        weights,
+        top_k: manifest.n_expert_used() as usize,
+        bytes_scale: 1.0,
+        other_bytes,
+    })
+}
+
+/// The CPU engine's phases on `b` with `cache_bytes` of page cache: 4 threads on the big cores
+/// (llama.cpp's `taskset 4-7 -t 4`), ork's kernels (ggml's cycles where ork's are not
+/// estimated).
+fn cpu_phases(
+    shape: &CpuShape,
+    b: &CpuBoard,
+    cache_bytes: f64,
+    prompt: usize,
+    gen: usize,
+) -> Phases {
+    let plan = CpuPlan {
+        threads: b.cpu.big.0 as usize,
+        kernels: Kernels::Ork,
+        cache_bytes: cache_bytes.max(0.0),
+        kv_bytes: 2,
+    };
+    let p = project(shape, b, &plan, prompt, gen);
+    Phases {
+        ttft_s: p.ttft_s,
+        decode_tok_s: p.decode_tok_s,
+    }
+}
+
+/// Every pairing and the choice, for the model at `path` on `b`: the NPU's projection `npu`
+/// with the RAM its device buffers hold (`npu_bytes`), and the CPU alone or beside it.
+pub fn engines(
+    path: &Path,
+    manifest: &ork_manifest::Manifest,
+    b: &CpuBoard,
+    npu: Option<(&Projection, f64)>,
+    prompt: usize,
+    gen: usize,
+) -> Result<(Choice, CpuShape)> {
+    let gguf = ork_gguf::GgufFile::open(path).with_context(|| format!("{}", path.display()))?;
+    let c =
+        ork_exec::ModelConfig::from_gguf(&gguf).with_context(|| format!("{}", path.display()))?;
+    let shape = cpu_shape(path, manifest, &c)?;
+    let cache = b.ram_bytes - b.reserved_bytes;
+    let inputs = EngineInputs {
+        npu: npu.and_then(|(p, _)| {
+            Some(Phases {
+                ttft_s: p.ttft_s,
+                decode_tok_s: p.decode_tok_s?,
+            })
+        }),
+        cpu: Some(cpu_phases(&shape, b, cache, prompt, gen)),
+        cpu_beside_npu: npu.map(|(_, bytes)| cpu_phases(&shape, b, cache - bytes, prompt, gen)),
+    };
+    let choice = choose(&inputs, gen).with_context(|| {
+        format!(
+            "{}: no engine could be projected on {}",
+            path.display(),
+            b.name
+        )
+    })?;
+    Ok((choice, shape))
+}
+
+/// The plan `place(domains)` makes: with `domains` given, that; with `auto` (no `--domains`, no
+/// `--budget-mb`) on a `board`, as rkllm does: resident across as many domains as the weights need
+/// (up to 16) when they fit the board's RAM beside its reserve and ork's own
+/// ([`PROCESS_BYTES`]), else streamed through one; otherwise one domain.
+pub fn place<E>(
+    domains: Option<u32>,
+    auto: bool,
+    board: Option<&Board>,
+    place: impl Fn(u32) -> Result<Placement, E>,
+) -> Result<Placement, E> {
+    match (domains, board) {
+        (Some(d), _) => place(d),
+        (None, Some(b)) if auto => {
+            let p = place(crate::cli::MAX_DOMAINS)?;
+            let room = b.ram_bytes - b.reserved_bytes - PROCESS_BYTES;
+            if p.mode == Mode::Resident && p.model_bytes as f64 <= room {
+                Ok(p)
+            } else {
+                place(1)
+            }
+        }
+        _ => place(1),
+    }
+}
+
+/// [`engines`] for `ork plan`'s placement `p` (the NPU's buffers: a resident pack's bytes, or
+/// the budget in each domain used), `None` without a CPU board.
+pub fn for_plan(
+    path: &Path,
+    manifest: &ork_manifest::Manifest,
+    cpu_board: Option<&CpuBoard>,
+    p: &Placement,
+    budget: u64,
+    npu: Option<&Projection>,
+    (prompt, gen): (usize, usize),
+) -> Result<Option<(Choice, CpuShape)>> {
+    let Some(cb) = cpu_board else {
+        return Ok(None);
+    };
+    let npu_bytes = match p.mode {
+        Mode::Resident => p.model_bytes,
+        Mode::Streamed => budget * u64::from(p.domains_used.max(1)),
+    };
+    engines(
+        path,
+        manifest,
+        cb,
+        npu.map(|pr| (pr, npu_bytes as f64)),
+        prompt,
+        gen,
+    )
+    .map(Some)
+}
+
+/// RAM ork's own process holds beside the weights (KV cache, activations, tables): 0.5 GiB, a
+/// judgment (docs/board-model.md), used to decide whether a resident plan fits a board.
+pub const PROCESS_BYTES: f64 = (1u64 << 29) as f64;
+
+/// Add the engines' fields under `projected` (made, for a board without an NPU, with the
+/// chosen pairing's TTFT and decode rate and the labels).
+pub fn add_json(
+    projected: &mut serde_json::Value,
+    choice: &Choice,
+    shape: &CpuShape,
+    b: &CpuBoard,
+) {
+    if !projected.is_object() {
+        let best = choice
+            .alternatives
+            .iter()
+            .find(|p| p.prefill == choice.engines.prefill && p.decode == choice.engines.decode);
+        *projected = serde_json::json!({
+            "label": "projected",
+            "board": b.name,
+            "model_version": ork_board::cpu::CPU_MODEL,
+            "ttft_s": best.map(|p| p.ttft_s),
+            "decode_tok_s": best.map(|p| p.decode_tok_s),
+        });
+    }
+    if let (Some(obj), serde_json::Value::Object(add)) =
+        (projected.as_object_mut(), json(choice, shape, b))
+    {
+        obj.extend(add);
+    }
+}
+
+/// The JSON fields `engines` adds under `projected`.
+fn json(choice: &Choice, shape: &CpuShape, b: &CpuBoard) -> serde_json::Value {
+    serde_json::json!({
+        "engines": choice.engines,
+        "alternatives": choice.alternatives,
+        "engine_rule": choice.rule,
+        "cpu": {
+            "label": "projected",
+            "board": b.name,
+            "cores": b.cpu,
+            "kernels": if ork_board::cpu::ORK_CYCLES.is_empty() {
+                "ggml's cycles (ork's NEON kernels not yet estimated)"
+            } else {
+                "ork's cycles"
+            },
+            "file_bytes": shape.file_bytes(),
+            "active_bytes_per_token": shape.active_bytes(),
+            "ceiling_tok_s": b.ddr_bw / shape.active_bytes(),
+            "cpu_model_version": ork_board::cpu::CPU_MODEL,
+        },
+    })
+}
+
+/// One line for the text output.
+pub fn line(choice: &Choice) -> String {
+    let name = |e: ork_board::engines::Engine| format!("{e:?}").to_lowercase();
+    let alts: Vec<String> = choice
+        .alternatives
+        .iter()
+        .map(|p| {
+            format!(
+                "{}/{} TTFT {:.2} s, decode {:.2} tok/s",
+                name(p.prefill),
+                name(p.decode),
+                p.ttft_s,
+                p.decode_tok_s
+            )
+        })
+        .collect();
+    format!(
+        "engines (projected): prefill {}, decode {}; considered: {}",
+        name(choice.engines.prefill),
+        name(choice.engines.decode),
+        alts.join("; ")
+    )
+}

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Cycles per 256 weights of each NEON dot-product kernel, ork's beside ggml's, under LLVM's
+# Cortex-A76 and Cortex-A55 scheduling models (llvm-mca). An ESTIMATE from a scheduling model,
+# not a measurement on a core. Not part of the tests (it downloads a 77 MB source tarball once).
+#
+# Usage: scripts/kernel-cycles.sh [--json]
+#
+# - ggml: llama.cpp's ggml/src/ggml-cpu/arch/arm/quants.c from llama-cpp-python 0.3.36's source
+#   distribution (PyPI, `pip download --no-binary`), compiled with
+#   `aarch64-linux-gnu-gcc -O3 -march=armv8.2-a+dotprod+fp16 -S` (the RK3588's A76/A55: ARMv8.2-A
+#   with dotprod and fp16 arithmetic, no i8mm); F16 from ggml-cpu/vec.cpp (g++).
+# - ork: ork-kernels built for aarch64-unknown-linux-gnu with `-C target-cpu=cortex-a76`
+#   (`cargo rustc --release -p ork-kernels --target aarch64-unknown-linux-gnu -- --emit asm`);
+#   the column is empty ("-", null) while ork-kernels has no NEON block kernels.
+# - scripts/kernel_cycles.py finds each kernel's hot loop and runs llvm-mca on it (how, in its
+#   docstring). Deterministic: pinned sources, fixed flags, fixed llvm-mca iteration count.
+#
+# Installs what it lacks, as root: Debian's llvm (llvm-mca), gcc- and g++-aarch64-linux-gnu (apt), the
+# rust aarch64 target (rustup). Work files go to ${ORK_CACHE:-.cache}/kernel-cycles.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+work="${ORK_CACHE:-$root/.cache}/kernel-cycles"
+mkdir -p "$work"
+log() { echo "kernel-cycles: $*" >&2; }
+
+need_apt=()
+command -v llvm-mca >/dev/null || need_apt+=(llvm)
+command -v aarch64-linux-gnu-gcc >/dev/null || need_apt+=(gcc-aarch64-linux-gnu)
+command -v aarch64-linux-gnu-g++ >/dev/null || need_apt+=(g++-aarch64-linux-gnu)
+if ((${#need_apt[@]})); then
+    log "installing ${need_apt[*]} (apt)"
+    apt-get install -y "${need_apt[@]}" >&2 || { apt-get update >&2 && apt-get install -y "${need_apt[@]}" >&2; }
+fi
+
+# ggml's sources: the sdist's tarball (pip puts it in its unpack directory before building
+# metadata; --no-build-isolation keeps that short, and the tarball is what we keep).
+ver=0.3.36
+tarball="$work/llama_cpp_python-$ver.tar.gz"
+if [[ ! -s $tarball ]]; then
+    log "downloading llama-cpp-python $ver's source distribution (PyPI)"
+    dl=$(mktemp -d)
+    pip download --no-deps --no-binary :all: --no-build-isolation "llama-cpp-python==$ver" -d "$dl" >&2 || true
+    found=$(find "$dl" /tmp -maxdepth 2 -name "llama_cpp_python-$ver.tar.gz" 2>/dev/null | head -1)
+    [[ -n $found ]] || { log "the source distribution was not downloaded"; exit 1; }
+    cp "$found" "$tarball.tmp" && mv "$tarball.tmp" "$tarball"
+    rm -rf "$dl"
+fi
+src="$work/llama_cpp_python-$ver/vendor/llama.cpp/ggml"
+if [[ ! -f $src/src/ggml-cpu/arch/arm/quants.c ]]; then
+    tar -xzf "$tarball" -C "$work" --wildcards \
+        "llama_cpp_python-$ver/vendor/llama.cpp/ggml/include/*" \
+        "llama_cpp_python-$ver/vendor/llama.cpp/ggml/src/*"
+fi
+# The RK3588's cores: ARMv8.2-A with dotprod and fp16 arithmetic, no i8mm (docs/kernels.md).
+flags=(-O3 -march=armv8.2-a+dotprod+fp16 -fno-asynchronous-unwind-tables
+    -I"$src/include" -I"$src/src" -I"$src/src/ggml-cpu")
+aarch64-linux-gnu-gcc "${flags[@]}" -S "$src/src/ggml-cpu/arch/arm/quants.c" -o "$work/ggml-quants.s"
+aarch64-linux-gnu-g++ "${flags[@]}" -S "$src/src/ggml-cpu/vec.cpp" -o "$work/ggml-vec.s"
+
+# ork's kernels, when ork-kernels has NEON block kernels.
+ork_args=()
+if grep -rqs "sdot\|vdotq_s32" crates/ork-kernels/src/blocks/; then
+    rustup target list --installed | grep -q aarch64-unknown-linux-gnu \
+        || rustup target add aarch64-unknown-linux-gnu >&2
+    tdir="$root/target/kernel-cycles"
+    CARGO_TARGET_DIR="$tdir" cargo rustc --release -q -p ork-kernels \
+        --target aarch64-unknown-linux-gnu -- --emit asm -C target-cpu=cortex-a76 >&2
+    ork_s=$(ls -t "$tdir"/aarch64-unknown-linux-gnu/release/deps/ork_kernels-*.s | head -1)
+    ork_args=(--ork "$ork_s")
+else
+    log "ork-kernels has no NEON block kernels yet: the ork column is empty"
+fi
+python3 scripts/kernel_cycles.py --ggml "$work/ggml-quants.s" --ggml "$work/ggml-vec.s" "${ork_args[@]}" "$@"
