@@ -1,5 +1,6 @@
-//! Symmetric per-row int8 quantization of activations: the one quantizer of the w8a8 paths (the
-//! device path's `ork_residency::DeviceMatmul` and the executor's `CpuW8A8Linear`).
+//! Symmetric per-row int8 quantization of activations: the quantizer of the device path's w8a8
+//! matmuls (`ork_residency::DeviceMatmul`); the executor's `CpuW8A8Linear` still has its own
+//! (see the note there).
 //!
 //! For a row `x`: `amax = max |x|`, `scale = amax / 127`, and each code is
 //! `q = round(clamp(x · (127 / amax), -127, 127))`, rounding half away from zero (`f32::round`).
