@@ -188,8 +188,7 @@ impl WeightType {
 /// `out[r·m + i] = Σ_k W[r, k] · A[i, k]` for `rows` weight rows (`w`, each
 /// `WeightType::row_bytes(k)` bytes) against `m` quantized activation rows (`acts`, each
 /// `ActType::row_bytes(k)` bytes). The caller has checked every length.
-pub(crate) type RowsFn =
-    fn(k: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]);
+pub(crate) type RowsFn = fn(k: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &mut [f32]);
 
 /// Quantize one activation row `x` (its length a multiple of the block length) into `dst`
 /// (exactly `ActType::row_bytes(x.len())` bytes).
