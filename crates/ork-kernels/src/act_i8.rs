@@ -262,10 +262,12 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A quantizer: codes into the slice, the scale returned.
+    type Quantize = fn(&[f32], &mut [i8]) -> f32;
+
     /// Every path this CPU has, the scalar twin first.
-    fn paths() -> Vec<(&'static str, fn(&[f32], &mut [i8]) -> f32)> {
-        let mut v: Vec<(&'static str, fn(&[f32], &mut [i8]) -> f32)> =
-            vec![("scalar", quantize_row_i8_scalar)];
+    fn paths() -> Vec<(&'static str, Quantize)> {
+        let mut v: Vec<(&'static str, Quantize)> = vec![("scalar", quantize_row_i8_scalar)];
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2; the lengths are equal in every call below.
