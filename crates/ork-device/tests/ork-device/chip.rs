@@ -46,9 +46,9 @@ fn rk3588_table_is_the_documented_one() {
     );
     assert_eq!(
         (
-            caps.limits.n_align(Int8),
-            caps.limits.n_align(Fp16),
-            caps.limits.n_align(Int4)
+            Soc::n_align(Int8),
+            Soc::n_align(Fp16),
+            Soc::n_align(Int4)
         ),
         (32, 16, 64)
     );
