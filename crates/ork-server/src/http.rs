@@ -76,7 +76,8 @@ pub(crate) fn max_body_bytes(prompt_bytes: usize) -> usize {
     prompt_bytes.saturating_mul(6).saturating_add(1 << 16)
 }
 
-/// The routes: `/v1/*` behind the optional bearer key; `/health` and `/metrics` open. Every
+/// The routes: `/v1/*` behind the optional bearer key; `/health`, `/health/ready`,
+/// `/health/live` and `/metrics` open. Every
 /// refusal (4xx, 503) is OpenAI's JSON and counted in `/metrics`.
 pub(crate) fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -88,6 +89,8 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
             authenticate,
         ))
         .route("/health", get(health))
+        .route("/health/ready", get(health))
+        .route("/health/live", get(live))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -98,9 +101,13 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Count the refusals of every route but `/health` (whose 503 during a drain is its answer).
+/// Count the refusals of every route but the probes `/health*` (whose 503 during a drain is
+/// their answer).
 async fn count_refusals(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let probe = req.uri().path() == "/health";
+    let probe = matches!(
+        req.uri().path(),
+        "/health" | "/health/ready" | "/health/live"
+    );
     let resp = next.run(req).await;
     let status = resp.status();
     if !probe {
@@ -127,6 +134,8 @@ async fn method_not_allowed(req: Request) -> Response {
     .into_response()
 }
 
+/// `/health` and `/health/ready`: 200 while serving, 503 from the start of a drain (the
+/// process goes on answering during the drain so that a balancer or Kubernetes sees it).
 async fn health(State(st): State<Arc<AppState>>) -> Response {
     if st.draining.load(Ordering::Relaxed) {
         (
@@ -137,6 +146,13 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     } else {
         Json(json!({"status": "ok"})).into_response()
     }
+}
+
+/// `/health/live`: 200 while the process answers, draining or not (a Kubernetes liveness
+/// probe must not restart a replica that is finishing its requests).
+async fn live(State(st): State<Arc<AppState>>) -> Response {
+    let draining = st.draining.load(Ordering::Relaxed);
+    Json(json!({"status": "live", "draining": draining})).into_response()
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {

@@ -423,8 +423,8 @@ const TOKENIZING_TASKS: usize = 2;
 /// How long the connections get to send the error event of a cut request before they close.
 const CUT_GRACE: Duration = Duration::from_secs(1);
 
-/// Serve until the first stop message, then drain: refuse new requests and let running ones
-/// finish within `drain` (or until a second stop message), then cut what still runs.
+/// Serve until the first stop message, then drain: answer new requests 503 (the listener stays
+/// open, see [`listen::answer_while_draining`]) and let running ones finish within `drain` (or until a second stop message), then cut what still runs.
 async fn serve(
     listener: std::net::TcpListener,
     addr: SocketAddr,
@@ -438,8 +438,15 @@ async fn serve(
         .map_err(|source| ServerError::Io { addr, source })?;
     let app = http::router(Arc::clone(&state));
     let metrics = Arc::clone(&state.metrics);
-    let graceful = listen::accept_until(listener, app, limits, metrics, next_stop(&mut stop)).await;
-    // No new requests from here on; running ones get `drain` to finish.
+    let (graceful, listener, open) = listen::accept_until(
+        listener,
+        app.clone(),
+        limits,
+        Arc::clone(&metrics),
+        next_stop(&mut stop),
+    )
+    .await;
+    // New requests are answered 503 from here on; running ones get `drain` to finish.
     state.draining.store(true, Ordering::Relaxed);
     drop(state);
     let mut closed = std::pin::pin!(graceful.shutdown());
@@ -447,6 +454,7 @@ async fn serve(
         _ = &mut closed => return Ok(()),
         _ = tokio::time::sleep(drain) => {}
         _ = next_stop(&mut stop) => {}
+        _ = listen::answer_while_draining(listener, app, limits, metrics, open) => {}
     }
     // Cut: the scheduler ends every running and queued request with an error event; the
     // connections get a moment to send it, then close with the runtime.

@@ -13,7 +13,9 @@
 //!   counted in `/metrics`) and closed at once.
 //!
 //! Connections are watched by a [`GracefulShutdown`]: at a drain each one closes once its
-//! running request has its answer.
+//! running request has its answer. During the drain the listener stays open and answers each
+//! new connection once, without keep-alive ([`answer_while_draining`]): `/health` 503 for a
+//! balancer's probe, a 503 JSON error for a new request.
 use crate::error::{ApiError, ApiErrorKind};
 use crate::metrics::Metrics;
 use axum::Router;
@@ -37,42 +39,28 @@ pub(crate) struct ConnLimits {
     pub max_connections: usize,
 }
 
-/// Accept connections on `listener` until `stop` completes, serving each with `app`; then close
-/// the listener and return the watcher of the connections still open (its `shutdown` waits for
-/// them to finish their requests).
+/// Accept connections on `listener` until `stop` completes, serving each with `app`; then
+/// return the watcher of the connections still open (its `shutdown` waits for them to finish
+/// their requests) and the listener, still open for [`answer_while_draining`].
 pub(crate) async fn accept_until(
     listener: TcpListener,
     app: Router,
     limits: ConnLimits,
     metrics: Arc<Metrics>,
     stop: impl Future<Output = ()>,
-) -> GracefulShutdown {
+) -> (GracefulShutdown, TcpListener, Arc<Semaphore>) {
     let graceful = GracefulShutdown::new();
     let open = Arc::new(Semaphore::new(limits.max_connections));
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
-        .half_close(true);
+    let builder = connection_builder(limits, true);
     let mut stop = std::pin::pin!(stop);
     loop {
-        let stream = tokio::select! {
+        let next = tokio::select! {
             _ = &mut stop => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                // Out of file descriptors and the like: wait a little rather than spin.
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            next = next_connection(&listener, &open, limits, &metrics) => next,
         };
-        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
-            metrics.rejected_overloaded.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(refuse(stream, limits.max_connections));
+        let Some((stream, permit)) = next else {
             continue;
         };
-        let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
@@ -82,8 +70,69 @@ pub(crate) async fn accept_until(
             drop(permit);
         });
     }
-    drop(listener);
-    graceful
+    (graceful, listener, open)
+}
+
+/// During a drain: keep accepting, one request per connection (no keep-alive), so that a
+/// balancer's probe reads `/health` 503 and a new request gets its 503 JSON error (which a
+/// balancer can retry on another replica) rather than a refused connection. Runs until dropped
+/// (the listener closes with it); these connections are not waited for by the drain.
+pub(crate) async fn answer_while_draining(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnLimits,
+    metrics: Arc<Metrics>,
+    open: Arc<Semaphore>,
+) {
+    let builder = connection_builder(limits, false);
+    loop {
+        let Some((stream, permit)) = next_connection(&listener, &open, limits, &metrics).await
+        else {
+            continue;
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+}
+
+/// HTTP/1 with the header timeout and half-close support; `keep_alive` off during a drain.
+fn connection_builder(limits: ConnLimits, keep_alive: bool) -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .half_close(true)
+        .keep_alive(keep_alive);
+    builder
+}
+
+/// The next connection within the limit, with its permit; `None` after an accept error (after
+/// a short wait) or a connection beyond the limit (answered 503 and closed).
+async fn next_connection(
+    listener: &TcpListener,
+    open: &Arc<Semaphore>,
+    limits: ConnLimits,
+    metrics: &Metrics,
+) -> Option<(TcpStream, tokio::sync::OwnedSemaphorePermit)> {
+    let stream = match listener.accept().await {
+        Ok((stream, _)) => stream,
+        // Out of file descriptors and the like: wait a little rather than spin.
+        Err(_) => {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            return None;
+        }
+    };
+    let Ok(permit) = Arc::clone(open).try_acquire_owned() else {
+        metrics.rejected_overloaded.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(refuse(stream, limits.max_connections));
+        return None;
+    };
+    let _ = stream.set_nodelay(true);
+    Some((stream, permit))
 }
 
 /// Answer a connection beyond the limit with a 503 and close it.

@@ -4,6 +4,7 @@
 mod server {
     mod api;
     pub mod common;
+    mod health;
     mod hostile;
     mod load;
     mod logprobs;
