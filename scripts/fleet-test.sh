@@ -19,7 +19,8 @@ fi
 [ -r "$model" ] || { echo "fleet-test: cannot read the model $model (scripts/fetch-model.sh)" >&2; exit 2; }
 if ! command -v haproxy >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >&2 \
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >&2 \
+        || { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >&2; }; } \
       || { echo "fleet-test: apt-get install haproxy failed" >&2; exit 2; }
   else
     echo "fleet-test: haproxy is missing: sudo apt-get install haproxy" >&2; exit 2
