@@ -10,8 +10,11 @@
 #   `aarch64-linux-gnu-gcc -O3 -march=armv8.2-a+dotprod+fp16 -S` (the RK3588's A76/A55: ARMv8.2-A
 #   with dotprod and fp16 arithmetic, no i8mm); F16 from ggml-cpu/vec.cpp (g++).
 # - ork: ork-kernels built for aarch64-unknown-linux-gnu with `-C target-cpu=cortex-a76`
-#   (`cargo rustc --release -p ork-kernels --target aarch64-unknown-linux-gnu -- --emit asm`);
-#   the column is empty ("-", null) while ork-kernels has no NEON block kernels.
+#   (`cargo rustc --release -p ork-kernels --target aarch64-unknown-linux-gnu -- --emit asm`)
+#   and `-C symbol-mangling-version=v0`: Rust's default (legacy) mangling leaves generic
+#   arguments out of symbol names, so `row_sdot::<Q4_0, 1>` and `row_sdot::<Q8_0, 4>` were
+#   indistinguishable and no kernel could be matched to its type (the column was all null).
+#   v0 names change no code.
 # - scripts/kernel_cycles.py finds each kernel's hot loop and runs llvm-mca on it (how, in its
 #   docstring). Deterministic: pinned sources, fixed flags, fixed llvm-mca iteration count.
 #
@@ -58,14 +61,15 @@ flags=(-O3 -march=armv8.2-a+dotprod+fp16 -fno-asynchronous-unwind-tables
 aarch64-linux-gnu-gcc "${flags[@]}" -S "$src/src/ggml-cpu/arch/arm/quants.c" -o "$work/ggml-quants.s"
 aarch64-linux-gnu-g++ "${flags[@]}" -S "$src/src/ggml-cpu/vec.cpp" -o "$work/ggml-vec.s"
 
-# ork's kernels, when ork-kernels has NEON block kernels.
+# ork's kernels (the column is empty, "-"/null, if ork-kernels has no NEON block kernels).
 ork_args=()
 if grep -rqs "sdot\|vdotq_s32" crates/ork-kernels/src/blocks/; then
     rustup target list --installed | grep -q aarch64-unknown-linux-gnu \
         || rustup target add aarch64-unknown-linux-gnu >&2
     tdir="$root/target/kernel-cycles"
     CARGO_TARGET_DIR="$tdir" cargo rustc --release -q -p ork-kernels \
-        --target aarch64-unknown-linux-gnu -- --emit asm -C target-cpu=cortex-a76 >&2
+        --target aarch64-unknown-linux-gnu -- --emit asm -C target-cpu=cortex-a76 \
+        -C symbol-mangling-version=v0 >&2
     ork_s=$(ls -t "$tdir"/aarch64-unknown-linux-gnu/release/deps/ork_kernels-*.s | head -1)
     ork_args=(--ork "$ork_s")
 else

@@ -7,15 +7,21 @@ Usage: kernel_cycles.py --ggml GGML.s [--ork ORK.s] [--json]
 
 How a kernel's figure is made, the same way for both columns:
 - the kernel's function is found in the assembly (ggml: `ggml_vec_dot_<type>_<act>`; ork: the
-  functions whose demangled name holds the type and `neon`, see ORK_PATTERNS);
-- its loops are the spans from a label to a backward branch to it; the hot loop is the one with
-  the most multiply-adds (the main loop over blocks: ggml's inner loops over a
-  super-block's sub-blocks are unrolled by the compiler, so the main loop has no inner loop);
+  M = 1 dotprod kernel named in ORK, by its demangled v0 name; a loop-free helper it calls with
+  `bl`, as ork's k-quant `dot_sdot`, is inlined into it, its `ret` dropped);
+- each loop head's pass is traced (`trace`): the path one iteration takes in the steady state
+  (unconditional branches followed, CPU-feature tests on std_detect's cache word taken the way
+  the RK3588's cores go, other conditional branches falling through, an inner loop with a
+  stated trip count run that many times); the hot loop is the innermost pass with the most
+  multiply-adds (ggml's main loop over blocks: the compiler unrolls its inner loops), or for
+  ork's k-quants the pass making one super-block's 256 (see `hot_loop`);
 - the weights one iteration covers are its multiply-adds (every weight is multiplied once): 16
   per `sdot`/`udot` on 16 bytes, 8 per `fmla` on 8 fp16 lanes (F16: `ggml_vec_dot_f16`, from
-  ggml-cpu/vec.cpp), so no per-type table is needed;
-- llvm-mca runs the loop body for 200 iterations (`-mtriple=aarch64 -mcpu=CPU -mattr=+dotprod`);
-  cycles per iteration = total cycles / 200, scaled to 256 weights.
+  ggml-cpu/vec.cpp), 4 per fp32 `fmul` in ork's F16 kernel (it widens to fp32), so no
+  per-type table is needed;
+- llvm-mca runs the pass for 200 iterations (`-mtriple=aarch64 -mcpu=CPU -mattr=+dotprod`);
+  cycles per iteration = total cycles / 200, scaled to 256 weights. llvm-mca models neither
+  branch prediction nor caches: the pass's instructions on the core's pipeline model only.
 """
 import argparse
 import json
@@ -42,6 +48,10 @@ TYPES = [
 CORES = [("A76", "cortex-a76"), ("A55", "cortex-a55")]
 # Multiply-adds per instruction: sdot/udot on 16 bytes (16 int8 products), fmla on 8 fp16 lanes.
 MACS = [(re.compile(r"^\s+(sdot|udot)\s+v\d+\.4s,"), 16), (re.compile(r"^\s+fmla\s+v\d+\.8h,"), 8)]
+# ork's F16 widens both operands to fp32 and multiplies with `fmul` on 4 lanes, then `fadd`s
+# (the scalar twin's order): 4 weights per `fmul` of that kernel (only: the block kernels'
+# `fmul`s are scales).
+MACS_F32 = [(re.compile(r"^\s+fmul\s+v\d+\.4s, v\d+\.4s, v\d+\.4s$"), 4)]
 BRANCH = re.compile(r"^\s+(b\.?\w*|cbn?z|tbn?z)\s+.*?(\.?L[\w$]+)\s*$")
 LABEL = re.compile(r"^(\.?L[\w$]+):")
 FUNC = re.compile(r"^([A-Za-z_][\w.$]*):\s*$")
@@ -62,13 +72,14 @@ def functions(path):
     return out
 
 
+def labels_of(body):
+    """Label -> its line in `body`."""
+    return {m.group(1): i for i, m in ((i, LABEL.match(x)) for i, x in enumerate(body)) if m}
+
+
 def loops(body):
     """(first, last) line of every loop: a label and a later branch back to it."""
-    labels = {}
-    for i, line in enumerate(body):
-        m = LABEL.match(line)
-        if m:
-            labels[m.group(1)] = i
+    labels = labels_of(body)
     found = []
     for i, line in enumerate(body):
         m = BRANCH.match(line)
@@ -77,20 +88,143 @@ def loops(body):
     return found
 
 
-def dots(body, span):
-    """Multiply-adds one pass of the loop `span` makes (each weight is multiplied once)."""
-    return sum(n for x in body[span[0] : span[1] + 1] for r, n in MACS if r.match(x))
+def is_insn(line):
+    return re.match(r"^\s+[a-z]", line) is not None
 
 
-def hot_loop(body):
-    """The loop with the most dot instructions, as llvm-mca input, and the weights it covers."""
-    spans = [s for s in loops(body) if dots(body, s) > 0]
-    if not spans:
+def feature_taken(line, feat):
+    """Whether `line` tests a word loaded from std_detect's cache (`tbz`/`tbnz` on a feature
+    bit, `cbz`/`cbnz` on the whole word) and, if so, the direction the RK3588's cores take once
+    the cache is filled: they have every feature the kernels test (asimd, dotprod, fp16), so
+    `tbnz`/`cbnz` are taken and `tbz`/`cbz` are not. None for any other instruction."""
+    m = re.match(r"^\s+(tbn?z|cbn?z)\s+[wx](\d+),", line)
+    if m and m.group(2) in feat:
+        # `cbz`/`cbnz` on the word: zero until std_detect has filled it, once.
+        return m.group(1) in ("tbnz", "cbnz")
+    return None
+
+
+def cache_regs(body):
+    """Registers that hold the address of std_detect's feature cache (loaded from the GOT)."""
+    return {
+        m.group(1)
+        for m in (re.match(r"^\s+ldr\s+x(\d+), \[.*std_detect.*CACHE", x) for x in body)
+        if m
+    }
+
+
+def trace(body, head, labels):
+    """The instructions one pass of the loop headed at line `head` runs, and the labels it
+    passes, following the path the steady state takes: unconditional branches are followed, a
+    branch to the head ends the pass, CPU-feature tests go the way the RK3588 goes
+    (`feature_taken`), every other conditional branch falls through (loop exits, rare cases).
+    Two passes are followed and the second is kept (registers loaded before the head, such as
+    the feature word, are then known). None if the path leaves the function, does not come
+    back to the head, or runs an inner loop (a branch back to a label it passed: the hot loop
+    is an innermost loop, as ggml's)."""
+    name = LABEL.match(body[head]).group(1)
+    cache, feat = cache_regs(body), set()
+    for _ in range(2):
+        out, seen = pass_of(body, head, labels, name, cache, feat)
+        if out is None:
+            return None
+    return out, seen
+
+
+def pass_of(body, head, labels, name, cache, feat):
+    """One pass for `trace` (updates `feat`, the registers holding the feature word)."""
+    out, i, seen, marks = [], head + 1, set(), {}
+    for _ in range(20000):
+        if i >= len(body):
+            break
+        line = body[i]
+        i += 1
+        lab = LABEL.match(line)
+        if lab:
+            seen.add(lab.group(1))
+            marks[lab.group(1)] = len(out)
+        if not is_insn(line):
+            continue
+        out.append(line)
+        ops = line.split()
+        dest = re.match(r"[wx](\d+)", ops[1]) if len(ops) > 1 else None
+        m = re.match(r"^\s+ldr\s+[wx](\d+), \[x(\d+)\]$", line)
+        if m and m.group(2) in cache:
+            feat.add(m.group(1))
+            continue
+        if dest and not re.match(r"^\s+(tbn?z|cbn?z|cmp|tst|str\w*|st\w+|b)\b", line):
+            feat.discard(dest.group(1))
+        if re.match(r"^\s+ret\b", line):
+            break
+        m = BRANCH.match(line)
+        if not m:
+            continue
+        target, cond = m.group(2), m.group(1) != "b"
+        if target == name:
+            return out, seen
+        if target in seen:
+            if not cond or target not in marks:
+                break
+            # An inner loop with a trip count the code states: run its other passes here.
+            trips = trip_count(out[: marks[target]], out[marks[target] :])
+            if trips is None:
+                break
+            out += out[marks[target] :] * (trips - 1)
+            continue
+        taken = feature_taken(line, feat) if cond else True
+        if taken and target in labels:
+            i = labels[target] + 1
+            seen.add(target)
+    return None, seen
+
+
+def trip_count(before, body):
+    """Passes of an inner loop `body` (its back branch last) entered after `before`, when the
+    code states them: a counter set to 0 (`mov xN, xzr`) before it, stepped by `add xN, xN,
+    #S` and compared with `cmp xN, #E` right before the back branch: E / S. Else None."""
+    m = re.match(r"^\s+cmp\s+x(\d+), #(\d+)$", body[-2]) if len(body) > 1 else None
+    if not m:
         return None
-    span = max(spans, key=lambda s: (dots(body, s), -(s[1] - s[0])))
-    lines = [x for x in body[span[0] + 1 : span[1] + 1] if re.match(r"^\s+[a-z]", x)]
-    label = LABEL.match(body[span[0]]).group(1)
-    return label + ":\n" + "\n".join(lines) + "\n", dots(body, span)
+    r, end = m.group(1), int(m.group(2))
+    steps = [re.match(r"^\s+add\s+x%s, x%s, #(\d+)$" % (r, r), x) for x in body]
+    steps = [int(x.group(1)) for x in steps if x]
+    if len(steps) != 1 or end % steps[0] or not any(
+        re.match(r"^\s+mov\s+x%s, xzr$" % r, x) for x in before
+    ):
+        return None
+    return end // steps[0]
+
+
+def dots(lines, macs=MACS):
+    """Multiply-adds `lines` make (each weight is multiplied once per activation row)."""
+    return sum(n for x in lines for r, n in macs if r.match(x))
+
+
+def hot_loop(body, macs=None, rules=MACS):
+    """The loop whose pass has the most multiply-adds, the shortest on ties; or, given `macs`,
+    the longest pass making exactly `macs` (ork's k-quant M = 1 loop, which decodes its
+    super-block in the pass, beside the M > 1 path's loops over a row decoded beforehand).
+    A pass that goes through another loop head whose own pass makes as many multiply-adds in
+    fewer instructions is an outer loop's, and dropped. As llvm-mca input (the pass `trace`
+    follows), with the weights it covers."""
+    labels = labels_of(body)
+    cands = []
+    for head in sorted({h for h, _ in loops(body)}):
+        t = trace(body, head, labels)
+        n = dots(t[0], rules) if t else 0
+        if n > 0 and macs in (None, n):
+            cands.append((n, head, t[0], t[1]))
+    names = {head: LABEL.match(body[head]).group(1) for _, head, _, _ in cands}
+    inner = [
+        c
+        for c in cands
+        if not any(d[0] == c[0] and names[d[1]] in c[3] and len(d[2]) < len(c[2]) for d in cands)
+    ]
+    if not inner:
+        return None
+    size = (lambda c: len(c[2])) if macs else (lambda c: -len(c[2]))
+    n, head, t, _ = max(inner, key=lambda c: (c[0], size(c), -c[1]))
+    return names[head] + ":\n" + "\n".join(t) + "\n", n
 
 
 def mca(text, cpu):
@@ -108,8 +242,8 @@ def mca(text, cpu):
     return cycles / iters
 
 
-def per_256(body, cpu):
-    hot = hot_loop(body) if body else None
+def per_256(body, cpu, macs=None, rules=MACS):
+    hot = hot_loop(body, macs, rules) if body else None
     if hot is None:
         return None
     text, weights = hot
@@ -121,20 +255,60 @@ def demangle(names):
     return r.stdout.split("\n") if r.returncode == 0 else names
 
 
+# ork's M = 1 dotprod kernel of each type, by its demangled v0 name (the build passes
+# `-C symbol-mangling-version=v0`: the legacy mangling drops generic arguments, so every
+# monomorphisation was named alike and no type could be told apart), and the MACs one pass
+# of its hot loop makes (None: the most, as for ggml).
+# - 32-weight blocks: `legacy::neon::row_sdot::<F, 1>` (one weight row, one activation row;
+#   8 blocks = 256 weights per pass);
+# - k-quants: `k_quants::neon::rows_dot::<T>` (T = KType as u8) holds the M = 1 and M > 1
+#   paths of the shared driver; the M = 1 loop is the one multiplying one super-block (256
+#   weights) once per pass (M > 1 multiplies each weight 4 times per pass);
+# - F16: `float::neon::tile::<F16, 4, 1>` (four weight rows against the one activation row,
+#   what the driver runs at M = 1); fp32 `fmul` after widening.
+_LEG = r"legacy::neon::row_sdot::<[\w\[\]:]*::{}, 1: usize>$"
+_KQ = r"k_quants::neon::rows_dot::<{}: u8>$"
+ORK = {
+    "F16": (r"float::neon::tile::<[\w\[\]:]*::F16, 4: usize, 1: usize>$", None, MACS_F32),
+    "Q4_0": (_LEG.format("Q4_0"), None),
+    "Q4_1": (_LEG.format("Q4_1"), None),
+    "Q5_0": (_LEG.format("Q5_0"), None),
+    "Q5_1": (_LEG.format("Q5_1"), None),
+    "Q8_0": (_LEG.format("Q8_0"), None),
+    "IQ4_NL": (_LEG.format("Iq4Nl"), None),
+    "Q2_K": (_KQ.format(0), 256),
+    "Q3_K": (_KQ.format(1), 256),
+    "Q4_K": (_KQ.format(2), 256),
+    "Q5_K": (_KQ.format(3), 256),
+    "Q6_K": (_KQ.format(4), 256),
+    "IQ4_XS": (_KQ.format(5), 256),
+}
+
+
+def inline_calls(funcs, body):
+    """`body` with every `bl` to a loop-free function of the file replaced by that function's
+    instructions (its `ret` dropped): a helper the compiler kept out of line (ork's k-quant
+    `dot_sdot`) is part of the hot loop's work."""
+    out = []
+    for line in body:
+        m = re.match(r"^\s+bl\s+(\S+)\s*$", line)
+        callee = funcs.get(m.group(1)) if m else None
+        if callee is not None and not loops(callee):
+            out += [x for x in callee if re.match(r"^\s+[a-z]", x) and not re.match(r"^\s+ret\b", x)]
+        else:
+            out.append(line)
+    return out
+
+
 def ork_kernel(funcs, ty):
-    """ork's NEON dotprod kernel for `ty`: the functions whose demangled name holds the type
-    (lower case, as ork-kernels' blocks modules name them) and `neon`; the one whose hot loop
-    has the most dot instructions (the M = 1 row kernel)."""
+    """ork's M = 1 dotprod kernel for `ty` (see ORK): its body with out-of-line helpers
+    inlined, and the MACs per pass its hot loop must make (None: the most)."""
+    pattern, macs, *rules = ORK[ty]
     names = list(funcs)
-    best = None
     for raw, nice in zip(names, demangle(names)):
-        low = nice.lower()
-        if "neon" not in low or not re.search(r"(^|[^a-z0-9])" + ty.lower() + r"($|[^a-z0-9])", low):
-            continue
-        hot = hot_loop(funcs[raw])
-        if hot and (best is None or hot[1] > best[1]):
-            best = (raw, hot[1])
-    return funcs[best[0]] if best else None
+        if re.search(pattern, nice):
+            return inline_calls(funcs, funcs[raw]), macs, (rules or [MACS])[0]
+    return None
 
 
 def main():
@@ -152,11 +326,10 @@ def main():
         gbody = g.get("ggml_vec_dot_" + suffix)
         if gbody is None:
             sys.exit(f"ggml_vec_dot_{suffix} not found in {a.ggml}")
-        obody = ork_kernel(o, ty) if o else None
+        obody, omacs, orules = (ork_kernel(o, ty) if o else None) or (None, None, MACS)
         for core, cpu in CORES:
-            rows.append(
-                {"type": ty, "core": core, "ork": per_256(obody, cpu), "ggml": per_256(gbody, cpu)}
-            )
+            ork = per_256(obody, cpu, omacs, orules)
+            rows.append({"type": ty, "core": core, "ork": ork, "ggml": per_256(gbody, cpu)})
     if a.json:
         print(json.dumps(rows, indent=1))
         return
