@@ -123,10 +123,26 @@ pub const GGML_CYCLES: [(FileType, f64, f64); 13] = [
     (FileType::IQ4_XS, 77.2, 207.0),
 ];
 
-/// ork's column of the same table: empty while ork-kernels has no NEON block kernels
-/// (`scripts/kernel-cycles.sh` prints it once they land); ork's CPU engine is then projected
-/// with ggml's cycles, and says so ([`Kernels::Ork`]).
-pub const ORK_CYCLES: [(FileType, f64, f64); 0] = [];
+/// ork's column of the same table: the hot loop of ork-kernels' M = 1 NEON dotprod kernel of each
+/// type (`scripts/kernel-cycles.sh`, the same llvm-mca models; ork-kernels built for
+/// aarch64 with `-C target-cpu=cortex-a76`). An estimate, not a measurement; above ggml's
+/// (ratio > 1.0) for 7 of the 13 types on the A76 and 8 on the A55, up to 6.3× and 9.6× for
+/// IQ4_XS (`docs/kernels.md` lists them and why).
+pub const ORK_CYCLES: [(FileType, f64, f64); 13] = [
+    (FileType::F16, 248.3, 472.0),
+    (FileType::Q4_0, 70.1, 181.0),
+    (FileType::Q4_1, 85.0, 188.0),
+    (FileType::Q5_0, 103.7, 357.0),
+    (FileType::Q5_1, 115.2, 340.0),
+    (FileType::Q8_0, 69.1, 134.0),
+    (FileType::Q2_K, 72.1, 335.0),
+    (FileType::Q3_K, 131.0, 592.0),
+    (FileType::Q4_K, 132.1, 496.0),
+    (FileType::Q5_K, 146.1, 631.0),
+    (FileType::Q6_K, 90.4, 351.0),
+    (FileType::IQ4_NL, 77.2, 183.0),
+    (FileType::IQ4_XS, 485.1, 1983.0),
+];
 
 /// Whose kernels a CPU projection charges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
