@@ -328,7 +328,11 @@ impl Engine for Scalar {
 /// f16 at `b[0..2]` (little-endian) as f32.
 #[inline(always)]
 pub(super) fn f16_at(b: &[u8]) -> f32 {
-    half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+    let h = u16::from_le_bytes([b[0], b[1]]);
+    #[cfg(target_arch = "aarch64")]
+    return super::neon::f16_to_f32(h);
+    #[cfg(not(target_arch = "aarch64"))]
+    half::f16::from_bits(h).to_f32()
 }
 
 /// The scalar integer dot (see [`Engine::dot`]).
@@ -540,17 +544,24 @@ pub(super) const IQ4_VALUES: [i8; 16] = [
 /// offset term (`mn = 0`).
 #[inline(always)]
 pub(super) fn iq4xs_scales(b: &[u8], s: &mut Super) {
-    let h = u16::from_le_bytes([b[2], b[3]]);
-    for j in 0..8 {
-        let lo = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF;
-        let hi = ((h >> (2 * j)) & 3) as u8;
-        let sc = i16::from(lo | (hi << 4)) - 32;
-        s.sc[2 * j..2 * j + 2].fill(sc);
+    for (j, sc) in iq4xs_sc(b).into_iter().enumerate() {
+        s.sc[2 * j..2 * j + 2].fill(i16::from(sc));
     }
     s.mn = [0; 16];
     s.signed = true;
     s.d = f16_at(b);
     s.dmin = 0.0;
+}
+
+/// The 8 sub-block scales of `block_iq4_xs` (see [`iq4xs_scales`]), `−32 ..= 31`.
+#[inline(always)]
+pub(super) fn iq4xs_sc(b: &[u8]) -> [i8; 8] {
+    let h = u16::from_le_bytes([b[2], b[3]]);
+    std::array::from_fn(|j| {
+        let lo = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF;
+        let hi = ((h >> (2 * j)) & 3) as u8;
+        (lo | (hi << 4)) as i8 - 32
+    })
 }
 
 /// `block_iq4_xs`: d, scales_h (u16), `scales_l[4]`, `qs[128]`. Sub-block `j` (32 values): the low

@@ -20,7 +20,6 @@
 
 use super::order::reduce8;
 use super::{Isa, RowsFn, WeightType};
-use half::f16;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -56,7 +55,11 @@ pub(super) const fn act_geometry(min: bool) -> (usize, usize) {
 /// The f16 at byte `at` of `b`, as f32 (exact).
 #[inline]
 pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+    let h = u16::from_le_bytes([b[at], b[at + 1]]);
+    #[cfg(target_arch = "aarch64")]
+    return super::neon::f16_to_f32(h);
+    #[cfg(not(target_arch = "aarch64"))]
+    half::f16::from_bits(h).to_f32()
 }
 
 /// The 32 nibbles of the 16 bytes `qs`, weight `j` low and `j + 16` high.

@@ -35,3 +35,21 @@ pub(super) unsafe fn f16x8(p: *const u8, stride: usize) -> (float32x4_t, float32
     // SAFETY: `h` is 16 readable bytes.
     widen_f16(unsafe { vld1q_u16(h.as_ptr()) })
 }
+
+/// The IEEE half with bits `h` as f32 (`fcvt`, Armv8.0 floating point), exact. `half`'s
+/// conversion tests std_detect's fp16 bit on every call (a load and a branch), which the k-quant
+/// loops paid once per scale; `fcvt` between half and single precision needs no FEAT_FP16.
+#[inline(always)]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let out: f32;
+    // SAFETY: one register-only instruction of the aarch64 baseline.
+    unsafe {
+        std::arch::asm!(
+            "fcvt {o:s}, {h:h}",
+            h = in(vreg) h,
+            o = out(vreg) out,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    out
+}

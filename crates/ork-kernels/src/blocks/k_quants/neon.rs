@@ -8,14 +8,20 @@
 //! * **NEON dotprod** (`sdot`, the RK3588's A76/A55): one `sdot` per group gives the 4 i32
 //!   lanes directly, then the same `mla`.
 //!
-//! The mins term is `smull`/`smlal2` of the 16 `mn_g` with the 16 `bsum_g`. All sums are i32
+//! The mins term is `smull`/`smlal2` of the 16 `mn_g` with the 16 `bsum_g`.
+//!
+//! At M = 1 each type decodes its super-block in registers and dots it at once ([`fused`]):
+//! nibbles by `and`/`ushr`, high bits by shifts and masks, IQ4_XS's table by `tbl`, the scales
+//! unpacked into i32 vectors, four group sums folded by `addp` and multiplied by four scales
+//! with one `mla` (one `sdot` pair per 32-value sub-block where the scale is shared: Q4_K,
+//! Q5_K, IQ4_XS). The same integers as [`Engine::dot`] of the decoded block, mod 2³². All sums are i32
 //! and wrap like the scalar twin's, and the float step is the shared [`super::combine`], so
 //! both equal the scalar twin bit for bit (property tests in `tests.rs`, run under
 //! qemu-aarch64 as cortex-a76 and cortex-a53; never timed on a board).
 
 use std::arch::aarch64::*;
 
-use super::{Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES};
+use super::{f16_at, Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES};
 use crate::blocks::RowsFn;
 use crate::tile::neon::{has_dotprod, sdot};
 
@@ -46,6 +52,33 @@ impl<const DOT: bool> Engine for Neon<DOT> {
     #[inline(always)]
     fn decode(ty: KType, blk: &[u8], s: &mut Super) {
         super::decode(ty, blk, s);
+    }
+
+    #[inline(always)]
+    fn decode_dot(ty: KType, blk: &[u8], a: &[u8], s: &mut Super) -> (i32, i32) {
+        assert!(blk.len() >= ty.bytes() && a.len() >= Q8K_BYTES);
+        let (b, x) = (blk.as_ptr(), a.as_ptr());
+        // SAFETY: whole blocks (asserted); NEON is baseline, and `Neon<true>` runs only where
+        // the CPU has FEAT_DotProd (see the type's docs).
+        let (sumi, summ) = unsafe {
+            match ty {
+                KType::Q2 => fused::q2::<DOT>(b, x),
+                KType::Q3 => fused::q3::<DOT>(b, x),
+                KType::Q4 => fused::k4::<DOT, false>(b, x),
+                KType::Q5 => fused::k4::<DOT, true>(b, x),
+                KType::Q6 => fused::q6::<DOT>(b, x),
+                KType::Iq4Xs => fused::iq4xs::<DOT>(b, x),
+            }
+        };
+        let (d, dmin) = match ty {
+            KType::Q2 => (f16_at(&blk[80..]), f16_at(&blk[82..])),
+            KType::Q3 => (f16_at(&blk[108..]), 0.0),
+            KType::Q4 | KType::Q5 => (f16_at(blk), f16_at(&blk[2..])),
+            KType::Q6 => (f16_at(&blk[208..]), 0.0),
+            KType::Iq4Xs => (f16_at(blk), 0.0),
+        };
+        (s.d, s.dmin) = (d, dmin);
+        (sumi, summ)
     }
 
     #[inline(always)]
@@ -123,4 +156,305 @@ unsafe fn dot<const DOT: bool>(s: &Super, a: &[u8]) -> (i32, i32) {
     };
     // SAFETY: register-only NEON arithmetic.
     (unsafe { vaddvq_s32(acc) }, mins)
+}
+
+/// The M = 1 kernels: one super-block decoded in registers and dotted with one Q8_K block,
+/// returning `(sumi, summ)` as [`Engine::dot`] of the decoded block would (module docs).
+/// Block layouts as in `super::super` (`decode_q2` …), which document them.
+mod fused {
+    use super::super::{iq4xs_sc, k4_words, q3_words, IQ4_VALUES, Q8K_BSUMS};
+    use crate::tile::neon::sdot;
+    use std::arch::aarch64::*;
+
+    /// Four i32 lanes whose sum is the dot of the 16 bytes `u` with the 16 int8 `x` (exact:
+    /// `|2·127·128| < 2¹⁵` in the widening form).
+    ///
+    /// # Safety
+    /// With `DOT`, FEAT_DotProd and a caller compiled with it.
+    #[inline(always)]
+    unsafe fn gdot<const DOT: bool>(acc: int32x4_t, u: int8x16_t, x: int8x16_t) -> int32x4_t {
+        // SAFETY: register-only; `sdot` per the caller's guarantee.
+        unsafe {
+            if DOT {
+                sdot(acc, u, x)
+            } else {
+                let p = vmlal_high_s8(vmull_s8(vget_low_s8(u), vget_low_s8(x)), u, x);
+                vpadalq_s16(acc, p)
+            }
+        }
+    }
+
+    /// A group's dot: 16 quants at `u` against the 16 activations at `x`.
+    ///
+    /// # Safety
+    /// As [`gdot`]; 16 readable bytes at `x`.
+    #[inline(always)]
+    unsafe fn g1<const DOT: bool>(u: uint8x16_t, x: *const i8) -> int32x4_t {
+        // SAFETY: forwarded.
+        unsafe { gdot::<DOT>(vdupq_n_s32(0), vreinterpretq_s8_u8(u), vld1q_s8(x)) }
+    }
+
+    /// A 32-value sub-block's dot: `u0`, `u1` against the 32 activations at `x`.
+    ///
+    /// # Safety
+    /// As [`gdot`]; 32 readable bytes at `x`.
+    #[inline(always)]
+    unsafe fn g2<const DOT: bool>(u0: int8x16_t, u1: int8x16_t, x: *const i8) -> int32x4_t {
+        // SAFETY: forwarded.
+        unsafe {
+            let p = gdot::<DOT>(vdupq_n_s32(0), u0, vld1q_s8(x));
+            gdot::<DOT>(p, u1, vld1q_s8(x.add(16)))
+        }
+    }
+
+    /// `acc + [Σ p0, Σ p1, Σ p2, Σ p3] · sc` (wrapping i32 lanes).
+    #[inline(always)]
+    fn mla4(acc: int32x4_t, p: [int32x4_t; 4], sc: int32x4_t) -> int32x4_t {
+        // SAFETY: register-only NEON (baseline).
+        unsafe {
+            let s = vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
+            vmlaq_s32(acc, s, sc)
+        }
+    }
+
+    /// Sixteen signed byte scales as four i32 vectors.
+    #[inline(always)]
+    fn widen16(sc: int8x16_t) -> [int32x4_t; 4] {
+        // SAFETY: register-only NEON (baseline).
+        unsafe {
+            let (lo, hi) = (vmovl_s8(vget_low_s8(sc)), vmovl_high_s8(sc));
+            [
+                vmovl_s16(vget_low_s16(lo)),
+                vmovl_high_s16(lo),
+                vmovl_s16(vget_low_s16(hi)),
+                vmovl_high_s16(hi),
+            ]
+        }
+    }
+
+    /// `Σ_g sc_g · bsum_g` over the 16 groups (wrapping i32), `sc` sixteen signed bytes.
+    ///
+    /// # Safety
+    /// `a` is a Q8_K block.
+    #[inline(always)]
+    unsafe fn bsum16(sc: int8x16_t, a: *const u8) -> i32 {
+        // SAFETY: the block's bsums are its last 32 bytes; NEON baseline.
+        unsafe {
+            let b = a.add(Q8K_BSUMS).cast::<i16>();
+            let (b0, b1) = (vld1q_s16(b), vld1q_s16(b.add(8)));
+            let (s0, s1) = (vmovl_s8(vget_low_s8(sc)), vmovl_high_s8(sc));
+            let p = vmlal_high_s16(vmull_s16(vget_low_s16(s0), vget_low_s16(b0)), s0, b0);
+            let p = vmlal_s16(p, vget_low_s16(s1), vget_low_s16(b1));
+            vaddvq_s32(vmlal_high_s16(p, s1, b1))
+        }
+    }
+
+    /// `Σ_j m_j · (bsum_2j + bsum_2j+1)` over the 8 sub-blocks (wrapping i32), `m` eight
+    /// unsigned bytes (little-endian in a u64).
+    ///
+    /// # Safety
+    /// `a` is a Q8_K block.
+    #[inline(always)]
+    unsafe fn bsum8(m: u64, a: *const u8) -> i32 {
+        // SAFETY: the block's bsums are its last 32 bytes; NEON baseline.
+        unsafe {
+            let b = a.add(Q8K_BSUMS).cast::<i16>();
+            let (p0, p1) = (vpaddlq_s16(vld1q_s16(b)), vpaddlq_s16(vld1q_s16(b.add(8))));
+            let m = vreinterpretq_s16_u16(vmovl_u8(vcreate_u8(m)));
+            let v = vmulq_s32(vmovl_s16(vget_low_s16(m)), p0);
+            vaddvq_s32(vmlaq_s32(v, vmovl_high_s16(m), p1))
+        }
+    }
+
+    /// Eight sub-block scales (bytes of `sc`, signed) as two i32 vectors.
+    #[inline(always)]
+    fn widen8(sc: u64) -> [int32x4_t; 2] {
+        // SAFETY: register-only NEON (baseline).
+        unsafe {
+            let v = vmovl_s8(vcreate_s8(sc));
+            [vmovl_s16(vget_low_s16(v)), vmovl_high_s16(v)]
+        }
+    }
+
+    /// `Σ_j sc_j · p_j` of eight sub-block dots.
+    #[inline(always)]
+    fn sum8(p: &[int32x4_t; 8], sc: u64) -> i32 {
+        let sc = widen8(sc);
+        let acc = mla4(
+            // SAFETY: register-only NEON (baseline).
+            unsafe { vdupq_n_s32(0) },
+            [p[0], p[1], p[2], p[3]],
+            sc[0],
+        );
+        // SAFETY: as above.
+        unsafe { vaddvq_s32(mla4(acc, [p[4], p[5], p[6], p[7]], sc[1])) }
+    }
+
+    /// Q4_K (`FIVE = false`) and Q5_K.
+    ///
+    /// # Safety
+    /// `b` a whole block of the type, `a` a Q8_K block; with `DOT`, FEAT_DotProd.
+    #[inline(always)]
+    pub(super) unsafe fn k4<const DOT: bool, const FIVE: bool>(b: *const u8, a: *const u8) -> (i32, i32) {
+        // SAFETY: the scales are bytes 4..16, qh 16..48 (Q5_K), qs the last 128; the
+        // activation quants are 256 bytes from byte 4; NEON baseline, `DOT` as the caller's.
+        unsafe {
+            let sb = std::slice::from_raw_parts(b.add(4), 12);
+            let (sc, mn) = k4_words(sb);
+            let qs = b.add(if FIVE { 48 } else { 16 });
+            let x = a.add(4).cast::<i8>();
+            let m4 = vdupq_n_u8(15);
+            let (mut h0, mut h1) = (vld1q_u8(b.add(16)), vld1q_u8(b.add(32)));
+            let mut p = [vdupq_n_s32(0); 8];
+            for c in 0..4 {
+                let (q0, q1) = (vld1q_u8(qs.add(32 * c)), vld1q_u8(qs.add(32 * c + 16)));
+                let (mut l0, mut l1) = (vandq_u8(q0, m4), vandq_u8(q1, m4));
+                let (mut u0, mut u1) = (vshrq_n_u8::<4>(q0), vshrq_n_u8::<4>(q1));
+                if FIVE {
+                    let m = vdupq_n_u8(0x10);
+                    l0 = vorrq_u8(l0, vandq_u8(vshlq_n_u8::<4>(h0), m));
+                    l1 = vorrq_u8(l1, vandq_u8(vshlq_n_u8::<4>(h1), m));
+                    u0 = vorrq_u8(u0, vandq_u8(vshlq_n_u8::<3>(h0), m));
+                    u1 = vorrq_u8(u1, vandq_u8(vshlq_n_u8::<3>(h1), m));
+                    (h0, h1) = (vshrq_n_u8::<2>(h0), vshrq_n_u8::<2>(h1));
+                }
+                let s = |v: uint8x16_t| vreinterpretq_s8_u8(v);
+                p[2 * c] = g2::<DOT>(s(l0), s(l1), x.add(64 * c));
+                p[2 * c + 1] = g2::<DOT>(s(u0), s(u1), x.add(64 * c + 32));
+            }
+            (sum8(&p, sc), bsum8(mn, a))
+        }
+    }
+
+    /// IQ4_XS (`summ = 0`).
+    ///
+    /// # Safety
+    /// As [`k4`].
+    #[inline(always)]
+    pub(super) unsafe fn iq4xs<const DOT: bool>(b: *const u8, a: *const u8) -> (i32, i32) {
+        // SAFETY: the scales are bytes 2..8, qs 8..136; activations as in `k4`.
+        unsafe {
+            let sc = iq4xs_sc(std::slice::from_raw_parts(b, 8));
+            let sc = u64::from_le_bytes(sc.map(|v| v as u8));
+            let t = vld1q_s8(IQ4_VALUES.as_ptr());
+            let x = a.add(4).cast::<i8>();
+            let mut p = [vdupq_n_s32(0); 8];
+            for (j, p) in p.iter_mut().enumerate() {
+                let q = vld1q_u8(b.add(8 + 16 * j));
+                let lo = vqtbl1q_s8(t, vandq_u8(q, vdupq_n_u8(15)));
+                let hi = vqtbl1q_s8(t, vshrq_n_u8::<4>(q));
+                *p = g2::<DOT>(lo, hi, x.add(32 * j));
+            }
+            (sum8(&p, sc), 0)
+        }
+    }
+
+    /// `Σ_g sc_g · p_g` of sixteen group dots, `sc` the sixteen signed byte scales.
+    #[inline(always)]
+    fn sum16(p: &[int32x4_t; 16], sc: int8x16_t) -> i32 {
+        let sc = widen16(sc);
+        // SAFETY: register-only NEON (baseline).
+        let mut acc = unsafe { vdupq_n_s32(0) };
+        for (q, sc) in sc.iter().enumerate() {
+            acc = mla4(acc, [p[4 * q], p[4 * q + 1], p[4 * q + 2], p[4 * q + 3]], *sc);
+        }
+        // SAFETY: as above.
+        unsafe { vaddvq_s32(acc) }
+    }
+
+    /// Q2_K: `u` the 2-bit quants, a scale (low nibble) and a min (high nibble) per group.
+    ///
+    /// # Safety
+    /// As [`k4`].
+    #[inline(always)]
+    pub(super) unsafe fn q2<const DOT: bool>(b: *const u8, a: *const u8) -> (i32, i32) {
+        // SAFETY: scales are bytes 0..16, qs 16..80; activations as in `k4`.
+        unsafe {
+            let raw = vld1q_u8(b);
+            let sc = vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(15)));
+            let mn = vreinterpretq_s8_u8(vshrq_n_u8::<4>(raw));
+            let x = a.add(4).cast::<i8>();
+            let m3 = vdupq_n_u8(3);
+            let mut p = [vdupq_n_s32(0); 16];
+            for n in 0..2 {
+                let (mut q0, mut q1) = (vld1q_u8(b.add(16 + 32 * n)), vld1q_u8(b.add(32 + 32 * n)));
+                for j in 0..4 {
+                    let g = 8 * n + 2 * j;
+                    p[g] = g1::<DOT>(vandq_u8(q0, m3), x.add(16 * g));
+                    p[g + 1] = g1::<DOT>(vandq_u8(q1, m3), x.add(16 * g + 16));
+                    (q0, q1) = (vshrq_n_u8::<2>(q0), vshrq_n_u8::<2>(q1));
+                }
+            }
+            (sum16(&p, sc), bsum16(mn, a))
+        }
+    }
+
+    /// Q3_K: `u = low | high·4`, offset 4 (`summ = 4·Σ sc·bsum`).
+    ///
+    /// # Safety
+    /// As [`k4`].
+    #[inline(always)]
+    pub(super) unsafe fn q3<const DOT: bool>(b: *const u8, a: *const u8) -> (i32, i32) {
+        // SAFETY: hmask is bytes 0..32, qs 32..96, scales 96..108; activations as in `k4`.
+        unsafe {
+            let w = q3_words(std::slice::from_raw_parts(b.add(96), 12));
+            let sc = vsubq_s8(
+                vreinterpretq_s8_u32(vld1q_u32(w.as_ptr())),
+                vdupq_n_s8(32),
+            );
+            let x = a.add(4).cast::<i8>();
+            let (m1, m3) = (vdupq_n_u8(1), vdupq_n_u8(3));
+            let (mut h0, mut h1) = (vld1q_u8(b), vld1q_u8(b.add(16)));
+            let mut p = [vdupq_n_s32(0); 16];
+            for n in 0..2 {
+                let (mut q0, mut q1) = (vld1q_u8(b.add(32 + 32 * n)), vld1q_u8(b.add(48 + 32 * n)));
+                for j in 0..4 {
+                    let g = 8 * n + 2 * j;
+                    let hb = |h: uint8x16_t| vshlq_n_u8::<2>(vandq_u8(h, m1));
+                    let u0 = vorrq_u8(vandq_u8(q0, m3), hb(h0));
+                    let u1 = vorrq_u8(vandq_u8(q1, m3), hb(h1));
+                    p[g] = g1::<DOT>(u0, x.add(16 * g));
+                    p[g + 1] = g1::<DOT>(u1, x.add(16 * g + 16));
+                    (q0, q1) = (vshrq_n_u8::<2>(q0), vshrq_n_u8::<2>(q1));
+                    (h0, h1) = (vshrq_n_u8::<1>(h0), vshrq_n_u8::<1>(h1));
+                }
+            }
+            (sum16(&p, sc), bsum16(sc, a).wrapping_mul(4))
+        }
+    }
+
+    /// Q6_K: `u` 6 bits, offset 32 (`summ = 32·Σ sc·bsum`).
+    ///
+    /// # Safety
+    /// As [`k4`].
+    #[inline(always)]
+    pub(super) unsafe fn q6<const DOT: bool>(b: *const u8, a: *const u8) -> (i32, i32) {
+        // SAFETY: ql is bytes 0..128, qh 128..192, scales 192..208; activations as in `k4`.
+        unsafe {
+            let sc = vld1q_s8(b.add(192).cast());
+            let x = a.add(4).cast::<i8>();
+            let (m4, m30) = (vdupq_n_u8(15), vdupq_n_u8(0x30));
+            let mut p = [vdupq_n_s32(0); 16];
+            for n in 0..2 {
+                let ql = b.add(64 * n);
+                let l: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(ql.add(16 * i)));
+                let h = [vld1q_u8(b.add(128 + 32 * n)), vld1q_u8(b.add(144 + 32 * n))];
+                for i in 0..4 {
+                    // Groups 8n + i (values 128n + 16i ..) and 8n + 4 + i (values + 64 ..).
+                    let hi = h[i % 2];
+                    let (lo_h, hi_h) = if i < 2 {
+                        (vshlq_n_u8::<4>(hi), hi)
+                    } else {
+                        (vshlq_n_u8::<2>(hi), vshrq_n_u8::<2>(hi))
+                    };
+                    let u0 = vorrq_u8(vandq_u8(l[i], m4), vandq_u8(lo_h, m30));
+                    let u1 = vorrq_u8(vshrq_n_u8::<4>(l[i]), vandq_u8(hi_h, m30));
+                    let g = 8 * n + i;
+                    p[g] = g1::<DOT>(u0, x.add(16 * g));
+                    p[g + 4] = g1::<DOT>(u1, x.add(16 * g + 64));
+                }
+            }
+            (sum16(&p, sc), bsum16(sc, a).wrapping_mul(32))
+        }
+    }
 }
