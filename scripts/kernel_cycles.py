@@ -17,7 +17,7 @@ How a kernel's figure is made, the same way for both columns:
   ork's k-quants the pass making one super-block's 256 (see `hot_loop`);
 - the weights one iteration covers are its multiply-adds (every weight is multiplied once): 16
   per `sdot`/`udot` on 16 bytes, 8 per `fmla` on 8 fp16 lanes (F16: `ggml_vec_dot_f16`, from
-  ggml-cpu/vec.cpp), 4 per fp32 `fmul` in ork's F16 kernel (it widens to fp32), so no
+  ggml-cpu/vec.cpp), 4 per fp32 `fmla` in ork's F16 kernel (it widens to fp32), so no
   per-type table is needed;
 - llvm-mca runs the pass for 200 iterations (`-mtriple=aarch64 -mcpu=CPU -mattr=+dotprod`);
   cycles per iteration = total cycles / 200, scaled to 256 weights. llvm-mca models neither
@@ -48,10 +48,10 @@ TYPES = [
 CORES = [("A76", "cortex-a76"), ("A55", "cortex-a55")]
 # Multiply-adds per instruction: sdot/udot on 16 bytes (16 int8 products), fmla on 8 fp16 lanes.
 MACS = [(re.compile(r"^\s+(sdot|udot)\s+v\d+\.4s,"), 16), (re.compile(r"^\s+fmla\s+v\d+\.8h,"), 8)]
-# ork's F16 widens both operands to fp32 and multiplies with `fmul` on 4 lanes, then `fadd`s
-# (the scalar twin's order): 4 weights per `fmul` of that kernel (only: the block kernels'
-# `fmul`s are scales).
-MACS_F32 = [(re.compile(r"^\s+fmul\s+v\d+\.4s, v\d+\.4s, v\d+\.4s$"), 4)]
+# ork's F16 widens both operands to fp32 and multiply-adds with `fmla` on 4 lanes (the same
+# bits as the scalar twin's `fmul` then `fadd`: an f16 product is exact in f32): 4 weights per
+# fp32 `fmla` (or `fmul`) of that kernel (only: the block kernels' `fmul`s are scales).
+MACS_F32 = [(re.compile(r"^\s+f(mul|mla)\s+v\d+\.4s, v\d+\.4s, v\d+\.4s$"), 4)]
 BRANCH = re.compile(r"^\s+(b\.?\w*|cbn?z|tbn?z)\s+.*?(\.?L[\w$]+)\s*$")
 LABEL = re.compile(r"^(\.?L[\w$]+):")
 FUNC = re.compile(r"^([A-Za-z_][\w.$]*):\s*$")
@@ -261,13 +261,14 @@ def demangle(names):
 # of its hot loop makes (None: the most, as for ggml).
 # - 32-weight blocks: `legacy::neon::row_sdot::<F, 1>` (one weight row, one activation row;
 #   8 blocks = 256 weights per pass);
-# - k-quants: `k_quants::neon::rows_dot::<T>` (T = KType as u8) holds the M = 1 and M > 1
-#   paths of the shared driver; the M = 1 loop is the one multiplying one super-block (256
-#   weights) once per pass (M > 1 multiplies each weight 4 times per pass);
+# - k-quants: `k_quants::neon::rows_sdot::one::<T>` (T = KType as u8), the shared driver's
+#   M = 1 path in a function of its own (an earlier build inlined it beside the M > 1 path,
+#   whose single-row tail loop also makes 256 per pass and was picked instead); its loop
+#   decodes and multiplies one super-block (256 weights) per pass;
 # - F16: `float::neon::tile::<F16, 4, 1>` (four weight rows against the one activation row,
-#   what the driver runs at M = 1); fp32 `fmul` after widening.
+#   what the driver runs at M = 1); fp32 `fmla` after widening.
 _LEG = r"legacy::neon::row_sdot::<[\w\[\]:]*::{}, 1: usize>$"
-_KQ = r"k_quants::neon::rows_dot::<{}: u8>$"
+_KQ = r"k_quants::neon::rows_sdot::one::<{}: u8>$"
 ORK = {
     "F16": (r"float::neon::tile::<[\w\[\]:]*::F16, 4: usize, 1: usize>$", None, MACS_F32),
     "Q4_0": (_LEG.format("Q4_0"), None),

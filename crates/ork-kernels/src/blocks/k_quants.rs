@@ -80,7 +80,28 @@ macro_rules! isa_rows {
             m: usize,
             out: &mut [f32],
         ) {
-            super::drive::<$engine, T>(k, w, rows, acts, m, out);
+            /// The M = 1 (decode) kernel, a symbol of its own so that its assembly can be
+            /// found (`scripts/kernel_cycles.py`); one call per `rows` call.
+            ///
+            /// # Safety
+            /// As the enclosing function.
+            #[target_feature(enable = $features)]
+            #[inline(never)]
+            unsafe fn one<const T: u8>(
+                k: usize,
+                w: &[u8],
+                rows: usize,
+                acts: &[u8],
+                out: &mut [f32],
+            ) {
+                super::drive_one::<$engine, T>(k, w, rows, acts, out);
+            }
+            if m == 1 {
+                // SAFETY: the enclosing function's contract.
+                unsafe { one::<T>(k, w, rows, acts, out) }
+            } else {
+                super::drive::<$engine, T>(k, w, rows, acts, m, out);
+            }
         }
     };
 }
@@ -239,25 +260,13 @@ pub(super) fn drive<E: Engine, const T: u8>(
     m: usize,
     out: &mut [f32],
 ) {
+    if m == 1 {
+        return drive_one::<E, T>(k, w, rows, acts, out);
+    }
     let t = ktype(T);
     let nb = k / QK_K;
     let (wrb, arb) = (nb * t.bytes(), nb * Q8K_BYTES);
     assert!(w.len() >= rows * wrb && acts.len() >= m * arb && out.len() >= rows * m);
-    if m == 1 {
-        let mut s = Super::zero();
-        for (wrow, o) in w.chunks_exact(wrb).take(rows).zip(out.iter_mut()) {
-            let mut acc = 0.0f32;
-            for (blk, a) in wrow
-                .chunks_exact(t.bytes())
-                .zip(acts.chunks_exact(Q8K_BYTES))
-            {
-                let d = E::decode_dot(t, blk, a, &mut s);
-                acc = step(t, acc, &s, a, d);
-            }
-            *o = acc;
-        }
-        return;
-    }
     let mut row: Vec<Super> = vec![Super::zero(); nb];
     let chunk = (ACT_CHUNK_BYTES / arb.max(1)).clamp(1, m);
     for i0 in (0..m).step_by(chunk) {
@@ -291,6 +300,33 @@ pub(super) fn drive<E: Engine, const T: u8>(
                 out[r * m + i] = acc;
             }
         }
+    }
+}
+
+/// [`drive`] at M = 1: each super-block decoded right before its dot ([`Engine::decode_dot`]).
+#[inline(always)]
+pub(super) fn drive_one<E: Engine, const T: u8>(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    acts: &[u8],
+    out: &mut [f32],
+) {
+    let t = ktype(T);
+    let nb = k / QK_K;
+    let (wrb, arb) = (nb * t.bytes(), nb * Q8K_BYTES);
+    assert!(w.len() >= rows * wrb && acts.len() >= arb && out.len() >= rows);
+    let mut s = Super::zero();
+    for (wrow, o) in w.chunks_exact(wrb).take(rows).zip(out.iter_mut()) {
+        let mut acc = 0.0f32;
+        for (blk, a) in wrow
+            .chunks_exact(t.bytes())
+            .zip(acts.chunks_exact(Q8K_BYTES))
+        {
+            let d = E::decode_dot(t, blk, a, &mut s);
+            acc = step(t, acc, &s, a, d);
+        }
+        *o = acc;
     }
 }
 

@@ -1,6 +1,7 @@
 //! NEON float kernels: sixteen lanes in four q registers per activation row, `fmul` then
-//! `fadd` (the scalar twin's order, `super::rows_scalar`); f16 widens with `fcvtl`, bf16 by a
-//! 16-bit shift. Each weight chunk is widened once for up to four activation rows.
+//! `fadd` (the scalar twin's order, `super::rows_scalar`), or for f16 one `fmla`, which gives
+//! the same bits because an f16 × f16 product is exact in f32 ([`Load::EXACT_PRODUCT`]); f16
+//! widens with `fcvtl`, bf16 by a 16-bit shift. Each weight chunk is widened once for up to four activation rows.
 
 use super::super::neon::widen_f16;
 use super::{drive, finish, Bf16, Elem, RowsFn, Tile, WeightType, F16, F32};
@@ -8,12 +9,19 @@ use std::arch::aarch64::*;
 
 /// Sixteen values widened to f32.
 trait Load: Elem {
+    /// Whether every product of two values is exact in f32, so that a fused `fmla` rounds
+    /// once, as `fmul` (exact) then `fadd` do: true for f16 (11-bit significands make a
+    /// 22-bit product; exponents from 2⁻²⁴·2⁻²⁴ = 2⁻⁴⁸ to 65504² < 2³² stay in f32's normal
+    /// range, so no product overflows or rounds, and a product of infinity and zero is NaN
+    /// either way). Not for bf16 or f32, whose products can round, overflow or underflow.
+    const EXACT_PRODUCT: bool;
     /// # Safety
     /// `16 · BYTES` readable bytes at `p`.
     unsafe fn load16(p: *const u8) -> [float32x4_t; 4];
 }
 
 impl Load for F32 {
+    const EXACT_PRODUCT: bool = false;
     #[inline(always)]
     unsafe fn load16(p: *const u8) -> [float32x4_t; 4] {
         // SAFETY: 64 readable bytes (caller); unaligned loads.
@@ -29,6 +37,7 @@ impl Load for F32 {
 }
 
 impl Load for F16 {
+    const EXACT_PRODUCT: bool = true;
     #[inline(always)]
     unsafe fn load16(p: *const u8) -> [float32x4_t; 4] {
         // SAFETY: 32 readable bytes (caller).
@@ -39,6 +48,7 @@ impl Load for F16 {
 }
 
 impl Load for Bf16 {
+    const EXACT_PRODUCT: bool = false;
     #[inline(always)]
     unsafe fn load16(p: *const u8) -> [float32x4_t; 4] {
         // SAFETY: 32 readable bytes (caller); NEON is the aarch64 baseline.
@@ -75,7 +85,11 @@ unsafe fn tile<E: Load, const R: usize, const N: usize>(
                 for i in 0..N {
                     let a = E::load16(ar[i].as_ptr().add(c * E::BYTES));
                     for l in 0..4 {
-                        acc[j][i][l] = vaddq_f32(acc[j][i][l], vmulq_f32(w[l], a[l]));
+                        acc[j][i][l] = if E::EXACT_PRODUCT {
+                            vfmaq_f32(acc[j][i][l], w[l], a[l])
+                        } else {
+                            vaddq_f32(acc[j][i][l], vmulq_f32(w[l], a[l]))
+                        };
                     }
                 }
             }

@@ -295,7 +295,10 @@ mod fused {
     /// # Safety
     /// `b` a whole block of the type, `a` a Q8_K block; with `DOT`, FEAT_DotProd.
     #[inline(always)]
-    pub(super) unsafe fn k4<const DOT: bool, const FIVE: bool>(b: *const u8, a: *const u8) -> (i32, i32) {
+    pub(super) unsafe fn k4<const DOT: bool, const FIVE: bool>(
+        b: *const u8,
+        a: *const u8,
+    ) -> (i32, i32) {
         // SAFETY: the scales are bytes 4..16, qh 16..48 (Q5_K), qs the last 128; the
         // activation quants are 256 bytes from byte 4; NEON baseline, `DOT` as the caller's.
         unsafe {
@@ -356,7 +359,11 @@ mod fused {
         // SAFETY: register-only NEON (baseline).
         let mut acc = unsafe { vdupq_n_s32(0) };
         for (q, sc) in sc.iter().enumerate() {
-            acc = mla4(acc, [p[4 * q], p[4 * q + 1], p[4 * q + 2], p[4 * q + 3]], *sc);
+            acc = mla4(
+                acc,
+                [p[4 * q], p[4 * q + 1], p[4 * q + 2], p[4 * q + 3]],
+                *sc,
+            );
         }
         // SAFETY: as above.
         unsafe { vaddvq_s32(acc) }
@@ -398,10 +405,7 @@ mod fused {
         // SAFETY: hmask is bytes 0..32, qs 32..96, scales 96..108; activations as in `k4`.
         unsafe {
             let w = q3_words(std::slice::from_raw_parts(b.add(96), 12));
-            let sc = vsubq_s8(
-                vreinterpretq_s8_u32(vld1q_u32(w.as_ptr())),
-                vdupq_n_s8(32),
-            );
+            let sc = vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(w.as_ptr())), vdupq_n_s8(32));
             let x = a.add(4).cast::<i8>();
             let (m1, m3) = (vdupq_n_u8(1), vdupq_n_u8(3));
             let (mut h0, mut h1) = (vld1q_u8(b), vld1q_u8(b.add(16)));

@@ -8,7 +8,7 @@
 //! runs on them in the scalar twin's order ([`super::rows_scalar`]): lane `b % 8` is lane
 //! `b % 4` of the low (`b % 8 < 4`) or high accumulator.
 
-use super::super::neon::{f16x8, sdot};
+use super::super::neon::{f16x8, f16x8_pairs, sdot};
 use super::{act_geometry, drive, finish, ActRow, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::{Isa, RowsFn, WeightType, KVALUES_IQ4NL};
 use std::arch::aarch64::*;
@@ -205,11 +205,11 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N])
             for (j, v) in wv.iter_mut().enumerate() {
                 *v = F::decode(base.add(j * F::BYTES));
             }
-            let dw = f16x8(base, F::BYTES);
-            let mw = if F::MIN {
-                f16x8(base.add(2), F::BYTES)
+            let (dw, mw) = if F::MIN {
+                f16x8_pairs(base, F::BYTES)
             } else {
-                dw
+                let dw = f16x8(base, F::BYTES);
+                (dw, dw)
             };
             for (i, a) in ar.iter().enumerate() {
                 let abase = a.q.as_ptr().add(g * 8 * ab_len + qs);
