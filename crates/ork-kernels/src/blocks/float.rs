@@ -10,7 +10,7 @@
 //! arithmetic in that order (a NaN's payload is not specified).
 
 use super::order::reduce16;
-use super::{Isa, RowsFn, WeightType};
+use super::{Family, RowsFn, WeightType};
 use half::{bf16, f16};
 
 #[cfg(target_arch = "aarch64")]
@@ -54,25 +54,24 @@ impl Elem for Bf16 {
     }
 }
 
-/// The rows kernel for `ty` on `isa`, if that ISA has one and this CPU runs it.
-pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
-    if !Isa::available().contains(&isa) {
-        return None;
-    }
-    match isa {
-        Isa::Scalar => Some(match ty {
+/// The float kernels (dispatched by `super::Kernel::with_isa`); every SIMD ISA of an
+/// architecture runs its one float kernel (AVX2 + F16C, NEON).
+pub(super) const FAMILY: Family = Family {
+    scalar: |ty| {
+        Some(match ty {
             WeightType::F32 => rows_scalar::<F32>,
             WeightType::F16 => rows_scalar::<F16>,
             WeightType::BF16 => rows_scalar::<Bf16>,
             _ => return None,
-        }),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni => x86::rows(ty),
-        #[cfg(target_arch = "aarch64")]
-        Isa::Neon | Isa::NeonDot => neon::rows(ty),
-        _ => None,
-    }
-}
+        })
+    },
+    #[cfg(target_arch = "x86_64")]
+    simd: |ty, _| x86::rows(ty),
+    #[cfg(target_arch = "aarch64")]
+    simd: |ty, _| neon::rows(ty),
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    simd: |_, _| None,
+};
 
 /// Add the products of values `from..k` of `w` and `a` (rows of `k` values) into `lanes`
 /// (lane `i % 16`) and fold: the twin's tail, shared by the SIMD kernels.

@@ -31,7 +31,7 @@
 //! NaN: weights are taken as stored (a NaN or infinite `d`/`dmin` yields NaN or ±inf through the
 //! float step); a non-finite activation gives NaN outputs (`act_k.rs`).
 
-use super::{Isa, RowsFn, WeightType};
+use super::{Family, Isa, RowsFn, WeightType};
 
 /// `$f::<T>` as a [`RowsFn`] for the [`KType`] value `$t` (kernels are instantiated per type,
 /// so each decode is resolved at compile time).
@@ -214,21 +214,21 @@ pub(super) trait Engine {
     }
 }
 
-/// The rows kernel for `ty` on `isa`, if that ISA has one.
-pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
-    let t = KType::of(ty)?;
-    let f: RowsFn = match isa {
-        Isa::Scalar => by_type!(t, drive, Scalar),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => avx2::rows(t),
-        #[cfg(target_arch = "aarch64")]
-        Isa::Neon => neon::rows(t, false),
-        #[cfg(target_arch = "aarch64")]
-        Isa::NeonDot => neon::rows(t, true),
-        _ => return None,
-    };
-    Some(f)
-}
+/// The k-quant kernels (dispatched by `super::Kernel::with_isa`): AVX2 on x86-64 (AVX-VNNI and
+/// AVX-512 machines run it too: no VNNI k-quant kernel), NEON and NEON dotprod on aarch64.
+pub(super) const FAMILY: Family = Family {
+    scalar: |ty| Some(by_type!(KType::of(ty)?, drive, Scalar)),
+    simd: |ty, isa| {
+        let t = KType::of(ty)?;
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Some(avx2::rows(t)),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon | Isa::NeonDot => Some(neon::rows(t, isa == Isa::NeonDot)),
+            _ => None,
+        }
+    },
+};
 
 /// The type a const parameter names.
 const fn ktype(t: u8) -> KType {

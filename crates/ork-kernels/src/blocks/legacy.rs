@@ -19,7 +19,25 @@
 //! kernels rely on it (`vpmaddubsw`'s sign trick).
 
 use super::order::reduce8;
-use super::{Isa, RowsFn, WeightType};
+use super::{Family, Isa, RowsFn, WeightType};
+
+/// `$f::<F>` as a [`RowsFn`] for the block format `F` of the weight type `$ty`, or `return
+/// None` from the enclosing function for a type outside this module: the one type → format
+/// table the ISA modules' dispatchers share (`x86.rs` keeps its own copy of it for now, in
+/// `rows`'s `pick!`: that file is the x86 kernels' and can switch to this macro as it is).
+macro_rules! by_format {
+    ($ty:expr, $f:ident) => {
+        match $ty {
+            WeightType::Q4_0 => $f::<Q4_0> as RowsFn,
+            WeightType::Q4_1 => $f::<Q4_1>,
+            WeightType::Q5_0 => $f::<Q5_0>,
+            WeightType::Q5_1 => $f::<Q5_1>,
+            WeightType::Q8_0 => $f::<Q8_0>,
+            WeightType::IQ4_NL => $f::<Iq4Nl>,
+            _ => return None,
+        }
+    };
+}
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -135,28 +153,16 @@ impl Format for Iq4Nl {
     }
 }
 
-/// The rows kernel for `ty` on `isa`, if that ISA has one and this CPU runs it.
-pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
-    if !Isa::available().contains(&isa) {
-        return None;
-    }
-    match isa {
-        Isa::Scalar => Some(match ty {
-            WeightType::Q4_0 => rows_scalar::<Q4_0>,
-            WeightType::Q4_1 => rows_scalar::<Q4_1>,
-            WeightType::Q5_0 => rows_scalar::<Q5_0>,
-            WeightType::Q5_1 => rows_scalar::<Q5_1>,
-            WeightType::Q8_0 => rows_scalar::<Q8_0>,
-            WeightType::IQ4_NL => rows_scalar::<Iq4Nl>,
-            _ => return None,
-        }),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni => x86::rows(ty, isa),
-        #[cfg(target_arch = "aarch64")]
-        Isa::Neon | Isa::NeonDot => neon::rows(ty, isa),
-        _ => None,
-    }
-}
+/// The 32-weight block kernels (dispatched by `super::Kernel::with_isa`).
+pub(super) const FAMILY: Family = Family {
+    scalar: |ty| Some(by_format!(ty, rows_scalar)),
+    #[cfg(target_arch = "x86_64")]
+    simd: x86::rows,
+    #[cfg(target_arch = "aarch64")]
+    simd: neon::rows,
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    simd: |_, _| None,
+};
 
 /// Block `b`'s value: `(d_w · d_a) · isum`, plus `m_w · s_a` for the types with a min.
 #[inline(always)]

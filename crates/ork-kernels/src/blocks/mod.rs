@@ -201,6 +201,17 @@ pub(crate) type RowsFn =
 /// (exactly `ActType::row_bytes(x.len())` bytes).
 pub(crate) type QuantFn = fn(x: &[f32], dst: &mut [u8]);
 
+/// A family of kernels (the float types, the 32-weight blocks, the k-quants): the one table
+/// [`Kernel::with_isa`] reads, after checking that this CPU runs the ISA.
+#[derive(Clone, Copy)]
+pub(crate) struct Family {
+    /// The scalar twin of a type, `None` for a type outside the family.
+    scalar: fn(WeightType) -> Option<RowsFn>,
+    /// The SIMD kernel of a type on one of this architecture's SIMD ISAs (x86-64: AVX2,
+    /// AVX-VNNI, AVX-512 VNNI; aarch64: NEON, NEON dotprod), `None` where the family has none.
+    simd: fn(WeightType, Isa) -> Option<RowsFn>,
+}
+
 /// One weight type's kernels on one ISA.
 #[derive(Clone, Copy, Debug)]
 pub struct Kernel {
@@ -225,20 +236,24 @@ impl Kernel {
         if !Isa::available().contains(&isa) {
             return None;
         }
-        let rows = match ty {
-            WeightType::F32 | WeightType::F16 | WeightType::BF16 => float::rows(ty, isa),
+        let family = match ty {
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => float::FAMILY,
             WeightType::Q4_0
             | WeightType::Q4_1
             | WeightType::Q5_0
             | WeightType::Q5_1
             | WeightType::Q8_0
-            | WeightType::IQ4_NL => legacy::rows(ty, isa),
+            | WeightType::IQ4_NL => legacy::FAMILY,
             WeightType::Q2_K
             | WeightType::Q3_K
             | WeightType::Q4_K
             | WeightType::Q5_K
             | WeightType::Q6_K
-            | WeightType::IQ4_XS => k_quants::rows(ty, isa),
+            | WeightType::IQ4_XS => k_quants::FAMILY,
+        };
+        let rows = match isa {
+            Isa::Scalar => (family.scalar)(ty),
+            _ => (family.simd)(ty, isa),
         }?;
         let quant = act::quantizer(ty.act_type(), isa)?;
         Some(Kernel {
@@ -293,5 +308,33 @@ impl Kernel {
         assert_eq!(acts.len(), m * self.act_type().row_bytes(k));
         assert_eq!(out.len(), rows * m);
         (self.rows)(k, w, rows, acts, m, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Isa, Kernel, WeightType};
+
+    /// The dispatch table hands out each type's scalar twin, and on aarch64 a NEON kernel for
+    /// every type on both NEON ISAs; on x86-64 with AVX2 and F16C, `best` is a SIMD kernel for
+    /// every type. The property tests skip an ISA that has no kernel, so a dispatch slip would
+    /// otherwise make them test less without failing.
+    #[test]
+    fn every_type_has_its_kernels() {
+        for ty in WeightType::ALL {
+            let twin = Kernel::with_isa(ty, Isa::Scalar).expect("scalar twin");
+            assert_eq!((twin.weight_type(), twin.isa()), (ty, Isa::Scalar));
+            for isa in Isa::available() {
+                if cfg!(target_arch = "aarch64") {
+                    let k = Kernel::with_isa(ty, isa).expect("a kernel on every aarch64 ISA");
+                    assert_eq!((k.weight_type(), k.isa()), (ty, isa));
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+                let best = Kernel::best(ty).expect("a kernel");
+                assert_ne!(best.isa(), Isa::Scalar, "{ty:?}");
+            }
+        }
     }
 }

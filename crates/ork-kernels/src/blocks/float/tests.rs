@@ -1,5 +1,5 @@
 use super::super::{Kernel, WeightType};
-use super::*;
+use crate::blocks::Isa;
 use proptest::prelude::*;
 
 const TYPES: [WeightType; 3] = [WeightType::F32, WeightType::F16, WeightType::BF16];

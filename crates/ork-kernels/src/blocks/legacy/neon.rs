@@ -7,6 +7,14 @@
 //! Eight blocks' lane vectors fold by `addp` into two vectors of block sums, and the float step
 //! runs on them in the scalar twin's order ([`super::rows_scalar`]): lane `b % 8` is lane
 //! `b % 4` of the low (`b % 8 < 4`) or high accumulator.
+//!
+//! Why this body is not shared with `x86.rs`'s, whose loop has the same shape: the two differ
+//! in algorithm, not only in intrinsics. x86 decodes a block into one 256-bit vector and
+//! multiplies unsigned by signed bytes (`vpmaddubsw`, `vpdpbusd`), so its Q4_0/Q5_0 decode
+//! unsigned and subtract `offset · Σa`, and Q8_0/IQ4_NL take the sign trick; NEON holds a block
+//! in two 128-bit signed vectors and multiplies signed by signed (`sdot`, `smull`), and folds
+//! with `addp` instead of `vphaddd`. What is common lives in `legacy.rs`: the row driver
+//! ([`drive`]), the tail and fold ([`finish`]), the type → format table (`by_format!`).
 
 use super::super::neon::{f16x8, f16x8_pairs, sdot};
 use super::{act_geometry, drive, finish, ActRow, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
@@ -287,22 +295,9 @@ fn entry_sdot<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &m
 
 /// The kernel for `ty` on `isa` (an aarch64 ISA this CPU runs).
 pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
-    macro_rules! pick {
-        ($f:ident) => {
-            match ty {
-                WeightType::Q4_0 => $f::<Q4_0> as RowsFn,
-                WeightType::Q4_1 => $f::<Q4_1>,
-                WeightType::Q5_0 => $f::<Q5_0>,
-                WeightType::Q5_1 => $f::<Q5_1>,
-                WeightType::Q8_0 => $f::<Q8_0>,
-                WeightType::IQ4_NL => $f::<Iq4Nl>,
-                _ => return None,
-            }
-        };
-    }
     Some(match isa {
-        Isa::Neon => pick!(entry_neon),
-        Isa::NeonDot => pick!(entry_sdot),
+        Isa::Neon => by_format!(ty, entry_neon),
+        Isa::NeonDot => by_format!(ty, entry_sdot),
         _ => return None,
     })
 }
