@@ -23,11 +23,13 @@
 //! 0.1, perplexity within 0.3 %), which ork does not meet yet.** Measured on the test's files
 //! (x86, 2026-12-06): worst logit difference 2.2e-2 (Q8_0) to 3.8e-2 (Q2_K_pure) of the spread;
 //! greedy steps that differ where llama.cpp's top two are up to 0.44 apart; perplexity −0.7 %
-//! (Q4_0) to +2.2 % (Q3_K_M). The Q8_0 file differs as much as the 4-bit ones, so the
-//! gap is not in the block kernels (each equals its scalar twin, and the quantizers write
-//! ggml's bytes) but in the rest of the forward pass, which the f32 reference shares
-//! (ork-exec's own llama.cpp test allows 1.0 logit). The bounds here guard what is measured,
-//! with a margin; closing the gap is open work (docs/cpu.md).
+//! (Q4_0) to +2.2 % (Q3_K_M). That is the size of llama.cpp's own irreproducibility on these
+//! files: its logits of the same text in one batch and one token at a time differ by 3.1e-2 of
+//! the spread (Q8_0), an f32 instead of an f16 cache moves them by 3.3e-2. A float rounding
+//! difference anywhere flips a Q8_0 activation rounding a few layers on and grows from there
+//! (traced layer by layer against llama.cpp's tensors: docs/cpu.md, "Where the gap comes
+//! from"). The bounds here guard what is measured, with a margin; issue 37's would need ggml's
+//! summation order bit for bit.
 use ork_cpu::GgufLinear;
 use ork_exec::{perplexity, KvType, Linear, Model, Session};
 use ork_gguf::GgufFile;
