@@ -11,7 +11,7 @@
 //!
 //! Each weight row's groups of eight blocks are decoded once for up to four activation rows
 //! (prefill); decode (M = 1) decodes straight into registers. A row's last `nb % 8` blocks (K =
-//! 576 leaves 2 of 18) run as one more group, copied into zero-padded stack buffers and blended
+//! 576 leaves 2 of 18) run as one more group with zero lanes for the missing blocks, blended
 //! into their lanes only, rather than block by block with scalar f16 conversions.
 
 use super::{act_geometry, drive, finish, ActRow, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
@@ -278,25 +278,45 @@ unsafe fn group_values<F: Decode, D: Dot>(
             let av = _mm256_loadu_si256(q.add(j * ab_len).cast());
             *p = block_dot::<F, D>(wv[j], av);
         }
-        let mut isum = sums8(&p);
+        float_step::<F>(sums8(&p), *dw, *mw, d, s, sum)
+    }
+}
+
+/// `(d_w · d_a) · (isum − OFFSET · Σa) [+ m_w · s_a]` on eight lanes, `d_a`, `s_a` and `Σa` the
+/// eight values at `d`, `s`, `sum`.
+///
+/// # Safety
+/// Eight values readable at `d`, `sum` (and `s` for types with a min); AVX2.
+#[inline(always)]
+unsafe fn float_step<F: Decode>(
+    mut isum: __m256i,
+    dw: __m256,
+    mw: __m256,
+    d: *const f32,
+    s: *const f32,
+    sum: *const i32,
+) -> __m256 {
+    // SAFETY: the caller vouches for the reads and the ISA.
+    unsafe {
         if F::OFFSET != 0 {
             let asum = _mm256_loadu_si256(sum.cast());
             let off = _mm256_mullo_epi32(asum, _mm256_set1_epi32(F::OFFSET));
             isum = _mm256_sub_epi32(isum, off);
         }
         let da = _mm256_loadu_ps(d);
-        let v = _mm256_mul_ps(_mm256_mul_ps(*dw, da), _mm256_cvtepi32_ps(isum));
+        let v = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
         if F::MIN {
-            _mm256_add_ps(v, _mm256_mul_ps(*mw, _mm256_loadu_ps(s)))
+            _mm256_add_ps(v, _mm256_mul_ps(mw, _mm256_loadu_ps(s)))
         } else {
             v
         }
     }
 }
 
-/// The last `t < 8` blocks of a row (from block `from`) as one group, padded with zero blocks
-/// into stack copies, added to the lanes `0..t` of each accumulator only (a blend, so the other
-/// lanes keep their bits, `-0.0` included): what the scalar twin adds to lanes `0..t`.
+/// The last `t < 8` blocks of a row (from block `from`) as one group whose missing blocks are
+/// zero lanes, added to the lanes `0..t` of each accumulator only (a blend, so the other lanes
+/// keep their bits, `-0.0` included): what the scalar twin adds to lanes `0..t`. Only the `t`
+/// blocks are read; their per-block values go through small stack arrays.
 ///
 /// # Safety
 /// `wr` holds blocks `from .. from + t` of `F`, each `ar[i]` the same activation blocks; the CPU
@@ -309,37 +329,40 @@ unsafe fn tail<F: Decode, D: Dot, const N: usize>(
     t: usize,
     acc: &mut [__m256; N],
 ) {
-    let (ab_len, _) = act_geometry(F::MIN);
-    let mut wpad = [0u8; 8 * 34];
-    wpad[..t * F::BYTES].copy_from_slice(&wr[from * F::BYTES..][..t * F::BYTES]);
-    // SAFETY: `wpad` holds eight blocks of at most 34 bytes; the ISA as the caller guarantees.
-    let group = unsafe { decode_group::<F>(wpad.as_ptr()) };
-    // SAFETY: register-only AVX2.
-    let mask = unsafe {
-        _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+    let (ab_len, qs) = act_geometry(F::MIN);
+    // SAFETY (whole body): blocks from .. from + t < nb of the weight and activation rows (the
+    // caller's guarantee, and the slices' bounds for the per-block values); the ISA as the
+    // caller guarantees.
+    unsafe {
+        let mut wv = [_mm256_setzero_si256(); 8];
+        let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
+        for j in 0..t {
+            let p = wr.as_ptr().add((from + j) * F::BYTES);
+            wv[j] = F::decode(p);
+            dh[j] = p.cast::<u16>().read_unaligned();
+            if F::MIN {
+                mh[j] = p.add(2).cast::<u16>().read_unaligned();
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr().cast()));
+        let mw = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr().cast()));
+        let mask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
             _mm256_set1_epi32(t as i32),
             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        ))
-    };
-    for (a, acc) in ar.iter().zip(acc.iter_mut()) {
-        let mut qpad = [0u8; 8 * 36];
-        qpad[..t * ab_len].copy_from_slice(&a.q[from * ab_len..][..t * ab_len]);
-        let (mut d, mut s, mut sum) = ([0f32; 8], [0f32; 8], [0i32; 8]);
-        d[..t].copy_from_slice(&a.d[from..][..t]);
-        if F::MIN {
-            s[..t].copy_from_slice(&a.s[from..][..t]);
-        }
-        sum[..t].copy_from_slice(&a.sum[from..][..t]);
-        // SAFETY: the padded copies hold eight blocks and eight values each; the ISA as above.
-        unsafe {
-            let (_, qs) = act_geometry(F::MIN);
-            let v = group_values::<F, D>(
-                &group,
-                qpad.as_ptr().add(qs),
-                d.as_ptr(),
-                s.as_ptr(),
-                sum.as_ptr(),
-            );
+        ));
+        for (a, acc) in ar.iter().zip(acc.iter_mut()) {
+            let mut p = [_mm256_setzero_si256(); 8];
+            let (mut d, mut s, mut sum) = ([0f32; 8], [0f32; 8], [0i32; 8]);
+            for j in 0..t {
+                let av = _mm256_loadu_si256(a.q.as_ptr().add((from + j) * ab_len + qs).cast());
+                p[j] = block_dot::<F, D>(wv[j], av);
+                d[j] = a.d[from + j];
+                sum[j] = a.sum[from + j];
+                if F::MIN {
+                    s[j] = a.s[from + j];
+                }
+            }
+            let v = float_step::<F>(sums8(&p), dw, mw, d.as_ptr(), s.as_ptr(), sum.as_ptr());
             *acc = _mm256_blendv_ps(*acc, _mm256_add_ps(*acc, v), mask);
         }
     }
