@@ -573,6 +573,31 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The CPU engine (`--device cpu`): prefill and decode tok/s on the GGUF's own blocks.
+    /// Compare with llama.cpp in the same run through `scripts/bench-cpu.sh`.
+    Cpu {
+        /// The GGUF model.
+        #[arg(long)]
+        model: PathBuf,
+        /// Worker threads (default: one per chosen core).
+        #[arg(long, value_parser = threads_parser())]
+        threads: Option<usize>,
+        /// The cores to run on, as `taskset -c` takes them (`4-7`, `0,2`).
+        #[arg(long, value_parser = cpus_parser)]
+        cpus: Option<CpuList>,
+        /// Prompt tokens, prefilled in one batch.
+        #[arg(long, default_value_t = 128, value_parser = count_parser(1))]
+        prompt_tokens: usize,
+        /// Tokens decoded one at a time after the prompt.
+        #[arg(long, default_value_t = 64, value_parser = count_parser(1))]
+        gen_tokens: usize,
+        /// Timed passes after one untimed warm-up (best and median are reported).
+        #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+        rounds: usize,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Emulated int8 matmul GOP/s against this machine's roofline.
     Gemm {
         /// JSON output.

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod cmd_bench_cpu;
 mod cmd_bench_pack;
 mod cmd_bench_stream;
 mod cmd_bench_tokenizer;
@@ -58,6 +59,25 @@ fn main() -> ExitCode {
                 json,
             } => cmd_bench_pack::bench_pack(&model, threads, json),
             BenchCommand::Gemm { json } => cmd_device::bench_gemm(json),
+            BenchCommand::Cpu {
+                model,
+                threads,
+                cpus,
+                prompt_tokens,
+                gen_tokens,
+                rounds,
+                json,
+            } => cmd_bench_cpu::bench_cpu(
+                &ork_runtime::bench::CpuBenchOptions {
+                    model,
+                    threads,
+                    cpus: cpus.map(|c| c.0),
+                    prompt_tokens,
+                    gen_tokens,
+                    rounds,
+                },
+                json,
+            ),
             BenchCommand::Tokenizer {
                 model,
                 file,

@@ -29,10 +29,12 @@
 //! | `engine` | [`Engine`], [`LoadedModel`] and what an engine reports |
 //! | `session` | [`Session`]s handed out by an engine |
 //! | `error` | [`RuntimeError`] |
+//! | [`bench`] | benchmark drivers returning typed reports (`ork bench cpu`) |
 //! | [`doctor`] | the install check (`ork doctor`) |
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod doctor;
 mod validate;
 pub use validate::{check_weights, CALIB_MIN_TOKENS};

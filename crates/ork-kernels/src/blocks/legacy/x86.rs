@@ -10,7 +10,9 @@
 //! runs on eight blocks at once: the scalar twin's order ([`super::rows_scalar`]).
 //!
 //! Each weight row's groups of eight blocks are decoded once for up to four activation rows
-//! (prefill); decode (M = 1) decodes straight into registers.
+//! (prefill); decode (M = 1) decodes straight into registers. A row's last `nb % 8` blocks (K =
+//! 576 leaves 2 of 18) run as one more group with zero lanes for the missing blocks, blended
+//! into their lanes only, rather than block by block with scalar f16 conversions.
 
 use super::{act_geometry, drive, finish, ActRow, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::{Isa, RowsFn, WeightType, KVALUES_IQ4NL};
@@ -205,21 +207,6 @@ unsafe fn sums8(p: &[__m256i; 8]) -> __m256i {
     }
 }
 
-/// Sum of one vector's eight lanes.
-///
-/// # Safety
-/// AVX2.
-#[inline(always)]
-unsafe fn sum1(v: __m256i) -> i32 {
-    // SAFETY: register-only; the caller guarantees AVX2.
-    unsafe {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-        _mm_cvtsi128_si32(s)
-    }
-}
-
 /// The f16 at `p + j·stride` for j in 0..8, as f32.
 ///
 /// # Safety
@@ -242,6 +229,145 @@ unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
     }
 }
 
+/// The eight blocks at `base` (a group: eight consecutive weight blocks) decoded, with their
+/// scales `d_w` and (types with a min) mins `m_w` as f32 lanes.
+///
+/// # Safety
+/// `8 · F::BYTES` readable bytes at `base`; AVX2 and F16C.
+#[inline(always)]
+unsafe fn decode_group<F: Decode>(base: *const u8) -> ([__m256i; 8], __m256, __m256) {
+    // SAFETY: the caller vouches for the group's bytes and the ISA.
+    unsafe {
+        let mut wv = [_mm256_setzero_si256(); 8];
+        for (j, v) in wv.iter_mut().enumerate() {
+            *v = F::decode(base.add(j * F::BYTES));
+        }
+        let dw = f16x8(base, F::BYTES);
+        let mw = if F::MIN {
+            f16x8(base.add(2), F::BYTES)
+        } else {
+            _mm256_setzero_ps()
+        };
+        (wv, dw, mw)
+    }
+}
+
+/// The values of eight blocks (lane `j` for block `j` of the group), the scalar twin's
+/// `(d_w · d_a) · isum [+ m_w · s_a]`: decoded weights `wv`, `dw`, `mw` against the activation
+/// blocks whose int8 start at `q` (one every `ab_len` bytes) and whose `d`, `s` (types with a
+/// min) and `Σq` are the eight values at `d`, `s`, `sum`.
+///
+/// # Safety
+/// Eight activation blocks' int8 at `q`, eight values at `d`, `sum` (and `s` for types with a
+/// min) readable; the CPU has AVX2 and `D`'s instructions.
+#[inline(always)]
+unsafe fn group_values<F: Decode, D: Dot>(
+    (wv, dw, mw): &([__m256i; 8], __m256, __m256),
+    q: *const u8,
+    d: *const f32,
+    s: *const f32,
+    sum: *const i32,
+) -> __m256 {
+    let (ab_len, _) = act_geometry(F::MIN);
+    // SAFETY: the caller vouches for the reads and the ISA.
+    unsafe {
+        // Plain loops, no closures, here and in the callers: a closure is not compiled with the
+        // caller's target features, and the intrinsics would not inline into it.
+        let mut p = [_mm256_setzero_si256(); 8];
+        for (j, p) in p.iter_mut().enumerate() {
+            let av = _mm256_loadu_si256(q.add(j * ab_len).cast());
+            *p = block_dot::<F, D>(wv[j], av);
+        }
+        float_step::<F>(sums8(&p), *dw, *mw, d, s, sum)
+    }
+}
+
+/// `(d_w · d_a) · (isum − OFFSET · Σa) [+ m_w · s_a]` on eight lanes, `d_a`, `s_a` and `Σa` the
+/// eight values at `d`, `s`, `sum`.
+///
+/// # Safety
+/// Eight values readable at `d`, `sum` (and `s` for types with a min); AVX2.
+#[inline(always)]
+unsafe fn float_step<F: Decode>(
+    mut isum: __m256i,
+    dw: __m256,
+    mw: __m256,
+    d: *const f32,
+    s: *const f32,
+    sum: *const i32,
+) -> __m256 {
+    // SAFETY: the caller vouches for the reads and the ISA.
+    unsafe {
+        if F::OFFSET != 0 {
+            let asum = _mm256_loadu_si256(sum.cast());
+            let off = _mm256_mullo_epi32(asum, _mm256_set1_epi32(F::OFFSET));
+            isum = _mm256_sub_epi32(isum, off);
+        }
+        let da = _mm256_loadu_ps(d);
+        let v = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
+        if F::MIN {
+            _mm256_add_ps(v, _mm256_mul_ps(mw, _mm256_loadu_ps(s)))
+        } else {
+            v
+        }
+    }
+}
+
+/// The last `t < 8` blocks of a row (from block `from`) as one group whose missing blocks are
+/// zero lanes, added to the lanes `0..t` of each accumulator only (a blend, so the other lanes
+/// keep their bits, `-0.0` included): what the scalar twin adds to lanes `0..t`. Only the `t`
+/// blocks are read; their per-block values go through small stack arrays.
+///
+/// # Safety
+/// `wr` holds blocks `from .. from + t` of `F`, each `ar[i]` the same activation blocks; the CPU
+/// has AVX2, F16C and `D`'s instructions.
+#[inline(always)]
+unsafe fn tail<F: Decode, D: Dot, const N: usize>(
+    wr: &[u8],
+    ar: &[ActRow<'_>; N],
+    from: usize,
+    t: usize,
+    acc: &mut [__m256; N],
+) {
+    let (ab_len, qs) = act_geometry(F::MIN);
+    // SAFETY (whole body): blocks from .. from + t < nb of the weight and activation rows (the
+    // caller's guarantee, and the slices' bounds for the per-block values); the ISA as the
+    // caller guarantees.
+    unsafe {
+        let mut wv = [_mm256_setzero_si256(); 8];
+        let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
+        for j in 0..t {
+            let p = wr.as_ptr().add((from + j) * F::BYTES);
+            wv[j] = F::decode(p);
+            dh[j] = p.cast::<u16>().read_unaligned();
+            if F::MIN {
+                mh[j] = p.add(2).cast::<u16>().read_unaligned();
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr().cast()));
+        let mw = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr().cast()));
+        let mask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+            _mm256_set1_epi32(t as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        ));
+        for (a, acc) in ar.iter().zip(acc.iter_mut()) {
+            let mut p = [_mm256_setzero_si256(); 8];
+            let (mut d, mut s, mut sum) = ([0f32; 8], [0f32; 8], [0i32; 8]);
+            for j in 0..t {
+                let av = _mm256_loadu_si256(a.q.as_ptr().add((from + j) * ab_len + qs).cast());
+                p[j] = block_dot::<F, D>(wv[j], av);
+                d[j] = a.d[from + j];
+                sum[j] = a.sum[from + j];
+                if F::MIN {
+                    s[j] = a.s[from + j];
+                }
+            }
+            let v = float_step::<F>(sums8(&p), dw, mw, d.as_ptr(), s.as_ptr(), sum.as_ptr());
+            *acc = _mm256_blendv_ps(*acc, _mm256_add_ps(*acc, v), mask);
+        }
+    }
+}
+
 /// One weight row against `N` activation rows.
 ///
 /// # Safety
@@ -254,59 +380,35 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N])
     let groups = nb / 8;
     // SAFETY: register-only; the caller guarantees AVX.
     let mut acc = [unsafe { _mm256_setzero_ps() }; N];
-    // SAFETY: as above.
-    let mut wv = [unsafe { _mm256_setzero_si256() }; 8];
     for g in 0..groups {
         // SAFETY (whole loop body): block g·8 + j < nb of the row, activation blocks likewise,
         // per-block indices g·8 .. g·8 + 8 <= nb; prefetching never faults.
         unsafe {
             let base = wr.as_ptr().add(g * 8 * F::BYTES);
             _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(16 * F::BYTES).cast());
-            for (j, v) in wv.iter_mut().enumerate() {
-                *v = F::decode(base.add(j * F::BYTES));
-            }
-            let dw = f16x8(base, F::BYTES);
+            let group = decode_group::<F>(base);
             for (i, a) in ar.iter().enumerate() {
-                let abase = a.q.as_ptr().add(g * 8 * ab_len + qs);
-                // Plain loops, no closures, here and below: a closure is not compiled with the
-                // caller's target features, and the intrinsics would not inline into it.
-                let mut p = [_mm256_setzero_si256(); 8];
-                for (j, p) in p.iter_mut().enumerate() {
-                    let av = _mm256_loadu_si256(abase.add(j * ab_len).cast());
-                    *p = block_dot::<F, D>(wv[j], av);
-                }
-                let mut isum = sums8(&p);
-                if F::OFFSET != 0 {
-                    let asum = _mm256_loadu_si256(a.sum.as_ptr().add(g * 8).cast());
-                    let off = _mm256_mullo_epi32(asum, _mm256_set1_epi32(F::OFFSET));
-                    isum = _mm256_sub_epi32(isum, off);
-                }
-                let da = _mm256_loadu_ps(a.d.as_ptr().add(g * 8));
-                let mut v = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
-                if F::MIN {
-                    let mw = f16x8(base.add(2), F::BYTES);
-                    let sa = _mm256_loadu_ps(a.s.as_ptr().add(g * 8));
-                    v = _mm256_add_ps(v, _mm256_mul_ps(mw, sa));
-                }
+                let v = group_values::<F, D>(
+                    &group,
+                    a.q.as_ptr().add(g * 8 * ab_len + qs),
+                    a.d.as_ptr().add(g * 8),
+                    a.s.as_ptr().wrapping_add(g * 8),
+                    a.sum.as_ptr().add(g * 8),
+                );
                 acc[i] = _mm256_add_ps(acc[i], v);
             }
         }
     }
+    if nb > groups * 8 {
+        // SAFETY: blocks groups·8 .. nb are in the rows; the ISA as the caller guarantees.
+        unsafe { tail::<F, D, N>(wr, &ar, groups * 8, nb - groups * 8, &mut acc) };
+    }
     let mut res = [0f32; N];
     for (i, a) in ar.iter().enumerate() {
         let mut lanes = [0f32; 8];
-        let mut tail = [0i32; 8];
-        for (b, t) in (groups * 8..nb).zip(&mut tail) {
-            // SAFETY: block b < nb of both rows; the ISA as the caller guarantees.
-            *t = unsafe {
-                let w = F::decode(wr.as_ptr().add(b * F::BYTES));
-                let av = _mm256_loadu_si256(a.q.as_ptr().add(b * ab_len + qs).cast());
-                sum1(block_dot::<F, D>(w, av)) - F::OFFSET * a.sum[b]
-            };
-        }
         // SAFETY: 32 writable bytes; unaligned store.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
-        res[i] = finish::<F>(lanes, wr, a.q, groups * 8, |b| tail[b - groups * 8]);
+        res[i] = finish::<F>(lanes, wr, a.q, nb, |_| 0);
     }
     res
 }
