@@ -8,7 +8,10 @@
 //!   The call returns once the reads are queued, but queueing itself takes time (measured
 //!   ~0.4 ms per 2 MiB on the development machine's virtio disk), so the compute threads never
 //!   make it. A full queue drops the hint: it is a hint, and compute faults the pages in
-//!   itself if they are not there.
+//!   itself if they are not there. The expert slices are marked `MADV_RANDOM` in the map
+//!   ([`crate::lock::advise_random`]), so such a fault reads its page and not the kernel's
+//!   read-around window, which on a disk with a large `read_ahead_kb` reads the neighbouring
+//!   (unrouted) experts and, under a memory limit, evicts the routed ones.
 //! - **Hot experts.** Every expert matmul counts the token rows routed to it. With a pin budget
 //!   (`--pin-mb`), the background thread keeps the most-routed experts that fit locked in RAM
 //!   (`mlock`, [`crate::lock`]), re-ranked every [`REPIN_EVERY`] announcements; the rest come
@@ -164,6 +167,13 @@ impl ExpertReads {
         let n = slices.len();
         let pinned: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(false)).collect();
         let shared = Arc::new(Shared::default());
+        if options.readahead {
+            // Faults in expert slices read only their page: the readahead below reads exactly
+            // the routed slices (a refusal leaves the kernel's read-around; it is only a hint).
+            for sl in slices.iter() {
+                let _ = crate::lock::advise_random(gguf.tensor_data(&sl.view), sl.view.offset);
+            }
+        }
         let wanted = n > 0 && (options.readahead || options.pin_bytes > 0);
         let (tx, thread) = if wanted {
             let (tx, rx) = sync_channel(QUEUE);
