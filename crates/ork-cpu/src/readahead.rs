@@ -230,7 +230,7 @@ impl ExpertReads {
             self.send(tx, Job::Advise(slices));
         }
         let n = self.announcements.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.options.pin_bytes > 0 && n % REPIN_EVERY == 0 {
+        if self.options.pin_bytes > 0 && n.is_multiple_of(REPIN_EVERY) {
             self.send(tx, Job::Pin(self.hottest()));
         }
     }
