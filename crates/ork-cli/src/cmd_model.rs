@@ -66,9 +66,59 @@ struct RunStats {
     /// GGUF's map).
     rss_anon_bytes: u64,
     rss_file_bytes: u64,
+    /// The CPU engine on a MoE model: expert matmuls, router skew, readahead and pinning
+    /// (`ork_cpu::ExpertReadStats`), with the speculative prediction's count and recall.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu_experts: Option<CpuExperts>,
     /// The CPU engine only: the cores its workers run on.
     #[serde(skip_serializing_if = "Option::is_none")]
     cpus: Option<String>,
+}
+
+/// The CPU engine's expert figures on a MoE model (see [`RunStats::cpu_experts`]).
+#[derive(Serialize)]
+struct CpuExperts {
+    #[serde(flatten)]
+    reads: ork_cpu::ExpertReadStats,
+    /// Experts predicted ahead for the next block (speculative readahead).
+    predictions: u64,
+    /// Predicted ∩ used / used over the decode steps that had a prediction.
+    recall: Option<f64>,
+}
+
+impl CpuExperts {
+    fn of(engine: &Engine, linear: &ork_cpu::GgufLinear) -> Option<CpuExperts> {
+        let moe = engine.model().moe_stats()?;
+        Some(CpuExperts {
+            reads: linear.expert_stats(),
+            predictions: moe.predictions,
+            recall: moe.recall(),
+        })
+    }
+
+    fn line(&self) -> String {
+        let r = &self.reads;
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
+        let mut line = format!(
+            "\n[ork] experts: {} matmuls | router skew {} | recall {} ({} predicted) | \
+             readahead {} ({:.1} MiB, {} hints dropped) | pinned {:.1} of {:.1} MiB, {} matmuls on pinned",
+            r.expert_matmuls,
+            opt(r.router_skew),
+            opt(self.recall),
+            self.predictions,
+            if r.readahead { "on" } else { "off" },
+            mib(r.readahead_bytes),
+            r.readahead_dropped,
+            mib(r.pinned_bytes),
+            mib(r.pin_budget_bytes),
+            r.pinned_matmuls,
+        );
+        if let Some(e) = &r.pin_error {
+            line.push_str(&format!("\n[ork] warning: hot experts not pinned: {e}"));
+        }
+        line
+    }
 }
 
 impl RunStats {
@@ -142,6 +192,7 @@ impl RunStats {
             rss_anon_bytes: mem.rss_anon_bytes,
             rss_file_bytes: mem.rss_file_bytes,
             cpus: cpu.map(|l| ork_cpu::topology::format_cpu_list(&l.pool().choice().cores)),
+            cpu_experts: cpu.and_then(|l| CpuExperts::of(engine, l)),
         }
     }
 
@@ -164,7 +215,11 @@ impl RunStats {
                 mib(self.kv_cache_bytes as u64),
                 mib(self.rss_anon_bytes),
                 mib(self.rss_file_bytes),
-            );
+            ) + &self
+                .cpu_experts
+                .as_ref()
+                .map(CpuExperts::line)
+                .unwrap_or_default();
         };
         let mut line = self.base_line(mode);
         if let Some(s) = &self.speculative {
@@ -514,6 +569,7 @@ fn plan_cpu(args: &PlanArgs) -> Result<ExitCode> {
     config.cpu = Some(ork_cpu::CpuOptions {
         threads: args.threads,
         cpus: args.cpus.clone().map(|c| c.0),
+        ..ork_cpu::CpuOptions::default()
     });
     let engine = Engine::open(config)?;
     let linear = engine.cpu_linear().context("the CPU engine did not open")?;

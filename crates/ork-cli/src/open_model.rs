@@ -25,6 +25,12 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfi
     if opts.cpus.is_some() && opts.device != DeviceArg::Cpu {
         anyhow::bail!("--cpus chooses the CPU engine's cores: it needs --device cpu");
     }
+    if opts.pin_mb.is_some() && opts.device != DeviceArg::Cpu {
+        anyhow::bail!(
+            "--pin-mb keeps the CPU engine's hot MoE experts in RAM: it needs --device cpu \
+             (on a device, --budget-mb sets what stays resident)"
+        );
+    }
     let mut config = EngineConfig {
         model: opts.model.clone(),
         pack: match (&opts.pack, opts.no_pack) {
@@ -58,6 +64,10 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfi
         cpu: (opts.device == DeviceArg::Cpu).then(|| ork_cpu::CpuOptions {
             threads: opts.threads,
             cpus: opts.cpus.clone().map(|c| c.0),
+            expert_reads: ork_cpu::ExpertReadOptions {
+                readahead: !opts.no_prefetch,
+                pin_bytes: opts.pin_mb.unwrap_or(0) << 20,
+            },
         }),
     };
     if let Some(q) = opts.quant {

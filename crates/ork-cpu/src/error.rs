@@ -57,4 +57,16 @@ pub enum CpuError {
         #[source]
         source: std::io::Error,
     },
+    /// `--pin-mb` asks to keep more expert bytes in RAM than the machine has.
+    #[error(
+        "--pin-mb: {} MiB asked to be kept resident, but this machine has {} MiB of RAM",
+        pin_bytes >> 20,
+        ram_bytes >> 20
+    )]
+    PinAboveRam {
+        /// The pin budget asked for.
+        pin_bytes: u64,
+        /// `MemTotal` of `/proc/meminfo`.
+        ram_bytes: u64,
+    },
 }

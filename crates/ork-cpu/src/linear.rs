@@ -1,7 +1,5 @@
 //! [`GgufLinear`]: the executor's matmuls computed on the CPU from the GGUF's mapped blocks.
 
-use std::fs::File;
-use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 
 use ork_exec::{ExecError, Linear, WeightSpec};
@@ -9,7 +7,8 @@ use ork_gguf::{GgmlType, GgufFile, TensorInfo};
 use ork_kernels::blocks::{ActType, Kernel, WeightType};
 use ork_manifest::WeightId;
 
-use crate::{CpuError, CpuPool};
+use crate::readahead::ExpertReads;
+use crate::{CpuError, CpuPool, ExpertReadOptions, ExpertReadStats};
 
 /// The CPU engine's type for a GGUF tensor type, `None` for a type it has no kernels for
 /// (ggml's numbering: IQ4_NL is 20, IQ4_XS 23; `ggml.h`).
@@ -44,7 +43,8 @@ struct CpuWeight {
     k: usize,
     n: usize,
     row_bytes: usize,
-    expert: bool,
+    /// An expert's slice: its index in [`ExpertReads`].
+    expert: Option<usize>,
 }
 
 /// Weights of one type: how many, and their bytes in the file.
@@ -67,9 +67,8 @@ pub struct GgufLinear {
     pool: Arc<CpuPool>,
     /// Indexed by [`WeightId`].
     weights: Vec<Option<CpuWeight>>,
-    /// The file opened again for readahead hints (`None` for an in-memory file, or when it
-    /// cannot be opened: hints are then dropped).
-    readahead: Option<File>,
+    /// The experts' readahead, pinning and counters.
+    experts: ExpertReads,
 }
 
 impl std::fmt::Debug for GgufLinear {
@@ -97,27 +96,53 @@ impl GgufLinear {
         weights: &[WeightSpec],
         pool: Arc<CpuPool>,
     ) -> Result<GgufLinear, CpuError> {
+        Self::open_with(gguf, weights, pool, ExpertReadOptions::default())
+    }
+
+    /// [`GgufLinear::open`] with the MoE experts' readahead and pin budget set.
+    ///
+    /// # Errors
+    /// As [`GgufLinear::open`]; [`CpuError::PinAboveRam`] for a pin budget above the RAM.
+    pub fn open_with(
+        gguf: Arc<GgufFile>,
+        weights: &[WeightSpec],
+        pool: Arc<CpuPool>,
+        options: ExpertReadOptions,
+    ) -> Result<GgufLinear, CpuError> {
         let mut table: Vec<Option<CpuWeight>> = Vec::new();
+        let mut expert_views = Vec::new();
         for spec in weights {
-            let w = check_weight(&gguf, spec)?;
+            let mut w = check_weight(&gguf, spec)?;
+            if ork_manifest::is_expert_key(&spec.name) {
+                w.expert = Some(expert_views.len());
+                expert_views.push(w.view.clone());
+            }
             let i = spec.id.index();
             if table.len() <= i {
                 table.resize_with(i + 1, || None);
             }
             table[i] = Some(w);
         }
-        let readahead = ork_gguf::open_regular(gguf.path()).ok();
+        let experts = ExpertReads::new(&gguf, expert_views, options)?;
         Ok(GgufLinear {
             gguf,
             pool,
             weights: table,
-            readahead,
+            experts,
         })
     }
 
     /// The worker pool.
     pub fn pool(&self) -> &Arc<CpuPool> {
         &self.pool
+    }
+
+    /// MoE models: the experts' counters, readahead and pinning so far, once the readahead
+    /// thread has done what was asked of it before this call (so that pinning decided by the
+    /// last ranking is counted).
+    pub fn expert_stats(&self) -> ExpertReadStats {
+        self.experts.flush();
+        self.experts.stats()
     }
 
     /// The GGUF the weights are read from.
@@ -208,7 +233,7 @@ fn check_weight(gguf: &GgufFile, spec: &WeightSpec) -> Result<CpuWeight, CpuErro
         )));
     }
     Ok(CpuWeight {
-        expert: ork_manifest::is_expert_key(&spec.name),
+        expert: None,
         view,
         kernel,
         k: spec.k,
@@ -333,6 +358,11 @@ impl Linear for GgufLinear {
         if ws.is_empty() || m == 0 {
             return Ok(());
         }
+        for w in &ws {
+            if let Some(e) = w.expert {
+                self.experts.computed(e, m);
+            }
+        }
         let (acts, act_of) = Self::quantize_acts(&ws, x, m);
         if m == 1 {
             // One activation row: `n × 1` is `y` itself.
@@ -366,23 +396,15 @@ impl Linear for GgufLinear {
         Ok(())
     }
 
-    /// Read the routed experts' bytes ahead into the page cache (`posix_fadvise(WILLNEED)` on
-    /// exactly each expert's slice of its tensor); dense weights, read every token, are left
-    /// alone.
+    /// Read the announced experts' bytes ahead into the page cache, exactly each expert's
+    /// slice of its tensor, from a background thread (see [`ExpertReads`]); dense weights,
+    /// read every token, are left alone.
     fn upcoming(&self, weights: &[WeightId]) {
-        let Some(file) = &self.readahead else {
-            return;
-        };
-        for w in weights.iter().filter_map(|&id| self.weight(id).ok()) {
-            if let (true, Some(len)) = (w.expert, NonZeroU64::new(w.view.size)) {
-                let _ = rustix::fs::fadvise(
-                    file,
-                    w.view.offset,
-                    Some(len),
-                    rustix::fs::Advice::WillNeed,
-                );
-            }
-        }
+        let slices = weights
+            .iter()
+            .filter_map(|&id| self.weight(id).ok()?.expert)
+            .collect();
+        self.experts.announce(slices);
     }
 }
 

@@ -66,6 +66,8 @@ pub struct CpuOptions {
     pub threads: Option<usize>,
     /// The cores to run on (`None`: the big cores, see the module docs).
     pub cpus: Option<Vec<usize>>,
+    /// MoE models: readahead and pinning of the experts (`--no-prefetch`, `--pin-mb`).
+    pub expert_reads: crate::ExpertReadOptions,
 }
 
 /// The cores and threads the engine runs with.
@@ -262,4 +264,18 @@ pub fn format_cpu_list(cpus: &[usize]) -> String {
         i = j + 1;
     }
     parts.join(",")
+}
+
+/// The machine's RAM: `MemTotal` of `/proc/meminfo`, in bytes.
+///
+/// # Errors
+/// The file cannot be read or has no parsable `MemTotal` line.
+pub fn ram_bytes() -> std::io::Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|kb| kb.trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| std::io::Error::other("/proc/meminfo: no 'MemTotal: N kB' line"))
 }

@@ -3,6 +3,7 @@
 
 mod cpu {
     pub mod bad_input;
+    pub mod experts;
     pub mod fixtures;
     pub mod llama_cpp;
     pub mod matmul;

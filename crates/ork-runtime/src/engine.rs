@@ -340,7 +340,8 @@ fn open_cpu(
 ) -> Result<Arc<GgufLinear>, RuntimeError> {
     check_cpu_options(config)?;
     let pool = Arc::new(CpuPool::new(options)?);
-    let linear = GgufLinear::open(Arc::clone(gguf), model.matmul_weights(), pool)?;
+    let reads = options.expert_reads.clone();
+    let linear = GgufLinear::open_with(Arc::clone(gguf), model.matmul_weights(), pool, reads)?;
     Ok(Arc::new(linear))
 }
 

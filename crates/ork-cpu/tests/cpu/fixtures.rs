@@ -87,6 +87,7 @@ pub fn pool(threads: usize) -> Arc<CpuPool> {
         CpuPool::new(&CpuOptions {
             threads: Some(threads),
             cpus: None,
+            ..CpuOptions::default()
         })
         .unwrap(),
     )

@@ -68,12 +68,14 @@ fn threads_and_a_core_list_override() {
     let opts = CpuOptions {
         threads: Some(2),
         cpus: None,
+        ..CpuOptions::default()
     };
     let c = topo.choose(&ALL8, &opts).unwrap();
     assert_eq!((c.cores.as_slice(), c.threads), (&[4, 5, 6, 7][..], 2));
     let opts = CpuOptions {
         threads: None,
         cpus: Some(vec![7, 0, 7]),
+        ..CpuOptions::default()
     };
     let c = topo.choose(&ALL8, &opts).unwrap();
     assert_eq!(
@@ -81,7 +83,11 @@ fn threads_and_a_core_list_override() {
         (&[0, 7][..], 2, CoreSource::List)
     );
     for (cpus, threads) in [(Some(vec![8]), None), (Some(vec![]), None), (None, Some(0))] {
-        let opts = CpuOptions { threads, cpus };
+        let opts = CpuOptions {
+            threads,
+            cpus,
+            ..CpuOptions::default()
+        };
         assert!(matches!(
             topo.choose(&ALL8, &opts),
             Err(CpuError::Threads { .. })
@@ -91,6 +97,7 @@ fn threads_and_a_core_list_override() {
     let opts = CpuOptions {
         threads: None,
         cpus: Some(vec![1]),
+        ..CpuOptions::default()
     };
     assert!(matches!(
         topo.choose(&[4, 5], &opts),
@@ -157,6 +164,7 @@ fn this_machine_gives_a_usable_pool() {
     let pool = ork_cpu::CpuPool::new(&CpuOptions {
         threads: Some(2),
         cpus: None,
+        ..CpuOptions::default()
     })
     .unwrap();
     assert_eq!(pool.threads(), 2);
