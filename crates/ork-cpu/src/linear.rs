@@ -106,7 +106,7 @@ impl GgufLinear {
             }
             table[i] = Some(w);
         }
-        let readahead = ork_gguf::open_regular(gguf.path()).ok();
+        let readahead = ork_io::open_regular(gguf.path()).ok();
         Ok(GgufLinear {
             gguf,
             pool,
