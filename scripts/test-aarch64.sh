@@ -94,7 +94,7 @@ atest() {
 
 # One package set for every `cargo test` below, so that features unify the same way each time
 # and the binaries are built once.
-PKGS=(-p ork-kernels -p ork-device -p ork-pack -p ork-exec -p ork-gguf -p ork-store)
+PKGS=(-p ork-kernels -p ork-device -p ork-pack -p ork-exec -p ork-io -p ork-gguf -p ork-store)
 step "building the test binaries ($LINK)"
 cargo test --locked --target "$TARGET" --target-dir "$TD" --no-run "${PKGS[@]}"
 
@@ -106,7 +106,7 @@ for cpu in cortex-a76 cortex-a53; do
     cortex-a76) expect=scalar,neon,neon-dotprod ;;
     *) expect=scalar,neon ;;
   esac
-  step "unit tests (kernel property tests) of ork-kernels, ork-device, ork-pack, ork-exec, ork-gguf, ork-store on -cpu $cpu (kernels: $expect)"
+  step "unit tests (kernel property tests) of ork-kernels, ork-device, ork-pack, ork-exec, ork-io, ork-gguf, ork-store on -cpu $cpu (kernels: $expect)"
   ORK_EXPECT_KERNELS=$expect atest "$cpu" "${PKGS[@]}" --lib -- "$@"
 done
 

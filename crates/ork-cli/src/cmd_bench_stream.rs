@@ -85,7 +85,7 @@ pub fn bench_stream(
     } = bench_setup(opts, tokens, json)?;
     if let Some(path) = plot {
         // Refused now, not after the rounds (docs/cli.md: the rule for every file ork writes).
-        ork_store::output::check_output(path, &[opts.model.as_path()]).context("--plot")?;
+        ork_io::output::check_output(path, &[opts.model.as_path()]).context("--plot")?;
     }
 
     let configs = [

@@ -276,7 +276,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         .collect();
     if let Some(path) = &args.model.trace {
         // Find out now, not after the generation, whether the trace can be written.
-        ork_store::output::check_output(path, &inputs)
+        ork_io::output::check_output(path, &inputs)
             .with_context(|| "--trace: cannot write the trace".to_owned())?;
     }
     // The prompt is checked against the context before the device is opened or the .orkpack

@@ -73,7 +73,7 @@ pub struct PlanProject {
 
 /// The board `--project` names, resolved before anything is loaded (`None` without the flag);
 /// an empty name means `soc`. A board file is read under the input rule every file ork reads
-/// whole follows (`ork_gguf::input::read_input`: a regular file, opened without blocking, its
+/// whole follows (`ork_io::input::read_input`: a regular file, opened without blocking, its
 /// size checked before reading, at most [`ork_board::BOARD_FILE_LIMIT`] bytes).
 pub fn board(project: Option<&str>, soc: &str) -> Result<Option<Board>> {
     let Some(name) = project else {
@@ -83,7 +83,7 @@ pub fn board(project: Option<&str>, soc: &str) -> Result<Option<Board>> {
     let board = if Board::names_file(name) {
         let path = Path::new(name);
         let bytes =
-            ork_gguf::input::read_input(path, ork_board::BOARD_FILE_LIMIT).context("--project")?;
+            ork_io::input::read_input(path, ork_board::BOARD_FILE_LIMIT).context("--project")?;
         Board::from_bytes(&path.display().to_string(), &bytes)
     } else {
         Board::named(name)
@@ -361,7 +361,7 @@ pub fn windows(c: &ork_exec::ModelConfig) -> Vec<Option<usize>> {
 fn dump(events: &[ork_board::Event]) -> Result<()> {
     if let Some(path) = std::env::var_os("ORK_BOARD_EVENTS") {
         // Under the rule for every file ork writes (docs/cli.md): never over a model or a pack.
-        ork_store::output::write_output(Path::new(&path), &serde_json::to_vec(events)?, &[])
+        ork_io::output::write_output(Path::new(&path), &serde_json::to_vec(events)?, &[])
             .context("ORK_BOARD_EVENTS")?;
     }
     Ok(())

@@ -45,7 +45,7 @@ fn main() -> ExitCode {
     // Unix tools (docs/cli.md); the server keeps the default of Rust programs (EPIPE as an
     // error), so a client that goes away never kills it.
     if !matches!(cli.command, Command::Serve(_)) {
-        ork_gguf::sigpipe::die_on_closed_pipe();
+        ork_io::sigpipe::die_on_closed_pipe();
     }
     let result = match cli.command {
         Command::Convert(a) => cmd_pack::convert(&a),

@@ -8,7 +8,7 @@ use ork_residency::TraceEvent;
 use plotters::prelude::*;
 
 /// Draw `results` (objects with "config" and "tok_s") and the trace `events` into `path`, under
-/// the rule for every file ork writes (`ork_store::output`; `inputs` are never replaced).
+/// the rule for every file ork writes (`ork_io::output`; `inputs` are never replaced).
 pub fn stream_svg(
     path: &Path,
     inputs: &[&Path],
@@ -17,7 +17,7 @@ pub fn stream_svg(
 ) -> Result<()> {
     let mut svg = String::new();
     draw(&mut svg, results, events)?;
-    ork_store::output::write_output(path, svg.as_bytes(), inputs)?;
+    ork_io::output::write_output(path, svg.as_bytes(), inputs)?;
     Ok(())
 }
 

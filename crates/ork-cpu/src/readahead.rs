@@ -177,7 +177,7 @@ impl ExpertReads {
         let wanted = n > 0 && (options.readahead || options.pin_bytes > 0);
         let (tx, thread) = if wanted {
             let (tx, rx) = sync_channel(QUEUE);
-            let file = ork_gguf::open_regular(gguf.path()).ok();
+            let file = ork_io::open_regular(gguf.path()).ok();
             let worker = Worker {
                 gguf: Arc::clone(gguf),
                 file,

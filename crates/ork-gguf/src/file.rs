@@ -1,58 +1,8 @@
 //! GGUF container: metadata values, tensor infos and the open file.
-use crate::mmap::GuardedMap;
 use crate::parse::{self, Header};
 use crate::{dequant, GgmlType, GgufError};
-use std::fs::File;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use ork_io::{open_regular, GuardedMap, OpenRegularError};
 use std::path::{Path, PathBuf};
-
-/// Why [`open_regular`] refused a path.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum OpenRegularError {
-    /// `open` or `fstat` failed.
-    Io(std::io::Error),
-    /// The path names something other than a regular file (the kind: "a directory", "a FIFO",
-    /// "a character device", "a block device", "a socket").
-    NotRegular(&'static str),
-}
-
-/// Open `path` read-only if it is a regular file (symlinks followed). The open never blocks:
-/// it uses `O_NONBLOCK` (a FIFO would otherwise wait for a writer forever), then `fstat`s the
-/// opened file, so what is checked is what was opened.
-pub fn open_regular(path: &Path) -> Result<File, OpenRegularError> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(OpenRegularError::Io)?;
-    let ft = file.metadata().map_err(OpenRegularError::Io)?.file_type();
-    if ft.is_file() {
-        return Ok(file);
-    }
-    Err(OpenRegularError::NotRegular(describe_kind(ft)))
-}
-
-/// "a directory", "a FIFO", … for a file type that is not a regular file.
-pub fn describe_kind(ft: std::fs::FileType) -> &'static str {
-    if ft.is_dir() {
-        "a directory"
-    } else if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_char_device() {
-        "a character device"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_symlink() {
-        "a symbolic link"
-    } else if ft.is_file() {
-        "a regular file"
-    } else {
-        "not a regular file"
-    }
-}
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -207,6 +157,7 @@ impl GgufFile {
                 path: path.to_path_buf(),
                 kind,
             },
+            _ => io(std::io::Error::other("cannot open")),
         })?;
         let map = GuardedMap::new(file).map_err(io)?;
         let header = parse::parse(map.bytes(), path)?;

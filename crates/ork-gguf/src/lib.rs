@@ -6,9 +6,8 @@
 //!   tensor's pages back to the kernel once it has been packed.
 //! - [`dequant::dequantize`] turns whole blocks of one [`GgmlType`] into f32;
 //!   [`GgufFile::dequantize_rows`] does it for rows of a tensor (the pack kernel's input).
-//! - [`input`] reads the small files ork takes whole (prompt, calibration, perplexity text):
-//!   regular files only, never blocking on a FIFO, refused above a size limit before allocating;
-//!   [`sigpipe`] lets a command-line run end quietly when its standard output is closed.
+//! - Opening and mapping follow `ork_io`'s file rules (a regular file, opened without blocking;
+//!   a map that survives the file being cut short); this crate only parses.
 //! - [`writer`] builds small GGUF files (test fixtures) and quantizes f32 to F32/F16/Q8_0/Q4_0/Q4_1.
 //!
 //! # Why a hand-written reader
@@ -28,19 +27,15 @@
 //! tensor names are rejected. Tensors of types ork cannot decode (IQ*, TQ*, …) still open, since
 //! their block geometry is known; decoding them reports [`GgufError::UnsupportedType`].
 #![deny(missing_docs)]
-#![deny(unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
 
 pub mod dequant;
 mod error;
 mod file;
-pub mod input;
-mod mmap;
 mod parse;
-pub mod sigpipe;
 mod types;
 pub mod writer;
 
 pub use error::GgufError;
-pub use file::{describe_kind, open_regular, GgufFile, MetaValue, OpenRegularError, TensorInfo};
-pub use mmap::GuardedMap;
+pub use file::{GgufFile, MetaValue, TensorInfo};
 pub use types::GgmlType;

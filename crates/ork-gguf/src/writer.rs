@@ -23,7 +23,6 @@
 use crate::parse::{value_type, DEFAULT_ALIGNMENT};
 use crate::{GgmlType, GgufError, MetaValue};
 use std::collections::HashSet;
-use std::io::Write;
 use std::path::Path;
 
 /// Builds a GGUF v3 file in memory. Inputs are checked when the file is produced
@@ -224,26 +223,20 @@ impl GgufBuilder {
         Ok(out)
     }
 
-    /// Write the file atomically: a temporary file in the same directory, synced, renamed over
-    /// `path`, then the directory synced.
+    /// Write the file atomically (`ork_io::output::write_atomic`): a temporary file in the same
+    /// directory, synced, renamed over `path`, then the directory synced.
     pub fn write(&self, path: &Path) -> Result<(), GgufError> {
         let bytes = self.to_bytes()?;
-        let io = |source| GgufError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
-        tmp.write_all(&bytes).map_err(io)?;
-        tmp.as_file().sync_all().map_err(io)?;
-        tmp.persist(path).map_err(|e| io(e.error))?;
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io)?;
-        Ok(())
+        ork_io::output::write_atomic(path, &bytes).map_err(|e| match e {
+            ork_io::output::OutputError::Io { source, .. } => GgufError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
+            other => GgufError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::other(other.to_string()),
+            },
+        })
     }
 }
 

@@ -87,7 +87,7 @@ impl Trace {
     }
 
     /// Write `{"traceEvents": [...]}` with lane names to `path`, under the rule for every file
-    /// ork writes (`ork_store::output`: never over one of `inputs`, a model or a pack; atomic
+    /// ork writes (`ork_io::output`: never over one of `inputs`, a model or a pack; atomic
     /// for a regular file; a terminal or a pipe with a reader as a stream).
     pub fn write(&self, path: &Path, inputs: &[&Path]) -> Result<(), ork_store::StoreError> {
         let doc = self.chrome_json().map_err(|e| ork_store::StoreError::Io {
@@ -95,7 +95,7 @@ impl Trace {
             op: "serialize the trace",
             source: e,
         })?;
-        ork_store::output::write_output(path, &doc, inputs)
+        ork_io::output::write_output(path, &doc, inputs).map_err(ork_store::StoreError::from)
     }
 
     /// The trace as Chrome trace-event JSON bytes.

@@ -117,7 +117,7 @@ impl Engine {
             );
             let path = digest_file(dir, &self.config.model);
             if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
-                if let Err(e) = ork_store::output::write_in_dir(dir, name, body.as_bytes(), &[]) {
+                if let Err(e) = ork_io::output::write_in_dir(dir, name, body.as_bytes(), &[]) {
                     eprintln!("warning: the model's digest is not cached: {e}");
                 }
             }
@@ -136,7 +136,7 @@ pub(crate) fn digest_file(dir: &Path, model: &Path) -> PathBuf {
 /// The digest `path` holds for a file whose state is `key`; `None` if absent, malformed or
 /// made for another state of the file.
 fn read_digest(path: &Path, key: [i128; 5]) -> Option<u64> {
-    let bytes = ork_gguf::input::read_input(path, 4096).ok()?;
+    let bytes = ork_io::input::read_input(path, 4096).ok()?;
     let text = std::str::from_utf8(&bytes).ok()?;
     let mut lines = text.lines();
     if lines.next()? != DIGEST_MAGIC {

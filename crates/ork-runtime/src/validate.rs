@@ -77,17 +77,17 @@ pub fn check_weights(config: &EngineConfig, manifest: &Manifest) -> Result<(), R
 }
 
 /// The calibration text's bytes: a regular file of at most
-/// [`ork_gguf::input::TEXT_INPUT_LIMIT`] bytes, refused without blocking or allocating otherwise.
+/// [`ork_io::input::TEXT_INPUT_LIMIT`] bytes, refused without blocking or allocating otherwise.
 pub(crate) fn read_calibration(path: &Path) -> Result<Vec<u8>, RuntimeError> {
-    ork_gguf::input::read_input(path, ork_gguf::input::TEXT_INPUT_LIMIT).map_err(|e| {
+    ork_io::input::read_input(path, ork_io::input::TEXT_INPUT_LIMIT).map_err(|e| {
         RuntimeError::Calibration {
             path: path.to_path_buf(),
             what: match e {
-                ork_gguf::input::InputError::Io { source, .. } => source.to_string(),
-                ork_gguf::input::InputError::NotRegular { kind, .. } => {
+                ork_io::input::InputError::Io { source, .. } => source.to_string(),
+                ork_io::input::InputError::NotRegular { kind, .. } => {
                     format!("is {kind}, not a regular file")
                 }
-                ork_gguf::input::InputError::TooLarge { size, limit, .. } => {
+                ork_io::input::InputError::TooLarge { size, limit, .. } => {
                     format!("{size} bytes or more, above the limit of {limit} bytes (docs/cli.md)")
                 }
                 other => other.to_string(),

@@ -502,7 +502,7 @@ pub fn run(
     let mut interrupt = install(tokio::signal::unix::SignalKind::interrupt())?;
     // The signals are ours now: the pack writer's listener (armed if this process wrote its
     // .orkpack at start-up) must not kill the process in the middle of a drain.
-    ork_store::leave_signals_to_application();
+    ork_io::temp::leave_signals_to_application();
     let mut server = Server::start(engine, config)?;
     let stop = server.stop.clone();
     std::thread::Builder::new()

@@ -228,7 +228,7 @@ impl PrefixCache {
     /// Write every entry, least recently used first, to `path` for `identity`: magic, identity,
     /// entry count, per entry its tokens and its session's KV image ([`Session::save_kv`]), then
     /// the XXH3-64 of all before it. Written atomically under the rule of a file in a directory ork owns
-    /// (`ork_store::output::write_in_dir`: only inside the directory, never through a link, never
+    /// (`ork_io::output::write_in_dir`: only inside the directory, never through a link, never
     /// over one of `inputs`, the model or its pack): a crash leaves the old file or none. Returns the
     /// bytes written.
     ///
@@ -254,7 +254,7 @@ impl PrefixCache {
             out.extend_from_slice(&(image.len() as u64).to_le_bytes());
             out.extend_from_slice(&image);
         }
-        let sum = ork_store::xxh3_64(&out);
+        let sum = xxhash_rust::xxh3::xxh3_64(&out);
         out.extend_from_slice(&sum.to_le_bytes());
         out
     }
@@ -266,7 +266,7 @@ impl PrefixCache {
     /// The output rule's refusal or an I/O error, naming the file.
     pub fn write(path: &Path, image: &[u8], inputs: &[&Path]) -> Result<(), String> {
         let (dir, name) = split(path)?;
-        ork_store::output::write_in_dir(dir, name, image, inputs).map_err(|e| e.to_string())
+        ork_io::output::write_in_dir(dir, name, image, inputs).map_err(|e| e.to_string())
     }
 
     /// Whether [`PrefixCache::write`] may write `path` now (a warning at start, rather than at
@@ -276,7 +276,7 @@ impl PrefixCache {
     /// What the write would refuse, naming the file.
     pub fn check_writable(path: &Path, inputs: &[&Path]) -> Result<(), String> {
         let (dir, name) = split(path)?;
-        ork_store::output::check_in_dir(dir, name, inputs).map_err(|e| e.to_string())
+        ork_io::output::check_in_dir(dir, name, inputs).map_err(|e| e.to_string())
     }
 
     /// Put back the entries [`PrefixCache::save`] wrote to `path` for `identity`, each into a
@@ -299,18 +299,18 @@ impl PrefixCache {
         let named = |what: String| format!("{}: {what}", path.display());
         // Opened as every file ork reads (a regular file, without blocking), then mapped: the
         // file's pages are the page cache's, never the process's, whatever its size.
-        let file = match ork_gguf::open_regular(path) {
+        let file = match ork_io::open_regular(path) {
             Ok(f) => f,
-            Err(ork_gguf::OpenRegularError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(ork_io::OpenRegularError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(Loaded::default())
             }
-            Err(ork_gguf::OpenRegularError::NotRegular(kind)) => {
+            Err(ork_io::OpenRegularError::NotRegular(kind)) => {
                 return Err(named(format!("{kind}, not a regular file")))
             }
-            Err(ork_gguf::OpenRegularError::Io(e)) => return Err(named(e.to_string())),
+            Err(ork_io::OpenRegularError::Io(e)) => return Err(named(e.to_string())),
             Err(e) => return Err(named(format!("{e:?}"))),
         };
-        let map = ork_gguf::GuardedMap::new(file).map_err(|e| named(e.to_string()))?;
+        let map = ork_io::GuardedMap::new(file).map_err(|e| named(e.to_string()))?;
         let entries = parse(map.bytes(), identity).map_err(named)?;
         // The newest entries (last in the file) whose images fit the budget.
         let (mut fit, mut bytes) = (entries.len(), 0usize);
@@ -360,7 +360,7 @@ fn parse(bytes: &[u8], identity: u64) -> Result<Vec<SavedEntry<'_>>, String> {
         return Err("not a saved ork prefix cache".to_owned());
     }
     let (body, sum) = bytes.split_at(bytes.len() - 8);
-    if ork_store::xxh3_64(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+    if xxhash_rust::xxh3::xxh3_64(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
         return Err("checksum mismatch (a damaged file)".to_owned());
     }
     let mut r = Bytes(&body[MAGIC.len()..]);

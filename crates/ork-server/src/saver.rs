@@ -135,7 +135,7 @@ fn lock(path: &Path) -> Option<Arc<std::fs::File>> {
 /// Warn when `dir` cannot take a write: read-only, not writable by this user, or with less room
 /// than a full cache of `budget` bytes.
 fn warn_about_room(dir: &Path, budget: usize) {
-    match ork_store::output::dir_room(dir) {
+    match ork_io::output::dir_room(dir) {
         Err(e) => eprintln!("warning: the prefix cache will not be written: {e}"),
         Ok(free) if free < budget as u64 => eprintln!(
             "warning: {} has {free} bytes free, less than the prefix cache's {budget}: a full \
@@ -155,36 +155,16 @@ fn warn_about_room(dir: &Path, budget: usize) {
     }
 }
 
-/// Remove what writes cut by a crash or a power cut left in the prefix cache's directory:
-/// every temporary file of `path` (only its lock holder, this server, writes them: any there
-/// now is left over, whatever its age), and other temporary files of ork's atomic writes
-/// (`ork_store::output::TEMP_PREFIX`) older than ten minutes (a live writer's is younger).
+/// Remove what writes cut by a crash or a power cut left in the prefix cache's directory
+/// (`ork_io::output::remove_stale_temporaries`: every temporary file of `path`, which only its
+/// lock holder, this server, writes, and other temporary files of ork's atomic writes older
+/// than ten minutes).
 fn remove_stale_temporaries(dir: &Path, path: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let ours = path
-        .file_name()
-        .map(|n| ork_store::output::temp_prefix_for(&n.to_string_lossy()));
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !name.starts_with(ork_store::output::TEMP_PREFIX) {
-            continue;
-        }
-        let old = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > Duration::from_secs(600));
-        if old || ours.as_ref().is_some_and(|p| name.starts_with(p.as_str())) {
-            match std::fs::remove_file(e.path()) {
-                Ok(()) => eprintln!(
-                    "ork serve: removed {}, left by a cut write",
-                    e.path().display()
-                ),
-                Err(err) => eprintln!("warning: cannot remove {}: {err}", e.path().display()),
-            }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    for (file, result) in ork_io::output::remove_stale_temporaries(dir, name.as_deref()) {
+        match result {
+            Ok(()) => eprintln!("ork serve: removed {}, left by a cut write", file.display()),
+            Err(err) => eprintln!("warning: cannot remove {}: {err}", file.display()),
         }
     }
 }

@@ -220,3 +220,23 @@ impl StoreError {
         }
     }
 }
+
+/// An output refused or not written (`ork_io::output`), as the store's error of the same kind
+/// (the same message).
+impl From<ork_io::output::OutputError> for StoreError {
+    fn from(e: ork_io::output::OutputError) -> Self {
+        use ork_io::output::OutputError;
+        match e {
+            OutputError::Io { path, op, source } => StoreError::Io { path, op, source },
+            OutputError::NotRegularFile { path, kind } => StoreError::NotRegularFile { path, kind },
+            OutputError::RefuseOverwrite { path, reason } => {
+                StoreError::RefuseOverwrite { path, reason }
+            }
+            other => StoreError::Io {
+                path: PathBuf::new(),
+                op: "write an output",
+                source: std::io::Error::other(other.to_string()),
+            },
+        }
+    }
+}

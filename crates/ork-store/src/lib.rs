@@ -32,7 +32,6 @@ mod error;
 mod fingerprint;
 pub mod format;
 mod map;
-pub mod output;
 mod reader;
 mod smoothing;
 mod target;

@@ -1,10 +1,10 @@
 //! The read-only file mapping behind [`crate::Orkpack`]. The mapping itself (and its only
-//! `unsafe`) lives in `ork_gguf::GuardedMap`, which survives the file being cut short while
+//! `unsafe`) lives in `ork_io::GuardedMap`, which survives the file being cut short while
 //! mapped: vanished pages read as zeros and [`ReadMap::intact`] reports it.
 
 use std::io;
 
-use ork_gguf::GuardedMap;
+use ork_io::GuardedMap;
 
 /// The bytes of a whole `.orkpack` file: a guarded read-only mapping, or an owned copy.
 pub(crate) enum ReadMap {

@@ -15,7 +15,7 @@ use crate::format::{
 };
 use crate::map::ReadMap;
 use crate::StoreError;
-use ork_gguf::GuardedMap;
+use ork_io::GuardedMap;
 
 /// Where an entry's weight came from: the staleness key stored beside every blob.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -140,12 +140,12 @@ impl Orkpack {
     /// Only a regular file is opened: a FIFO, device or directory is refused with
     /// [`StoreError::NotRegularFile`] without blocking.
     pub fn open(path: &Path) -> Result<Orkpack, StoreError> {
-        let file = ork_gguf::open_regular(path).map_err(|e| match e {
-            ork_gguf::OpenRegularError::NotRegular(kind) => StoreError::NotRegularFile {
+        let file = ork_io::open_regular(path).map_err(|e| match e {
+            ork_io::OpenRegularError::NotRegular(kind) => StoreError::NotRegularFile {
                 path: path.to_path_buf(),
                 kind,
             },
-            ork_gguf::OpenRegularError::Io(e) => StoreError::io(path, "open", e),
+            ork_io::OpenRegularError::Io(e) => StoreError::io(path, "open", e),
             _ => StoreError::io(path, "open", std::io::Error::other("cannot open")),
         })?;
         let map = GuardedMap::new(file).map_err(|e| StoreError::io(path, "mmap", e))?;

@@ -85,7 +85,7 @@ pub fn resolve_target(target: &Path, model: Option<&Path>) -> Result<PackTarget,
     if !meta.file_type().is_file() {
         return Err(StoreError::NotRegularFile {
             path: target.to_path_buf(),
-            kind: ork_gguf::describe_kind(meta.file_type()),
+            kind: ork_io::describe_kind(meta.file_type()),
         });
     }
     if let Some(model) = model {
@@ -100,10 +100,10 @@ pub fn resolve_target(target: &Path, model: Option<&Path>) -> Result<PackTarget,
     }
     if meta.len() > 0 {
         let mut head = [0u8; 8];
-        let n = ork_gguf::open_regular(&path)
+        let n = ork_io::open_regular(&path)
             .map_err(|e| match e {
-                ork_gguf::OpenRegularError::Io(e) => io("open", e),
-                ork_gguf::OpenRegularError::NotRegular(kind) => StoreError::NotRegularFile {
+                ork_io::OpenRegularError::Io(e) => io("open", e),
+                ork_io::OpenRegularError::NotRegular(kind) => StoreError::NotRegularFile {
                     path: target.to_path_buf(),
                     kind,
                 },

@@ -17,14 +17,12 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::checksum::xxh3;
+use ork_io::temp::{install_signal_cleanup, remove_stale_temps, Temp};
 use ork_pack::{LayoutId, PackedWeight};
-use tempfile::TempPath;
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
 
@@ -35,102 +33,7 @@ use crate::format::{
 use crate::reader::{Entry, ModelIdentity, Orkpack, SourceInfo};
 use crate::StoreError;
 
-/// Paths of the temp files of live writers in this process (deleted by the signal listener).
-static LIVE_TEMPS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-/// Set by [`leave_signals_to_application`]: the listener no longer acts on signals.
-static HANDED_OVER: AtomicBool = AtomicBool::new(false);
-
-/// From now on SIGINT and SIGTERM belong to the application (a server that drains on them):
-/// the writers' listener, if one was started, no longer deletes temp files and re-raises the
-/// signal, so the process is not killed under the application's handler. Unfinished writers
-/// still delete their temp files when dropped (as the application winds down), and a temp
-/// left by an abrupt end is removed by the next writer of the same target. Call it only after
-/// installing the application's own handlers: a signal in between still ends the process, as
-/// it would have without them.
-pub fn leave_signals_to_application() {
-    HANDED_OVER.store(true, Ordering::SeqCst);
-}
-/// Set once the SIGINT/SIGTERM listener runs.
-static SIGNAL_LISTENER: OnceLock<Result<(), String>> = OnceLock::new();
-
-fn live_temps() -> MutexGuard<'static, Vec<PathBuf>> {
-    // A panic while holding the lock cannot leave the Vec inconsistent: keep using it.
-    LIVE_TEMPS.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Start the listener thread that removes live temp files on SIGINT/SIGTERM, then dies of the
-/// signal. Idempotent.
-fn install_signal_cleanup() -> Result<(), String> {
-    SIGNAL_LISTENER
-        .get_or_init(|| {
-            use signal_hook::consts::{SIGINT, SIGTERM};
-            let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
-                .map_err(|e| format!("registering SIGINT/SIGTERM: {e}"))?;
-            std::thread::Builder::new()
-                .name("ork-store-signals".into())
-                .spawn(move || {
-                    for sig in signals.forever() {
-                        if HANDED_OVER.load(Ordering::SeqCst) {
-                            continue;
-                        }
-                        // Hold the lock until the process is gone so no writer can create or
-                        // publish a temp file after the cleanup.
-                        let temps = live_temps();
-                        for p in temps.iter() {
-                            let _ = std::fs::remove_file(p);
-                        }
-                        let _ = signal_hook::low_level::emulate_default_handler(sig);
-                        // Only reached if re-raising failed.
-                        std::process::exit(128 + sig);
-                    }
-                })
-                .map_err(|e| format!("spawning the signal listener: {e}"))?;
-            Ok(())
-        })
-        .clone()
-}
-
-/// A temp file registered for signal cleanup; deleted on drop unless published.
-struct Temp {
-    path: Option<TempPath>,
-}
-
-impl Temp {
-    fn path(&self) -> &Path {
-        self.path.as_deref().expect("temp present until published")
-    }
-
-    /// Rename over `target` (while holding the registry lock, so the signal listener never
-    /// deletes a path that has already become the target).
-    fn publish(mut self, target: &Path) -> std::io::Result<()> {
-        let mut temps = live_temps();
-        let tp = self.path.take().expect("temp present until published");
-        let own: PathBuf = tp.to_path_buf();
-        match tp.persist(target) {
-            Ok(()) => {
-                temps.retain(|p| *p != own);
-                Ok(())
-            }
-            Err(e) => {
-                // Hand the path back so Drop deletes it and deregisters it.
-                self.path = Some(e.path);
-                drop(temps);
-                Err(e.error)
-            }
-        }
-    }
-}
-
-impl Drop for Temp {
-    fn drop(&mut self) {
-        if let Some(tp) = self.path.take() {
-            let mut temps = live_temps();
-            let own: &Path = &tp;
-            temps.retain(|p| p != own);
-            drop(tp); // deletes the file
-        }
-    }
-}
+pub use ork_io::temp::leave_signals_to_application;
 
 /// Name prefix of the writers' temp files: `.orkpack-tmp.` (then `<pid>.<random>`). Short and
 /// independent of the target's name, so a target whose name is near the file-name limit (255
@@ -139,40 +42,6 @@ const TEMP_PREFIX: &str = ".orkpack-tmp.";
 
 fn temp_prefix() -> OsString {
     OsString::from(TEMP_PREFIX)
-}
-
-/// Remove temp files of `target` left behind by processes that no longer exist (kill -9, power
-/// loss). Best effort: failures are ignored, the temps of live processes are left alone.
-fn remove_stale_temps(dir: &Path, prefix: &OsString) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let prefix = prefix.as_encoded_bytes();
-    let own = std::process::id();
-    for de in rd.flatten() {
-        let name = de.file_name();
-        let Some(rest) = name.as_encoded_bytes().strip_prefix(prefix) else {
-            continue;
-        };
-        let Some(pid_bytes) = rest.split(|&b| b == b'.').next() else {
-            continue;
-        };
-        let Some(pid) = std::str::from_utf8(pid_bytes)
-            .ok()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if pid as u32 == own {
-            continue;
-        }
-        let Some(pid) = rustix::process::Pid::from_raw(pid) else {
-            continue;
-        };
-        if rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH) {
-            let _ = std::fs::remove_file(de.path());
-        }
-    }
 }
 
 /// Streams packed weights into a new `.orkpack` file. Entries are written one by one as they
@@ -204,7 +73,7 @@ impl std::fmt::Debug for OrkpackWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OrkpackWriter")
             .field("target", &self.target)
-            .field("temp", &self.temp.path.as_deref())
+            .field("temp", &self.temp.pending())
             .field("bytes", &self.pos)
             .field("entries", &self.records.len())
             .finish()
@@ -234,19 +103,8 @@ impl OrkpackWriter {
         remove_stale_temps(&dir, &prefix);
         let mut full_prefix = prefix;
         full_prefix.push(format!("{}.", std::process::id()));
-        let (file, temp) = {
-            let mut temps = live_temps();
-            // 0644 before the umask, like any file a user creates (tempfile's default is 0600).
-            let tf = tempfile::Builder::new()
-                .prefix(&full_prefix)
-                .rand_bytes(8)
-                .permissions(std::fs::Permissions::from_mode(0o644))
-                .tempfile_in(&dir)
-                .map_err(|e| StoreError::io(target, "create temp file", e))?;
-            let (file, tp) = tf.into_parts();
-            temps.push(tp.to_path_buf());
-            (file, Temp { path: Some(tp) })
-        };
+        let (file, temp) = Temp::create_in(&dir, &full_prefix)
+            .map_err(|e| StoreError::io(target, "create temp file", e))?;
         let mut w = OrkpackWriter {
             target: target.to_path_buf(),
             dest,

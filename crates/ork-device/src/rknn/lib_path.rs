@@ -18,6 +18,6 @@ pub(crate) fn not_regular(path: &str) -> Option<DeviceError> {
     Some(DeviceError::Library {
         library: path.to_owned(),
         symbol: None,
-        reason: format!("is {}, not a regular file", ork_gguf::describe_kind(ft)),
+        reason: format!("is {}, not a regular file", ork_io::describe_kind(ft)),
     })
 }

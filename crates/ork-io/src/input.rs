@@ -9,7 +9,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::file::{describe_kind, open_regular, OpenRegularError};
+use crate::regular::{describe_kind, open_regular, OpenRegularError};
 
 /// The largest text file (prompt, calibration text, perplexity text) ork reads: 8 MiB, about
 /// two million tokens — far beyond any context window, and small enough that tokenizing it

@@ -1,7 +1,7 @@
 //! Every file ork writes besides its packs — a `--trace`, `bench stream --plot`'s SVG, the board
 //! clock's `ORK_BOARD_EVENTS` dump — goes through one rule (`docs/cli.md`, "One rule for every
-//! path ork opens"), the outputs' side of the rule that packs ([`crate::resolve_target`]) and text
-//! inputs (`ork_gguf::input`) follow:
+//! path ork opens"), the outputs' side of the rule that packs (`ork_store::resolve_target`) and text
+//! inputs ([`crate::input`]) follow:
 //!
 //! - a path that does not exist yet is created in its (existing) directory;
 //! - an existing regular file is replaced atomically (a temp file beside it, synced, renamed),
@@ -26,7 +26,52 @@ use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::StoreError;
+/// Why an output was refused or could not be written. `ork_store::OutputError` converts it
+/// variant by variant (same messages).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutputError {
+    /// An operating-system call on the file or its directory failed (stat, open, write, sync,
+    /// rename).
+    #[error("{path}: {op}: {source}")]
+    Io {
+        /// The output as given (the temporary file sits beside it).
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// The path names a directory, a block device or a socket (or, in a directory ork owns,
+    /// anything but a regular file).
+    #[error("{path}: is {kind}, not a regular file")]
+    NotRegularFile {
+        /// The path as given.
+        path: PathBuf,
+        /// What it is ("a directory", …).
+        kind: &'static str,
+    },
+    /// The path exists and may not be replaced (an input, a model, a pack, a link in a
+    /// directory ork owns, a FIFO with no reader, …); nothing was written.
+    #[error("{path}: refusing to replace it: {reason}")]
+    RefuseOverwrite {
+        /// The path as given.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl OutputError {
+    /// [`OutputError::Io`] naming `path` and the operation.
+    pub fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
+        OutputError::Io {
+            path: path.into(),
+            op,
+            source,
+        }
+    }
+}
 
 /// Magics of the files an output never replaces: GGUF models and `.orkpack`s (any version).
 const PROTECTED_MAGICS: [(&[u8], &str); 2] = [(b"GGUF", "a GGUF model"), (b"ORKPK", "an .orkpack")];
@@ -45,10 +90,10 @@ enum Destination {
 /// one of them is refused.
 ///
 /// # Errors
-/// [`StoreError::RefuseOverwrite`] for an input, a model or pack, a dangling symlink, a FIFO
-/// with no reader or a path with no file name; [`StoreError::NotRegularFile`] for a directory,
-/// a block device or a socket; [`StoreError::Io`] when the directory or the file cannot be read.
-pub fn check_output(path: &Path, inputs: &[&Path]) -> Result<(), StoreError> {
+/// [`OutputError::RefuseOverwrite`] for an input, a model or pack, a dangling symlink, a FIFO
+/// with no reader or a path with no file name; [`OutputError::NotRegularFile`] for a directory,
+/// a block device or a socket; [`OutputError::Io`] when the directory or the file cannot be read.
+pub fn check_output(path: &Path, inputs: &[&Path]) -> Result<(), OutputError> {
     destination(path, inputs).map(drop)
 }
 
@@ -59,10 +104,10 @@ pub const TEMP_PREFIX: &str = ".ork-output-";
 /// Write `bytes` to `path` under the output rule (module docs).
 ///
 /// # Errors
-/// As [`check_output`], and [`StoreError::Io`] when writing, syncing or renaming fails (the old
+/// As [`check_output`], and [`OutputError::Io`] when writing, syncing or renaming fails (the old
 /// file, if any, is then left as it was).
-pub fn write_output(path: &Path, bytes: &[u8], inputs: &[&Path]) -> Result<(), StoreError> {
-    let io = |op, e| StoreError::io(path, op, e);
+pub fn write_output(path: &Path, bytes: &[u8], inputs: &[&Path]) -> Result<(), OutputError> {
+    let io = |op, e| OutputError::io(path, op, e);
     match destination(path, inputs)? {
         Destination::Stream(mut f) => f.write_all(bytes).map_err(|e| io("write", e)),
         Destination::File(real) => {
@@ -80,8 +125,8 @@ fn replace_atomically(
     dest: &Path,
     temp_prefix: &str,
     bytes: &[u8],
-) -> Result<(), StoreError> {
-    let io = |op, e| StoreError::io(shown, op, e);
+) -> Result<(), OutputError> {
+    let io = |op, e| OutputError::io(shown, op, e);
     let mut tmp = tempfile::Builder::new()
         .prefix(temp_prefix)
         .tempfile_in(dir)
@@ -95,6 +140,21 @@ fn replace_atomically(
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io("sync the directory", e))
+}
+
+/// Write `bytes` to `path` atomically, without the output rule's checks (for files a caller
+/// makes for itself, such as test fixtures): a temporary file named [`TEMP_PREFIX`]… in the
+/// directory of `path`, synced, renamed over `path`, then the directory synced.
+///
+/// # Errors
+/// [`OutputError::Io`] when creating, writing, syncing or renaming fails (the old file, if any,
+/// is then left as it was).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    replace_atomically(path, dir, path, TEMP_PREFIX, bytes)
 }
 
 /// The name prefix of the temporary files [`write_in_dir`] creates for `name` (what a cut
@@ -115,15 +175,15 @@ pub fn temp_prefix_for(name: &str) -> String {
 ///   naming what it is; one of `inputs`, a GGUF model or an `.orkpack` too, as for every output.
 ///
 /// # Errors
-/// [`StoreError::RefuseOverwrite`] for a link, an input, a model or a pack or a bad name;
-/// [`StoreError::NotRegularFile`] for another kind of file; [`StoreError::Io`] when writing,
+/// [`OutputError::RefuseOverwrite`] for a link, an input, a model or a pack or a bad name;
+/// [`OutputError::NotRegularFile`] for another kind of file; [`OutputError::Io`] when writing,
 /// syncing or renaming fails (the old file, if any, is then left as it was).
 pub fn write_in_dir(
     dir: &Path,
     name: &str,
     bytes: &[u8],
     inputs: &[&Path],
-) -> Result<(), StoreError> {
+) -> Result<(), OutputError> {
     let path = dir.join(name);
     check_in_dir(dir, name, inputs)?;
     replace_atomically(&path, dir, &path, &temp_prefix_for(name), bytes)
@@ -133,10 +193,10 @@ pub fn write_in_dir(
 /// after checking that a temporary file can be created there (removed at once).
 ///
 /// # Errors
-/// [`StoreError::Io`] naming `dir` when it is read-only, not writable by this user, or cannot be
+/// [`OutputError::Io`] naming `dir` when it is read-only, not writable by this user, or cannot be
 /// examined.
-pub fn dir_room(dir: &Path) -> Result<u64, StoreError> {
-    let io = |op, e| StoreError::io(dir, op, e);
+pub fn dir_room(dir: &Path) -> Result<u64, OutputError> {
+    let io = |op, e| OutputError::io(dir, op, e);
     tempfile::Builder::new()
         .prefix(TEMP_PREFIX)
         .tempfile_in(dir)
@@ -149,14 +209,14 @@ pub fn dir_room(dir: &Path) -> Result<u64, StoreError> {
 ///
 /// # Errors
 /// As [`write_in_dir`], but for writing.
-pub fn check_in_dir(dir: &Path, name: &str, inputs: &[&Path]) -> Result<(), StoreError> {
+pub fn check_in_dir(dir: &Path, name: &str, inputs: &[&Path]) -> Result<(), OutputError> {
     let path = dir.join(name);
     if name.is_empty() || name == "." || name == ".." || name.contains('/') {
         return Err(refuse(&path, "not a plain file name"));
     }
     let meta = match std::fs::symlink_metadata(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(StoreError::io(&path, "stat", e)),
+        Err(e) => return Err(OutputError::io(&path, "stat", e)),
         Ok(m) => m,
     };
     let ft = meta.file_type();
@@ -174,24 +234,55 @@ pub fn check_in_dir(dir: &Path, name: &str, inputs: &[&Path]) -> Result<(), Stor
         ));
     }
     if !ft.is_file() {
-        return Err(StoreError::NotRegularFile {
+        return Err(OutputError::NotRegularFile {
             path,
-            kind: ork_gguf::describe_kind(ft),
+            kind: crate::describe_kind(ft),
         });
     }
     // A regular file: the rule every output follows (inputs, models and packs refused).
     destination(&path, inputs).map(drop)
 }
 
-fn refuse(path: &Path, reason: impl Into<String>) -> StoreError {
-    StoreError::RefuseOverwrite {
+/// Remove what writes cut by a crash or a power cut left in `dir`: every temporary file of
+/// `name` (for a file whose only writer is the caller, so any there now is left over, whatever
+/// its age), and other temporary files of ork's atomic writes ([`TEMP_PREFIX`]) older than ten
+/// minutes (a live writer's is younger). Returns each file it tried to remove, with the result.
+pub fn remove_stale_temporaries(
+    dir: &Path,
+    name: Option<&str>,
+) -> Vec<(PathBuf, std::io::Result<()>)> {
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return removed;
+    };
+    let ours = name.map(temp_prefix_for);
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(TEMP_PREFIX) {
+            continue;
+        }
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(600));
+        if old || ours.as_ref().is_some_and(|p| name.starts_with(p.as_str())) {
+            removed.push((e.path(), std::fs::remove_file(e.path())));
+        }
+    }
+    removed
+}
+
+fn refuse(path: &Path, reason: impl Into<String>) -> OutputError {
+    OutputError::RefuseOverwrite {
         path: path.to_path_buf(),
         reason: reason.into(),
     }
 }
 
-fn destination(path: &Path, inputs: &[&Path]) -> Result<Destination, StoreError> {
-    let io = |op, e| StoreError::io(path, op, e);
+fn destination(path: &Path, inputs: &[&Path]) -> Result<Destination, OutputError> {
+    let io = |op, e| OutputError::io(path, op, e);
     let Some(name) = path.file_name() else {
         return Err(refuse(path, "the path has no file name"));
     };
@@ -203,7 +294,7 @@ fn destination(path: &Path, inputs: &[&Path]) -> Result<Destination, StoreError>
             };
             let dir = std::fs::canonicalize(parent).map_err(|e| io("resolve its directory", e))?;
             if !dir.is_dir() {
-                return Err(StoreError::NotRegularFile {
+                return Err(OutputError::NotRegularFile {
                     path: parent.to_path_buf(),
                     kind: "not a directory",
                 });
@@ -271,9 +362,9 @@ fn destination(path: &Path, inputs: &[&Path]) -> Result<Destination, StoreError>
             .map_err(|e| io("fcntl", e.into()))?;
         return Ok(Destination::Stream(file));
     }
-    Err(StoreError::NotRegularFile {
+    Err(OutputError::NotRegularFile {
         path: path.to_path_buf(),
-        kind: ork_gguf::describe_kind(ft),
+        kind: crate::describe_kind(ft),
     })
 }
 
@@ -284,12 +375,11 @@ fn o_nonblock() -> i32 {
 /// The first bytes of a regular file, opened without blocking.
 fn read_head(path: &Path, head: &mut [u8]) -> std::io::Result<usize> {
     use std::io::Read;
-    let mut file = ork_gguf::open_regular(path).map_err(|e| match e {
-        ork_gguf::OpenRegularError::Io(e) => e,
-        ork_gguf::OpenRegularError::NotRegular(kind) => {
+    let mut file = crate::open_regular(path).map_err(|e| match e {
+        crate::OpenRegularError::Io(e) => e,
+        crate::OpenRegularError::NotRegular(kind) => {
             std::io::Error::other(format!("is {kind}, not a regular file"))
         }
-        _ => std::io::Error::other("cannot open"),
     })?;
     let mut n = 0;
     while n < head.len() {
@@ -305,7 +395,7 @@ fn read_head(path: &Path, head: &mut [u8]) -> std::io::Result<usize> {
 mod tests {
     use super::*;
 
-    fn refused(r: Result<(), StoreError>) -> String {
+    fn refused(r: Result<(), OutputError>) -> String {
         match r {
             Err(e) => e.to_string(),
             Ok(()) => panic!("accepted"),
@@ -411,5 +501,42 @@ mod tests {
         // A model is never replaced.
         std::fs::write(dir.join("m"), b"GGUF\x03\0\0\0").unwrap();
         assert!(refused(write_in_dir(&dir, "m", b"x", &[])).contains("GGUF"));
+    }
+
+    #[test]
+    fn stale_temporaries_are_those_of_the_name_or_older_than_ten_minutes() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = dir.path().join(format!("{}cut1", temp_prefix_for("cache")));
+        let old = dir.path().join(format!("{TEMP_PREFIX}old"));
+        let live = dir.path().join(format!("{TEMP_PREFIX}live"));
+        let other = dir.path().join("cache");
+        for p in [&ours, &old, &live, &other] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&other)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+        let mut removed: Vec<PathBuf> = remove_stale_temporaries(dir.path(), Some("cache"))
+            .into_iter()
+            .map(|(p, r)| {
+                r.unwrap();
+                p
+            })
+            .collect();
+        removed.sort();
+        let mut expected = vec![ours.clone(), old.clone()];
+        expected.sort();
+        assert_eq!(removed, expected);
+        assert!(live.exists() && other.exists());
     }
 }
