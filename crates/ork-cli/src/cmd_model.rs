@@ -403,11 +403,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
 
 /// `ork perplexity`.
 pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
-    let text = crate::input::read_text(&args.file, "--file")?;
     // Perplexity runs prefill passes only: the prefill's engine computes everything.
     if args.model.decode_device.is_some() {
         bail!("perplexity runs no decode step: --decode-device does not apply (--prefill-device or --device choose its engine)");
     }
+    let text = crate::input::read_text(&args.file, "--file")?;
     let mut opts = args.model.clone();
     opts.device = crate::open_model::phase_devices(&opts).0;
     opts.prefill_device = None;
@@ -602,15 +602,20 @@ fn plan_cpu(args: &PlanArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `ork plan`.
-pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
+/// `ork plan`'s engine of each phase: `--prefill-device` and `--decode-device`, each
+/// defaulting to `--device` (itself `auto`).
+fn plan_devices(args: &PlanArgs) -> (crate::cli::DeviceArg, crate::cli::DeviceArg) {
     let device = args.device.unwrap_or(crate::cli::DeviceArg::Auto);
-    let (prefill, decode) = (
+    (
         args.prefill_device.unwrap_or(device),
         args.decode_device.unwrap_or(device),
-    );
-    let (_, phases) = crate::open_model::phase_plan((prefill, decode))?;
-    if phases.is_none() && prefill == crate::cli::DeviceArg::Cpu {
+    )
+}
+
+/// `ork plan`.
+pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
+    let (device, phases) = crate::open_model::phase_plan(plan_devices(args))?;
+    if device.is_none() {
         return plan_cpu(args);
     }
     if args.threads.is_some() || args.cpus.is_some() || args.ctx.is_some() {
@@ -626,9 +631,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         config.set_quant(q);
     }
     config.phases = phases;
-    if phases.is_some() {
-        config.cpu = Some(ork_cpu::CpuOptions::default());
-    }
+    config.cpu = phases.map(|_| ork_cpu::CpuOptions::default());
     // The validation `run` and `convert` make (model, tokenizer, manifest, every chip rule for
     // every weight): a plan never says yes to a model they refuse.
     let loaded = ork_runtime::Engine::load(config.clone())?;

@@ -247,3 +247,58 @@ pub(crate) fn check_phases(config: &EngineConfig) -> Result<(), RuntimeError> {
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn config(pack: PackChoice, engines: PhaseEngines) -> EngineConfig {
+        let mut c = EngineConfig::new("m.gguf");
+        c.pack = pack;
+        c.cpu = engines
+            .uses(PhaseEngine::Cpu)
+            .then(ork_cpu::CpuOptions::default);
+        c.phases = engines.mixed().then_some(engines);
+        c
+    }
+
+    const MIXED: PhaseEngines = PhaseEngines {
+        prefill: PhaseEngine::Device,
+        decode: PhaseEngine::Cpu,
+    };
+
+    #[test]
+    fn the_pack_unless_pack_and_gguf_overflow_the_ram_beside_the_cpu_engine() {
+        let mixed = config(PackChoice::Default, MIXED);
+        let fits = npu_weights(&mixed, 600 * MIB, 400 * MIB, Some(1024 * MIB));
+        assert_eq!(fits.source, NpuWeights::Pack);
+        assert_eq!((fits.pack_bytes, fits.gguf_bytes), (600 * MIB, 400 * MIB));
+        let over = npu_weights(&mixed, 700 * MIB, 400 * MIB, Some(1024 * MIB));
+        assert_eq!(over.source, NpuWeights::StreamByPack);
+        assert!(over.why.contains("700 MiB") && over.why.contains("1024 MiB"));
+        // The device alone reads the GGUF only to convert: the pack, whatever the RAM.
+        let alone = config(PackChoice::Default, PhaseEngines::one(PhaseEngine::Device));
+        let big = npu_weights(&alone, 700 * MIB, 400 * MIB, Some(1024 * MIB));
+        assert_eq!(big.source, NpuWeights::Pack);
+        // What the user named is kept.
+        let no_pack = config(PackChoice::None, MIXED);
+        let small = npu_weights(&no_pack, MIB, MIB, Some(1024 * MIB));
+        assert_eq!(small.source, NpuWeights::StreamByPack);
+        let named = config(PackChoice::Path("p.orkpack".into()), MIXED);
+        let kept = npu_weights(&named, 700 * MIB, 400 * MIB, Some(1024 * MIB));
+        assert_eq!(kept.source, NpuWeights::Pack);
+    }
+
+    #[test]
+    fn a_phase_on_the_cpu_needs_its_options() {
+        let mut c = config(PackChoice::Default, MIXED);
+        c.cpu = None;
+        assert!(matches!(check_phases(&c), Err(RuntimeError::Phases { .. })));
+        let mut c = config(PackChoice::Default, MIXED);
+        c.phases = Some(PhaseEngines::one(PhaseEngine::Device));
+        assert!(matches!(check_phases(&c), Err(RuntimeError::Phases { .. })));
+        assert!(check_phases(&config(PackChoice::Default, MIXED)).is_ok());
+    }
+}

@@ -17,8 +17,6 @@
 //! between the two engines' prefill logits measured in the same test (a margin that the two
 //! engines' rounding can overturn).
 
-mod common;
-
 use std::path::Path;
 
 use ork_exec::{Phase, Session};
@@ -200,4 +198,33 @@ fn a_batched_step_runs_each_phase_on_its_engine() {
     }
     assert_eq!(out_a, alone_a);
     assert_eq!(out_b, alone_b[..DECODE]);
+}
+
+/// Where the pack and the GGUF would not fit the RAM beside the CPU engine, the device's
+/// weights are packed from the GGUF as they are needed (stream-by-pack): no `.orkpack` is
+/// written, and the tokens are those of the run from the pack (the same int8 weights).
+#[test]
+fn stream_by_pack_when_pack_and_gguf_overflow_the_ram() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("m.orkpack");
+    let model = model_path();
+    let from_pack = Engine::open(config(&model, &pack, MIXED)).unwrap();
+    let w = from_pack.npu_weight_source().unwrap();
+    assert_eq!(w.source, ork_runtime::NpuWeights::Pack, "{}", w.why);
+    let prompt = from_pack
+        .tokenizer()
+        .encode("Water boils at", true, false)
+        .unwrap();
+    let expected = tokens(&greedy(&mut from_pack.session(), &prompt));
+
+    let other = dir.path().join("other.orkpack");
+    let mut c = config(&model, &other, MIXED);
+    let gguf = std::fs::metadata(&model).unwrap().len();
+    c.ram_bytes = Some(gguf); // the GGUF alone fills it
+    let streamed = Engine::open(c).unwrap();
+    let w = streamed.npu_weight_source().unwrap();
+    assert_eq!(w.source, ork_runtime::NpuWeights::StreamByPack, "{}", w.why);
+    assert_eq!((w.gguf_bytes, w.ram_bytes), (gguf, Some(gguf)));
+    assert!(streamed.pack_path().is_none() && !other.exists());
+    assert_eq!(tokens(&greedy(&mut streamed.session(), &prompt)), expected);
 }
