@@ -240,11 +240,10 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     // converted (minutes on a large model).
     let spec_options = crate::cmd_spec::options(&args.speculative)?;
     let (prefill_device, decode_device) = crate::open_model::phase_devices(&args.model);
-    let all_cpu = prefill_device == crate::cli::DeviceArg::Cpu && prefill_device == decode_device;
-    if args.project.project.is_some() && all_cpu {
+    let any_cpu = [prefill_device, decode_device].contains(&crate::cli::DeviceArg::Cpu);
+    if args.project.project.is_some() && any_cpu {
         bail!(
-            "--project replays the run's device work on a board's NPU; --device cpu has none \
-             (docs/cpu.md)"
+            "--project replays the run's device work on a board's NPU; a phase on --device cpu              has none (docs/cpu.md; `ork plan --project BOARD` projects every pairing)"
         );
     }
     let mut config = engine_config(&args.model, args.model.trace.is_some())?;

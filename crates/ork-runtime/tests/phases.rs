@@ -217,8 +217,12 @@ fn stream_by_pack_when_pack_and_gguf_overflow_the_ram() {
         .unwrap();
     let expected = tokens(&greedy(&mut from_pack.session(), &prompt));
 
+    // The default pack (an explicit one is kept as named), here: the only test of this binary
+    // that reads `ORK_PERSIST` (the others name their pack).
     let other = dir.path().join("other.orkpack");
+    std::env::set_var("ORK_PERSIST", &other);
     let mut c = config(&model, &other, MIXED);
+    c.pack = PackChoice::Default;
     let gguf = std::fs::metadata(&model).unwrap().len();
     c.ram_bytes = Some(gguf); // the GGUF alone fills it
     let streamed = Engine::open(c).unwrap();
