@@ -296,9 +296,18 @@ pub struct ModelOpts {
     /// Weight-cache budget in MiB (default: ORK_WCACHE_BUDGET_MB or 3072).
     #[arg(long, value_parser = mib_parser())]
     pub budget_mb: Option<u64>,
-    /// Device backend.
+    /// Device backend (both phases; see --prefill-device and --decode-device).
     #[arg(long, value_enum, default_value = "auto")]
     pub device: DeviceArg,
+    /// Engines per phase: what computes the prompt's prefill, speculative verification and
+    /// perplexity (default: --device). One of the two phases may be `cpu` and the other a
+    /// device: one session, one KV cache (docs/architecture.md, "Engines per phase").
+    #[arg(long, value_enum)]
+    pub prefill_device: Option<DeviceArg>,
+    /// Engines per phase: what computes the decode steps (one token per sequence; serve's
+    /// batched steps too). Default: --device.
+    #[arg(long, value_enum)]
+    pub decode_device: Option<DeviceArg>,
     /// IOMMU domains to use (1..=16).
     #[arg(long, default_value_t = 1, value_parser = domains_parser())]
     pub domains: u32,
@@ -320,8 +329,9 @@ pub struct ModelOpts {
     /// runs on).
     #[arg(long, value_parser = threads_parser())]
     pub threads: Option<usize>,
-    /// With --device cpu: the cores its workers run on, as `taskset -c` writes them (`4-7`);
-    /// default: the big cores of a big.LITTLE CPU, else every core (docs/cpu.md).
+    /// With --device cpu (or a phase on cpu): the cores its workers run on, as `taskset -c`
+    /// writes them (`4-7`); default: the big cores of a big.LITTLE CPU, else every core
+    /// (docs/cpu.md).
     #[arg(long, value_parser = cpus_parser)]
     pub cpus: Option<CpuList>,
     /// With --device cpu on a MoE model: MiB of the most-routed experts kept locked in RAM
@@ -768,6 +778,14 @@ pub struct PlanArgs {
     /// bytes; docs/cpu.md). The other values plan the NPU, as without the flag.
     #[arg(long, value_enum)]
     pub device: Option<DeviceArg>,
+    /// Engines per phase: the prefill's engine (default: --device). With one phase on `cpu`
+    /// and the other on a device, the plan says where the device's weights come from (the
+    /// .orkpack, or stream-by-pack when the pack and the GGUF would not fit the RAM) and why.
+    #[arg(long, value_enum)]
+    pub prefill_device: Option<DeviceArg>,
+    /// Engines per phase: the decode's engine (default: --device).
+    #[arg(long, value_enum)]
+    pub decode_device: Option<DeviceArg>,
     /// With --device cpu: worker threads (default: one per chosen core).
     #[arg(long, value_parser = threads_parser())]
     pub threads: Option<usize>,

@@ -73,6 +73,10 @@ struct RunStats {
     /// The CPU engine only: the cores its workers run on.
     #[serde(skip_serializing_if = "Option::is_none")]
     cpus: Option<String>,
+    /// The engine of each phase (`--prefill-device`, `--decode-device`).
+    engines: ork_runtime::PhaseEngines,
+    /// Where the device's packed weights came from and why (`null` for the CPU engine alone).
+    npu_weights: Option<ork_runtime::NpuWeightSource>,
 }
 
 /// The CPU engine's expert figures on a MoE model (see [`RunStats::cpu_experts`]).
@@ -139,7 +143,8 @@ impl RunStats {
         };
         let at_convert = engine.convert_report().map_or(0, |r| r.packed as u64);
         let mem = crate::rss::snapshot();
-        let cpu = engine.cpu_linear();
+        // The CPU engine alone: its activations and weight types are the run's.
+        let cpu = engine.cpu_linear().filter(|_| engine.device().is_none());
         RunStats {
             loaded: cache.loads,
             packed: cache.packs + at_convert,
@@ -191,8 +196,12 @@ impl RunStats {
             experts: engine.expert_stats(),
             rss_anon_bytes: mem.rss_anon_bytes,
             rss_file_bytes: mem.rss_file_bytes,
-            cpus: cpu.map(|l| ork_cpu::topology::format_cpu_list(&l.pool().choice().cores)),
-            cpu_experts: cpu.and_then(|l| CpuExperts::of(engine, l)),
+            cpus: engine
+                .cpu_linear()
+                .map(|l| ork_cpu::topology::format_cpu_list(&l.pool().choice().cores)),
+            cpu_experts: engine.cpu_linear().and_then(|l| CpuExperts::of(engine, l)),
+            engines: engine.engines(),
+            npu_weights: engine.npu_weight_source().cloned(),
         }
     }
 
@@ -222,6 +231,9 @@ impl RunStats {
                 .unwrap_or_default();
         };
         let mut line = self.base_line(mode);
+        if self.engines.mixed() {
+            line.push_str(&format!(" | {}", self.device));
+        }
         if let Some(s) = &self.speculative {
             line.push_str(&s.line());
         }
@@ -282,10 +294,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     // The prompt is checked against the context before the device is opened or the .orkpack
     // converted (minutes on a large model).
     let spec_options = crate::cmd_spec::options(&args.speculative)?;
-    if args.project.project.is_some() && args.model.device == crate::cli::DeviceArg::Cpu {
+    let (prefill_device, decode_device) = crate::open_model::phase_devices(&args.model);
+    let any_cpu = [prefill_device, decode_device].contains(&crate::cli::DeviceArg::Cpu);
+    if args.project.project.is_some() && any_cpu {
         bail!(
-            "--project replays the run's device work on a board's NPU; --device cpu has none \
-             (docs/cpu.md)"
+            "--project replays the run's device work on a board's NPU; a phase on --device cpu              has none (docs/cpu.md; `ork plan --project BOARD` projects every pairing)"
         );
     }
     let mut config = engine_config(&args.model, args.model.trace.is_some())?;
@@ -324,6 +337,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         );
     }
     let engine = open_loaded(loaded, args.json)?;
+    if !args.json {
+        crate::open_model::say_engines(&engine);
+    }
     let recorder = crate::cmd_project::record(&engine, &board);
     let mut session = engine.session();
     let mut sampler = Sampler::new(SamplerOptions {
@@ -441,8 +457,15 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
 
 /// `ork perplexity`.
 pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
+    // Perplexity runs prefill passes only: the prefill's engine computes everything.
+    if args.model.decode_device.is_some() {
+        bail!("perplexity runs no decode step: --decode-device does not apply (--prefill-device or --device choose its engine)");
+    }
     let text = crate::input::read_text(&args.file, "--file")?;
-    let engine = open_engine(engine_config(&args.model, false)?, args.json)?;
+    let mut opts = args.model.clone();
+    opts.device = crate::open_model::phase_devices(&opts).0;
+    opts.prefill_device = None;
+    let engine = open_engine(engine_config(&opts, false)?, args.json)?;
     let tokenizer = engine.tokenizer();
     let mut tokens = tokenizer.encode(&text, true, false)?;
     if let Some(chunks) = args.chunks {
@@ -634,9 +657,20 @@ fn plan_cpu(args: &PlanArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `ork plan`'s engine of each phase: `--prefill-device` and `--decode-device`, each
+/// defaulting to `--device` (itself `auto`).
+fn plan_devices(args: &PlanArgs) -> (crate::cli::DeviceArg, crate::cli::DeviceArg) {
+    let device = args.device.unwrap_or(crate::cli::DeviceArg::Auto);
+    (
+        args.prefill_device.unwrap_or(device),
+        args.decode_device.unwrap_or(device),
+    )
+}
+
 /// `ork plan`.
 pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
-    if args.device == Some(crate::cli::DeviceArg::Cpu) {
+    let (device, phases) = crate::open_model::phase_plan(plan_devices(args))?;
+    if device.is_none() {
         return plan_cpu(args);
     }
     if args.threads.is_some() || args.cpus.is_some() || args.ctx.is_some() {
@@ -651,6 +685,8 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     if let Some(q) = args.quant {
         config.set_quant(q);
     }
+    config.phases = phases;
+    config.cpu = phases.map(|_| ork_cpu::CpuOptions::default());
     // The validation `run` and `convert` make (model, tokenizer, manifest, every chip rule for
     // every weight): a plan never says yes to a model they refuse.
     let loaded = ork_runtime::Engine::load(config.clone())?;
@@ -697,8 +733,12 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         ),
     )?;
     let per_prefill_tok = p.streamed_bytes_per_prefill_token(args.prefill_tokens);
+    let ram = board.as_ref().map(|b| b.ram_bytes as u64);
+    let weight_source = crate::open_model::plan_weight_source(&config, p.model_bytes, ram);
     if args.json {
         let mut v = serde_json::to_value(&p)?;
+        v["engines"] = serde_json::to_value(config.engines())?;
+        v["npu_weights"] = serde_json::to_value(&weight_source)?;
         v["budget_bytes"] = budget.into();
         v["prefill_tokens"] = args.prefill_tokens.into();
         v["streamed_bytes_per_prefill_token"] = per_prefill_tok.into();
@@ -760,6 +800,10 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     if let Some((choice, _)) = &engines {
         println!("{}", crate::cmd_engines::line(choice));
     }
+    println!(
+        "{}",
+        crate::open_model::weight_source_line(&config, &weight_source)
+    );
     if !p.runnable {
         // Name the limit that is short: the budget, the window, or both.
         let need = p.min_budget_bytes;

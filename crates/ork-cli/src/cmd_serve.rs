@@ -15,6 +15,7 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         None => None,
     };
     let engine = open_engine(engine_config(&args.model, false)?, false)?;
+    crate::open_model::say_engines(&engine);
     let config = ork_server::ServeConfig {
         host: args.host.clone(),
         port: args.port,

@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::Result;
 use ork_manifest::Manifest;
 use ork_pack::PackDtype;
-use ork_runtime::{plan_weights, Engine, EngineConfig, PackChoice};
+use ork_runtime::{plan_weights, Engine, EngineConfig, PackChoice, PhaseEngine, PhaseEngines};
 
 use crate::cli::{DeviceArg, ModelOpts};
 
@@ -16,14 +16,68 @@ fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
-/// The engine configuration the command line asks for (`--device cpu`: the CPU engine, with
-/// `--threads` and `--cpus`; `--device` names the backend otherwise).
+/// The engine of each phase the command line asks for: `--prefill-device` and
+/// `--decode-device`, each defaulting to `--device`.
+pub(crate) fn phase_devices(opts: &ModelOpts) -> (DeviceArg, DeviceArg) {
+    (
+        opts.prefill_device.unwrap_or(opts.device),
+        opts.decode_device.unwrap_or(opts.device),
+    )
+}
+
+/// The device a run opens and the engine of each phase (`prefill`, `decode`): `None` for the
+/// device when both phases are `cpu`; `None` for the phases when one engine computes both.
 ///
 /// # Errors
-/// `--cpus` without `--device cpu`.
+/// Two different devices (a run opens one device; the other phase may be `cpu`).
+pub(crate) fn phase_plan(
+    (prefill, decode): (DeviceArg, DeviceArg),
+) -> Result<(Option<ork_device::DeviceKind>, Option<PhaseEngines>)> {
+    let engine = |d: DeviceArg| match d {
+        DeviceArg::Cpu => PhaseEngine::Cpu,
+        _ => PhaseEngine::Device,
+    };
+    let phases = PhaseEngines {
+        prefill: engine(prefill),
+        decode: engine(decode),
+    };
+    let devices: Vec<DeviceArg> = [prefill, decode]
+        .into_iter()
+        .filter(|&d| d != DeviceArg::Cpu)
+        .collect();
+    if let [a, b] = devices[..] {
+        if a != b {
+            anyhow::bail!(
+                "--prefill-device {} with --decode-device {}: a run opens one device; pair a                  device with cpu, or name the same device for both",
+                arg_name(a),
+                arg_name(b)
+            );
+        }
+    }
+    let device = devices.first().and_then(|d| d.device_kind());
+    Ok((device, phases.mixed().then_some(phases)))
+}
+
+/// A `--device` value as the command line spells it.
+pub(crate) fn arg_name(d: DeviceArg) -> String {
+    use clap::ValueEnum;
+    d.to_possible_value()
+        .map_or_else(|| format!("{d:?}"), |v| v.get_name().to_owned())
+}
+
+/// The engine configuration the command line asks for (`--device cpu`: the CPU engine, with
+/// `--threads` and `--cpus`; `--device` names the backend otherwise; `--prefill-device` and
+/// `--decode-device` pair a device with the CPU engine, one per phase).
+///
+/// # Errors
+/// `--cpus` without a phase on the CPU engine; two different devices.
 pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfig> {
-    if opts.cpus.is_some() && opts.device != DeviceArg::Cpu {
-        anyhow::bail!("--cpus chooses the CPU engine's cores: it needs --device cpu");
+    let (device, phases) = phase_plan(phase_devices(opts))?;
+    let on_cpu = device.is_none() || phases.is_some();
+    if opts.cpus.is_some() && !on_cpu {
+        anyhow::bail!(
+            "--cpus chooses the CPU engine's cores: it needs --device cpu, or a phase on cpu"
+        );
     }
     if opts.pin_mb.is_some() && opts.device != DeviceArg::Cpu {
         anyhow::bail!(
@@ -39,10 +93,7 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfi
             (None, false) => PackChoice::Default,
         },
         budget_bytes: opts.budget_mb.map(|mb| mb << 20),
-        device: opts
-            .device
-            .device_kind()
-            .unwrap_or(ork_device::DeviceKind::Auto),
+        device: device.unwrap_or(ork_device::DeviceKind::Auto),
         domains: opts.domains,
         dtype: opts.dtype.into(),
         activations: opts.activations.into(),
@@ -61,7 +112,7 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfi
             targets: opts.smooth_targets,
         }),
         kv_cache: opts.kv_cache.into(),
-        cpu: (opts.device == DeviceArg::Cpu).then(|| ork_cpu::CpuOptions {
+        cpu: on_cpu.then(|| ork_cpu::CpuOptions {
             threads: opts.threads,
             cpus: opts.cpus.clone().map(|c| c.0),
             expert_reads: ork_cpu::ExpertReadOptions {
@@ -69,6 +120,8 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfi
                 pin_bytes: opts.pin_mb.unwrap_or(0) << 20,
             },
         }),
+        phases,
+        ram_bytes: None,
     };
     if let Some(q) = opts.quant {
         config.set_quant(q);
@@ -79,7 +132,8 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfi
 /// Refuse `--device cpu` for a benchmark of the device path (`what` names it), with a message
 /// saying where CPU figures come from instead.
 pub(crate) fn refuse_cpu(opts: &ModelOpts, what: &str) -> Result<()> {
-    if opts.device == DeviceArg::Cpu {
+    let (prefill, decode) = phase_devices(opts);
+    if prefill == DeviceArg::Cpu || decode == DeviceArg::Cpu {
         anyhow::bail!(
             "{what} measures the device path (the .orkpack, the weight cache, streaming); \
              --device cpu has none of them: time the CPU engine with `ork run --device cpu` (its stats line)"
@@ -133,4 +187,68 @@ pub(crate) fn packed_model_bytes(manifest: &Manifest, dtype: PackDtype) -> Resul
 pub(crate) fn open_manifest(path: &Path) -> Result<Manifest> {
     let gguf = ork_gguf::GgufFile::open(path)?;
     Ok(Manifest::from_gguf(&gguf)?)
+}
+
+/// With engines per phase, one line on stderr at start-up: the engine of each phase and where
+/// the device's weights come from, and why (the same as `--json`'s `engines` and
+/// `npu_weights`).
+pub(crate) fn say_engines(engine: &Engine) {
+    if !engine.engines().mixed() {
+        return;
+    }
+    let mut line = format!("[ork] engines: {}", engine.compute_name());
+    if let Some(l) = engine.cpu_linear() {
+        let pool = l.pool();
+        line.push_str(&format!(
+            " (cpu: {} threads on cpus {})",
+            pool.threads(),
+            ork_cpu::topology::format_cpu_list(&pool.choice().cores)
+        ));
+    }
+    if let Some(w) = engine.npu_weight_source() {
+        let source = match w.source {
+            ork_runtime::NpuWeights::Pack => "the .orkpack",
+            ork_runtime::NpuWeights::StreamByPack => "stream-by-pack",
+        };
+        line.push_str(&format!(" | device weights from {source}: {}", w.why));
+    }
+    eprintln!("{line}");
+}
+
+/// Where the device's weights would come from for `config` (`ork plan`): the RAM is `ram`
+/// (a board's, with `--project`), else the host's.
+pub(crate) fn plan_weight_source(
+    config: &EngineConfig,
+    pack_bytes: u64,
+    ram: Option<u64>,
+) -> ork_runtime::NpuWeightSource {
+    let gguf_bytes = std::fs::metadata(&config.model).map_or(0, |m| m.len());
+    ork_runtime::npu_weights(
+        config,
+        pack_bytes,
+        gguf_bytes,
+        ram.or_else(ork_runtime::host_ram_bytes),
+    )
+}
+
+/// `ork plan`'s line for the engines of the phases and the device's weights.
+pub(crate) fn weight_source_line(
+    config: &EngineConfig,
+    w: &ork_runtime::NpuWeightSource,
+) -> String {
+    let e = config.engines();
+    let name = |p: PhaseEngine| match p {
+        PhaseEngine::Device => "device",
+        PhaseEngine::Cpu => "cpu",
+    };
+    let source = match w.source {
+        ork_runtime::NpuWeights::Pack => "the .orkpack",
+        ork_runtime::NpuWeights::StreamByPack => "stream-by-pack (no .orkpack)",
+    };
+    format!(
+        "engines: prefill {}, decode {} | device weights from {source}: {}",
+        name(e.prefill),
+        name(e.decode),
+        w.why
+    )
 }

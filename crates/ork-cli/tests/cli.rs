@@ -20,6 +20,8 @@ mod model;
 mod pack;
 #[path = "cli/packaging.rs"]
 mod packaging;
+#[path = "cli/phases.rs"]
+mod phases;
 #[path = "cli/plan_inputs.rs"]
 mod plan_inputs;
 #[path = "cli/project.rs"]

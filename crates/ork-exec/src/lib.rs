@@ -42,7 +42,7 @@ pub use config::{Arch, ModelConfig, MoeConfig, RopeStyle};
 pub use error::ExecError;
 pub use gemma3::Gemma3Config;
 pub use generate::{generate, GenerateOptions, Generation, StopReason};
-pub use linear::{dot_i8, quantize_row_i8, CpuF32Linear, CpuW8A8Linear, Linear};
+pub use linear::{dot_i8, quantize_row_i8, CpuF32Linear, CpuW8A8Linear, Linear, Phase};
 pub use model::Model;
 pub use moe::{MoeStats, Routing};
 pub use ork_manifest::WeightId;

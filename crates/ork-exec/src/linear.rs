@@ -61,12 +61,34 @@ pub trait Linear: Send + Sync {
         let _ = weights;
     }
 
+    /// The backend that computes the matmuls of a `phase` (`docs/architecture.md`, "Engines per
+    /// phase"): a backend made of one engine per phase returns the one for `phase`, and the
+    /// forward pass then asks it, not `self`, for every matmul of that pass. `None` (the
+    /// default): `self` computes every phase.
+    fn for_phase(&self, phase: Phase) -> Option<&dyn Linear> {
+        let _ = phase;
+        None
+    }
+
     /// The forward pass's own events for the board clock (passes, host operations; see
     /// `docs/board-model.md`): a backend that records a run's events keeps them. The default
     /// drops them.
     fn record(&self, event: ork_board::Event) {
         let _ = event;
     }
+}
+
+/// Which phase of a sequence a forward pass computes, as the caller says it (never guessed from
+/// the number of rows): a backend with one engine per phase ([`Linear::for_phase`]) routes
+/// the pass's matmuls by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Prompt tokens, a chunk of them, all-position logits (perplexity) and the verification of
+    /// drafted tokens (speculative decoding): many rows per sequence.
+    Prefill,
+    /// The next token of each sequence: one row per sequence (a batched step over several
+    /// sequences has several).
+    Decode,
 }
 
 /// Check buffer lengths against a `[K, N]` weight.

@@ -1,6 +1,6 @@
 //! One conversation with a model: the KV cache and the forward pass.
 use crate::gemma3::post_norm;
-use crate::linear::Linear;
+use crate::linear::{Linear, Phase};
 use crate::model::Model;
 use crate::ops::{rms_norm, AttentionShape};
 use crate::ExecError;
@@ -240,20 +240,22 @@ impl Session {
         self.len = len;
     }
 
-    /// Run `tokens` as one causal batch; returns the logits (`vocab` values) of the last token.
+    /// Run `tokens` as one causal batch ([`Phase::Prefill`]); returns the logits (`vocab`
+    /// values) of the last token.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ExecError> {
-        self.forward(tokens, Logits::Last)
+        self.forward(tokens, Logits::Last, Phase::Prefill)
     }
 
-    /// Run one token; returns its logits.
+    /// Run one token ([`Phase::Decode`]); returns its logits.
     pub fn decode(&mut self, token: u32) -> Result<Vec<f32>, ExecError> {
-        self.forward(&[token], Logits::Last)
+        self.forward(&[token], Logits::Last, Phase::Decode)
     }
 
-    /// Run `tokens` as one causal batch; returns the logits of every position
-    /// (`tokens.len() × vocab`, row-major), as perplexity needs.
+    /// Run `tokens` as one causal batch ([`Phase::Prefill`]: perplexity, and the verification
+    /// of drafted tokens); returns the logits of every position (`tokens.len() × vocab`,
+    /// row-major).
     pub fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ExecError> {
-        self.forward(tokens, Logits::All)
+        self.forward(tokens, Logits::All, Phase::Prefill)
     }
 
     /// Run a tree of tokens as one batch (tree verification in speculative decoding,
@@ -262,7 +264,7 @@ impl Session {
     /// `position() + depth(i)` and attends to the cached positions and to its own branch, so its
     /// logits are those of decoding its branch token by token. Returns the logits of every node
     /// (`tokens.len() × vocab`). The cache grows by every node, in `tokens` order; keep one
-    /// branch with [`Session::keep_branch`].
+    /// branch with [`Session::keep_branch`]. A verification: [`Phase::Prefill`].
     ///
     /// # Errors
     /// [`ExecError::InvalidTree`] when `parents` does not describe such a tree of `tokens`, and
@@ -295,7 +297,7 @@ impl Session {
             logits: Logits::All,
             tree: Some(parents),
         }];
-        let mut out = forward_parts(&mut parts)?;
+        let mut out = forward_parts(&mut parts, Phase::Prefill)?;
         Ok(out.pop().flatten().unwrap_or_default())
     }
 
@@ -350,32 +352,79 @@ impl Session {
     /// [`Session::decode`]): every operator works row by row (the device quantizes activations
     /// per token), so the rows of other parts do not change a part's numbers.
     ///
+    /// With a backend of one engine per phase ([`Linear::for_phase`]), the parts of each
+    /// [`BatchPart::phase`] run as one pass on that phase's engine (decode parts first); with
+    /// one engine, all parts run as one pass.
+    ///
     /// # Errors
     /// [`ExecError::BatchMismatch`] for parts on different models or backends,
     /// [`ExecError::EmptyPrompt`] for a part without tokens, [`ExecError::ContextOverflow`] for
     /// a part beyond its context; a failure while running leaves every session as it was.
     pub fn step(parts: &mut [BatchPart<'_, '_>]) -> Result<Vec<Option<Vec<f32>>>, ExecError> {
-        let mut parts: Vec<Part<'_, '_>> = parts
-            .iter_mut()
-            .map(|p| Part {
-                session: &mut *p.session,
-                tokens: p.tokens,
-                logits: if p.logits { Logits::Last } else { Logits::None },
-                tree: None,
-            })
-            .collect();
-        forward_parts(&mut parts)
+        let split = parts.first().is_some_and(|p| {
+            let l = &p.session.linear;
+            !same_engine(l.for_phase(Phase::Prefill), l.for_phase(Phase::Decode))
+        });
+        if !split {
+            let mut all: Vec<Part<'_, '_>> = parts.iter_mut().map(Part::from).collect();
+            return forward_parts(&mut all, Phase::Decode);
+        }
+        let n = parts.len();
+        let mut out: Vec<Option<Vec<f32>>> = vec![None; n];
+        // Positions before this step, to roll back the first phase's parts if the second fails.
+        let before: Vec<usize> = parts.iter().map(|p| p.session.len).collect();
+        let mut done: Vec<usize> = Vec::with_capacity(n);
+        for phase in [Phase::Decode, Phase::Prefill] {
+            let index: Vec<usize> = (0..n).filter(|&i| parts[i].phase == phase).collect();
+            if index.is_empty() {
+                continue;
+            }
+            let mut group: Vec<Part<'_, '_>> = parts
+                .iter_mut()
+                .filter(|p| p.phase == phase)
+                .map(Part::from)
+                .collect();
+            match forward_parts(&mut group, phase) {
+                Ok(logits) => {
+                    for (&i, l) in index.iter().zip(logits) {
+                        out[i] = l;
+                    }
+                    done.extend(index);
+                }
+                Err(e) => {
+                    for i in done {
+                        parts[i].session.cut(before[i]);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
     }
 
-    fn forward(&mut self, tokens: &[u32], logits: Logits) -> Result<Vec<f32>, ExecError> {
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        logits: Logits,
+        phase: Phase,
+    ) -> Result<Vec<f32>, ExecError> {
         let mut parts = [Part {
             session: self,
             tokens,
             logits,
             tree: None,
         }];
-        let mut out = forward_parts(&mut parts)?;
+        let mut out = forward_parts(&mut parts, phase)?;
         Ok(out.pop().flatten().unwrap_or_default())
+    }
+}
+
+/// Whether two phases' engines ([`Linear::for_phase`]) are the same one.
+fn same_engine(a: Option<&dyn Linear>, b: Option<&dyn Linear>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => std::ptr::addr_eq(a as *const dyn Linear, b as *const dyn Linear),
+        _ => false,
     }
 }
 
@@ -388,6 +437,21 @@ pub struct BatchPart<'s, 't> {
     /// Compute the logits of the last token (a prefill chunk that does not end its prompt
     /// needs none, which saves the output matmul's rows).
     pub logits: bool,
+    /// Which phase `tokens` are: a prompt chunk ([`Phase::Prefill`]) or the next token of a
+    /// sequence past its prompt ([`Phase::Decode`]). A backend of one engine per phase runs
+    /// the part on that phase's engine.
+    pub phase: Phase,
+}
+
+impl<'s, 't> From<&'s mut BatchPart<'_, 't>> for Part<'s, 't> {
+    fn from(p: &'s mut BatchPart<'_, 't>) -> Self {
+        Part {
+            session: &mut *p.session,
+            tokens: p.tokens,
+            logits: if p.logits { Logits::Last } else { Logits::None },
+            tree: None,
+        }
+    }
 }
 
 /// A part of a forward pass: a session, the tokens it appends and the logits it wants.
@@ -400,7 +464,11 @@ struct Part<'s, 't> {
 }
 
 /// Check the parts, run them as one forward pass, and commit (or roll back) their caches.
-fn forward_parts(parts: &mut [Part<'_, '_>]) -> Result<Vec<Option<Vec<f32>>>, ExecError> {
+/// The matmuls run on the backend's engine for `phase` ([`Linear::for_phase`]).
+fn forward_parts(
+    parts: &mut [Part<'_, '_>],
+    phase: Phase,
+) -> Result<Vec<Option<Vec<f32>>>, ExecError> {
     let Some(first) = parts.first() else {
         return Ok(Vec::new());
     };
@@ -425,10 +493,11 @@ fn forward_parts(parts: &mut [Part<'_, '_>]) -> Result<Vec<Option<Vec<f32>>>, Ex
     // operators and the device's matmul tasks fork onto that pool directly; called from a
     // thread outside it, each of them would inject a job and block on a latch instead
     // (hundreds of cross-thread wake-ups per decoded token).
+    let linear: &dyn Linear = linear.for_phase(phase).unwrap_or(&*linear);
     let result = if rayon::current_thread_index().is_some() {
-        forward_inner(&model, &*linear, parts)
+        forward_inner(&model, linear, parts)
     } else {
-        rayon::scope(|_| forward_inner(&model, &*linear, parts))
+        rayon::scope(|_| forward_inner(&model, linear, parts))
     };
     match result {
         Ok(out) => {

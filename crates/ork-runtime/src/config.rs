@@ -9,7 +9,7 @@ use ork_pack::PackDtype;
 
 #[cfg(doc)]
 use crate::Engine;
-use crate::{DeviceKind, DraftSource, Quant, RuntimeError, Smoothing};
+use crate::{DeviceKind, DraftSource, PhaseEngine, PhaseEngines, Quant, RuntimeError, Smoothing};
 
 /// Default weight-cache budget per domain (MiB) when neither the config nor
 /// `ORK_WCACHE_BUDGET_MB` gives one.
@@ -80,8 +80,17 @@ pub struct EngineConfig {
     /// `Some`: the CPU engine (`--device cpu`, `docs/cpu.md`) computes every matmul from the
     /// GGUF's mapped blocks on these cores and threads; no device, `.orkpack` or weight cache is
     /// opened, so `device`, `pack`, `budget_bytes`, `domains`, `dtype`, `activations`, `group`,
-    /// `prefetch`, `verify` and `evict_src` do not apply. `None`: the device computes.
+    /// `prefetch`, `verify` and `evict_src` do not apply. `None`: the device computes. With
+    /// [`EngineConfig::phases`], the CPU engine computes only the phases it is given, the device
+    /// the others.
     pub cpu: Option<ork_cpu::CpuOptions>,
+    /// Engines per phase (`--prefill-device`, `--decode-device`; `docs/architecture.md`):
+    /// `Some` pairing of the device and the CPU engine (whose options `cpu` then gives, and
+    /// which computes only its phase); `None`: one engine, as `cpu` says.
+    pub phases: Option<PhaseEngines>,
+    /// The RAM the device's weight source is decided against when the CPU engine computes a
+    /// phase ([`crate::npu_weights`]; a board's, from `--board`); `None`: the host's.
+    pub ram_bytes: Option<u64>,
 }
 
 impl EngineConfig {
@@ -108,7 +117,24 @@ impl EngineConfig {
             smooth: None,
             kv_cache: KvType::F16,
             cpu: None,
+            phases: None,
+            ram_bytes: None,
         }
+    }
+
+    /// The engine of each phase: [`EngineConfig::phases`], else the CPU engine for both when
+    /// [`EngineConfig::cpu`] is set, else the device for both.
+    pub fn engines(&self) -> PhaseEngines {
+        match (self.phases, &self.cpu) {
+            (Some(p), _) => p,
+            (None, Some(_)) => PhaseEngines::one(PhaseEngine::Cpu),
+            (None, None) => PhaseEngines::one(PhaseEngine::Device),
+        }
+    }
+
+    /// Whether the device computes any phase (a device, a plan, a weight cache are opened).
+    pub fn uses_device(&self) -> bool {
+        self.engines().uses(PhaseEngine::Device)
     }
 
     /// Use the quantization mode `quant` (weight dtype, activation precision, scale groups).

@@ -17,11 +17,12 @@ use ork_store::ConvertReport;
 use crate::cache::{model_cache, model_linear};
 use crate::draft::DraftReservation;
 use crate::pack::open_weight_source;
+use crate::phase::{npu_weights, NpuWeightSource, NpuWeights, PhaseEngine, PhaseEngines};
 use crate::plan::{plan_beside_draft, weight_bytes};
 use crate::smoothing::apply_smoothing;
 use crate::{
     budget_bytes, open_device, ConvertObserver, EngineConfig, EngineDraft, EngineLinear,
-    ExpertStats, RuntimeError, SmoothingOrigin,
+    ExpertStats, PackChoice, PhaseLinear, RuntimeError, SmoothingOrigin,
 };
 
 /// A model opened on a device or on the CPU engine: see the crate documentation.
@@ -46,6 +47,8 @@ pub(crate) enum Compute {
     Device(Box<DeviceParts>),
     /// The CPU engine, in place from the GGUF's map (`--device cpu`).
     Cpu(Arc<GgufLinear>),
+    /// Both, one per phase ([`crate::PhaseLinear`], `--prefill-device`/`--decode-device`).
+    Mixed(Box<DeviceParts>, Arc<GgufLinear>),
 }
 
 /// What a device engine holds beside the model.
@@ -58,6 +61,7 @@ pub(crate) struct DeviceParts {
     pub(crate) convert: Option<ConvertReport>,
     pub(crate) pack_path: Option<PathBuf>,
     pub(crate) pack_unwritable: Option<ork_store::StoreError>,
+    pub(crate) weight_source: NpuWeightSource,
 }
 
 impl std::fmt::Debug for Engine {
@@ -67,6 +71,10 @@ impl std::fmt::Debug for Engine {
         match &self.compute {
             Compute::Device(p) => d.field("mode", &p.plan.mode).field("cache", &p.cache),
             Compute::Cpu(l) => d.field("cpu", l),
+            Compute::Mixed(p, l) => d
+                .field("mode", &p.plan.mode)
+                .field("cache", &p.cache)
+                .field("cpu", l),
         };
         d.finish_non_exhaustive()
     }
@@ -97,6 +105,7 @@ impl Engine {
     /// # Errors
     /// The GGUF cannot be opened, or its model, tokenizer or manifest is not usable.
     pub fn load(config: EngineConfig) -> Result<LoadedModel, RuntimeError> {
+        crate::phase::check_phases(&config)?;
         check_cpu_options(&config)?;
         if let Some(n) = config.threads {
             // Before anything here runs in parallel: the first use of rayon's global pool
@@ -122,7 +131,7 @@ impl Engine {
             None => (gguf, model, None),
         };
         let manifest = Arc::new(Manifest::from_gguf(&gguf)?);
-        if config.cpu.is_none() {
+        if config.uses_device() {
             crate::check_weights(&config, &manifest)?;
         }
         Ok(LoadedModel {
@@ -218,90 +227,61 @@ impl LoadedModel {
             smoothing,
         } = self;
         model.set_expert_speculation(config.expert_speculation);
-        if let Some(options) = &config.cpu {
-            let cpu = open_cpu(&config, options, &gguf, &model)?;
-            return Ok(Engine {
-                linear: Arc::clone(&cpu) as Arc<dyn Linear>,
-                compute: Compute::Cpu(cpu),
-                config,
-                gguf,
-                manifest,
-                model,
-                tokenizer,
-                trace: None,
-                draft: None,
-                smoothing_origin: smoothing.map(|s| s.1),
-            });
-        }
-        let device = open_device(config.device, config.domains, config.soc)?;
-        let info = device.info();
-        let budget = budget_bytes(config.budget_bytes)?;
-        let slots = info.cores as usize + 1;
-        let weights = weight_bytes(&manifest, config.dtype, config.group)?;
-        // The draft's resident weights come out of the budget before the model is planned.
-        let capacity = budget.min(info.window_bytes);
-        let draft =
-            DraftReservation::reserve(&config, &model, &tokenizer, &weights, capacity, slots)?;
-        let plan = plan_beside_draft(
-            &config,
-            &weights,
-            &draft,
-            budget,
-            info.window_bytes,
-            info.domains,
-            slots,
-        )?;
-        let pack = open_weight_source(
-            &config,
-            &gguf,
-            &manifest,
-            smoothing.as_ref().map(|s| &s.0),
-            observer,
-        )?;
-        let (cache, device_budget) = model_cache(
-            &device,
-            pack.source,
-            &plan,
-            &manifest,
-            &model,
-            budget,
-            info.domains,
-        )?;
-        let trace = config.trace.then(|| Arc::new(Trace::new()));
-        let linear = Arc::new(model_linear(
-            &config,
-            &cache,
-            &plan,
-            slots,
-            trace.clone(),
-            &model,
-        ));
-        let draft = draft.open(
-            &config,
-            &device,
-            &device_budget,
-            budget,
-            info.domains,
-            &model,
-            &linear,
-        )?;
+        let engines = config.engines();
+        let cpu = match &config.cpu {
+            Some(options) if engines.uses(PhaseEngine::Cpu) => {
+                Some(open_cpu(&config, options, &gguf, &model)?)
+            }
+            _ => None,
+        };
+        let on_device = if engines.uses(PhaseEngine::Device) {
+            let parts = (&gguf, &manifest, &model, &tokenizer);
+            Some(open_on_device(
+                &config,
+                parts,
+                smoothing.as_ref(),
+                observer,
+            )?)
+        } else {
+            None
+        };
+        let (compute, linear, trace, draft) = match (on_device, cpu) {
+            (Some(d), None) => {
+                let linear = Arc::clone(&d.parts.linear) as Arc<dyn Linear>;
+                (Compute::Device(d.parts), linear, d.trace, d.draft)
+            }
+            (None, Some(cpu)) => {
+                let linear = Arc::clone(&cpu) as Arc<dyn Linear>;
+                (Compute::Cpu(cpu), linear, None, None)
+            }
+            (Some(d), Some(cpu)) => {
+                let device = Arc::clone(&d.parts.linear) as Arc<dyn Linear>;
+                let host = Arc::clone(&cpu) as Arc<dyn Linear>;
+                let pick = |e: PhaseEngine| match e {
+                    PhaseEngine::Device => Arc::clone(&device),
+                    PhaseEngine::Cpu => Arc::clone(&host),
+                };
+                let linear = Arc::new(PhaseLinear::new(
+                    pick(engines.prefill),
+                    pick(engines.decode),
+                )) as Arc<dyn Linear>;
+                (Compute::Mixed(d.parts, cpu), linear, d.trace, d.draft)
+            }
+            (None, None) => {
+                return Err(RuntimeError::Phases {
+                    what: "the CPU engine computes a phase but the config gives no CPU options"
+                        .to_owned(),
+                })
+            }
+        };
         Ok(Engine {
             config,
             gguf,
             manifest,
             model,
             tokenizer,
-            linear: Arc::clone(&linear) as Arc<dyn Linear>,
-            compute: Compute::Device(Box::new(DeviceParts {
-                device,
-                plan,
-                cache,
-                device_budget,
-                linear,
-                convert: pack.convert,
-                pack_path: pack.path,
-                pack_unwritable: pack.unwritable,
-            })),
+            linear,
+            compute,
             trace,
             draft,
             smoothing_origin: smoothing.map(|s| s.1),
@@ -309,13 +289,121 @@ impl LoadedModel {
     }
 }
 
+/// What [`open_on_device`] opened.
+struct OnDevice {
+    parts: Box<DeviceParts>,
+    trace: Option<Arc<Trace>>,
+    draft: Option<EngineDraft>,
+}
+
+/// The device side of an engine: the device, the plan, the weights' source (the `.orkpack`,
+/// converted if needed and telling `observer`, or stream-by-pack), the cache, the prefetcher
+/// and the draft.
+fn open_on_device(
+    config: &EngineConfig,
+    (gguf, manifest, model, tokenizer): (
+        &Arc<GgufFile>,
+        &Arc<Manifest>,
+        &Arc<Model>,
+        &Arc<Tokenizer>,
+    ),
+    smoothing: Option<&(ork_store::PackSmoothing, SmoothingOrigin)>,
+    observer: Option<&dyn ConvertObserver>,
+) -> Result<OnDevice, RuntimeError> {
+    let device = open_device(config.device, config.domains, config.soc)?;
+    let info = device.info();
+    let budget = budget_bytes(config.budget_bytes)?;
+    let slots = info.cores as usize + 1;
+    let weights = weight_bytes(manifest, config.dtype, config.group)?;
+    // The draft's resident weights come out of the budget before the model is planned.
+    let capacity = budget.min(info.window_bytes);
+    let draft = DraftReservation::reserve(config, model, tokenizer, &weights, capacity, slots)?;
+    let plan = plan_beside_draft(
+        config,
+        &weights,
+        &draft,
+        budget,
+        info.window_bytes,
+        info.domains,
+        slots,
+    )?;
+    let weight_source = npu_weights(
+        config,
+        plan.model_bytes,
+        std::fs::metadata(&config.model).map_or(0, |m| m.len()),
+        config.ram_bytes.or_else(crate::host_ram_bytes),
+    );
+    let streamed;
+    let source_config = match weight_source.source {
+        NpuWeights::StreamByPack if config.pack != PackChoice::None => {
+            streamed = EngineConfig {
+                pack: PackChoice::None,
+                ..config.clone()
+            };
+            &streamed
+        }
+        _ => config,
+    };
+    let pack = open_weight_source(
+        source_config,
+        gguf,
+        manifest,
+        smoothing.map(|s| &s.0),
+        observer,
+    )?;
+    let (cache, device_budget) = model_cache(
+        &device,
+        pack.source,
+        &plan,
+        manifest,
+        model,
+        budget,
+        info.domains,
+    )?;
+    let trace = config.trace.then(|| Arc::new(Trace::new()));
+    let linear = Arc::new(model_linear(
+        config,
+        &cache,
+        &plan,
+        slots,
+        trace.clone(),
+        model,
+    ));
+    let draft = draft.open(
+        config,
+        &device,
+        &device_budget,
+        budget,
+        info.domains,
+        model,
+        &linear,
+    )?;
+    Ok(OnDevice {
+        parts: Box::new(DeviceParts {
+            device,
+            plan,
+            cache,
+            device_budget,
+            linear,
+            convert: pack.convert,
+            pack_path: pack.path,
+            pack_unwritable: pack.unwritable,
+            weight_source,
+        }),
+        trace,
+        draft,
+    })
+}
+
 /// Options that only a device run takes, refused with the CPU engine rather than ignored
 /// (before anything is computed: smoothing would run a calibration pass first).
 fn check_cpu_options(config: &EngineConfig) -> Result<(), RuntimeError> {
-    if config.cpu.is_none() {
+    let engines = config.engines();
+    if !engines.uses(PhaseEngine::Cpu) {
         return Ok(());
     }
-    if config.draft.is_some() {
+    // A draft lives in the device's weight cache: with a device beside the CPU engine, it has one.
+    if config.draft.is_some() && !engines.uses(PhaseEngine::Device) {
         return Err(RuntimeError::CpuOption {
             option: "a draft model (--draft)",
             why: "drafts are kept in a device's weight cache; use prompt lookup instead",
@@ -389,9 +477,19 @@ impl Engine {
     /// The device's parts, `None` for the CPU engine.
     fn parts(&self) -> Option<&DeviceParts> {
         match &self.compute {
-            Compute::Device(p) => Some(p),
+            Compute::Device(p) | Compute::Mixed(p, _) => Some(p),
             Compute::Cpu(_) => None,
         }
+    }
+
+    /// The engine of each phase.
+    pub fn engines(&self) -> PhaseEngines {
+        self.config.engines()
+    }
+
+    /// Where the device's packed weights come from and why (`None` for the CPU engine alone).
+    pub fn npu_weight_source(&self) -> Option<&NpuWeightSource> {
+        self.parts().map(|p| &p.weight_source)
     }
 
     /// The device, `None` for the CPU engine.
@@ -399,11 +497,20 @@ impl Engine {
         self.parts().map(|p| &p.device)
     }
 
-    /// The name of what computes the matmuls: the device's, or `cpu`.
+    /// The name of what computes the matmuls: the device's, or `cpu`; with engines per phase,
+    /// `prefill X, decode Y`.
     pub fn compute_name(&self) -> String {
         match &self.compute {
             Compute::Device(p) => p.device.info().name.to_string(),
             Compute::Cpu(_) => "cpu".to_owned(),
+            Compute::Mixed(p, _) => {
+                let name = |e| match e {
+                    PhaseEngine::Device => p.device.info().name.to_string(),
+                    PhaseEngine::Cpu => "cpu".to_owned(),
+                };
+                let e = self.engines();
+                format!("prefill {}, decode {}", name(e.prefill), name(e.decode))
+            }
         }
     }
 
@@ -412,7 +519,7 @@ impl Engine {
     /// engine of the process loads).
     pub fn threads(&self) -> usize {
         match &self.compute {
-            Compute::Cpu(l) => l.pool().threads(),
+            Compute::Cpu(l) | Compute::Mixed(_, l) => l.pool().threads(),
             Compute::Device(_) => rayon::current_num_threads(),
         }
     }
@@ -501,7 +608,7 @@ impl Engine {
     /// The CPU engine's matmul backend, `None` for a device.
     pub fn cpu_linear(&self) -> Option<&Arc<GgufLinear>> {
         match &self.compute {
-            Compute::Cpu(l) => Some(l),
+            Compute::Cpu(l) | Compute::Mixed(_, l) => Some(l),
             Compute::Device(_) => None,
         }
     }

@@ -135,6 +135,14 @@ pub enum RuntimeError {
     /// not fit, thread or core settings), naming the file and tensor.
     #[error(transparent)]
     Cpu(#[from] ork_cpu::CpuError),
+    /// A pairing of engines per phase that cannot run (`--prefill-device`, `--decode-device`):
+    /// two different devices, the CPU engine without its options, an option one of the engines
+    /// refuses.
+    #[error("engines per phase: {what}")]
+    Phases {
+        /// What is wrong, and what to do instead.
+        what: String,
+    },
     /// An option the CPU engine does not take (`--draft`, `--calib` …) was given with it.
     #[error("{option} does not apply to --device cpu: {why}")]
     CpuOption {

@@ -25,6 +25,7 @@
 //! | `pack` | the self-populating `.orkpack` ([`ConvertObserver`]) |
 //! | `cache` | the weight cache, the device matmul, prefetch and warmup |
 //! | `linear` | [`EngineLinear`]: the executor's matmuls served by the device ([`ExpertStats`]) |
+//! | `phase` | [`PhaseLinear`]: engines per phase, the device and the CPU engine in one session |
 //! | `draft` | [`DraftSource`], [`EngineDraft`]: the speculative draft and its budget share |
 //! | `engine` | [`Engine`], [`LoadedModel`] and what an engine reports |
 //! | `session` | [`Session`]s handed out by an engine |
@@ -56,6 +57,7 @@ mod error;
 mod identity;
 mod linear;
 mod pack;
+mod phase;
 mod plan;
 mod quant;
 mod session;
@@ -69,6 +71,10 @@ pub use engine::{Engine, LoadedModel};
 pub use error::RuntimeError;
 pub use linear::{EngineLinear, ExpertStats};
 pub use pack::ConvertObserver;
+pub use phase::{
+    host_ram_bytes, npu_weights, NpuWeightSource, NpuWeights, PhaseEngine, PhaseEngines,
+    PhaseLinear,
+};
 pub use plan::{default_slots, plan_weights};
 pub use quant::Quant;
 pub use smoothing::{Smoothing, SmoothingOrigin, CALIB_CTX, CALIB_MAX_TOKENS};

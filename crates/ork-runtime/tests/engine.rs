@@ -198,6 +198,11 @@ fn batched_steps_give_each_sequence_its_greedy_tokens_alone() {
                     session: &mut s.session,
                     tokens,
                     logits: *logits,
+                    phase: if s.fed < s.prompt.len() {
+                        ork_exec::Phase::Prefill
+                    } else {
+                        ork_exec::Phase::Decode
+                    },
                 })
                 .collect();
             widest = widest.max(parts.len());
@@ -234,11 +239,13 @@ fn a_batched_step_with_an_overflowing_part_changes_no_session() {
             session: &mut a,
             tokens: &tokens,
             logits: true,
+            phase: ork_exec::Phase::Prefill,
         },
         BatchPart {
             session: &mut b,
             tokens: &five,
             logits: true,
+            phase: ork_exec::Phase::Prefill,
         },
     ];
     assert!(matches!(

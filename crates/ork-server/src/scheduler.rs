@@ -10,7 +10,7 @@ use crate::prefix::PrefixCache;
 pub use crate::saver::Persist;
 use crate::saver::Saver;
 use crossbeam_channel::{Receiver, TryRecvError};
-use ork_exec::{BatchPart, Sampler, SamplerOptions, Session, TextStream, Tokenizer};
+use ork_exec::{BatchPart, Phase, Sampler, SamplerOptions, Session, TextStream, Tokenizer};
 use ork_runtime::Engine;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -416,8 +416,10 @@ fn step(
     metrics: &Metrics,
     prefixes: &mut PrefixCache,
 ) {
-    // Inputs: every decoding sequence's last token, and one chunk of the first prefilling one.
-    let mut inputs: Vec<Option<(Vec<u32>, bool)>> = Vec::with_capacity(slots.len());
+    // Inputs: every decoding sequence's last token, and one chunk of the first prefilling one;
+    // each says its phase, which picks its engine when prefill and decode run on different ones
+    // (`ork_exec::Session::step`).
+    let mut inputs: Vec<Option<(Vec<u32>, bool, Phase)>> = Vec::with_capacity(slots.len());
     let mut prefill_left = config.prefill_chunk;
     for s in slots.iter() {
         if s.prefilling() {
@@ -430,10 +432,11 @@ fn step(
             inputs.push(Some((
                 s.job.prompt[s.fed..end].to_vec(),
                 end == s.job.prompt.len(),
+                Phase::Prefill,
             )));
         } else {
             let last = *s.generated.last().expect("a decoding sequence has a token");
-            inputs.push(Some((vec![last], true)));
+            inputs.push(Some((vec![last], true, Phase::Decode)));
         }
     }
     let t0 = Instant::now();
@@ -442,10 +445,11 @@ fn step(
             .iter_mut()
             .zip(&inputs)
             .filter_map(|(s, input)| {
-                input.as_ref().map(|(tokens, logits)| BatchPart {
+                input.as_ref().map(|(tokens, logits, phase)| BatchPart {
                     session: &mut s.session,
                     tokens,
                     logits: *logits,
+                    phase: *phase,
                 })
             })
             .collect();
@@ -475,7 +479,7 @@ fn step(
     let mut decoded = 0u64;
     let mut keep = Vec::with_capacity(slots.len());
     for (s, input) in slots.iter_mut().zip(&inputs) {
-        let Some((tokens, _)) = input else {
+        let Some((tokens, _, _)) = input else {
             keep.push(true);
             continue;
         };

@@ -8,6 +8,7 @@ mod server {
     mod hostile;
     mod load;
     mod logprobs;
+    mod phases;
     mod prefix;
     mod python;
     mod robustness;

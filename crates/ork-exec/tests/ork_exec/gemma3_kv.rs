@@ -168,6 +168,7 @@ fn batches_and_batched_steps_past_the_window_match_one_batch() {
                 session: &mut a,
                 tokens: &toks[pa..pa + 1],
                 logits: true,
+                phase: ork_exec::Phase::Decode,
             });
         }
         if nb > 0 {
@@ -175,6 +176,7 @@ fn batches_and_batched_steps_past_the_window_match_one_batch() {
                 session: &mut b,
                 tokens: &toks[pb..pb + nb],
                 logits: true,
+                phase: ork_exec::Phase::Prefill,
             });
         }
         let out = Session::step(&mut parts).unwrap();

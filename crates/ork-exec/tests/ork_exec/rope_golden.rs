@@ -103,11 +103,13 @@ fn check(kind: RopeFixture, case: &str) {
             session: &mut a,
             tokens: &t[3..9],
             logits: true,
+            phase: ork_exec::Phase::Prefill,
         },
         ork_exec::BatchPart {
             session: &mut b,
             tokens: &t[..5],
             logits: true,
+            phase: ork_exec::Phase::Prefill,
         },
     ])
     .unwrap();
