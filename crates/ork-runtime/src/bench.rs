@@ -83,6 +83,7 @@ pub fn bench_cpu(options: &CpuBenchOptions) -> Result<CpuBenchReport, RuntimeErr
     config.cpu = Some(ork_cpu::CpuOptions {
         threads: options.threads,
         cpus: options.cpus.clone(),
+        ..Default::default()
     });
     let engine = Engine::open(config)?;
     let prompt = bench_prompt(&engine, options.prompt_tokens).map_err(model_error)?;

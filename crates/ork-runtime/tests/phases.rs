@@ -36,6 +36,7 @@ fn config(model: &Path, pack: &Path, engines: PhaseEngines) -> EngineConfig {
         c.cpu = Some(ork_cpu::CpuOptions {
             threads: Some(2),
             cpus: None,
+            ..Default::default()
         });
     }
     c.phases = engines.mixed().then_some(engines);

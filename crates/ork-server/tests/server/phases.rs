@@ -15,6 +15,7 @@ fn mixed() -> Engine {
     c.cpu = Some(ork_cpu::CpuOptions {
         threads: Some(2),
         cpus: None,
+        ..Default::default()
     });
     c.phases = Some(PhaseEngines {
         prefill: PhaseEngine::Device,
