@@ -4,7 +4,7 @@ board presets, from `ork plan --project` on sparse GGUFs of those shapes (no dow
 tensor data is a hole in the file). Every figure is PROJECTED by the board clock
 (docs/board-model.md), never measured on a board. Not part of the tests.
 
-Usage: scripts/board_catalogue.py [--ork target/release/ork]
+Usage: scripts/board_catalogue.py [--engines] [--ork target/release/ork]
        [--sparse target/release/examples/sparse_model] [--json]
 Build first: cargo build --release -p ork-cli && cargo build --release -p ork-testkit --example sparse_model
 
@@ -19,7 +19,9 @@ w4a16, int4 weights), 128 prompt tokens, 64 generated.
 `--engines` prints the second table of docs/board-model.md instead: each model as 4-bit and 3-bit
 GGUFs (shapes only), every pairing of the NPU (int8 from the pack) and the CPU (the file's bits)
 for prefill and decode, the one `ork plan --project` chooses, and the goals of issue 38 with the
-physical ceiling (bytes one token reads / the board's DDR rate) beside each projection. The
+physical ceiling (bytes one token reads / the board's DDR rate) beside each projection, and the
+row-split decode (`projected.split_decode`: each dense matmul's rows split between the NPU and the
+CPU on one DDR bus; evaluated, not built) beside the best single engine. The
 placement is the plan's own (`--domains` left to `--project`: resident across as many domains as
 the int8 weights need when they fit the RAM beside 1.5 GiB, else streamed).
 """
@@ -86,7 +88,12 @@ GOALS = [
     (QWEN3, ("Q3_K_S-class", "Q3_K", "Q6_K"), "pi5-16g", 512, "hold-out: llama.cpp tg128 7.99, pp512 10.91",
      lambda d, t: True),
 ]
-ENGINE_BOARDS = ["orangepi5-8g", "orangepi5-16g", "orangepi5-32g", "pi5-16g"]
+ENGINE_BOARDS = ["orangepi5-8g", "orangepi5-16g", "orangepi5-32g", "rk3576-8g", "pi5-16g"]
+
+
+def soc_of(board):
+    """The NPU chip `ork plan --soc` needs for a preset (the CPU-only pi5-16g takes rk3588's)."""
+    return "rk3576" if board.startswith("rk3576") else "rk3588"
 
 
 def sparse(tool, path, dims, ty, out, experts):
@@ -97,7 +104,7 @@ def sparse(tool, path, dims, ty, out, experts):
 def plan_engines(ork, model, board, prompt, gen):
     """`ork plan --project BOARD --json` with the plan's own placement; its projection."""
     out = subprocess.run(
-        [ork, "plan", "--model", model, "--soc", "rk3588", "--project",
+        [ork, "plan", "--model", model, "--soc", soc_of(board), "--project",
          board, "--prompt-tokens", str(prompt), "--gen-tokens", str(gen), "--json"],
         capture_output=True, text=True)
     if out.returncode not in (0, 1) or not out.stdout:
@@ -114,6 +121,7 @@ def cell(p):
 
 
 def engines_tables(a):
+    splits = []
     with tempfile.TemporaryDirectory() as tmp:
         print("PROJECTED (board clock; CPU model "
               "cpu-0.1: decode fitted on llama.cpp's RK3588 rows, see docs). Cell: chosen "
@@ -131,8 +139,29 @@ def engines_tables(a):
                     gb = j["cpu"]["file_bytes"] / 1e9
                     cells.append(f"{best['prefill']}/{best['decode']} · {best['ttft_s']:.2f} · "
                                  f"{best['decode_tok_s']:.2f} ({j['cpu']['ceiling_tok_s']:.1f})")
+                    sp = j.get("split_decode")
+                    if sp:
+                        splits.append((name, label, board, sp))
                 os.remove(path)
                 print(f"| {name} | {label} | {gb:.1f} | " + " | ".join(cells) + " |")
+        print()
+        print("Row-split decode (projected, evaluated, not built; `projected.split_decode`): each "
+              "dense matmul's rows split between the NPU (int8) and the CPU (file bits) on one "
+              "DDR bus. Cell: split tok/s · best single engine tok/s · gain (NPU row share).")
+        print("| model | file | " + " | ".join(b for b in ENGINE_BOARDS if b != "pi5-16g") + " |")
+        print("|---|---|" + "---|" * (len(ENGINE_BOARDS) - 1))
+        for name, label in dict.fromkeys((n, l) for n, l, _, _ in splits):
+            row = []
+            for board in ENGINE_BOARDS[:-1]:
+                sp = next((x[3] for x in splits if x[:3] == (name, label, board)), None)
+                row.append("–" if sp is None else
+                           f"{sp['decode_tok_s']:.2f} · {sp['best_single_engine_decode_tok_s']:.2f} · "
+                           f"{sp['gain']:.2f}× ({sp['npu_row_share']:.2f})")
+            print(f"| {name} | {label} | " + " | ".join(row) + " |")
+        best = max(splits, key=lambda x: x[3]["gain"], default=None)
+        if best:
+            print(f"\nlargest split gain: {best[0]} {best[1]} on {best[2]}: {best[3]['gain']:.2f}x "
+                  f"(issue 38's bar: 1.15x)")
         print()
         print("| model file (shapes) | board | goal | chosen | TTFT | decode tok/s | ceiling tok/s | "
               "npu/npu | cpu/cpu | met? |")

@@ -3,7 +3,10 @@
 # Cortex-A76 and Cortex-A55 scheduling models (llvm-mca). An ESTIMATE from a scheduling model,
 # not a measurement on a core. Not part of the tests (it downloads a 77 MB source tarball once).
 #
-# Usage: scripts/kernel-cycles.sh [--json]
+# Usage: scripts/kernel-cycles.sh [--json] [--cores rk3576]
+#
+# `--cores rk3576`: the RK3576's Cortex-A72/A53 (ARMv8.0-A, no dotprod, no fp16 arithmetic):
+# ggml built with `-march=armv8-a` (its plain-NEON paths), ggml's column only.
 #
 # - ggml: llama.cpp's ggml/src/ggml-cpu/arch/arm/quants.c from llama-cpp-python 0.3.36's source
 #   distribution (PyPI, `pip download --no-binary`), compiled with
@@ -55,11 +58,17 @@ if [[ ! -f $src/src/ggml-cpu/arch/arm/quants.c ]]; then
         "llama_cpp_python-$ver/vendor/llama.cpp/ggml/include/*" \
         "llama_cpp_python-$ver/vendor/llama.cpp/ggml/src/*"
 fi
-# The RK3588's cores: ARMv8.2-A with dotprod and fp16 arithmetic, no i8mm (docs/kernels.md).
-flags=(-O3 -march=armv8.2-a+dotprod+fp16 -fno-asynchronous-unwind-tables
+# The RK3588's cores: ARMv8.2-A with dotprod and fp16 arithmetic, no i8mm (docs/kernels.md);
+# the RK3576's (--cores rk3576): ARMv8.0-A.
+march=armv8.2-a+dotprod+fp16 tag=""
+[[ " $* " == *" rk3576 "* ]] && march=armv8-a tag=-rk3576
+flags=(-O3 -march=$march -fno-asynchronous-unwind-tables
     -I"$src/include" -I"$src/src" -I"$src/src/ggml-cpu")
-aarch64-linux-gnu-gcc "${flags[@]}" -S "$src/src/ggml-cpu/arch/arm/quants.c" -o "$work/ggml-quants.s"
-aarch64-linux-gnu-g++ "${flags[@]}" -S "$src/src/ggml-cpu/vec.cpp" -o "$work/ggml-vec.s"
+aarch64-linux-gnu-gcc "${flags[@]}" -S "$src/src/ggml-cpu/arch/arm/quants.c" -o "$work/ggml-quants$tag.s"
+aarch64-linux-gnu-g++ "${flags[@]}" -S "$src/src/ggml-cpu/vec.cpp" -o "$work/ggml-vec$tag.s"
+if [[ -n $tag ]]; then
+    exec python3 scripts/kernel_cycles.py --ggml "$work/ggml-quants$tag.s" --ggml "$work/ggml-vec$tag.s" "$@"
+fi
 
 # ork's kernels (the column is empty, "-"/null, if ork-kernels has no NEON block kernels).
 ork_args=()

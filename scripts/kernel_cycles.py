@@ -3,7 +3,7 @@
 scheduling models (llvm-mca), for ggml's kernels and ork's. An ESTIMATE from a scheduling model,
 not a measurement. Driven by scripts/kernel-cycles.sh, which prepares the assembly.
 
-Usage: kernel_cycles.py --ggml GGML.s [--ork ORK.s] [--json]
+Usage: kernel_cycles.py --ggml GGML.s [--ork ORK.s] [--cores rk3588|rk3576] [--json]
 
 How a kernel's figure is made, the same way for both columns:
 - the kernel's function is found in the assembly (ggml: `ggml_vec_dot_<type>_<act>`; ork: the
@@ -46,6 +46,14 @@ TYPES = [
     ("IQ4_XS", "iq4_xs_q8_K"),
 ]
 CORES = [("A76", "cortex-a76"), ("A55", "cortex-a55")]
+# The RK3576's cores (`--cores rk3576`): ARMv8.0-A without dotprod or fp16 arithmetic; ggml then
+# builds its plain-NEON paths (`ggml_vdotq_s32` as `smull`/`smull2` to 16-bit products, F16
+# widened to fp32). ork's kernels need dotprod: no ork column for them.
+CORES_RK3576 = [("A72", "cortex-a72"), ("A53", "cortex-a53")]
+# Multiply-adds per plain-NEON instruction: `smull`/`smull2` of 8 int8 pairs into `.8h` (the
+# `.4s` forms multiply 16-bit sums by scales, not weights); F16: 4 per fp32 `fmla`.
+MACS_NEON = [(re.compile(r"^\s+smull2?\s+v\d+\.8h, v\d+\.(8b|16b),"), 8)]
+MACS_NEON_F16 = [(re.compile(r"^\s+fmla\s+v\d+\.4s, v\d+\.4s, v\d+\.4s$"), 4)]
 # Multiply-adds per instruction: sdot/udot on 16 bytes (16 int8 products), fmla on 8 fp16 lanes.
 MACS = [(re.compile(r"^\s+(sdot|udot)\s+v\d+\.4s,"), 16), (re.compile(r"^\s+fmla\s+v\d+\.8h,"), 8)]
 # ork's F16 widens both operands to fp32 and multiply-adds with `fmla` on 4 lanes (the same
@@ -228,9 +236,11 @@ def hot_loop(body, macs=None, rules=MACS):
 
 
 def mca(text, cpu):
-    """Cycles per iteration of `text` under llvm-mca's model of `cpu`."""
+    """Cycles per iteration of `text` under llvm-mca's model of `cpu` (dotprod only where the
+    core has it: not the A72/A53)."""
+    attr = [] if cpu in ("cortex-a72", "cortex-a53") else ["-mattr=+dotprod"]
     r = subprocess.run(
-        ["llvm-mca", "-mtriple=aarch64", "-mcpu=" + cpu, "-mattr=+dotprod", "-iterations=200"],
+        ["llvm-mca", "-mtriple=aarch64", "-mcpu=" + cpu, *attr, "-iterations=200"],
         input=text,
         capture_output=True,
         text=True,
@@ -317,7 +327,9 @@ def main():
     ap.add_argument("--ggml", required=True, action="append")
     ap.add_argument("--ork")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--cores", choices=["rk3588", "rk3576"], default="rk3588")
     a = ap.parse_args()
+    cores = CORES_RK3576 if a.cores == "rk3576" else CORES
     g = {}
     for path in a.ggml:
         g.update(functions(path))
@@ -328,9 +340,13 @@ def main():
         if gbody is None:
             sys.exit(f"ggml_vec_dot_{suffix} not found in {a.ggml}")
         obody, omacs, orules = (ork_kernel(o, ty) if o else None) or (None, None, MACS)
-        for core, cpu in CORES:
+        grules = MACS
+        if a.cores == "rk3576":
+            grules = MACS_NEON_F16 if ty == "F16" else MACS_NEON
+        for core, cpu in cores:
             ork = per_256(obody, cpu, omacs, orules)
-            rows.append({"type": ty, "core": core, "ork": ork, "ggml": per_256(gbody, cpu)})
+            ggml = per_256(gbody, cpu, None, grules)
+            rows.append({"type": ty, "core": core, "ork": ork, "ggml": ggml})
     if a.json:
         print(json.dumps(rows, indent=1))
         return

@@ -21,85 +21,19 @@ pub const CPU_MODEL: &str = "cpu-0.1+fit-rk-llama.cpp-readme+ggml-0.3.36-llvm-mc
 const GB: f64 = 1e9;
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// A GGUF weight type, computed at its own bits.
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum FileType {
-    /// f32.
-    F32,
-    /// f16.
-    F16,
-    /// bf16.
-    BF16,
-    /// ggml Q4_0.
-    Q4_0,
-    /// ggml Q4_1.
-    Q4_1,
-    /// ggml Q5_0.
-    Q5_0,
-    /// ggml Q5_1.
-    Q5_1,
-    /// ggml Q8_0.
-    Q8_0,
-    /// ggml Q2_K.
-    Q2_K,
-    /// ggml Q3_K.
-    Q3_K,
-    /// ggml Q4_K.
-    Q4_K,
-    /// ggml Q5_K.
-    Q5_K,
-    /// ggml Q6_K.
-    Q6_K,
-    /// ggml IQ4_NL.
-    IQ4_NL,
-    /// ggml IQ4_XS.
-    IQ4_XS,
+/// A GGUF weight type, computed at its own bits: ork-kernels' own type, whose block geometry
+/// (ggml's, `ggml-common.h`) is the one table of it.
+pub use ork_kernels::blocks::WeightType as FileType;
+
+/// The type ggml names `name`, if ork's kernels know it.
+pub fn file_type(name: &str) -> Option<FileType> {
+    FileType::ALL.into_iter().find(|t| t.name() == name)
 }
 
-/// (type, name, weights per block, bytes per block): ggml's block layouts (`ggml-common.h`;
-/// the same figures as `docs/kernels.md`).
-const BLOCKS: [(FileType, &str, u64, u64); 15] = [
-    (FileType::F32, "F32", 1, 4),
-    (FileType::F16, "F16", 1, 2),
-    (FileType::BF16, "BF16", 1, 2),
-    (FileType::Q4_0, "Q4_0", 32, 18),
-    (FileType::Q4_1, "Q4_1", 32, 20),
-    (FileType::Q5_0, "Q5_0", 32, 22),
-    (FileType::Q5_1, "Q5_1", 32, 24),
-    (FileType::Q8_0, "Q8_0", 32, 34),
-    (FileType::Q2_K, "Q2_K", 256, 84),
-    (FileType::Q3_K, "Q3_K", 256, 110),
-    (FileType::Q4_K, "Q4_K", 256, 144),
-    (FileType::Q5_K, "Q5_K", 256, 176),
-    (FileType::Q6_K, "Q6_K", 256, 210),
-    (FileType::IQ4_NL, "IQ4_NL", 32, 18),
-    (FileType::IQ4_XS, "IQ4_XS", 256, 136),
-];
-
-impl FileType {
-    fn entry(self) -> &'static (FileType, &'static str, u64, u64) {
-        BLOCKS
-            .iter()
-            .find(|b| b.0 == self)
-            .expect("every type has a block entry")
-    }
-
-    /// ggml's name of the type.
-    pub fn name(self) -> &'static str {
-        self.entry().1
-    }
-
-    /// The type ggml names `name`, if the CPU model knows it.
-    pub fn from_name(name: &str) -> Option<FileType> {
-        BLOCKS.iter().find(|b| b.1 == name).map(|b| b.0)
-    }
-
-    /// Bytes of one row of `k` weights.
-    pub fn row_bytes(self, k: usize) -> u64 {
-        let &(_, _, w, b) = self.entry();
-        (k as u64).div_ceil(w) * b
-    }
+/// Bytes of one row of `k` weights of `ty` (a partial last block counted whole).
+pub fn row_bytes(ty: FileType, k: usize) -> u64 {
+    let (len, bytes) = ty.geometry();
+    (k as u64).div_ceil(len as u64) * bytes as u64
 }
 
 /// Cycles per 256 weights of ggml's M = 1 dot kernel for each type on the Cortex-A76 and the
@@ -154,6 +88,28 @@ pub enum Kernels {
     Ork,
 }
 
+/// Cycles per 256 weights of ggml's M = 1 dot kernel for each type on the Cortex-A72 and the
+/// Cortex-A53 (the RK3576's cores: ARMv8.0-A, no dotprod, no fp16 arithmetic):
+/// `scripts/kernel-cycles.sh --cores rk3576` (llvm-mca 14's cortex-a72 / cortex-a53 models on the
+/// hot loop of ggml's plain-NEON `ggml_vec_dot_*`, the same sources built with
+/// `-march=armv8-a`). An estimate from a scheduling model, not a measurement. ork's kernels need
+/// dotprod: there is no ork column for these cores.
+pub const GGML_CYCLES_ARMV8_0: [(FileType, f64, f64); 13] = [
+    (FileType::F16, 257.7, 496.1),
+    (FileType::Q4_0, 96.8, 316.0),
+    (FileType::Q4_1, 100.6, 320.0),
+    (FileType::Q5_0, 148.7, 456.0),
+    (FileType::Q5_1, 160.7, 544.0),
+    (FileType::Q8_0, 84.7, 288.0),
+    (FileType::Q2_K, 105.2, 290.0),
+    (FileType::Q3_K, 96.2, 282.0),
+    (FileType::Q4_K, 95.2, 309.0),
+    (FileType::Q5_K, 116.2, 363.0),
+    (FileType::Q6_K, 100.3, 292.0),
+    (FileType::IQ4_NL, 114.6, 376.0),
+    (FileType::IQ4_XS, 126.2, 356.0),
+];
+
 /// A core kind of a big.LITTLE CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -162,20 +118,32 @@ pub enum Core {
     A76,
     /// Cortex-A55 (the RK3588's little cores).
     A55,
+    /// Cortex-A72 (the RK3576's big cores).
+    A72,
+    /// Cortex-A53 (the RK3576's little cores).
+    A53,
 }
 
 /// Cycles per 256 weights of `ty`'s dot kernel on `core`, from `kernels`' column (ggml's where
-/// ork's lacks the type). F32 is charged twice F16 (4 lanes per fp32 `fmla` instead of 8) and
-/// BF16 as F32 (ggml converts bf16 to f32 on cores without bf16 instructions, as these):
-/// both assumed, not estimated.
+/// ork's lacks the type or the core: the A72/A53 have only ggml's plain-NEON column). F32 is
+/// charged twice F16 (4 lanes per fp32 `fmla` instead of 8) and BF16 as F32 (ggml converts bf16
+/// to f32 on cores without bf16 instructions, as these): both assumed, not estimated.
 pub fn cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
+    let (dotprod, big) = match core {
+        Core::A76 => (true, true),
+        Core::A55 => (true, false),
+        Core::A72 => (false, true),
+        Core::A53 => (false, false),
+    };
     let pick = |t: &[(FileType, f64, f64)], ty: FileType| {
-        t.iter().find(|c| c.0 == ty).map(|c| match core {
-            Core::A76 => c.1,
-            Core::A55 => c.2,
-        })
+        t.iter()
+            .find(|c| c.0 == ty)
+            .map(|c| if big { c.1 } else { c.2 })
     };
     let one = |ty| {
+        if !dotprod {
+            return pick(&GGML_CYCLES_ARMV8_0, ty);
+        }
         let ork = match kernels {
             Kernels::Ork => pick(&ORK_CYCLES, ty),
             Kernels::Ggml => None,
@@ -191,6 +159,10 @@ pub fn cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
 /// A board's CPU: its cores, their clocks and read rates, and the fitted costs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Cpu {
+    /// The big and the little cores' kind.
+    pub kinds: (Core, Core),
+    /// How the fitted parameters apply: fitted on this chip's rows, or carried over unfitted.
+    pub fit: &'static str,
     /// Big cores and their clock (Hz).
     pub big: (f64, f64),
     /// Little cores and their clock (Hz); (0, 0) without.
@@ -244,6 +216,9 @@ pub struct CpuBoard {
     pub storage_read_bw: f64,
     /// The board has an NPU the clock models.
     pub npu: bool,
+    /// Its NPU's cost model (the row split's NPU side, [`crate::split`]); `None` without.
+    #[serde(skip)]
+    pub chip: Option<crate::Chip>,
 }
 
 /// CPU-only boards: (name, RAM GiB, storage GB/s, what the storage is).
@@ -255,6 +230,8 @@ impl Cpu {
     /// cores reading the fitted fraction of `ddr_bw`.
     pub fn rk3588(ddr_bw: f64, f: &CpuFitted, core_flops: f64) -> Cpu {
         Cpu {
+            kinds: (Core::A76, Core::A55),
+            fit: FIT_RK3588,
             big: (4.0, 2.352e9),
             little: (4.0, 1.8e9),
             core_read_bw: 11.4 * GB,
@@ -270,27 +247,55 @@ impl Cpu {
     /// over: the same core).
     pub fn bcm2712(ddr_bw: f64, f: &CpuFitted, core_flops: f64) -> Cpu {
         Cpu {
+            fit: UNFITTED,
             big: (4.0, 2.4e9),
             little: (0.0, 0.0),
             core_read_bw: 6.0 * GB,
             ..Cpu::rk3588(ddr_bw, f, core_flops)
         }
     }
+
+    /// The RK3576's: 4 × Cortex-A72 at 2.2 GHz and 4 × Cortex-A53 at 1.8 GHz (Rockchip's RK3576
+    /// specification as reproduced by raspberryme.com, the source of its 32-bit bus,
+    /// `docs/board-model.md`), one core reading `core_read_bw` (the chip's `memcpy_bw`:
+    /// assumed, not measured on an A72), the RK3588's fitted costs and read fraction of its own
+    /// bus: **unfitted** (no published RK3576 CPU row).
+    pub fn rk3576(ddr_bw: f64, f: &CpuFitted, core_flops: f64, core_read_bw: f64) -> Cpu {
+        Cpu {
+            kinds: (Core::A72, Core::A53),
+            fit: UNFITTED,
+            big: (4.0, 2.2e9),
+            little: (4.0, 1.8e9),
+            core_read_bw,
+            ..Cpu::rk3588(ddr_bw, f, core_flops)
+        }
+    }
 }
 
+/// [`Cpu::fit`] of the RK3588, whose rows the fit used.
+pub const FIT_RK3588: &str = "fitted on llama.cpp's RK3588 rows (rk-llama.cpp README)";
+/// [`Cpu::fit`] of every other CPU.
+pub const UNFITTED: &str = "unfitted: the RK3588 fit's parameters, carried over";
+
 impl CpuBoard {
-    /// The CPU side of `board` with the fit `f`; `None` for a chip whose cores the table does
-    /// not cover (the RK3576's Cortex-A72/A53 have no dotprod: ggml's plain-NEON kernels are
-    /// not estimated).
+    /// The CPU side of `board` with the fit `f`; `None` for a chip whose cores the model does
+    /// not know (the RK3588's and the RK3576's it does).
     pub fn of(board: &Board, f: &CpuFitted) -> Option<CpuBoard> {
-        (board.chip.name == "rk3588").then(|| CpuBoard {
+        let c = &board.chip;
+        let cpu = match c.name.as_str() {
+            "rk3588" => Cpu::rk3588(c.ddr_bw, f, c.host_core_flops),
+            "rk3576" => Cpu::rk3576(c.ddr_bw, f, c.host_core_flops, c.memcpy_bw),
+            _ => return None,
+        };
+        Some(CpuBoard {
             name: board.name.clone(),
-            cpu: Cpu::rk3588(board.chip.ddr_bw, f, board.chip.host_core_flops),
-            ddr_bw: board.chip.ddr_bw,
+            cpu,
+            ddr_bw: c.ddr_bw,
             ram_bytes: board.ram_bytes,
             reserved_bytes: board.reserved_bytes,
             storage_read_bw: board.storage_read_bw,
             npu: true,
+            chip: Some(c.clone()),
         })
     }
 
@@ -307,6 +312,7 @@ impl CpuBoard {
             reserved_bytes: GIB,
             storage_read_bw: storage * GB,
             npu: false,
+            chip: None,
         })
     }
 
@@ -345,7 +351,7 @@ pub struct CpuWeight {
 impl CpuWeight {
     /// Bytes of the weight in the file (all experts).
     pub fn bytes(&self) -> u64 {
-        self.ty.row_bytes(self.k) * (self.n * self.experts) as u64
+        row_bytes(self.ty, self.k) * (self.n * self.experts) as u64
     }
 }
 
@@ -426,32 +432,60 @@ fn threads_and_bw(b: &CpuBoard, plan: &CpuPlan) -> (f64, f64, f64) {
 
 /// Time of the matmuls of one pass of `m` rows (the output projection for the last row).
 pub fn weights_s(shape: &CpuShape, b: &CpuBoard, plan: &CpuPlan, m: usize) -> f64 {
+    shape
+        .weights
+        .iter()
+        .map(|w| {
+            let c = weight_cost(shape, w, b, plan, m);
+            c.compute_s.max(c.read_s)
+        })
+        .sum()
+}
+
+/// One weight's share of a pass on the CPU: its compute and its read time (the larger is its
+/// time) and the bytes it reads over the DDR bus (not those from storage).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WeightCost {
+    /// Compute, seconds.
+    pub compute_s: f64,
+    /// Reads (page cache over the bus, the rest from storage), seconds.
+    pub read_s: f64,
+    /// Bytes read over the DDR bus.
+    pub bus_bytes: f64,
+}
+
+/// The cost of weight `w` of `shape` in a pass of `m` rows on `b` as `plan` says.
+pub fn weight_cost(
+    shape: &CpuShape,
+    w: &CpuWeight,
+    b: &CpuBoard,
+    plan: &CpuPlan,
+    m: usize,
+) -> WeightCost {
     let cpu = &b.cpu;
     let (big, little, read_bw) = threads_and_bw(b, plan);
     // The share of the file the page cache holds; the rest comes from storage on every read.
     let cached = (plan.cache_bytes / shape.file_bytes()).clamp(0.0, 1.0);
-    let mut t = 0.0;
-    for w in &shape.weights {
-        let rows = if w.output { 1 } else { m };
-        let per_row_experts = if w.experts > 1 {
-            shape.top_k as f64
-        } else {
-            1.0
-        };
-        let macs = rows as f64 * per_row_experts * (w.k * w.n) as f64;
-        let gain = if rows > 1 { cpu.gemm_gain } else { 1.0 };
-        // Rows split evenly over the threads: the slowest core's share sets the time.
-        let mut slowest = cycles(w.ty, Core::A76, plan.kernels) / cpu.big.1;
-        if little > 0.0 {
-            slowest = slowest.max(cycles(w.ty, Core::A55, plan.kernels) / cpu.little.1);
-        }
-        let compute = macs / 256.0 * slowest / (big + little) / gain;
-        let touched = active_experts(w, shape.top_k, rows) / w.experts as f64;
-        let bytes = w.bytes() as f64 * shape.bytes_scale * touched;
-        let read = bytes * cached / read_bw + bytes * (1.0 - cached) / b.storage_read_bw;
-        t += compute.max(read);
+    let rows = if w.output { 1 } else { m };
+    let per_row_experts = if w.experts > 1 {
+        shape.top_k as f64
+    } else {
+        1.0
+    };
+    let macs = rows as f64 * per_row_experts * (w.k * w.n) as f64;
+    let gain = if rows > 1 { cpu.gemm_gain } else { 1.0 };
+    // Rows split evenly over the threads: the slowest core's share sets the time.
+    let mut slowest = cycles(w.ty, cpu.kinds.0, plan.kernels) / cpu.big.1;
+    if little > 0.0 {
+        slowest = slowest.max(cycles(w.ty, cpu.kinds.1, plan.kernels) / cpu.little.1);
     }
-    t
+    let touched = active_experts(w, shape.top_k, rows) / w.experts as f64;
+    let bytes = w.bytes() as f64 * shape.bytes_scale * touched;
+    WeightCost {
+        compute_s: macs / 256.0 * slowest / (big + little) / gain,
+        read_s: bytes * cached / read_bw + bytes * (1.0 - cached) / b.storage_read_bw,
+        bus_bytes: bytes * cached,
+    }
 }
 
 /// Time of one pass's attention (every block) and fixed per-block costs, `m` rows over
@@ -477,6 +511,25 @@ pub fn attention_s(
     t
 }
 
+/// Time of a prefill of `prompt` rows (one pass from an empty context).
+pub fn prefill_s(shape: &CpuShape, b: &CpuBoard, plan: &CpuPlan, prompt: usize) -> f64 {
+    weights_s(shape, b, plan, prompt) + attention_s(shape, b, plan, prompt, 0)
+}
+
+/// Time of `steps` decode passes of one row, the first at `context` positions.
+pub fn decode_s(
+    shape: &CpuShape,
+    b: &CpuBoard,
+    plan: &CpuPlan,
+    context: usize,
+    steps: usize,
+) -> f64 {
+    steps as f64 * weights_s(shape, b, plan, 1)
+        + (0..steps)
+            .map(|i| attention_s(shape, b, plan, 1, context + i))
+            .sum::<f64>()
+}
+
 /// The CPU engine's projected figures: TTFT of a `prompt`-token prefill (one pass) and decode
 /// tokens per second over `gen` tokens after it (the first comes from the prefill; with `gen`
 /// ≤ 1, one step is projected).
@@ -499,12 +552,9 @@ pub fn project(
     prompt: usize,
     gen: usize,
 ) -> CpuProjection {
-    let ttft = weights_s(shape, b, plan, prompt) + attention_s(shape, b, plan, prompt, 0);
+    let ttft = prefill_s(shape, b, plan, prompt);
     let steps = gen.saturating_sub(1).max(1);
-    let decode = steps as f64 * weights_s(shape, b, plan, 1)
-        + (0..steps)
-            .map(|i| attention_s(shape, b, plan, 1, prompt + i))
-            .sum::<f64>();
+    let decode = decode_s(shape, b, plan, prompt, steps);
     CpuProjection {
         ttft_s: ttft,
         prefill_tok_s: prompt as f64 / ttft,

@@ -6,7 +6,7 @@
 //! `docs/board-model.md`.
 
 use crate::cpu::{
-    attention_s, weights_s, CpuBoard, CpuFitted, CpuPlan, CpuShape, CpuWeight, FileType, Kernels,
+    decode_s, prefill_s, CpuBoard, CpuFitted, CpuPlan, CpuShape, CpuWeight, FileType, Kernels,
 };
 use crate::fit::nelder_mead;
 use crate::{Board, BoardError};
@@ -118,7 +118,7 @@ impl CpuDims {
             other_bytes: if self.tied {
                 0
             } else {
-                ty.row_bytes(d) * self.vocab as u64
+                crate::cpu::row_bytes(ty, d) * self.vocab as u64
             },
         }
     }
@@ -253,13 +253,9 @@ pub fn project_cpu_row(row: &CpuRow, f: &CpuFitted) -> Result<(f64, f64), BoardE
         cache_bytes: b.ram_bytes - b.reserved_bytes,
         kv_bytes: 2,
     };
-    let pp = 512.0 / (weights_s(&shape, &b, &plan, 512) + attention_s(&shape, &b, &plan, 512, 0));
+    let pp = 512.0 / prefill_s(&shape, &b, &plan, 512);
     // tg128 starts from an empty context.
-    let tg_s = 128.0 * weights_s(&shape, &b, &plan, 1)
-        + (0..128)
-            .map(|c| attention_s(&shape, &b, &plan, 1, c))
-            .sum::<f64>();
-    Ok((pp, 128.0 / tg_s))
+    Ok((pp, 128.0 / decode_s(&shape, &b, &plan, 0, 128)))
 }
 
 /// Sum of squared log errors of pp512 and tg128 over [`CPU_FIT_ROWS`].

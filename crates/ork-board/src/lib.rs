@@ -12,6 +12,8 @@
 //! - [`moe`] and [`spec`]: planned schedules of a mixture of experts (expert cache, on-demand,
 //!   router-driven or speculative expert loads) and of speculative decoding (a resident draft, a
 //!   verifier pass of k + 1 rows), for the studies of `docs/board-model.md`.
+//! - [`cpu`], [`cpu_fit`], [`engines`] and [`split`]: the CPU as a second engine, its fit, the
+//!   pairing of the engines per phase, and a decode step split between them on one DDR bus.
 //! - [`fit`]: the calibration on published figures and the rows it is judged on.
 //!
 //! Every figure is a projection: see `docs/board-model.md` for each parameter's source, the fit,
@@ -30,6 +32,7 @@ mod projection;
 mod replay;
 pub mod schedule;
 pub mod spec;
+pub mod split;
 
 pub use events::{Event, HostKind, Loader, Recorder, WeightType};
 pub use params::{

@@ -1,13 +1,16 @@
 //! The CPU engine's cost model: its fit reproduces, its predictions are reported, and the
-//! engine choice is never projected slower than either engine alone.
+//! engine choice is never projected slower than either engine alone (on the RK3588 and the
+//! RK3576, with the NPU drawing on the same bus), and a row-split decode is bounded both ways.
 
 use ork_board::cpu::{
-    cycles, project, Core, CpuBoard, CpuPlan, FileType, Kernels, FITTED_CPU, GGML_CYCLES,
+    cycles, file_type, project, row_bytes, Core, CpuBoard, CpuPlan, FileType, Kernels, FITTED_CPU,
+    FIT_RK3588, GGML_CYCLES, GGML_CYCLES_ARMV8_0, UNFITTED,
 };
 use ork_board::cpu_fit::{
     fit_cpu, project_cpu_row, CPU_FIT_ROWS, CPU_HOLDOUT_ROWS, GEMMA3_1B, QWEN3_30B_A3B,
 };
 use ork_board::engines::{choose, Engine, EngineInputs, Phases};
+use ork_board::split::{cpu_read_bw_beside, split_decode};
 use ork_board::Board;
 
 #[test]
@@ -73,9 +76,11 @@ fn cycles_come_from_the_table_and_little_cores_are_slower() {
         2.0 * cycles(FileType::F16, Core::A76, Kernels::Ggml)
     );
     // Row bytes: ggml's block sizes.
-    assert_eq!(FileType::Q4_0.row_bytes(64), 36);
-    assert_eq!(FileType::Q3_K.row_bytes(512), 220);
-    assert_eq!(FileType::from_name("Q6_K"), Some(FileType::Q6_K));
+    assert_eq!(row_bytes(FileType::Q4_0, 64), 36);
+    assert_eq!(row_bytes(FileType::Q3_K, 512), 220);
+    assert_eq!(row_bytes(FileType::Q4_0, 40), 36);
+    assert_eq!(file_type("Q6_K"), Some(FileType::Q6_K));
+    assert_eq!(file_type("Q7_K"), None);
 }
 
 fn rk3588(name: &str) -> CpuBoard {
@@ -143,7 +148,29 @@ fn the_chosen_pairing_is_never_slower_than_either_engine_alone() {
             decode_tok_s,
         })
     };
-    for (npu, cpu, beside) in cases {
+    // The CPU's own projections on the RK3588 and the RK3576, alone and beside an NPU that
+    // holds RAM and draws 80 % of the bus (the contention of `serve`'s overlap), against NPU
+    // figures either side of them.
+    let mut projected = Vec::new();
+    for b in boards() {
+        let shape = GEMMA3_1B.shape(FileType::Q4_0, FileType::Q8_0);
+        let alone = project(&shape, &b, &plan(&b, 4), 128, 64);
+        let mut beside = b.clone();
+        beside.cpu.read_bw = cpu_read_bw_beside(&b, 0.8 * b.ddr_bw);
+        let starved = CpuPlan {
+            cache_bytes: 0.5e9,
+            ..plan(&b, 4)
+        };
+        let near = project(&shape, &beside, &starved, 128, 64);
+        let (a, n) = (
+            (alone.ttft_s, alone.decode_tok_s),
+            (near.ttft_s, near.decode_tok_s),
+        );
+        for npu in [(a.0 / 5.0, a.1 * 0.6), (a.0 * 2.0, a.1 * 1.5), (a.0, a.1)] {
+            projected.push((Some(npu), Some(a), Some(n)));
+        }
+    }
+    for (npu, cpu, beside) in cases.into_iter().chain(projected) {
         let inputs = EngineInputs {
             npu: ph(npu),
             cpu: ph(cpu),
@@ -188,6 +215,100 @@ fn pi5_is_a_cpu_only_board() {
     assert!(!b.npu);
     assert_eq!(b.cpu.big, (4.0, 2.4e9));
     assert!((b.ddr_bw - 17.068e9).abs() < 1e7);
-    // The RK3576's A72/A53 have no dotprod: not modelled.
-    assert!(CpuBoard::resolve("rk3576-8g").unwrap().is_none());
+}
+
+#[test]
+fn the_rk3576_cpu_is_modelled_unfitted_from_the_a72_and_a53_tables() {
+    let b = CpuBoard::resolve("rk3576-8g").unwrap().unwrap();
+    assert_eq!(b.cpu.kinds, (Core::A72, Core::A53));
+    assert_eq!(b.cpu.fit, UNFITTED);
+    assert_eq!((b.cpu.big, b.cpu.little), ((4.0, 2.2e9), (4.0, 1.8e9)));
+    // Its bus is half the RK3588's; the read fraction is the RK3588 fit's.
+    let r = rk3588("orangepi5-16g");
+    assert_eq!(r.cpu.fit, FIT_RK3588);
+    assert!((b.cpu.read_bw / b.ddr_bw - r.cpu.read_bw / r.ddr_bw).abs() < 1e-12);
+    for (ty, a72, a53) in GGML_CYCLES_ARMV8_0 {
+        // ggml's plain-NEON column, whichever kernels are asked for (ork's need dotprod).
+        assert_eq!(cycles(ty, Core::A72, Kernels::Ork), a72);
+        assert_eq!(cycles(ty, Core::A53, Kernels::Ggml), a53);
+        assert!(a53 > a72, "{ty:?}");
+    }
+    let shape = GEMMA3_1B.shape(FileType::Q4_0, FileType::Q8_0);
+    let slow = project(&shape, &b, &plan(&b, 4), 128, 64);
+    let fast = project(&shape, &r, &plan(&r, 4), 128, 64);
+    assert!(slow.decode_tok_s < fast.decode_tok_s, "{slow:?} {fast:?}");
+    assert!(slow.ttft_s > fast.ttft_s, "{slow:?} {fast:?}");
+}
+
+fn boards() -> [CpuBoard; 2] {
+    [
+        rk3588("orangepi5-16g"),
+        CpuBoard::resolve("rk3576-8g").unwrap().unwrap(),
+    ]
+}
+
+#[test]
+fn a_row_split_is_never_slower_than_the_cpu_nor_faster_than_the_bus() {
+    for b in boards() {
+        for shape in [
+            GEMMA3_1B.shape(FileType::Q4_0, FileType::Q8_0),
+            GEMMA3_1B.shape(FileType::Q8_0, FileType::Q8_0),
+            QWEN3_30B_A3B.shape(FileType::Q3_K, FileType::Q6_K),
+        ] {
+            let p = plan(&b, 4);
+            let s = split_decode(&shape, &b, &p, 192).unwrap();
+            let cpu = project(&shape, &b, &p, 192, 2);
+            assert!(
+                (s.cpu_decode_tok_s / cpu.decode_tok_s - 1.0).abs() < 1e-9,
+                "{s:?}"
+            );
+            assert!(s.decode_tok_s >= s.cpu_decode_tok_s, "{s:?}");
+            // Every byte a token needs crosses the one bus, read by whichever engine reads
+            // fewer bytes for it at best (int8 on the NPU, the file's bits on the CPU).
+            let least: f64 = shape
+                .weights
+                .iter()
+                .map(|w| {
+                    let file = w.bytes() as f64 / w.experts as f64
+                        * if w.experts > 1 {
+                            shape.top_k as f64
+                        } else {
+                            1.0
+                        };
+                    file.min(if w.experts > 1 {
+                        f64::INFINITY
+                    } else {
+                        (w.k * w.n) as f64
+                    })
+                })
+                .sum();
+            assert!(s.decode_tok_s <= b.ddr_bw / least, "{s:?}");
+            assert!((0.0..=1.0).contains(&s.npu_row_share), "{s:?}");
+        }
+        // No NPU, no split.
+        let pi5 = CpuBoard::resolve("pi5-16g").unwrap().unwrap();
+        let shape = GEMMA3_1B.shape(FileType::Q4_0, FileType::Q8_0);
+        assert!(split_decode(&shape, &pi5, &plan(&pi5, 4), 192).is_none());
+    }
+}
+
+#[test]
+fn the_npu_reading_beside_the_cpu_leaves_it_the_rest_of_the_bus() {
+    for b in boards() {
+        assert_eq!(cpu_read_bw_beside(&b, 0.0), b.cpu.read_bw.min(b.ddr_bw));
+        let shared = cpu_read_bw_beside(&b, 0.8 * b.ddr_bw);
+        assert!(
+            shared < b.cpu.read_bw && shared >= b.ddr_bw / 2.0,
+            "{shared}"
+        );
+        let mut beside = b.clone();
+        beside.cpu.read_bw = shared;
+        let shape = GEMMA3_1B.shape(FileType::Q8_0, FileType::Q8_0);
+        let alone = project(&shape, &b, &plan(&b, 4), 128, 64);
+        let slowed = project(&shape, &beside, &plan(&b, 4), 128, 64);
+        assert!(
+            slowed.decode_tok_s < alone.decode_tok_s,
+            "{slowed:?} {alone:?}"
+        );
+    }
 }

@@ -5,8 +5,9 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use ork_board::cpu::{project, CpuBoard, CpuPlan, CpuShape, CpuWeight, FileType, Kernels};
+use ork_board::cpu::{project, CpuBoard, CpuPlan, CpuShape, CpuWeight, Kernels};
 use ork_board::engines::{choose, Choice, EngineInputs, Phases};
+use ork_board::split::{cpu_read_bw_beside, split_decode, SplitDecode};
 use ork_board::{Board, Projection};
 use ork_residency::{Mode, Plan as Placement};
 
@@ -26,7 +27,7 @@ pub fn cpu_shape(
         }
         let ty = w.slice.ty;
         let name = ty.name().unwrap_or("unknown");
-        let ty = FileType::from_name(name).with_context(|| {
+        let ty = ork_board::cpu::file_type(name).with_context(|| {
             format!(
                 "{}: tensor '{}' has type {name}, which the board clock's CPU model does not cost",
                 path.display(),
@@ -75,16 +76,20 @@ fn cpu_phases(
     prompt: usize,
     gen: usize,
 ) -> Phases {
-    let plan = CpuPlan {
+    let p = project(shape, b, &cpu_plan(b, cache_bytes), prompt, gen);
+    Phases {
+        ttft_s: p.ttft_s,
+        decode_tok_s: p.decode_tok_s,
+    }
+}
+
+/// The CPU engine's plan: 4 threads on the big cores, ork's kernels, `cache_bytes` of page cache.
+fn cpu_plan(b: &CpuBoard, cache_bytes: f64) -> CpuPlan {
+    CpuPlan {
         threads: b.cpu.big.0 as usize,
         kernels: Kernels::Ork,
         cache_bytes: cache_bytes.max(0.0),
         kv_bytes: 2,
-    };
-    let p = project(shape, b, &plan, prompt, gen);
-    Phases {
-        ttft_s: p.ttft_s,
-        decode_tok_s: p.decode_tok_s,
     }
 }
 
@@ -148,6 +153,22 @@ pub fn place<E>(
     }
 }
 
+/// What `ork plan --project` reports of the engines: the pairings and the choice, the CPU's
+/// shape of the model, and the row-split decode (`ork_board::split`; `None` without an NPU
+/// plan that holds its weights resident).
+#[derive(Debug)]
+pub struct PlanEngines {
+    /// Every pairing and the choice.
+    pub choice: Choice,
+    /// The CPU engine's shape of the model.
+    pub shape: CpuShape,
+    /// Decode split by rows between the NPU and the CPU, evaluated, not built.
+    pub split: Option<SplitDecode>,
+    /// The CPU's decode tok/s while the NPU prefills another request on the same bus (`serve`'s
+    /// overlap): its read rate is what the NPU's prefill reads leave (`None` without an NPU).
+    pub cpu_decode_beside_prefill: Option<f64>,
+}
+
 /// [`engines`] for `ork plan`'s placement `p` (the NPU's buffers: a resident pack's bytes, or
 /// the budget in each domain used), `None` without a CPU board.
 pub fn for_plan(
@@ -158,7 +179,7 @@ pub fn for_plan(
     budget: u64,
     npu: Option<&Projection>,
     (prompt, gen): (usize, usize),
-) -> Result<Option<(Choice, CpuShape)>> {
+) -> Result<Option<PlanEngines>> {
     let Some(cb) = cpu_board else {
         return Ok(None);
     };
@@ -166,15 +187,34 @@ pub fn for_plan(
         Mode::Resident => p.model_bytes,
         Mode::Streamed => budget * u64::from(p.domains_used.max(1)),
     };
-    engines(
+    let (choice, shape) = engines(
         path,
         manifest,
         cb,
         npu.map(|pr| (pr, npu_bytes as f64)),
         prompt,
         gen,
-    )
-    .map(Some)
+    )?;
+    // The split needs the NPU's rows resident and the GGUF's pages beside them.
+    let split = (npu.is_some() && p.mode == Mode::Resident)
+        .then(|| {
+            let plan = cpu_plan(cb, cb.ram_bytes - cb.reserved_bytes - npu_bytes as f64);
+            split_decode(&shape, cb, &plan, prompt + gen / 2)
+        })
+        .flatten();
+    // The NPU's prefill reads its weights once per pass: that rate, while it runs.
+    let cpu_decode_beside_prefill = npu.filter(|pr| pr.ttft_s > 0.0).map(|pr| {
+        let mut beside = cb.clone();
+        beside.cpu.read_bw = cpu_read_bw_beside(cb, npu_bytes as f64 / pr.ttft_s);
+        let cache = cb.ram_bytes - cb.reserved_bytes - npu_bytes as f64;
+        cpu_phases(&shape, &beside, cache, prompt, gen).decode_tok_s
+    });
+    Ok(Some(PlanEngines {
+        choice,
+        shape,
+        split,
+        cpu_decode_beside_prefill,
+    }))
 }
 
 /// RAM ork's own process holds beside the weights (KV cache, activations, tables): 0.5 GiB, a
@@ -183,12 +223,8 @@ pub const PROCESS_BYTES: f64 = (1u64 << 29) as f64;
 
 /// Add the engines' fields under `projected` (made, for a board without an NPU, with the
 /// chosen pairing's TTFT and decode rate and the labels).
-pub fn add_json(
-    projected: &mut serde_json::Value,
-    choice: &Choice,
-    shape: &CpuShape,
-    b: &CpuBoard,
-) {
+pub fn add_json(projected: &mut serde_json::Value, e: &PlanEngines, b: &CpuBoard) {
+    let (choice, shape) = (&e.choice, &e.shape);
     if !projected.is_object() {
         let best = choice
             .alternatives
@@ -206,7 +242,37 @@ pub fn add_json(
         (projected.as_object_mut(), json(choice, shape, b))
     {
         obj.extend(add);
+        obj.insert("split_decode".into(), split_json(e));
+        obj.insert(
+            "cpu_decode_tok_s_beside_npu_prefill".into(),
+            e.cpu_decode_beside_prefill.into(),
+        );
     }
+}
+
+/// `projected.split_decode`: the row split's decode beside the best single engine's, or null.
+fn split_json(e: &PlanEngines) -> serde_json::Value {
+    let Some(s) = e.split else {
+        return serde_json::Value::Null;
+    };
+    let alone = |p: ork_board::engines::Engine| {
+        e.choice
+            .alternatives
+            .iter()
+            .filter(|a| a.decode == p)
+            .map(|a| a.decode_tok_s)
+            .fold(0.0, f64::max)
+    };
+    let best = alone(ork_board::engines::Engine::Npu).max(alone(ork_board::engines::Engine::Cpu));
+    serde_json::json!({
+        "label": "projected",
+        "built": false,
+        "decode_tok_s": s.decode_tok_s,
+        "best_single_engine_decode_tok_s": best,
+        "gain": s.decode_tok_s / best,
+        "npu_row_share": s.npu_row_share,
+        "bus_bound_share": s.bus_bound_share,
+    })
 }
 
 /// The JSON fields `engines` adds under `projected`.
@@ -219,10 +285,11 @@ fn json(choice: &Choice, shape: &CpuShape, b: &CpuBoard) -> serde_json::Value {
             "label": "projected",
             "board": b.name,
             "cores": b.cpu,
-            "kernels": if ork_board::cpu::ORK_CYCLES.is_empty() {
-                "ggml's cycles (ork's NEON kernels not yet estimated)"
-            } else {
-                "ork's cycles"
+            "kernels": match b.cpu.kinds.0 {
+                ork_board::cpu::Core::A72 | ork_board::cpu::Core::A53 => {
+                    "ggml's plain-NEON cycles (no dotprod on these cores; ork's kernels need it)"
+                }
+                _ => "ork's cycles",
             },
             "file_bytes": shape.file_bytes(),
             "active_bytes_per_token": shape.active_bytes(),

@@ -755,8 +755,8 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         if let Some(pr) = &projected {
             v["projected"] = serde_json::to_value(pr)?;
         }
-        if let (Some((choice, shape)), Some(cb)) = (&engines, &cpu_board) {
-            crate::cmd_engines::add_json(&mut v["projected"], choice, shape, cb);
+        if let (Some(e), Some(cb)) = (&engines, &cpu_board) {
+            crate::cmd_engines::add_json(&mut v["projected"], e, cb);
         }
         println!("{}", serde_json::to_string(&v)?);
         return Ok(if p.runnable {
@@ -797,8 +797,8 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     if let Some(pr) = &projected {
         println!("{}", pr.line());
     }
-    if let Some((choice, _)) = &engines {
-        println!("{}", crate::cmd_engines::line(choice));
+    if let Some(e) = &engines {
+        println!("{}", crate::cmd_engines::line(&e.choice));
     }
     println!(
         "{}",

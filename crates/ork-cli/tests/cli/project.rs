@@ -420,7 +420,40 @@ fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
             );
         }
         assert_eq!(p["cpu"]["label"], "projected");
+        // The row split, evaluated, not built: not below the CPU engine's decode (the split at
+        // the middle context, the pairings over every step: within 1 %).
+        let split = &p["split_decode"];
+        assert_eq!(
+            (&split["label"], &split["built"]),
+            (&"projected".into(), &false.into())
+        );
+        let cpu_decode = alts
+            .iter()
+            .filter(|a| a["decode"] == "cpu")
+            .map(|a| f(a, "decode_tok_s"))
+            .fold(0.0, f64::max);
+        assert!(f(split, "decode_tok_s") >= cpu_decode * 0.99, "{ty}: {p}");
     }
+    // The RK3576's CPU is modelled (unfitted): every pairing, ggml's plain-NEON cycles.
+    let path = dir.path().join("Q4_0.gguf");
+    let o = run(&[
+        "plan",
+        "--model",
+        path.to_str().unwrap(),
+        "--soc",
+        "rk3576",
+        "--project",
+        "rk3576-8g",
+        "--json",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    let p = projected(&v);
+    assert_eq!(p["alternatives"].as_array().unwrap().len(), 4, "{p}");
+    assert!(p["cpu"]["cores"]["fit"]
+        .as_str()
+        .unwrap()
+        .starts_with("unfitted"));
     // A MoE (8 experts, 2 per token) on the Raspberry Pi 5: no NPU, the CPU alone.
     let moe = dir.path().join("moe.gguf");
     let small = ork_board::Dims {
@@ -446,6 +479,7 @@ fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
     let alts = p["alternatives"].as_array().unwrap();
     assert_eq!(alts.len(), 1, "{p}");
     assert_eq!(p["engines"]["prefill"], "cpu");
+    assert!(p["split_decode"].is_null(), "{p}");
     let (file, active) = (
         f(&p["cpu"], "file_bytes"),
         f(&p["cpu"], "active_bytes_per_token"),

@@ -1,0 +1,132 @@
+//! Both engines on one decode step, and the one DDR bus they share.
+//!
+//! Issue 38 item 2 asks, in board time, whether splitting each decode matmul by output rows
+//! between the NPU (int8 rows from the pack) and the CPU (the rest at the file's bits) projects
+//! ≥ 1.15× the best single engine. Both halves read DDR at once, so the board's one bus is
+//! shared: per weight, the step takes the longest of
+//! - the NPU's share `f` of the rows: its device calls (`Chip::calls` of the share) × `call_s`
+//!   plus the larger of its int8 bytes ÷ `npu_read_bw` and its operations ÷ `npu_int8_ops`
+//!   (decode calls are read-bound, as in the replay);
+//! - the CPU's share `1 − f`: its [`crate::cpu::weight_cost`] (compute and reads) scaled by the
+//!   share;
+//! - the bus: both shares' bytes ÷ the board's theoretical `ddr_bw` (the same cap the NPU
+//!   replay's shared bus uses: an upper bound on what two readers can draw together);
+//!
+//! with `f` chosen per weight from 0, 1/32, …, 1 (0: the CPU alone, so a split never projects
+//! slower than the CPU engine). Expert weights stay on the CPU (issue 38 item 3: routed experts
+//! come from the GGUF's pages). Attention, norms and the fixed per-block cost run on the CPU
+//! ([`crate::cpu::attention_s`]). Not modelled: the cost of joining the two halves of each
+//! output (assumed hidden in `call_s`, which already includes waiting for the NPU), and any
+//! slowdown of one reader by the other beyond the shared byte rate.
+//!
+//! The same bus binds a pairing whose phases overlap: in `serve`, the NPU's prefill of one
+//! request beside the CPU's decode of another. [`cpu_read_bw_beside`] gives the CPU's read rate
+//! while the NPU draws its share. A single request's pairing runs prefill, then decode: the
+//! phases never overlap and [`crate::engines::choose`] needs no bus term.
+//!
+//! Every figure is a projection (`docs/board-model.md`).
+
+use serde::Serialize;
+
+use crate::cpu::{attention_s, weight_cost, CpuBoard, CpuPlan, CpuShape};
+use crate::events::WeightType;
+use crate::Chip;
+
+/// Steps of the row share tried per weight (`f` = i / `SHARES`).
+pub const SHARES: usize = 32;
+
+/// A row-split decode, projected.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SplitDecode {
+    /// Decode tokens per second with every dense weight split at its best share.
+    pub decode_tok_s: f64,
+    /// The CPU alone, the same model (the split's `f` = 0 everywhere).
+    pub cpu_decode_tok_s: f64,
+    /// Share of the dense weights' rows (weighted by int8 bytes) the NPU takes.
+    pub npu_row_share: f64,
+    /// Share of the step's matmul time that is bus-bound (both readers at the bus's rate).
+    pub bus_bound_share: f64,
+}
+
+/// One weight's step time with the NPU taking share `f` of its rows, and whether the bus is
+/// what binds.
+fn split_weight_s(
+    chip: &Chip,
+    k: usize,
+    n: usize,
+    cpu: &crate::cpu::WeightCost,
+    ddr_bw: f64,
+    f: f64,
+) -> (f64, bool) {
+    let cpu_s = (1.0 - f) * cpu.compute_s.max(cpu.read_s);
+    let npu_s = if f > 0.0 {
+        let rows = ((n as f64 * f).ceil() as usize).max(1);
+        let bytes = (k * rows) as f64;
+        let calls = chip.calls(k, rows, WeightType::Int8) as f64;
+        calls * chip.call_s + (bytes / chip.npu_read_bw).max(2.0 * bytes / chip.npu_int8_ops)
+    } else {
+        0.0
+    };
+    let bus_s = (f * (k * n) as f64 + (1.0 - f) * cpu.bus_bytes) / ddr_bw;
+    let engines = cpu_s.max(npu_s);
+    (engines.max(bus_s), bus_s > engines && f > 0.0)
+}
+
+/// The split decode of `shape` on `b` (which must have an NPU, `b.chip`), the CPU planned as
+/// `plan` (its page cache: what the NPU's buffers leave), one decode step at `context`
+/// positions. `None` without an NPU.
+pub fn split_decode(
+    shape: &CpuShape,
+    b: &CpuBoard,
+    plan: &CpuPlan,
+    context: usize,
+) -> Option<SplitDecode> {
+    let chip = b.chip.as_ref()?;
+    let rest = attention_s(shape, b, plan, 1, context);
+    let (mut split, mut alone, mut bus, mut npu_bytes, mut all_bytes) = (rest, rest, 0.0, 0.0, 0.0);
+    for w in &shape.weights {
+        let cost = weight_cost(shape, w, b, plan, 1);
+        let cpu_only = cost.compute_s.max(cost.read_s);
+        alone += cpu_only;
+        if w.experts > 1 {
+            split += cpu_only;
+            continue;
+        }
+        let (f, (t, bound)) = (0..=SHARES)
+            .map(|i| i as f64 / SHARES as f64)
+            .map(|f| (f, split_weight_s(chip, w.k, w.n, &cost, b.ddr_bw, f)))
+            .fold((0.0, (cpu_only, false)), |best, c| {
+                if c.1 .0 < best.1 .0 {
+                    c
+                } else {
+                    best
+                }
+            });
+        split += t;
+        if bound {
+            bus += t;
+        }
+        npu_bytes += f * (w.k * w.n) as f64;
+        all_bytes += (w.k * w.n) as f64;
+    }
+    Some(SplitDecode {
+        decode_tok_s: 1.0 / split,
+        cpu_decode_tok_s: 1.0 / alone,
+        npu_row_share: if all_bytes > 0.0 {
+            npu_bytes / all_bytes
+        } else {
+            0.0
+        },
+        bus_bound_share: bus / split,
+    })
+}
+
+/// The CPU's all-core read rate while the NPU draws `npu_bytes_per_s` from the same bus: the
+/// lesser of its own rate and what the bus (`ddr_bw`, theoretical) has left, never below a
+/// fair half of the bus (two readers that both want more than half are assumed to get half
+/// each).
+pub fn cpu_read_bw_beside(b: &CpuBoard, npu_bytes_per_s: f64) -> f64 {
+    let own = b.cpu.read_bw.min(b.ddr_bw);
+    let left = (b.ddr_bw - npu_bytes_per_s.max(0.0)).max(b.ddr_bw / 2.0);
+    own.min(left)
+}
