@@ -99,17 +99,15 @@ impl Model {
         // Checked now; read row by row later.
         RowTable::new(gguf, &embd_name, &dims(c.n_embd, c.vocab_size))?;
 
-        // One id space: the manifest's, which the runtime's pack, plan and cache share.
-        let manifest = Manifest::from_gguf(gguf)?;
         let mut weights = Vec::new();
         // Expert slices (`TENSOR#EXPERT`) are checked by `load_moe` through their 3-D tensor.
+        // Ids are provisional (the specs' indices) until every check has passed, so the
+        // executor's own checks name a bad tensor before the manifest's do; then the manifest's.
         let mut spec = |name: String, k: usize, n: usize| -> Result<WeightId, ExecError> {
             if !name.contains('#') {
                 tensor_info(gguf, &name, &dims(k, n))?;
             }
-            let id = manifest.id(&name).ok_or_else(|| ExecError::MissingTensor {
-                tensor: name.clone(),
-            })?;
+            let id = WeightId::provisional(weights.len() as u32);
             weights.push(WeightSpec { id, name, k, n });
             Ok(id)
         };
@@ -221,7 +219,26 @@ impl Model {
             name if gguf.tensor(&name).is_some() => name,
             _ => embd_name.clone(),
         };
-        let output_weight = spec(output_name, c.n_embd, c.vocab_size)?;
+        let mut output_weight = spec(output_name, c.n_embd, c.vocab_size)?;
+
+        // One id space: the manifest's, which the runtime's pack, plan and cache share.
+        let manifest = Manifest::from_gguf(gguf)?;
+        let mut ids = Vec::with_capacity(weights.len());
+        for w in &mut weights {
+            w.id = manifest
+                .id(&w.name)
+                .ok_or_else(|| ExecError::MissingTensor {
+                    tensor: w.name.clone(),
+                })?;
+            ids.push(w.id);
+        }
+        for id in layers
+            .iter_mut()
+            .flat_map(Layer::ids_mut)
+            .chain([&mut output_weight])
+        {
+            *id = ids[id.index()];
+        }
 
         let rope = crate::rope_factors::load_rope(gguf, c)?;
         let gemma3 = c.gemma3.as_ref().map(|g| Gemma3::new(c, g));

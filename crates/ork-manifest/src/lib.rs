@@ -408,6 +408,14 @@ impl WeightId {
         self.0 as usize
     }
 
+    /// A provisional id for a loader that numbers weights while it checks them, before the
+    /// manifest exists: ork-exec's `Model::load`, which replaces every such id by the
+    /// manifest's before the model is returned. Nothing else makes ids outside a manifest.
+    #[doc(hidden)]
+    pub fn provisional(index: u32) -> WeightId {
+        WeightId(index)
+    }
+
     /// The id at `index`, for tests of a layer fed ids without a manifest (a `Linear` over
     /// hand-made weights). Only built with the `test-ids` feature, which crates enable in their
     /// dev-dependencies; in a run every id comes from [`Manifest::from_gguf`].

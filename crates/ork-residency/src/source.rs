@@ -125,20 +125,12 @@ impl WeightSource {
             })
     }
 
-    /// The pack entry of weight `id`, for a pack source.
-    fn entry(&self, id: WeightId) -> Option<&ork_store::Entry> {
-        match &self.origin {
-            Origin::Pack { pack, entries, .. } => Some(&pack.entries()[entries[id.index()]]),
-            Origin::Gguf { .. } => None,
-        }
-    }
-
     /// Layout of a weight.
     pub fn layout(&self, id: WeightId) -> Result<TiledLayout, ResidencyError> {
         let w = self.weight(id)?;
-        match (&self.origin, self.entry(id)) {
-            (_, Some(e)) => Ok(e.layout()),
-            (Origin::Gguf { dtype, group, .. }, None) => {
+        match &self.origin {
+            Origin::Pack { pack, entries, .. } => Ok(pack.entries()[entries[id.index()]].layout()),
+            Origin::Gguf { dtype, group, .. } => {
                 let (k, n) = matmul_dims(&w.slice)?;
                 Ok(TiledLayout::new(
                     weight_quant(&w.key, *dtype, *group).0,
@@ -146,7 +138,6 @@ impl WeightSource {
                     n,
                 ))
             }
-            (Origin::Pack { .. }, None) => unreachable!("a pack source has an entry per weight"),
         }
     }
 
@@ -154,14 +145,13 @@ impl WeightSource {
     /// fits when packing from the GGUF.
     pub fn group(&self, id: WeightId) -> Result<ScaleGroup, ResidencyError> {
         let w = self.weight(id)?;
-        match (&self.origin, self.entry(id)) {
-            (_, Some(e)) => Ok(e.group()),
-            (Origin::Gguf { dtype, group, .. }, None) => {
+        match &self.origin {
+            Origin::Pack { pack, entries, .. } => Ok(pack.entries()[entries[id.index()]].group()),
+            Origin::Gguf { dtype, group, .. } => {
                 let l = self.layout(id)?;
                 let (dtype, group) = weight_quant(&w.key, *dtype, *group);
                 Ok(effective_group(group, dtype, l.k))
             }
-            (Origin::Pack { .. }, None) => unreachable!("a pack source has an entry per weight"),
         }
     }
 
