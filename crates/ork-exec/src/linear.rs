@@ -169,7 +169,7 @@ struct F32Weight {
 
 /// The weights of a CPU [`Linear`], indexed by [`WeightId`].
 struct ById<W> {
-    weights: Vec<Option<W>>,
+    weights: Vec<Option<(WeightId, W)>>,
 }
 
 impl<W> ById<W> {
@@ -184,13 +184,14 @@ impl<W> ById<W> {
         if self.weights.len() <= i {
             self.weights.resize_with(i + 1, || None);
         }
-        self.weights[i] = Some(w);
+        self.weights[i] = Some((id, w));
     }
 
     fn get(&self, id: WeightId) -> Result<&W, ExecError> {
         self.weights
             .get(id.index())
             .and_then(Option::as_ref)
+            .map(|(_, w)| w)
             .ok_or_else(|| ExecError::UnknownWeight {
                 weight: id.to_string(),
             })
@@ -199,8 +200,7 @@ impl<W> ById<W> {
     fn iter(&self) -> impl Iterator<Item = (WeightId, &W)> {
         self.weights
             .iter()
-            .enumerate()
-            .filter_map(|(i, w)| Some((WeightId(i as u32), w.as_ref()?)))
+            .filter_map(|w| w.as_ref().map(|(id, w)| (*id, w)))
     }
 }
 
@@ -267,7 +267,7 @@ impl CpuF32Linear {
             .weights
             .get_mut(id.index())
             .and_then(Option::as_mut)
-            .map(|w| w.data.as_mut_slice())
+            .map(|(_, w)| w.data.as_mut_slice())
     }
 }
 
@@ -433,9 +433,9 @@ mod tests {
             let w: Vec<f32> = (0..k * n).map(|i| ((i as u32 ^ seed) as f32 * 0.013).sin()).collect();
             let x: Vec<f32> = (0..k * m).map(|i| ((i as u32 + seed) as f32 * 0.029).cos()).collect();
             let mut lin = CpuF32Linear::new();
-            lin.insert(WeightId(0), "w", k, n, w.clone()).unwrap();
+            lin.insert(WeightId::from_test_index(0), "w", k, n, w.clone()).unwrap();
             let mut y = vec![f32::NAN; m * n];
-            lin.matmul(WeightId(0), &x, m, &mut y).unwrap();
+            lin.matmul(WeightId::from_test_index(0), &x, m, &mut y).unwrap();
             let r = naive(&w, k, n, &x, m);
             for (a, b) in y.iter().zip(&r) {
                 prop_assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()));
@@ -447,10 +447,10 @@ mod tests {
             let w: Vec<f32> = (0..k * n).map(|i| ((i as u32 ^ seed) as f32 * 0.017).sin()).collect();
             let x: Vec<f32> = (0..k * m).map(|i| ((i as u32 + seed) as f32 * 0.031).cos()).collect();
             let mut f = CpuF32Linear::new();
-            f.insert(WeightId(0), "w", k, n, w.clone()).unwrap();
+            f.insert(WeightId::from_test_index(0), "w", k, n, w.clone()).unwrap();
             let q = CpuW8A8Linear::from_f32(&f).unwrap();
             let mut y = vec![0.0; m * n];
-            q.matmul(WeightId(0), &x, m, &mut y).unwrap();
+            q.matmul(WeightId::from_test_index(0), &x, m, &mut y).unwrap();
             let r = naive(&w, k, n, &x, m);
             // Each code is within half a step of the value: |err| ≤ Σ (|x|·sw/2 + |w|·sx/2 + sx·sw/4).
             for i in 0..m {
@@ -469,22 +469,23 @@ mod tests {
     #[test]
     fn unknown_weight_and_bad_shapes_are_errors() {
         let mut lin = CpuF32Linear::new();
-        lin.insert(WeightId(0), "w", 4, 2, vec![0.0; 8]).unwrap();
+        lin.insert(WeightId::from_test_index(0), "w", 4, 2, vec![0.0; 8])
+            .unwrap();
         let mut y = vec![0.0; 2];
         assert!(matches!(
-            lin.matmul(WeightId(1), &[0.0; 4], 1, &mut y),
+            lin.matmul(WeightId::from_test_index(1), &[0.0; 4], 1, &mut y),
             Err(ExecError::UnknownWeight { .. })
         ));
         assert!(matches!(
-            lin.matmul(WeightId(0), &[0.0; 3], 1, &mut y),
+            lin.matmul(WeightId::from_test_index(0), &[0.0; 3], 1, &mut y),
             Err(ExecError::MatmulShape { .. })
         ));
         assert!(matches!(
-            lin.matmul(WeightId(0), &[0.0; 4], 1, &mut [0.0; 3]),
+            lin.matmul(WeightId::from_test_index(0), &[0.0; 4], 1, &mut [0.0; 3]),
             Err(ExecError::MatmulShape { .. })
         ));
         assert!(matches!(
-            lin.insert(WeightId(1), "v", 3, 3, vec![0.0; 8]),
+            lin.insert(WeightId::from_test_index(1), "v", 3, 3, vec![0.0; 8]),
             Err(ExecError::MatmulShape { .. })
         ));
     }

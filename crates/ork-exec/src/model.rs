@@ -101,12 +101,13 @@ impl Model {
 
         let mut weights = Vec::new();
         // Expert slices (`TENSOR#EXPERT`) are checked by `load_moe` through their 3-D tensor.
-        // Ids are the specs' indices until every check has passed; then the manifest's.
+        // Ids are provisional (the specs' indices) until every check has passed, so the
+        // executor's own checks name a bad tensor before the manifest's do; then the manifest's.
         let mut spec = |name: String, k: usize, n: usize| -> Result<WeightId, ExecError> {
             if !name.contains('#') {
                 tensor_info(gguf, &name, &dims(k, n))?;
             }
-            let id = WeightId(weights.len() as u32);
+            let id = WeightId::provisional(weights.len() as u32);
             weights.push(WeightSpec { id, name, k, n });
             Ok(id)
         };

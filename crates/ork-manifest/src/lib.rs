@@ -395,14 +395,33 @@ pub fn weight_view(file: &GgufFile, key: &str) -> Option<TensorInfo> {
     })
 }
 
-/// A matmul weight: a small `Copy` index into its [`Manifest`].
+/// A matmul weight: a small `Copy` index into its [`Manifest`], the one id space every layer
+/// (executor, weight cache, placement, draft, board events) keys weights by. Only a manifest
+/// makes ids, so an id always names a weight of the model it came from; its name is
+/// [`Manifest::get`]`(id).key`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WeightId(pub u32);
+pub struct WeightId(u32);
 
 impl WeightId {
     /// The index into [`Manifest::weights`].
     pub fn index(self) -> usize {
         self.0 as usize
+    }
+
+    /// A provisional id for a loader that numbers weights while it checks them, before the
+    /// manifest exists: ork-exec's `Model::load`, which replaces every such id by the
+    /// manifest's before the model is returned. Nothing else makes ids outside a manifest.
+    #[doc(hidden)]
+    pub fn provisional(index: u32) -> WeightId {
+        WeightId(index)
+    }
+
+    /// The id at `index`, for tests of a layer fed ids without a manifest (a `Linear` over
+    /// hand-made weights). Only built with the `test-ids` feature, which crates enable in their
+    /// dev-dependencies; in a run every id comes from [`Manifest::from_gguf`].
+    #[cfg(feature = "test-ids")]
+    pub fn from_test_index(index: u32) -> WeightId {
+        WeightId(index)
     }
 }
 

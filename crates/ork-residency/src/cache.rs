@@ -21,7 +21,7 @@
 //! [`DeviceWeight`]: ork_device::DeviceWeight
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use ork_device::{Device, DomainId, Soc};
 use ork_pack::TiledLayout;
@@ -100,9 +100,11 @@ pub struct WeightCache {
     device: Arc<dyn Device>,
     source: WeightSource,
     config: CacheConfig,
-    placement: HashMap<String, DomainId>,
-    /// The weights named so far, by id ([`WeightCache::id`]).
-    keys: RwLock<Keys>,
+    /// Per [`ork_manifest::WeightId`]: the domain the placement gives the weight (domain 0 past
+    /// its end).
+    placement: Vec<DomainId>,
+    /// What the cache keeps about each weight, by id ([`WeightCache::id`]).
+    keys: Keys,
     /// The chip whose limits the device enforces (`None`: no chip, weights run whole).
     soc: Option<Soc>,
     state: Mutex<State>,
@@ -163,13 +165,14 @@ impl WeightCache {
         // can be accounted; `domain_of` refuses the others.
         let info = device.info();
         let device_domains = info.domains as usize;
+        let weights = source.manifest().weights().len();
         Ok(WeightCache {
             soc: info.soc,
             device,
             source,
             config: CacheConfig { domains, ..config },
-            placement: HashMap::new(),
-            keys: RwLock::new(Keys::default()),
+            placement: Vec::new(),
+            keys: Keys::new(weights),
             state: Mutex::new(State {
                 slots: HashMap::new(),
                 tick: 0,
@@ -208,14 +211,19 @@ impl WeightCache {
     /// Place weights in domains (weights not named go to domain 0). The cache's domain count
     /// grows to cover the placement; a domain the device does not have is reported as
     /// [`ResidencyError::Placement`] when a weight placed there is pinned or used.
-    pub fn with_placement(mut self, placement: HashMap<String, DomainId>) -> Self {
+    pub fn with_placement(mut self, placement: HashMap<ork_manifest::WeightId, DomainId>) -> Self {
         let used = placement.values().map(|d| d.0 + 1).max().unwrap_or(1);
         self.config.domains = self.config.domains.max(used);
-        self.placement = placement;
-        let keys = self.keys.get_mut().unwrap_or_else(|p| p.into_inner());
-        for e in &mut keys.entries {
-            let domain = self.placement.get(&*e.name).copied().unwrap_or_default();
-            Arc::make_mut(e).domain = domain;
+        self.placement = vec![DomainId::default(); self.keys.entries.len()];
+        for (id, domain) in placement {
+            if let Some(d) = self.placement.get_mut(id.index()) {
+                *d = domain;
+            }
+        }
+        for (e, domain) in self.keys.entries.iter_mut().zip(&self.placement) {
+            if let Some(e) = e.get_mut() {
+                Arc::make_mut(e).domain = *domain;
+            }
         }
         self
     }

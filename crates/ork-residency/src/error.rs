@@ -64,6 +64,17 @@ pub enum ResidencyError {
         /// What is wrong.
         what: String,
     },
+    /// An `.orkpack`'s weights are not those of the model's manifest (a weight missing, one
+    /// too many, or a shape that differs): found when the pack is opened as a source.
+    #[error("{}: weight '{tensor}': {problem}", path.display())]
+    PackMismatch {
+        /// The `.orkpack`.
+        path: std::path::PathBuf,
+        /// The tensor (entry name, `TENSOR#EXPERT` for an expert slice).
+        tensor: String,
+        /// What differs.
+        problem: String,
+    },
     /// The placement cannot be realised (e.g. more domains than the device has).
     #[error("placement: {0}")]
     Placement(String),

@@ -227,11 +227,25 @@ fn resident_placement(input: &PlanInput, capacity: u64) -> Option<Vec<Placement>
     Some(out)
 }
 
-/// Placement as the cache wants it.
-pub fn domain_map(plan: &Plan) -> std::collections::HashMap<String, DomainId> {
+/// Placement as the cache wants it: by the ids of `manifest`, the model the plan was made for.
+///
+/// # Errors
+/// [`crate::ResidencyError::UnknownWeight`] for a placed weight the manifest does not hold.
+pub fn domain_map(
+    plan: &Plan,
+    manifest: &ork_manifest::Manifest,
+) -> Result<std::collections::HashMap<ork_manifest::WeightId, DomainId>, crate::ResidencyError> {
     plan.placement
         .iter()
-        .map(|p| (p.name.clone(), DomainId(p.domain)))
+        .map(|p| {
+            let id = manifest
+                .id(&p.name)
+                .ok_or_else(|| crate::ResidencyError::UnknownWeight {
+                    name: p.name.clone(),
+                    source_desc: manifest.file().display().to_string(),
+                })?;
+            Ok((id, DomainId(p.domain)))
+        })
         .collect()
 }
 

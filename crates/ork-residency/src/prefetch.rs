@@ -378,17 +378,17 @@ mod tests {
     use super::*;
 
     fn plan(n: usize) -> PlanOrder {
-        PlanOrder::new((0..n as u32).map(WeightId).collect())
+        PlanOrder::new((0..n as u32).map(WeightId::from_test_index).collect())
     }
 
     /// Weight `i` of the test plan, named `wI` in the expectations below.
     fn w(name: &str) -> WeightId {
-        WeightId(name[1..].parse().expect("a name wI"))
+        WeightId::from_test_index(name[1..].parse().expect("a name wI"))
     }
 
     fn lookahead(s: &dyn ScheduleSource, k: usize) -> Vec<String> {
         (0..k)
-            .map_while(|i| s.ahead(i).map(|id| format!("w{}", id.0)))
+            .map_while(|i| s.ahead(i).map(|id| format!("w{}", id.index())))
             .collect()
     }
 
@@ -401,7 +401,7 @@ mod tests {
         assert_eq!(p.advance(w("w2")), 2);
         assert_eq!(lookahead(&p, 9), ["w3", "w0", "w1"]);
         assert_eq!(p.advance(w("w1")), 3, "wrapped to the next pass");
-        assert_eq!(p.advance(WeightId(99)), 0);
+        assert_eq!(p.advance(WeightId::from_test_index(99)), 0);
         assert_eq!(lookahead(&p, 1), ["w2"]);
     }
 

@@ -20,7 +20,7 @@ use ork_device::{
 };
 use ork_gguf::writer::GgufBuilder;
 use ork_gguf::{GgmlType, GgufFile};
-use ork_manifest::WeightId;
+use ork_manifest::{Manifest, WeightId};
 use ork_pack::{PackDtype, TiledLayout};
 use ork_residency::plan::domain_map;
 use ork_residency::{
@@ -126,20 +126,43 @@ fn clean_pack_path() -> PathBuf {
     .clone()
 }
 
+/// The fixture's manifest (its ids are the cache's).
+fn manifest() -> Arc<Manifest> {
+    static MANIFEST: OnceLock<Arc<Manifest>> = OnceLock::new();
+    Arc::clone(MANIFEST.get_or_init(|| Arc::new(Manifest::from_gguf(&model()).expect("manifest"))))
+}
+
+/// `model`'s manifest, for a fixture other than the shared one.
+fn manifest_of(model: &GgufFile) -> Arc<Manifest> {
+    Arc::new(Manifest::from_gguf(model).expect("manifest"))
+}
+
+/// `model` packed on demand (int8, scale groups `group`), and its `.orkpack` at `path`.
+fn both_sources(
+    model: &Arc<GgufFile>,
+    path: &std::path::Path,
+    group: ork_pack::ScaleGroup,
+) -> [WeightSource; 2] {
+    let m = manifest_of(model);
+    let pack = Orkpack::open(path).expect("open pack");
+    [
+        WeightSource::gguf(Arc::clone(model), Arc::clone(&m), PackDtype::I8, group),
+        WeightSource::pack(pack, m, None, true).expect("pack source"),
+    ]
+}
+
 fn pack_source(path: &std::path::Path, with_model: bool) -> WeightSource {
-    WeightSource::Pack {
-        pack: Orkpack::open(path).expect("open pack"),
-        model: with_model.then(model),
-        verify: true,
-    }
+    let pack = Orkpack::open(path).expect("open pack");
+    WeightSource::pack(pack, manifest(), with_model.then(model), true).expect("pack source")
 }
 
 fn gguf_source() -> WeightSource {
-    WeightSource::Gguf {
-        model: model(),
-        dtype: PackDtype::I8,
-        group: ork_pack::ScaleGroup::PerChannel,
-    }
+    WeightSource::gguf(
+        model(),
+        manifest(),
+        PackDtype::I8,
+        ork_pack::ScaleGroup::PerChannel,
+    )
 }
 
 /// Matmul weights in execution order with their device bytes.
@@ -541,9 +564,10 @@ fn pins_beyond_the_budget_are_refused_naming_the_weight() {
 #[test]
 fn unknown_weight_and_bad_placement_are_typed_errors() {
     let cache = WeightCache::new(emu(2, GIB4), gguf_source(), CacheConfig::new(MIB)).unwrap();
+    // A 1-D tensor is no matmul weight of the manifest.
     assert!(matches!(
         cache.get("blk.0.attn_norm.weight"),
-        Err(ResidencyError::Store(StoreError::NotMatmulWeight { .. }))
+        Err(ResidencyError::UnknownWeight { name, .. }) if name == "blk.0.attn_norm.weight"
     ));
     assert!(matches!(
         cache.get("no.such.weight"),
@@ -560,9 +584,10 @@ fn unknown_weight_and_bad_placement_are_typed_errors() {
     ));
     // A placement naming a domain the device lacks is refused when the weight is used, not a
     // panic (the cache's own domain count grows to cover the placement otherwise).
+    let id = |name: &str| manifest().id(name).expect("a fixture weight");
     let placement = HashMap::from([
-        ("blk.0.attn_q.weight".to_owned(), DomainId(5)),
-        ("blk.0.attn_k.weight".to_owned(), DomainId(1)),
+        (id("blk.0.attn_q.weight"), DomainId(5)),
+        (id("blk.0.attn_k.weight"), DomainId(1)),
     ]);
     let cache = WeightCache::new(emu(2, GIB4), gguf_source(), CacheConfig::new(MIB))
         .unwrap()
@@ -762,6 +787,54 @@ fn a_full_window_with_nothing_evictable_is_window_exhausted() {
 // ---------------------------------------------------------------------------------------------
 // 5. / 6. Sources: .orkpack vs GGUF, and a corrupt blob
 // ---------------------------------------------------------------------------------------------
+
+#[test]
+fn the_caches_id_of_a_weight_is_the_manifests_whatever_order_it_is_named_in() {
+    let m = manifest();
+    for source in [gguf_source(), pack_source(&clean_pack_path(), false)] {
+        let cache = WeightCache::new(emu(1, GIB4), source, CacheConfig::new(total())).unwrap();
+        // Named last-first: an id handed out in first-named order would differ.
+        for w in m.weights().iter().rev() {
+            assert_eq!(cache.id(&w.key).unwrap(), w.id, "{}", w.key);
+            assert_eq!(cache.name(w.id).as_deref(), Some(w.key.as_str()));
+            assert_eq!(cache.layout(w.id).unwrap().k, w.k);
+        }
+    }
+}
+
+#[test]
+fn a_pack_whose_weights_are_not_the_manifests_is_refused_naming_the_file_and_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let untied = Arc::new(GgufFile::from_bytes("untied.gguf", model_bytes(true)).unwrap());
+    let path = dir.path().join("untied.orkpack");
+    ensure(&untied, &path, &ConvertOptions::new(PackDtype::I8)).expect("ensure");
+    // The pack has `output.weight`, the (tied) model does not.
+    let open = |path: &std::path::Path, m: Arc<Manifest>| {
+        WeightSource::pack(Orkpack::open(path).expect("open pack"), m, None, true)
+    };
+    match open(&path, manifest()) {
+        Err(ResidencyError::PackMismatch {
+            path: p, tensor, ..
+        }) => {
+            assert_eq!(
+                (p.as_path(), tensor.as_str()),
+                (path.as_path(), "output.weight")
+            )
+        }
+        other => panic!("expected a pack mismatch, got {other:?}"),
+    }
+    // The (untied) model has `output.weight`, the pack of the tied one does not.
+    let err = open(&clean_pack_path(), manifest_of(&untied)).unwrap_err();
+    assert!(
+        matches!(&err, ResidencyError::PackMismatch { tensor, .. } if tensor == "output.weight"),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("fixture.orkpack") && msg.contains("output.weight"),
+        "{msg}"
+    );
+}
 
 #[test]
 fn orkpack_and_gguf_sources_give_identical_device_bytes_and_outputs() {
@@ -1291,7 +1364,7 @@ fn resident_plan_spreads_consecutive_layers_over_domains_and_runs_there() {
     let cache = Arc::new(
         WeightCache::new(dev.clone(), pack_source(&clean_pack_path(), false), config)
             .unwrap()
-            .with_placement(domain_map(&p)),
+            .with_placement(domain_map(&p, &manifest()).expect("placed weights")),
     );
     for pl in p.pinned() {
         cache.pin(&pl.name).unwrap();
@@ -1359,7 +1432,7 @@ fn streamed_plan_pins_what_fits_and_streams_the_rest_within_the_budget() {
             CacheConfig::new(budget),
         )
         .unwrap()
-        .with_placement(domain_map(&p)),
+        .with_placement(domain_map(&p, &manifest()).expect("placed weights")),
     );
     for pl in p.pinned() {
         cache.pin(&pl.name).unwrap();
@@ -1523,11 +1596,8 @@ fn rel_rms(got: &[f32], want: &[f64]) -> f64 {
 #[test]
 fn f16_activations_match_the_f32_reference_and_beat_int8_on_outliers() {
     for dtype in [PackDtype::I8, PackDtype::I4] {
-        let source = || WeightSource::Gguf {
-            model: model(),
-            dtype,
-            group: ork_pack::ScaleGroup::PerChannel,
-        };
+        let source =
+            || WeightSource::gguf(model(), manifest(), dtype, ork_pack::ScaleGroup::PerChannel);
         let int8 = DeviceMatmul::new(
             Arc::new(WeightCache::new(emu_rk3576(), source(), CacheConfig::new(total())).unwrap()),
             None,
@@ -1884,18 +1954,7 @@ fn weights_beyond_the_chip_limits_run_as_parts_and_match_the_unsplit_result() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("over-limit.orkpack");
     ensure(&model, &path, &ConvertOptions::new(PackDtype::I8)).expect("ensure");
-    let sources = [
-        WeightSource::Gguf {
-            model: Arc::clone(&model),
-            dtype: PackDtype::I8,
-            group: ork_pack::ScaleGroup::PerChannel,
-        },
-        WeightSource::Pack {
-            pack: Orkpack::open(&path).expect("open pack"),
-            model: None,
-            verify: true,
-        },
-    ];
+    let sources = both_sources(&model, &path, ork_pack::ScaleGroup::PerChannel);
     let mut from_sources = Vec::new();
     for source in sources {
         // The default emulator models the RK3588 and enforces its limits.
@@ -1957,18 +2016,7 @@ fn grouped_scales_from_the_pack_or_the_gguf_run_split_and_match_the_unsplit_resu
     ensure(&model, &path, &opts).expect("ensure");
     let name = "blk.0.ffn_down.weight"; // K = 11008 = 86 · 128, in segments 8192 + 2816
     let mut outs = Vec::new();
-    for source in [
-        WeightSource::Gguf {
-            model: Arc::clone(&model),
-            dtype: PackDtype::I8,
-            group: ScaleGroup::Group(128),
-        },
-        WeightSource::Pack {
-            pack: Orkpack::open(&path).expect("open pack"),
-            model: None,
-            verify: true,
-        },
-    ] {
+    for source in both_sources(&model, &path, ScaleGroup::Group(128)) {
         let cache = Arc::new(
             WeightCache::new(emu(1, GIB4), source, CacheConfig::new(GIB4)).expect("cache"),
         );

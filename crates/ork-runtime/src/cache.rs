@@ -48,7 +48,7 @@ pub(crate) fn model_cache(
     // cache) books its weights in the same ledger.
     let device_budget = DeviceBudget::new(budget, domains);
     let cache = budgeted_cache(device, source, budget, domains, &device_budget)?
-        .with_placement(domain_map(plan));
+        .with_placement(domain_map(plan, manifest)?);
     // MoE: streamed experts are evicted by block order (the block just computed first), not
     // LRU, which would evict the experts of the blocks about to run (docs/moe.md).
     let cache = if manifest.n_expert() > 0 {
@@ -79,8 +79,8 @@ pub(crate) fn model_linear(
 ) -> EngineLinear {
     // Experts are not in the static order: a token uses only those its router picks, and
     // the executor announces them (Linear::upcoming) once the router has run.
-    // Names resolved to the cache's ids once, here; a name the source lacks is left out of
-    // the schedules (compute then reports it when it asks for that weight).
+    // Names resolved to the manifest's ids once, here; a name the manifest lacks is left out
+    // of the schedules (compute then reports it when it asks for that weight).
     let schedule = (config.prefetch && plan.mode == Mode::Streamed).then(|| {
         (
             plan.placement

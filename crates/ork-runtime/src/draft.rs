@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ork_device::Device;
 use ork_exec::{ExecError, KvType, Linear, Model, Session, Tokenizer};
 use ork_gguf::GgufFile;
-use ork_manifest::Manifest;
+use ork_manifest::{Manifest, WeightId};
 use ork_residency::{DeviceBudget, DeviceMatmul, WeightCache};
 
 use crate::cache::budgeted_cache;
@@ -126,7 +126,9 @@ pub(crate) struct DraftReservation {
     model: Option<LoadedDraft>,
     self_layers: Option<usize>,
     /// The model's weights a self draft pins (empty otherwise).
-    pub(crate) names: HashSet<String>,
+    pub(crate) weights: HashSet<WeightId>,
+    /// The model's manifest, whose ids `weights` are.
+    manifest: Arc<Manifest>,
     /// Device bytes the draft keeps resident.
     pub(crate) bytes: u64,
 }
@@ -146,7 +148,8 @@ impl DraftReservation {
         let mut reservation = DraftReservation {
             model: None,
             self_layers: None,
-            names: HashSet::new(),
+            weights: HashSet::new(),
+            manifest: Arc::clone(model.manifest()),
             bytes: 0,
         };
         match &config.draft {
@@ -161,12 +164,17 @@ impl DraftReservation {
                     Some(n) => *n,
                     None => self_draft_layers(config, model, all, capacity, slots)?,
                 };
-                reservation.names = self_draft_names(config, model, n)?;
-                reservation.bytes = bytes_of(all, &reservation.names);
+                reservation.weights = self_draft_weights(config, model, n)?;
+                reservation.bytes = bytes_of(model.manifest(), all, &reservation.weights);
                 reservation.self_layers = Some(n);
             }
         }
         Ok(reservation)
+    }
+
+    /// Whether the self draft pins the model's weight `name`.
+    pub(crate) fn holds(&self, name: &str) -> bool {
+        in_set(&self.manifest, &self.weights, name)
     }
 
     /// Which draft (`self:N` or the draft's file), as errors name it.
@@ -196,7 +204,7 @@ impl DraftReservation {
             (Some(d), _) => {
                 let dcache = budgeted_cache(
                     device,
-                    gguf_source(&d.gguf, config),
+                    gguf_source(&d.gguf, d.model.manifest(), config),
                     budget,
                     domains,
                     device_budget,
@@ -246,23 +254,31 @@ fn model_error(config: &EngineConfig, source: ExecError) -> RuntimeError {
 }
 
 /// The matmul weights of the model's first `n` blocks and its output projection.
-fn self_draft_names(
+fn self_draft_weights(
     config: &EngineConfig,
     model: &Model,
     n: usize,
-) -> Result<HashSet<String>, RuntimeError> {
+) -> Result<HashSet<WeightId>, RuntimeError> {
     Ok(model
         .truncated(n)
         .map_err(|e| model_error(config, e))?
         .matmul_weights()
         .iter()
-        .map(|w| w.name.clone())
+        .map(|w| w.id)
         .collect())
 }
 
-/// Device bytes of the weights of `all` named in `set`.
-fn bytes_of(all: &[(String, u64)], set: &HashSet<String>) -> u64 {
-    all.iter().filter(|w| set.contains(&w.0)).map(|w| w.1).sum()
+/// Whether weight `name` of `manifest` is in `set`.
+fn in_set(manifest: &Manifest, set: &HashSet<WeightId>, name: &str) -> bool {
+    manifest.id(name).is_some_and(|id| set.contains(&id))
+}
+
+/// Device bytes of the weights of `all` (names of `manifest`'s weights) in `set`.
+fn bytes_of(manifest: &Manifest, all: &[(String, u64)], set: &HashSet<WeightId>) -> u64 {
+    all.iter()
+        .filter(|w| in_set(manifest, set, &w.0))
+        .map(|w| w.1)
+        .sum()
 }
 
 /// Blocks of a self draft when the config does not say: as many as fit beside the model's
@@ -277,15 +293,15 @@ fn self_draft_layers(
 ) -> Result<usize, RuntimeError> {
     let mut best = 1;
     for cand in 1..=(model.config().n_layer / 4).max(1) {
-        let set = self_draft_names(config, model, cand)?;
+        let set = self_draft_weights(config, model, cand)?;
         let mut rest: Vec<u64> = all
             .iter()
-            .filter(|w| !set.contains(&w.0))
+            .filter(|w| !in_set(model.manifest(), &set, &w.0))
             .map(|w| w.1)
             .collect();
         rest.sort_unstable_by(|a, b| b.cmp(a));
         let reserve: u64 = rest.iter().take(slots + 1).sum();
-        if bytes_of(all, &set) + reserve > capacity {
+        if bytes_of(model.manifest(), all, &set) + reserve > capacity {
             break;
         }
         best = cand;

@@ -9,15 +9,13 @@ use ork_residency::DeviceMatmul;
 
 /// The executor's matmul interface served by the device through the weight cache.
 ///
-/// The executor asks by the manifest's [`WeightId`]; the cache numbers the weights of its source
-/// in an id space of its own. Each manifest id is resolved to the cache's once, here, when the
-/// engine opens (`docs/architecture.md`), so a matmul does no name lookup.
+/// The executor, the cache and the plan share one id space, the manifest's [`WeightId`]
+/// (`docs/architecture.md`): a matmul passes its id straight to the cache, with no lookup. Beside
+/// that it counts expert matmuls and how many found their expert resident.
 pub struct EngineLinear {
     dm: DeviceMatmul,
-    /// Per manifest id: the weight's id in the cache (`None` when the cache's source lacks it:
-    /// the call then goes by name, and the cache reports it), its cache key, and whether it is
-    /// an expert slice.
-    weights: Vec<Resolved>,
+    /// Per manifest id: whether the weight is an expert slice.
+    expert: Vec<bool>,
     /// MoE expert matmuls, and how many found their expert already in the cache.
     pub(crate) expert_calls: AtomicU64,
     pub(crate) expert_hits: AtomicU64,
@@ -38,92 +36,46 @@ pub struct ExpertStats {
     pub recall: Option<f64>,
 }
 
-/// A manifest weight as the cache knows it.
-struct Resolved {
-    id: Option<WeightId>,
-    key: String,
-    expert: bool,
-}
-
 impl EngineLinear {
     pub(crate) fn new(dm: DeviceMatmul, manifest: &Manifest) -> EngineLinear {
-        let weights = manifest
-            .weights()
-            .iter()
-            .map(|w| Resolved {
-                id: dm.cache().id(&w.key).ok(),
-                key: w.key.clone(),
-                expert: w.expert.is_some(),
-            })
-            .collect();
         EngineLinear {
             dm,
-            weights,
+            expert: manifest
+                .weights()
+                .iter()
+                .map(|w| w.expert.is_some())
+                .collect(),
             expert_calls: AtomicU64::new(0),
             expert_hits: AtomicU64::new(0),
         }
     }
-}
 
-impl EngineLinear {
-    /// What the cache knows of manifest weight `weight`.
-    fn resolved(&self, weight: WeightId) -> Result<&Resolved, ExecError> {
-        self.weights
-            .get(weight.index())
-            .ok_or_else(|| ExecError::UnknownWeight {
-                weight: weight.to_string(),
-            })
-    }
-
-    /// Count a call of `w` if it is an expert slice, and a hit if it is resident now.
-    fn count_expert(&self, w: &Resolved) {
-        if w.expert {
+    /// Count a call of `id` if it is an expert slice, and a hit if it is resident now.
+    fn count_expert(&self, id: WeightId) {
+        if self.expert.get(id.index()).copied().unwrap_or(false) {
             self.expert_calls.fetch_add(1, Ordering::Relaxed);
-            if w.id.is_some_and(|id| self.dm.cache().is_resident(id)) {
+            if self.dm.cache().is_resident(id) {
                 self.expert_hits.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
-}
 
-/// A weight as [`DeviceMatmul`] takes it: the cache's id, or the name the cache lacks (so its
-/// error names it).
-enum Key<'a> {
-    Id(WeightId),
-    Name(&'a str),
-}
-
-impl<'a> From<&'a Resolved> for Key<'a> {
-    fn from(w: &'a Resolved) -> Self {
-        match w.id {
-            Some(id) => Key::Id(id),
-            None => Key::Name(&w.key),
-        }
-    }
-}
-
-impl ork_residency::WeightKey for Key<'_> {
-    fn weight_id(
-        &self,
-        cache: &ork_residency::WeightCache,
-    ) -> Result<WeightId, ork_residency::ResidencyError> {
-        match self {
-            Key::Id(id) => Ok(*id),
-            Key::Name(name) => cache.id(name),
-        }
+    /// The weight's name, for an error.
+    fn name(&self, id: WeightId) -> String {
+        self.dm
+            .cache()
+            .name(id)
+            .map_or_else(|| id.to_string(), |n| n.to_string())
     }
 }
 
 impl Linear for EngineLinear {
     fn matmul(&self, id: WeightId, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
-        let w = self.resolved(id)?;
-        self.count_expert(w);
-        self.dm
-            .matmul(Key::from(w), x, m, y)
-            .map_err(|e| ExecError::Backend {
-                weight: w.key.clone(),
-                source: Box::new(e),
-            })
+        self.count_expert(id);
+        self.dm.matmul(id, x, m, y).map_err(|e| ExecError::Backend {
+            weight: self.name(id),
+            source: Box::new(e),
+        })
     }
 
     /// Served by [`DeviceMatmul::matmul_many`]: one quantization of `x`, one device batch for
@@ -135,20 +87,15 @@ impl Linear for EngineLinear {
         m: usize,
         ys: &mut [&mut [f32]],
     ) -> Result<(), ExecError> {
-        let resolved = weights
-            .iter()
-            .map(|&w| self.resolved(w))
-            .collect::<Result<Vec<_>, _>>()?;
-        for w in &resolved {
+        for &w in weights {
             self.count_expert(w);
         }
-        let keys: Vec<Key<'_>> = resolved.iter().map(|&w| Key::from(w)).collect();
         self.dm
-            .matmul_many(&keys, x, m, ys)
+            .matmul_many(weights, x, m, ys)
             .map_err(|e| ExecError::Backend {
-                weight: resolved
+                weight: weights
                     .iter()
-                    .map(|w| w.key.as_str())
+                    .map(|&w| self.name(w))
                     .collect::<Vec<_>>()
                     .join(","),
                 source: Box::new(e),
@@ -157,12 +104,7 @@ impl Linear for EngineLinear {
 
     /// Forwarded to the prefetcher, which serves announced weights before the plan order.
     fn upcoming(&self, weights: &[WeightId]) {
-        let keys: Vec<Key<'_>> = weights
-            .iter()
-            .filter_map(|&w| self.resolved(w).ok())
-            .map(Key::from)
-            .collect();
-        self.dm.upcoming(&keys);
+        self.dm.upcoming(weights);
     }
 
     /// Kept by the device matmul's board-clock recorder, if any (`docs/board-model.md`).

@@ -36,13 +36,19 @@ pub(crate) struct PackedSource {
     pub(crate) unwritable: Option<ork_store::StoreError>,
 }
 
-/// Every weight packed from `gguf` when it is needed, at the config's dtype and groups.
-pub(crate) fn gguf_source(gguf: &Arc<GgufFile>, config: &EngineConfig) -> WeightSource {
-    WeightSource::Gguf {
-        model: Arc::clone(gguf),
-        dtype: config.dtype,
-        group: config.group,
-    }
+/// Every weight of `manifest` packed from `gguf` when it is needed, at the config's dtype and
+/// groups.
+pub(crate) fn gguf_source(
+    gguf: &Arc<GgufFile>,
+    manifest: &Arc<Manifest>,
+    config: &EngineConfig,
+) -> WeightSource {
+    WeightSource::gguf(
+        Arc::clone(gguf),
+        Arc::clone(manifest),
+        config.dtype,
+        config.group,
+    )
 }
 
 /// The config's `.orkpack` checked, or converted from `gguf` (telling `observer`), as the cache's
@@ -54,13 +60,13 @@ pub(crate) fn gguf_source(gguf: &Arc<GgufFile>, config: &EngineConfig) -> Weight
 pub(crate) fn open_weight_source(
     config: &EngineConfig,
     gguf: &Arc<GgufFile>,
-    manifest: &Manifest,
+    manifest: &Arc<Manifest>,
     smoothing: Option<&ork_store::PackSmoothing>,
     observer: Option<&dyn ConvertObserver>,
 ) -> Result<PackedSource, RuntimeError> {
     let Some(path) = config.pack_path() else {
         return Ok(PackedSource {
-            source: gguf_source(gguf, config),
+            source: gguf_source(gguf, manifest, config),
             convert: None,
             path: None,
             unwritable: None,
@@ -72,7 +78,7 @@ pub(crate) fn open_weight_source(
     copts.verify = config.verify;
     copts.evict_src = config.evict_src;
     copts.threads = config.threads;
-    copts.manifest = Some(manifest);
+    copts.manifest = Some(&**manifest);
     copts.smoothing = smoothing;
     let progress = |p: &ork_store::Progress<'_>| {
         if let Some(o) = observer {
@@ -89,11 +95,12 @@ pub(crate) fn open_weight_source(
     }
     match result {
         Ok((pack, report)) => Ok(PackedSource {
-            source: WeightSource::Pack {
+            source: WeightSource::pack(
                 pack,
-                model: Some(Arc::clone(gguf)),
-                verify: config.verify,
-            },
+                Arc::clone(manifest),
+                Some(Arc::clone(gguf)),
+                config.verify,
+            )?,
             convert: Some(report),
             path: Some(path),
             unwritable: None,
@@ -101,7 +108,7 @@ pub(crate) fn open_weight_source(
         // The pack cannot be written (read-only directory, full disk): run from memory, as
         // without a pack, and say so (`Engine::pack_unwritable`).
         Err(e) if e.is_write_failure() => Ok(PackedSource {
-            source: gguf_source(gguf, config),
+            source: gguf_source(gguf, manifest, config),
             convert: None,
             path: None,
             unwritable: Some(e),

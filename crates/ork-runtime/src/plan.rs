@@ -78,11 +78,7 @@ pub(crate) fn plan_beside_draft(
 ) -> Result<Plan, RuntimeError> {
     let capacity = budget.min(window_bytes);
     let draft_bytes = draft.bytes;
-    let rest: Vec<(String, u64)> = all
-        .iter()
-        .filter(|w| !draft.names.contains(&w.0))
-        .cloned()
-        .collect();
+    let rest: Vec<(String, u64)> = all.iter().filter(|w| !draft.holds(&w.0)).cloned().collect();
     if draft_bytes > 0 {
         let largest = rest.iter().map(|w| w.1).max().unwrap_or(0);
         if draft_bytes + largest > capacity {
@@ -104,11 +100,11 @@ pub(crate) fn plan_beside_draft(
         domains,
         slots,
     });
-    if !draft.names.is_empty() {
+    if !draft.weights.is_empty() {
         // A self draft's weights are the model's own: pinned in domain 0, in execution order.
         let mut planned = std::mem::take(&mut plan.placement).into_iter();
         for (name, bytes) in all {
-            if draft.names.contains(name) {
+            if draft.holds(name) {
                 plan.placement.push(ork_residency::Placement {
                     name: name.clone(),
                     bytes: *bytes,

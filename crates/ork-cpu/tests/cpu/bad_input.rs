@@ -14,7 +14,7 @@ use super::fixtures::pool;
 
 fn spec(name: &str, k: usize, n: usize) -> WeightSpec {
     WeightSpec {
-        id: WeightId(0),
+        id: WeightId::from_test_index(0),
         name: name.to_owned(),
         k,
         n,

@@ -89,7 +89,7 @@ fn some_weights(specs: &[WeightSpec]) -> Vec<&WeightSpec> {
 }
 
 fn check_close(cpu: &GgufLinear, reference: &CpuF32Linear, spec: &WeightSpec, m: usize) {
-    let x = acts(m, spec.k, spec.id.0 as u64 * 31 + m as u64);
+    let x = acts(m, spec.k, spec.id.index() as u64 * 31 + m as u64);
     let mut y = vec![f32::NAN; m * spec.n];
     cpu.matmul(spec.id, &x, m, &mut y).unwrap();
     let act = cpu.weight_type(spec.id).unwrap().act_type();
@@ -184,7 +184,12 @@ fn matmul_many_is_matmul_on_each() {
     let err = cpu.matmul(ws[0].id, &[0.0; 3], 1, &mut y).unwrap_err();
     assert!(matches!(err, ork_exec::ExecError::MatmulShape { .. }));
     let err = cpu
-        .matmul(ork_exec::WeightId(u32::MAX), &[0.0; 576], 1, &mut y)
+        .matmul(
+            ork_exec::WeightId::from_test_index(u32::MAX),
+            &[0.0; 576],
+            1,
+            &mut y,
+        )
         .unwrap_err();
     assert!(matches!(err, ork_exec::ExecError::UnknownWeight { .. }));
 }
@@ -226,7 +231,7 @@ fn k_quants_are_within_the_activation_bound() {
     .enumerate()
     {
         let spec = WeightSpec {
-            id: ork_exec::WeightId(0),
+            id: ork_exec::WeightId::from_test_index(0),
             name: "w".to_owned(),
             k: 512,
             n: 40,

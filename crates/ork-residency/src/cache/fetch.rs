@@ -320,7 +320,7 @@ impl WeightCache {
             source,
         };
         let parts = self.parts_of(e)?;
-        let (scales, how) = self.source.fetch_into(name, buffer.as_mut_slice())?;
+        let (scales, how) = self.source.fetch_into(e.id, buffer.as_mut_slice())?;
         if !native_order(&parts) {
             // K-segments: store the parts' own blobs one after another (one copy, at fill time).
             let native = buffer.as_slice().to_vec();

@@ -1,8 +1,8 @@
-//! The cache's weight ids: each weight its source knows gets a [`WeightId`] the first time it
-//! is named, with what the cache keeps about it (name, layout, scale group, domain, parts), so
-//! that a use by id does no string hashing or comparison (`docs/architecture.md`).
+//! The cache's weight ids are the manifest's ([`WeightId`], `docs/architecture.md`): what the
+//! cache keeps about each weight (name, layout, scale group, domain, parts) sits in a table
+//! indexed by that id, filled on first use, so that a use by id does no string hashing or
+//! comparison.
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use ork_device::split::{split, Part};
@@ -16,8 +16,10 @@ use crate::ResidencyError;
 /// One weight the cache knows.
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
-    /// Its name in the source (`.orkpack` entry, GGUF tensor or `TENSOR#EXPERT`): for messages,
-    /// traces and the eviction policy.
+    /// Its id.
+    pub(crate) id: WeightId,
+    /// Its name in the manifest (`.orkpack` entry, GGUF tensor or `TENSOR#EXPERT`): for
+    /// messages, traces and the eviction policy.
     pub(crate) name: Arc<str>,
     pub(crate) layout: TiledLayout,
     pub(crate) group: ScaleGroup,
@@ -27,21 +29,29 @@ pub(crate) struct Entry {
     pub(crate) parts: OnceLock<Arc<[Part]>>,
 }
 
-/// The weights named so far, by id and by name.
-#[derive(Default)]
+/// What the cache keeps about each weight of the manifest, by id (filled on first use).
 pub(super) struct Keys {
-    pub(super) entries: Vec<Arc<Entry>>,
-    pub(super) ids: HashMap<Arc<str>, WeightId>,
+    pub(super) entries: Box<[OnceLock<Arc<Entry>>]>,
 }
 
-/// A weight named to a [`WeightCache`] or [`crate::DeviceMatmul`]: its [`WeightId`] in that
-/// cache ([`WeightCache::id`], resolved once, what the engine's hot path passes), or its name
-/// (resolved on each call with one lookup; for tools, tests and set-up).
+impl Keys {
+    /// One empty cell per weight of a manifest of `n` weights.
+    pub(super) fn new(n: usize) -> Keys {
+        Keys {
+            entries: (0..n).map(|_| OnceLock::new()).collect(),
+        }
+    }
+}
+
+/// A weight named to a [`WeightCache`] or [`crate::DeviceMatmul`]: its [`WeightId`] (the
+/// manifest's, what the engine's hot path passes), or its name (resolved on each call with one
+/// lookup in the manifest; for tools, tests and set-up).
 pub trait WeightKey {
     /// The weight's id in `cache`.
     ///
     /// # Errors
-    /// For a name, the source's error when it holds no such matmul weight.
+    /// For a name, [`ResidencyError::UnknownWeight`] when the manifest holds no such matmul
+    /// weight.
     fn weight_id(&self, cache: &WeightCache) -> Result<WeightId, ResidencyError>;
 }
 
@@ -70,63 +80,58 @@ impl<T: WeightKey + ?Sized> WeightKey for &T {
 }
 
 impl WeightCache {
-    /// The id of weight `name` in this cache, given the first time the weight is named (its
-    /// layout and scale group read from the source then): the key a hot path resolves once
-    /// and passes on every use ([`WeightKey`]).
+    /// The id of weight `name`: the manifest's ([`ork_manifest::Manifest::id`]), the key a hot
+    /// path resolves once and passes on every use ([`WeightKey`]).
     ///
     /// # Errors
-    /// The source's error for a name it holds no matmul weight of
-    /// ([`ResidencyError::UnknownWeight`] and the like).
+    /// [`ResidencyError::UnknownWeight`] for a name the manifest holds no matmul weight of.
     pub fn id(&self, name: &str) -> Result<WeightId, ResidencyError> {
-        let read = |k: &Keys| k.ids.get(name).copied();
-        if let Some(id) = read(&self.keys.read().unwrap_or_else(|p| p.into_inner())) {
-            return Ok(id);
-        }
-        let layout = self.source.layout(name)?;
-        let group = self.source.group(name)?;
-        let mut keys = self.keys.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(id) = read(&keys) {
-            return Ok(id);
-        }
-        let id =
-            WeightId(u32::try_from(keys.entries.len()).map_err(|_| {
-                ResidencyError::Placement(format!("more than {} weights", u32::MAX))
-            })?);
-        let name: Arc<str> = name.into();
-        keys.entries.push(Arc::new(Entry {
-            name: Arc::clone(&name),
-            layout,
-            group,
-            domain: self.placement.get(&*name).copied().unwrap_or_default(),
-            parts: std::sync::OnceLock::new(),
-        }));
-        keys.ids.insert(name, id);
-        Ok(id)
+        self.source
+            .manifest()
+            .id(name)
+            .ok_or_else(|| ResidencyError::UnknownWeight {
+                name: name.to_owned(),
+                source_desc: self.source.describe(),
+            })
     }
 
     /// The ids of `keys` ([`WeightCache::id`] of each name).
     ///
     /// # Errors
-    /// The first key the source does not hold, as [`WeightCache::id`].
+    /// The first key the manifest does not hold, as [`WeightCache::id`].
     pub fn ids<K: WeightKey>(&self, keys: &[K]) -> Result<Vec<WeightId>, ResidencyError> {
         keys.iter().map(|k| k.weight_id(self)).collect()
     }
 
-    /// The name of weight `id` (`None` for an id this cache never gave).
+    /// The name of weight `id` (`None` for an id not of this cache's manifest).
     pub fn name(&self, id: WeightId) -> Option<Arc<str>> {
         self.entry(id).ok().map(|e| Arc::clone(&e.name))
     }
 
-    /// What the cache keeps about weight `id`.
+    /// What the cache keeps about weight `id` (its layout and scale group read from the source
+    /// on first use).
     pub(crate) fn entry(&self, id: WeightId) -> Result<Arc<Entry>, ResidencyError> {
-        let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
-        keys.entries
-            .get(id.index())
-            .cloned()
-            .ok_or_else(|| ResidencyError::UnknownWeight {
-                name: id.to_string(),
-                source_desc: self.source.describe(),
-            })
+        let cell =
+            self.keys
+                .entries
+                .get(id.index())
+                .ok_or_else(|| ResidencyError::UnknownWeight {
+                    name: id.to_string(),
+                    source_desc: self.source.describe(),
+                })?;
+        if let Some(e) = cell.get() {
+            return Ok(Arc::clone(e));
+        }
+        let e = Arc::new(Entry {
+            id,
+            name: self.source.manifest().get(id).key.as_str().into(),
+            layout: self.source.layout(id)?,
+            group: self.source.group(id)?,
+            domain: self.placement.get(id.index()).copied().unwrap_or_default(),
+            parts: OnceLock::new(),
+        });
+        // Two threads reading it at once read the same: either may be kept.
+        Ok(Arc::clone(cell.get_or_init(|| e)))
     }
 
     /// What the cache keeps about a weight named by id or name.
