@@ -397,7 +397,7 @@ impl Linear for GgufLinear {
     }
 
     /// Read the announced experts' bytes ahead into the page cache, exactly each expert's
-    /// slice of its tensor, from a background thread (see [`ExpertReads`]); dense weights,
+    /// slice of its tensor, from a background thread (see the expert reader, `ExpertReads`); dense weights,
     /// read every token, are left alone.
     fn upcoming(&self, weights: &[WeightId]) {
         let slices = weights

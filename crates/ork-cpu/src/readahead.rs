@@ -31,7 +31,7 @@ use ork_gguf::{GgufFile, TensorInfo};
 
 use crate::CpuError;
 
-/// What [`ExpertReads`] does (`ork run --no-prefetch`, `--pin-mb`).
+/// What the expert reader (`ExpertReads`) does (`ork run --no-prefetch`, `--pin-mb`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExpertReadOptions {
     /// Read announced experts ahead into the page cache.

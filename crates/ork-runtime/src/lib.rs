@@ -30,7 +30,7 @@
 //! | `engine` | [`Engine`], [`LoadedModel`] and what an engine reports |
 //! | `session` | [`Session`]s handed out by an engine |
 //! | `error` | [`RuntimeError`] |
-//! | [`bench`] | benchmark drivers returning typed reports (`ork bench cpu`) |
+//! | [`mod@bench`] | benchmark drivers returning typed reports (`ork bench cpu`) |
 //! | [`doctor`] | the install check (`ork doctor`) |
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
