@@ -298,7 +298,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let any_cpu = [prefill_device, decode_device].contains(&crate::cli::DeviceArg::Cpu);
     if args.project.project.is_some() && any_cpu {
         bail!(
-            "--project replays the run's device work on a board's NPU; a phase on --device cpu              has none (docs/cpu.md; `ork plan --project BOARD` projects every pairing)"
+            "--project replays the run's device work on a board's NPU; a phase on --device cpu has none (docs/cpu.md; `ork plan --project BOARD` projects every pairing)"
         );
     }
     let mut config = engine_config(&args.model, args.model.trace.is_some())?;

@@ -48,7 +48,7 @@ pub(crate) fn phase_plan(
     if let [a, b] = devices[..] {
         if a != b {
             anyhow::bail!(
-                "--prefill-device {} with --decode-device {}: a run opens one device; pair a                  device with cpu, or name the same device for both",
+                "--prefill-device {} with --decode-device {}: a run opens one device; pair a device with cpu, or name the same device for both",
                 arg_name(a),
                 arg_name(b)
             );
