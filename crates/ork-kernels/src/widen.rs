@@ -56,31 +56,46 @@ fn f16c(src: &[f16], dst: &mut [f32]) {
     }
 }
 
-/// The aarch64 loop: `fcvtl` widens the low four halves of a 128-bit register, `fcvtl2` the
-/// high four (both Armv8.0 Advanced SIMD, always present on aarch64).
+/// The eight f16 in `h` as two f32 vectors (`fcvtl` widens the low four halves, `fcvtl2` the
+/// high four; both Armv8.0 Advanced SIMD, always present on aarch64; their intrinsics,
+/// `vcvt_f32_f16`/`vcvt_high_f32_f16`, are stable only from Rust 1.94, above the workspace's
+/// minimum). Exact. The block kernels use it too (`blocks::neon`).
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+pub(crate) fn widen_f16(
+    h: std::arch::aarch64::uint16x8_t,
+) -> (
+    std::arch::aarch64::float32x4_t,
+    std::arch::aarch64::float32x4_t,
+) {
+    use std::arch::aarch64::float32x4_t;
+    let (lo, hi): (float32x4_t, float32x4_t);
+    // SAFETY: register-only instructions of the aarch64 baseline.
+    unsafe {
+        std::arch::asm!(
+            "fcvtl {lo:v}.4s, {h:v}.4h",
+            "fcvtl2 {hi:v}.4s, {h:v}.8h",
+            h = in(vreg) h,
+            lo = out(vreg) lo,
+            hi = out(vreg) hi,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    (lo, hi)
+}
+
+/// The aarch64 loop: eight halves at a time through [`widen_f16`].
 #[cfg(target_arch = "aarch64")]
 fn fcvtl(src: &[f16], dst: &mut [f32]) {
-    use std::arch::aarch64::{float32x4_t, vld1q_u16, vst1q_f32};
+    use std::arch::aarch64::{vld1q_u16, vst1q_f32};
     assert_eq!(src.len(), dst.len());
     let whole = src.len() - src.len() % 8;
     for i in (0..whole).step_by(8) {
         // SAFETY: i + 8 <= whole <= src.len() == dst.len() (asserted above), so the 16 bytes read
         // from `src` (an f16 is a u16 in memory) and the 32 written to `dst` lie inside them;
-        // `ld1`/`st1` take unaligned addresses; NEON is part of the aarch64 baseline, and
-        // `fcvtl`/`fcvtl2` read and write vector registers only. (Their intrinsics,
-        // `vcvt_f32_f16`/`vcvt_high_f32_f16`, are stable only from Rust 1.94, above the
-        // workspace's minimum.)
+        // `ld1`/`st1` take unaligned addresses; NEON is part of the aarch64 baseline.
         unsafe {
-            let h = vld1q_u16(src.as_ptr().add(i).cast::<u16>());
-            let (lo, hi): (float32x4_t, float32x4_t);
-            std::arch::asm!(
-                "fcvtl {lo:v}.4s, {h:v}.4h",
-                "fcvtl2 {hi:v}.4s, {h:v}.8h",
-                h = in(vreg) h,
-                lo = out(vreg) lo,
-                hi = out(vreg) hi,
-                options(pure, nomem, nostack, preserves_flags)
-            );
+            let (lo, hi) = widen_f16(vld1q_u16(src.as_ptr().add(i).cast::<u16>()));
             vst1q_f32(dst.as_mut_ptr().add(i), lo);
             vst1q_f32(dst.as_mut_ptr().add(i + 4), hi);
         }

@@ -4,24 +4,8 @@
 pub(super) use crate::tile::neon::sdot;
 use std::arch::aarch64::*;
 
-/// The eight f16 in `h` as two f32 vectors (`fcvtl`, `fcvtl2`: Armv8.0 Advanced SIMD; their
-/// intrinsics are stable only from Rust 1.94, above the workspace's minimum). Exact.
-#[inline(always)]
-pub(super) fn widen_f16(h: uint16x8_t) -> (float32x4_t, float32x4_t) {
-    let (lo, hi): (float32x4_t, float32x4_t);
-    // SAFETY: register-only instructions of the aarch64 baseline.
-    unsafe {
-        std::arch::asm!(
-            "fcvtl {lo:v}.4s, {h:v}.4h",
-            "fcvtl2 {hi:v}.4s, {h:v}.8h",
-            h = in(vreg) h,
-            lo = out(vreg) lo,
-            hi = out(vreg) hi,
-            options(pure, nomem, nostack, preserves_flags)
-        );
-    }
-    (lo, hi)
-}
+/// f16 widening of a register, shared with the KV cache's ([`crate::widen`]).
+pub(super) use crate::widen::widen_f16;
 
 /// Two general registers as one vector (`fmov` + `mov v.d[1]`), in `asm!` so that the compiler
 /// does not turn the loads that fill them back into a chain of lane loads (`ld1 {v.h}[j]`, each
