@@ -470,23 +470,10 @@ pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
     if !ok {
         return None;
     }
-    macro_rules! pick {
-        ($f:ident) => {
-            match ty {
-                WeightType::Q4_0 => $f::<Q4_0> as RowsFn,
-                WeightType::Q4_1 => $f::<Q4_1>,
-                WeightType::Q5_0 => $f::<Q5_0>,
-                WeightType::Q5_1 => $f::<Q5_1>,
-                WeightType::Q8_0 => $f::<Q8_0>,
-                WeightType::IQ4_NL => $f::<Iq4Nl>,
-                _ => return None,
-            }
-        };
-    }
     Some(match isa {
-        Isa::Avx2 => pick!(safe_avx2),
-        Isa::AvxVnni => pick!(safe_vnni),
-        Isa::Avx512Vnni => pick!(safe_512),
+        Isa::Avx2 => by_format!(ty, safe_avx2),
+        Isa::AvxVnni => by_format!(ty, safe_vnni),
+        Isa::Avx512Vnni => by_format!(ty, safe_512),
         _ => return None,
     })
 }
