@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 
 use crate::events::{Event, HostKind, Loader, WeightType};
-use crate::schedule::{weight_bytes, Loads, ShapeWeight};
+use crate::schedule::{attention_weights, weight_bytes, Loads, ShapeWeight};
 use crate::{BoardError, Chip};
 
 /// Published dimensions of a Qwen3-MoE-shaped model.
@@ -137,6 +137,9 @@ pub struct MoeSchedule {
     /// The page cache's steady state for [`crate::replay_warm`]: the experts the device cache
     /// does not hold, in random order (what uniform routing leaves in an LRU page cache).
     pub warm: Vec<(String, u64)>,
+    /// Per pass, the passes it stands for: give them to [`crate::Timeline::weigh_passes`] after
+    /// the replay (all 1 up to [`crate::DECODE_PASSES_REPLAYED`] decode passes).
+    pub pass_weights: Vec<f64>,
 }
 
 /// splitmix64: a fixed, dependency-free draw.
@@ -206,12 +209,62 @@ impl Cache {
     }
 }
 
-/// The event stream of running `dims` as `plan` says on `chip`.
+/// The event stream of running `dims` as `plan` says on `chip`. Decode passes beyond
+/// [`crate::DECODE_PASSES_REPLAYED`] are sampled as [`crate::sampled_passes`] samples them
+/// ([`MoeSchedule::pass_weights`]), so a plan's memory and replay time do not grow with its
+/// token count.
 pub fn moe_schedule(
     dims: &MoeDims,
     plan: &MoePlan,
     chip: &Chip,
 ) -> Result<MoeSchedule, BoardError> {
+    check(dims, plan)?;
+    let weights = MoeWeights::new(dims, plan.ty, chip);
+    let all = dims.n_layer * dims.n_expert;
+    let capacity = plan.cache_experts.clamp(2 * dims.top_k, all);
+    let mut run = MoeRun {
+        dims,
+        plan,
+        w: &weights,
+        cache: warm_cache(dims, capacity),
+        // The warm cache's buffers exist: a load reuses an evicted expert's buffer.
+        loads: Loads::new(0),
+        rng: Rng(plan.seed),
+        out: Vec::new(),
+        started: 0,
+        decode_uses: 0,
+        decode_hits: 0,
+    };
+    let warm = run.warm_list();
+    let (passes, pass_weights) = crate::schedule::sampled_passes(&crate::Plan {
+        resident: true,
+        slots: 0,
+        budget_bytes: 0,
+        prompt_tokens: plan.prompt_tokens,
+        gen_tokens: plan.gen_tokens,
+        kv_bytes: plan.kv_bytes,
+    });
+    for &(m, context) in &passes {
+        run.pass(m, context);
+    }
+    let kv = dims.n_head_kv * dims.head_dim;
+    let context_max = plan.prompt_tokens + plan.gen_tokens;
+    let kv_bytes = (2 * dims.n_layer * kv * plan.kv_bytes * context_max) as u64;
+    Ok(MoeSchedule {
+        events: run.out,
+        device_bytes: dims.dense_bytes(plan.ty)
+            + capacity as u64 * dims.expert_bytes(plan.ty)
+            + kv_bytes,
+        cache_experts: capacity,
+        decode_uses: run.decode_uses,
+        decode_hits: run.decode_hits,
+        warm,
+        pass_weights,
+    })
+}
+
+/// `dims` and `plan` can be scheduled: a prompt, `top_k` within the experts, a recall in 0..=1.
+fn check(dims: &MoeDims, plan: &MoePlan) -> Result<(), BoardError> {
     if plan.prompt_tokens == 0 {
         return Err(BoardError::Stream("a prompt of 0 tokens".into()));
     }
@@ -228,201 +281,225 @@ pub fn moe_schedule(
             )));
         }
     }
-    let ty = plan.ty;
-    let w = |name: String, k: usize, n: usize| ShapeWeight::new(name, k, n, ty, chip, true);
-    let (d, q, kv) = (
-        dims.d_model,
-        dims.n_head * dims.head_dim,
-        dims.n_head_kv * dims.head_dim,
-    );
-    let dense: Vec<[ShapeWeight; 5]> = (0..dims.n_layer)
-        .map(|i| {
-            [
-                w(format!("blk.{i}.attn_q"), d, q),
-                w(format!("blk.{i}.attn_k"), d, kv),
-                w(format!("blk.{i}.attn_v"), d, kv),
-                w(format!("blk.{i}.attn_output"), q, d),
-                w(format!("blk.{i}.ffn_gate_inp"), d, dims.n_expert),
-            ]
-        })
-        .collect();
-    let output = w("output".into(), d, dims.vocab);
-    // The manifest's keys (`blk.B.ffn_gate_exps.weight#E`), as the run's own events name them.
-    let key = |role, b: usize, e: usize| {
-        ork_manifest::weight_key(role, b, u32::try_from(e).ok()).unwrap_or_default()
-    };
-    let expert = |b: usize, e: usize| {
+    Ok(())
+}
+
+/// The schedule's weights: per block attention and router, the output, and each expert's.
+struct MoeWeights {
+    dense: Vec<[ShapeWeight; 5]>,
+    output: ShapeWeight,
+    ty: WeightType,
+    chip: Chip,
+    /// (width, expert FFN width).
+    dims: (usize, usize),
+}
+
+impl MoeWeights {
+    fn new(dims: &MoeDims, ty: WeightType, chip: &Chip) -> MoeWeights {
+        let w = |name: String, k: usize, n: usize| ShapeWeight::new(name, k, n, ty, chip, true);
+        let d = dims.d_model;
+        let dense = (0..dims.n_layer)
+            .map(|i| {
+                let (h, kv, hd) = (dims.n_head, dims.n_head_kv, dims.head_dim);
+                let [q, k, v, o] = attention_weights(i, d, h, kv, hd, w);
+                [
+                    q,
+                    k,
+                    v,
+                    o,
+                    w(format!("blk.{i}.ffn_gate_inp"), d, dims.n_expert),
+                ]
+            })
+            .collect();
+        MoeWeights {
+            dense,
+            output: w("output".into(), d, dims.vocab),
+            ty,
+            chip: chip.clone(),
+            dims: (d, dims.expert_ffn),
+        }
+    }
+
+    /// Expert `e` of block `b`: gate, up, down, named by the manifest's keys
+    /// (`blk.B.ffn_gate_exps.weight#E`), as the run's own events name them.
+    fn expert(&self, b: usize, e: usize) -> [ShapeWeight; 3] {
         use ork_manifest::Role;
+        let (d, ffn) = self.dims;
+        let key =
+            |role| ork_manifest::weight_key(role, b, u32::try_from(e).ok()).unwrap_or_default();
+        let w = |name, k, n| ShapeWeight::new(name, k, n, self.ty, &self.chip, true);
         [
-            w(key(Role::ExpertGate, b, e), d, dims.expert_ffn),
-            w(key(Role::ExpertUp, b, e), d, dims.expert_ffn),
-            w(key(Role::ExpertDown, b, e), dims.expert_ffn, d),
+            w(key(Role::ExpertGate), d, ffn),
+            w(key(Role::ExpertUp), d, ffn),
+            w(key(Role::ExpertDown), ffn, d),
         ]
-    };
-    let expert_bytes = dims.expert_bytes(ty);
-    let all = dims.n_layer * dims.n_expert;
-    let capacity = plan.cache_experts.clamp(2 * dims.top_k, all);
+    }
+}
+
+/// A warm device cache of `capacity` experts: an even share of every block's (routing is
+/// uniform).
+fn warm_cache(dims: &MoeDims, capacity: usize) -> Cache {
     let mut cache = Cache {
         capacity,
         tick: 0,
         held: HashMap::new(),
     };
-    // A warm cache: an even share of every block's experts (routing is uniform).
-    let mut rng = Rng(plan.seed);
     for i in 0..capacity {
         cache.insert((i % dims.n_layer, i / dims.n_layer));
     }
-    // The warm cache's buffers exist: a load reuses an evicted expert's buffer.
-    let mut loads = Loads::new(0);
-    let mut outside: Vec<(usize, usize)> = (0..dims.n_layer)
-        .flat_map(|b| (0..dims.n_expert).map(move |e| (b, e)))
-        .filter(|k| !cache.contains(*k))
-        .collect();
-    for i in (1..outside.len()).rev() {
-        outside.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    cache
+}
+
+/// The schedule as it is written, pass by pass.
+struct MoeRun<'a> {
+    dims: &'a MoeDims,
+    plan: &'a MoePlan,
+    w: &'a MoeWeights,
+    cache: Cache,
+    loads: Loads,
+    rng: Rng,
+    out: Vec<Event>,
+    started: u64,
+    decode_uses: u64,
+    decode_hits: u64,
+}
+
+impl MoeRun<'_> {
+    /// The page cache's steady state: the experts the device cache does not hold, shuffled.
+    fn warm_list(&mut self) -> Vec<(String, u64)> {
+        let dims = self.dims;
+        let mut outside: Vec<(usize, usize)> = (0..dims.n_layer)
+            .flat_map(|b| (0..dims.n_expert).map(move |e| (b, e)))
+            .filter(|k| !self.cache.contains(*k))
+            .collect();
+        for i in (1..outside.len()).rev() {
+            outside.swap(i, (self.rng.next() % (i as u64 + 1)) as usize);
+        }
+        outside
+            .iter()
+            .flat_map(|&(b, e)| self.w.expert(b, e).map(|x| (x.name, x.bytes)))
+            .collect()
     }
-    let warm = outside
-        .iter()
-        .flat_map(|&(b, e)| expert(b, e).map(|x| (x.name, x.bytes)))
-        .collect();
-    let context_max = plan.prompt_tokens + plan.gen_tokens;
-    let kv_bytes = (2 * dims.n_layer * kv * plan.kv_bytes * context_max) as u64;
-    let mut out = Vec::new();
-    let mut started = 0u64;
-    let (mut decode_uses, mut decode_hits) = (0u64, 0u64);
-    let passes = plan.gen_tokens.max(1);
-    // `key` into the cache: a hit refreshes it, a miss loads it by `by` after `after` matmuls.
-    let bring = |out: &mut Vec<Event>,
-                 loads: &mut Loads,
-                 cache: &mut Cache,
-                 key: (usize, usize),
-                 by: Loader,
-                 after: u64| {
-        if cache.touch_if_held(key) {
+
+    /// Expert `key` into the device cache: a hit refreshes it, a miss loads it by `by` after the
+    /// matmuls started so far.
+    fn bring(&mut self, key: (usize, usize), by: Loader) {
+        if self.cache.touch_if_held(key) {
             return;
         }
-        for x in expert(key.0, key.1).iter() {
-            out.push(loads.event(x, by, after));
+        for x in self.w.expert(key.0, key.1).iter() {
+            self.out.push(self.loads.event(x, by, self.started));
         }
-        cache.insert(key);
-    };
-    for p in 0..passes {
-        let (m, context) = if p == 0 {
-            (plan.prompt_tokens, 0)
-        } else {
-            (1, plan.prompt_tokens + p - 1)
-        };
-        out.push(Event::Pass { tokens: m, context });
-        // Each row's experts in every block, drawn up front (the prediction needs the next
-        // block's).
+        self.cache.insert(key);
+    }
+
+    /// Each block's experts with their row counts, in first-use order, for `m` rows drawn up
+    /// front (the prediction needs the next block's).
+    fn route(&mut self, m: usize) -> Vec<Vec<(usize, usize)>> {
+        let dims = self.dims;
         let routes: Vec<Vec<Vec<usize>>> = (0..dims.n_layer)
             .map(|_| {
                 (0..m)
-                    .map(|_| rng.choose(dims.n_expert, dims.top_k, &[]))
+                    .map(|_| self.rng.choose(dims.n_expert, dims.top_k, &[]))
                     .collect()
             })
             .collect();
-        // Experts each block's rows use, with their row counts, in first-use order.
-        let used: Vec<Vec<(usize, usize)>> = routes
+        routes
             .iter()
             .map(|rows| {
                 let mut u: Vec<(usize, usize)> = Vec::new();
-                for r in rows {
-                    for &e in r {
-                        match u.iter_mut().find(|(x, _)| *x == e) {
-                            Some(c) => c.1 += 1,
-                            None => u.push((e, 1)),
-                        }
+                for &e in rows.iter().flatten() {
+                    match u.iter_mut().find(|(x, _)| *x == e) {
+                        Some(c) => c.1 += 1,
+                        None => u.push((e, 1)),
                     }
                 }
                 u
             })
-            .collect();
-        let speculate = match plan.prefetch {
+            .collect()
+    }
+
+    /// One pass of `m` rows at `context`.
+    fn pass(&mut self, m: usize, context: usize) {
+        self.out.push(Event::Pass { tokens: m, context });
+        let used = self.route(m);
+        let speculate = match self.plan.prefetch {
             ExpertPrefetch::Speculative { recall } if m == 1 => Some(recall),
             _ => None,
         };
-        for (b, ws) in dense.iter().enumerate() {
-            out.push(HostKind::norm(m, d));
-            for (i, x) in ws[..3].iter().enumerate() {
-                matmul(&mut out, &mut started, x, m, i == 0);
-            }
-            out.push(HostKind::attention(
-                m,
-                context,
-                None,
-                dims.n_head,
-                dims.n_head_kv,
-                dims.head_dim,
-                plan.kv_bytes,
-            ));
-            matmul(&mut out, &mut started, &ws[3], m, true);
-            out.push(HostKind::norm(m, d));
-            matmul(&mut out, &mut started, &ws[4], m, true);
-            // The router has run (its matmul started: the top-k on the host is negligible).
-            if m == 1 {
-                decode_uses += used[b].len() as u64;
-                decode_hits += used[b]
-                    .iter()
-                    .filter(|(e, _)| cache.contains((b, *e)))
-                    .count() as u64;
-            }
-            if plan.prefetch != ExpertPrefetch::OnDemand {
-                for &(e, _) in &used[b] {
-                    bring(
-                        &mut out,
-                        &mut loads,
-                        &mut cache,
-                        (b, e),
-                        Loader::Prefetch,
-                        started,
-                    );
-                }
-            }
-            if let (Some(recall), Some(next)) = (speculate, used.get(b + 1)) {
-                // The prediction: `recall` of the next block's experts, the rest wrong.
-                let truth: Vec<usize> = next.iter().map(|(e, _)| *e).collect();
-                let right = (recall * truth.len() as f64).round() as usize;
-                let wrong = rng.choose(dims.n_expert, truth.len() - right, &truth);
-                for e in truth[..right].iter().chain(&wrong) {
-                    bring(
-                        &mut out,
-                        &mut loads,
-                        &mut cache,
-                        (b + 1, *e),
-                        Loader::Prefetch,
-                        started,
-                    );
-                }
-            }
-            for &(e, rows) in &used[b] {
-                if plan.prefetch == ExpertPrefetch::OnDemand {
-                    bring(
-                        &mut out,
-                        &mut loads,
-                        &mut cache,
-                        (b, e),
-                        Loader::Compute,
-                        started,
-                    );
-                }
-                let [g, u, dn] = expert(b, e);
-                matmul(&mut out, &mut started, &g, rows, true);
-                matmul(&mut out, &mut started, &u, rows, false);
-                matmul(&mut out, &mut started, &dn, rows, true);
+        for b in 0..self.dims.n_layer {
+            self.attention(b, m, context);
+            self.experts(b, m, &used, speculate);
+        }
+        matmul(&mut self.out, &mut self.started, &self.w.output, 1, true);
+        self.out.push(HostKind::sample(1, self.dims.vocab));
+    }
+
+    /// Block `b`'s attention and router for `m` rows at `context`.
+    fn attention(&mut self, b: usize, m: usize, context: usize) {
+        let (dims, ws) = (self.dims, &self.w.dense[b]);
+        let out = &mut self.out;
+        out.push(HostKind::norm(m, dims.d_model));
+        for (i, x) in ws[..3].iter().enumerate() {
+            matmul(out, &mut self.started, x, m, i == 0);
+        }
+        out.push(HostKind::attention(
+            m,
+            context,
+            None,
+            dims.n_head,
+            dims.n_head_kv,
+            dims.head_dim,
+            self.plan.kv_bytes,
+        ));
+        matmul(out, &mut self.started, &ws[3], m, true);
+        out.push(HostKind::norm(m, dims.d_model));
+        matmul(out, &mut self.started, &ws[4], m, true);
+    }
+
+    /// Block `b`'s experts once its router has run (its matmul started: the top-k on the host is
+    /// negligible): the cache's hits counted, the loads the prefetch mode makes, the matmuls.
+    fn experts(
+        &mut self,
+        b: usize,
+        m: usize,
+        used: &[Vec<(usize, usize)>],
+        speculate: Option<f64>,
+    ) {
+        if m == 1 {
+            self.decode_uses += used[b].len() as u64;
+            self.decode_hits += used[b]
+                .iter()
+                .filter(|(e, _)| self.cache.contains((b, *e)))
+                .count() as u64;
+        }
+        let on_demand = self.plan.prefetch == ExpertPrefetch::OnDemand;
+        if !on_demand {
+            for &(e, _) in &used[b] {
+                self.bring((b, e), Loader::Prefetch);
             }
         }
-        matmul(&mut out, &mut started, &output, 1, true);
-        out.push(HostKind::sample(1, dims.vocab));
+        if let (Some(recall), Some(next)) = (speculate, used.get(b + 1)) {
+            // The prediction: `recall` of the next block's experts, the rest wrong.
+            let truth: Vec<usize> = next.iter().map(|(e, _)| *e).collect();
+            let right = (recall * truth.len() as f64).round() as usize;
+            let wrong = self
+                .rng
+                .choose(self.dims.n_expert, truth.len() - right, &truth);
+            for e in truth[..right].iter().chain(&wrong) {
+                self.bring((b + 1, *e), Loader::Prefetch);
+            }
+        }
+        for &(e, rows) in &used[b] {
+            if on_demand {
+                self.bring((b, e), Loader::Compute);
+            }
+            let [g, u, dn] = self.w.expert(b, e);
+            matmul(&mut self.out, &mut self.started, &g, rows, true);
+            matmul(&mut self.out, &mut self.started, &u, rows, false);
+            matmul(&mut self.out, &mut self.started, &dn, rows, true);
+        }
     }
-    Ok(MoeSchedule {
-        events: out,
-        device_bytes: dims.dense_bytes(ty) + capacity as u64 * expert_bytes + kv_bytes,
-        cache_experts: capacity,
-        decode_uses,
-        decode_hits,
-        warm,
-    })
 }
 
 fn matmul(out: &mut Vec<Event>, started: &mut u64, x: &ShapeWeight, rows: usize, quantized: bool) {

@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 
 use serde::Serialize;
 
-use crate::events::{Event, Loader};
+use crate::events::{Event, Loader, WeightType};
 use crate::params::Board;
 use crate::BoardError;
 
@@ -209,29 +209,81 @@ pub fn replay_warm(
     warm: Option<&[(String, u64)]>,
 ) -> Result<Timeline, BoardError> {
     board.validate()?;
-    let chip = &board.chip;
-    let mut loads_of: HashMap<&str, usize> = HashMap::new();
-    // Passes that use each weight (a matmul of it), counted once per pass.
-    let mut used_in: HashMap<&str, (usize, usize)> = HashMap::new();
-    let mut pass_no = 0usize;
-    for e in events {
-        match e {
-            Event::Load { weight, .. } => *loads_of.entry(weight).or_default() += 1,
-            Event::Pass { .. } => pass_no += 1,
-            Event::Matmul { weight, .. } => {
-                let u = used_in.entry(weight).or_insert((0, usize::MAX));
-                if u.1 != pass_no {
-                    *u = (u.0 + 1, pass_no);
-                }
-            }
-            Event::Host { .. } => {}
-        }
-    }
-    let kept = |w: &str| {
-        let loads = loads_of[w];
-        loads == 1 || loads < used_in.get(w).map_or(0, |u| u.0)
+    let usage = Usage::of(events);
+    let mut page_cache = warm_page_cache(events, board, &opts, warm);
+    let mut build = Build {
+        board,
+        opts,
+        usage,
+        next_use: next_uses(events),
+        page_cache: &mut page_cache,
+        timeline: Timeline::default(),
+        tasks: Vec::new(),
+        matmul_task: Vec::new(),
+        last_load: HashMap::new(),
+        first_load: Default::default(),
+        last_domain: None,
+        leader: 0,
+        pass: None,
     };
-    let mut first_load: std::collections::HashSet<&str> = Default::default();
+    for (index, e) in events.iter().enumerate() {
+        build.event(index, e)?;
+    }
+    let Build {
+        tasks,
+        mut timeline,
+        ..
+    } = build;
+    simulate(&tasks, board.chip.ddr_bw, &mut timeline)?;
+    check_finite(&timeline)?;
+    Ok(timeline)
+}
+
+/// How often each weight is loaded, and in how many passes a matmul uses it.
+struct Usage<'a> {
+    loads_of: HashMap<&'a str, usize>,
+    /// Passes that use each weight (a matmul of it), counted once per pass: (count, last pass).
+    used_in: HashMap<&'a str, (usize, usize)>,
+}
+
+impl<'a> Usage<'a> {
+    fn of(events: &'a [Event]) -> Usage<'a> {
+        let mut u = Usage {
+            loads_of: HashMap::new(),
+            used_in: HashMap::new(),
+        };
+        let mut pass_no = 0usize;
+        for e in events {
+            match e {
+                Event::Load { weight, .. } => *u.loads_of.entry(weight).or_default() += 1,
+                Event::Pass { .. } => pass_no += 1,
+                Event::Matmul { weight, .. } => {
+                    let c = u.used_in.entry(weight).or_insert((0, usize::MAX));
+                    if c.1 != pass_no {
+                        *c = (c.0 + 1, pass_no);
+                    }
+                }
+                Event::Host { .. } => {}
+            }
+        }
+        u
+    }
+
+    /// The plan keeps `w`: loaded once, or in fewer passes than use it.
+    fn kept(&self, w: &str) -> bool {
+        let loads = self.loads_of.get(w).copied().unwrap_or(0);
+        loads == 1 || loads < self.used_in.get(w).map_or(0, |u| u.0)
+    }
+}
+
+/// The page cache as the replay starts: warmed by `warm`, or as if the same run had just run
+/// (its last-used blobs are cached).
+fn warm_page_cache(
+    events: &[Event],
+    board: &Board,
+    opts: &ReplayOptions,
+    warm: Option<&[(String, u64)]>,
+) -> PageCache {
     let mut page_cache = PageCache {
         capacity: (board.ram_bytes - board.reserved_bytes - opts.device_bytes).max(0.0),
         used: 0.0,
@@ -244,7 +296,6 @@ pub fn replay_warm(
                 page_cache.read(weight, *bytes as f64);
             }
         }
-        // Warm: as if the same run had just run (its last-used blobs are cached).
         None => {
             for e in events {
                 if let Event::Load { weight, bytes, .. } = e {
@@ -253,43 +304,59 @@ pub fn replay_warm(
             }
         }
     }
+    page_cache
+}
 
-    // For each load, the number of the next matmul that uses its weight.
+/// For each load, the number of the next matmul that uses its weight.
+fn next_uses(events: &[Event]) -> Vec<Option<u64>> {
     let mut next_use: Vec<Option<u64>> = vec![None; events.len()];
-    {
-        let total = events
-            .iter()
-            .filter(|e| matches!(e, Event::Matmul { .. }))
-            .count() as u64;
-        let mut number = total;
-        let mut seen: HashMap<&str, u64> = HashMap::new();
-        for (i, e) in events.iter().enumerate().rev() {
-            match e {
-                Event::Matmul { weight, .. } => {
-                    number -= 1;
-                    seen.insert(weight, number);
-                }
-                Event::Load { weight, .. } => next_use[i] = seen.get(weight.as_str()).copied(),
-                _ => {}
+    let total = events
+        .iter()
+        .filter(|e| matches!(e, Event::Matmul { .. }))
+        .count() as u64;
+    let mut number = total;
+    let mut seen: HashMap<&str, u64> = HashMap::new();
+    for (i, e) in events.iter().enumerate().rev() {
+        match e {
+            Event::Matmul { weight, .. } => {
+                number -= 1;
+                seen.insert(weight, number);
             }
+            Event::Load { weight, .. } => next_use[i] = seen.get(weight.as_str()).copied(),
+            _ => {}
         }
     }
-    let mut timeline = Timeline::default();
-    let mut tasks: Vec<Task> = Vec::new();
-    let mut matmul_task: Vec<usize> = Vec::new();
-    let mut last_load: HashMap<&str, usize> = HashMap::new();
-    let mut last_domain: Option<u32> = None;
-    let mut leader = 0usize;
-    let mut pass: Option<usize> = None;
-    for (index, e) in events.iter().enumerate() {
+    next_use
+}
+
+/// The events turned into tasks, one at a time.
+struct Build<'a, 'p> {
+    board: &'a Board,
+    opts: ReplayOptions,
+    usage: Usage<'a>,
+    next_use: Vec<Option<u64>>,
+    page_cache: &'p mut PageCache,
+    timeline: Timeline,
+    tasks: Vec<Task>,
+    /// Per matmul, the task its loads wait for (its batch's first).
+    matmul_task: Vec<usize>,
+    last_load: HashMap<&'a str, usize>,
+    first_load: std::collections::HashSet<&'a str>,
+    last_domain: Option<u32>,
+    leader: usize,
+    pass: Option<usize>,
+}
+
+impl<'a> Build<'a, '_> {
+    fn event(&mut self, index: usize, e: &'a Event) -> Result<(), BoardError> {
         match e {
             Event::Pass { tokens, context } => {
-                timeline.passes.push(PassTime {
+                self.timeline.passes.push(PassTime {
                     tokens: *tokens,
                     context: *context,
                     ..PassTime::default()
                 });
-                pass = Some(timeline.passes.len() - 1);
+                self.pass = Some(self.timeline.passes.len() - 1);
             }
             Event::Load {
                 weight,
@@ -298,67 +365,7 @@ pub fn replay_warm(
                 by,
                 after,
                 ..
-            } => {
-                let b = *bytes as f64;
-                let hit = page_cache.read(weight, b);
-                let mut fixed = b * chip.sync_s_per_byte;
-                if *created {
-                    fixed += chip.alloc_s + b * chip.map_s_per_byte;
-                }
-                if !hit {
-                    fixed += b / board.storage_read_bw;
-                }
-                if opts.preload && first_load.insert(weight.as_str()) && kept(weight) {
-                    timeline.load_s += fixed + b / chip.memcpy_bw;
-                    continue;
-                }
-                if *created {
-                    timeline.buffers_created += 1;
-                }
-                if !hit {
-                    timeline.storage_bytes += b;
-                    if let Some(p) = pass {
-                        timeline.passes[p].storage_bytes += b;
-                    }
-                }
-                let (by, after) = match (opts.prefetch_slots, next_use[index]) {
-                    (Some(slots), Some(g)) => {
-                        let rule = (g + 1).saturating_sub(slots as u64);
-                        (Loader::Prefetch, rule.min(*after))
-                    }
-                    _ => (*by, *after),
-                };
-                let (actor, after) = match by {
-                    Loader::Compute => (COMPUTE, None),
-                    Loader::Prefetch => {
-                        let a = (after as usize)
-                            .checked_sub(1)
-                            .map(|i| {
-                                matmul_task.get(i).copied().ok_or_else(|| {
-                                    BoardError::Stream(format!(
-                                        "load of '{weight}' follows matmul {after}, \
-                                         but only {} were recorded before it",
-                                        matmul_task.len()
-                                    ))
-                                })
-                            })
-                            .transpose()?;
-                        (COPY, a)
-                    }
-                };
-                last_load.insert(weight, tasks.len());
-                tasks.push(Task {
-                    actor,
-                    cat: Cat::Load,
-                    fixed,
-                    // A copy reads and writes every byte.
-                    bytes: 2.0 * b,
-                    rate: 2.0 * chip.memcpy_bw,
-                    dep: None,
-                    after,
-                    pass,
-                });
-            }
+            } => self.load(index, weight, *bytes, *created, (*by, *after))?,
             Event::Matmul {
                 weight,
                 m,
@@ -370,53 +377,141 @@ pub fn replay_warm(
                 calls,
                 quantized,
             } => {
-                // The executor announces a batch's weights (q/k/v, gate/up) to the prefetcher
-                // together, when the batch starts: a load waiting for any of them waits for the
-                // batch's first matmul.
-                if *quantized || matmul_task.is_empty() {
-                    leader = tasks.len();
-                }
-                matmul_task.push(leader);
-                let (m, k, n) = (*m as f64, *k as f64, *n as f64);
-                if *quantized {
-                    tasks.push(host_task(chip, 3.0 * m * k, 5.0 * m * k, pass));
-                }
-                if last_domain.is_some_and(|d| d != *domain) {
-                    tasks.push(Task {
-                        actor: COMPUTE,
-                        cat: Cat::Switch,
-                        fixed: chip.domain_switch_s,
-                        bytes: 0.0,
-                        rate: 1.0,
-                        dep: None,
-                        after: None,
-                        pass,
-                    });
-                }
-                last_domain = Some(*domain);
-                // The NPU reads the weight, the activations once per call, writes f32 outputs.
-                let traffic = *bytes as f64 + m * k * f64::from(*calls) + 4.0 * m * n;
-                let compute_s = 2.0 * m * k * n / chip.ops(*ty);
-                let rate = chip.npu_read_bw.min(traffic / compute_s.max(1e-12));
-                tasks.push(Task {
-                    actor: COMPUTE,
-                    cat: Cat::Npu,
-                    fixed: f64::from(*calls) * chip.call_s,
-                    bytes: traffic,
-                    rate,
-                    dep: last_load.get(weight.as_str()).copied(),
-                    after: None,
-                    pass,
-                });
+                let dims = (*m as f64, *k as f64, *n as f64);
+                self.matmul(weight, dims, (*ty, *bytes, *domain, *calls), *quantized);
             }
             Event::Host { flops, bytes, .. } => {
-                tasks.push(host_task(chip, *flops, *bytes, pass));
+                let t = host_task(&self.board.chip, *flops, *bytes, self.pass);
+                self.tasks.push(t);
             }
         }
+        Ok(())
     }
-    simulate(&tasks, board.chip.ddr_bw, &mut timeline)?;
-    check_finite(&timeline)?;
-    Ok(timeline)
+
+    /// A load of `weight` (`bytes`, into a new buffer if `created`) by `by` after `after`
+    /// matmuls: before the clock (preloaded), or a task of the copy or the compute thread.
+    fn load(
+        &mut self,
+        index: usize,
+        weight: &'a str,
+        bytes: u64,
+        created: bool,
+        (by, after): (Loader, u64),
+    ) -> Result<(), BoardError> {
+        let (board, chip) = (self.board, &self.board.chip);
+        let b = bytes as f64;
+        let hit = self.page_cache.read(weight, b);
+        let mut fixed = b * chip.sync_s_per_byte;
+        if created {
+            fixed += chip.alloc_s + b * chip.map_s_per_byte;
+        }
+        if !hit {
+            fixed += b / board.storage_read_bw;
+        }
+        if self.opts.preload && self.first_load.insert(weight) && self.usage.kept(weight) {
+            self.timeline.load_s += fixed + b / chip.memcpy_bw;
+            return Ok(());
+        }
+        if created {
+            self.timeline.buffers_created += 1;
+        }
+        if !hit {
+            self.timeline.storage_bytes += b;
+            if let Some(p) = self.pass {
+                self.timeline.passes[p].storage_bytes += b;
+            }
+        }
+        let (by, after) = match (self.opts.prefetch_slots, self.next_use[index]) {
+            (Some(slots), Some(g)) => {
+                let rule = (g + 1).saturating_sub(slots as u64);
+                (Loader::Prefetch, rule.min(after))
+            }
+            _ => (by, after),
+        };
+        let (actor, after) = match by {
+            Loader::Compute => (COMPUTE, None),
+            Loader::Prefetch => (COPY, self.started_task(weight, after)?),
+        };
+        self.last_load.insert(weight, self.tasks.len());
+        self.tasks.push(Task {
+            actor,
+            cat: Cat::Load,
+            fixed,
+            // A copy reads and writes every byte.
+            bytes: 2.0 * b,
+            rate: 2.0 * chip.memcpy_bw,
+            dep: None,
+            after,
+            pass: self.pass,
+        });
+        Ok(())
+    }
+
+    /// The task a prefetch load of `weight` that follows matmul `after` waits to start.
+    fn started_task(&self, weight: &str, after: u64) -> Result<Option<usize>, BoardError> {
+        (after as usize)
+            .checked_sub(1)
+            .map(|i| {
+                self.matmul_task.get(i).copied().ok_or_else(|| {
+                    BoardError::Stream(format!(
+                        "load of '{weight}' follows matmul {after}, but only {} were recorded \
+                         before it",
+                        self.matmul_task.len()
+                    ))
+                })
+            })
+            .transpose()
+    }
+
+    /// A matmul of `weight` (`m × k × n`; its type, device bytes, domain and calls): its
+    /// activations' quantization, a domain switch, the NPU's task.
+    fn matmul(
+        &mut self,
+        weight: &str,
+        (m, k, n): (f64, f64, f64),
+        (ty, bytes, domain, calls): (WeightType, u64, u32, u32),
+        quantized: bool,
+    ) {
+        let chip = &self.board.chip;
+        // The executor announces a batch's weights (q/k/v, gate/up) to the prefetcher together,
+        // when the batch starts: a load waiting for any of them waits for the batch's first
+        // matmul.
+        if quantized || self.matmul_task.is_empty() {
+            self.leader = self.tasks.len();
+        }
+        self.matmul_task.push(self.leader);
+        if quantized {
+            self.tasks
+                .push(host_task(chip, 3.0 * m * k, 5.0 * m * k, self.pass));
+        }
+        if self.last_domain.is_some_and(|d| d != domain) {
+            self.tasks.push(Task {
+                actor: COMPUTE,
+                cat: Cat::Switch,
+                fixed: chip.domain_switch_s,
+                bytes: 0.0,
+                rate: 1.0,
+                dep: None,
+                after: None,
+                pass: self.pass,
+            });
+        }
+        self.last_domain = Some(domain);
+        // The NPU reads the weight, the activations once per call, writes f32 outputs.
+        let traffic = bytes as f64 + m * k * f64::from(calls) + 4.0 * m * n;
+        let compute_s = 2.0 * m * k * n / chip.ops(ty);
+        let rate = chip.npu_read_bw.min(traffic / compute_s.max(1e-12));
+        self.tasks.push(Task {
+            actor: COMPUTE,
+            cat: Cat::Npu,
+            fixed: f64::from(calls) * chip.call_s,
+            bytes: traffic,
+            rate,
+            dep: self.last_load.get(weight).copied(),
+            after: None,
+            pass: self.pass,
+        });
+    }
 }
 
 /// Every time of `timeline` finite and not negative: the parameter ranges make it so; a

@@ -104,22 +104,45 @@ impl ShapeWeight {
     }
 }
 
+/// Block `i`'s attention weights (q, k, v, output) for width `d` and `n_head` / `n_head_kv`
+/// heads of `head_dim`, made by `w` (name, K, N).
+pub(crate) fn attention_weights(
+    i: usize,
+    d: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    w: impl Fn(String, usize, usize) -> ShapeWeight,
+) -> [ShapeWeight; 4] {
+    let (q, kv) = (n_head * head_dim, n_head_kv * head_dim);
+    [
+        w(format!("blk.{i}.attn_q"), d, q),
+        w(format!("blk.{i}.attn_k"), d, kv),
+        w(format!("blk.{i}.attn_v"), d, kv),
+        w(format!("blk.{i}.attn_output"), q, d),
+    ]
+}
+
 impl ModelShape {
     /// The shape of `dims` with weights of type `ty` in domain 0, split by `chip`'s limits.
     pub fn from_dims(dims: &Dims, ty: WeightType, chip: &crate::Chip) -> ModelShape {
         let w = |name: String, k: usize, n: usize| ShapeWeight::new(name, k, n, ty, chip, false);
-        let (d, q, kv) = (
-            dims.d_model,
-            dims.n_head * dims.head_dim,
-            dims.n_head_kv * dims.head_dim,
-        );
+        let d = dims.d_model;
         let blocks = (0..dims.n_layer)
             .map(|i| {
+                let [q, k, v, o] = attention_weights(
+                    i,
+                    dims.d_model,
+                    dims.n_head,
+                    dims.n_head_kv,
+                    dims.head_dim,
+                    w,
+                );
                 [
-                    w(format!("blk.{i}.attn_q"), d, q),
-                    w(format!("blk.{i}.attn_k"), d, kv),
-                    w(format!("blk.{i}.attn_v"), d, kv),
-                    w(format!("blk.{i}.attn_output"), q, d),
+                    q,
+                    k,
+                    v,
+                    o,
                     w(format!("blk.{i}.ffn_gate"), d, dims.ffn),
                     w(format!("blk.{i}.ffn_up"), d, dims.ffn),
                     w(format!("blk.{i}.ffn_down"), dims.ffn, d),

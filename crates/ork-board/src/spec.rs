@@ -40,11 +40,16 @@ pub struct SpecSchedule {
     pub generated: usize,
     /// Verifier passes after the prefill.
     pub rounds: usize,
+    /// Per pass, the passes it stands for: give them to [`crate::Timeline::weigh_passes`] after
+    /// the replay (all 1 up to [`crate::DECODE_PASSES_REPLAYED`] rounds).
+    pub pass_weights: Vec<f64>,
 }
 
 /// The event stream of decoding with `verifier` checking `draft`'s proposals (`draft` is
 /// resident; `None`: drafts that cost no device time, as prompt lookup's host-side n-gram
-/// match, or plain decode with `k = 0`).
+/// match, or plain decode with `k = 0`). Rounds beyond [`crate::DECODE_PASSES_REPLAYED`] are
+/// sampled ([`SpecSchedule::pass_weights`]): a plan's memory and replay time do not grow with
+/// its token count.
 pub fn spec_schedule(
     verifier: &ModelShape,
     draft: Option<&ModelShape>,
@@ -58,32 +63,86 @@ pub fn spec_schedule(
     }
     let v = plan.verifier;
     let prompt = v.prompt_tokens;
-    let one = |tokens: usize, resident: bool, p: &Plan| Plan {
+    let mut out = Vec::new();
+    // The draft's weights, loaded once before the prompt (resident).
+    let draft_pass = match draft {
+        Some(d) => Some((d, draft_loads(d, &v, &mut out)?)),
+        None => None,
+    };
+    let (contexts, generated) = rounds(plan);
+    let rounds = contexts.len();
+    let (contexts, round_weights) = sample_rounds(&contexts);
+    let mut chunks = verifier_chunks(verifier, &v, plan.k, &contexts)?.into_iter();
+    // The prompt: the verifier's prefill, then the draft's.
+    let prefill = chunks.next().unwrap_or_default();
+    splice(&mut out, prefill, verifier, 0, prompt, 1, "", None);
+    let mut pass_weights = vec![1.0];
+    if let Some((d, _)) = &draft_pass {
+        let evs = schedule(d, &one_pass(prompt, true, &v))?;
+        let evs = evs
+            .into_iter()
+            .filter(|e| !matches!(e, Event::Load { .. }))
+            .collect();
+        splice(&mut out, evs, d, 0, prompt, 1, "draft.", None);
+        pass_weights.push(1.0);
+    }
+    for ((context, verify), w) in contexts.into_iter().zip(chunks).zip(round_weights) {
+        let round_start = matmuls(&out);
+        if let Some((d, pass)) = &draft_pass {
+            for i in 0..plan.k {
+                splice(&mut out, pass.clone(), d, context + i, 1, 1, "draft.", None);
+                pass_weights.push(w);
+            }
+        }
+        let rows = plan.k + 1;
+        splice(
+            &mut out,
+            verify,
+            verifier,
+            context,
+            rows,
+            rows,
+            "",
+            Some(round_start),
+        );
+        pass_weights.push(w);
+    }
+    Ok(SpecSchedule {
+        events: out,
+        generated: generated.min(v.gen_tokens.max(1)),
+        rounds,
+        pass_weights,
+    })
+}
+
+/// `p` for one pass of `tokens` rows, resident or not.
+fn one_pass(tokens: usize, resident: bool, p: &Plan) -> Plan {
+    Plan {
         resident,
         prompt_tokens: tokens,
         gen_tokens: 1,
         ..*p
-    };
-    let mut out = Vec::new();
-    // The draft's weights, loaded once before the prompt (resident).
-    let draft_pass = match draft {
-        Some(d) => {
-            let evs = schedule(d, &one(1, true, &v))?;
-            let (loads, pass): (Vec<_>, Vec<_>) = evs
-                .into_iter()
-                .partition(|e| matches!(e, Event::Load { .. }));
-            for l in loads {
-                out.push(rename(l, "draft."));
-            }
-            Some((d, pass))
-        }
-        None => None,
-    };
-    // The rounds: each drafts `k`, the verifier accepts some and adds one token.
+    }
+}
+
+/// The draft's loads (once, before the prompt, into `out`) and one decode pass of it.
+fn draft_loads(d: &ModelShape, v: &Plan, out: &mut Vec<Event>) -> Result<Vec<Event>, BoardError> {
+    let evs = schedule(d, &one_pass(1, true, v))?;
+    let (loads, pass): (Vec<_>, Vec<_>) = evs
+        .into_iter()
+        .partition(|e| matches!(e, Event::Load { .. }));
+    out.extend(loads.into_iter().map(|l| rename(l, "draft.")));
+    Ok(pass)
+}
+
+/// The rounds: each drafts `k`, the verifier accepts some and adds one token. Each round's
+/// context, and the tokens generated.
+fn rounds(plan: &SpecPlan) -> (Vec<usize>, usize) {
+    let (prompt, gen) = (plan.verifier.prompt_tokens, plan.verifier.gen_tokens.max(1));
     let mut rng = crate::moe::Rng(plan.seed);
     let mut generated = 1usize;
     let mut contexts = Vec::new();
-    while generated < v.gen_tokens.max(1) {
+    while generated < gen {
         contexts.push(prompt + generated - 1);
         let mut accepted = 0;
         while accepted < plan.k && rng.unit() < plan.acceptance {
@@ -91,15 +150,41 @@ pub fn spec_schedule(
         }
         generated += accepted + 1;
     }
-    let rounds = contexts.len();
-    // The verifier's passes (its prefill, then one of k + 1 rows per round) through one weight
-    // cache, cut at each pass, each with its loads' anchors made relative to its start.
-    let mut passes = vec![(prompt, 0)];
-    passes.extend(contexts.iter().map(|&c| (plan.k + 1, c)));
+    (contexts, generated)
+}
+
+/// The rounds replayed and the rounds each stands for: every round up to
+/// [`crate::DECODE_PASSES_REPLAYED`]; beyond, that many runs of consecutive rounds, each replayed
+/// as its middle round (as [`crate::sampled_passes`] samples decode passes).
+fn sample_rounds(contexts: &[usize]) -> (Vec<usize>, Vec<f64>) {
+    let n = contexts.len();
+    let runs = n.min(crate::DECODE_PASSES_REPLAYED);
+    (0..runs)
+        .map(|j| {
+            let (start, end) = (j * n / runs, (j + 1) * n / runs);
+            (
+                contexts[start + (end - start - 1) / 2],
+                (end - start) as f64,
+            )
+        })
+        .unzip()
+}
+
+/// The verifier's passes (its prefill, then one of `k + 1` rows per round at `contexts`)
+/// through one weight cache, cut at each pass, each with its loads' anchors made relative to
+/// its start.
+fn verifier_chunks(
+    verifier: &ModelShape,
+    v: &Plan,
+    k: usize,
+    contexts: &[usize],
+) -> Result<Vec<Vec<Event>>, BoardError> {
+    let mut passes = vec![(v.prompt_tokens, 0)];
+    passes.extend(contexts.iter().map(|&c| (k + 1, c)));
     let mut chunks: Vec<Vec<Event>> = Vec::new();
     let mut base = 0u64;
     let (mut seen, mut first_pass) = (0u64, true);
-    for e in schedule_passes(verifier, &v, &passes)? {
+    for e in schedule_passes(verifier, v, &passes)? {
         match e {
             Event::Pass { .. } if !first_pass => {
                 base = seen;
@@ -119,42 +204,7 @@ pub fn spec_schedule(
             None => chunks.push(vec![e]),
         }
     }
-    let mut chunks = chunks.into_iter();
-    // The prompt: the verifier's prefill, then the draft's.
-    let prefill = chunks.next().unwrap_or_default();
-    splice(&mut out, prefill, verifier, 0, prompt, 1, "", None);
-    if let Some((d, _)) = &draft_pass {
-        let evs = schedule(d, &one(prompt, true, &v))?;
-        let evs = evs
-            .into_iter()
-            .filter(|e| !matches!(e, Event::Load { .. }))
-            .collect();
-        splice(&mut out, evs, d, 0, prompt, 1, "draft.", None);
-    }
-    for (context, verify) in contexts.into_iter().zip(chunks) {
-        let round_start = matmuls(&out);
-        if let Some((d, pass)) = &draft_pass {
-            for i in 0..plan.k {
-                splice(&mut out, pass.clone(), d, context + i, 1, 1, "draft.", None);
-            }
-        }
-        let rows = plan.k + 1;
-        splice(
-            &mut out,
-            verify,
-            verifier,
-            context,
-            rows,
-            rows,
-            "",
-            Some(round_start),
-        );
-    }
-    Ok(SpecSchedule {
-        events: out,
-        generated: generated.min(v.gen_tokens.max(1)),
-        rounds,
-    })
+    Ok(chunks)
 }
 
 fn matmuls(events: &[Event]) -> u64 {

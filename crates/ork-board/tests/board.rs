@@ -905,3 +905,122 @@ fn rk3576_memory_is_half_the_rk3588s() {
     assert_eq!(b.ddr_bw * 2.0, a.ddr_bw);
     assert_eq!(b.npu_read_bw * 2.0, a.npu_read_bw);
 }
+
+/// MoE and speculative plans schedule at most `DECODE_PASSES_REPLAYED` decode passes (rounds)
+/// whatever the token count (issue 39: a plan's memory and time were linear in `--gen-tokens`),
+/// each standing for its share: the weights sum to the decode steps, and the projection of a
+/// run of twice the steps stays near the short one's (only the context's attention grows).
+#[test]
+fn moe_and_spec_plans_are_bounded_in_the_token_count() {
+    use ork_board::DECODE_PASSES_REPLAYED;
+    let chip = ork_board::Chip::rk3588();
+    let dims = MoeDims {
+        n_layer: 2,
+        d_model: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_expert: 8,
+        top_k: 2,
+        expert_ffn: 128,
+        vocab: 1024,
+    };
+    let plan = |gen_tokens| MoePlan {
+        ty: WeightType::Int8,
+        prefetch: ExpertPrefetch::Router,
+        cache_experts: 16,
+        prompt_tokens: 4,
+        gen_tokens,
+        kv_bytes: 2,
+        seed: 3,
+    };
+    let board = Board::named("orangepi5-16g").unwrap();
+    let tok_s = |s: &MoeSchedule, gen| {
+        let mut t = replay_warm(
+            &s.events,
+            &board,
+            ReplayOptions {
+                preload: false,
+                device_bytes: s.device_bytes as f64,
+                prefetch_slots: None,
+            },
+            Some(&s.warm),
+        )
+        .unwrap();
+        t.weigh_passes(&s.pass_weights);
+        Projection::new(&t, &board, 4, gen).decode_tok_s.unwrap()
+    };
+    let short = moe_schedule(&dims, &plan(DECODE_PASSES_REPLAYED + 1), &chip).unwrap();
+    assert!(short.pass_weights.iter().all(|&w| w == 1.0));
+    let long = moe_schedule(&dims, &plan(200_001), &chip).unwrap();
+    let passes = |e: &[ork_board::Event]| {
+        e.iter()
+            .filter(|e| matches!(e, ork_board::Event::Pass { .. }))
+            .count()
+    };
+    assert_eq!(passes(&long.events), 1 + DECODE_PASSES_REPLAYED);
+    assert_eq!(long.pass_weights.iter().sum::<f64>(), 200_001.0);
+    // Twice the steps, each replayed pass standing for two: about the same rate.
+    let twice = moe_schedule(&dims, &plan(2 * DECODE_PASSES_REPLAYED + 1), &chip).unwrap();
+    assert_eq!(passes(&twice.events), 1 + DECODE_PASSES_REPLAYED);
+    let (a, b) = (
+        tok_s(&short, DECODE_PASSES_REPLAYED + 1),
+        tok_s(&twice, 2 * DECODE_PASSES_REPLAYED + 1),
+    );
+    assert!(close_within(b, a, 0.05), "{a} {b}");
+
+    let spec = |gen_tokens| SpecPlan {
+        verifier: Plan {
+            resident: true,
+            slots: 0,
+            budget_bytes: 1 << 30,
+            prompt_tokens: 4,
+            gen_tokens,
+            kv_bytes: 2,
+        },
+        k: 2,
+        acceptance: 0.5,
+        seed: 5,
+    };
+    let draft = tiny_draft();
+    let s = spec_schedule(&small_shape(), Some(&draft), &spec(300_000)).unwrap();
+    assert!(s.rounds > DECODE_PASSES_REPLAYED);
+    assert_eq!(passes(&s.events), s.pass_weights.len());
+    // The prefill's two passes, then per replayed round k draft passes and the verifier's.
+    assert_eq!(s.pass_weights.len(), 2 + 3 * DECODE_PASSES_REPLAYED);
+    let rounds: f64 = s.pass_weights[2..].iter().step_by(3).sum();
+    assert_eq!(rounds, s.rounds as f64);
+}
+
+/// The NPU's own share of a 512-token MoE prefill with every int8 expert already in device
+/// memory (no loads): a lower bound on any NPU prefill of Qwen3-30B-A3B, stream-by-pack included
+/// (`cargo test -p ork-board --test board -- --ignored --nocapture moe_npu_prefill_floor`).
+#[test]
+#[ignore = "prints a figure of docs/board-model.md"]
+fn moe_npu_prefill_floor() {
+    let board = Board::named("orangepi5-16g").unwrap();
+    let dims = MoeDims::QWEN3_30B_A3B;
+    let plan = MoePlan {
+        ty: WeightType::Int8,
+        prefetch: ExpertPrefetch::Router,
+        cache_experts: dims.n_layer * dims.n_expert,
+        prompt_tokens: 512,
+        gen_tokens: 2,
+        kv_bytes: 2,
+        seed: 28,
+    };
+    let s = moe_schedule(&dims, &plan, &board.chip).unwrap();
+    let t = replay_warm(
+        &s.events,
+        &board,
+        ReplayOptions {
+            preload: false,
+            device_bytes: 0.0,
+            prefetch_slots: None,
+        },
+        Some(&s.warm),
+    )
+    .unwrap();
+    let p = Projection::new(&t, &board, 512, 2);
+    println!("{:.2} s {:?}", p.ttft_s, t.passes[0].breakdown);
+}

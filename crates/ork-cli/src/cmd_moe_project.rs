@@ -84,7 +84,7 @@ pub fn project_moe(
         seed: 28,
     };
     let s = moe_schedule(&dims, &mplan, &board.chip)?;
-    let timeline = replay_warm(
+    let mut timeline = replay_warm(
         &s.events,
         board,
         ReplayOptions {
@@ -94,6 +94,8 @@ pub fn project_moe(
         },
         Some(&s.warm),
     )?;
+    // At most `DECODE_PASSES_REPLAYED` decode passes were scheduled, each standing for its share.
+    timeline.weigh_passes(&s.pass_weights);
     let mut p = Projection::new(
         &timeline,
         board,

@@ -297,18 +297,14 @@ pub fn project_plan(
         gen_tokens: args.gen_tokens as usize,
         kv_bytes: 2,
     };
-    // Plain decode replays at most `DECODE_PASSES_REPLAYED` decode passes, each standing for
-    // its share of the steps: the plan's memory does not grow with `--gen-tokens`.
+    // Plain and speculative decode replay at most `DECODE_PASSES_REPLAYED` decode passes (or
+    // rounds), each standing for its share: the plan's memory does not grow with `--gen-tokens`.
     let (events, weights, generated, label) = match &args.draft {
         None => {
             let (events, weights) = schedule_sampled(&shape, &sched)?;
             (events, weights, args.gen_tokens as usize, None)
         }
-        Some(d) => {
-            let (events, generated, label) =
-                crate::cmd_spec_project::plan_spec(&gguf, &shape, &sched, d, args, &board.chip)?;
-            (events, Vec::new(), generated, label)
-        }
+        Some(d) => crate::cmd_spec_project::plan_spec(&gguf, &shape, &sched, d, args, &board.chip)?,
     };
     dump(&events)?;
     let device_bytes = if resident {

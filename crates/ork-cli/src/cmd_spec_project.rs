@@ -107,10 +107,13 @@ impl Projected {
     }
 }
 
+/// A speculative plan's events, the passes each replayed pass stands for, the tokens generated
+/// and the schedule's label.
+pub type SpecEvents = (Vec<ork_board::Event>, Vec<f64>, usize, Option<String>);
+
 /// `ork plan --project --draft D --acceptance A`: the planned schedule of speculative decoding
 /// (`ork_board::spec`: a resident draft proposing `--draft-max` tokens, the verifier — `plan` —
-/// checking them in one pass of k + 1 rows, each draft accepted with probability A). Returns
-/// the events, the tokens generated and the schedule's label for the projection.
+/// checking them in one pass of k + 1 rows, each draft accepted with probability A).
 pub fn plan_spec(
     model: &ork_gguf::GgufFile,
     verifier: &ork_board::ModelShape,
@@ -118,7 +121,7 @@ pub fn plan_spec(
     draft: &crate::cli::DraftArg,
     args: &crate::cmd_project::PlanProject,
     chip: &ork_board::Chip,
-) -> Result<(Vec<ork_board::Event>, usize, Option<String>)> {
+) -> Result<SpecEvents> {
     use crate::cli::DraftArg;
     let Some(acceptance) = args.acceptance else {
         anyhow::bail!(
@@ -191,5 +194,5 @@ pub fn plan_spec(
         draft.label(),
         args.draft_max
     );
-    Ok((s.events, s.generated, Some(label)))
+    Ok((s.events, s.pass_weights, s.generated, Some(label)))
 }
