@@ -166,6 +166,7 @@ def engines_tables(a):
         print("| model file (shapes) | board | goal | chosen | TTFT | decode tok/s | ceiling tok/s | "
               "npu/npu | cpu/cpu | met? |")
         print("|---|---|---|---|---|---|---|---|---|---|")
+        choices = []
         for (name, dims, experts), (label, ty, out), board, prompt, goal, met in GOALS:
             path = os.path.join(tmp, "g.gguf")
             sparse(a.sparse, path, dims, ty, out, experts)
@@ -178,6 +179,34 @@ def engines_tables(a):
             print(f"| {name} {label} | {board} | {goal} | {best['prefill']}/{best['decode']} | "
                   f"{best['ttft_s']:.2f} s | {best['decode_tok_s']:.2f} | "
                   f"{j['cpu']['ceiling_tok_s']:.1f} | {fmt('npu/npu')} | {fmt('cpu/cpu')} | {ok} |")
+            choices.append((f"{name} {label}", board, j))
+        print()
+        choices_table(choices)
+
+
+def bounds_text(b):
+    """A decode step's parts, ms: compute by type, DDR and storage reads, attention, fixed."""
+    parts = [f"{t} compute {s * 1e3:.1f}" for t, s in b["compute_s"]]
+    for key, what in (("ddr_read_s", "DDR reads"), ("storage_read_s", "storage reads"),
+                      ("attention_s", "attention"), ("fixed_s", "per-block fixed")):
+        if b[key] > 0:
+            parts.append(f"{what} {b[key] * 1e3:.1f}")
+    return f"{b['step_s'] * 1e3:.1f} ms = " + " + ".join(parts)
+
+
+def choices_table(choices):
+    """`projected.options` of each goal row: what ork runs or is building, projected."""
+    print("Execution choices beside the pairing (`projected.options`; PROJECTED). Cell: TTFT s · "
+          "decode tok/s; the decode step's parts for the CPU choices.")
+    print("| model file (shapes) | board | choice | status | TTFT | decode tok/s | ceiling tok/s | "
+          "decode step (ms) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model, board, j in choices:
+        for o in j.get("options") or []:
+            ttft = "as chosen" if o["ttft_s"] is None else f"{o['ttft_s']:.2f} s"
+            parts = bounds_text(o["decode_bounds"]) if o.get("decode_bounds") else "–"
+            print(f"| {model} | {board} | {o['mode']} | {o['status']} | {ttft} | "
+                  f"{o['decode_tok_s']:.2f} | {j['cpu']['ceiling_tok_s']:.1f} | {parts} |")
 
 
 def plan(ork, model, board, soc, quant, domains, budget_mb):

@@ -3,9 +3,10 @@
 //! over the board's one DDR bus.
 //!
 //! A pass of `m` rows costs, per matmul weight, the larger of its compute (multiply-adds ÷ 256 ×
-//! the kernel's cycles per 256 weights, [`GGML_CYCLES`], split evenly over the threads, so the
-//! slowest core sets the time, as llama.cpp's row split does) and its reads (bytes ÷ the cores'
-//! read rate, the storage's for bytes the page cache cannot hold); plus attention (the
+//! the kernel's cycles per 256 weights, [`GGML_CYCLES`], shared among the threads as
+//! [`Pool`] says: evenly as llama.cpp's row split, the slowest core setting the time, or in
+//! chunks as ork's pool) and its reads (bytes ÷ the cores' read rate, the storage's for bytes
+//! the page cache cannot hold); plus attention (the
 //! [`HostKind::attention`] flops and bytes, as the NPU clock charges the host) and a fixed cost
 //! per block and pass. Three parameters are fitted ([`crate::cpu_fit`]) on llama.cpp's published
 //! RK3588 CPU figures. Every figure is a projection: see `docs/board-model.md`.
@@ -404,11 +405,33 @@ fn active_experts(w: &CpuWeight, top_k: usize, rows: usize) -> f64 {
     e * (1.0 - miss.powi(rows.min(i32::MAX as usize) as i32))
 }
 
+/// How a matmul's rows are shared among the threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pool {
+    /// Evenly, fixed in advance (llama.cpp's row split): the slowest core's share sets the time.
+    Even,
+    /// ork's pool (`ork-cpu` `pool.rs`, `linear.rs`): each weight's rows cut into
+    /// [`CHUNKS_PER_THREAD`] chunks per thread of at least [`MIN_CHUNK_ROWS`] rows, every
+    /// worker taking the next unclaimed chunk when it finishes one, one round per weight (per
+    /// expert of a MoE weight). On cores of one kind this is the even split; beside slower
+    /// cores the round ends when the last chunk, possibly a slow core's, does.
+    Chunks,
+}
+
+/// Chunks per worker thread of one weight's round in ork's pool (`ork-cpu` `linear.rs`,
+/// `CHUNKS_PER_THREAD`).
+pub const CHUNKS_PER_THREAD: usize = 4;
+/// Fewest rows in a chunk of ork's pool (`ork-cpu` `linear.rs`, `MIN_CHUNK_ROWS`).
+pub const MIN_CHUNK_ROWS: usize = 16;
+
 /// How the CPU engine runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CpuPlan {
     /// Threads: the big cores first, then little ones.
     pub threads: usize,
+    /// How a matmul's rows are shared among them.
+    pub pool: Pool,
     /// Whose kernels.
     pub kernels: Kernels,
     /// RAM the page cache may give the file (bytes), after the system's reserve and whatever
@@ -474,18 +497,57 @@ pub fn weight_cost(
     };
     let macs = rows as f64 * per_row_experts * (w.k * w.n) as f64;
     let gain = if rows > 1 { cpu.gemm_gain } else { 1.0 };
-    // Rows split evenly over the threads: the slowest core's share sets the time.
-    let mut slowest = cycles(w.ty, cpu.kinds.0, plan.kernels) / cpu.big.1;
-    if little > 0.0 {
-        slowest = slowest.max(cycles(w.ty, cpu.kinds.1, plan.kernels) / cpu.little.1);
-    }
+    // Seconds per 256 multiply-adds on one big and one little core.
+    let big_s = cycles(w.ty, cpu.kinds.0, plan.kernels) / cpu.big.1;
+    let little_s = cycles(w.ty, cpu.kinds.1, plan.kernels) / cpu.little.1;
     let touched = active_experts(w, shape.top_k, rows) / w.experts as f64;
+    let compute_s = match plan.pool {
+        _ if little <= 0.0 => macs / 256.0 * big_s / big,
+        // Rows split evenly over the threads: the slowest core's share sets the time.
+        Pool::Even => macs / 256.0 * big_s.max(little_s) / (big + little),
+        // One round per expert the rows touch, each cut into chunks of the weight's rows.
+        Pool::Chunks => {
+            let rounds = active_experts(w, shape.top_k, rows);
+            let cores = (big as usize, little as usize);
+            rounds * chunked_s(macs / rounds / 256.0, w.n, cores, (big_s, little_s))
+        }
+    };
     let bytes = w.bytes() as f64 * shape.bytes_scale * touched;
     WeightCost {
-        compute_s: macs / 256.0 * slowest / (big + little) / gain,
+        compute_s: compute_s / gain,
         read_s: bytes * cached / read_bw + bytes * (1.0 - cached) / b.storage_read_bw,
         bus_bytes: bytes * cached,
     }
+}
+
+/// The time of one round of ork's pool ([`Pool::Chunks`]): `blocks` units of 256 multiply-adds
+/// over a weight of `n` rows, cut into chunks of whole rows, on `cores` (big, little) threads
+/// that take `secs` (big, little) seconds per unit. Every worker takes the next chunk when it
+/// finishes one (big cores first on a tie); the round ends with its last chunk.
+pub fn chunked_s(blocks: f64, n: usize, cores: (usize, usize), secs: (f64, f64)) -> f64 {
+    let threads = cores.0 + cores.1;
+    if threads == 0 || n == 0 {
+        return 0.0;
+    }
+    let rows = n
+        .div_ceil(threads * CHUNKS_PER_THREAD)
+        .max(MIN_CHUNK_ROWS)
+        .min(n);
+    let per_row = blocks / n as f64;
+    let mut free: Vec<(f64, f64)> = (0..threads)
+        .map(|t| (0.0, if t < cores.0 { secs.0 } else { secs.1 }))
+        .collect();
+    let mut r0 = 0;
+    while r0 < n {
+        let chunk = rows.min(n - r0);
+        let next = free
+            .iter_mut()
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .expect("threads > 0");
+        next.0 += chunk as f64 * per_row * next.1;
+        r0 += chunk;
+    }
+    free.iter().map(|f| f.0).fold(0.0, f64::max)
 }
 
 /// Time of one pass's attention (every block) and fixed per-block costs, `m` rows over
@@ -560,4 +622,56 @@ pub fn project(
         prefill_tok_s: prompt as f64 / ttft,
         decode_tok_s: steps as f64 / decode,
     }
+}
+
+/// What one decode step's time on the CPU is made of: each weight costs the larger of its
+/// compute and its reads ([`weight_cost`]), attributed here to whichever binds; then attention
+/// and the fixed per-block cost. The parts sum to the step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DecodeBounds {
+    /// Weights whose compute binds, seconds, by file type (ggml's name).
+    pub compute_s: Vec<(&'static str, f64)>,
+    /// Weights whose reads bind: the bytes over the DDR bus, seconds.
+    pub ddr_read_s: f64,
+    /// Weights whose reads bind: the bytes the page cache cannot hold, from storage, seconds.
+    pub storage_read_s: f64,
+    /// Attention over the context (every block), seconds.
+    pub attention_s: f64,
+    /// The fixed cost per block (`layer_s` × blocks), seconds.
+    pub fixed_s: f64,
+    /// The step, seconds.
+    pub step_s: f64,
+}
+
+/// [`DecodeBounds`] of one decode step of `shape` at `context` positions on `b` as `plan` says.
+pub fn decode_bounds(
+    shape: &CpuShape,
+    b: &CpuBoard,
+    plan: &CpuPlan,
+    context: usize,
+) -> DecodeBounds {
+    let mut d = DecodeBounds::default();
+    let (_, _, read_bw) = threads_and_bw(b, plan);
+    for w in &shape.weights {
+        let c = weight_cost(shape, w, b, plan, 1);
+        if c.compute_s >= c.read_s {
+            let name = w.ty.name();
+            match d.compute_s.iter_mut().find(|x| x.0 == name) {
+                Some(x) => x.1 += c.compute_s,
+                None => d.compute_s.push((name, c.compute_s)),
+            }
+        } else {
+            let ddr = c.bus_bytes / read_bw;
+            d.ddr_read_s += ddr;
+            d.storage_read_s += c.read_s - ddr;
+        }
+    }
+    d.fixed_s = shape.n_layer as f64 * b.cpu.layer_s;
+    d.attention_s = attention_s(shape, b, plan, 1, context) - d.fixed_s;
+    d.step_s = d.compute_s.iter().map(|x| x.1).sum::<f64>()
+        + d.ddr_read_s
+        + d.storage_read_s
+        + d.attention_s
+        + d.fixed_s;
+    d
 }

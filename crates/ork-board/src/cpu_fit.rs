@@ -249,6 +249,7 @@ pub fn project_cpu_row(row: &CpuRow, f: &CpuFitted) -> Result<(f64, f64), BoardE
     }
     let plan = CpuPlan {
         threads: 4,
+        pool: crate::cpu::Pool::Even,
         kernels: Kernels::Ggml,
         cache_bytes: b.ram_bytes - b.reserved_bytes,
         kv_bytes: 2,

@@ -14,6 +14,8 @@
 //!   verifier pass of k + 1 rows), for the studies of `docs/board-model.md`.
 //! - [`cpu`], [`cpu_fit`], [`engines`] and [`split`]: the CPU as a second engine, its fit, the
 //!   pairing of the engines per phase, and a decode step split between them on one DDR bus.
+//! - [`options`]: execution choices beside the pairing (core lists, the row split) for judging a
+//!   goal against its ceiling.
 //! - [`fit`]: the calibration on published figures and the rows it is judged on.
 //!
 //! Every figure is a projection: see `docs/board-model.md` for each parameter's source, the fit,
@@ -27,6 +29,7 @@ pub mod engines;
 pub mod events;
 pub mod fit;
 pub mod moe;
+pub mod options;
 mod params;
 mod projection;
 mod replay;

@@ -3,8 +3,8 @@
 //! RK3576, with the NPU drawing on the same bus), and a row-split decode is bounded both ways.
 
 use ork_board::cpu::{
-    cycles, file_type, project, row_bytes, Core, CpuBoard, CpuPlan, FileType, Kernels, FITTED_CPU,
-    FIT_RK3588, GGML_CYCLES, GGML_CYCLES_ARMV8_0, UNFITTED,
+    chunked_s, cycles, file_type, project, row_bytes, Core, CpuBoard, CpuPlan, FileType, Kernels,
+    Pool, FITTED_CPU, FIT_RK3588, GGML_CYCLES, GGML_CYCLES_ARMV8_0, UNFITTED,
 };
 use ork_board::cpu_fit::{
     fit_cpu, project_cpu_row, CPU_FIT_ROWS, CPU_HOLDOUT_ROWS, GEMMA3_1B, QWEN3_30B_A3B,
@@ -90,6 +90,7 @@ fn rk3588(name: &str) -> CpuBoard {
 fn plan(b: &CpuBoard, threads: usize) -> CpuPlan {
     CpuPlan {
         threads,
+        pool: Pool::Even,
         kernels: Kernels::Ggml,
         cache_bytes: b.ram_bytes - b.reserved_bytes,
         kv_bytes: 2,
@@ -152,8 +153,15 @@ fn the_chosen_pairing_is_never_slower_than_either_engine_alone() {
     // holds RAM and draws 80 % of the bus (the contention of `serve`'s overlap), against NPU
     // figures either side of them.
     let mut projected = Vec::new();
-    for b in boards() {
-        let shape = GEMMA3_1B.shape(FileType::Q4_0, FileType::Q8_0);
+    // A dense model and the MoE of the moonshot goal (Qwen3-30B-A3B at 3 bits).
+    let shapes = [
+        GEMMA3_1B.shape(FileType::Q4_0, FileType::Q8_0),
+        QWEN3_30B_A3B.shape(FileType::Q3_K, FileType::Q6_K),
+    ];
+    for (b, shape) in boards()
+        .into_iter()
+        .flat_map(|b| shapes.clone().map(|s| (b.clone(), s)))
+    {
         let alone = project(&shape, &b, &plan(&b, 4), 128, 64);
         let mut beside = b.clone();
         beside.cpu.read_bw = cpu_read_bw_beside(&b, 0.8 * b.ddr_bw);
@@ -311,4 +319,67 @@ fn the_npu_reading_beside_the_cpu_leaves_it_the_rest_of_the_bus() {
             "{slowed:?} {alone:?}"
         );
     }
+}
+
+/// ork's pool (chunks taken as workers finish): on cores of one kind it is the even split; with
+/// slower cores beside, it is never slower than llama.cpp's even split and never faster than
+/// the cores' summed rates; a round of few chunks waits for a slow core's last chunk.
+#[test]
+fn ork_pool_shares_chunks_by_finishing_order() {
+    // 2048 rows on 4 equal threads: 16 chunks of 128 rows, 4 each.
+    let even = chunked_s(1000.0, 2048, (4, 0), (1.0, 1.0));
+    assert!((even - 250.0).abs() < 1e-9, "{even}");
+    for (n, little_s) in [(768, 5.3), (2048, 5.3), (151_936, 3.0), (64, 5.3)] {
+        let mixed = chunked_s(1000.0, n, (4, 4), (1.0, little_s));
+        let llama = 1000.0 * little_s / 8.0;
+        let ideal = 1000.0 / (4.0 + 4.0 / little_s);
+        assert!(
+            mixed <= llama + 1e-9 && mixed >= ideal - 1e-9,
+            "{n}: {mixed}"
+        );
+    }
+    // 768 rows on 8 threads: 32 chunks; an A55 chunk takes 5.3 A76 chunks and the last one
+    // decides: slower than the four A76s alone.
+    let big_only = chunked_s(1000.0, 768, (4, 0), (1.0, 5.3));
+    assert!(chunked_s(1000.0, 768, (4, 4), (1.0, 5.3)) > big_only);
+}
+
+/// The execution choices for Qwen3-30B-A3B at 3 bits on a 16 GB RK3588 board (`cargo test -p
+/// ork-board --test cpu -- --ignored --nocapture moonshot_report`).
+#[test]
+#[ignore = "prints the choices of docs/board-model.md"]
+fn moonshot_report() {
+    let b = rk3588("orangepi5-16g");
+    let shape = QWEN3_30B_A3B.shape(FileType::Q3_K, FileType::Q6_K);
+    let cache = b.ram_bytes - b.reserved_bytes;
+    println!("ceiling {:.1}", b.ddr_bw / shape.active_bytes());
+    for o in ork_board::options::options(&shape, &b, cache, 512, 128) {
+        println!("{o:?}");
+    }
+}
+
+/// A decode step's parts sum to the step the projection charges, and the MoE at 3 bits on a
+/// 16 GB RK3588 is bound by compute, not the bus (docs/board-model.md, "What bounds the
+/// moonshot"): its compute is most of the step and its rate is below the bytes' ceiling.
+#[test]
+fn decode_bounds_sum_to_the_step() {
+    use ork_board::cpu::{attention_s, decode_bounds, weights_s};
+    use ork_board::options::{options, ork_plan};
+    let b = rk3588("orangepi5-16g");
+    let shape = QWEN3_30B_A3B.shape(FileType::Q3_K, FileType::Q6_K);
+    let cache = b.ram_bytes - b.reserved_bytes;
+    for threads in [4, 8] {
+        let plan = ork_plan(threads, cache);
+        let d = decode_bounds(&shape, &b, &plan, 576);
+        let step = weights_s(&shape, &b, &plan, 1) + attention_s(&shape, &b, &plan, 1, 576);
+        assert!((d.step_s / step - 1.0).abs() < 1e-9, "{d:?} {step}");
+        let compute: f64 = d.compute_s.iter().map(|c| c.1).sum();
+        assert!(compute > 0.5 * d.step_s, "{d:?}");
+    }
+    let o = options(&shape, &b, cache, 512, 128);
+    assert_eq!(o.len(), 4, "{o:?}");
+    let ceiling = b.ddr_bw / shape.active_bytes();
+    assert!(o.iter().all(|x| x.decode_tok_s < ceiling), "{o:?}");
+    // The row split (dense rows on the NPU) beats the big cores alone here.
+    assert!(o[2].decode_tok_s > o[0].decode_tok_s, "{o:?}");
 }

@@ -87,6 +87,7 @@ fn cpu_phases(
 fn cpu_plan(b: &CpuBoard, cache_bytes: f64) -> CpuPlan {
     CpuPlan {
         threads: b.cpu.big.0 as usize,
+        pool: ork_board::cpu::Pool::Chunks,
         kernels: Kernels::Ork,
         cache_bytes: cache_bytes.max(0.0),
         kv_bytes: 2,
@@ -167,6 +168,9 @@ pub struct PlanEngines {
     /// The CPU's decode tok/s while the NPU prefills another request on the same bus (`serve`'s
     /// overlap): its read rate is what the NPU's prefill reads leave (`None` without an NPU).
     pub cpu_decode_beside_prefill: Option<f64>,
+    /// The execution choices beside the pairing (`ork_board::options`): core lists, the row
+    /// split with only the dense weights on the NPU.
+    pub options: Vec<ork_board::options::ExecOption>,
 }
 
 /// [`engines`] for `ork plan`'s placement `p` (the NPU's buffers: a resident pack's bytes, or
@@ -209,11 +213,14 @@ pub fn for_plan(
         let cache = cb.ram_bytes - cb.reserved_bytes - npu_bytes as f64;
         cpu_phases(&shape, &beside, cache, prompt, gen).decode_tok_s
     });
+    let options =
+        ork_board::options::options(&shape, cb, cb.ram_bytes - cb.reserved_bytes, prompt, gen);
     Ok(Some(PlanEngines {
         choice,
         shape,
         split,
         cpu_decode_beside_prefill,
+        options,
     }))
 }
 
@@ -243,6 +250,10 @@ pub fn add_json(projected: &mut serde_json::Value, e: &PlanEngines, b: &CpuBoard
     {
         obj.extend(add);
         obj.insert("split_decode".into(), split_json(e));
+        obj.insert(
+            "options".into(),
+            serde_json::to_value(&e.options).unwrap_or_default(),
+        );
         obj.insert(
             "cpu_decode_tok_s_beside_npu_prefill".into(),
             e.cpu_decode_beside_prefill.into(),
