@@ -47,9 +47,9 @@ pub struct SpecSchedule {
 
 /// The event stream of decoding with `verifier` checking `draft`'s proposals (`draft` is
 /// resident; `None`: drafts that cost no device time, as prompt lookup's host-side n-gram
-/// match, or plain decode with `k = 0`). Rounds beyond [`crate::DECODE_PASSES_REPLAYED`] are
-/// sampled ([`SpecSchedule::pass_weights`]): a plan's memory and replay time do not grow with
-/// its token count.
+/// match, or plain decode with `k = 0`). Rounds beyond [`crate::DECODE_PASSES_REPLAYED`] passes
+/// are sampled ([`SpecSchedule::pass_weights`]): a plan's memory and replay time do not grow
+/// with its token count or its draft length.
 pub fn spec_schedule(
     verifier: &ModelShape,
     draft: Option<&ModelShape>,
@@ -71,7 +71,8 @@ pub fn spec_schedule(
     };
     let (contexts, generated) = rounds(plan);
     let rounds = contexts.len();
-    let (contexts, round_weights) = sample_rounds(&contexts);
+    let (contexts, round_weights) =
+        sample_rounds(&contexts, plan.k * usize::from(draft.is_some()) + 1);
     let mut chunks = verifier_chunks(verifier, &v, plan.k, &contexts)?.into_iter();
     // The prompt: the verifier's prefill, then the draft's.
     let prefill = chunks.next().unwrap_or_default();
@@ -153,12 +154,13 @@ fn rounds(plan: &SpecPlan) -> (Vec<usize>, usize) {
     (contexts, generated)
 }
 
-/// The rounds replayed and the rounds each stands for: every round up to
-/// [`crate::DECODE_PASSES_REPLAYED`]; beyond, that many runs of consecutive rounds, each replayed
-/// as its middle round (as [`crate::sampled_passes`] samples decode passes).
-fn sample_rounds(contexts: &[usize]) -> (Vec<usize>, Vec<f64>) {
+/// The rounds replayed and the rounds each stands for, a round being `passes` passes (`k` drafts
+/// and the verifier's): every round while they make at most [`crate::DECODE_PASSES_REPLAYED`]
+/// passes; beyond, that many passes' worth of runs of consecutive rounds, each replayed as its
+/// middle round (as [`crate::sampled_passes`] samples decode passes).
+fn sample_rounds(contexts: &[usize], passes: usize) -> (Vec<usize>, Vec<f64>) {
     let n = contexts.len();
-    let runs = n.min(crate::DECODE_PASSES_REPLAYED);
+    let runs = n.min((crate::DECODE_PASSES_REPLAYED / passes.max(1)).max(1));
     (0..runs)
         .map(|j| {
             let (start, end) = (j * n / runs, (j + 1) * n / runs);
