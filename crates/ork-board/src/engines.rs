@@ -63,7 +63,7 @@ pub struct Engines {
 /// The choice and everything considered.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Choice {
-    /// The pairing with the least [`Pairing::total_s`].
+    /// The pairing [`RULE`] picks.
     pub engines: Engines,
     /// Every pairing considered, in the order npu/npu, npu/cpu, cpu/cpu, cpu/npu.
     pub alternatives: Vec<Pairing>,
@@ -72,9 +72,10 @@ pub struct Choice {
 }
 
 /// How the pairing is chosen.
-pub const RULE: &str = "least TTFT + (generated tokens - 1) / decode tok/s, the request's own \
-                        prompt and generated counts; ties to the earlier of npu/npu, npu/cpu, \
-                        cpu/cpu, cpu/npu";
+pub const RULE: &str = "among the pairings whose decode tok/s is at least each engine's alone \
+                        (npu/npu, cpu/cpu), the least TTFT + (generated tokens - 1) / decode \
+                        tok/s, the request's own prompt and generated counts; ties to the \
+                        earlier of npu/npu, npu/cpu, cpu/cpu, cpu/npu";
 
 /// Every pairing `inputs` allows, and the fastest for a request that generates `gen` tokens
 /// (the first from the prefill); `None` when neither engine is projected.
@@ -101,10 +102,20 @@ pub fn choose(inputs: &EngineInputs, gen: usize) -> Option<Choice> {
     .flatten()
     .filter(|p| p.total_s.is_finite())
     .collect();
-    let best = alternatives.iter().fold(None::<&Pairing>, |b, p| match b {
-        Some(b) if b.total_s <= p.total_s => Some(b),
-        _ => Some(p),
-    })?;
+    // A pairing never decodes slower than an engine alone: the NPU's faster prefill may not buy
+    // a decode the CPU beside its buffers (less page cache) runs slower than the CPU alone.
+    let alone = alternatives
+        .iter()
+        .filter(|p| p.prefill == p.decode)
+        .map(|p| p.decode_tok_s)
+        .fold(0.0, f64::max);
+    let best = alternatives
+        .iter()
+        .filter(|p| p.decode_tok_s >= alone)
+        .fold(None::<&Pairing>, |b, p| match b {
+            Some(b) if b.total_s <= p.total_s => Some(b),
+            _ => Some(p),
+        })?;
     Some(Choice {
         engines: Engines {
             prefill: best.prefill,
@@ -113,4 +124,64 @@ pub fn choose(inputs: &EngineInputs, gen: usize) -> Option<Choice> {
         alternatives,
         rule: RULE,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn phases(ttft_s: f64, decode_tok_s: f64) -> Option<Phases> {
+        Some(Phases {
+            ttft_s,
+            decode_tok_s,
+        })
+    }
+
+    /// The chosen pairing's decode is never below either engine's alone, even where the NPU's
+    /// prefill would make a slower-decoding pairing finish first (the CPU beside the NPU's
+    /// buffers at 9 tok/s, alone at 10); among those that decode as fast, the least total time.
+    #[test]
+    fn the_choice_never_decodes_slower_than_an_engine_alone() {
+        let inputs = EngineInputs {
+            npu: phases(0.1, 5.0),
+            cpu: phases(3.0, 10.0),
+            cpu_beside_npu: phases(3.0, 9.0),
+        };
+        let c = choose(&inputs, 8).unwrap();
+        assert_eq!(c.alternatives.len(), 4);
+        // npu/cpu finishes first (0.1 + 7/9 < 3 + 7/10) but decodes slower than cpu/cpu.
+        let npu_cpu = c.alternatives[1];
+        assert!(npu_cpu.total_s < c.alternatives[2].total_s);
+        assert_eq!(
+            c.engines,
+            Engines {
+                prefill: Engine::Cpu,
+                decode: Engine::Cpu
+            }
+        );
+        // Where the CPU beside the NPU decodes as fast as alone, the NPU's prefill wins.
+        let inputs = EngineInputs {
+            cpu_beside_npu: phases(3.0, 10.0),
+            ..inputs
+        };
+        let c = choose(&inputs, 8).unwrap();
+        assert_eq!(
+            c.engines,
+            Engines {
+                prefill: Engine::Npu,
+                decode: Engine::Cpu
+            }
+        );
+        // Only the NPU: its pairing.
+        let c = choose(
+            &EngineInputs {
+                npu: phases(0.1, 5.0),
+                ..EngineInputs::default()
+            },
+            8,
+        )
+        .unwrap();
+        assert_eq!(c.engines.decode, Engine::Npu);
+        assert!(choose(&EngineInputs::default(), 8).is_none());
+    }
 }
