@@ -281,12 +281,7 @@ impl Chosen {
             prefill: arg(chosen.prefill),
             decode: arg(chosen.decode),
             by: format!("projection {board}"),
-            pairing: e
-                .choice
-                .alternatives
-                .iter()
-                .find(|p| p.prefill == chosen.prefill && p.decode == chosen.decode)
-                .copied(),
+            pairing: e.choice.chosen().copied(),
         }
     }
 
@@ -303,13 +298,13 @@ impl Chosen {
         let name = |s: Side| format!("{s:?}").to_lowercase();
         format!(
             "engines chosen by: {}: prefill {}, decode {} (projected TTFT {:.2} s, decode {:.2} \
-             tok/s; rule: {})",
+             tok/s: the least TTFT + decode time of the pairings; docs/architecture.md, \
+             \"Engines per phase\")",
             self.by,
             name(p.prefill),
             name(p.decode),
             p.ttft_s,
             p.decode_tok_s,
-            ork_board::engines::RULE
         )
     }
 }

@@ -201,10 +201,7 @@ pub const PROCESS_BYTES: f64 = (1u64 << 29) as f64;
 pub fn add_json(projected: &mut serde_json::Value, e: &PlanEngines, b: &CpuBoard) {
     let (choice, shape) = (&e.choice, &e.shape);
     if !projected.is_object() {
-        let best = choice
-            .alternatives
-            .iter()
-            .find(|p| p.prefill == choice.engines.prefill && p.decode == choice.engines.decode);
+        let best = choice.chosen();
         *projected = serde_json::json!({
             "label": "projected",
             "board": b.name,
