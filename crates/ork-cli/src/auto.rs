@@ -239,6 +239,57 @@ pub fn project(
     })
 }
 
+/// `ork plan`'s placement and projection on `board` (`None`: none known), and what `--device
+/// auto` chose for `given` (the command line's engines), `config`'s engines set to a board's
+/// choice. This board, found rather than named: a model its clock cannot project is planned as
+/// without a board, saying why.
+pub fn plan_on_board(
+    args: &crate::cli::PlanArgs,
+    (board, given): (Option<&AutoBoard>, (DeviceArg, DeviceArg)),
+    manifest: &Manifest,
+    config: &mut ork_runtime::EngineConfig,
+    (budget, window): (u64, u64),
+) -> Result<(Projected, Chosen)> {
+    let inputs = PlanInputs {
+        model: &args.model,
+        manifest,
+        quant: (config.dtype, config.group, config.soc),
+        budget,
+        window,
+        domains: args.domains,
+        auto: args.domains.is_none() && args.budget_mb.is_none(),
+        room: board.map_or_else(|| Room::emulator(window), |b| b.room(window)),
+    };
+    let boards = board.map_or((None, None), |b| (b.npu.as_ref(), b.cpu.as_ref()));
+    let mut chosen = Chosen::given(given);
+    let projected = match (project(&inputs, boards, &args.project), board) {
+        (Ok(x), Some(b)) => {
+            chosen = Chosen::of(given, x.engines.as_ref(), &b.label);
+            x
+        }
+        (Ok(x), None) => x,
+        (Err(e), Some(b)) if b.this_host => {
+            chosen.by = format!(
+                "{} (the projection on {} failed: {e:#})",
+                chosen.by, b.label
+            );
+            project(&inputs, (None, None), &args.project)?
+        }
+        (Err(e), _) => return Err(e),
+    };
+    if chosen.by_projection() {
+        let phase = |d| match d {
+            DeviceArg::Cpu => ork_runtime::PhaseEngine::Cpu,
+            _ => ork_runtime::PhaseEngine::Device,
+        };
+        config.phases = Some(ork_runtime::PhaseEngines {
+            prefill: phase(chosen.prefill),
+            decode: phase(chosen.decode),
+        });
+    }
+    Ok((projected, chosen))
+}
+
 /// What `--device auto` chose, and why.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Chosen {

@@ -712,57 +712,24 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     let manifest = loaded.manifest();
     let chip = chip_plan(&config, manifest)?;
     let window = args.window_mb << 20;
-    let inputs = crate::auto::PlanInputs {
-        model: &args.model,
-        manifest,
-        quant: (config.dtype, config.group, config.soc),
-        budget,
-        window,
-        domains: args.domains,
-        auto: args.domains.is_none() && args.budget_mb.is_none(),
-        room: auto_board
-            .as_ref()
-            .map_or_else(|| crate::auto::Room::emulator(window), |b| b.room(window)),
-    };
     let (board, cpu_board) = auto_board
         .as_ref()
         .map_or((None, None), |b| (b.npu.as_ref(), b.cpu.as_ref()));
-    let mut chosen = crate::auto::Chosen::given(plan_devices(args));
-    let crate::auto::Projected {
-        placement: p,
-        npu: projected,
-        engines,
-    } = match (
-        crate::auto::project(&inputs, (board, cpu_board), &args.project),
-        &auto_board,
-    ) {
-        (Ok(x), Some(b)) => {
-            chosen = crate::auto::Chosen::of(plan_devices(args), x.engines.as_ref(), &b.label);
-            x
-        }
-        (Ok(x), None) => x,
-        // This board, found rather than named: a model its clock cannot project is planned
-        // as without a board, saying why.
-        (Err(e), Some(b)) if b.this_host => {
-            chosen.by = format!(
-                "{} (the projection on {} failed: {e:#})",
-                chosen.by, b.label
-            );
-            crate::auto::project(&inputs, (None, None), &args.project)?
-        }
-        (Err(e), _) => return Err(e),
-    };
+    let (
+        crate::auto::Projected {
+            placement: p,
+            npu: projected,
+            engines,
+        },
+        chosen,
+    ) = crate::auto::plan_on_board(
+        args,
+        (auto_board.as_ref(), plan_devices(args)),
+        manifest,
+        &mut config,
+        (budget, window),
+    )?;
     let domains = args.domains.unwrap_or(p.domains_used.max(1));
-    if chosen.by_projection() {
-        let phase = |d| match d {
-            crate::cli::DeviceArg::Cpu => ork_runtime::PhaseEngine::Cpu,
-            _ => ork_runtime::PhaseEngine::Device,
-        };
-        config.phases = Some(ork_runtime::PhaseEngines {
-            prefill: phase(chosen.prefill),
-            decode: phase(chosen.decode),
-        });
-    }
     let per_prefill_tok = p.streamed_bytes_per_prefill_token(args.prefill_tokens);
     let ram = board.map(|b| b.ram_bytes as u64);
     let weight_source = crate::open_model::plan_weight_source(&config, p.model_bytes, ram);
