@@ -72,6 +72,12 @@ pub(crate) fn arg_name(d: DeviceArg) -> String {
 /// # Errors
 /// `--cpus` without a phase on the CPU engine; two different devices.
 pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfig> {
+    if opts.board.is_some() {
+        anyhow::bail!(
+            "--board chooses --device auto's engines for run, serve and plan; this command does \
+             not choose by a board: name its engine with --device"
+        );
+    }
     config_for(opts, trace, phase_devices(opts), None)
 }
 

@@ -124,6 +124,21 @@ fn auto_on_a_board_preset_runs_the_projected_pairing() {
             "{r}"
         );
     }
+    // A command that does not choose by a board refuses --board rather than ignore it.
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "Paris is the capital of France. ".repeat(20)).unwrap();
+    let t = text.to_str().unwrap();
+    let o = run(&[
+        "perplexity",
+        "--model",
+        ms,
+        "--file",
+        t,
+        "--board",
+        "orangepi5-16g",
+    ]);
+    assert_eq!(code(&o), Some(2));
+    assert!(stderr(&o).contains("--board"), "{}", stderr(&o));
     // Engines given on the command line win.
     let v = plan(&["--model", ms, "--board", "orangepi5-16g", "--device", "emu"]);
     assert_eq!(v["engines_chosen_by"], "command line");
