@@ -71,6 +71,15 @@ pub struct Choice {
     pub rule: &'static str,
 }
 
+impl Choice {
+    /// The chosen pairing as projected.
+    pub fn chosen(&self) -> Option<&Pairing> {
+        self.alternatives
+            .iter()
+            .find(|p| p.prefill == self.engines.prefill && p.decode == self.engines.decode)
+    }
+}
+
 /// How the pairing is chosen.
 pub const RULE: &str = "least TTFT + (generated tokens - 1) / decode tok/s, the request's own \
                         prompt and generated counts; ties to the earlier of npu/npu, npu/cpu, \
@@ -113,4 +122,56 @@ pub fn choose(inputs: &EngineInputs, gen: usize) -> Option<Choice> {
         alternatives,
         rule: RULE,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Over a grid of projections: the chosen pairing never takes longer than either engine
+    /// alone, never decodes slower than both, and — where the CPU beside the NPU's buffers
+    /// decodes as fast as alone — decodes as fast as the faster engine alone.
+    #[test]
+    fn the_choice_never_decodes_slower_than_both_engines_alone() {
+        let grid = [0.05, 0.4, 3.0];
+        let rates = [5.0, 16.0, 28.0];
+        let mut cases = Vec::new();
+        for tn in grid {
+            for dn in rates {
+                for tc in grid {
+                    for dc in rates {
+                        for starve in [1.0, 0.8, 0.3] {
+                            cases.push((tn, dn, tc, dc, dc * starve));
+                        }
+                    }
+                }
+            }
+        }
+        for (tn, dn, tc, dc, beside) in cases {
+            let phases = |ttft_s, decode_tok_s| {
+                Some(Phases {
+                    ttft_s,
+                    decode_tok_s,
+                })
+            };
+            let inputs = EngineInputs {
+                npu: phases(tn, dn),
+                cpu: phases(tc, dc),
+                cpu_beside_npu: phases(tc, beside),
+            };
+            let c = choose(&inputs, 64).unwrap();
+            let chosen = c.chosen().unwrap();
+            let alone: Vec<&Pairing> = c
+                .alternatives
+                .iter()
+                .filter(|p| p.prefill == p.decode)
+                .collect();
+            assert_eq!(alone.len(), 2);
+            assert!(alone.iter().all(|a| chosen.total_s <= a.total_s), "{c:?}");
+            assert!(chosen.decode_tok_s >= dn.min(dc), "{c:?}");
+            if beside == dc {
+                assert!(chosen.decode_tok_s >= dn.max(dc), "{c:?}");
+            }
+        }
+    }
 }

@@ -308,9 +308,18 @@ pub struct ModelOpts {
     /// batched steps too). Default: --device.
     #[arg(long, value_enum)]
     pub decode_device: Option<DeviceArg>,
-    /// IOMMU domains to use (1..=16).
-    #[arg(long, default_value_t = 1, value_parser = domains_parser())]
-    pub domains: u32,
+    /// IOMMU domains to use (1..=16). Default: on a board (--board, or an rknpu driver here),
+    /// as many as the weights need to stay resident when they fit its RAM, as rkllm does;
+    /// without a board, one unless the weights exceed one 4 GiB window; with --budget-mb, one.
+    #[arg(long, value_parser = domains_parser())]
+    pub domains: Option<u32>,
+    /// The board --device auto chooses the engine of each phase for: a preset
+    /// (`orangepi5-16g`, `pi5-16g`, …), a chip or a board file (`.json`, as --project takes);
+    /// default: this board, where an rknpu driver is found (as `ork doctor` finds it). The
+    /// pairing the board clock projects best runs (docs/architecture.md, "Engines per phase");
+    /// without a board, auto means the NPU if one is found, else the emulator.
+    #[arg(long, value_name = "BOARD|CHIP|FILE")]
+    pub board: Option<String>,
     /// Skip checksum verification of blobs loaded from the .orkpack.
     #[arg(long)]
     pub no_verify: bool,
@@ -755,10 +764,17 @@ pub struct PlanArgs {
     /// Window per domain in MiB.
     #[arg(long, default_value_t = 4096, value_parser = mib_parser())]
     pub window_mb: u64,
-    /// Domains available (1..=16). Default 1; with `--project` and no `--budget-mb`, as many as
-    /// the weights need (up to 16) when they fit the board's RAM beside its reserve, else 1.
+    /// Domains available (1..=16). Default: on a board (`--project`, `--board` or this one)
+    /// and without `--budget-mb`, as many as the weights need (up to the board's count) when
+    /// they fit its RAM beside its reserve, else 1; without a board, 1 unless the weights
+    /// exceed one window (then as on a board, the host's RAM and the emulator's 16).
     #[arg(long, value_parser = domains_parser())]
     pub domains: Option<u32>,
+    /// The board `--device auto` chooses the engines for (as `ork run --board`); the plan is
+    /// projected on it. Default: `--project`'s board, else this board where an rknpu driver
+    /// is found.
+    #[arg(long, value_name = "BOARD|CHIP|FILE", conflicts_with = "project")]
+    pub board: Option<String>,
     /// Weight-cache budget in MiB (default: ORK_WCACHE_BUDGET_MB or 3072).
     #[arg(long, value_parser = mib_parser())]
     pub budget_mb: Option<u64>,

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use ork_board::cpu::{project, CpuBoard, CpuPlan, CpuShape, CpuWeight, Kernels};
 use ork_board::engines::{choose, Choice, EngineInputs, Phases};
 use ork_board::split::{cpu_read_bw_beside, split_decode, SplitDecode};
-use ork_board::{Board, Projection};
+use ork_board::Projection;
 use ork_residency::{Mode, Plan as Placement};
 
 /// The CPU engine's shape of the model at `path`: every matmul weight of `manifest` at its GGUF
@@ -129,31 +129,6 @@ pub fn engines(
     Ok((choice, shape))
 }
 
-/// The plan `place(domains)` makes: with `domains` given, that; with `auto` (no `--domains`, no
-/// `--budget-mb`) on a `board`, as rkllm does: resident across as many domains as the weights need
-/// (up to 16) when they fit the board's RAM beside its reserve and ork's own
-/// ([`PROCESS_BYTES`]), else streamed through one; otherwise one domain.
-pub fn place<E>(
-    domains: Option<u32>,
-    auto: bool,
-    board: Option<&Board>,
-    place: impl Fn(u32) -> Result<Placement, E>,
-) -> Result<Placement, E> {
-    match (domains, board) {
-        (Some(d), _) => place(d),
-        (None, Some(b)) if auto => {
-            let p = place(crate::cli::MAX_DOMAINS)?;
-            let room = b.ram_bytes - b.reserved_bytes - PROCESS_BYTES;
-            if p.mode == Mode::Resident && p.model_bytes as f64 <= room {
-                Ok(p)
-            } else {
-                place(1)
-            }
-        }
-        _ => place(1),
-    }
-}
-
 /// What `ork plan --project` reports of the engines: the pairings and the choice, the CPU's
 /// shape of the model, and the row-split decode (`ork_board::split`; `None` without an NPU
 /// plan that holds its weights resident).
@@ -233,10 +208,7 @@ pub const PROCESS_BYTES: f64 = (1u64 << 29) as f64;
 pub fn add_json(projected: &mut serde_json::Value, e: &PlanEngines, b: &CpuBoard) {
     let (choice, shape) = (&e.choice, &e.shape);
     if !projected.is_object() {
-        let best = choice
-            .alternatives
-            .iter()
-            .find(|p| p.prefill == choice.engines.prefill && p.decode == choice.engines.decode);
+        let best = choice.chosen();
         *projected = serde_json::json!({
             "label": "projected",
             "board": b.name,

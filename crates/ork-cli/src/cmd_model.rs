@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use ork_exec::{generate, ChatMessage, GenerateOptions, Sampler, SamplerOptions, TextStream};
 use ork_residency::{CacheStats, Mode};
-use ork_runtime::{budget_bytes, default_slots, plan_weights, Engine, EngineConfig};
+use ork_runtime::{budget_bytes, Engine, EngineConfig};
 use serde::Serialize;
 
 use crate::cli::{PerplexityArgs, PlanArgs, RunArgs};
@@ -301,7 +301,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "--project replays the run's device work on a board's NPU; a phase on --device cpu has none (docs/cpu.md; `ork plan --project BOARD` projects every pairing)"
         );
     }
-    let mut config = engine_config(&args.model, args.model.trace.is_some())?;
+    let (mut config, chosen) = crate::open_model::engine_config_auto(
+        &args.model,
+        args.model.trace.is_some(),
+        args.project.project.is_some(),
+    )?;
     config.draft = args
         .speculative
         .draft
@@ -338,6 +342,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     }
     let engine = open_loaded(loaded, args.json)?;
     if !args.json {
+        crate::auto::say(&chosen, &engine);
         crate::open_model::say_engines(&engine);
     }
     let recorder = crate::cmd_project::record(&engine, &board);
@@ -435,6 +440,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             stats: &'a RunStats,
             #[serde(skip_serializing_if = "Option::is_none")]
             projected: Option<ork_board::Projection>,
+            engines_chosen_by: &'a str,
         }
         let o = Out {
             text: &out,
@@ -442,6 +448,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             pack,
             stats: &stats,
             projected,
+            engines_chosen_by: &chosen.by,
         };
         println!("{}", serde_json::to_string(&o)?);
     } else {
@@ -667,6 +674,18 @@ fn plan_devices(args: &PlanArgs) -> (crate::cli::DeviceArg, crate::cli::DeviceAr
     )
 }
 
+/// The board `ork plan` projects on and `--device auto` chooses for: `--project`'s (without a
+/// value, the `--soc` chip), `--board`'s, else this board where an rknpu driver is found.
+fn plan_board(args: &PlanArgs, soc: &str) -> Result<Option<crate::auto::AutoBoard>> {
+    match args.project.project.as_deref() {
+        Some(name) => {
+            let name = if name.is_empty() { soc } else { name };
+            crate::auto::AutoBoard::named("--project", name).map(Some)
+        }
+        None => crate::auto::AutoBoard::resolve(args.board.as_deref(), args.soc.into()),
+    }
+}
+
 /// `ork plan`.
 pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     let (device, phases) = crate::open_model::phase_plan(plan_devices(args))?;
@@ -677,7 +696,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         bail!("--threads, --cpus and --ctx plan the CPU engine: they need --device cpu");
     }
     let soc = ork_device::Soc::from(args.soc).to_string();
-    let (board, cpu_board) = crate::cmd_project::boards(args.project.project.as_deref(), &soc)?;
+    let auto_board = plan_board(args, &soc)?;
     let budget = budget_bytes(args.budget_mb.map(|mb| mb << 20))?;
     let mut config = EngineConfig::new(&args.model);
     config.soc = args.soc.into();
@@ -693,51 +712,31 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     let manifest = loaded.manifest();
     let chip = chip_plan(&config, manifest)?;
     let window = args.window_mb << 20;
-    let place = |domains| {
-        plan_weights(
-            manifest,
-            config.dtype,
-            config.group,
-            budget,
-            window,
-            domains,
-            default_slots(),
-        )
-        .map_err(anyhow::Error::from)
-    };
-    let auto = args.domains.is_none() && args.budget_mb.is_none();
-    let p = crate::cmd_engines::place(args.domains, auto, board.as_ref(), place)?;
-    let domains = args.domains.unwrap_or(p.domains_used.max(1));
-    let projected = match (&board, p.runnable) {
-        (Some(b), true) => Some(crate::cmd_project::project_plan(
-            &args.model,
-            manifest,
-            &p,
-            b,
-            &args.project,
-            (config.dtype, config.group, config.soc),
-            (default_slots(), budget),
-        )?),
-        _ => None,
-    };
-    let engines = crate::cmd_engines::for_plan(
-        &args.model,
+    let (board, cpu_board) = auto_board
+        .as_ref()
+        .map_or((None, None), |b| (b.npu.as_ref(), b.cpu.as_ref()));
+    let (
+        crate::auto::Projected {
+            placement: p,
+            npu: projected,
+            engines,
+        },
+        chosen,
+    ) = crate::auto::plan_on_board(
+        args,
+        (auto_board.as_ref(), plan_devices(args)),
         manifest,
-        cpu_board.as_ref(),
-        &p,
-        budget,
-        projected.as_ref(),
-        (
-            args.project.prompt_tokens as usize,
-            args.project.gen_tokens as usize,
-        ),
+        &mut config,
+        (budget, window),
     )?;
+    let domains = args.domains.unwrap_or(p.domains_used.max(1));
     let per_prefill_tok = p.streamed_bytes_per_prefill_token(args.prefill_tokens);
-    let ram = board.as_ref().map(|b| b.ram_bytes as u64);
+    let ram = board.map(|b| b.ram_bytes as u64);
     let weight_source = crate::open_model::plan_weight_source(&config, p.model_bytes, ram);
     if args.json {
         let mut v = serde_json::to_value(&p)?;
         v["engines"] = serde_json::to_value(config.engines())?;
+        v["engines_chosen_by"] = chosen.by.clone().into();
         v["npu_weights"] = serde_json::to_value(&weight_source)?;
         v["budget_bytes"] = budget.into();
         v["prefill_tokens"] = args.prefill_tokens.into();
@@ -755,7 +754,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         if let Some(pr) = &projected {
             v["projected"] = serde_json::to_value(pr)?;
         }
-        if let (Some(e), Some(cb)) = (&engines, &cpu_board) {
+        if let (Some(e), Some(cb)) = (&engines, cpu_board) {
             crate::cmd_engines::add_json(&mut v["projected"], e, cb);
         }
         println!("{}", serde_json::to_string(&v)?);
@@ -800,6 +799,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     if let Some(e) = &engines {
         println!("{}", crate::cmd_engines::line(&e.choice));
     }
+    println!("{}", chosen.line());
     println!(
         "{}",
         crate::open_model::weight_source_line(&config, &weight_source)

@@ -80,31 +80,36 @@ pub fn board(project: Option<&str>, soc: &str) -> Result<Option<Board>> {
         return Ok(None);
     };
     let name = if name.is_empty() { soc } else { name };
+    named_board("--project", name).map(Some)
+}
+
+/// The board `flag` names (a preset, a chip or a board file, read as [`board`] reads it); an
+/// error names the flag.
+pub fn named_board(flag: &str, name: &str) -> Result<Board> {
     let board = if Board::names_file(name) {
         let path = Path::new(name);
-        let bytes =
-            ork_io::input::read_input(path, ork_board::BOARD_FILE_LIMIT).context("--project")?;
+        let bytes = ork_io::input::read_input(path, ork_board::BOARD_FILE_LIMIT)
+            .with_context(|| flag.to_owned())?;
         Board::from_bytes(&path.display().to_string(), &bytes)
     } else {
         Board::named(name)
     };
-    Ok(Some(board.context("--project")?))
+    board.with_context(|| flag.to_owned())
 }
 
-/// `ork plan --project`'s boards: the NPU's (as [`board`]; `None` on a CPU-only preset such as
-/// `pi5-16g`) and the CPU engine's (`None` without `--project` or where the board's CPU is not
-/// modelled).
-pub fn boards(
-    project: Option<&str>,
-    soc: &str,
+/// The NPU's board and the CPU engine's for the board `flag` names: a CPU-only preset
+/// (`pi5-16g`) has no NPU board; an error names the flag.
+pub fn boards_named(
+    flag: &str,
+    name: &str,
 ) -> Result<(Option<Board>, Option<ork_board::cpu::CpuBoard>)> {
     use ork_board::cpu::{CpuBoard, FITTED_CPU};
-    if let Some(cpu) = project.and_then(|n| CpuBoard::cpu_only(n, &FITTED_CPU)) {
+    if let Some(cpu) = CpuBoard::cpu_only(name, &FITTED_CPU) {
         return Ok((None, Some(cpu)));
     }
-    let board = self::board(project, soc)?;
-    let cpu = board.as_ref().and_then(|b| CpuBoard::of(b, &FITTED_CPU));
-    Ok((board, cpu))
+    let board = named_board(flag, name)?;
+    let cpu = CpuBoard::of(&board, &FITTED_CPU);
+    Ok((Some(board), cpu))
 }
 
 /// Start recording `engine`'s events when projecting (device engines only: the CPU engine

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::cli::ServeArgs;
-use crate::open_model::{engine_config, open_engine};
+use crate::open_model::{engine_config_auto, open_engine};
 
 /// Open the engine, serve until SIGTERM / SIGINT, drain, exit 0.
 pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
@@ -14,7 +14,9 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         Some(path) => Some(crate::input::read_text(path, "--chat-template-file")?),
         None => None,
     };
-    let engine = open_engine(engine_config(&args.model, false)?, false)?;
+    let (config, chosen) = engine_config_auto(&args.model, false, false)?;
+    let engine = open_engine(config, false)?;
+    crate::auto::say(&chosen, &engine);
     crate::open_model::say_engines(&engine);
     let config = ork_server::ServeConfig {
         host: args.host.clone(),

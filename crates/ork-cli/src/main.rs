@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+mod auto;
 mod cli;
 mod cmd_bench_cpu;
 mod cmd_bench_pack;

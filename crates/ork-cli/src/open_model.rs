@@ -72,7 +72,36 @@ pub(crate) fn arg_name(d: DeviceArg) -> String {
 /// # Errors
 /// `--cpus` without a phase on the CPU engine; two different devices.
 pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfig> {
-    let (device, phases) = phase_plan(phase_devices(opts))?;
+    if opts.board.is_some() {
+        anyhow::bail!(
+            "--board chooses --device auto's engines for run, serve and plan; this command does \
+             not choose by a board: name its engine with --device"
+        );
+    }
+    config_for(opts, trace, phase_devices(opts), None)
+}
+
+/// [`engine_config`] for `ork run` and `ork serve`, with what `--device auto` chose on a board
+/// (`replay`: `run --project`; see [`crate::auto::for_run`]).
+pub(crate) fn engine_config_auto(
+    opts: &ModelOpts,
+    trace: bool,
+    replay: bool,
+) -> Result<(EngineConfig, crate::auto::Chosen)> {
+    let (chosen, domains) = crate::auto::for_run(opts, replay)?;
+    let config = config_for(opts, trace, (chosen.prefill, chosen.decode), domains)?;
+    Ok((config, chosen))
+}
+
+/// The engine configuration for the engines `devices` and `domains` (`None`: `--domains`, else
+/// [`crate::auto::run_domains`]).
+fn config_for(
+    opts: &ModelOpts,
+    trace: bool,
+    devices: (DeviceArg, DeviceArg),
+    domains: Option<u32>,
+) -> Result<EngineConfig> {
+    let (device, phases) = phase_plan(devices)?;
     let on_cpu = device.is_none() || phases.is_some();
     if opts.cpus.is_some() && !on_cpu {
         anyhow::bail!(
@@ -94,7 +123,7 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfi
         },
         budget_bytes: opts.budget_mb.map(|mb| mb << 20),
         device: device.unwrap_or(ork_device::DeviceKind::Auto),
-        domains: opts.domains,
+        domains: 1,
         dtype: opts.dtype.into(),
         activations: opts.activations.into(),
         group: ork_pack::ScaleGroup::PerChannel,
@@ -125,6 +154,11 @@ pub(crate) fn engine_config(opts: &ModelOpts, trace: bool) -> Result<EngineConfi
     };
     if let Some(q) = opts.quant {
         config.set_quant(q);
+    }
+    if device.is_some() {
+        config.domains = domains
+            .or_else(|| crate::auto::run_domains(opts, config.dtype, config.group))
+            .unwrap_or(1);
     }
     Ok(config)
 }

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+#[path = "cli/auto.rs"]
+mod auto;
 #[path = "cli/cpu.rs"]
 mod cpu;
 #[path = "cli/device.rs"]

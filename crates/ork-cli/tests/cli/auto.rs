@@ -1,0 +1,223 @@
+//! `--device auto` on a board (`--board`): the engines of each phase the board clock projects
+//! best, printed with their reason; and the automatic IOMMU domain count.
+
+use super::{code, converted, json, model, run, stderr};
+
+fn f(v: &serde_json::Value, k: &str) -> f64 {
+    v[k].as_f64()
+        .unwrap_or_else(|| panic!("missing {k} in {v}"))
+}
+
+/// `ork plan --json ARGS`, exit 0 asserted.
+fn plan(args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["plan", "--json"];
+    a.extend_from_slice(args);
+    let o = run(&a);
+    assert_eq!(code(&o), Some(0), "{args:?}: {}", stderr(&o));
+    json(&o)
+}
+
+/// The engines `ork plan --board` reports (`device`/`cpu`) are the projection's choice
+/// (`npu`/`cpu`), chosen by the projection on the board; the chosen pairing takes no longer than
+/// either engine alone (npu/npu, cpu/cpu) and decodes no slower than both.
+fn assert_chosen_by_projection(v: &serde_json::Value, board: &str) {
+    assert_eq!(v["engines_chosen_by"], format!("projection {board}"), "{v}");
+    let p = &v["projected"];
+    let side = |e: &serde_json::Value| if e == "npu" { "device" } else { "cpu" };
+    assert_eq!(
+        v["engines"]["prefill"],
+        side(&p["engines"]["prefill"]),
+        "{v}"
+    );
+    assert_eq!(v["engines"]["decode"], side(&p["engines"]["decode"]), "{v}");
+    let alts = p["alternatives"].as_array().unwrap();
+    let chosen = alts
+        .iter()
+        .find(|a| a["prefill"] == p["engines"]["prefill"] && a["decode"] == p["engines"]["decode"])
+        .unwrap();
+    let alone: Vec<&serde_json::Value> = alts
+        .iter()
+        .filter(|a| a["prefill"] == a["decode"])
+        .collect();
+    assert_eq!(alone.len(), 2, "{p}");
+    let slowest = alone
+        .iter()
+        .map(|a| f(a, "decode_tok_s"))
+        .fold(f64::MAX, f64::min);
+    assert!(f(chosen, "decode_tok_s") >= slowest, "{p}");
+    for a in alone {
+        assert!(f(chosen, "total_s") <= f(a, "total_s"), "{p}");
+    }
+}
+
+/// A small model (SmolLM2, real) and a shapes-only big one (Phi-3's shape, 3.6 GB at int8) on
+/// `orangepi5-16g`: the projection chooses, and Phi-3 is resident in 2 domains by default
+/// (one domain streams it: a slower projected decode).
+#[test]
+fn auto_on_a_board_preset_runs_the_projected_pairing() {
+    let m = model();
+    let ms = m.to_str().unwrap();
+    let v = plan(&["--model", ms, "--board", "orangepi5-16g"]);
+    assert_chosen_by_projection(&v, "orangepi5-16g");
+    let dir = tempfile::tempdir().unwrap();
+    let phi3 = dir.path().join("phi3.gguf");
+    ork_testkit::sparse::write_sparse_llama(&phi3, &ork_board::fit::FIT_ROWS[2].dims).unwrap();
+    let p = phi3.to_str().unwrap();
+    let v = plan(&["--model", p, "--board", "orangepi5-16g"]);
+    assert_chosen_by_projection(&v, "orangepi5-16g");
+    assert_eq!(
+        (&v["mode"], v["domains_used"].as_u64()),
+        (&"resident".into(), Some(2))
+    );
+    let one = plan(&["--model", p, "--project", "orangepi5-16g", "--domains", "1"]);
+    assert_eq!(one["mode"], "streamed");
+    let npu = |v: &serde_json::Value| {
+        v["projected"]["alternatives"][0]["decode_tok_s"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(npu(&v) > npu(&one) * 1.2, "{} vs {}", npu(&v), npu(&one));
+    // The run does what the plan says, and says why (one line at start-up; on a host without
+    // an NPU, that the emulator computes the NPU's phase).
+    let pack = converted().to_str().unwrap();
+    let base = [
+        "run",
+        "--model",
+        ms,
+        "--pack",
+        pack,
+        "--threads",
+        "2",
+        "--prompt",
+        "Paris is",
+        "-n",
+        "2",
+    ];
+    let o = run(&[&base[..], &["--board", "orangepi5-16g", "--json"]].concat());
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let r = json(&o);
+    let small = plan(&["--model", ms, "--board", "orangepi5-16g"]);
+    assert_eq!(r["engines_chosen_by"], "projection orangepi5-16g");
+    assert_eq!(r["engines"], small["engines"], "{r}");
+    let o = run(&[&base[..], &["--board", "orangepi5-16g"]].concat());
+    let e = stderr(&o);
+    let line = e
+        .lines()
+        .find(|l| l.starts_with("[ork] --device auto:"))
+        .unwrap_or_else(|| panic!("{e}"));
+    assert!(
+        line.contains("projection orangepi5-16g") && line.contains("running: "),
+        "{line}"
+    );
+    if line.contains("emulated") {
+        assert!(line.contains("this host has no NPU"), "{line}");
+    }
+    // No board: auto keeps its meaning, and says so.
+    let o = run(&[&base[..], &["--json"]].concat());
+    let r = json(&o);
+    if !std::path::Path::new("/dev/dri").exists() {
+        assert!(
+            r["engines_chosen_by"]
+                .as_str()
+                .unwrap()
+                .starts_with("no board"),
+            "{r}"
+        );
+    }
+    // A command that does not choose by a board refuses --board rather than ignore it.
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "Paris is the capital of France. ".repeat(20)).unwrap();
+    let t = text.to_str().unwrap();
+    let o = run(&[
+        "perplexity",
+        "--model",
+        ms,
+        "--file",
+        t,
+        "--board",
+        "orangepi5-16g",
+    ]);
+    assert_eq!(code(&o), Some(2));
+    assert!(stderr(&o).contains("--board"), "{}", stderr(&o));
+    // Engines given on the command line win.
+    let v = plan(&["--model", ms, "--board", "orangepi5-16g", "--device", "emu"]);
+    assert_eq!(v["engines_chosen_by"], "command line");
+    assert_eq!(v["engines"]["decode"], "device");
+}
+
+/// Bad `--board` values exit 2 with one line naming the flag and the problem.
+#[test]
+fn bad_board_values_exit_2_with_one_line() {
+    let m = model();
+    let ms = m.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("board.json");
+    std::fs::write(
+        &bad,
+        r#"{"name": "mine", "chip": "rk3588", "ram_gib": -16, "storage_read_gbps": 1}"#,
+    )
+    .unwrap();
+    let missing = dir.path().join("missing.json");
+    for (board, names) in [
+        ("rk9999", vec!["rk9999", "orangepi5-16g"]),
+        (bad.to_str().unwrap(), vec!["ram_gib", "board.json"]),
+        (missing.to_str().unwrap(), vec!["missing.json"]),
+    ] {
+        for verb in [
+            vec!["plan", "--model", ms],
+            vec!["run", "--model", ms, "--prompt", "x", "-n", "1"],
+        ] {
+            let o = run(&[&verb[..], &["--board", board]].concat());
+            assert_eq!(code(&o), Some(2), "{board}: {}", stderr(&o));
+            let e = stderr(&o);
+            assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+            assert!(e.contains("--board"), "{e}");
+            for n in &names {
+                assert!(e.contains(n), "{n}: {e}");
+            }
+        }
+    }
+}
+
+/// Without a board, one domain as before unless the weights exceed one 4 GiB window (a
+/// Llama-3.1-8B shape: 7.5 GB at int8): then resident across the domains they need where the
+/// host's RAM holds them, else streamed through one.
+#[test]
+fn weights_beyond_one_window_use_the_emulators_domains() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("llama8b.gguf");
+    let dims = ork_board::Dims {
+        n_layer: 32,
+        d_model: 4096,
+        ffn: 14336,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        vocab: 128256,
+    };
+    ork_testkit::sparse::write_sparse_llama(&path, &dims).unwrap();
+    let v = plan(&["--model", path.to_str().unwrap()]);
+    let bytes = f(&v, "model_bytes");
+    assert!(bytes > 4.0 * (1u64 << 30) as f64, "{v}");
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: f64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The host's RAM less a 1 GiB reserve and ork's own 0.5 GiB.
+    if kib * 1024.0 - 1.5 * (1u64 << 30) as f64 >= bytes {
+        assert_eq!(v["mode"], "resident", "{v}");
+        assert!(v["domains_used"].as_u64().unwrap() >= 2, "{v}");
+    } else {
+        assert_eq!(
+            (&v["mode"], v["domains_used"].as_u64()),
+            (&"streamed".into(), Some(1))
+        );
+    }
+    // A given budget keeps one domain.
+    let v = plan(&["--model", path.to_str().unwrap(), "--budget-mb", "3072"]);
+    assert_eq!(v["mode"], "streamed", "{v}");
+}
