@@ -332,6 +332,29 @@ impl GgufLinear {
     }
 }
 
+/// Activation rows per task of [`GgufLinear::transpose`].
+const TRANSPOSE_ROWS: usize = 16;
+
+impl GgufLinear {
+    /// `y[i·n + r] = t[r·m + i]`: the kernels' `n × m` results as the `m × n` the executor
+    /// reads, shared among the workers by rows of `y` (a prefill's transposes, one thread's
+    /// strided writes, took 8 % of it).
+    fn transpose(&self, t: &[f32], m: usize, n: usize, y: &mut [f32]) {
+        let parts: Vec<Mutex<&mut [f32]>> =
+            y.chunks_mut(TRANSPOSE_ROWS * n).map(Mutex::new).collect();
+        self.pool.run(parts.len(), |p| {
+            let mut part = parts[p].lock().unwrap_or_else(|e| e.into_inner());
+            let (i0, rows) = (p * TRANSPOSE_ROWS, part.len() / n);
+            // Weight row by weight row: each reads `rows` adjacent values of `t`.
+            for (r, col) in t.chunks_exact(m).enumerate() {
+                for (di, &v) in col[i0..i0 + rows].iter().enumerate() {
+                    part[di * n + r] = v;
+                }
+            }
+        });
+    }
+}
+
 impl Linear for GgufLinear {
     fn matmul(
         &self,
@@ -383,11 +406,7 @@ impl Linear for GgufLinear {
                 yt.iter_mut().map(Vec::as_mut_slice).collect(),
             );
             for ((w, t), y) in ws.iter().zip(&yt).zip(ys.iter_mut()) {
-                for (r, col) in t.chunks_exact(m).enumerate() {
-                    for (i, &v) in col.iter().enumerate() {
-                        y[i * w.n + r] = v;
-                    }
-                }
+                self.transpose(t, m, w.n, y);
             }
         }
         // A page of a file cut short while open reads as zeros: say so instead of returning

@@ -7,7 +7,9 @@
 //! which follow each other within microseconds, find their workers awake.
 //!
 //! A round ([`CpuPool::run`]) hands out task indices from one atomic counter: every worker takes
-//! the next unclaimed task until none is left. One task spawned per worker asks for work, and a
+//! the next unclaimed task until none is left. The calling thread is one of the round's `T`
+//! threads (rayon's in-place scope) and `T − 1` workers join it: one task spawned per helper
+//! asks for work, and a
 //! task no worker has started yet is taken by whichever finishes first, so a worker whose core
 //! is busy with another program (preempted) holds up the round by at most the one task it is
 //! computing, never by a share of the matmul fixed in advance.
@@ -139,7 +141,10 @@ impl CpuPool {
             task(i);
         };
         let helpers = self.threads().min(tasks) - 1;
-        self.pool.scope(|s| {
+        // The calling thread takes tasks too (an in-place scope: it does not hand the round to
+        // a worker and sleep until it ends), so a round costs one hand-over to `helpers`
+        // workers, not a hand-over both ways, and no third thread competes for the cores.
+        self.pool.in_place_scope(|s| {
             for _ in 0..helpers {
                 s.spawn(|_| work());
             }

@@ -212,6 +212,10 @@ pub(super) trait Engine {
         Self::decode(ty, blk, s);
         Self::dot(s, a)
     }
+    /// Ask for the cache lines of `bytes` bytes at `p` (a super-block further on in the weight
+    /// stream, possibly past its end: a hint, never a read). The default does nothing.
+    #[inline(always)]
+    fn prefetch(_p: *const u8, _bytes: usize) {}
 }
 
 /// The k-quant kernels (dispatched by `super::Kernel::with_isa`): AVX2 on x86-64 (AVX-VNNI and
@@ -303,6 +307,11 @@ pub(super) fn drive<E: Engine, const T: u8>(
     }
 }
 
+/// How far ahead in the weight stream [`drive_one`] asks for super-blocks (the legacy x86
+/// kernels' distance and reason: weights stream from file-backed 4 KiB pages, where hardware
+/// prefetchers stop).
+const PREFETCH_AHEAD: usize = 4096;
+
 /// [`drive`] at M = 1: each super-block decoded right before its dot ([`Engine::decode_dot`]).
 #[inline(always)]
 pub(super) fn drive_one<E: Engine, const T: u8>(
@@ -323,6 +332,7 @@ pub(super) fn drive_one<E: Engine, const T: u8>(
             .chunks_exact(t.bytes())
             .zip(acts.chunks_exact(Q8K_BYTES))
         {
+            E::prefetch(blk.as_ptr().wrapping_add(PREFETCH_AHEAD), t.bytes());
             let d = E::decode_dot(t, blk, a, &mut s);
             acc = step(t, acc, &s, a, d);
         }

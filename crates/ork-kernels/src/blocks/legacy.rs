@@ -263,8 +263,13 @@ impl<'a> Acts<'a> {
         } else {
             Vec::new()
         };
+        // A fixed-length array, so that the compiler vectorizes the sums (per task and call,
+        // `m · nb` of them: a prefill's share of time was several percent when scalar).
         let sum = blocks
-            .map(|b| b[qs..].iter().map(|&q| q as i8 as i32).sum())
+            .map(|b| {
+                let q: &[u8; 32] = b[qs..qs + 32].try_into().expect("32 quants");
+                q.iter().map(|&q| i32::from(q as i8)).sum()
+            })
             .collect();
         Acts {
             bytes,

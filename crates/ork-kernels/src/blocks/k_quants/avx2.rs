@@ -77,6 +77,17 @@ impl Engine for Avx2 {
     }
 
     #[inline(always)]
+    fn prefetch(p: *const u8, bytes: usize) {
+        let mut line = 0;
+        while line < bytes {
+            // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is part
+            // of x86-64.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast()) };
+            line += 64;
+        }
+    }
+
+    #[inline(always)]
     fn dot4(s: &Super, a: [&[u8]; 4]) -> [(i32, i32); 4] {
         assert!(a.iter().all(|a| a.len() >= Q8K_BYTES));
         // SAFETY: as in `dot`, for each of the four blocks.

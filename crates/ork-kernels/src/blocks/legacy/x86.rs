@@ -368,6 +368,14 @@ unsafe fn tail<F: Decode, D: Dot, const N: usize>(
     }
 }
 
+/// How far ahead of the group being computed its cache lines are prefetched, in bytes. The
+/// weights stream from memory once per token, from file-backed 4 KiB pages, where the
+/// hardware prefetchers stop at each page's end: 16 blocks ahead (288 bytes of Q4_0, one line
+/// per group) left Q4_0 decode at ~10 GB/s of weights per core-second on the Xeon of
+/// `docs/benchmarks.md`; every line 4 KiB ahead reads ~12–15 (`examples/blocks_speed.rs`,
+/// thread CPU time, K = 576, 100 000 rows).
+const PREFETCH_AHEAD: usize = 4096;
+
 /// One weight row against `N` activation rows.
 ///
 /// # Safety
@@ -385,7 +393,14 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N])
         // per-block indices g·8 .. g·8 + 8 <= nb; prefetching never faults.
         unsafe {
             let base = wr.as_ptr().add(g * 8 * F::BYTES);
-            _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(16 * F::BYTES).cast());
+            // Every cache line of the group, `PREFETCH_AHEAD` bytes on (into the next rows: a
+            // task's rows are contiguous in the map).
+            let ahead = base.wrapping_add(PREFETCH_AHEAD);
+            let mut line = 0;
+            while line < 8 * F::BYTES {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+                line += 64;
+            }
             let group = decode_group::<F>(base);
             for (i, a) in ar.iter().enumerate() {
                 let v = group_values::<F, D>(
