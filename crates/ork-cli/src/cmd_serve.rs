@@ -14,8 +14,14 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         Some(path) => Some(crate::input::read_text(path, "--chat-template-file")?),
         None => None,
     };
-    let engine = open_engine(engine_config(&args.model, false)?, false)?;
+    let mut engine_config = engine_config(&args.model, false)?;
+    // A server has no `--project`: a decode split's share is `--split-rows`.
+    let (split, _) = crate::cmd_split::resolve(&mut engine_config, None, "")?;
+    let engine = open_engine(engine_config, false)?;
     crate::open_model::say_engines(&engine);
+    if let Some(s) = &split {
+        eprintln!("[ork] {}", crate::cmd_split::line(s));
+    }
     let config = ork_server::ServeConfig {
         host: args.host.clone(),
         port: args.port,

@@ -362,7 +362,7 @@ mod tests {
                 let share = i as f64 / 20.0;
                 let r = split_row(n, share, 32);
                 assert!(r <= n);
-                assert!(r == n || r % 32 == 0, "n {n} share {share}: r {r}");
+                assert!(r == n || r.is_multiple_of(32), "n {n} share {share}: r {r}");
                 // Never further from the asked share than half a tile (or the weight's end).
                 let want = share * n as f64;
                 assert!(

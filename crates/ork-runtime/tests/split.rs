@@ -15,7 +15,11 @@
 //! a step where that run's own top-2 logit margin is below twice the largest difference between
 //! the two engines' prefill logits, measured in the same test.
 
+mod common;
+
 use std::path::Path;
+
+use common::{margin, tokens};
 
 use ork_exec::{Linear, Session, WeightId};
 use ork_runtime::{DeviceKind, Engine, EngineConfig, PackChoice, PhaseEngine, PhaseEngines};
@@ -45,33 +49,9 @@ const SPLIT: PhaseEngines = PhaseEngines {
     decode: PhaseEngine::Split,
 };
 
-fn argmax(l: &[f32]) -> u32 {
-    ork_exec::ops::argmax(l).unwrap() as u32
-}
-
-fn margin(l: &[f32]) -> f32 {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &v in l {
-        if v > a {
-            (a, b) = (v, a);
-        } else if v > b {
-            b = v;
-        }
-    }
-    a - b
-}
-
+/// Greedy: the prefill's logits, then `DECODE` decode steps; every step's logits.
 fn greedy(session: &mut Session, prompt: &[u32]) -> Vec<Vec<f32>> {
-    let mut logits = vec![session.prefill(prompt).unwrap()];
-    for _ in 0..DECODE {
-        let next = argmax(logits.last().unwrap());
-        logits.push(session.decode(next).unwrap());
-    }
-    logits
-}
-
-fn tokens(logits: &[Vec<f32>]) -> Vec<u32> {
-    logits.iter().map(|l| argmax(l)).collect()
+    common::greedy_logits(session, prompt, DECODE)
 }
 
 /// `m × k` activations, deterministic and varied.
