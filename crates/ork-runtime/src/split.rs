@@ -271,9 +271,18 @@ impl Linear for SplitLinear {
         Ok(())
     }
 
-    /// Both engines are told: the device's prefetcher, the CPU engine's expert readahead.
+    /// Each engine is told of the weights it computes rows of: the device's prefetcher of those
+    /// with device rows (never an expert slice: those stay on the CPU), the CPU engine's expert
+    /// readahead of the others.
     fn upcoming(&self, weights: &[WeightId]) {
-        self.device.upcoming(weights);
+        let on_device: Vec<WeightId> = weights
+            .iter()
+            .copied()
+            .filter(|&w| self.rows_of(w).is_some_and(|(r, _)| r > 0))
+            .collect();
+        if !on_device.is_empty() {
+            self.device.upcoming(&on_device);
+        }
         self.cpu.upcoming(weights);
     }
 

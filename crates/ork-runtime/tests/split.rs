@@ -137,24 +137,36 @@ fn a_split_computes_every_row_once_on_the_engine_it_names() {
 
 #[test]
 fn a_split_decode_gives_the_single_engines_tokens_up_to_their_numerics() {
+    split_agrees(&model_path(), "SmolLM2");
+}
+
+/// A MoE model: the dense weights split, every expert slice wholly on the CPU.
+#[test]
+fn a_split_decode_on_a_moe_fixture_keeps_the_experts_on_the_cpu() {
+    let model = ork_testkit::moe::moe_fixture(ork_testkit::moe::MoeFixture::Perturbed);
+    let st = split_agrees(&model, "MoE perturbed");
+    assert!(st.cpu_calls > 0, "the experts' calls: {st:?}");
+}
+
+/// The split's checks of the module documentation on `model`; its counters.
+fn split_agrees(model: &Path, what: &str) -> ork_runtime::SplitStats {
     let dir = tempfile::tempdir().unwrap();
     let pack = dir.path().join("m.orkpack");
-    let model = model_path();
     let emu = Engine::open(config(
-        &model,
+        model,
         &pack,
         PhaseEngines::one(PhaseEngine::Device),
         None,
     ))
     .unwrap();
     let cpu = Engine::open(config(
-        &model,
+        model,
         &pack,
         PhaseEngines::one(PhaseEngine::Cpu),
         None,
     ))
     .unwrap();
-    let split = Engine::open(config(&model, &pack, SPLIT, Some(0.5))).unwrap();
+    let split = Engine::open(config(model, &pack, SPLIT, Some(0.5))).unwrap();
     let name = split.compute_name();
     assert!(
         name.contains("decode split (emulated") && name.ends_with("rows 50%, cpu the rest)"),
@@ -166,12 +178,12 @@ fn a_split_decode_gives_the_single_engines_tokens_up_to_their_numerics() {
         .unwrap();
     let logits = greedy(&mut split.session(), &prompt);
     let emu_logits = greedy(&mut emu.session(), &prompt);
-    assert_eq!(logits[0], emu_logits[0], "prefill on the emulator");
+    assert_eq!(logits[0], emu_logits[0], "{what}: prefill on the emulator");
     let run = tokens(&logits);
     assert_eq!(
         run,
         tokens(&greedy(&mut split.session(), &prompt)),
-        "deterministic"
+        "{what}: deterministic"
     );
     let st = split.split_linear().unwrap().stats();
     assert!(
@@ -189,11 +201,12 @@ fn a_split_decode_gives_the_single_engines_tokens_up_to_their_numerics() {
         let m = margin(&emu_logits[i]);
         assert!(
             m < 2.0 * spread,
-            "split {run:?} and emulator-only {emu_run:?} part at step {i}, margin {m} ≥ {}",
+            "{what}: split {run:?} and emulator-only {emu_run:?} part at step {i}, margin {m} ≥ {}",
             2.0 * spread
         );
     }
-    eprintln!("split {run:?}, emulator-only {emu_run:?}, engines' spread {spread}, {st:?}");
+    eprintln!("{what}: split {run:?}, emulator-only {emu_run:?}, engines' spread {spread}, {st:?}");
+    st
 }
 
 #[test]
