@@ -86,17 +86,23 @@ pub enum DeviceArg {
     /// file's own bits (no .orkpack, no weight cache; docs/cpu.md). --threads and --cpus choose
     /// its workers.
     Cpu,
+    /// Decode only (`--decode-device split`): each decode matmul's rows split between the
+    /// device (`--device`, or `--prefill-device` when it names one) and the CPU engine, both at
+    /// once; `--split-rows` gives the device's share, or `run --project BOARD` the board
+    /// clock's (docs/architecture.md, "Engines per phase").
+    Split,
 }
 
 impl DeviceArg {
-    /// The device backend to open, `None` for the CPU engine.
+    /// The device backend to open, `None` for the CPU engine and for the split (which uses the
+    /// device another flag names).
     pub fn device_kind(self) -> Option<ork_device::DeviceKind> {
         match self {
             DeviceArg::Auto => Some(ork_device::DeviceKind::Auto),
             DeviceArg::Emu => Some(ork_device::DeviceKind::Emu),
             DeviceArg::Rknpu => Some(ork_device::DeviceKind::Rknpu),
             DeviceArg::Rknn => Some(ork_device::DeviceKind::Rknn),
-            DeviceArg::Cpu => None,
+            DeviceArg::Cpu | DeviceArg::Split => None,
         }
     }
 }
@@ -308,6 +314,11 @@ pub struct ModelOpts {
     /// batched steps too). Default: --device.
     #[arg(long, value_enum)]
     pub decode_device: Option<DeviceArg>,
+    /// With --decode-device split: the device's share of each dense weight's rows, strictly
+    /// between 0 and 1 (rounded to the device's 32-row tiles per weight). Default: the board
+    /// clock's share with `run --project BOARD`.
+    #[arg(long, value_name = "FRACTION", value_parser = crate::cmd_split::parse_share)]
+    pub split_rows: Option<f64>,
     /// IOMMU domains to use (1..=16). Default: on a board (--board, or an rknpu driver here),
     /// as many as the weights need to stay resident when they fit its RAM, as rkllm does;
     /// without a board, one unless the weights exceed one 4 GiB window; with --budget-mb, one.
@@ -799,9 +810,14 @@ pub struct PlanArgs {
     /// .orkpack, or stream-by-pack when the pack and the GGUF would not fit the RAM) and why.
     #[arg(long, value_enum)]
     pub prefill_device: Option<DeviceArg>,
-    /// Engines per phase: the decode's engine (default: --device).
+    /// Engines per phase: the decode's engine (default: --device); `split` shares each decode
+    /// matmul's rows between the device and the CPU engine.
     #[arg(long, value_enum)]
     pub decode_device: Option<DeviceArg>,
+    /// With --decode-device split: the device's share of the rows (default: the board clock's
+    /// with --project).
+    #[arg(long, value_name = "FRACTION", value_parser = crate::cmd_split::parse_share)]
+    pub split_rows: Option<f64>,
     /// With --device cpu: worker threads (default: one per chosen core).
     #[arg(long, value_parser = threads_parser())]
     pub threads: Option<usize>,

@@ -84,7 +84,7 @@ fn cpu_phases(
 }
 
 /// The CPU engine's plan: 4 threads on the big cores, ork's kernels, `cache_bytes` of page cache.
-fn cpu_plan(b: &CpuBoard, cache_bytes: f64) -> CpuPlan {
+pub(crate) fn cpu_plan(b: &CpuBoard, cache_bytes: f64) -> CpuPlan {
     CpuPlan {
         threads: b.cpu.big.0 as usize,
         pool: ork_board::cpu::Pool::Chunks,
@@ -138,7 +138,7 @@ pub struct PlanEngines {
     pub choice: Choice,
     /// The CPU engine's shape of the model.
     pub shape: CpuShape,
-    /// Decode split by rows between the NPU and the CPU, evaluated, not built.
+    /// Decode split by rows between the NPU and the CPU (`--decode-device split` runs it).
     pub split: Option<SplitDecode>,
     /// The CPU's decode tok/s while the NPU prefills another request on the same bus (`serve`'s
     /// overlap): its read rate is what the NPU's prefill reads leave (`None` without an NPU).
@@ -249,7 +249,7 @@ fn split_json(e: &PlanEngines) -> serde_json::Value {
     let best = alone(ork_board::engines::Engine::Npu).max(alone(ork_board::engines::Engine::Cpu));
     serde_json::json!({
         "label": "projected",
-        "built": false,
+        "built": true,
         "decode_tok_s": s.decode_tok_s,
         "best_single_engine_decode_tok_s": best,
         "gain": s.decode_tok_s / best,

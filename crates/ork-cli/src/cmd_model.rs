@@ -312,7 +312,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         .as_ref()
         .and_then(crate::cli::DraftArg::engine_source);
     let soc = ork_device::Soc::from(args.model.soc).to_string();
-    let board = crate::cmd_project::board(args.project.project.as_deref(), &soc)?;
+    let (split, project) =
+        crate::cmd_split::resolve(&mut config, args.project.project.as_deref(), &soc)?;
+    let board = crate::cmd_project::board(project, &soc)?;
     let loaded = Engine::load(config)?;
     let tokenizer = Arc::clone(loaded.tokenizer());
     let prompt = if args.chat {
@@ -344,6 +346,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     if !args.json {
         crate::auto::say(&chosen, &engine);
         crate::open_model::say_engines(&engine);
+        if let Some(s) = &split {
+            eprintln!("[ork] {}", crate::cmd_split::line(s));
+        }
     }
     let recorder = crate::cmd_project::record(&engine, &board);
     let mut session = engine.session();
@@ -425,6 +430,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         gen.tokens.len().max(gen.decode_steps + 1),
     )?;
     let pack = engine.pack_path().map(|p| p.display().to_string());
+    let split = crate::cmd_split::report(&engine, split);
     drop(session);
     if let (Some(path), Some(t)) = (&args.model.trace, engine.close()) {
         t.write(path, &inputs)
@@ -441,6 +447,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             #[serde(skip_serializing_if = "Option::is_none")]
             projected: Option<ork_board::Projection>,
             engines_chosen_by: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            decode_split: Option<crate::cmd_split::SplitReport>,
         }
         let o = Out {
             text: &out,
@@ -449,6 +457,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             stats: &stats,
             projected,
             engines_chosen_by: &chosen.by,
+            decode_split: split,
         };
         println!("{}", serde_json::to_string(&o)?);
     } else {
@@ -457,6 +466,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         eprintln!("{}", stats.line());
         if let Some(p) = &projected {
             eprintln!("{}", p.line());
+        }
+        if let Some(r) = &split {
+            eprintln!("{}", r.line());
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -706,6 +718,8 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     }
     config.phases = phases;
     config.cpu = phases.map(|_| ork_cpu::CpuOptions::default());
+    config.split_rows = args.split_rows;
+    let (split, _) = crate::cmd_split::resolve(&mut config, args.project.project.as_deref(), &soc)?;
     // The validation `run` and `convert` make (model, tokenizer, manifest, every chip rule for
     // every weight): a plan never says yes to a model they refuse.
     let loaded = ork_runtime::Engine::load(config.clone())?;
@@ -738,6 +752,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         v["engines"] = serde_json::to_value(config.engines())?;
         v["engines_chosen_by"] = chosen.by.clone().into();
         v["npu_weights"] = serde_json::to_value(&weight_source)?;
+        v["decode_split"] = serde_json::to_value(&split)?;
         v["budget_bytes"] = budget.into();
         v["prefill_tokens"] = args.prefill_tokens.into();
         v["streamed_bytes_per_prefill_token"] = per_prefill_tok.into();
@@ -804,6 +819,9 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         "{}",
         crate::open_model::weight_source_line(&config, &weight_source)
     );
+    if let Some(s) = &split {
+        println!("{}", crate::cmd_split::line(s));
+    }
     if !p.runnable {
         // Name the limit that is short: the budget, the window, or both.
         let need = p.min_budget_bytes;

@@ -14,10 +14,15 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         Some(path) => Some(crate::input::read_text(path, "--chat-template-file")?),
         None => None,
     };
-    let (config, chosen) = engine_config_auto(&args.model, false, false)?;
+    let (mut config, chosen) = engine_config_auto(&args.model, false, false)?;
+    // A server has no `--project`: a decode split's share is `--split-rows`.
+    let (split, _) = crate::cmd_split::resolve(&mut config, None, "")?;
     let engine = open_engine(config, false)?;
     crate::auto::say(&chosen, &engine);
     crate::open_model::say_engines(&engine);
+    if let Some(s) = &split {
+        eprintln!("[ork] {}", crate::cmd_split::line(s));
+    }
     let config = ork_server::ServeConfig {
         host: args.host.clone(),
         port: args.port,

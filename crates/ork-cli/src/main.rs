@@ -18,6 +18,7 @@ mod cmd_project;
 mod cmd_serve;
 mod cmd_spec;
 mod cmd_spec_project;
+mod cmd_split;
 mod cpu_check;
 mod input;
 mod open_model;

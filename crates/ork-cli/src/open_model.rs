@@ -35,15 +35,17 @@ pub(crate) fn phase_plan(
 ) -> Result<(Option<ork_device::DeviceKind>, Option<PhaseEngines>)> {
     let engine = |d: DeviceArg| match d {
         DeviceArg::Cpu => PhaseEngine::Cpu,
+        DeviceArg::Split => PhaseEngine::Split,
         _ => PhaseEngine::Device,
     };
+    crate::cmd_split::check_devices(prefill, decode)?;
     let phases = PhaseEngines {
         prefill: engine(prefill),
         decode: engine(decode),
     };
     let devices: Vec<DeviceArg> = [prefill, decode]
         .into_iter()
-        .filter(|&d| d != DeviceArg::Cpu)
+        .filter(|&d| d != DeviceArg::Cpu && d != DeviceArg::Split)
         .collect();
     if let [a, b] = devices[..] {
         if a != b {
@@ -151,6 +153,7 @@ fn config_for(
         }),
         phases,
         ram_bytes: None,
+        split_rows: opts.split_rows,
     };
     if let Some(q) = opts.quant {
         config.set_quant(q);
@@ -167,7 +170,7 @@ fn config_for(
 /// saying where CPU figures come from instead.
 pub(crate) fn refuse_cpu(opts: &ModelOpts, what: &str) -> Result<()> {
     let (prefill, decode) = phase_devices(opts);
-    if prefill == DeviceArg::Cpu || decode == DeviceArg::Cpu {
+    if [prefill, decode].contains(&DeviceArg::Cpu) || decode == DeviceArg::Split {
         anyhow::bail!(
             "{what} measures the device path (the .orkpack, the weight cache, streaming); \
              --device cpu has none of them: time the CPU engine with `ork run --device cpu` (its stats line)"
@@ -274,6 +277,7 @@ pub(crate) fn weight_source_line(
     let name = |p: PhaseEngine| match p {
         PhaseEngine::Device => "device",
         PhaseEngine::Cpu => "cpu",
+        PhaseEngine::Split => "split (device and cpu rows)",
     };
     let source = match w.source {
         ork_runtime::NpuWeights::Pack => "the .orkpack",

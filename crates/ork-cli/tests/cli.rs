@@ -36,6 +36,8 @@ mod safety;
 mod serve;
 #[path = "cli/spec.rs"]
 mod spec;
+#[path = "cli/split.rs"]
+mod split;
 
 /// A command running the `ork` binary under test.
 pub fn ork() -> Command {

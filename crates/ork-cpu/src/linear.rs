@@ -1,5 +1,6 @@
 //! [`GgufLinear`]: the executor's matmuls computed on the CPU from the GGUF's mapped blocks.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use ork_exec::{ExecError, Linear, WeightSpec};
@@ -298,23 +299,23 @@ impl GgufLinear {
         (bufs, of)
     }
 
-    /// Compute every weight of `ws` against `acts` into `outs` (`outs[i]` is `n_i × m`, row
-    /// by weight row) in one round of the pool.
+    /// Compute rows `rows[i]` of every weight `ws[i]` against `acts` into `outs` (`outs[i]` is
+    /// `rows[i].len() × m`, row by weight row) in one round of the pool.
     fn round(
         &self,
-        ws: &[&CpuWeight],
+        (ws, rows): (&[&CpuWeight], &[Range<usize>]),
         acts: &[Vec<u8>],
         act_of: &[usize],
         m: usize,
         outs: Vec<&mut [f32]>,
     ) {
         let mut chunks = Vec::new();
-        for (wi, (w, out)) in ws.iter().zip(outs).enumerate() {
+        for (wi, ((w, out), range)) in ws.iter().zip(outs).zip(rows).enumerate() {
             let step = self.chunk_rows(w.n);
             for (c, part) in out.chunks_mut(step * m).enumerate() {
                 chunks.push(Chunk {
                     w: wi,
-                    r0: c * step,
+                    r0: range.start + c * step,
                     rows: part.len() / m,
                     out: Mutex::new(part),
                 });
@@ -340,6 +341,10 @@ impl GgufLinear {
     /// reads, shared among the workers by rows of `y` (a prefill's transposes, one thread's
     /// strided writes, took 8 % of it).
     fn transpose(&self, t: &[f32], m: usize, n: usize, y: &mut [f32]) {
+        if n == 0 {
+            // A row range another engine took whole (the row split): nothing to write.
+            return;
+        }
         let parts: Vec<Mutex<&mut [f32]>> =
             y.chunks_mut(TRANSPOSE_ROWS * n).map(Mutex::new).collect();
         self.pool.run(parts.len(), |p| {
@@ -352,6 +357,79 @@ impl GgufLinear {
                 }
             }
         });
+    }
+
+    /// Rows `rows[i]` of each weight `weights[i]`, the others left to another engine (the row
+    /// split of `ork_runtime`): `ys[i]` is `m × rows[i].len()`, row-major, each value what
+    /// [`Linear::matmul`] computes for that row (the same activation quantization, the same
+    /// kernel). Each range must lie inside its weight's `0..n`.
+    ///
+    /// # Errors
+    /// An unknown weight, a range outside the weight, or buffers of the wrong length.
+    pub fn matmul_rows(
+        &self,
+        weights: &[WeightId],
+        rows: &[Range<usize>],
+        x: &[f32],
+        m: usize,
+        ys: &mut [&mut [f32]],
+    ) -> Result<(), ExecError> {
+        let ws = weights
+            .iter()
+            .map(|&id| self.weight(id))
+            .collect::<Result<Vec<_>, _>>()?;
+        if rows.len() != ws.len() {
+            return Err(ExecError::MatmulShape {
+                weight: names(&ws),
+                what: format!("{} row ranges for {} weights", rows.len(), ws.len()),
+            });
+        }
+        for (w, r) in ws.iter().zip(rows) {
+            if r.start > r.end || r.end > w.n {
+                return Err(ExecError::MatmulShape {
+                    weight: w.view.name.clone(),
+                    what: format!("rows {r:?} outside the weight's {} rows", w.n),
+                });
+            }
+        }
+        self.compute(&ws, rows, x, m, ys)
+    }
+
+    /// The matmuls of rows `rows[i]` of each weight `ws[i]` (see [`GgufLinear::matmul_rows`]).
+    fn compute(
+        &self,
+        ws: &[&CpuWeight],
+        rows: &[Range<usize>],
+        x: &[f32],
+        m: usize,
+        ys: &mut [&mut [f32]],
+    ) -> Result<(), ExecError> {
+        check_shapes(ws, rows, x, m, ys)?;
+        if ws.is_empty() || m == 0 {
+            return Ok(());
+        }
+        for w in ws {
+            if let Some(e) = w.expert {
+                self.experts.computed(e, m);
+            }
+        }
+        let (acts, act_of) = Self::quantize_acts(ws, x, m);
+        if m == 1 {
+            // One activation row: `n × 1` is `y` itself.
+            let outs = ys.iter_mut().map(|y| &mut **y).collect();
+            self.round((ws, rows), &acts, &act_of, m, outs);
+        } else {
+            let mut yt: Vec<Vec<f32>> = rows.iter().map(|r| vec![0.0; r.len() * m]).collect();
+            let outs = yt.iter_mut().map(Vec::as_mut_slice).collect();
+            self.round((ws, rows), &acts, &act_of, m, outs);
+            for ((r, t), y) in rows.iter().zip(&yt).zip(ys.iter_mut()) {
+                self.transpose(t, m, r.len(), y);
+            }
+        }
+        // A page of a file cut short while open reads as zeros: say so instead of returning
+        // numbers made from them.
+        self.gguf.check_intact(&ws[0].view.name)?;
+        Ok(())
     }
 }
 
@@ -377,42 +455,8 @@ impl Linear for GgufLinear {
             .iter()
             .map(|&id| self.weight(id))
             .collect::<Result<Vec<_>, _>>()?;
-        check_shapes(&ws, x, m, ys)?;
-        if ws.is_empty() || m == 0 {
-            return Ok(());
-        }
-        for w in &ws {
-            if let Some(e) = w.expert {
-                self.experts.computed(e, m);
-            }
-        }
-        let (acts, act_of) = Self::quantize_acts(&ws, x, m);
-        if m == 1 {
-            // One activation row: `n × 1` is `y` itself.
-            self.round(
-                &ws,
-                &acts,
-                &act_of,
-                m,
-                ys.iter_mut().map(|y| &mut **y).collect(),
-            );
-        } else {
-            let mut yt: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; w.n * m]).collect();
-            self.round(
-                &ws,
-                &acts,
-                &act_of,
-                m,
-                yt.iter_mut().map(Vec::as_mut_slice).collect(),
-            );
-            for ((w, t), y) in ws.iter().zip(&yt).zip(ys.iter_mut()) {
-                self.transpose(t, m, w.n, y);
-            }
-        }
-        // A page of a file cut short while open reads as zeros: say so instead of returning
-        // numbers made from them.
-        self.gguf.check_intact(&ws[0].view.name)?;
-        Ok(())
+        let rows: Vec<Range<usize>> = ws.iter().map(|w| 0..w.n).collect();
+        self.compute(&ws, &rows, x, m, ys)
     }
 
     /// Read the announced experts' bytes ahead into the page cache, exactly each expert's
@@ -427,21 +471,25 @@ impl Linear for GgufLinear {
     }
 }
 
-/// Check `x` and every `y` against the weights' shapes (they share K).
+/// The weights' names, for an error.
+fn names(ws: &[&CpuWeight]) -> String {
+    ws.iter()
+        .map(|w| w.view.name.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Check `x` and every `y` against the weights' shapes (they share K; `ys[i]` holds the rows
+/// `rows[i]` of weight `ws[i]`).
 fn check_shapes(
     ws: &[&CpuWeight],
+    rows: &[Range<usize>],
     x: &[f32],
     m: usize,
     ys: &[&mut [f32]],
 ) -> Result<(), ExecError> {
-    let names = || {
-        ws.iter()
-            .map(|w| w.view.name.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
-    };
     let bad = |what: String| ExecError::MatmulShape {
-        weight: names(),
+        weight: names(ws),
         what,
     };
     if ys.len() != ws.len() {
@@ -451,7 +499,7 @@ fn check_shapes(
             ws.len()
         )));
     }
-    for (w, y) in ws.iter().zip(ys) {
+    for ((w, y), r) in ws.iter().zip(ys).zip(rows) {
         if m.checked_mul(w.k) != Some(x.len()) {
             return Err(bad(format!(
                 "x has {} values, expected m·K = {m}·{}",
@@ -459,11 +507,11 @@ fn check_shapes(
                 w.k
             )));
         }
-        if m.checked_mul(w.n) != Some(y.len()) {
+        if m.checked_mul(r.len()) != Some(y.len()) {
             return Err(bad(format!(
                 "y has {} values, expected m·N = {m}·{}",
                 y.len(),
-                w.n
+                r.len()
             )));
         }
     }

@@ -151,4 +151,16 @@ impl CpuPool {
             work();
         });
     }
+
+    /// Run `cpu` on the workers while the calling thread runs `here` (another engine's share of
+    /// the same step, `ork_runtime`'s row split): both at once, and this returns once both are
+    /// done, with `here`'s result. The caller is not one of the workers, so `cpu` gets every
+    /// worker (a [`CpuPool::run`] inside it runs its tasks as it would alone) and `here` keeps
+    /// its own thread. A panic in either is passed on to the caller.
+    pub fn beside<R>(&self, cpu: impl FnOnce() + Send, here: impl FnOnce() -> R) -> R {
+        self.pool.in_place_scope(|s| {
+            s.spawn(|_| cpu());
+            here()
+        })
+    }
 }

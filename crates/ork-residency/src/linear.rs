@@ -10,14 +10,16 @@ use half::{f16, slice::HalfFloatSliceExt};
 use ork_device::split::Part;
 use ork_device::{
     ActPrecision, Activations, BufferIntent, BufferView, CoreMask, DeviceBuffer, DeviceError,
-    DeviceWeight, DomainId, MatmulTask, WeightRef,
+    DomainId, MatmulTask, WeightRef,
 };
 use ork_manifest::WeightId;
 use rayon::prelude::*;
 use zerocopy::FromBytes;
 
 use crate::cache::{Entry, Requester, WeightCache, WeightKey, WeightLease};
-use crate::parts::operands;
+use crate::parts::{operands, PartOperand};
+
+mod rows;
 use crate::prefetch::{Prefetcher, ScheduleSource, Warmup};
 use crate::trace::{Lane, Trace};
 use crate::ResidencyError;
@@ -214,23 +216,23 @@ impl DeviceMatmul {
         self.cache.device().matmul(&task, out).map(drop)
     }
 
-    /// Run a weight stored as chip-sized `parts` (see `docs/chip.md`): each N-chunk's output is
-    /// its columns of `y`; the K-segments of a chunk are partial sums added in f32, in segment
-    /// order. `buf` holds the whole activations (`m × K`) at offset 0, with room for one
-    /// segment's columns after them.
+    /// Run a weight stored as chip-sized `parts` with their `operands` (see `docs/chip.md`):
+    /// each N-chunk's output is its columns of `y` (`m × n`; the parts' `n` ranges are columns
+    /// of `y`); the K-segments of a chunk are partial sums added in f32, in segment order.
+    /// `buf` holds the whole activations (`m × k`) at offset 0, with room for one segment's
+    /// columns after them.
+    #[allow(clippy::too_many_arguments)]
     fn matmul_parts(
         &self,
-        weight: &DeviceWeight,
-        parts: &[Part],
+        (parts, operands): (&[Part], &[PartOperand<'_>]),
+        (k, n): (usize, usize),
         buf: &mut DeviceBuffer,
         m: usize,
         scales: &[f32],
         y: &mut [f32],
     ) -> Result<(), DeviceError> {
-        let (k, n) = (weight.layout.k, weight.layout.n);
         let vb = self.precision.bytes();
         let need = (m * k * vb) as u64;
-        let operands = operands(weight, parts)?;
         // One token and N-chunks only (the parts cover the columns in order, each with all of
         // K; SmolLM2's lm head is 12 of them): each chunk's output is a run of `y`, so the
         // chunks go to the device as one batch, written in place.
@@ -259,7 +261,7 @@ impl DeviceMatmul {
         }
         let (mut chunk, mut partial) = (Vec::new(), Vec::new());
         let mut synced = false;
-        for (i, (part, op)) in parts.iter().zip(&operands).enumerate() {
+        for (i, (part, op)) in parts.iter().zip(operands).enumerate() {
             let nc = part.n.len();
             let first = i == 0 || parts[i - 1].n != part.n;
             let view = if part.k.len() == k {
@@ -518,7 +520,9 @@ impl DeviceMatmul {
                 self.submit(view, scales, weight.as_weight(), m, y)
                     .map_err(device_err)
             } else {
-                self.matmul_parts(&weight, &parts, buf, m, scales, y)
+                let (k, n) = (weight.layout.k, weight.layout.n);
+                let ops = operands(&weight, &parts).map_err(device_err)?;
+                self.matmul_parts((&parts, &ops), (k, n), buf, m, scales, y)
                     .map_err(device_err)
             }
         })?;

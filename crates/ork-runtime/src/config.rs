@@ -91,6 +91,9 @@ pub struct EngineConfig {
     /// The RAM the device's weight source is decided against when the CPU engine computes a
     /// phase ([`crate::npu_weights`]; a board's, from `--board`); `None`: the host's.
     pub ram_bytes: Option<u64>,
+    /// With a decode [`PhaseEngine::Split`]: the device's share of each dense weight's rows,
+    /// in (0, 1) (`--split-rows`, or the board clock's; [`crate::SplitLinear`]).
+    pub split_rows: Option<f64>,
 }
 
 impl EngineConfig {
@@ -119,6 +122,7 @@ impl EngineConfig {
             cpu: None,
             phases: None,
             ram_bytes: None,
+            split_rows: None,
         }
     }
 

@@ -39,6 +39,8 @@ pub struct Engine {
     pub(crate) trace: Option<Arc<Trace>>,
     pub(crate) draft: Option<EngineDraft>,
     pub(crate) smoothing_origin: Option<SmoothingOrigin>,
+    /// The decode row split, with `--decode-device split`.
+    pub(crate) split: Option<Arc<crate::SplitLinear>>,
 }
 
 /// What computes the matmuls.
@@ -245,6 +247,7 @@ impl LoadedModel {
         } else {
             None
         };
+        let mut split = None;
         let (compute, linear, trace, draft) = match (on_device, cpu) {
             (Some(d), None) => {
                 let linear = Arc::clone(&d.parts.linear) as Arc<dyn Linear>;
@@ -257,9 +260,12 @@ impl LoadedModel {
             (Some(d), Some(cpu)) => {
                 let device = Arc::clone(&d.parts.linear) as Arc<dyn Linear>;
                 let host = Arc::clone(&cpu) as Arc<dyn Linear>;
-                let pick = |e: PhaseEngine| match e {
-                    PhaseEngine::Device => Arc::clone(&device),
-                    PhaseEngine::Cpu => Arc::clone(&host),
+                split = crate::split::open_split(&config, &d.parts.linear, &cpu, &manifest);
+                let both = split.clone().map(|s| s as Arc<dyn Linear>);
+                let pick = |e: PhaseEngine| match (e, &both) {
+                    (PhaseEngine::Device, _) => Arc::clone(&device),
+                    (PhaseEngine::Cpu, _) | (PhaseEngine::Split, None) => Arc::clone(&host),
+                    (PhaseEngine::Split, Some(s)) => Arc::clone(s),
                 };
                 let linear = Arc::new(PhaseLinear::new(
                     pick(engines.prefill),
@@ -285,6 +291,7 @@ impl LoadedModel {
             trace,
             draft,
             smoothing_origin: smoothing.map(|s| s.1),
+            split,
         })
     }
 }
@@ -507,6 +514,11 @@ impl Engine {
                 let name = |e| match e {
                     PhaseEngine::Device => p.device.info().name.to_string(),
                     PhaseEngine::Cpu => "cpu".to_owned(),
+                    PhaseEngine::Split => format!(
+                        "split ({} rows {:.0}%, cpu the rest)",
+                        p.device.info().name,
+                        100.0 * self.config.split_rows.unwrap_or(0.0)
+                    ),
                 };
                 let e = self.engines();
                 format!("prefill {}, decode {}", name(e.prefill), name(e.decode))
@@ -611,6 +623,11 @@ impl Engine {
             Compute::Cpu(l) | Compute::Mixed(_, l) => Some(l),
             Compute::Device(_) => None,
         }
+    }
+
+    /// The decode row split (`--decode-device split`), `None` without one.
+    pub fn split_linear(&self) -> Option<&Arc<crate::SplitLinear>> {
+        self.split.as_ref()
     }
 
     /// Activation precision of the device matmuls.

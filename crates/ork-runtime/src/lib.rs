@@ -26,6 +26,7 @@
 //! | `cache` | the weight cache, the device matmul, prefetch and warmup |
 //! | `linear` | [`EngineLinear`]: the executor's matmuls served by the device ([`ExpertStats`]) |
 //! | `phase` | [`PhaseLinear`]: engines per phase, the device and the CPU engine in one session |
+//! | `split` | [`SplitLinear`]: the decode row split, each matmul's rows on both engines at once |
 //! | `draft` | [`DraftSource`], [`EngineDraft`]: the speculative draft and its budget share |
 //! | `engine` | [`Engine`], [`LoadedModel`] and what an engine reports |
 //! | `session` | [`Session`]s handed out by an engine |
@@ -62,6 +63,7 @@ mod plan;
 mod quant;
 mod session;
 mod smoothing;
+mod split;
 
 pub use chip::check_chip;
 pub use config::{budget_bytes, EngineConfig, PackChoice, DEFAULT_BUDGET_MB, MAX_BUDGET_MIB};
@@ -78,6 +80,7 @@ pub use phase::{
 pub use plan::{default_slots, plan_weights};
 pub use quant::Quant;
 pub use smoothing::{Smoothing, SmoothingOrigin, CALIB_CTX, CALIB_MAX_TOKENS};
+pub use split::{split_row, SplitLinear, SplitStats};
 
 pub use ork_exec::KvType;
 

@@ -114,6 +114,25 @@ impl Linear for EngineLinear {
 }
 
 impl EngineLinear {
+    /// Rows `rows` of weight `id` on the device, the rest left to another engine (the decode
+    /// row split, [`crate::SplitLinear`]; [`DeviceMatmul::matmul_rows`]).
+    pub(crate) fn matmul_rows(
+        &self,
+        id: WeightId,
+        rows: std::ops::Range<usize>,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<(), ExecError> {
+        self.count_expert(id);
+        self.dm
+            .matmul_rows(id, rows, x, m, y)
+            .map_err(|e| ExecError::Backend {
+                weight: self.name(id),
+                source: Box::new(e),
+            })
+    }
+
     /// The device matmul behind it.
     pub fn device_matmul(&self) -> &DeviceMatmul {
         &self.dm

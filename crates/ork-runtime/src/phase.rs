@@ -22,6 +22,16 @@ pub enum PhaseEngine {
     Device,
     /// The CPU engine, in place from the GGUF's map at the file's bits.
     Cpu,
+    /// Decode only: each matmul's rows split between the device and the CPU engine, both at
+    /// once ([`crate::SplitLinear`], `--decode-device split`).
+    Split,
+}
+
+impl PhaseEngine {
+    /// Whether this phase's engine is, or includes, `engine` (a split includes both).
+    pub fn includes(self, engine: PhaseEngine) -> bool {
+        self == engine || self == PhaseEngine::Split
+    }
 }
 
 /// The engine of each phase.
@@ -49,7 +59,7 @@ impl PhaseEngines {
 
     /// Whether either phase runs on `engine`.
     pub fn uses(self, engine: PhaseEngine) -> bool {
-        self.prefill == engine || self.decode == engine
+        self.prefill.includes(engine) || self.decode.includes(engine)
     }
 
     /// The engine of `phase`.
@@ -227,6 +237,7 @@ pub fn host_ram_bytes() -> Option<u64> {
 /// A pairing the config cannot run, refused before anything is opened: the CPU engine named
 /// for a phase without its options, or its options without a phase for it.
 pub(crate) fn check_phases(config: &EngineConfig) -> Result<(), RuntimeError> {
+    crate::split::check_split(config)?;
     let Some(p) = config.phases else {
         return Ok(());
     };

@@ -17,7 +17,11 @@
 //! between the two engines' prefill logits measured in the same test (a margin that the two
 //! engines' rounding can overturn).
 
+mod common;
+
 use std::path::Path;
+
+use common::{argmax, margin, tokens};
 
 use ork_exec::{Phase, Session};
 use ork_runtime::{DeviceKind, Engine, EngineConfig, PackChoice, PhaseEngine, PhaseEngines};
@@ -48,35 +52,9 @@ const MIXED: PhaseEngines = PhaseEngines {
     decode: PhaseEngine::Cpu,
 };
 
-fn argmax(l: &[f32]) -> u32 {
-    ork_exec::ops::argmax(l).unwrap() as u32
-}
-
-/// Top-1 minus top-2 of `l`.
-fn margin(l: &[f32]) -> f32 {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &v in l {
-        if v > a {
-            (a, b) = (v, a);
-        } else if v > b {
-            b = v;
-        }
-    }
-    a - b
-}
-
 /// Greedy: the prefill's logits, then `DECODE` decode steps; every step's logits.
 fn greedy(session: &mut Session, prompt: &[u32]) -> Vec<Vec<f32>> {
-    let mut logits = vec![session.prefill(prompt).unwrap()];
-    for _ in 0..DECODE {
-        let next = argmax(logits.last().unwrap());
-        logits.push(session.decode(next).unwrap());
-    }
-    logits
-}
-
-fn tokens(logits: &[Vec<f32>]) -> Vec<u32> {
-    logits.iter().map(|l| argmax(l)).collect()
+    common::greedy_logits(session, prompt, DECODE)
 }
 
 /// Every check of the module's documentation on `model`.

@@ -6,8 +6,9 @@ use crate::server::common::{base, chat_body, pack_path, post, sse_text, MEMORY};
 use ork_runtime::{DeviceKind, Engine, EngineConfig, PackChoice, PhaseEngine, PhaseEngines};
 use ork_server::{ServeConfig, Server};
 
-/// Prefill on the emulator, decode on the CPU engine (2 workers).
-fn mixed() -> Engine {
+/// Prefill on the emulator, decode on the CPU engine (2 workers); with `split`, decode's rows
+/// shared between the two at that device share (`--decode-device split`).
+fn mixed(split: Option<f64>) -> Engine {
     let mut c = EngineConfig::new(ork_testkit::model_path());
     c.pack = PackChoice::Path(pack_path());
     c.budget_bytes = Some(1024 << 20);
@@ -19,21 +20,42 @@ fn mixed() -> Engine {
     });
     c.phases = Some(PhaseEngines {
         prefill: PhaseEngine::Device,
-        decode: PhaseEngine::Cpu,
+        decode: if split.is_some() {
+            PhaseEngine::Split
+        } else {
+            PhaseEngine::Cpu
+        },
     });
+    c.split_rows = split;
     Engine::open(c).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_concurrent_requests_on_mixed_engines_match_their_answers_alone() {
     let _memory = MEMORY.lock().await;
-    let prompts = ["What is the capital of France?", "Name three colours."];
-    let engine = mixed();
+    let engine = mixed(None);
     let name = engine.compute_name();
     assert!(
         name.starts_with("prefill emulated") && name.ends_with(", decode cpu"),
         "{name}"
     );
+    together_as_alone(engine).await;
+}
+
+/// The decode row split under batching: a batched step's rows (one per sequence) split as a
+/// lone decode's are, so each request gets the text it gets alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concurrent_requests_on_a_decode_split_match_their_answers_alone() {
+    let _memory = MEMORY.lock().await;
+    let engine = mixed(Some(0.5));
+    let name = engine.compute_name();
+    assert!(name.contains(", decode split (emulated"), "{name}");
+    together_as_alone(engine).await;
+}
+
+/// Two requests sent one after the other, then at once, get the same texts.
+async fn together_as_alone(engine: Engine) {
+    let prompts = ["What is the capital of France?", "Name three colours."];
     let config = ServeConfig {
         port: 0,
         // Small chunks: one request's prompt chunks share steps with the other's decode steps.
