@@ -707,7 +707,6 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     };
     let auto = args.domains.is_none() && args.budget_mb.is_none();
     let p = crate::cmd_engines::place(args.domains, auto, board.as_ref(), place)?;
-    let domains = args.domains.unwrap_or(p.domains_used.max(1));
     let projected = match (&board, p.runnable) {
         (Some(b), true) => Some(crate::cmd_project::project_plan(
             &args.model,
@@ -732,46 +731,94 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
             args.project.gen_tokens as usize,
         ),
     )?;
-    let per_prefill_tok = p.streamed_bytes_per_prefill_token(args.prefill_tokens);
     let ram = board.as_ref().map(|b| b.ram_bytes as u64);
-    let weight_source = crate::open_model::plan_weight_source(&config, p.model_bytes, ram);
+    let view = PlanView {
+        args,
+        manifest,
+        chip: &chip,
+        domains: args.domains.unwrap_or(p.domains_used.max(1)),
+        weight_source: crate::open_model::plan_weight_source(&config, p.model_bytes, ram),
+        per_prefill_tok: p.streamed_bytes_per_prefill_token(args.prefill_tokens),
+        config: &config,
+        p: &p,
+        budget,
+        window,
+        projected: projected.as_ref(),
+        engines: engines.as_ref(),
+        cpu_board: cpu_board.as_ref(),
+    };
     if args.json {
-        let mut v = serde_json::to_value(&p)?;
-        v["engines"] = serde_json::to_value(config.engines())?;
-        v["npu_weights"] = serde_json::to_value(&weight_source)?;
-        v["budget_bytes"] = budget.into();
-        v["prefill_tokens"] = args.prefill_tokens.into();
-        v["streamed_bytes_per_prefill_token"] = per_prefill_tok.into();
-        v["streamed_bytes_per_decode_token"] = p.streamed_bytes_per_pass.into();
-        v["decode_bandwidth_bound"] = p.decode_bandwidth_bound().into();
-        if manifest.n_expert() > 0 {
-            let f = manifest.expert_used_fraction();
-            v["experts"] = manifest.n_expert().into();
-            v["experts_used"] = manifest.n_expert_used().into();
-            v["active_bytes_per_token"] = p.active_bytes_per_token(f).into();
-            v["expected_streamed_bytes_per_token"] = p.expected_streamed_bytes_per_token(f).into();
-        }
-        v["chip"] = serde_json::to_value(&chip)?;
-        if let Some(pr) = &projected {
-            v["projected"] = serde_json::to_value(pr)?;
-        }
-        if let (Some(e), Some(cb)) = (&engines, &cpu_board) {
-            crate::cmd_engines::add_json(&mut v["projected"], e, cb);
-        }
-        println!("{}", serde_json::to_string(&v)?);
-        return Ok(if p.runnable {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
-        });
+        print_plan_json(&view)?;
+    } else {
+        print_plan_text(&view);
     }
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    Ok(if view.p.runnable {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Everything `ork plan` (device path) prints.
+struct PlanView<'a> {
+    args: &'a PlanArgs,
+    config: &'a EngineConfig,
+    manifest: &'a ork_manifest::Manifest,
+    chip: &'a ChipPlan,
+    p: &'a ork_residency::Plan,
+    budget: u64,
+    window: u64,
+    /// Domains available to the placement.
+    domains: u32,
+    projected: Option<&'a ork_board::Projection>,
+    engines: Option<&'a crate::cmd_engines::PlanEngines>,
+    cpu_board: Option<&'a ork_board::cpu::CpuBoard>,
+    weight_source: ork_runtime::NpuWeightSource,
+    per_prefill_tok: f64,
+}
+
+/// `ork plan --json`: the placement with the plan's figures beside it.
+fn print_plan_json(view: &PlanView<'_>) -> Result<()> {
+    let (p, manifest) = (view.p, view.manifest);
+    let mut v = serde_json::to_value(p)?;
+    v["engines"] = serde_json::to_value(view.config.engines())?;
+    v["npu_weights"] = serde_json::to_value(&view.weight_source)?;
+    v["budget_bytes"] = view.budget.into();
+    v["prefill_tokens"] = view.args.prefill_tokens.into();
+    v["streamed_bytes_per_prefill_token"] = view.per_prefill_tok.into();
+    v["streamed_bytes_per_decode_token"] = p.streamed_bytes_per_pass.into();
+    v["decode_bandwidth_bound"] = p.decode_bandwidth_bound().into();
+    if manifest.n_expert() > 0 {
+        let f = manifest.expert_used_fraction();
+        v["experts"] = manifest.n_expert().into();
+        v["experts_used"] = manifest.n_expert_used().into();
+        v["active_bytes_per_token"] = p.active_bytes_per_token(f).into();
+        v["expected_streamed_bytes_per_token"] = p.expected_streamed_bytes_per_token(f).into();
+    }
+    v["chip"] = serde_json::to_value(view.chip)?;
+    if let Some(pr) = view.projected {
+        v["projected"] = serde_json::to_value(pr)?;
+    }
+    if let (Some(e), Some(cb)) = (view.engines, view.cpu_board) {
+        crate::cmd_engines::add_json(&mut v["projected"], e, cb);
+    }
+    println!("{}", serde_json::to_string(&v)?);
+    Ok(())
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1 << 20) as f64
+}
+
+/// `ork plan`'s text: the model and chip, the limits, then the placement when it is runnable.
+fn print_plan_text(view: &PlanView<'_>) {
+    let (args, p, chip) = (view.args, view.p, view.chip);
     println!(
         "model {}: {} matmul weights, {:.1} MiB packed ({}), largest '{}' {:.1} MiB",
         args.model.display(),
         p.placement.len(),
         mib(p.model_bytes),
-        config.dtype.name(),
+        view.config.dtype.name(),
         p.largest.0,
         mib(p.largest.1)
     );
@@ -790,38 +837,49 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     }
     println!(
         "budget {:.0} MiB per domain, window {} MiB, {} domain(s) available",
-        mib(budget),
+        mib(view.budget),
         args.window_mb,
-        domains
+        view.domains
     );
-    if let Some(pr) = &projected {
+    if let Some(pr) = view.projected {
         println!("{}", pr.line());
     }
-    if let Some(e) = &engines {
+    if let Some(e) = view.engines {
         println!("{}", crate::cmd_engines::line(&e.choice));
     }
     println!(
         "{}",
-        crate::open_model::weight_source_line(&config, &weight_source)
+        crate::open_model::weight_source_line(view.config, &view.weight_source)
     );
     if !p.runnable {
-        // Name the limit that is short: the budget, the window, or both.
-        let need = p.min_budget_bytes;
-        let mut short = Vec::new();
-        if budget < need {
-            short.push(format!("the budget ({:.0} MiB)", mib(budget)));
-        }
-        if window < need {
-            short.push(format!("the window ({} MiB)", args.window_mb));
-        }
-        println!(
-            "NOT RUNNABLE: {} must hold the largest weight, '{}' ({} MiB)",
-            short.join(" and "),
-            p.largest.0,
-            need.div_ceil(1 << 20)
-        );
-        return Ok(ExitCode::from(1));
+        print_not_runnable(view);
+        return;
     }
+    print_placement(p);
+    print_traffic(view);
+}
+
+/// Name the limit that is short: the budget, the window, or both.
+fn print_not_runnable(view: &PlanView<'_>) {
+    let p = view.p;
+    let need = p.min_budget_bytes;
+    let mut short = Vec::new();
+    if view.budget < need {
+        short.push(format!("the budget ({:.0} MiB)", mib(view.budget)));
+    }
+    if view.window < need {
+        short.push(format!("the window ({} MiB)", view.args.window_mb));
+    }
+    println!(
+        "NOT RUNNABLE: {} must hold the largest weight, '{}' ({} MiB)",
+        short.join(" and "),
+        p.largest.0,
+        need.div_ceil(1 << 20)
+    );
+}
+
+/// Resident: the weights of each domain; streamed: what is pinned and what streams.
+fn print_placement(p: &ork_residency::Plan) {
     match p.mode {
         Mode::Resident => {
             println!(
@@ -855,6 +913,11 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
             );
         }
     }
+}
+
+/// The experts, domain switches and weight bytes streamed per token.
+fn print_traffic(view: &PlanView<'_>) {
+    let (p, manifest) = (view.p, view.manifest);
     if manifest.n_expert() > 0 {
         let f = manifest.expert_used_fraction();
         println!(
@@ -879,8 +942,8 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     println!(
         "weights streamed: prefill {:.1} MiB per pass = {:.3} MiB/token at {} tokens; decode {:.1} MiB/token",
         mib(p.streamed_bytes_per_pass),
-        mib(per_prefill_tok as u64),
-        args.prefill_tokens,
+        mib(view.per_prefill_tok as u64),
+        view.args.prefill_tokens,
         mib(decode_bytes)
     );
     if p.decode_bandwidth_bound() {
@@ -889,5 +952,4 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     } else {
         println!("decode keeps every weight resident");
     }
-    Ok(ExitCode::SUCCESS)
 }
