@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -310,107 +309,28 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let soc = ork_device::Soc::from(args.model.soc).to_string();
     let board = crate::cmd_project::board(args.project.project.as_deref(), &soc)?;
     let loaded = Engine::load(config)?;
-    let tokenizer = Arc::clone(loaded.tokenizer());
-    let prompt = if args.chat {
-        let template = loaded.chat_template()?.with_context(|| {
-            format!(
-                "{}: --chat, but the model has no chat template",
-                args.model.model.display()
-            )
-        })?;
-        let rendered = template.render(&[ChatMessage::new("user", &text)], true)?;
-        tokenizer.encode(&rendered, false, true)?
-    } else {
-        tokenizer.encode(&text, true, false)?
-    };
-    let context = loaded.model().config().context_length;
-    if prompt
-        .len()
-        .checked_add(args.n_predict)
-        .is_none_or(|n| n > context)
-    {
-        bail!(
-            "the prompt has {} tokens and -n asks for {} more, but the context of {} is {context} tokens",
-            prompt.len(),
-            args.n_predict,
-            args.model.model.display()
-        );
-    }
+    let prompt = encode_prompt(args, &loaded, &text)?;
     let engine = open_loaded(loaded, args.json)?;
     if !args.json {
         crate::open_model::say_engines(&engine);
     }
     let recorder = crate::cmd_project::record(&engine, &board);
     let mut session = engine.session();
-    let mut sampler = Sampler::new(SamplerOptions {
-        temperature: args.temp,
-        seed: args.seed,
-        ..SamplerOptions::default()
-    })?;
-    let options = GenerateOptions {
-        max_tokens: args.n_predict,
-        stop_tokens: tokenizer.end_of_generation().to_vec(),
-    };
-    let mut stream = TextStream::new(&tokenizer, false);
-    let mut out = String::new();
-    let mut ttft: Option<Duration> = None;
-    let stdout = std::io::stdout();
-    let mut on_token = |tok| {
-        ttft.get_or_insert_with(|| started.elapsed());
-        let piece = stream.push(tok)?;
-        if !args.json {
-            let mut lock = stdout.lock();
-            let _ = lock.write_all(piece.as_bytes());
-            let _ = lock.flush();
-        }
-        out.push_str(&piece);
-        Ok(())
-    };
     let moved_before = crate::cmd_spec::bytes_moved(&engine);
-    let (gen, spec) = match (&args.speculative.draft, spec_options) {
-        (Some(kind), Some(spec_options)) => {
-            let mut draft = crate::cmd_spec::make_draft(
-                &engine,
-                kind,
-                args.temp,
-                args.seed,
-                args.speculative.draft_p_min,
-            )?;
-            let g = ork_exec::generate_speculative(
-                &mut session,
-                draft.as_mut(),
-                &prompt,
-                &options,
-                &spec_options,
-                &mut sampler,
-                &mut ork_exec::StandardAcceptance,
-                &mut on_token,
-            )
-            .with_context(|| format!("running {}", args.model.model.display()))?;
-            let report = crate::cmd_spec::SpecReport::new(&engine, kind, &spec_options, &g);
-            (g.generation, Some(report))
-        }
-        _ => (
-            generate(&mut session, &prompt, &options, &mut sampler, &mut on_token)
-                .with_context(|| format!("running {}", args.model.model.display()))?,
-            None,
-        ),
-    };
+    let g = generate_text(args, &engine, &mut session, &prompt, spec_options, started)?;
     let moved = crate::cmd_spec::bytes_moved(&engine) - moved_before;
-    let tail = stream.finish();
-    out.push_str(&tail);
-    let ttft = ttft.unwrap_or_else(|| started.elapsed());
+    let gen = &g.generation;
     let mut stats = RunStats::new(
         &engine,
         &engine.cache_stats(),
         (gen.prompt_tokens, gen.prefill_time),
         (gen.decode_steps, gen.decode_time),
-        ttft,
+        g.ttft,
         started.elapsed(),
     );
     stats.streamed_bytes_per_token = moved as f64 / gen.tokens.len().max(1) as f64;
     stats.kv_cache_bytes = session.kv_bytes();
-    stats.speculative = spec;
+    stats.speculative = g.spec;
     let projected = crate::cmd_project::project_run(
         &engine,
         board.as_ref(),
@@ -437,7 +357,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             projected: Option<ork_board::Projection>,
         }
         let o = Out {
-            text: &out,
+            text: &g.text,
             tokens: &gen.tokens,
             pack,
             stats: &stats,
@@ -445,7 +365,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         };
         println!("{}", serde_json::to_string(&o)?);
     } else {
-        print!("{tail}");
+        print!("{}", g.tail);
         println!();
         eprintln!("{}", stats.line());
         if let Some(p) = &projected {
@@ -453,6 +373,129 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The prompt's tokens (through the chat template with `--chat`), checked against the model's
+/// context with the tokens `-n` asks for.
+fn encode_prompt(
+    args: &RunArgs,
+    loaded: &ork_runtime::LoadedModel,
+    text: &str,
+) -> Result<Vec<u32>> {
+    let tokenizer = loaded.tokenizer();
+    let prompt = if args.chat {
+        let template = loaded.chat_template()?.with_context(|| {
+            format!(
+                "{}: --chat, but the model has no chat template",
+                args.model.model.display()
+            )
+        })?;
+        let rendered = template.render(&[ChatMessage::new("user", text)], true)?;
+        tokenizer.encode(&rendered, false, true)?
+    } else {
+        tokenizer.encode(text, true, false)?
+    };
+    let context = loaded.model().config().context_length;
+    if prompt
+        .len()
+        .checked_add(args.n_predict)
+        .is_none_or(|n| n > context)
+    {
+        bail!(
+            "the prompt has {} tokens and -n asks for {} more, but the context of {} is {context} tokens",
+            prompt.len(),
+            args.n_predict,
+            args.model.model.display()
+        );
+    }
+    Ok(prompt)
+}
+
+/// What `ork run` generated.
+struct RunText {
+    generation: ork_exec::Generation,
+    spec: Option<crate::cmd_spec::SpecReport>,
+    /// The whole text.
+    text: String,
+    /// The text the stream held back until the end (printed last).
+    tail: String,
+    /// Time to the first token since the command started.
+    ttft: Duration,
+}
+
+/// Generate from `prompt` (speculatively with `--draft`), streaming the text to stdout unless
+/// `--json`.
+fn generate_text(
+    args: &RunArgs,
+    engine: &Engine,
+    session: &mut ork_exec::Session,
+    prompt: &[u32],
+    spec_options: Option<ork_exec::SpeculativeOptions>,
+    started: Instant,
+) -> Result<RunText> {
+    let tokenizer = engine.tokenizer();
+    let mut sampler = Sampler::new(SamplerOptions {
+        temperature: args.temp,
+        seed: args.seed,
+        ..SamplerOptions::default()
+    })?;
+    let options = GenerateOptions {
+        max_tokens: args.n_predict,
+        stop_tokens: tokenizer.end_of_generation().to_vec(),
+    };
+    let mut stream = TextStream::new(tokenizer, false);
+    let mut out = String::new();
+    let mut ttft: Option<Duration> = None;
+    let stdout = std::io::stdout();
+    let mut on_token = |tok| {
+        ttft.get_or_insert_with(|| started.elapsed());
+        let piece = stream.push(tok)?;
+        if !args.json {
+            let mut lock = stdout.lock();
+            let _ = lock.write_all(piece.as_bytes());
+            let _ = lock.flush();
+        }
+        out.push_str(&piece);
+        Ok(())
+    };
+    let (generation, spec) = match (&args.speculative.draft, spec_options) {
+        (Some(kind), Some(spec_options)) => {
+            let mut draft = crate::cmd_spec::make_draft(
+                engine,
+                kind,
+                args.temp,
+                args.seed,
+                args.speculative.draft_p_min,
+            )?;
+            let g = ork_exec::generate_speculative(
+                session,
+                draft.as_mut(),
+                prompt,
+                &options,
+                &spec_options,
+                &mut sampler,
+                &mut ork_exec::StandardAcceptance,
+                &mut on_token,
+            )
+            .with_context(|| format!("running {}", args.model.model.display()))?;
+            let report = crate::cmd_spec::SpecReport::new(engine, kind, &spec_options, &g);
+            (g.generation, Some(report))
+        }
+        _ => (
+            generate(session, prompt, &options, &mut sampler, &mut on_token)
+                .with_context(|| format!("running {}", args.model.model.display()))?,
+            None,
+        ),
+    };
+    let tail = stream.finish();
+    out.push_str(&tail);
+    Ok(RunText {
+        generation,
+        spec,
+        text: out,
+        tail,
+        ttft: ttft.unwrap_or_else(|| started.elapsed()),
+    })
 }
 
 /// `ork perplexity`.
