@@ -325,38 +325,43 @@ fn persist(dev: &dyn Device, mb: u64, json: bool) -> Result<ExitCode> {
     if json {
         print_json(&out)?;
     } else {
-        println!(
-            "persist probe on {}: {}x{} {} weight, {:.1} MiB blob",
-            out.device,
-            out.k,
-            out.n,
-            out.dtype,
-            out.blob_bytes as f64 / MIB as f64
-        );
-        println!(
-            "  pack        {:>8.2} ms (random f32 -> int8 tiles)",
-            out.pack_seconds * 1e3
-        );
-        println!(
-            "  reload      {:>8.2} ms (verified copy from the page-cached .orkpack into a fresh \
-             device buffer, first-touch faults included)",
-            out.load_seconds * 1e3
-        );
-        println!(
-            "  buffer      {:>8.2} ms to create the device buffer (not in the reload time)",
-            out.create_seconds * 1e3
-        );
-        println!("  ratio       {:>8.1}x", out.ratio);
-        println!(
-            "  bytes       {}",
-            if out.identical { "identical" } else { "DIFFER" }
-        );
+        print_persist(&out);
     }
     Ok(if identical {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `ork probe persist`'s text report.
+fn print_persist(out: &PersistJson) {
+    println!(
+        "persist probe on {}: {}x{} {} weight, {:.1} MiB blob",
+        out.device,
+        out.k,
+        out.n,
+        out.dtype,
+        out.blob_bytes as f64 / MIB as f64
+    );
+    println!(
+        "  pack        {:>8.2} ms (random f32 -> int8 tiles)",
+        out.pack_seconds * 1e3
+    );
+    println!(
+        "  reload      {:>8.2} ms (verified copy from the page-cached .orkpack into a fresh \
+         device buffer, first-touch faults included)",
+        out.load_seconds * 1e3
+    );
+    println!(
+        "  buffer      {:>8.2} ms to create the device buffer (not in the reload time)",
+        out.create_seconds * 1e3
+    );
+    println!("  ratio       {:>8.1}x", out.ratio);
+    println!(
+        "  bytes       {}",
+        if out.identical { "identical" } else { "DIFFER" }
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -481,6 +486,12 @@ pub fn bench_gemm(json: bool) -> Result<ExitCode> {
         print_json(&out)?;
         return Ok(ExitCode::SUCCESS);
     }
+    print_gemm(&out);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ork bench gemm`'s text report.
+fn print_gemm(out: &GemmJson) {
     println!("ork bench gemm: {} ({} threads)", out.device, out.threads);
     println!(
         "  rooflines (same run): compute {:.1} GOP/s int8 ({}, the best this CPU has), \
@@ -529,7 +540,6 @@ pub fn bench_gemm(json: bool) -> Result<ExitCode> {
              a DRAM figure)"
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// `ork doctor`: the report (text or JSON); exit 0 if every check that could run passed, 1 if

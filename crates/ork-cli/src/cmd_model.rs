@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -316,32 +315,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         crate::cmd_split::resolve(&mut config, args.project.project.as_deref(), &soc)?;
     let board = crate::cmd_project::board(project, &soc)?;
     let loaded = Engine::load(config)?;
-    let tokenizer = Arc::clone(loaded.tokenizer());
-    let prompt = if args.chat {
-        let template = loaded.chat_template()?.with_context(|| {
-            format!(
-                "{}: --chat, but the model has no chat template",
-                args.model.model.display()
-            )
-        })?;
-        let rendered = template.render(&[ChatMessage::new("user", &text)], true)?;
-        tokenizer.encode(&rendered, false, true)?
-    } else {
-        tokenizer.encode(&text, true, false)?
-    };
-    let context = loaded.model().config().context_length;
-    if prompt
-        .len()
-        .checked_add(args.n_predict)
-        .is_none_or(|n| n > context)
-    {
-        bail!(
-            "the prompt has {} tokens and -n asks for {} more, but the context of {} is {context} tokens",
-            prompt.len(),
-            args.n_predict,
-            args.model.model.display()
-        );
-    }
+    let prompt = encode_prompt(args, &loaded, &text)?;
     let engine = open_loaded(loaded, args.json)?;
     if !args.json {
         crate::auto::say(&chosen, &engine);
@@ -352,75 +326,21 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     }
     let recorder = crate::cmd_project::record(&engine, &board);
     let mut session = engine.session();
-    let mut sampler = Sampler::new(SamplerOptions {
-        temperature: args.temp,
-        seed: args.seed,
-        ..SamplerOptions::default()
-    })?;
-    let options = GenerateOptions {
-        max_tokens: args.n_predict,
-        stop_tokens: tokenizer.end_of_generation().to_vec(),
-    };
-    let mut stream = TextStream::new(&tokenizer, false);
-    let mut out = String::new();
-    let mut ttft: Option<Duration> = None;
-    let stdout = std::io::stdout();
-    let mut on_token = |tok| {
-        ttft.get_or_insert_with(|| started.elapsed());
-        let piece = stream.push(tok)?;
-        if !args.json {
-            let mut lock = stdout.lock();
-            let _ = lock.write_all(piece.as_bytes());
-            let _ = lock.flush();
-        }
-        out.push_str(&piece);
-        Ok(())
-    };
     let moved_before = crate::cmd_spec::bytes_moved(&engine);
-    let (gen, spec) = match (&args.speculative.draft, spec_options) {
-        (Some(kind), Some(spec_options)) => {
-            let mut draft = crate::cmd_spec::make_draft(
-                &engine,
-                kind,
-                args.temp,
-                args.seed,
-                args.speculative.draft_p_min,
-            )?;
-            let g = ork_exec::generate_speculative(
-                &mut session,
-                draft.as_mut(),
-                &prompt,
-                &options,
-                &spec_options,
-                &mut sampler,
-                &mut ork_exec::StandardAcceptance,
-                &mut on_token,
-            )
-            .with_context(|| format!("running {}", args.model.model.display()))?;
-            let report = crate::cmd_spec::SpecReport::new(&engine, kind, &spec_options, &g);
-            (g.generation, Some(report))
-        }
-        _ => (
-            generate(&mut session, &prompt, &options, &mut sampler, &mut on_token)
-                .with_context(|| format!("running {}", args.model.model.display()))?,
-            None,
-        ),
-    };
+    let g = generate_text(args, &engine, &mut session, &prompt, spec_options, started)?;
     let moved = crate::cmd_spec::bytes_moved(&engine) - moved_before;
-    let tail = stream.finish();
-    out.push_str(&tail);
-    let ttft = ttft.unwrap_or_else(|| started.elapsed());
+    let gen = &g.generation;
     let mut stats = RunStats::new(
         &engine,
         &engine.cache_stats(),
         (gen.prompt_tokens, gen.prefill_time),
         (gen.decode_steps, gen.decode_time),
-        ttft,
+        g.ttft,
         started.elapsed(),
     );
     stats.streamed_bytes_per_token = moved as f64 / gen.tokens.len().max(1) as f64;
     stats.kv_cache_bytes = session.kv_bytes();
-    stats.speculative = spec;
+    stats.speculative = g.spec;
     let projected = crate::cmd_project::project_run(
         &engine,
         board.as_ref(),
@@ -451,7 +371,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             decode_split: Option<crate::cmd_split::SplitReport>,
         }
         let o = Out {
-            text: &out,
+            text: &g.text,
             tokens: &gen.tokens,
             pack,
             stats: &stats,
@@ -461,7 +381,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         };
         println!("{}", serde_json::to_string(&o)?);
     } else {
-        print!("{tail}");
+        print!("{}", g.tail);
         println!();
         eprintln!("{}", stats.line());
         if let Some(p) = &projected {
@@ -472,6 +392,129 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The prompt's tokens (through the chat template with `--chat`), checked against the model's
+/// context with the tokens `-n` asks for.
+fn encode_prompt(
+    args: &RunArgs,
+    loaded: &ork_runtime::LoadedModel,
+    text: &str,
+) -> Result<Vec<u32>> {
+    let tokenizer = loaded.tokenizer();
+    let prompt = if args.chat {
+        let template = loaded.chat_template()?.with_context(|| {
+            format!(
+                "{}: --chat, but the model has no chat template",
+                args.model.model.display()
+            )
+        })?;
+        let rendered = template.render(&[ChatMessage::new("user", text)], true)?;
+        tokenizer.encode(&rendered, false, true)?
+    } else {
+        tokenizer.encode(text, true, false)?
+    };
+    let context = loaded.model().config().context_length;
+    if prompt
+        .len()
+        .checked_add(args.n_predict)
+        .is_none_or(|n| n > context)
+    {
+        bail!(
+            "the prompt has {} tokens and -n asks for {} more, but the context of {} is {context} tokens",
+            prompt.len(),
+            args.n_predict,
+            args.model.model.display()
+        );
+    }
+    Ok(prompt)
+}
+
+/// What `ork run` generated.
+struct RunText {
+    generation: ork_exec::Generation,
+    spec: Option<crate::cmd_spec::SpecReport>,
+    /// The whole text.
+    text: String,
+    /// The text the stream held back until the end (printed last).
+    tail: String,
+    /// Time to the first token since the command started.
+    ttft: Duration,
+}
+
+/// Generate from `prompt` (speculatively with `--draft`), streaming the text to stdout unless
+/// `--json`.
+fn generate_text(
+    args: &RunArgs,
+    engine: &Engine,
+    session: &mut ork_exec::Session,
+    prompt: &[u32],
+    spec_options: Option<ork_exec::SpeculativeOptions>,
+    started: Instant,
+) -> Result<RunText> {
+    let tokenizer = engine.tokenizer();
+    let mut sampler = Sampler::new(SamplerOptions {
+        temperature: args.temp,
+        seed: args.seed,
+        ..SamplerOptions::default()
+    })?;
+    let options = GenerateOptions {
+        max_tokens: args.n_predict,
+        stop_tokens: tokenizer.end_of_generation().to_vec(),
+    };
+    let mut stream = TextStream::new(tokenizer, false);
+    let mut out = String::new();
+    let mut ttft: Option<Duration> = None;
+    let stdout = std::io::stdout();
+    let mut on_token = |tok| {
+        ttft.get_or_insert_with(|| started.elapsed());
+        let piece = stream.push(tok)?;
+        if !args.json {
+            let mut lock = stdout.lock();
+            let _ = lock.write_all(piece.as_bytes());
+            let _ = lock.flush();
+        }
+        out.push_str(&piece);
+        Ok(())
+    };
+    let (generation, spec) = match (&args.speculative.draft, spec_options) {
+        (Some(kind), Some(spec_options)) => {
+            let mut draft = crate::cmd_spec::make_draft(
+                engine,
+                kind,
+                args.temp,
+                args.seed,
+                args.speculative.draft_p_min,
+            )?;
+            let g = ork_exec::generate_speculative(
+                session,
+                draft.as_mut(),
+                prompt,
+                &options,
+                &spec_options,
+                &mut sampler,
+                &mut ork_exec::StandardAcceptance,
+                &mut on_token,
+            )
+            .with_context(|| format!("running {}", args.model.model.display()))?;
+            let report = crate::cmd_spec::SpecReport::new(engine, kind, &spec_options, &g);
+            (g.generation, Some(report))
+        }
+        _ => (
+            generate(session, prompt, &options, &mut sampler, &mut on_token)
+                .with_context(|| format!("running {}", args.model.model.display()))?,
+            None,
+        ),
+    };
+    let tail = stream.finish();
+    out.push_str(&tail);
+    Ok(RunText {
+        generation,
+        spec,
+        text: out,
+        tail,
+        ttft: ttft.unwrap_or_else(|| started.elapsed()),
+    })
 }
 
 /// `ork perplexity`.
@@ -743,49 +786,102 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         &mut config,
         (budget, window),
     )?;
-    let domains = args.domains.unwrap_or(p.domains_used.max(1));
-    let per_prefill_tok = p.streamed_bytes_per_prefill_token(args.prefill_tokens);
     let ram = board.map(|b| b.ram_bytes as u64);
-    let weight_source = crate::open_model::plan_weight_source(&config, p.model_bytes, ram);
+    let view = PlanView {
+        args,
+        manifest,
+        chip: &chip,
+        domains: args.domains.unwrap_or(p.domains_used.max(1)),
+        weight_source: crate::open_model::plan_weight_source(&config, p.model_bytes, ram),
+        per_prefill_tok: p.streamed_bytes_per_prefill_token(args.prefill_tokens),
+        config: &config,
+        p: &p,
+        budget,
+        window,
+        projected: projected.as_ref(),
+        chosen: &chosen,
+        split: split.as_ref(),
+        engines: engines.as_ref(),
+        cpu_board,
+    };
     if args.json {
-        let mut v = serde_json::to_value(&p)?;
-        v["engines"] = serde_json::to_value(config.engines())?;
-        v["engines_chosen_by"] = chosen.by.clone().into();
-        v["npu_weights"] = serde_json::to_value(&weight_source)?;
-        v["decode_split"] = serde_json::to_value(&split)?;
-        v["budget_bytes"] = budget.into();
-        v["prefill_tokens"] = args.prefill_tokens.into();
-        v["streamed_bytes_per_prefill_token"] = per_prefill_tok.into();
-        v["streamed_bytes_per_decode_token"] = p.streamed_bytes_per_pass.into();
-        v["decode_bandwidth_bound"] = p.decode_bandwidth_bound().into();
-        if manifest.n_expert() > 0 {
-            let f = manifest.expert_used_fraction();
-            v["experts"] = manifest.n_expert().into();
-            v["experts_used"] = manifest.n_expert_used().into();
-            v["active_bytes_per_token"] = p.active_bytes_per_token(f).into();
-            v["expected_streamed_bytes_per_token"] = p.expected_streamed_bytes_per_token(f).into();
-        }
-        v["chip"] = serde_json::to_value(&chip)?;
-        if let Some(pr) = &projected {
-            v["projected"] = serde_json::to_value(pr)?;
-        }
-        if let (Some(e), Some(cb)) = (&engines, cpu_board) {
-            crate::cmd_engines::add_json(&mut v["projected"], e, cb);
-        }
-        println!("{}", serde_json::to_string(&v)?);
-        return Ok(if p.runnable {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
-        });
+        print_plan_json(&view)?;
+    } else {
+        print_plan_text(&view);
     }
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    Ok(if view.p.runnable {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Everything `ork plan` (device path) prints.
+struct PlanView<'a> {
+    args: &'a PlanArgs,
+    config: &'a EngineConfig,
+    manifest: &'a ork_manifest::Manifest,
+    chip: &'a ChipPlan,
+    p: &'a ork_residency::Plan,
+    budget: u64,
+    window: u64,
+    /// Domains available to the placement.
+    domains: u32,
+    projected: Option<&'a ork_board::Projection>,
+    engines: Option<&'a crate::cmd_engines::PlanEngines>,
+    cpu_board: Option<&'a ork_board::cpu::CpuBoard>,
+    weight_source: ork_runtime::NpuWeightSource,
+    per_prefill_tok: f64,
+    /// What chose the engines (`--device auto`'s projection, the command line, …).
+    chosen: &'a crate::auto::Chosen,
+    /// The decode row split, when one is asked for.
+    split: Option<&'a crate::cmd_split::ShareSource>,
+}
+
+/// `ork plan --json`: the placement with the plan's figures beside it.
+fn print_plan_json(view: &PlanView<'_>) -> Result<()> {
+    let (p, manifest) = (view.p, view.manifest);
+    let mut v = serde_json::to_value(p)?;
+    v["engines"] = serde_json::to_value(view.config.engines())?;
+    v["engines_chosen_by"] = view.chosen.by.clone().into();
+    v["npu_weights"] = serde_json::to_value(&view.weight_source)?;
+    v["decode_split"] = serde_json::to_value(view.split)?;
+    v["budget_bytes"] = view.budget.into();
+    v["prefill_tokens"] = view.args.prefill_tokens.into();
+    v["streamed_bytes_per_prefill_token"] = view.per_prefill_tok.into();
+    v["streamed_bytes_per_decode_token"] = p.streamed_bytes_per_pass.into();
+    v["decode_bandwidth_bound"] = p.decode_bandwidth_bound().into();
+    if manifest.n_expert() > 0 {
+        let f = manifest.expert_used_fraction();
+        v["experts"] = manifest.n_expert().into();
+        v["experts_used"] = manifest.n_expert_used().into();
+        v["active_bytes_per_token"] = p.active_bytes_per_token(f).into();
+        v["expected_streamed_bytes_per_token"] = p.expected_streamed_bytes_per_token(f).into();
+    }
+    v["chip"] = serde_json::to_value(view.chip)?;
+    if let Some(pr) = view.projected {
+        v["projected"] = serde_json::to_value(pr)?;
+    }
+    if let (Some(e), Some(cb)) = (view.engines, view.cpu_board) {
+        crate::cmd_engines::add_json(&mut v["projected"], e, cb);
+    }
+    println!("{}", serde_json::to_string(&v)?);
+    Ok(())
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1 << 20) as f64
+}
+
+/// `ork plan`'s text: the model and chip, the limits, then the placement when it is runnable.
+fn print_plan_text(view: &PlanView<'_>) {
+    let (args, p, chip) = (view.args, view.p, view.chip);
     println!(
         "model {}: {} matmul weights, {:.1} MiB packed ({}), largest '{}' {:.1} MiB",
         args.model.display(),
         p.placement.len(),
         mib(p.model_bytes),
-        config.dtype.name(),
+        view.config.dtype.name(),
         p.largest.0,
         mib(p.largest.1)
     );
@@ -804,42 +900,53 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     }
     println!(
         "budget {:.0} MiB per domain, window {} MiB, {} domain(s) available",
-        mib(budget),
+        mib(view.budget),
         args.window_mb,
-        domains
+        view.domains
     );
-    if let Some(pr) = &projected {
+    if let Some(pr) = view.projected {
         println!("{}", pr.line());
     }
-    if let Some(e) = &engines {
+    if let Some(e) = view.engines {
         println!("{}", crate::cmd_engines::line(&e.choice));
     }
-    println!("{}", chosen.line());
+    println!("{}", view.chosen.line());
     println!(
         "{}",
-        crate::open_model::weight_source_line(&config, &weight_source)
+        crate::open_model::weight_source_line(view.config, &view.weight_source)
     );
-    if let Some(s) = &split {
+    if let Some(s) = view.split {
         println!("{}", crate::cmd_split::line(s));
     }
     if !p.runnable {
-        // Name the limit that is short: the budget, the window, or both.
-        let need = p.min_budget_bytes;
-        let mut short = Vec::new();
-        if budget < need {
-            short.push(format!("the budget ({:.0} MiB)", mib(budget)));
-        }
-        if window < need {
-            short.push(format!("the window ({} MiB)", args.window_mb));
-        }
-        println!(
-            "NOT RUNNABLE: {} must hold the largest weight, '{}' ({} MiB)",
-            short.join(" and "),
-            p.largest.0,
-            need.div_ceil(1 << 20)
-        );
-        return Ok(ExitCode::from(1));
+        print_not_runnable(view);
+        return;
     }
+    print_placement(p);
+    print_traffic(view);
+}
+
+/// Name the limit that is short: the budget, the window, or both.
+fn print_not_runnable(view: &PlanView<'_>) {
+    let p = view.p;
+    let need = p.min_budget_bytes;
+    let mut short = Vec::new();
+    if view.budget < need {
+        short.push(format!("the budget ({:.0} MiB)", mib(view.budget)));
+    }
+    if view.window < need {
+        short.push(format!("the window ({} MiB)", view.args.window_mb));
+    }
+    println!(
+        "NOT RUNNABLE: {} must hold the largest weight, '{}' ({} MiB)",
+        short.join(" and "),
+        p.largest.0,
+        need.div_ceil(1 << 20)
+    );
+}
+
+/// Resident: the weights of each domain; streamed: what is pinned and what streams.
+fn print_placement(p: &ork_residency::Plan) {
     match p.mode {
         Mode::Resident => {
             println!(
@@ -873,6 +980,11 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
             );
         }
     }
+}
+
+/// The experts, domain switches and weight bytes streamed per token.
+fn print_traffic(view: &PlanView<'_>) {
+    let (p, manifest) = (view.p, view.manifest);
     if manifest.n_expert() > 0 {
         let f = manifest.expert_used_fraction();
         println!(
@@ -897,8 +1009,8 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     println!(
         "weights streamed: prefill {:.1} MiB per pass = {:.3} MiB/token at {} tokens; decode {:.1} MiB/token",
         mib(p.streamed_bytes_per_pass),
-        mib(per_prefill_tok as u64),
-        args.prefill_tokens,
+        mib(view.per_prefill_tok as u64),
+        view.args.prefill_tokens,
         mib(decode_bytes)
     );
     if p.decode_bandwidth_bound() {
@@ -907,5 +1019,4 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     } else {
         println!("decode keeps every weight resident");
     }
-    Ok(ExitCode::SUCCESS)
 }

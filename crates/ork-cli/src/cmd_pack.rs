@@ -119,21 +119,8 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
     // Which files may be replaced (never the model, under any spelling or link; only an
     // .orkpack) is decided by ork-store when the pack is written.
     let evict_src = args.evict_src || env_flag("ORK_EVICT_SRC");
-    let mut config = ork_runtime::EngineConfig::new(&args.model);
-    config.soc = args.soc.into();
-    config.dtype = args.dtype.into();
-    if let Some(q) = args.quant {
-        config.set_quant(q);
-    }
-    config.smooth = args.calib.as_ref().map(|calib| ork_runtime::Smoothing {
-        alpha: args.smooth,
-        calib: calib.clone(),
-        targets: args.smooth_targets,
-    });
+    let config = convert_config(args, &output);
     let dtype: PackDtype = config.dtype;
-    // The smoothed weights (docs/chip.md), folded in memory before packing; the factors come
-    // from the output pack when it holds them for the same parameters, else from calibration.
-    config.pack = ork_runtime::PackChoice::Path(output.clone());
     // Pack only what `run` can run: the validation `run` makes (model, tokenizer, manifest,
     // every chip rule for every weight, with what to use instead) before anything is written.
     let loaded = ork_runtime::Engine::load(config.clone())
@@ -189,28 +176,53 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
     if args.json {
         print_json(&out)?;
     } else {
-        println!("{} -> {}", out.model.display(), out.output.display());
-        println!("  tensors    {} packed ({})", out.tensors_packed, out.dtype);
-        println!(
-            "  source     {:.1} MiB read, {:.1} MiB stored ({:.1} MiB file)",
-            out.bytes_in as f64 / MIB,
-            out.bytes_out as f64 / MIB,
-            out.file_bytes as f64 / MIB
-        );
-        println!(
-            "  time       {:.2} s ({:.0} MiB/s of source)",
-            out.seconds,
-            out.bytes_in as f64 / MIB / out.seconds.max(1e-9)
-        );
-        println!(
-            "  peak RSS   {:.1} MiB ({:.1} MiB above start; anon peak {:.1} MiB; evict-src {})",
-            out.peak_rss_bytes as f64 / MIB,
-            out.peak_rss_bytes.saturating_sub(out.baseline_rss_bytes) as f64 / MIB,
-            out.peak_rss_anon_bytes as f64 / MIB,
-            if evict_src { "on" } else { "off" }
-        );
+        print_convert(&out);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The engine configuration `ork convert` validates and packs with: `args`' chip, dtype, quant
+/// and smoothing, the pack at `output`. The smoothed weights (docs/chip.md) are folded in
+/// memory before packing; the factors come from the output pack when it holds them for the same
+/// parameters, else from calibration.
+fn convert_config(args: &ConvertArgs, output: &std::path::Path) -> ork_runtime::EngineConfig {
+    let mut config = ork_runtime::EngineConfig::new(&args.model);
+    config.soc = args.soc.into();
+    config.dtype = args.dtype.into();
+    if let Some(q) = args.quant {
+        config.set_quant(q);
+    }
+    config.smooth = args.calib.as_ref().map(|calib| ork_runtime::Smoothing {
+        alpha: args.smooth,
+        calib: calib.clone(),
+        targets: args.smooth_targets,
+    });
+    config.pack = ork_runtime::PackChoice::Path(output.to_path_buf());
+    config
+}
+
+/// `ork convert`'s text report.
+fn print_convert(out: &ConvertJson) {
+    println!("{} -> {}", out.model.display(), out.output.display());
+    println!("  tensors    {} packed ({})", out.tensors_packed, out.dtype);
+    println!(
+        "  source     {:.1} MiB read, {:.1} MiB stored ({:.1} MiB file)",
+        out.bytes_in as f64 / MIB,
+        out.bytes_out as f64 / MIB,
+        out.file_bytes as f64 / MIB
+    );
+    println!(
+        "  time       {:.2} s ({:.0} MiB/s of source)",
+        out.seconds,
+        out.bytes_in as f64 / MIB / out.seconds.max(1e-9)
+    );
+    println!(
+        "  peak RSS   {:.1} MiB ({:.1} MiB above start; anon peak {:.1} MiB; evict-src {})",
+        out.peak_rss_bytes as f64 / MIB,
+        out.peak_rss_bytes.saturating_sub(out.baseline_rss_bytes) as f64 / MIB,
+        out.peak_rss_anon_bytes as f64 / MIB,
+        if out.evict_src { "on" } else { "off" }
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -538,47 +550,7 @@ pub fn verify(args: &VerifyArgs) -> Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
-    let mut problems = Vec::new();
-    let mut valid = 0usize;
-    for t in &weights {
-        let Some(e) = pack.entry(&t.name) else {
-            problems.push(Problem {
-                tensor: t.name.clone(),
-                status: Verdict::Missing,
-                reason: "matmul weight of the model has no entry".into(),
-            });
-            continue;
-        };
-        let dtype = args.dtype.map_or(e.layout().dtype, Into::into);
-        let (status, reason) = match check_entry(&pack, e, &model, t, dtype) {
-            EntryStatus::Valid if args.deep => match deep_compare(&pack, &model, t, dtype)? {
-                None => (Verdict::Valid, String::new()),
-                Some(reason) => (Verdict::Differs, reason),
-            },
-            EntryStatus::Valid => (Verdict::Valid, String::new()),
-            EntryStatus::Stale { reason } => (Verdict::Stale, reason),
-            EntryStatus::Corrupt { reason } => (Verdict::Corrupt, reason),
-        };
-        if status == Verdict::Valid {
-            valid += 1;
-        } else {
-            problems.push(Problem {
-                tensor: t.name.clone(),
-                status,
-                reason,
-            });
-        }
-    }
-    let known: HashSet<&str> = weights.iter().map(|t| t.name.as_str()).collect();
-    for e in pack.entries() {
-        if !known.contains(e.name()) {
-            problems.push(Problem {
-                tensor: e.name().to_string(),
-                status: Verdict::Extra,
-                reason: "no matmul weight of this name in the model".into(),
-            });
-        }
-    }
+    let (valid, problems) = check_entries(args, &model, &weights, &pack)?;
     let out = VerifyJson {
         file: args.file.clone(),
         model: args.model.clone(),
@@ -619,4 +591,56 @@ pub fn verify(args: &VerifyArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Check every matmul weight's entry in `pack` (with `--deep`, repacked and compared), and
+/// name the entries that are no weight of the model; (valid entries, problems).
+fn check_entries(
+    args: &VerifyArgs,
+    model: &GgufFile,
+    weights: &[ork_gguf::TensorInfo],
+    pack: &Orkpack,
+) -> Result<(usize, Vec<Problem>)> {
+    let mut problems = Vec::new();
+    let mut valid = 0usize;
+    for t in weights {
+        let Some(e) = pack.entry(&t.name) else {
+            problems.push(Problem {
+                tensor: t.name.clone(),
+                status: Verdict::Missing,
+                reason: "matmul weight of the model has no entry".into(),
+            });
+            continue;
+        };
+        let dtype = args.dtype.map_or(e.layout().dtype, Into::into);
+        let (status, reason) = match check_entry(pack, e, model, t, dtype) {
+            EntryStatus::Valid if args.deep => match deep_compare(pack, model, t, dtype)? {
+                None => (Verdict::Valid, String::new()),
+                Some(reason) => (Verdict::Differs, reason),
+            },
+            EntryStatus::Valid => (Verdict::Valid, String::new()),
+            EntryStatus::Stale { reason } => (Verdict::Stale, reason),
+            EntryStatus::Corrupt { reason } => (Verdict::Corrupt, reason),
+        };
+        if status == Verdict::Valid {
+            valid += 1;
+        } else {
+            problems.push(Problem {
+                tensor: t.name.clone(),
+                status,
+                reason,
+            });
+        }
+    }
+    let known: HashSet<&str> = weights.iter().map(|t| t.name.as_str()).collect();
+    for e in pack.entries() {
+        if !known.contains(e.name()) {
+            problems.push(Problem {
+                tensor: e.name().to_string(),
+                status: Verdict::Extra,
+                reason: "no matmul weight of this name in the model".into(),
+            });
+        }
+    }
+    Ok((valid, problems))
 }

@@ -115,67 +115,7 @@ pub fn boards_named(
 /// Start recording `engine`'s events when projecting (device engines only: the CPU engine
 /// records no device work).
 pub fn record(engine: &Engine, board: &Option<Board>) -> Option<Arc<Recorder>> {
-    board.as_ref()?;
-    let rec = Arc::new(Recorder::new());
-    engine
-        .linear()?
-        .device_matmul()
-        .set_events(Arc::clone(&rec));
-    Some(rec)
-}
-
-/// Record `engine`'s events for a benchmark's projection on [`BENCH_BOARD`].
-pub fn record_bench(engine: &Engine) -> Option<Arc<Recorder>> {
-    record(engine, &Board::named(BENCH_BOARD).ok())
-}
-
-/// The board `ork bench stream` projects on.
-pub const BENCH_BOARD: &str = "rk3588";
-
-/// Projected prefill tokens per second of the prefill recorded in `rec` (one pass of `tokens`),
-/// on [`BENCH_BOARD`]; every load on the clock unless the plan is resident.
-pub fn bench_prefill_tok_s(engine: &Engine, rec: &Recorder, tokens: usize) -> Result<f64> {
-    let board = Board::named(BENCH_BOARD)?;
-    let timeline = replay(
-        &rec.events(),
-        &board,
-        run_options(
-            engine,
-            engine.plan().is_some_and(|p| p.mode == Mode::Resident),
-        ),
-    )?;
-    Ok(Projection::new(&timeline, &board, tokens, 1).prefill_tok_s)
-}
-
-/// Projected decode seconds of the generations recorded in `rec` on [`BENCH_BOARD`]: the
-/// replayed time of every pass after a prefill (a pass at context 0 is a prefill), the drafts'
-/// and verifier's passes alike. The recording starts after a warm-up, so every load in it is
-/// on the clock. Only device work recorded on `engine`'s own matmul backend is in the stream: a
-/// separate draft model's is not (its caller says so).
-pub fn bench_decode_s(engine: &Engine, rec: &Recorder) -> Result<f64> {
-    let board = Board::named(BENCH_BOARD)?;
-    let timeline = replay(&rec.events(), &board, run_options(engine, false))?;
-    let mut before = 0.0;
-    let mut decode = 0.0;
-    for p in &timeline.passes {
-        if p.context > 0 {
-            decode += p.end_s - before;
-        }
-        before = p.end_s;
-    }
-    Ok(decode)
-}
-
-/// How to replay what `engine` recorded: its device bytes, and the prefetcher's rule when a
-/// streamed plan prefetched; `preload`: weights loaded once are the model's load.
-fn run_options(engine: &Engine, preload: bool) -> ReplayOptions {
-    ReplayOptions {
-        preload,
-        device_bytes: engine.cache_stats().peak_resident as f64,
-        prefetch_slots: (engine.config().prefetch
-            && engine.plan().is_some_and(|p| p.mode == Mode::Streamed))
-        .then(ork_runtime::default_slots),
-    }
+    ork_runtime::bench::project::record(engine, board.as_ref())
 }
 
 /// The projection of the recorded run.
@@ -196,7 +136,7 @@ pub fn project_run(
         board,
         // Weights loaded once (a resident plan's, a streamed plan's pinned ones) are the
         // model's load, before the prompt.
-        run_options(engine, true),
+        ork_runtime::bench::project::run_options(engine, true),
     )?;
     Ok(Some(Projection::new(
         &timeline,
@@ -225,6 +165,57 @@ pub fn project_plan(
     if manifest.n_expert() > 0 {
         return crate::cmd_moe_project::project_moe(path, &c, plan, board, args, dtype);
     }
+    let shape = plan_shape(path, &c, manifest, plan, (dtype, group, soc))?;
+    let resident = plan.mode == Mode::Resident;
+    let sched = ork_board::Plan {
+        resident,
+        slots,
+        budget_bytes: budget,
+        prompt_tokens: args.prompt_tokens as usize,
+        gen_tokens: args.gen_tokens as usize,
+        kv_bytes: 2,
+    };
+    // Plain and speculative decode replay at most `DECODE_PASSES_REPLAYED` decode passes (or
+    // rounds), each standing for its share: the plan's memory does not grow with `--gen-tokens`.
+    let (events, weights, generated, label) = match &args.draft {
+        None => {
+            let (events, weights) = schedule_sampled(&shape, &sched)?;
+            (events, weights, args.gen_tokens as usize, None)
+        }
+        Some(d) => crate::cmd_spec_project::plan_spec(&gguf, &shape, &sched, d, args, &board.chip)?,
+    };
+    dump(&events)?;
+    let device_bytes = if resident {
+        shape.total_bytes()
+    } else {
+        budget * u64::from(plan.domains_used.max(1))
+    };
+    let mut timeline = replay(
+        &events,
+        board,
+        ReplayOptions {
+            preload: true,
+            device_bytes: device_bytes as f64,
+            // The prefetcher's rule, as the run's replay applies it.
+            prefetch_slots: (!resident && slots > 0).then_some(slots),
+        },
+    )?;
+    timeline.weigh_passes(&weights);
+    let mut p = Projection::new(&timeline, board, args.prompt_tokens as usize, generated);
+    p.schedule = label;
+    Ok(p)
+}
+
+/// The board clock's shape of the model: its blocks' seven matmul weights and its output
+/// projection, each with the bytes and domain `plan` placed it at and its device calls on the
+/// chip.
+fn plan_shape(
+    path: &Path,
+    c: &ork_exec::ModelConfig,
+    manifest: &ork_manifest::Manifest,
+    plan: &Placement,
+    (dtype, group, soc): (PackDtype, ScaleGroup, ork_device::Soc),
+) -> Result<ModelShape> {
     let placed: HashMap<&str, (u64, u32, bool)> = plan
         .placement
         .iter()
@@ -283,7 +274,7 @@ pub fn project_plan(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let shape = ModelShape {
+    Ok(ModelShape {
         d_model: c.n_embd,
         n_head: c.n_head,
         n_head_kv: c.n_head_kv,
@@ -291,46 +282,8 @@ pub fn project_plan(
         vocab: c.vocab_size,
         blocks,
         output: output.with_context(|| format!("{}: no output projection", path.display()))?,
-        windows: windows(&c),
-    };
-    let resident = plan.mode == Mode::Resident;
-    let sched = ork_board::Plan {
-        resident,
-        slots,
-        budget_bytes: budget,
-        prompt_tokens: args.prompt_tokens as usize,
-        gen_tokens: args.gen_tokens as usize,
-        kv_bytes: 2,
-    };
-    // Plain and speculative decode replay at most `DECODE_PASSES_REPLAYED` decode passes (or
-    // rounds), each standing for its share: the plan's memory does not grow with `--gen-tokens`.
-    let (events, weights, generated, label) = match &args.draft {
-        None => {
-            let (events, weights) = schedule_sampled(&shape, &sched)?;
-            (events, weights, args.gen_tokens as usize, None)
-        }
-        Some(d) => crate::cmd_spec_project::plan_spec(&gguf, &shape, &sched, d, args, &board.chip)?,
-    };
-    dump(&events)?;
-    let device_bytes = if resident {
-        shape.total_bytes()
-    } else {
-        budget * u64::from(plan.domains_used.max(1))
-    };
-    let mut timeline = replay(
-        &events,
-        board,
-        ReplayOptions {
-            preload: true,
-            device_bytes: device_bytes as f64,
-            // The prefetcher's rule, as the run's replay applies it.
-            prefetch_slots: (!resident && slots > 0).then_some(slots),
-        },
-    )?;
-    timeline.weigh_passes(&weights);
-    let mut p = Projection::new(&timeline, board, args.prompt_tokens as usize, generated);
-    p.schedule = label;
-    Ok(p)
+        windows: windows(c),
+    })
 }
 
 /// The projected run within the model's context, as `ork run` holds a prompt and `-n` to it:

@@ -15,7 +15,8 @@ use ork_runtime::Engine;
 use serde::Serialize;
 
 use crate::cli::{DraftArg, ModelOpts, SpecArgs};
-use crate::open_model::{engine_config, open_engine, open_manifest, packed_model_bytes};
+use crate::open_model::{engine_config, open_engine, open_manifest};
+use ork_runtime::bench::stream::packed_model_bytes;
 
 /// The speculative options `args` ask for (`None` without `--draft`), checked before anything is
 /// opened.
@@ -256,7 +257,6 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
     let manifest = open_manifest(&opts.model)?;
     let dtype = PackDtype::from(opts.dtype);
     let full = packed_model_bytes(&manifest, dtype)?;
-    let mib = |x: u64| x as f64 / (1 << 20) as f64;
     let budgets: Vec<u64> = if b.budgets_mb.is_empty() {
         [1, 2, 3]
             .iter()
@@ -266,8 +266,63 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
         b.budgets_mb.iter().map(|mb| mb << 20).collect()
     };
     let resident_budget = (full + (64 << 20)).div_ceil(1 << 20) << 20;
+    let (prompts, n_layer) = bench_prompts(opts, resident_budget)?;
+    let tmp = tempfile::tempdir()?;
+    let draft_path = match &b.draft_model {
+        Some(p) => p.clone(),
+        None => first_blocks_draft(opts, n_layer, tmp.path())?,
+    };
+    let kinds = bench_drafts(b, &draft_path);
+    let mut configs = Vec::new();
+    for (budget, resident) in budgets
+        .iter()
+        .map(|&x| (x, false))
+        .chain([(resident_budget, true)])
+    {
+        for kind in &kinds {
+            configs.push(open_config(opts, b, budget, resident, kind, &prompts[0])?);
+        }
+    }
+    // Interleaved rounds: a noisy machine hits every configuration alike.
+    for _ in 0..b.rounds {
+        for c in configs.iter_mut() {
+            timed_round(c, &prompts, b)?;
+        }
+    }
+    let per_round = (b.tokens * prompts.len()) as f64;
+    let projected = crate::cmd_spec_project::project(&configs_view(&configs), per_round)?;
+    let rows = result_rows(&configs, per_round, &projected);
+    let crossovers = crossovers(&rows);
+    let union = expert_union(&configs, &prompts[0])?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"model": opts.model.display().to_string(), "model_bytes": full,
+                "tokens": b.tokens, "prompts": PROMPTS.iter().map(|p| p.0).collect::<Vec<_>>(),
+                "draft_max": b.draft_max, "draft_tree": b.draft_tree,
+                "rounds": b.rounds, "results": rows, "crossover": crossovers,
+                "projected_board": ork_runtime::bench::project::BENCH_BOARD,
+                "moe_expert_union": union})
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    print_rows(&rows);
+    print_union(&union);
+    for (draft, c) in &crossovers {
+        println!("crossover, {draft}: {}", c.as_str().unwrap_or(""));
+    }
+    projected.print(&rows);
+    println!(
+        "prompts ({}, through the chat template): {}",
+        b.tokens,
+        PROMPTS.iter().map(|p| p.0).collect::<Vec<_>>().join(", ")
+    );
+    Ok(ExitCode::SUCCESS)
+}
 
-    // The .orkpack first, and the prompts.
+/// Open the engine once (so the .orkpack exists before anything is timed) and tokenize the
+/// bench's prompts through the model's chat template; (prompts, the model's block count).
+fn bench_prompts(opts: &ModelOpts, resident_budget: u64) -> Result<(Vec<Vec<u32>>, usize)> {
     let mut base = engine_config(opts, false)?;
     base.budget_bytes = Some(resident_budget);
     let first = open_engine(base, true)?;
@@ -284,151 +339,159 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
             })
         })
         .collect::<Result<_>>()?;
-    let n_layer = first.model().config().n_layer;
-    drop(first);
+    Ok((prompts, first.model().config().n_layer))
+}
 
-    // The draft model: given, or the model's first eighth of blocks.
-    let tmp = tempfile::tempdir()?;
-    let draft_path = match &b.draft_model {
-        Some(p) => p.clone(),
-        None => {
-            let blocks = (n_layer / 8).max(1);
-            let src = ork_gguf::GgufFile::open(&opts.model)?;
-            let arch = src
-                .metadata("general.architecture")
-                .and_then(|v| v.as_str())
-                .context("the model has no general.architecture")?
-                .to_owned();
-            let keep = |name: &str| ork_manifest::block_of(name).is_none_or(|i| i < blocks);
-            let path = tmp.path().join(format!("draft-{blocks}-blocks.gguf"));
-            ork_gguf::writer::GgufBuilder::from_file(
-                &src,
-                keep,
-                &[(
-                    &format!("{arch}.block_count"),
-                    ork_gguf::MetaValue::U32(blocks as u32),
-                )],
-            )
-            .write(&path)?;
-            path
-        }
-    };
+/// The default draft model: the model's first eighth of blocks, written to `dir`.
+fn first_blocks_draft(opts: &ModelOpts, n_layer: usize, dir: &std::path::Path) -> Result<PathBuf> {
+    let blocks = (n_layer / 8).max(1);
+    let src = ork_gguf::GgufFile::open(&opts.model)?;
+    let arch = src
+        .metadata("general.architecture")
+        .and_then(|v| v.as_str())
+        .context("the model has no general.architecture")?
+        .to_owned();
+    let keep = |name: &str| ork_manifest::block_of(name).is_none_or(|i| i < blocks);
+    let path = dir.join(format!("draft-{blocks}-blocks.gguf"));
+    ork_gguf::writer::GgufBuilder::from_file(
+        &src,
+        keep,
+        &[(
+            &format!("{arch}.block_count"),
+            ork_gguf::MetaValue::U32(blocks as u32),
+        )],
+    )
+    .write(&path)?;
+    Ok(path)
+}
+
+/// The drafts of the bench: none (plain decoding) first, then each `--drafts` entry.
+fn bench_drafts(b: &SpecBench, draft_path: &std::path::Path) -> Vec<Option<BenchDraft>> {
     let mut kinds = vec![None];
     for d in &b.drafts {
         let (kind, tree) = match d.as_str() {
             "lookup" => (DraftArg::Lookup, None),
             "lookup-tree" => (DraftArg::Lookup, Some(b.draft_tree)),
             "self" => (DraftArg::SelfLayers(None), None),
-            _ => (DraftArg::Model(draft_path.clone()), None),
+            _ => (DraftArg::Model(draft_path.to_path_buf()), None),
         };
         kinds.push(Some(BenchDraft { kind, tree }));
     }
+    kinds
+}
 
-    let mut configs = Vec::new();
-    for (budget, resident) in budgets
-        .iter()
-        .map(|&x| (x, false))
-        .chain([(resident_budget, true)])
-    {
-        for kind in &kinds {
-            let mut config = engine_config(opts, false)?;
-            config.draft = kind.as_ref().and_then(|k| k.kind.engine_source());
-            config.budget_bytes = Some(budget);
-            let mut c = Config {
-                requested: budget,
-                budget,
-                draft_bytes: 0,
-                resident,
-                kind: kind.clone(),
-                engine: None,
-                refused: None,
-                seconds: Vec::new(),
-                tokens: Vec::new(),
-                drafted: 0,
-                accepted: 0,
-                passes: 0,
-                generated: 0,
-                per_prompt: vec![(0, 0); PROMPTS.len()],
-                moved: 0,
-                moe: (0, 0),
-                rec: None,
-            };
-            match open_engine(config.clone(), true) {
-                Ok(e) => c.engine = Some(e),
-                Err(e) => match e.downcast_ref::<ork_runtime::RuntimeError>() {
-                    // A draft model does not fit beside a quarter of the model: give the model
-                    // the same share as the others, the draft's bytes on top.
-                    Some(ork_runtime::RuntimeError::DraftTooLarge { draft_mib, .. })
-                        if matches!(
-                            kind,
-                            Some(BenchDraft {
-                                kind: DraftArg::Model(_),
-                                ..
-                            })
-                        ) =>
-                    {
-                        let extra = ((draft_mib * (1 << 20) as f64) as u64).div_ceil(1 << 20) << 20;
-                        config.budget_bytes = Some(budget + extra);
-                        c.budget = budget + extra;
-                        match open_engine(config, true) {
-                            Ok(e) => c.engine = Some(e),
-                            Err(e) => c.refused = Some(format!("{e:#}")),
-                        }
-                    }
-                    _ => c.refused = Some(format!("{e:#}")),
-                },
+/// One configuration's engine, warmed up (first use of every weight, and of the draft's), its
+/// board-clock recording started; a configuration whose engine does not open is kept, refused.
+fn open_config(
+    opts: &ModelOpts,
+    b: &SpecBench,
+    budget: u64,
+    resident: bool,
+    kind: &Option<BenchDraft>,
+    warm_prompt: &[u32],
+) -> Result<Config> {
+    let mut config = engine_config(opts, false)?;
+    config.draft = kind.as_ref().and_then(|k| k.kind.engine_source());
+    config.budget_bytes = Some(budget);
+    let mut c = Config {
+        requested: budget,
+        budget,
+        draft_bytes: 0,
+        resident,
+        kind: kind.clone(),
+        engine: None,
+        refused: None,
+        seconds: Vec::new(),
+        tokens: Vec::new(),
+        drafted: 0,
+        accepted: 0,
+        passes: 0,
+        generated: 0,
+        per_prompt: vec![(0, 0); PROMPTS.len()],
+        moved: 0,
+        moe: (0, 0),
+        rec: None,
+    };
+    match open_engine(config.clone(), true) {
+        Ok(e) => c.engine = Some(e),
+        Err(e) => match e.downcast_ref::<ork_runtime::RuntimeError>() {
+            // A draft model does not fit beside a quarter of the model: give the model the
+            // same share as the others, the draft's bytes on top.
+            Some(ork_runtime::RuntimeError::DraftTooLarge { draft_mib, .. })
+                if matches!(
+                    kind,
+                    Some(BenchDraft {
+                        kind: DraftArg::Model(_),
+                        ..
+                    })
+                ) =>
+            {
+                let extra = ((draft_mib * (1 << 20) as f64) as u64).div_ceil(1 << 20) << 20;
+                config.budget_bytes = Some(budget + extra);
+                c.budget = budget + extra;
+                match open_engine(config, true) {
+                    Ok(e) => c.engine = Some(e),
+                    Err(e) => c.refused = Some(format!("{e:#}")),
+                }
             }
-            if let Some(e) = &c.engine {
-                c.draft_bytes = e.draft().map_or(0, |d| d.bytes());
-                // Warm-up: first use of every weight (and of the draft's).
-                generate_once(e, c.kind.as_ref(), &prompts[0], 4, b.draft_max)?;
-                c.rec = crate::cmd_project::record_bench(e);
-            }
-            configs.push(c);
-        }
+            _ => c.refused = Some(format!("{e:#}")),
+        },
     }
-    // Interleaved rounds: a noisy machine hits every configuration alike.
-    for _ in 0..b.rounds {
-        for c in configs.iter_mut() {
-            let Some(e) = &c.engine else { continue };
-            if let Some(r) = &c.rec {
-                r.clear();
-            }
-            let mut secs = 0.0;
-            let mut tokens = Vec::new();
-            let moved0 = bytes_moved(e);
-            let moe0 = e.model().moe_stats().unwrap_or_default();
-            for (i, p) in prompts.iter().enumerate() {
-                let (t, s, st) = generate_once(e, c.kind.as_ref(), p, b.tokens, b.draft_max)?;
-                secs += s;
-                c.generated += t.len();
-                let passes = match st {
-                    Some(st) => {
-                        c.drafted += st.drafted;
-                        c.accepted += st.accepted;
-                        st.passes
-                    }
-                    None => t.len().saturating_sub(1),
-                };
-                c.passes += passes;
-                c.per_prompt[i].0 += t.len();
-                c.per_prompt[i].1 += passes;
-                tokens.push(t);
-            }
-            c.moved += bytes_moved(e) - moved0;
-            if let Some(m) = e.model().moe_stats() {
-                c.moe.0 += m.forwards - moe0.forwards;
-                c.moe.1 += m.experts_run - moe0.experts_run;
-            }
-            c.seconds.push(secs);
-            c.tokens = tokens;
-        }
+    if let Some(e) = &c.engine {
+        c.draft_bytes = e.draft().map_or(0, |d| d.bytes());
+        generate_once(e, c.kind.as_ref(), warm_prompt, 4, b.draft_max)?;
+        c.rec = ork_runtime::bench::project::record_bench(e);
     }
+    Ok(c)
+}
 
-    let per_round = (b.tokens * prompts.len()) as f64;
-    let projected = crate::cmd_spec_project::project(&configs_view(&configs), per_round)?;
+/// One timed round of configuration `c` (nothing for a refused one): every prompt generated,
+/// the counters added; the board clock records this round only.
+fn timed_round(c: &mut Config, prompts: &[Vec<u32>], b: &SpecBench) -> Result<()> {
+    let Some(e) = &c.engine else { return Ok(()) };
+    if let Some(r) = &c.rec {
+        r.clear();
+    }
+    let mut secs = 0.0;
+    let mut tokens = Vec::new();
+    let moved0 = bytes_moved(e);
+    let moe0 = e.model().moe_stats().unwrap_or_default();
+    for (i, p) in prompts.iter().enumerate() {
+        let (t, s, st) = generate_once(e, c.kind.as_ref(), p, b.tokens, b.draft_max)?;
+        secs += s;
+        c.generated += t.len();
+        let passes = match st {
+            Some(st) => {
+                c.drafted += st.drafted;
+                c.accepted += st.accepted;
+                st.passes
+            }
+            None => t.len().saturating_sub(1),
+        };
+        c.passes += passes;
+        c.per_prompt[i].0 += t.len();
+        c.per_prompt[i].1 += passes;
+        tokens.push(t);
+    }
+    c.moved += bytes_moved(e) - moved0;
+    if let Some(m) = e.model().moe_stats() {
+        c.moe.0 += m.forwards - moe0.forwards;
+        c.moe.1 += m.experts_run - moe0.experts_run;
+    }
+    c.seconds.push(secs);
+    c.tokens = tokens;
+    Ok(())
+}
+
+/// Each configuration's row: its speed against the plain run of the same budget, its draft
+/// counters, and its projection.
+fn result_rows(
+    configs: &[Config],
+    per_round: f64,
+    projected: &crate::cmd_spec_project::Projected,
+) -> Vec<serde_json::Value> {
     let mut rows = Vec::new();
-    for c in &configs {
+    for c in configs {
         let plain = configs
             .iter()
             .find(|p| p.kind.is_none() && p.requested == c.requested && p.resident == c.resident);
@@ -465,20 +528,12 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
             "projected": projected.json(rows.len()),
         }));
     }
-    let crossovers = crossovers(&rows);
-    let union = expert_union(&configs, &prompts[0])?;
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"model": opts.model.display().to_string(), "model_bytes": full,
-                "tokens": b.tokens, "prompts": PROMPTS.iter().map(|p| p.0).collect::<Vec<_>>(),
-                "draft_max": b.draft_max, "draft_tree": b.draft_tree,
-                "rounds": b.rounds, "results": rows, "crossover": crossovers,
-                "projected_board": crate::cmd_project::BENCH_BOARD,
-                "moe_expert_union": union})
-        );
-        return Ok(ExitCode::SUCCESS);
-    }
+    rows
+}
+
+/// The text table of the rows.
+fn print_rows(rows: &[serde_json::Value]) {
+    let mib = |x: u64| x as f64 / (1 << 20) as f64;
     println!(
         "{:<10} {:>9} {:>9} {:<22} {:>8} {:>8} {:>7} {:>8} {:>10} {:>9}",
         "mode",
@@ -492,7 +547,7 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
         "MiB/token",
         "identical"
     );
-    for r in &rows {
+    for r in rows {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         let mode = if r["resident"].as_bool().unwrap_or(false) {
             "resident"
@@ -533,6 +588,10 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
             }
         );
     }
+}
+
+/// MoE models: the verify batch's expert union, pass time and bytes.
+fn print_union(union: &serde_json::Value) {
     if let Some(u) = union.as_array() {
         println!("MoE verify batch (M = k + 1 tokens): experts per block (union), streamed pass time and MiB copied");
         for r in u {
@@ -546,16 +605,6 @@ pub fn bench_spec(opts: &ModelOpts, b: &SpecBench, json: bool) -> Result<ExitCod
             );
         }
     }
-    for (draft, c) in &crossovers {
-        println!("crossover, {draft}: {}", c.as_str().unwrap_or(""));
-    }
-    projected.print(&rows);
-    println!(
-        "prompts ({}, through the chat template): {}",
-        b.tokens,
-        PROMPTS.iter().map(|p| p.0).collect::<Vec<_>>().join(", ")
-    );
-    Ok(ExitCode::SUCCESS)
 }
 
 /// What the board clock's projection needs of each configuration.

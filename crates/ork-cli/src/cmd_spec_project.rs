@@ -1,12 +1,11 @@
 //! `ork bench spec`'s projected ratios: each configuration's last round, replayed on the board
-//! clock's bench board (`cmd_project::BENCH_BOARD`, docs/board-model.md), beside the measured
-//! ones. Labelled projected, with the board and the cost model's version.
+//! clock's bench board (`ork_runtime::bench::project::BENCH_BOARD`, docs/board-model.md),
+//! beside the measured ones. Labelled projected, with the board and the cost model's version.
 
 use anyhow::{Context, Result};
 use ork_board::Recorder;
+use ork_runtime::bench::project::{bench_decode_s, BENCH_BOARD};
 use ork_runtime::Engine;
-
-use crate::cmd_project::{bench_decode_s, BENCH_BOARD};
 
 /// One configuration of the bench, as the projection sees it.
 pub struct Measured<'a> {

@@ -90,7 +90,7 @@ pub fn share(
         );
     };
     let manifest = crate::open_model::open_manifest(&config.model)?;
-    let npu_bytes = crate::open_model::packed_model_bytes(&manifest, config.dtype)?;
+    let npu_bytes = ork_runtime::bench::stream::packed_model_bytes(&manifest, config.dtype)?;
     let s = projected(
         &config.model,
         &manifest,

@@ -54,78 +54,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd_pack::inspect(&a),
         Command::Verify(a) => cmd_pack::verify(&a),
         Command::Probe(a) => cmd_device::probe(&a),
-        Command::Bench(a) => match a.which {
-            BenchCommand::Pack {
-                model,
-                threads,
-                json,
-            } => cmd_bench_pack::bench_pack(&model, threads, json),
-            BenchCommand::Gemm { json } => cmd_device::bench_gemm(json),
-            BenchCommand::Cpu {
-                model,
-                threads,
-                cpus,
-                prompt_tokens,
-                gen_tokens,
-                rounds,
-                json,
-            } => cmd_bench_cpu::bench_cpu(
-                &ork_runtime::bench::CpuBenchOptions {
-                    model,
-                    threads,
-                    cpus: cpus.map(|c| c.0),
-                    prompt_tokens,
-                    gen_tokens,
-                    rounds,
-                },
-                json,
-            ),
-            BenchCommand::Tokenizer {
-                model,
-                file,
-                rounds,
-                json,
-            } => cmd_bench_tokenizer::bench_tokenizer(&model, &file, rounds, json),
-            BenchCommand::Stream {
-                model,
-                tokens,
-                rounds,
-                plot: _,
-                decode: Some(decode),
-                json,
-            } => cmd_bench_stream::bench_decode(&model, tokens, decode, rounds, json),
-            BenchCommand::Stream {
-                model,
-                tokens,
-                rounds,
-                plot,
-                decode: None,
-                json,
-            } => cmd_bench_stream::bench_stream(&model, tokens, rounds, plot.as_deref(), json),
-            BenchCommand::Spec {
-                model,
-                tokens,
-                rounds,
-                draft_max,
-                draft_tree,
-                drafts,
-                draft_model,
-                budgets_mb,
-                json,
-            } => cmd_spec::bench_spec(
-                &model,
-                &cmd_spec::SpecBench {
-                    tokens,
-                    rounds,
-                    draft_max,
-                    draft_tree,
-                    drafts,
-                    draft_model,
-                    budgets_mb,
-                },
-                json,
-            ),
-        },
+        Command::Bench(a) => bench(a.which),
         Command::Run(a) => cmd_model::run(&a),
         Command::Perplexity(a) => cmd_model::perplexity(&a),
         Command::Plan(a) => cmd_model::plan(&a),
@@ -134,19 +63,97 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(e) => {
-            // One line: the outermost context first, then the causes. Many library errors
-            // already print their source inside their own message; a cause whose text the line
-            // already holds is not repeated.
-            let mut msg = format!("error: {e}");
-            for cause in e.chain().skip(1) {
-                let text = cause.to_string();
-                if !msg.contains(&text) {
-                    msg.push_str(&format!(": {text}"));
-                }
-            }
-            eprintln!("{msg}");
-            ExitCode::from(2)
+        Err(e) => report(&e),
+    }
+}
+
+/// `ork bench …`.
+fn bench(which: BenchCommand) -> anyhow::Result<ExitCode> {
+    match which {
+        BenchCommand::Pack {
+            model,
+            threads,
+            json,
+        } => cmd_bench_pack::bench_pack(&model, threads, json),
+        BenchCommand::Gemm { json } => cmd_device::bench_gemm(json),
+        BenchCommand::Cpu {
+            model,
+            threads,
+            cpus,
+            prompt_tokens,
+            gen_tokens,
+            rounds,
+            json,
+        } => cmd_bench_cpu::bench_cpu(
+            &ork_runtime::bench::CpuBenchOptions {
+                model,
+                threads,
+                cpus: cpus.map(|c| c.0),
+                prompt_tokens,
+                gen_tokens,
+                rounds,
+            },
+            json,
+        ),
+        BenchCommand::Tokenizer {
+            model,
+            file,
+            rounds,
+            json,
+        } => cmd_bench_tokenizer::bench_tokenizer(&model, &file, rounds, json),
+        BenchCommand::Stream {
+            model,
+            tokens,
+            rounds,
+            plot: _,
+            decode: Some(decode),
+            json,
+        } => cmd_bench_stream::bench_decode(&model, tokens, decode, rounds, json),
+        BenchCommand::Stream {
+            model,
+            tokens,
+            rounds,
+            plot,
+            decode: None,
+            json,
+        } => cmd_bench_stream::bench_stream(&model, tokens, rounds, plot.as_deref(), json),
+        BenchCommand::Spec {
+            model,
+            tokens,
+            rounds,
+            draft_max,
+            draft_tree,
+            drafts,
+            draft_model,
+            budgets_mb,
+            json,
+        } => cmd_spec::bench_spec(
+            &model,
+            &cmd_spec::SpecBench {
+                tokens,
+                rounds,
+                draft_max,
+                draft_tree,
+                drafts,
+                draft_model,
+                budgets_mb,
+            },
+            json,
+        ),
+    }
+}
+
+/// Print `e` on one line: the outermost context first, then the causes. Many library errors
+/// already print their source inside their own message; a cause whose text the line already
+/// holds is not repeated. Exit code 2.
+fn report(e: &anyhow::Error) -> ExitCode {
+    let mut msg = format!("error: {e}");
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(&format!(": {text}"));
         }
     }
+    eprintln!("{msg}");
+    ExitCode::from(2)
 }

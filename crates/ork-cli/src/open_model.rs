@@ -7,8 +7,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use ork_manifest::Manifest;
-use ork_pack::PackDtype;
-use ork_runtime::{plan_weights, Engine, EngineConfig, PackChoice, PhaseEngine, PhaseEngines};
+use ork_runtime::{Engine, EngineConfig, PackChoice, PhaseEngine, PhaseEngines};
 
 use crate::cli::{DeviceArg, ModelOpts};
 
@@ -203,21 +202,6 @@ pub(crate) fn open_loaded(loaded: ork_runtime::LoadedModel, quiet: bool) -> Resu
         );
     }
     Ok(engine)
-}
-
-/// The bytes of every weight of `manifest` packed as `dtype` with per-channel scales (the
-/// benches' model size).
-pub(crate) fn packed_model_bytes(manifest: &Manifest, dtype: PackDtype) -> Result<u64> {
-    Ok(plan_weights(
-        manifest,
-        dtype,
-        ork_pack::ScaleGroup::PerChannel,
-        u64::MAX / 4,
-        u64::MAX / 4,
-        1,
-        4,
-    )?
-    .model_bytes)
 }
 
 /// The weight manifest of the GGUF at `path`.

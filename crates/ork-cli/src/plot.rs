@@ -26,6 +26,18 @@ fn draw(svg: &mut String, results: &[serde_json::Value], events: &[TraceEvent]) 
     root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
     let (top, bottom) = root.split_vertically(420);
 
+    draw_timeline(&top, events)?;
+    draw_bars(&bottom, results)?;
+    root.present().map_err(|e| anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// The plot's area type.
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// The timeline of the last prefill pass (the events of the timed run): compute, prefetch loads
+/// and compute waits, one lane each.
+fn draw_timeline(top: &Area<'_>, events: &[TraceEvent]) -> Result<()> {
     // Timeline: the last prefill pass only (the events of the timed run).
     let end = events.iter().map(|e| e.ts + e.dur).fold(0.0, f64::max);
     let start = events
@@ -35,7 +47,7 @@ fn draw(svg: &mut String, results: &[serde_json::Value], events: &[TraceEvent]) 
         .fold(f64::INFINITY, f64::min);
     let t0 = if start.is_finite() { start } else { 0.0 };
     let span_ms = ((end - t0) / 1000.0).max(1e-3);
-    let mut chart = ChartBuilder::on(&top)
+    let mut chart = ChartBuilder::on(top)
         .caption(
             "streamed prefill timeline (ms since the first compute)",
             ("sans-serif", 20),
@@ -83,8 +95,11 @@ fn draw(svg: &mut String, results: &[serde_json::Value], events: &[TraceEvent]) 
             Rectangle::new([(x0, y + 0.15), (x1, y + 0.85)], colour(e.cat).filled())
         }))
         .map_err(|e| anyhow!("{e}"))?;
+    Ok(())
+}
 
-    // Bars: tok/s per configuration.
+/// Bars: prefill tok/s per configuration.
+fn draw_bars(bottom: &Area<'_>, results: &[serde_json::Value]) -> Result<()> {
     let labels: Vec<String> = results
         .iter()
         .map(|r| r["config"].as_str().unwrap_or("?").to_owned())
@@ -95,7 +110,7 @@ fn draw(svg: &mut String, results: &[serde_json::Value], events: &[TraceEvent]) 
         .collect();
     let vmax = values.iter().copied().fold(1.0, f64::max) * 1.25;
     let n = values.len().max(1);
-    let mut bars = ChartBuilder::on(&bottom)
+    let mut bars = ChartBuilder::on(bottom)
         .caption("prefill tok/s", ("sans-serif", 20))
         .margin(10)
         .x_label_area_size(30)
@@ -122,6 +137,5 @@ fn draw(svg: &mut String, results: &[serde_json::Value], events: &[TraceEvent]) 
         )
     }))
     .map_err(|e| anyhow!("{e}"))?;
-    root.present().map_err(|e| anyhow!("{e}"))?;
     Ok(())
 }

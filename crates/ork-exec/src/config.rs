@@ -186,164 +186,38 @@ impl ModelConfig {
         let arch = arch_from_name(arch_name)?;
         let p = arch.name();
         let key = |suffix: &str| format!("{p}.{suffix}");
-
-        let n_layer = meta_usize(gguf, &key("block_count"))?;
-        let n_embd = meta_usize(gguf, &key("embedding_length"))?;
-        // A MoE architecture may leave the dense width out (its experts have their own).
-        let n_ff = if arch.is_moe() {
-            opt_usize(gguf, &key("feed_forward_length"))?.unwrap_or(0)
-        } else {
-            meta_usize(gguf, &key("feed_forward_length"))?
-        };
-        let n_head = meta_usize(gguf, &key("attention.head_count"))?;
-        let n_head_kv = opt_usize(gguf, &key("attention.head_count_kv"))?.unwrap_or(n_head);
-        let rms_eps = meta_f32(gguf, &key("attention.layer_norm_rms_epsilon"))?;
-        let rope_base = opt_f32(gguf, &key("rope.freq_base"))?.unwrap_or(10_000.0);
-        let context_length = meta_usize(gguf, &key("context_length"))?;
-
-        if n_ff == 0 && !arch.is_moe() {
-            return Err(invalid(&key("feed_forward_length"), "must be positive"));
-        }
-        for (name, v) in [
-            ("block_count", n_layer),
-            ("embedding_length", n_embd),
-            ("attention.head_count", n_head),
-            ("attention.head_count_kv", n_head_kv),
-            ("context_length", context_length),
-        ] {
-            if v == 0 {
-                return Err(invalid(&key(name), "must be positive"));
-            }
-        }
-        // Counts size allocations (per-layer weights and KV cache, activations): refuse absurd
-        // ones before anything is allocated. Every block has tensors of its own, so a file
-        // cannot describe more blocks than it has tensors; widths are capped like the pack
-        // format's dimensions.
-        let n_tensors = gguf.tensors().len();
-        if n_layer > n_tensors {
-            return Err(invalid(
-                &key("block_count"),
-                &format!("{n_layer} blocks, but the file has only {n_tensors} tensors"),
-            ));
-        }
-        for (name, v) in [
-            ("embedding_length", n_embd),
-            ("feed_forward_length", n_ff),
-            ("attention.head_count", n_head),
-            ("attention.head_count_kv", n_head_kv),
-        ] {
-            if v > MAX_WIDTH {
-                return Err(invalid(
-                    &key(name),
-                    &format!("{v} exceeds the cap {MAX_WIDTH}"),
-                ));
-            }
-        }
-        if n_head % n_head_kv != 0 {
-            return Err(invalid(
-                &key("attention.head_count_kv"),
-                &format!("{n_head_kv} does not divide head_count {n_head}"),
-            ));
-        }
-        let default_head = if n_embd % n_head == 0 {
-            Some(n_embd / n_head)
-        } else {
-            None
-        };
-        let head_dim_k = match opt_usize(gguf, &key("attention.key_length"))? {
-            Some(v) => v,
-            None => default_head.ok_or_else(|| {
-                invalid(
-                    &key("attention.head_count"),
-                    "does not divide embedding_length",
-                )
-            })?,
-        };
-        let head_dim_v = match opt_usize(gguf, &key("attention.value_length"))? {
-            Some(v) => v,
-            None => default_head.ok_or_else(|| {
-                invalid(
-                    &key("attention.head_count"),
-                    "does not divide embedding_length",
-                )
-            })?,
-        };
-        let n_rot = opt_usize(gguf, &key("rope.dimension_count"))?.unwrap_or(head_dim_k);
-        if head_dim_k > MAX_WIDTH || head_dim_v > MAX_WIDTH {
-            return Err(invalid(
-                &key("attention.key_length"),
-                &format!("head size exceeds the cap {MAX_WIDTH}"),
-            ));
-        }
-        if head_dim_k == 0 || head_dim_v == 0 {
-            return Err(invalid(
-                &key("attention.key_length"),
-                "head size must be positive",
-            ));
-        }
-        if n_rot > head_dim_k || n_rot % 2 != 0 {
-            return Err(invalid(
-                &key("rope.dimension_count"),
-                &format!("{n_rot} must be even and at most the head size {head_dim_k}"),
-            ));
-        }
+        let w = Widths::read(gguf, arch, &key)?;
+        w.check(gguf, arch, &key)?;
+        let (head_dim_k, head_dim_v, n_rot) = head_dims(gguf, &w, &key)?;
+        let rms_eps = w.rms_eps;
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
             return Err(invalid(
                 &key("attention.layer_norm_rms_epsilon"),
                 "not a finite non-negative number",
             ));
         }
-        if !(rope_base.is_finite() && rope_base > 0.0) {
-            return Err(invalid(
-                &key("rope.freq_base"),
-                "not a finite positive number",
-            ));
-        }
-        let (rope_freq_scale, rope_longrope) = rope_scale(gguf, arch)?;
-        let attn_key = key("rope.scaling.attn_factor");
-        let rope_attn_factor = match opt_f32(gguf, &attn_key)? {
-            None => 1.0,
-            Some(f) if f.is_finite() && f > 0.0 => f,
-            Some(_) => return Err(invalid(&attn_key, "not a finite positive number")),
-        };
-        let orig_key = key("rope.scaling.original_context_length");
-        let rope_original_context = match opt_usize(gguf, &orig_key)? {
-            None | Some(0) => context_length,
-            Some(n) => n,
-        };
-
-        let vocab_size = match gguf.metadata("tokenizer.ggml.tokens") {
-            Some(v) => v
-                .as_array()
-                .ok_or_else(|| invalid("tokenizer.ggml.tokens", "not an array"))?
-                .len(),
-            None => meta_usize(gguf, &key("vocab_size"))?,
-        };
-        if vocab_size == 0 {
-            return Err(invalid("tokenizer.ggml.tokens", "empty vocabulary"));
-        }
-
-        let moe = MoeConfig::from_gguf(gguf, arch, n_ff)?;
-
+        let rope = Rope::read(gguf, arch, &w, &key)?;
+        let vocab_size = vocab_size(gguf, &key)?;
+        let moe = MoeConfig::from_gguf(gguf, arch, w.n_ff)?;
         let mut config = ModelConfig {
             gemma3: None,
             moe,
             arch,
-            n_layer,
-            n_embd,
-            n_ff,
-            n_head,
-            n_head_kv,
+            n_layer: w.n_layer,
+            n_embd: w.n_embd,
+            n_ff: w.n_ff,
+            n_head: w.n_head,
+            n_head_kv: w.n_head_kv,
             head_dim_k,
             head_dim_v,
             n_rot,
             rms_eps,
-            rope_base,
-            rope_freq_scale,
-            rope_attn_factor,
-            rope_original_context,
-            rope_longrope,
-            context_length,
+            rope_base: rope.base,
+            rope_freq_scale: rope.freq_scale,
+            rope_attn_factor: rope.attn_factor,
+            rope_original_context: rope.original_context,
+            rope_longrope: rope.longrope,
+            context_length: w.context_length,
             vocab_size,
         };
         if arch == Arch::Gemma3 {
@@ -371,6 +245,212 @@ impl ModelConfig {
     pub fn attn_out_dim(&self) -> usize {
         self.n_head * self.head_dim_v
     }
+}
+
+/// The counts and widths of a model's metadata, its norm epsilon and rope base, as
+/// [`ModelConfig::from_gguf`] reads them first (in this order, so that the first missing key
+/// is the one reported).
+struct Widths {
+    n_layer: usize,
+    n_embd: usize,
+    n_ff: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    rms_eps: f32,
+    rope_base: f32,
+    context_length: usize,
+}
+
+impl Widths {
+    fn read(
+        gguf: &GgufFile,
+        arch: Arch,
+        key: &dyn Fn(&str) -> String,
+    ) -> Result<Widths, ExecError> {
+        let n_layer = meta_usize(gguf, &key("block_count"))?;
+        let n_embd = meta_usize(gguf, &key("embedding_length"))?;
+        // A MoE architecture may leave the dense width out (its experts have their own).
+        let n_ff = if arch.is_moe() {
+            opt_usize(gguf, &key("feed_forward_length"))?.unwrap_or(0)
+        } else {
+            meta_usize(gguf, &key("feed_forward_length"))?
+        };
+        let n_head = meta_usize(gguf, &key("attention.head_count"))?;
+        Ok(Widths {
+            n_layer,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv: opt_usize(gguf, &key("attention.head_count_kv"))?.unwrap_or(n_head),
+            rms_eps: meta_f32(gguf, &key("attention.layer_norm_rms_epsilon"))?,
+            rope_base: opt_f32(gguf, &key("rope.freq_base"))?.unwrap_or(10_000.0),
+            context_length: meta_usize(gguf, &key("context_length"))?,
+        })
+    }
+
+    /// Counts size allocations (per-layer weights and KV cache, activations): refuse absurd
+    /// ones before anything is allocated. Every block has tensors of its own, so a file cannot
+    /// describe more blocks than it has tensors; widths are capped like the pack format's
+    /// dimensions.
+    fn check(
+        &self,
+        gguf: &GgufFile,
+        arch: Arch,
+        key: &dyn Fn(&str) -> String,
+    ) -> Result<(), ExecError> {
+        let w = self;
+        if w.n_ff == 0 && !arch.is_moe() {
+            return Err(invalid(&key("feed_forward_length"), "must be positive"));
+        }
+        for (name, v) in [
+            ("block_count", w.n_layer),
+            ("embedding_length", w.n_embd),
+            ("attention.head_count", w.n_head),
+            ("attention.head_count_kv", w.n_head_kv),
+            ("context_length", w.context_length),
+        ] {
+            if v == 0 {
+                return Err(invalid(&key(name), "must be positive"));
+            }
+        }
+        let n_tensors = gguf.tensors().len();
+        if w.n_layer > n_tensors {
+            return Err(invalid(
+                &key("block_count"),
+                &format!(
+                    "{} blocks, but the file has only {n_tensors} tensors",
+                    w.n_layer
+                ),
+            ));
+        }
+        for (name, v) in [
+            ("embedding_length", w.n_embd),
+            ("feed_forward_length", w.n_ff),
+            ("attention.head_count", w.n_head),
+            ("attention.head_count_kv", w.n_head_kv),
+        ] {
+            if v > MAX_WIDTH {
+                return Err(invalid(
+                    &key(name),
+                    &format!("{v} exceeds the cap {MAX_WIDTH}"),
+                ));
+            }
+        }
+        if !w.n_head.is_multiple_of(w.n_head_kv) {
+            return Err(invalid(
+                &key("attention.head_count_kv"),
+                &format!("{} does not divide head_count {}", w.n_head_kv, w.n_head),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The key and value head sizes (default: `n_embd / n_head`) and the rotated dims (default:
+/// the key head size), checked.
+fn head_dims(
+    gguf: &GgufFile,
+    w: &Widths,
+    key: &dyn Fn(&str) -> String,
+) -> Result<(usize, usize, usize), ExecError> {
+    let default_head = if w.n_embd.is_multiple_of(w.n_head) {
+        Some(w.n_embd / w.n_head)
+    } else {
+        None
+    };
+    let head_dim = |suffix: &str| -> Result<usize, ExecError> {
+        match opt_usize(gguf, &key(suffix))? {
+            Some(v) => Ok(v),
+            None => default_head.ok_or_else(|| {
+                invalid(
+                    &key("attention.head_count"),
+                    "does not divide embedding_length",
+                )
+            }),
+        }
+    };
+    let head_dim_k = head_dim("attention.key_length")?;
+    let head_dim_v = head_dim("attention.value_length")?;
+    let n_rot = opt_usize(gguf, &key("rope.dimension_count"))?.unwrap_or(head_dim_k);
+    if head_dim_k > MAX_WIDTH || head_dim_v > MAX_WIDTH {
+        return Err(invalid(
+            &key("attention.key_length"),
+            &format!("head size exceeds the cap {MAX_WIDTH}"),
+        ));
+    }
+    if head_dim_k == 0 || head_dim_v == 0 {
+        return Err(invalid(
+            &key("attention.key_length"),
+            "head size must be positive",
+        ));
+    }
+    if n_rot > head_dim_k || n_rot % 2 != 0 {
+        return Err(invalid(
+            &key("rope.dimension_count"),
+            &format!("{n_rot} must be even and at most the head size {head_dim_k}"),
+        ));
+    }
+    Ok((head_dim_k, head_dim_v, n_rot))
+}
+
+/// The rope's base and scaling, checked.
+struct Rope {
+    base: f32,
+    freq_scale: f32,
+    longrope: bool,
+    attn_factor: f32,
+    original_context: usize,
+}
+
+impl Rope {
+    fn read(
+        gguf: &GgufFile,
+        arch: Arch,
+        w: &Widths,
+        key: &dyn Fn(&str) -> String,
+    ) -> Result<Rope, ExecError> {
+        let (base, context_length) = (w.rope_base, w.context_length);
+        if !(base.is_finite() && base > 0.0) {
+            return Err(invalid(
+                &key("rope.freq_base"),
+                "not a finite positive number",
+            ));
+        }
+        let (freq_scale, longrope) = rope_scale(gguf, arch)?;
+        let attn_key = key("rope.scaling.attn_factor");
+        let attn_factor = match opt_f32(gguf, &attn_key)? {
+            None => 1.0,
+            Some(f) if f.is_finite() && f > 0.0 => f,
+            Some(_) => return Err(invalid(&attn_key, "not a finite positive number")),
+        };
+        let orig_key = key("rope.scaling.original_context_length");
+        let original_context = match opt_usize(gguf, &orig_key)? {
+            None | Some(0) => context_length,
+            Some(n) => n,
+        };
+        Ok(Rope {
+            base,
+            freq_scale,
+            longrope,
+            attn_factor,
+            original_context,
+        })
+    }
+}
+
+/// The vocabulary size: the tokenizer's token count, or `{arch}.vocab_size` without one.
+fn vocab_size(gguf: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<usize, ExecError> {
+    let vocab_size = match gguf.metadata("tokenizer.ggml.tokens") {
+        Some(v) => v
+            .as_array()
+            .ok_or_else(|| invalid("tokenizer.ggml.tokens", "not an array"))?
+            .len(),
+        None => meta_usize(gguf, &key("vocab_size"))?,
+    };
+    if vocab_size == 0 {
+        return Err(invalid("tokenizer.ggml.tokens", "empty vocabulary"));
+    }
+    Ok(vocab_size)
 }
 
 /// RoPE linear scaling, as llama.cpp reads it (`rope.scaling.type`, `rope.scaling.factor`,

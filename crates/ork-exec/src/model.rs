@@ -111,135 +111,18 @@ impl Model {
             weights.push(WeightSpec { id, name, k, n });
             Ok(id)
         };
-        let vector = |name: &str, len: usize| dequantize_tensor(gguf, name, &[len as u64]);
-        let optional = |name: &str, len: usize| -> Result<Option<Vec<f32>>, ExecError> {
-            if gguf.tensor(name).is_some() {
-                vector(name, len).map(Some)
-            } else {
-                Ok(None)
-            }
-        };
-
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
-            let t = |role: Role| tensor_name(role, i).expect("roles in the table have names");
-            let (q_bias, k_bias, v_bias) = match c.arch {
-                // llama.cpp loads qwen2's (and qwen2moe's) q/k/v biases as required tensors.
-                Arch::Qwen2 | Arch::Qwen2Moe => (
-                    Some(vector(&t(Role::AttnQBias), c.q_dim())?),
-                    Some(vector(&t(Role::AttnKBias), c.k_dim())?),
-                    Some(vector(&t(Role::AttnVBias), c.v_dim())?),
-                ),
-                // llama.cpp accepts optional biases for llama; qwen3 has none.
-                Arch::Llama => (
-                    optional(&t(Role::AttnQBias), c.q_dim())?,
-                    optional(&t(Role::AttnKBias), c.k_dim())?,
-                    optional(&t(Role::AttnVBias), c.v_dim())?,
-                ),
-                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 | Arch::Gemma3 => (None, None, None),
-            };
-            let (q_norm, k_norm) = match c.arch {
-                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => (
-                    Some(vector(&t(Role::AttnQNorm), c.head_dim_k)?),
-                    Some(vector(&t(Role::AttnKNorm), c.head_dim_k)?),
-                ),
-                Arch::Llama | Arch::Qwen2 | Arch::Qwen2Moe | Arch::Phi3 => (None, None),
-            };
-            // phi3 may fuse q/k/v (llama.cpp's `create_tensor_qkv` takes `attn_qkv` when
-            // present, else the three); its table is the only one listing `attn_qkv`.
-            let qkv = if c.arch == Arch::Phi3 && gguf.tensor(&t(Role::AttnQkv)).is_some() {
-                let n = c.q_dim() + c.k_dim() + c.v_dim();
-                QkvWeights::Fused(spec(t(Role::AttnQkv), c.n_embd, n)?)
-            } else {
-                QkvWeights::Separate([
-                    spec(t(Role::AttnQ), c.n_embd, c.q_dim())?,
-                    spec(t(Role::AttnK), c.n_embd, c.k_dim())?,
-                    spec(t(Role::AttnV), c.n_embd, c.v_dim())?,
-                ])
-            };
-            let wo = spec(t(Role::AttnOutput), c.attn_out_dim(), c.n_embd)?;
-            let ffn = match &c.moe {
-                // phi3's `ffn_up` holds the gate rows then the up rows; it has no `ffn_gate`.
-                None if c.arch == Arch::Phi3 => FeedForward::FusedDense {
-                    gate_up: spec(t(Role::FfnUp), c.n_embd, 2 * c.n_ff)?,
-                    down: spec(t(Role::FfnDown), c.n_ff, c.n_embd)?,
-                    n_ff: c.n_ff,
-                },
-                None => {
-                    if gguf.tensor(&t(Role::Router)).is_some() {
-                        return Err(ExecError::ExpertMismatch {
-                            tensor: t(Role::Router),
-                            key: format!("{}.expert_count", c.arch.name()),
-                            what: "the block has a router, but the key says the model is dense \
-                                   (absent or 0)"
-                                .to_owned(),
-                        });
-                    }
-                    FeedForward::Dense {
-                        gate: spec(t(Role::FfnGate), c.n_embd, c.n_ff)?,
-                        up: spec(t(Role::FfnUp), c.n_embd, c.n_ff)?,
-                        down: spec(t(Role::FfnDown), c.n_ff, c.n_embd)?,
-                        n_ff: c.n_ff,
-                        act: if c.arch == Arch::Gemma3 {
-                            Activation::GeluTanh
-                        } else {
-                            Activation::Silu
-                        },
-                    }
-                }
-                Some(moe) => FeedForward::Moe(Box::new(load_moe(gguf, c, moe, i, &mut spec)?)),
-            };
-            layers.push(Layer {
-                attn_norm: vector(&t(Role::AttnNorm), c.n_embd)?,
-                ffn_norm: vector(&t(Role::FfnNorm), c.n_embd)?,
-                q_bias,
-                k_bias,
-                v_bias,
-                q_norm,
-                k_norm,
-                qkv,
-                wo,
-                ffn,
-                post_norms: match c.arch {
-                    Arch::Gemma3 => Some(PostNorms {
-                        attn: vector(&t(Role::AttnPostNorm), c.n_embd)?,
-                        ffn: vector(&t(Role::FfnPostNorm), c.n_embd)?,
-                    }),
-                    _ => None,
-                },
-                window: c
-                    .gemma3
-                    .as_ref()
-                    .and_then(|g| g.window.filter(|_| g.local[i])),
-            });
+            layers.push(load_layer(gguf, c, i, &mut spec)?);
         }
-        let output_norm = vector(&global(Role::OutputNorm), c.n_embd)?;
+        let output_norm = dequantize_tensor(gguf, &global(Role::OutputNorm), &[c.n_embd as u64])?;
         // Tied embeddings: without output.weight the embedding table is the output projection.
         let output_name = match global(Role::Output) {
             name if gguf.tensor(&name).is_some() => name,
             _ => embd_name.clone(),
         };
         let mut output_weight = spec(output_name, c.n_embd, c.vocab_size)?;
-
-        // One id space: the manifest's, which the runtime's pack, plan and cache share.
-        let manifest = Manifest::from_gguf(gguf)?;
-        let mut ids = Vec::with_capacity(weights.len());
-        for w in &mut weights {
-            w.id = manifest
-                .id(&w.name)
-                .ok_or_else(|| ExecError::MissingTensor {
-                    tensor: w.name.clone(),
-                })?;
-            ids.push(w.id);
-        }
-        for id in layers
-            .iter_mut()
-            .flat_map(Layer::ids_mut)
-            .chain([&mut output_weight])
-        {
-            *id = ids[id.index()];
-        }
-
+        let manifest = adopt_manifest_ids(gguf, &mut weights, &mut layers, &mut output_weight)?;
         let rope = crate::rope_factors::load_rope(gguf, c)?;
         let gemma3 = c.gemma3.as_ref().map(|g| Gemma3::new(c, g));
         Ok(Model {
@@ -403,6 +286,152 @@ impl Model {
     }
 }
 
+/// One id space: the manifest's, which the runtime's pack, plan and cache share. Every weight's
+/// provisional id (its spec's index) becomes the manifest's id of its name.
+fn adopt_manifest_ids(
+    gguf: &GgufFile,
+    weights: &mut [WeightSpec],
+    layers: &mut [Layer],
+    output_weight: &mut WeightId,
+) -> Result<Manifest, ExecError> {
+    let manifest = Manifest::from_gguf(gguf)?;
+    let mut ids = Vec::with_capacity(weights.len());
+    for w in weights.iter_mut() {
+        w.id = manifest
+            .id(&w.name)
+            .ok_or_else(|| ExecError::MissingTensor {
+                tensor: w.name.clone(),
+            })?;
+        ids.push(w.id);
+    }
+    for id in layers
+        .iter_mut()
+        .flat_map(Layer::ids_mut)
+        .chain([output_weight])
+    {
+        *id = ids[id.index()];
+    }
+    Ok(manifest)
+}
+
+/// Block `i`'s vectors (dequantized now) and weight specs (through `spec`).
+fn load_layer(
+    gguf: &GgufFile,
+    c: &ModelConfig,
+    i: usize,
+    spec: &mut impl FnMut(String, usize, usize) -> Result<WeightId, ExecError>,
+) -> Result<Layer, ExecError> {
+    let vector = |name: &str, len: usize| dequantize_tensor(gguf, name, &[len as u64]);
+    let optional = |name: &str, len: usize| -> Result<Option<Vec<f32>>, ExecError> {
+        if gguf.tensor(name).is_some() {
+            vector(name, len).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let t = |role: Role| tensor_name(role, i).expect("roles in the table have names");
+    let (q_bias, k_bias, v_bias) = match c.arch {
+        // llama.cpp loads qwen2's (and qwen2moe's) q/k/v biases as required tensors.
+        Arch::Qwen2 | Arch::Qwen2Moe => (
+            Some(vector(&t(Role::AttnQBias), c.q_dim())?),
+            Some(vector(&t(Role::AttnKBias), c.k_dim())?),
+            Some(vector(&t(Role::AttnVBias), c.v_dim())?),
+        ),
+        // llama.cpp accepts optional biases for llama; qwen3 has none.
+        Arch::Llama => (
+            optional(&t(Role::AttnQBias), c.q_dim())?,
+            optional(&t(Role::AttnKBias), c.k_dim())?,
+            optional(&t(Role::AttnVBias), c.v_dim())?,
+        ),
+        Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 | Arch::Gemma3 => (None, None, None),
+    };
+    let (q_norm, k_norm) = match c.arch {
+        Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => (
+            Some(vector(&t(Role::AttnQNorm), c.head_dim_k)?),
+            Some(vector(&t(Role::AttnKNorm), c.head_dim_k)?),
+        ),
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen2Moe | Arch::Phi3 => (None, None),
+    };
+    // phi3 may fuse q/k/v (llama.cpp's `create_tensor_qkv` takes `attn_qkv` when present, else
+    // the three); its table is the only one listing `attn_qkv`.
+    let qkv = if c.arch == Arch::Phi3 && gguf.tensor(&t(Role::AttnQkv)).is_some() {
+        let n = c.q_dim() + c.k_dim() + c.v_dim();
+        QkvWeights::Fused(spec(t(Role::AttnQkv), c.n_embd, n)?)
+    } else {
+        QkvWeights::Separate([
+            spec(t(Role::AttnQ), c.n_embd, c.q_dim())?,
+            spec(t(Role::AttnK), c.n_embd, c.k_dim())?,
+            spec(t(Role::AttnV), c.n_embd, c.v_dim())?,
+        ])
+    };
+    let wo = spec(t(Role::AttnOutput), c.attn_out_dim(), c.n_embd)?;
+    let ffn = load_ffn(gguf, c, i, spec)?;
+    Ok(Layer {
+        attn_norm: vector(&t(Role::AttnNorm), c.n_embd)?,
+        ffn_norm: vector(&t(Role::FfnNorm), c.n_embd)?,
+        q_bias,
+        k_bias,
+        v_bias,
+        q_norm,
+        k_norm,
+        qkv,
+        wo,
+        ffn,
+        post_norms: match c.arch {
+            Arch::Gemma3 => Some(PostNorms {
+                attn: vector(&t(Role::AttnPostNorm), c.n_embd)?,
+                ffn: vector(&t(Role::FfnPostNorm), c.n_embd)?,
+            }),
+            _ => None,
+        },
+        window: c
+            .gemma3
+            .as_ref()
+            .and_then(|g| g.window.filter(|_| g.local[i])),
+    })
+}
+
+/// Block `i`'s feed-forward: dense, phi3's fused gate/up, or experts.
+fn load_ffn(
+    gguf: &GgufFile,
+    c: &ModelConfig,
+    i: usize,
+    spec: &mut impl FnMut(String, usize, usize) -> Result<WeightId, ExecError>,
+) -> Result<FeedForward, ExecError> {
+    let t = |role: Role| tensor_name(role, i).expect("roles in the table have names");
+    Ok(match &c.moe {
+        // phi3's `ffn_up` holds the gate rows then the up rows; it has no `ffn_gate`.
+        None if c.arch == Arch::Phi3 => FeedForward::FusedDense {
+            gate_up: spec(t(Role::FfnUp), c.n_embd, 2 * c.n_ff)?,
+            down: spec(t(Role::FfnDown), c.n_ff, c.n_embd)?,
+            n_ff: c.n_ff,
+        },
+        None => {
+            if gguf.tensor(&t(Role::Router)).is_some() {
+                return Err(ExecError::ExpertMismatch {
+                    tensor: t(Role::Router),
+                    key: format!("{}.expert_count", c.arch.name()),
+                    what: "the block has a router, but the key says the model is dense \
+                           (absent or 0)"
+                        .to_owned(),
+                });
+            }
+            FeedForward::Dense {
+                gate: spec(t(Role::FfnGate), c.n_embd, c.n_ff)?,
+                up: spec(t(Role::FfnUp), c.n_embd, c.n_ff)?,
+                down: spec(t(Role::FfnDown), c.n_ff, c.n_embd)?,
+                n_ff: c.n_ff,
+                act: if c.arch == Arch::Gemma3 {
+                    Activation::GeluTanh
+                } else {
+                    Activation::Silu
+                },
+            }
+        }
+        Some(moe) => FeedForward::Moe(Box::new(load_moe(gguf, c, moe, i, spec)?)),
+    })
+}
+
 /// The MoE feed-forward of block `layer`: router, expert tensors (checked against the expert
 /// keys, each error naming the tensor and the key) and qwen2moe's shared expert. `spec` records
 /// each matmul weight in first-use order: router, shared expert, then expert by expert.
@@ -414,25 +443,8 @@ fn load_moe(
     spec: &mut impl FnMut(String, usize, usize) -> Result<WeightId, ExecError>,
 ) -> Result<MoeFfn, ExecError> {
     let t = |role: Role| tensor_name(role, layer).expect("roles in the table have names");
-    let p = c.arch.name();
-    let count_key = format!("{p}.expert_count");
-    let ff_key = if c.arch == Arch::Llama {
-        format!("{p}.feed_forward_length")
-    } else {
-        format!("{p}.expert_feed_forward_length")
-    };
-    let (e, ff, d) = (moe.n_expert as u64, moe.n_ff_exp as u64, c.n_embd as u64);
-    let mismatch = |tensor: &str, key: &str, what: String| ExecError::ExpertMismatch {
-        tensor: tensor.to_owned(),
-        key: key.to_owned(),
-        what,
-    };
-    let shape = |tensor: &str, expected: Vec<u64>, found: &[u64]| ExecError::TensorShape {
-        tensor: tensor.to_owned(),
-        expected,
-        found: found.to_vec(),
-    };
-
+    let count_key = format!("{}.expert_count", c.arch.name());
+    let (e, d) = (moe.n_expert as u64, c.n_embd as u64);
     let router_name = t(Role::Router);
     let router = gguf
         .tensor(&router_name)
@@ -442,100 +454,20 @@ fn load_moe(
     match router.dims[..] {
         [k, n] if k == d && n == e => {}
         [k, n] if k == d => {
-            return Err(mismatch(
+            return Err(expert_mismatch(
                 &router_name,
                 &count_key,
                 format!("the router scores {n} experts, the key says {e}"),
             ))
         }
-        _ => return Err(shape(&router_name, vec![d, e], &router.dims)),
+        _ => return Err(shape_error(&router_name, vec![d, e], &router.dims)),
     }
     let router = spec(router_name, c.n_embd, moe.n_expert)?;
-
     let shared = match moe.n_ff_shexp {
         None => None,
-        Some(n_ff) => {
-            let gate_inp = t(Role::SharedExpertGateInp);
-            let found = gguf
-                .tensor(&gate_inp)
-                .ok_or_else(|| ExecError::MissingTensor {
-                    tensor: gate_inp.clone(),
-                })?;
-            // gguf-py writes the gate vector as [n_embd] (llama.cpp also accepts [n_embd, 1]).
-            if found.dims != [d] && found.dims != [d, 1] {
-                return Err(shape(&gate_inp, vec![d], &found.dims));
-            }
-            let gate_inp_values = dequantize_tensor(gguf, &gate_inp, &found.dims.clone())?;
-            let sff_key = format!("{p}.expert_shared_feed_forward_length");
-            let sff = n_ff as u64;
-            for (role, k, n) in [
-                (Role::SharedExpertGate, d, sff),
-                (Role::SharedExpertUp, d, sff),
-                (Role::SharedExpertDown, sff, d),
-            ] {
-                let name = t(role);
-                let info = gguf.tensor(&name).ok_or_else(|| ExecError::MissingTensor {
-                    tensor: name.clone(),
-                })?;
-                if info.dims.len() == 2 && info.dims != [k, n] && info.dims.contains(&d) {
-                    return Err(mismatch(
-                        &name,
-                        &sff_key,
-                        format!("dims {:?}, the key implies {:?}", info.dims, [k, n]),
-                    ));
-                }
-            }
-            Some(SharedExpert {
-                gate: spec(t(Role::SharedExpertGate), c.n_embd, n_ff)?,
-                up: spec(t(Role::SharedExpertUp), c.n_embd, n_ff)?,
-                down: spec(t(Role::SharedExpertDown), n_ff, c.n_embd)?,
-                n_ff,
-                gate_inp: gate_inp_values,
-            })
-        }
+        Some(n_ff) => Some(load_shared_expert(gguf, c, n_ff, layer, spec)?),
     };
-
-    // [K, N, n_expert] for gate/up ([n_embd, n_ff_exp, E]) and down ([n_ff_exp, n_embd, E]).
-    let mut names = Vec::with_capacity(3);
-    for (role, down) in [
-        (Role::ExpertGate, false),
-        (Role::ExpertUp, false),
-        (Role::ExpertDown, true),
-    ] {
-        let name = t(role);
-        let info = gguf.tensor(&name).ok_or_else(|| ExecError::MissingTensor {
-            tensor: name.clone(),
-        })?;
-        let expected = if down { vec![ff, d, e] } else { vec![d, ff, e] };
-        let [k, n, experts] = info.dims[..] else {
-            return Err(shape(&name, expected, &info.dims));
-        };
-        let (width, ff_found) = if down { (n, k) } else { (k, n) };
-        if width != d {
-            return Err(shape(&name, expected, &info.dims));
-        }
-        if experts != e {
-            return Err(mismatch(
-                &name,
-                &count_key,
-                format!("the tensor holds {experts} experts, the key says {e}"),
-            ));
-        }
-        if ff_found != ff {
-            return Err(mismatch(
-                &name,
-                &ff_key,
-                format!("experts are {ff_found} wide, the key says {ff}"),
-            ));
-        }
-        if !info.size.is_multiple_of(e) {
-            return Err(ExecError::TensorData {
-                tensor: name,
-                what: format!("{} bytes do not split into {e} experts", info.size),
-            });
-        }
-        names.push(name);
-    }
+    let names = check_expert_tensors(gguf, c, moe, layer)?;
     let mut experts = Vec::with_capacity(moe.n_expert);
     for x in 0..moe.n_expert {
         let key = |i: usize| format!("{}#{x}", names[i]);
@@ -555,4 +487,133 @@ fn load_moe(
         weights_scale: moe.weights_scale,
         speculation: Speculation::new(DEFAULT_SPECULATION_EXTRA),
     })
+}
+
+/// A tensor whose shape disagrees with an expert key.
+fn expert_mismatch(tensor: &str, key: &str, what: String) -> ExecError {
+    ExecError::ExpertMismatch {
+        tensor: tensor.to_owned(),
+        key: key.to_owned(),
+        what,
+    }
+}
+
+/// A tensor of the wrong shape.
+fn shape_error(tensor: &str, expected: Vec<u64>, found: &[u64]) -> ExecError {
+    ExecError::TensorShape {
+        tensor: tensor.to_owned(),
+        expected,
+        found: found.to_vec(),
+    }
+}
+
+/// Block `layer`'s shared expert of width `n_ff`: its gate vector (dequantized now) and its
+/// gate/up/down weights, checked against `{arch}.expert_shared_feed_forward_length`.
+fn load_shared_expert(
+    gguf: &GgufFile,
+    c: &ModelConfig,
+    n_ff: usize,
+    layer: usize,
+    spec: &mut impl FnMut(String, usize, usize) -> Result<WeightId, ExecError>,
+) -> Result<SharedExpert, ExecError> {
+    let t = |role: Role| tensor_name(role, layer).expect("roles in the table have names");
+    let d = c.n_embd as u64;
+    let gate_inp = t(Role::SharedExpertGateInp);
+    let found = gguf
+        .tensor(&gate_inp)
+        .ok_or_else(|| ExecError::MissingTensor {
+            tensor: gate_inp.clone(),
+        })?;
+    // gguf-py writes the gate vector as [n_embd] (llama.cpp also accepts [n_embd, 1]).
+    if found.dims != [d] && found.dims != [d, 1] {
+        return Err(shape_error(&gate_inp, vec![d], &found.dims));
+    }
+    let gate_inp_values = dequantize_tensor(gguf, &gate_inp, &found.dims.clone())?;
+    let sff_key = format!("{}.expert_shared_feed_forward_length", c.arch.name());
+    let sff = n_ff as u64;
+    for (role, k, n) in [
+        (Role::SharedExpertGate, d, sff),
+        (Role::SharedExpertUp, d, sff),
+        (Role::SharedExpertDown, sff, d),
+    ] {
+        let name = t(role);
+        let info = gguf.tensor(&name).ok_or_else(|| ExecError::MissingTensor {
+            tensor: name.clone(),
+        })?;
+        if info.dims.len() == 2 && info.dims != [k, n] && info.dims.contains(&d) {
+            return Err(expert_mismatch(
+                &name,
+                &sff_key,
+                format!("dims {:?}, the key implies {:?}", info.dims, [k, n]),
+            ));
+        }
+    }
+    Ok(SharedExpert {
+        gate: spec(t(Role::SharedExpertGate), c.n_embd, n_ff)?,
+        up: spec(t(Role::SharedExpertUp), c.n_embd, n_ff)?,
+        down: spec(t(Role::SharedExpertDown), n_ff, c.n_embd)?,
+        n_ff,
+        gate_inp: gate_inp_values,
+    })
+}
+
+/// Block `layer`'s gate/up/down expert tensors: [K, N, n_expert] for gate/up
+/// ([n_embd, n_ff_exp, E]) and down ([n_ff_exp, n_embd, E]), agreeing with the expert keys and
+/// splitting evenly into experts. Returns their names.
+fn check_expert_tensors(
+    gguf: &GgufFile,
+    c: &ModelConfig,
+    moe: &MoeConfig,
+    layer: usize,
+) -> Result<Vec<String>, ExecError> {
+    let t = |role: Role| tensor_name(role, layer).expect("roles in the table have names");
+    let p = c.arch.name();
+    let count_key = format!("{p}.expert_count");
+    let ff_key = if c.arch == Arch::Llama {
+        format!("{p}.feed_forward_length")
+    } else {
+        format!("{p}.expert_feed_forward_length")
+    };
+    let (e, ff, d) = (moe.n_expert as u64, moe.n_ff_exp as u64, c.n_embd as u64);
+    let mut names = Vec::with_capacity(3);
+    for (role, down) in [
+        (Role::ExpertGate, false),
+        (Role::ExpertUp, false),
+        (Role::ExpertDown, true),
+    ] {
+        let name = t(role);
+        let info = gguf.tensor(&name).ok_or_else(|| ExecError::MissingTensor {
+            tensor: name.clone(),
+        })?;
+        let expected = if down { vec![ff, d, e] } else { vec![d, ff, e] };
+        let [k, n, experts] = info.dims[..] else {
+            return Err(shape_error(&name, expected, &info.dims));
+        };
+        let (width, ff_found) = if down { (n, k) } else { (k, n) };
+        if width != d {
+            return Err(shape_error(&name, expected, &info.dims));
+        }
+        if experts != e {
+            return Err(expert_mismatch(
+                &name,
+                &count_key,
+                format!("the tensor holds {experts} experts, the key says {e}"),
+            ));
+        }
+        if ff_found != ff {
+            return Err(expert_mismatch(
+                &name,
+                &ff_key,
+                format!("experts are {ff_found} wide, the key says {ff}"),
+            ));
+        }
+        if !info.size.is_multiple_of(e) {
+            return Err(ExecError::TensorData {
+                tensor: name,
+                what: format!("{} bytes do not split into {e} experts", info.size),
+            });
+        }
+        names.push(name);
+    }
+    Ok(names)
 }

@@ -534,24 +534,7 @@ fn forward_inner(
     let m: usize = parts.iter().map(|p| p.tokens.len()).sum();
     let d = c.n_embd;
     let mut x = vec![0.0f32; m * d];
-    let mut positions = Vec::with_capacity(m);
-    let mut row = 0;
-    for p in parts.iter() {
-        let n = p.tokens.len();
-        model.embed(p.tokens, &mut x[row * d..(row + n) * d])?;
-        match p.tree {
-            None => positions.extend((0..n).map(|i| (p.session.len + i, p.session.context))),
-            Some(parents) => {
-                let mut depth: Vec<usize> = Vec::with_capacity(n);
-                for par in parents {
-                    let d = par.map_or(0, |q| depth[q] + 1);
-                    depth.push(d);
-                    positions.push((p.session.len + d, p.session.context));
-                }
-            }
-        }
-        row += n;
-    }
+    let positions = embed_parts(model, parts, &mut x)?;
     let angles: Vec<_> = positions
         .iter()
         .map(|&(p, context)| model.rope.angles(p, context))
@@ -576,13 +559,7 @@ fn forward_inner(
     let mut v = vec![0.0f32; m * c.v_dim()];
     let mut attn = vec![0.0f32; m * c.attn_out_dim()];
     let mut proj = vec![0.0f32; m * d];
-    let shape = AttentionShape {
-        n_head: c.n_head,
-        n_head_kv: c.n_head_kv,
-        head_dim_k: c.head_dim_k,
-        head_dim_v: c.head_dim_v,
-    };
-    let (qd, kd, vd, ad) = (c.q_dim(), c.k_dim(), c.v_dim(), c.attn_out_dim());
+    let (qd, kd) = (c.q_dim(), c.k_dim());
 
     for (il, layer) in model.layers.iter().enumerate() {
         // Attention block.
@@ -612,44 +589,7 @@ fn forward_inner(
             g.scale_queries(&mut q);
         }
         // Each part attends over its own cache, its rows being the newest positions.
-        let mut row = 0;
-        for p in parts.iter_mut() {
-            let (n, s) = (p.tokens.len(), &mut *p.session);
-            let l = &mut s.kv[il];
-            let range = |what: &'static str| {
-                move |value| ExecError::KvRange {
-                    layer: il,
-                    what,
-                    value,
-                }
-            };
-            l.keys
-                .append(&k[row * kd..(row + n) * kd], c.head_dim_k)
-                .map_err(range("key"))?;
-            l.values
-                .append(&v[row * vd..(row + n) * vd], c.head_dim_v)
-                .map_err(range("value"))?;
-            let (q_rows, out_rows) = (
-                &q[row * qd..(row + n) * qd],
-                &mut attn[row * ad..(row + n) * ad],
-            );
-            let window = layer.window.unwrap_or(usize::MAX);
-            // A sliding-window layer holds positions `start..`: every key the batch's first row
-            // sees (`len - window + 1 ..`), so attention over what is held, by offsets from its
-            // end, is attention over every position.
-            debug_assert!(l.start == 0 || l.start + window - 1 <= s.len);
-            l.attend(shape, q_rows, n, p.tree, window, out_rows);
-            linear.record(ork_board::HostKind::attention(
-                n,
-                s.len,
-                layer.window,
-                c.n_head,
-                c.n_head_kv,
-                c.head_dim_k,
-                s.kv_type.bytes(),
-            ));
-            row += n;
-        }
+        attend_parts(model, linear, parts, il, [&q, &k, &v], &mut attn)?;
         linear.matmul(layer.wo, &attn, m, &mut proj)?;
         let post = layer.post_norms.as_ref();
         post_norm(&mut proj, post.map(|p| &p.attn[..]), c.rms_eps);
@@ -665,7 +605,110 @@ fn forward_inner(
         add(&mut x, &proj);
     }
 
-    // The rows that produce logits, gathered so the output matmul runs once.
+    output_logits(model, linear, parts, &x)
+}
+
+/// Embed every part's tokens into `x` (their rows in order); each row's (position, context):
+/// a chain's rows follow its cache, a tree's rows sit at their depth below it.
+fn embed_parts(
+    model: &Model,
+    parts: &[Part<'_, '_>],
+    x: &mut [f32],
+) -> Result<Vec<(usize, usize)>, ExecError> {
+    let d = model.config().n_embd;
+    let m: usize = parts.iter().map(|p| p.tokens.len()).sum();
+    let mut positions = Vec::with_capacity(m);
+    let mut row = 0;
+    for p in parts.iter() {
+        let n = p.tokens.len();
+        model.embed(p.tokens, &mut x[row * d..(row + n) * d])?;
+        match p.tree {
+            None => positions.extend((0..n).map(|i| (p.session.len + i, p.session.context))),
+            Some(parents) => {
+                let mut depth: Vec<usize> = Vec::with_capacity(n);
+                for par in parents {
+                    let d = par.map_or(0, |q| depth[q] + 1);
+                    depth.push(d);
+                    positions.push((p.session.len + d, p.session.context));
+                }
+            }
+        }
+        row += n;
+    }
+    Ok(positions)
+}
+
+/// Layer `il`'s attention for every part: its rows of `k`/`v` appended to its own cache, its
+/// rows of `q` attending over it into its rows of `attn`.
+fn attend_parts(
+    model: &Model,
+    linear: &dyn Linear,
+    parts: &mut [Part<'_, '_>],
+    il: usize,
+    [q, k, v]: [&[f32]; 3],
+    attn: &mut [f32],
+) -> Result<(), ExecError> {
+    let c = model.config();
+    let layer = &model.layers[il];
+    let (qd, kd, vd, ad) = (c.q_dim(), c.k_dim(), c.v_dim(), c.attn_out_dim());
+    let shape = AttentionShape {
+        n_head: c.n_head,
+        n_head_kv: c.n_head_kv,
+        head_dim_k: c.head_dim_k,
+        head_dim_v: c.head_dim_v,
+    };
+    let mut row = 0;
+    for p in parts.iter_mut() {
+        let (n, s) = (p.tokens.len(), &mut *p.session);
+        let l = &mut s.kv[il];
+        let range = |what: &'static str| {
+            move |value| ExecError::KvRange {
+                layer: il,
+                what,
+                value,
+            }
+        };
+        l.keys
+            .append(&k[row * kd..(row + n) * kd], c.head_dim_k)
+            .map_err(range("key"))?;
+        l.values
+            .append(&v[row * vd..(row + n) * vd], c.head_dim_v)
+            .map_err(range("value"))?;
+        let (q_rows, out_rows) = (
+            &q[row * qd..(row + n) * qd],
+            &mut attn[row * ad..(row + n) * ad],
+        );
+        let window = layer.window.unwrap_or(usize::MAX);
+        // A sliding-window layer holds positions `start..`: every key the batch's first row
+        // sees (`len - window + 1 ..`), so attention over what is held, by offsets from its
+        // end, is attention over every position.
+        debug_assert!(l.start == 0 || l.start + window - 1 <= s.len);
+        l.attend(shape, q_rows, n, p.tree, window, out_rows);
+        linear.record(ork_board::HostKind::attention(
+            n,
+            s.len,
+            layer.window,
+            c.n_head,
+            c.n_head_kv,
+            c.head_dim_k,
+            s.kv_type.bytes(),
+        ));
+        row += n;
+    }
+    Ok(())
+}
+
+/// The logits of the rows that produce them, the rows gathered so that the output matmul runs
+/// once; one entry per part (`None` for a part that asked for none).
+fn output_logits(
+    model: &Model,
+    linear: &dyn Linear,
+    parts: &[Part<'_, '_>],
+    x: &[f32],
+) -> Result<Vec<Option<Vec<f32>>>, ExecError> {
+    let c = model.config();
+    let d = c.n_embd;
+    let gemma3 = model.gemma3.as_ref();
     let mut rows = Vec::new();
     let mut counts = Vec::with_capacity(parts.len());
     let mut row = 0;

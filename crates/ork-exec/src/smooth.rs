@@ -216,17 +216,7 @@ pub fn smoothing_factors(
             what: "the calibration text has no tokens".to_owned(),
         });
     }
-    let recorder = Arc::new(Recorder {
-        inner: Arc::clone(reference),
-        maxima: Mutex::new(HashMap::new()),
-    });
-    for chunk in tokens.chunks(n_ctx.max(1)) {
-        let linear: Arc<dyn Linear> = Arc::clone(&recorder) as Arc<dyn Linear>;
-        // The f32 reference throughout, its cache included.
-        let mut s = Session::new(Arc::clone(model), linear).with_kv_type(KvType::F32);
-        s.prefill(chunk)?;
-    }
-    let maxima = std::mem::take(&mut *recorder.maxima.lock().unwrap_or_else(|e| e.into_inner()));
+    let maxima = activation_maxima(model, reference, tokens, n_ctx)?;
     let c = model.config();
     let d = c.n_embd;
     let act = |id: WeightId| -> Result<Vec<f32>, ExecError> {
@@ -299,6 +289,28 @@ pub fn smoothing_factors(
         });
     }
     Ok(out)
+}
+
+/// The largest absolute input of every weight's columns over `tokens`, run through `reference`
+/// (the f32 weights, its KV cache included) in chunks of at most `n_ctx`.
+fn activation_maxima(
+    model: &Arc<Model>,
+    reference: &Arc<CpuF32Linear>,
+    tokens: &[u32],
+    n_ctx: usize,
+) -> Result<HashMap<WeightId, Vec<f32>>, ExecError> {
+    let recorder = Arc::new(Recorder {
+        inner: Arc::clone(reference),
+        maxima: Mutex::new(HashMap::new()),
+    });
+    for chunk in tokens.chunks(n_ctx.max(1)) {
+        let linear: Arc<dyn Linear> = Arc::clone(&recorder) as Arc<dyn Linear>;
+        // The f32 reference throughout, its cache included.
+        let mut s = Session::new(Arc::clone(model), linear).with_kv_type(KvType::F32);
+        s.prefill(chunk)?;
+    }
+    let maxima = std::mem::take(&mut *recorder.maxima.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(maxima)
 }
 
 /// What folding a block's factors does to one tensor.

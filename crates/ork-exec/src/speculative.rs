@@ -52,16 +52,7 @@ pub trait Draft: Send {
         max_nodes: usize,
         max_depth: usize,
     ) -> Result<Vec<TreeProposal>, ExecError> {
-        let chain = self.propose(history, max_depth.min(max_nodes))?;
-        Ok(chain
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| TreeProposal {
-                token: p.token,
-                parent: i.checked_sub(1),
-                q: p.q,
-            })
-            .collect())
+        Ok(chain_tree(self.propose(history, max_depth.min(max_nodes))?))
     }
 }
 
@@ -634,7 +625,7 @@ pub fn generate_speculative(
     let mut last = first_last;
     let mut tokens = Vec::new();
     let mut k = speculative.draft_max;
-    let stop = 'outer: loop {
+    let stop = loop {
         let remaining = options.max_tokens - tokens.len();
         if remaining == 0 {
             break StopReason::MaxTokens;
@@ -642,89 +633,27 @@ pub fn generate_speculative(
         // A pass emits the accepted drafts and one more token.
         let want = k.min(remaining - 1);
         let td = Instant::now();
-        let drafts: Vec<TreeProposal> = match (want, speculative.tree_nodes) {
-            (0, _) => Vec::new(),
-            (_, None) => draft
-                .propose(&history, want)?
-                .into_iter()
-                .enumerate()
-                .map(|(i, p)| TreeProposal {
-                    token: p.token,
-                    parent: i.checked_sub(1),
-                    q: p.q,
-                })
-                .collect(),
-            (_, Some(n)) => draft.propose_tree(&history, n, want)?,
-        };
+        let drafts = propose(draft, &history, want, speculative.tree_nodes)?;
         stats.draft_time += td.elapsed();
-        // Keep a well-formed tree: a node whose token is out of range, or whose parent was
-        // dropped, or that is deeper than `want`, goes (with its subtree).
-        let mut kept: Vec<Option<usize>> = Vec::with_capacity(drafts.len());
-        let mut depth: Vec<usize> = Vec::with_capacity(drafts.len());
-        let mut tree = Vec::with_capacity(drafts.len());
-        for (i, d) in drafts.iter().enumerate() {
-            let parent = match d.parent {
-                None => Some(None),
-                Some(p) if p < i => kept[p].map(Some),
-                Some(_) => None,
-            };
-            let slot = parent.and_then(|parent| {
-                let dp = parent.map_or(1, |p: usize| depth[p] + 1);
-                ((d.token as usize) < vocab && dp <= want).then(|| {
-                    depth.push(dp);
-                    tree.push((d.token, parent.map(|p| p + 1), i));
-                    tree.len() - 1
-                })
-            });
-            kept.push(slot);
-        }
+        let (tree, depth) = prune_tree(&drafts, vocab, want);
         let n_tree = tree.len();
-        // The batch: `last` (node 0), then the kept drafts (node j + 1).
-        let mut batch = Vec::with_capacity(n_tree + 1);
-        let mut parents = Vec::with_capacity(n_tree + 1);
-        batch.push(last);
-        parents.push(None);
-        for &(t, p, _) in &tree {
-            batch.push(t);
-            parents.push(Some(p.unwrap_or(0)));
-        }
+        let (batch, parents) = verifier_batch(last, &tree);
         let base = session.position();
         let tv = Instant::now();
-        let chain = parents
-            .iter()
-            .enumerate()
-            .all(|(i, p)| *p == i.checked_sub(1));
-        let logits = if chain {
-            session.forward_all(&batch)?
-        } else {
-            session.forward_tree(&batch, &parents)?
-        };
+        let (logits, chain) = verify(session, &batch, &parents)?;
         stats.verify_time += tv.elapsed();
         stats.passes += 1;
         stats.drafted += n_tree;
 
-        // Walk from the root: the first child is judged; a rejection whose token is another
-        // child moves to that child (its subtree is verified too), else it ends the pass.
-        let mut path = vec![0usize];
-        let next = loop {
-            let at = *path.last().unwrap_or(&0);
-            let children: Vec<usize> = (1..batch.len())
-                .filter(|&j| parents[j] == Some(at))
-                .collect();
-            let row = &logits[at * vocab..][..vocab];
-            let Some(&first) = children.first() else {
-                break sampler.sample(row)?;
-            };
-            let p = sampler.distribution(row)?;
-            let d = &drafts[tree[first - 1].2];
-            match acceptance.judge(&p, &d.q, d.token, sampler) {
-                None => path.push(first),
-                Some(t) => match children[1..].iter().find(|&&c| batch[c] == t) {
-                    Some(&c) => path.push(c),
-                    None => break t,
-                },
-            }
-        };
+        let (path, next) = walk(
+            &batch,
+            &parents,
+            &logits,
+            vocab,
+            (&drafts, &tree),
+            sampler,
+            acceptance,
+        )?;
         let accepted = path.len() - 1;
         stats.accepted += accepted;
         // The verifier's cache keeps `last` and the accepted branch.
@@ -733,31 +662,18 @@ pub fn generate_speculative(
         } else {
             session.keep_branch(base, &path)?;
         }
-        let max_depth = depth.iter().copied().max().unwrap_or(0);
         if speculative.adaptive && n_tree > 0 {
-            k = if accepted == max_depth {
-                (k * 2).min(speculative.draft_max)
-            } else {
-                (k / 2).max(accepted + 1).min(speculative.draft_max)
-            };
+            k = next_k(
+                k,
+                accepted,
+                depth.iter().copied().max().unwrap_or(0),
+                speculative.draft_max,
+            );
         }
-        let accepted_tokens: Vec<u32> = path[1..].iter().map(|&j| batch[j]).collect();
-
-        let emitted = accepted_tokens.into_iter().chain([next]);
-        for (e, t) in emitted.enumerate() {
-            if options.stop_tokens.contains(&t) {
-                // As plain generation: every emitted token is in the cache.
-                session.truncate(base + 1 + e)?;
-                break 'outer StopReason::EndOfGeneration(t);
-            }
-            tokens.push(t);
-            history.push(t);
-            on_token(t)?;
-            if tokens.len() == options.max_tokens {
-                // As plain generation: the last emitted token is not in the cache.
-                session.truncate(base + 1 + e)?;
-                break 'outer StopReason::MaxTokens;
-            }
+        let emitted = path[1..].iter().map(|&j| batch[j]).chain([next]);
+        let out = (&mut tokens, &mut history, &mut on_token);
+        if let Some(stop) = emit(session, base, emitted, options, out)? {
+            break stop;
         }
         last = next;
     };
@@ -773,6 +689,172 @@ pub fn generate_speculative(
         },
         stats,
     })
+}
+
+/// The verifier's batch: `last` (node 0), then the kept drafts (node j + 1), and each row's
+/// parent row.
+fn verifier_batch(last: u32, tree: &[KeptNode]) -> (Vec<u32>, Vec<Option<usize>>) {
+    let batch = std::iter::once(last)
+        .chain(tree.iter().map(|t| t.0))
+        .collect();
+    let parents = std::iter::once(None)
+        .chain(tree.iter().map(|t| Some(t.1.unwrap_or(0))))
+        .collect();
+    (batch, parents)
+}
+
+/// Run the verifier over `batch`: one forward pass over a chain, a tree pass otherwise.
+/// Returns the logits of every row and whether the batch was a chain.
+fn verify(
+    session: &mut Session,
+    batch: &[u32],
+    parents: &[Option<usize>],
+) -> Result<(Vec<f32>, bool), ExecError> {
+    let chain = parents
+        .iter()
+        .enumerate()
+        .all(|(i, p)| *p == i.checked_sub(1));
+    let logits = if chain {
+        session.forward_all(batch)?
+    } else {
+        session.forward_tree(batch, parents)?
+    };
+    Ok((logits, chain))
+}
+
+/// The pass's tokens and history so far, and the callback each emitted token goes to.
+type Emitted<'a, F> = (&'a mut Vec<u32>, &'a mut Vec<u32>, &'a mut F);
+
+/// Emit a pass's tokens (the accepted drafts, then the verifier's own) after the cache position
+/// `base`; the generation stops at a stop token or at `max_tokens`, its cache then cut as plain
+/// generation leaves it.
+fn emit<F: FnMut(u32) -> Result<(), ExecError>>(
+    session: &mut Session,
+    base: usize,
+    emitted: impl Iterator<Item = u32>,
+    options: &GenerateOptions,
+    (tokens, history, on_token): Emitted<'_, F>,
+) -> Result<Option<StopReason>, ExecError> {
+    for (e, t) in emitted.enumerate() {
+        if options.stop_tokens.contains(&t) {
+            // As plain generation: every emitted token is in the cache.
+            session.truncate(base + 1 + e)?;
+            return Ok(Some(StopReason::EndOfGeneration(t)));
+        }
+        tokens.push(t);
+        history.push(t);
+        on_token(t)?;
+        if tokens.len() == options.max_tokens {
+            // As plain generation: the last emitted token is not in the cache.
+            session.truncate(base + 1 + e)?;
+            return Ok(Some(StopReason::MaxTokens));
+        }
+    }
+    Ok(None)
+}
+
+/// A chain of proposals as a tree: each node the previous one's child.
+fn chain_tree(chain: Vec<Proposal>) -> Vec<TreeProposal> {
+    chain
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| TreeProposal {
+            token: p.token,
+            parent: i.checked_sub(1),
+            q: p.q,
+        })
+        .collect()
+}
+
+/// `want` proposals from `draft` after `history`: a chain (each node the previous one's child),
+/// or with `tree_nodes` a tree of at most that many nodes.
+fn propose(
+    draft: &mut dyn Draft,
+    history: &[u32],
+    want: usize,
+    tree_nodes: Option<usize>,
+) -> Result<Vec<TreeProposal>, ExecError> {
+    Ok(match (want, tree_nodes) {
+        (0, _) => Vec::new(),
+        (_, None) => chain_tree(draft.propose(history, want)?),
+        (_, Some(n)) => draft.propose_tree(history, n, want)?,
+    })
+}
+
+/// A kept draft node: its token, its parent among the kept nodes (1-based: 0 is the batch's
+/// first row), and its index among the proposals.
+type KeptNode = (u32, Option<usize>, usize);
+
+/// Keep a well-formed tree: a node whose token is out of range (the vocabulary has `vocab`),
+/// or whose parent was dropped, or that is deeper than `want`, goes (with its subtree). Returns
+/// the kept nodes and their depths.
+fn prune_tree(drafts: &[TreeProposal], vocab: usize, want: usize) -> (Vec<KeptNode>, Vec<usize>) {
+    let mut kept: Vec<Option<usize>> = Vec::with_capacity(drafts.len());
+    let mut depth: Vec<usize> = Vec::with_capacity(drafts.len());
+    let mut tree = Vec::with_capacity(drafts.len());
+    for (i, d) in drafts.iter().enumerate() {
+        let parent = match d.parent {
+            None => Some(None),
+            Some(p) if p < i => kept[p].map(Some),
+            Some(_) => None,
+        };
+        let slot = parent.and_then(|parent| {
+            let dp = parent.map_or(1, |p: usize| depth[p] + 1);
+            ((d.token as usize) < vocab && dp <= want).then(|| {
+                depth.push(dp);
+                tree.push((d.token, parent.map(|p| p + 1), i));
+                tree.len() - 1
+            })
+        });
+        kept.push(slot);
+    }
+    (tree, depth)
+}
+
+/// Walk the verified batch from the root: the first child is judged; a rejection whose token is
+/// another child moves to that child (its subtree is verified too), else it ends the pass.
+/// Returns the accepted path (batch rows, the root first) and the token the pass emits after it.
+fn walk(
+    batch: &[u32],
+    parents: &[Option<usize>],
+    logits: &[f32],
+    vocab: usize,
+    (drafts, tree): (&[TreeProposal], &[KeptNode]),
+    sampler: &mut Sampler,
+    acceptance: &mut dyn Acceptance,
+) -> Result<(Vec<usize>, u32), ExecError> {
+    let mut path = vec![0usize];
+    let next = loop {
+        let at = *path.last().unwrap_or(&0);
+        let children: Vec<usize> = (1..batch.len())
+            .filter(|&j| parents[j] == Some(at))
+            .collect();
+        let row = &logits[at * vocab..][..vocab];
+        let Some(&first) = children.first() else {
+            break sampler.sample(row)?;
+        };
+        let p = sampler.distribution(row)?;
+        let d = &drafts[tree[first - 1].2];
+        match acceptance.judge(&p, &d.q, d.token, sampler) {
+            None => path.push(first),
+            Some(t) => match children[1..].iter().find(|&&c| batch[c] == t) {
+                Some(&c) => path.push(c),
+                None => break t,
+            },
+        }
+    };
+    Ok((path, next))
+}
+
+/// The adaptive draft length after a pass that accepted `accepted` of drafts `max_depth` deep:
+/// doubled when every level was accepted, else halved (at least one more than accepted), at most
+/// `draft_max`.
+fn next_k(k: usize, accepted: usize, max_depth: usize, draft_max: usize) -> usize {
+    if accepted == max_depth {
+        (k * 2).min(draft_max)
+    } else {
+        (k / 2).max(accepted + 1).min(draft_max)
+    }
 }
 
 #[cfg(test)]

@@ -323,47 +323,8 @@ impl Tokenizer {
                 })
             }
         };
+        let kinds = check_vocabulary(&vocab)?;
         let n = vocab.tokens.len();
-        if n == 0 || u32::try_from(n).is_err() {
-            return Err(invalid("tokenizer.ggml.tokens", "empty or too large"));
-        }
-        let kinds = if vocab.kinds.is_empty() {
-            vec![TokenKind::Normal; n]
-        } else if vocab.kinds.len() == n {
-            vocab.kinds.clone()
-        } else {
-            return Err(invalid(
-                "tokenizer.ggml.token_type",
-                &format!("{} entries for {n} tokens", vocab.kinds.len()),
-            ));
-        };
-        for (key, id) in [
-            ("tokenizer.ggml.bos_token_id", vocab.bos),
-            ("tokenizer.ggml.eos_token_id", vocab.eos),
-            ("tokenizer.ggml.eot_token_id", vocab.eot),
-        ] {
-            if let Some(id) = id {
-                if id as usize >= n {
-                    return Err(invalid(
-                        key,
-                        &format!("id {id} is not below the vocabulary size {n}"),
-                    ));
-                }
-            }
-        }
-        if vocab.add_bos && vocab.bos.is_none() {
-            return Err(invalid(
-                "tokenizer.ggml.add_bos_token",
-                "set, but there is no BOS id",
-            ));
-        }
-        if vocab.add_eos && vocab.eos.is_none() {
-            return Err(invalid(
-                "tokenizer.ggml.add_eos_token",
-                "set, but there is no EOS id",
-            ));
-        }
-
         // llama.cpp renames an empty token text "[EMPTY_<id>]" when loading; both encoding (by
         // text) and decoding (control/user-defined texts) see the new name.
         let tokens: Vec<String> = vocab
@@ -393,54 +354,8 @@ impl Tokenizer {
         } else {
             Model::Bpe(Box::new(bpe_model(&vocab)?))
         };
-
-        let table = byte_to_char_table();
-        let char_to_byte: std::collections::HashMap<char, u8> = table
-            .iter()
-            .enumerate()
-            .map(|(b, &c)| (c, b as u8))
-            .collect();
-        let pieces = tokens
-            .iter()
-            .zip(&kinds)
-            .map(|(text, kind)| -> Box<[u8]> {
-                match kind {
-                    // SentencePiece: U+2581 stands for a space (`llama_unescape_whitespace`).
-                    TokenKind::Normal if spm => text.replace('\u{2581}', " ").into_bytes().into(),
-                    TokenKind::Normal => decode_byte_level(text, &char_to_byte).into(),
-                    TokenKind::Control | TokenKind::Unknown | TokenKind::UserDefined => {
-                        text.as_bytes().into()
-                    }
-                    TokenKind::Byte => {
-                        parse_byte_token(text).map_or_else(|| Box::from([]), |b| Box::from([b]))
-                    }
-                    // llama.cpp renders other kinds as nothing.
-                    TokenKind::Unused | TokenKind::Undefined => Box::from([]),
-                }
-            })
-            .collect();
-
-        let mut specials: Vec<(String, u32, TokenKind)> = tokens
-            .iter()
-            .zip(&kinds)
-            .enumerate()
-            .filter(|(_, (text, kind))| {
-                !text.is_empty()
-                    && matches!(
-                        kind,
-                        TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown
-                    )
-            })
-            .map(|(i, (text, kind))| (text.clone(), i as u32, *kind))
-            .collect();
-        specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
-        let special_finder =
-            AhoCorasick::new(specials.iter().map(|s| s.0.as_str())).map_err(|e| {
-                ExecError::Tokenizer {
-                    what: format!("indexing {} special tokens: {e}", specials.len()),
-                }
-            })?;
-
+        let pieces = token_pieces(&tokens, &kinds, spm);
+        let (specials, special_finder) = special_tokens(&tokens, &kinds)?;
         let mut eog: Vec<u32> = [vocab.eos, vocab.eot].into_iter().flatten().collect();
         for (i, (text, kind)) in tokens.iter().zip(&kinds).enumerate() {
             if matches!(kind, TokenKind::Control | TokenKind::UserDefined)
@@ -451,7 +366,6 @@ impl Tokenizer {
         }
         eog.sort_unstable();
         eog.dedup();
-
         Ok(Tokenizer {
             model,
             add_space_prefix: vocab.add_space_prefix,
@@ -613,6 +527,110 @@ impl Tokenizer {
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
+}
+
+/// Check the vocabulary's sizes and special ids; returns each token's kind (all normal when
+/// the file gives none).
+fn check_vocabulary(vocab: &Vocabulary) -> Result<Vec<TokenKind>, ExecError> {
+    let n = vocab.tokens.len();
+    if n == 0 || u32::try_from(n).is_err() {
+        return Err(invalid("tokenizer.ggml.tokens", "empty or too large"));
+    }
+    let kinds = if vocab.kinds.is_empty() {
+        vec![TokenKind::Normal; n]
+    } else if vocab.kinds.len() == n {
+        vocab.kinds.clone()
+    } else {
+        return Err(invalid(
+            "tokenizer.ggml.token_type",
+            &format!("{} entries for {n} tokens", vocab.kinds.len()),
+        ));
+    };
+    for (key, id) in [
+        ("tokenizer.ggml.bos_token_id", vocab.bos),
+        ("tokenizer.ggml.eos_token_id", vocab.eos),
+        ("tokenizer.ggml.eot_token_id", vocab.eot),
+    ] {
+        if let Some(id) = id {
+            if id as usize >= n {
+                return Err(invalid(
+                    key,
+                    &format!("id {id} is not below the vocabulary size {n}"),
+                ));
+            }
+        }
+    }
+    if vocab.add_bos && vocab.bos.is_none() {
+        return Err(invalid(
+            "tokenizer.ggml.add_bos_token",
+            "set, but there is no BOS id",
+        ));
+    }
+    if vocab.add_eos && vocab.eos.is_none() {
+        return Err(invalid(
+            "tokenizer.ggml.add_eos_token",
+            "set, but there is no EOS id",
+        ));
+    }
+    Ok(kinds)
+}
+
+/// The bytes each token decodes to.
+fn token_pieces(tokens: &[String], kinds: &[TokenKind], spm: bool) -> Vec<Box<[u8]>> {
+    let table = byte_to_char_table();
+    let char_to_byte: std::collections::HashMap<char, u8> = table
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| (c, b as u8))
+        .collect();
+    tokens
+        .iter()
+        .zip(kinds)
+        .map(|(text, kind)| -> Box<[u8]> {
+            match kind {
+                // SentencePiece: U+2581 stands for a space (`llama_unescape_whitespace`).
+                TokenKind::Normal if spm => text.replace('\u{2581}', " ").into_bytes().into(),
+                TokenKind::Normal => decode_byte_level(text, &char_to_byte).into(),
+                TokenKind::Control | TokenKind::Unknown | TokenKind::UserDefined => {
+                    text.as_bytes().into()
+                }
+                TokenKind::Byte => {
+                    parse_byte_token(text).map_or_else(|| Box::from([]), |b| Box::from([b]))
+                }
+                // llama.cpp renders other kinds as nothing.
+                TokenKind::Unused | TokenKind::Undefined => Box::from([]),
+            }
+        })
+        .collect()
+}
+
+/// The special tokens (control, user-defined, unknown) that encoding matches in text, longest
+/// first, and their matcher.
+#[allow(clippy::type_complexity)]
+fn special_tokens(
+    tokens: &[String],
+    kinds: &[TokenKind],
+) -> Result<(Vec<(String, u32, TokenKind)>, AhoCorasick), ExecError> {
+    let mut specials: Vec<(String, u32, TokenKind)> = tokens
+        .iter()
+        .zip(kinds)
+        .enumerate()
+        .filter(|(_, (text, kind))| {
+            !text.is_empty()
+                && matches!(
+                    kind,
+                    TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown
+                )
+        })
+        .map(|(i, (text, kind))| (text.clone(), i as u32, *kind))
+        .collect();
+    specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+    let finder = AhoCorasick::new(specials.iter().map(|s| s.0.as_str())).map_err(|e| {
+        ExecError::Tokenizer {
+            what: format!("indexing {} special tokens: {e}", specials.len()),
+        }
+    })?;
+    Ok((specials, finder))
 }
 
 /// The byte-level BPE of a `gpt2` vocabulary, with its pre-tokenizer.

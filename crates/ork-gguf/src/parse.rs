@@ -180,9 +180,41 @@ impl<'a> Cursor<'a> {
 /// Parse and validate the header of a GGUF file held in `buf` (`path` only names it in errors).
 pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Header, GgufError> {
     let mut c = Cursor { buf, pos: 0, path };
-    let file_len = buf.len() as u64;
+    let version = read_magic_and_version(&mut c)?;
+    let (n_tensors, n_kv) = read_counts(&mut c)?;
+    let meta = read_metadata(&mut c, n_kv)?;
+    let alignment = read_alignment(&c, &meta)?;
+    let mut infos = read_tensor_infos(&mut c, n_tensors)?;
+    let data_offset = place_tensors(&c, alignment, &mut infos)?;
+    check_no_overlap(path, &infos.tensors)?;
+    Ok(Header {
+        version,
+        alignment,
+        data_offset,
+        metadata: meta.metadata,
+        meta_index: meta.index,
+        tensors: infos.tensors,
+        tensor_index: infos.index,
+    })
+}
 
-    // Magic and version.
+/// The metadata as read: pairs in file order, their index by key, and where each value starts.
+struct Metadata {
+    metadata: Vec<(String, MetaValue)>,
+    index: HashMap<String, usize>,
+    value_offsets: Vec<u64>,
+}
+
+/// The tensor infos as read: offsets are still relative to the data section.
+struct TensorInfos {
+    tensors: Vec<TensorInfo>,
+    index: HashMap<String, usize>,
+    relative_offsets: Vec<u64>,
+}
+
+/// Check the magic and read a supported version (2 or 3).
+fn read_magic_and_version(c: &mut Cursor<'_>) -> Result<u32, GgufError> {
+    let (buf, path) = (c.buf, c.path);
     if buf.len() >= 4 && &buf[..4] != b"GGUF" || buf.len() < 4 && !b"GGUF".starts_with(buf) {
         return Err(GgufError::BadMagic {
             path: path.to_path_buf(),
@@ -197,9 +229,13 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Header, GgufError> {
             version,
         });
     }
+    Ok(version)
+}
 
-    // Counts. A tensor info takes at least 32 bytes (name length, n_dims, one dim, type,
-    // offset), a key/value pair at least 13 (key length, type, one byte).
+/// Read the tensor and key/value counts, each capped by what the rest of the file could hold. A
+/// tensor info takes at least 32 bytes (name length, n_dims, one dim, type, offset), a key/value
+/// pair at least 13 (key length, type, one byte).
+fn read_counts(c: &mut Cursor<'_>) -> Result<(u64, u64), GgufError> {
     let at = c.offset();
     let n_tensors = c.u64(|| "tensor count".into())?;
     let at_kv = c.offset();
@@ -212,18 +248,21 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Header, GgufError> {
     if n_kv > kv_limit {
         return Err(c.limit(at_kv, || "metadata count".into(), n_kv, kv_limit));
     }
+    Ok((n_tensors, n_kv))
+}
 
-    // Metadata.
+/// Read `n_kv` key/value pairs; a key may appear once.
+fn read_metadata(c: &mut Cursor<'_>, n_kv: u64) -> Result<Metadata, GgufError> {
     let mut metadata = Vec::with_capacity(n_kv.min(PREALLOC) as usize);
-    let mut meta_index = HashMap::with_capacity(n_kv.min(PREALLOC) as usize);
+    let mut index = HashMap::with_capacity(n_kv.min(PREALLOC) as usize);
     let mut value_offsets = Vec::with_capacity(n_kv.min(PREALLOC) as usize);
     let mut budget = MAX_META_VALUES;
     for i in 0..n_kv {
         let at = c.offset();
         let key = c.string(MAX_NAME_LEN, || format!("metadata key #{i}"))?;
-        if meta_index.contains_key(&key) {
+        if index.contains_key(&key) {
             return Err(GgufError::DuplicateKey {
-                path: path.to_path_buf(),
+                path: c.path.to_path_buf(),
                 key,
                 offset: at,
             });
@@ -231,134 +270,166 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Header, GgufError> {
         let type_at = c.offset();
         let type_id = c.u32(|| format!("type of key '{key}'"))?;
         value_offsets.push(c.offset());
-        let value = read_value(&mut c, &key, type_id, type_at, 0, &mut budget)?;
-        meta_index.insert(key.clone(), metadata.len());
+        let value = read_value(c, &key, type_id, type_at, 0, &mut budget)?;
+        index.insert(key.clone(), metadata.len());
         metadata.push((key, value));
     }
+    Ok(Metadata {
+        metadata,
+        index,
+        value_offsets,
+    })
+}
 
-    // Alignment.
-    let mut alignment = DEFAULT_ALIGNMENT;
-    if let Some(&i) = meta_index.get("general.alignment") {
-        let at = value_offsets[i];
-        let value = &metadata[i].1;
-        let is_integer = matches!(
-            value,
-            MetaValue::U8(_)
-                | MetaValue::I8(_)
-                | MetaValue::U16(_)
-                | MetaValue::I16(_)
-                | MetaValue::U32(_)
-                | MetaValue::I32(_)
-                | MetaValue::U64(_)
-                | MetaValue::I64(_)
-        );
-        if !is_integer {
-            return Err(c.malformed(
-                at,
-                format!("general.alignment must be an integer, found {value:?}"),
-            ));
-        }
-        match value.as_u64() {
-            Some(a) if a.is_power_of_two() => alignment = a,
-            other => {
-                return Err(GgufError::BadAlignment {
-                    path: path.to_path_buf(),
-                    offset: at,
-                    // A negative value is reported as 0: it is as invalid.
-                    alignment: other.unwrap_or(0),
-                });
-            }
-        }
+/// `general.alignment` when present (an integer power of two), else the default.
+fn read_alignment(c: &Cursor<'_>, meta: &Metadata) -> Result<u64, GgufError> {
+    let Some(&i) = meta.index.get("general.alignment") else {
+        return Ok(DEFAULT_ALIGNMENT);
+    };
+    let at = meta.value_offsets[i];
+    let value = &meta.metadata[i].1;
+    let is_integer = matches!(
+        value,
+        MetaValue::U8(_)
+            | MetaValue::I8(_)
+            | MetaValue::U16(_)
+            | MetaValue::I16(_)
+            | MetaValue::U32(_)
+            | MetaValue::I32(_)
+            | MetaValue::U64(_)
+            | MetaValue::I64(_)
+    );
+    if !is_integer {
+        return Err(c.malformed(
+            at,
+            format!("general.alignment must be an integer, found {value:?}"),
+        ));
     }
+    match value.as_u64() {
+        Some(a) if a.is_power_of_two() => Ok(a),
+        other => Err(GgufError::BadAlignment {
+            path: c.path.to_path_buf(),
+            offset: at,
+            // A negative value is reported as 0: it is as invalid.
+            alignment: other.unwrap_or(0),
+        }),
+    }
+}
 
-    // Tensor infos.
+/// Read `n_tensors` tensor infos; a name may appear once.
+fn read_tensor_infos(c: &mut Cursor<'_>, n_tensors: u64) -> Result<TensorInfos, GgufError> {
     let mut tensors = Vec::with_capacity(n_tensors.min(PREALLOC) as usize);
-    let mut tensor_index = HashMap::with_capacity(n_tensors.min(PREALLOC) as usize);
+    let mut index = HashMap::with_capacity(n_tensors.min(PREALLOC) as usize);
     let mut relative_offsets = Vec::with_capacity(n_tensors.min(PREALLOC) as usize);
     for i in 0..n_tensors {
         let info_at = c.offset();
         let name = c.string(MAX_NAME_LEN, || format!("name of tensor #{i}"))?;
-        if tensor_index.contains_key(&name) {
+        if index.contains_key(&name) {
             return Err(GgufError::DuplicateTensor {
-                path: path.to_path_buf(),
+                path: c.path.to_path_buf(),
                 tensor: name,
                 offset: info_at,
             });
         }
-        let bad_shape = |what: String| GgufError::BadShape {
-            path: path.to_path_buf(),
-            tensor: name.clone(),
-            offset: info_at,
-            what,
-        };
-        let dims_at = c.offset();
-        let n_dims = u64::from(c.u32(|| format!("n_dims of tensor '{name}'"))?);
-        if n_dims > MAX_DIMS {
-            return Err(c.limit(
-                dims_at,
-                || format!("n_dims of tensor '{name}'"),
-                n_dims,
-                MAX_DIMS,
-            ));
-        }
-        if n_dims == 0 {
-            return Err(bad_shape("has no dimensions".into()));
-        }
-        let mut dims = Vec::with_capacity(n_dims as usize);
-        for d in 0..n_dims {
-            dims.push(c.u64(|| format!("dim {d} of tensor '{name}'"))?);
-        }
-        if let Some(d) = dims.iter().position(|&d| d == 0) {
-            return Err(bad_shape(format!("dimension {d} is zero")));
-        }
-        // ggml counts elements in int64_t.
-        let n_elements = dims
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .filter(|&n| n <= i64::MAX as u64)
-            .ok_or_else(|| GgufError::Overflow {
-                path: path.to_path_buf(),
-                offset: dims_at,
-                what: format!("element count of tensor '{name}' {dims:?}"),
-            })?;
-        let type_at = c.offset();
-        let type_id = c.u32(|| format!("type of tensor '{name}'"))?;
-        let ty = GgmlType::from_id(type_id);
-        let (Some(block_size), Some(type_size)) = (ty.block_size(), ty.type_size()) else {
-            return Err(GgufError::UnknownType {
-                path: path.to_path_buf(),
-                tensor: name,
-                offset: type_at,
-                type_id,
-            });
-        };
-        if dims[0] % block_size != 0 {
-            return Err(bad_shape(format!(
-                "row length ne0 = {} is not a multiple of the {ty} block size {block_size}",
-                dims[0]
-            )));
-        }
-        let size = (n_elements / block_size)
-            .checked_mul(type_size)
-            .ok_or_else(|| GgufError::Overflow {
-                path: path.to_path_buf(),
-                offset: dims_at,
-                what: format!("byte size of tensor '{name}'"),
-            })?;
-        let rel = c.u64(|| format!("data offset of tensor '{name}'"))?;
+        let (info, rel) = read_tensor_info(c, name, info_at)?;
         relative_offsets.push(rel);
-        tensor_index.insert(name.clone(), tensors.len());
-        tensors.push(TensorInfo {
-            name,
-            dims,
-            ty,
-            offset: 0,
-            size,
-        });
+        index.insert(info.name.clone(), tensors.len());
+        tensors.push(info);
     }
+    Ok(TensorInfos {
+        tensors,
+        index,
+        relative_offsets,
+    })
+}
 
-    // Data section: aligned end of the tensor infos. Each tensor must be aligned in it and end
-    // inside the file.
+/// Read the rest of the info of tensor `name` (whose info starts at `info_at`): its shape, type
+/// and byte size, and its offset relative to the data section.
+fn read_tensor_info(
+    c: &mut Cursor<'_>,
+    name: String,
+    info_at: u64,
+) -> Result<(TensorInfo, u64), GgufError> {
+    let path = c.path;
+    let bad_shape = |what: String| GgufError::BadShape {
+        path: path.to_path_buf(),
+        tensor: name.clone(),
+        offset: info_at,
+        what,
+    };
+    let dims_at = c.offset();
+    let n_dims = u64::from(c.u32(|| format!("n_dims of tensor '{name}'"))?);
+    if n_dims > MAX_DIMS {
+        return Err(c.limit(
+            dims_at,
+            || format!("n_dims of tensor '{name}'"),
+            n_dims,
+            MAX_DIMS,
+        ));
+    }
+    if n_dims == 0 {
+        return Err(bad_shape("has no dimensions".into()));
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    for d in 0..n_dims {
+        dims.push(c.u64(|| format!("dim {d} of tensor '{name}'"))?);
+    }
+    if let Some(d) = dims.iter().position(|&d| d == 0) {
+        return Err(bad_shape(format!("dimension {d} is zero")));
+    }
+    // ggml counts elements in int64_t.
+    let n_elements = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= i64::MAX as u64)
+        .ok_or_else(|| GgufError::Overflow {
+            path: path.to_path_buf(),
+            offset: dims_at,
+            what: format!("element count of tensor '{name}' {dims:?}"),
+        })?;
+    let type_at = c.offset();
+    let type_id = c.u32(|| format!("type of tensor '{name}'"))?;
+    let ty = GgmlType::from_id(type_id);
+    let (Some(block_size), Some(type_size)) = (ty.block_size(), ty.type_size()) else {
+        return Err(GgufError::UnknownType {
+            path: path.to_path_buf(),
+            tensor: name,
+            offset: type_at,
+            type_id,
+        });
+    };
+    if dims[0] % block_size != 0 {
+        return Err(bad_shape(format!(
+            "row length ne0 = {} is not a multiple of the {ty} block size {block_size}",
+            dims[0]
+        )));
+    }
+    let size = (n_elements / block_size)
+        .checked_mul(type_size)
+        .ok_or_else(|| GgufError::Overflow {
+            path: path.to_path_buf(),
+            offset: dims_at,
+            what: format!("byte size of tensor '{name}'"),
+        })?;
+    let rel = c.u64(|| format!("data offset of tensor '{name}'"))?;
+    let info = TensorInfo {
+        name,
+        dims,
+        ty,
+        offset: 0,
+        size,
+    };
+    Ok((info, rel))
+}
+
+/// Find the data section (the aligned end of the tensor infos) and give each tensor its absolute
+/// offset; each must be aligned in the section and end inside the file. Returns the data offset.
+fn place_tensors(
+    c: &Cursor<'_>,
+    alignment: u64,
+    infos: &mut TensorInfos,
+) -> Result<u64, GgufError> {
+    let (path, file_len) = (c.path, c.buf.len() as u64);
     let infos_end = c.offset();
     let data_offset = infos_end
         .checked_next_multiple_of(alignment)
@@ -367,7 +438,7 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Header, GgufError> {
             offset: infos_end,
             what: "data section offset".into(),
         })?;
-    for (t, &rel) in tensors.iter_mut().zip(&relative_offsets) {
+    for (t, &rel) in infos.tensors.iter_mut().zip(&infos.relative_offsets) {
         let out_of_bounds = |offset: u64| GgufError::TensorOutOfBounds {
             path: path.to_path_buf(),
             tensor: t.name.clone(),
@@ -383,8 +454,12 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Header, GgufError> {
         }
         t.offset = abs;
     }
-    // No two tensors may share bytes (a crafted file could alias one weight's data as
-    // another's, which no writer produces).
+    Ok(data_offset)
+}
+
+/// No two tensors may share bytes (a crafted file could alias one weight's data as another's,
+/// which no writer produces).
+fn check_no_overlap(path: &Path, tensors: &[TensorInfo]) -> Result<(), GgufError> {
     let mut order: Vec<usize> = (0..tensors.len())
         .filter(|&i| tensors[i].size > 0)
         .collect();
@@ -401,16 +476,7 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Header, GgufError> {
             });
         }
     }
-
-    Ok(Header {
-        version,
-        alignment,
-        data_offset,
-        metadata,
-        meta_index,
-        tensors,
-        tensor_index,
-    })
+    Ok(())
 }
 
 /// Read one value of type `type_id` for `key`; `depth` counts enclosing arrays; `budget` is the

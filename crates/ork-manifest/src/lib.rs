@@ -506,239 +506,35 @@ impl Manifest {
     /// router or with `{arch}.expert_count`, a zero dim), or expert bytes that do not split
     /// evenly: an error naming the file and the tensor.
     pub fn from_gguf(file: &GgufFile) -> Result<Manifest, ManifestError> {
-        let path = file.path().to_path_buf();
-        let arch = file
-            .metadata("general.architecture")
-            .and_then(|v| v.as_str())
-            .map(str::to_owned);
-        let allowed: Option<&[Role]> = arch
-            .as_deref()
-            .and_then(|a| ARCHITECTURES.iter().find(|(n, _)| *n == a))
-            .map(|(_, roles)| *roles);
-        let shape = |t: &TensorInfo, reason: String| ManifestError::Shape {
-            file: path.clone(),
-            tensor: t.name.clone(),
-            dims: t.dims.clone(),
-            reason,
-        };
-        let expert_key = arch.as_ref().map(|a| format!("{a}.expert_count"));
-        let meta_experts = expert_key
-            .as_deref()
-            .and_then(|k| file.metadata(k))
-            .and_then(|v| v.as_u64());
-
-        // (rank, file index, expert) → weight, sorted below.
-        let mut found: Vec<Found> = Vec::new();
-        let mut n_layer = 0usize;
-        let mut n_expert = 0u32;
-        // Per block, the expert shape (K, N of gate/up, expert count) seen so far.
-        let mut expert_shapes: HashMap<usize, (u64, u64, u64, String)> = HashMap::new();
-        let mut routers: Vec<&TensorInfo> = Vec::new();
+        let ctx = FileFacts::of(file);
+        let mut scan = Scan::default();
         for (fi, t) in file.tensors().iter().enumerate() {
-            let class = classify(&t.name);
-            let (mut role, layer) = class.unwrap_or((Role::Other, block_of(&t.name)));
-            if let Some(l) = layer {
-                n_layer = n_layer.max(l + 1);
-            }
-            let is_expert = matches!(role, Role::ExpertGate | Role::ExpertUp | Role::ExpertDown);
-            if t.dims.contains(&0) {
-                if t.dims.len() == 2 || is_expert {
-                    return Err(shape(t, "a matmul weight has no zero dim".into()));
-                }
-                continue;
-            }
-            if is_expert {
-                let [k, n, e] = t.dims[..] else {
-                    return Err(shape(
-                        t,
-                        format!(
-                            "an expert tensor has 3 dims [K, N, n_expert], this one has {}",
-                            t.dims.len()
-                        ),
-                    ));
-                };
-                if let Some(m) = meta_experts {
-                    if m != e {
-                        return Err(shape(
-                            t,
-                            format!(
-                                "{e} experts, but {} says {m}",
-                                expert_key.as_deref().unwrap_or("expert_count")
-                            ),
-                        ));
-                    }
-                }
-                let l = layer.expect("expert roles are per block");
-                // gate/up are [n_embd, n_ff, E], down is [n_ff, n_embd, E].
-                let (ek, en) = if role == Role::ExpertDown {
-                    (n, k)
-                } else {
-                    (k, n)
-                };
-                match expert_shapes.get(&l) {
-                    Some((k0, n0, e0, first)) if (*k0, *n0, *e0) != (ek, en, e) => {
-                        return Err(shape(
-                            t,
-                            format!(
-                                "disagrees with '{first}' of the same block (expected {} experts of \
-                                 [{}, {}]{})",
-                                e0,
-                                if role == Role::ExpertDown { n0 } else { k0 },
-                                if role == Role::ExpertDown { k0 } else { n0 },
-                                if role == Role::ExpertDown {
-                                    ", the transpose of gate/up"
-                                } else {
-                                    ""
-                                }
-                            ),
-                        ))
-                    }
-                    Some(_) => {}
-                    None => {
-                        expert_shapes.insert(l, (ek, en, e, t.name.clone()));
-                    }
-                }
-                if !t.size.is_multiple_of(e) {
-                    return Err(ManifestError::ExpertSplit {
-                        file: path.clone(),
-                        tensor: t.name.clone(),
-                        size: t.size,
-                        experts: e,
-                    });
-                }
-                let e32 = u32::try_from(e).map_err(|_| shape(t, "too many experts".into()))?;
-                n_expert = n_expert.max(e32);
-                let slice_bytes = t.size / e;
-                for x in 0..e32 {
-                    let key = slice_key(&t.name, x);
-                    let slice = TensorInfo {
-                        name: key.clone(),
-                        dims: vec![k, n],
-                        ty: t.ty,
-                        offset: t.offset + u64::from(x) * slice_bytes,
-                        size: slice_bytes,
-                    };
-                    found.push((
-                        pack_rank(role, layer),
-                        fi,
-                        x,
-                        weight(t, Some(x), key, role, layer, k, n, slice),
-                    ));
-                }
-                continue;
-            }
-            if t.dims.len() != 2 {
-                let matmul_role =
-                    class.is_some_and(|(r, _)| r < Role::AttnNorm && r != Role::TokenEmbd);
-                if matmul_role {
-                    return Err(shape(
-                        t,
-                        format!(
-                            "a matmul weight has 2 dims [K, N], this one has {}",
-                            t.dims.len()
-                        ),
-                    ));
-                }
-                continue;
-            }
-            // A 2-D tensor the table knows as a non-matmul one (e.g. a [n_embd, 1] gate vector)
-            // is still packed like any 2-D tensor, as a weight of no known role.
-            if role >= Role::AttnNorm {
-                role = Role::Other;
-            }
-            // A role the architecture does not have is kept, as an unused weight.
-            if allowed.is_some_and(|a| role < Role::Output && !a.contains(&role)) {
-                role = Role::Other;
-            }
-            if role == Role::Router {
-                routers.push(t);
-            }
-            found.push((
-                pack_rank(role, layer),
-                fi,
-                0,
-                weight(
-                    t,
-                    None,
-                    t.name.clone(),
-                    role,
-                    layer,
-                    t.dims[0],
-                    t.dims[1],
-                    t.clone(),
-                ),
-            ));
+            scan.tensor(&ctx, fi, t)?;
         }
-        for r in routers {
-            let l = classify(&r.name).and_then(|(_, l)| l).unwrap_or(0);
-            if let Some((k, _, e, first)) = expert_shapes.get(&l) {
-                if r.dims[..] != [*k, *e] {
-                    return Err(shape(
-                        r,
-                        format!("a router of {e} experts over '{first}' has dims [{k}, {e}]"),
-                    ));
-                }
-            }
-        }
-        if let (Some(m), 0) = (meta_experts, n_expert) {
+        scan.check_routers(&ctx)?;
+        if let (Some(m), 0) = (ctx.meta_experts, scan.n_expert) {
             if m > 0 {
                 return Err(ManifestError::Metadata {
-                    file: path.clone(),
-                    key: expert_key.unwrap_or_default(),
+                    file: ctx.path.clone(),
+                    key: ctx.expert_key.clone().unwrap_or_default(),
                     reason: format!("says {m} experts, but the file has no expert tensors"),
                 });
             }
         }
-        // Stable by rank, then file order, then expert; experts of one block interleave
-        // gate/up/down per expert (the order they run in).
-        found.sort_by_key(|(rank, fi, x, w)| {
-            let expert_role =
-                matches!(w.role, Role::ExpertGate | Role::ExpertUp | Role::ExpertDown);
-            if expert_role {
-                (
-                    rank.0,
-                    rank.1,
-                    BLOCK_ORDER.len() - 3,
-                    *x as usize,
-                    rank.2,
-                    *fi,
-                )
-            } else {
-                (rank.0, rank.1, rank.2, 0, 0, *fi)
-            }
-        });
-        let mut weights: Vec<Weight> = found.into_iter().map(|(_, _, _, w)| w).collect();
-        let mut by_key = HashMap::with_capacity(weights.len());
-        let mut by_role = HashMap::new();
-        for (i, w) in weights.iter_mut().enumerate() {
-            w.id = WeightId(i as u32);
-            by_key.insert(w.key.clone(), w.id);
-            if w.role != Role::Other {
-                by_role
-                    .entry((w.role, w.layer.unwrap_or(u32::MAX), w.expert))
-                    .or_insert(w.id);
-            }
-        }
-        let has_output = weights.iter().any(|w| w.role == Role::Output);
-        let mut execution: Vec<WeightId> = weights
-            .iter()
-            .filter(|w| w.role != Role::TokenEmbd)
-            .map(|w| w.id)
-            .collect();
-        if !has_output {
-            if let Some(e) = weights.iter().find(|w| w.role == Role::TokenEmbd) {
-                execution.push(e.id);
-            }
-        }
+        let (n_layer, n_expert) = (scan.n_layer, scan.n_expert);
+        let mut weights = pack_order(scan.found);
+        let (by_key, by_role) = assign_ids(&mut weights);
+        let execution = execution_order(&weights);
         // `{arch}.expert_used_count`, kept for planning (the executor checks it).
-        let n_expert_used = arch
+        let n_expert_used = ctx
+            .arch
             .as_ref()
             .and_then(|a| file.metadata(&format!("{a}.expert_used_count")))
             .and_then(|v| v.as_u64())
             .map_or(0, |u| u.min(u64::from(n_expert)) as u32);
         Ok(Manifest {
-            file: path,
-            arch,
+            file: ctx.path,
+            arch: ctx.arch,
             n_layer,
             n_expert,
             n_expert_used,
@@ -827,6 +623,305 @@ impl Manifest {
         self.find(Role::Output, None, None)
             .or_else(|| self.find(Role::TokenEmbd, None, None))
     }
+}
+
+/// What [`Manifest::from_gguf`] reads from a file's metadata before it looks at the tensors.
+struct FileFacts {
+    path: PathBuf,
+    arch: Option<String>,
+    /// The roles of the file's architecture, when it is a known one.
+    allowed: Option<&'static [Role]>,
+    /// `{arch}.expert_count`, the key and its value.
+    expert_key: Option<String>,
+    meta_experts: Option<u64>,
+}
+
+impl FileFacts {
+    fn of(file: &GgufFile) -> FileFacts {
+        let arch = file
+            .metadata("general.architecture")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned);
+        let allowed: Option<&'static [Role]> = arch
+            .as_deref()
+            .and_then(|a| ARCHITECTURES.iter().find(|(n, _)| *n == a))
+            .map(|(_, roles)| *roles);
+        let expert_key = arch.as_ref().map(|a| format!("{a}.expert_count"));
+        let meta_experts = expert_key
+            .as_deref()
+            .and_then(|k| file.metadata(k))
+            .and_then(|v| v.as_u64());
+        FileFacts {
+            path: file.path().to_path_buf(),
+            arch,
+            allowed,
+            expert_key,
+            meta_experts,
+        }
+    }
+
+    /// A shape error naming the file and `t`.
+    fn shape(&self, t: &TensorInfo, reason: String) -> ManifestError {
+        ManifestError::Shape {
+            file: self.path.clone(),
+            tensor: t.name.clone(),
+            dims: t.dims.clone(),
+            reason,
+        }
+    }
+}
+
+/// The weights found so far while [`Manifest::from_gguf`] walks the tensors.
+#[derive(Default)]
+struct Scan<'f> {
+    /// (rank, file index, expert) → weight, sorted by [`pack_order`].
+    found: Vec<Found>,
+    n_layer: usize,
+    n_expert: u32,
+    /// Per block, the expert shape (K, N of gate/up, expert count) seen so far, and the tensor
+    /// that set it.
+    expert_shapes: HashMap<usize, (u64, u64, u64, String)>,
+    routers: Vec<&'f TensorInfo>,
+}
+
+impl<'f> Scan<'f> {
+    /// Take tensor `t` (index `fi` in the file): an expert tensor, a 2-D weight, or nothing.
+    fn tensor(
+        &mut self,
+        ctx: &FileFacts,
+        fi: usize,
+        t: &'f TensorInfo,
+    ) -> Result<(), ManifestError> {
+        let class = classify(&t.name);
+        let (role, layer) = class.unwrap_or((Role::Other, block_of(&t.name)));
+        if let Some(l) = layer {
+            self.n_layer = self.n_layer.max(l + 1);
+        }
+        let is_expert = matches!(role, Role::ExpertGate | Role::ExpertUp | Role::ExpertDown);
+        if t.dims.contains(&0) {
+            if t.dims.len() == 2 || is_expert {
+                return Err(ctx.shape(t, "a matmul weight has no zero dim".into()));
+            }
+            return Ok(());
+        }
+        if is_expert {
+            return self.experts(ctx, fi, t, role, layer);
+        }
+        if t.dims.len() != 2 {
+            let matmul_role =
+                class.is_some_and(|(r, _)| r < Role::AttnNorm && r != Role::TokenEmbd);
+            if matmul_role {
+                return Err(ctx.shape(
+                    t,
+                    format!(
+                        "a matmul weight has 2 dims [K, N], this one has {}",
+                        t.dims.len()
+                    ),
+                ));
+            }
+            return Ok(());
+        }
+        self.dense(ctx, fi, t, role, layer);
+        Ok(())
+    }
+
+    /// A 2-D tensor: one weight.
+    fn dense(
+        &mut self,
+        ctx: &FileFacts,
+        fi: usize,
+        t: &'f TensorInfo,
+        mut role: Role,
+        layer: Option<usize>,
+    ) {
+        // A 2-D tensor the table knows as a non-matmul one (e.g. a [n_embd, 1] gate vector)
+        // is still packed like any 2-D tensor, as a weight of no known role.
+        if role >= Role::AttnNorm {
+            role = Role::Other;
+        }
+        // A role the architecture does not have is kept, as an unused weight.
+        if ctx
+            .allowed
+            .is_some_and(|a| role < Role::Output && !a.contains(&role))
+        {
+            role = Role::Other;
+        }
+        if role == Role::Router {
+            self.routers.push(t);
+        }
+        let (k, n) = (t.dims[0], t.dims[1]);
+        let w = weight(t, None, t.name.clone(), role, layer, k, n, t.clone());
+        self.found.push((pack_rank(role, layer), fi, 0, w));
+    }
+
+    /// A 3-D expert tensor [K, N, n_expert]: one weight per expert, each a slice of its bytes.
+    fn experts(
+        &mut self,
+        ctx: &FileFacts,
+        fi: usize,
+        t: &TensorInfo,
+        role: Role,
+        layer: Option<usize>,
+    ) -> Result<(), ManifestError> {
+        let [k, n, e] = t.dims[..] else {
+            return Err(ctx.shape(
+                t,
+                format!(
+                    "an expert tensor has 3 dims [K, N, n_expert], this one has {}",
+                    t.dims.len()
+                ),
+            ));
+        };
+        if let Some(m) = ctx.meta_experts {
+            if m != e {
+                return Err(ctx.shape(
+                    t,
+                    format!(
+                        "{e} experts, but {} says {m}",
+                        ctx.expert_key.as_deref().unwrap_or("expert_count")
+                    ),
+                ));
+            }
+        }
+        let l = layer.expect("expert roles are per block");
+        self.check_expert_shape(ctx, t, role, l, (k, n, e))?;
+        if !t.size.is_multiple_of(e) {
+            return Err(ManifestError::ExpertSplit {
+                file: ctx.path.clone(),
+                tensor: t.name.clone(),
+                size: t.size,
+                experts: e,
+            });
+        }
+        let e32 = u32::try_from(e).map_err(|_| ctx.shape(t, "too many experts".into()))?;
+        self.n_expert = self.n_expert.max(e32);
+        let slice_bytes = t.size / e;
+        for x in 0..e32 {
+            let key = slice_key(&t.name, x);
+            let slice = TensorInfo {
+                name: key.clone(),
+                dims: vec![k, n],
+                ty: t.ty,
+                offset: t.offset + u64::from(x) * slice_bytes,
+                size: slice_bytes,
+            };
+            let w = weight(t, Some(x), key, role, layer, k, n, slice);
+            self.found.push((pack_rank(role, layer), fi, x, w));
+        }
+        Ok(())
+    }
+
+    /// The gate/up/down experts of block `l` must agree: gate/up are [n_embd, n_ff, E], down is
+    /// [n_ff, n_embd, E]. The first one seen sets the shape.
+    fn check_expert_shape(
+        &mut self,
+        ctx: &FileFacts,
+        t: &TensorInfo,
+        role: Role,
+        l: usize,
+        (k, n, e): (u64, u64, u64),
+    ) -> Result<(), ManifestError> {
+        let down = role == Role::ExpertDown;
+        let (ek, en) = if down { (n, k) } else { (k, n) };
+        match self.expert_shapes.get(&l) {
+            Some((k0, n0, e0, first)) if (*k0, *n0, *e0) != (ek, en, e) => Err(ctx.shape(
+                t,
+                format!(
+                    "disagrees with '{first}' of the same block (expected {} experts of \
+                     [{}, {}]{})",
+                    e0,
+                    if down { n0 } else { k0 },
+                    if down { k0 } else { n0 },
+                    if down {
+                        ", the transpose of gate/up"
+                    } else {
+                        ""
+                    }
+                ),
+            )),
+            Some(_) => Ok(()),
+            None => {
+                self.expert_shapes.insert(l, (ek, en, e, t.name.clone()));
+                Ok(())
+            }
+        }
+    }
+
+    /// A router must be [n_embd, n_expert] for the experts of its block.
+    fn check_routers(&self, ctx: &FileFacts) -> Result<(), ManifestError> {
+        for r in &self.routers {
+            let l = classify(&r.name).and_then(|(_, l)| l).unwrap_or(0);
+            if let Some((k, _, e, first)) = self.expert_shapes.get(&l) {
+                if r.dims[..] != [*k, *e] {
+                    return Err(ctx.shape(
+                        r,
+                        format!("a router of {e} experts over '{first}' has dims [{k}, {e}]"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The weights in pack order: stable by rank, then file order, then expert; experts of one block
+/// interleave gate/up/down per expert (the order they run in).
+fn pack_order(mut found: Vec<Found>) -> Vec<Weight> {
+    found.sort_by_key(|(rank, fi, x, w)| {
+        let expert_role = matches!(w.role, Role::ExpertGate | Role::ExpertUp | Role::ExpertDown);
+        if expert_role {
+            (
+                rank.0,
+                rank.1,
+                BLOCK_ORDER.len() - 3,
+                *x as usize,
+                rank.2,
+                *fi,
+            )
+        } else {
+            (rank.0, rank.1, rank.2, 0, 0, *fi)
+        }
+    });
+    found.into_iter().map(|(_, _, _, w)| w).collect()
+}
+
+/// Number the weights in order, and index them by key and by (role, layer, expert).
+#[allow(clippy::type_complexity)]
+fn assign_ids(
+    weights: &mut [Weight],
+) -> (
+    HashMap<String, WeightId>,
+    HashMap<(Role, u32, Option<u32>), WeightId>,
+) {
+    let mut by_key = HashMap::with_capacity(weights.len());
+    let mut by_role = HashMap::new();
+    for (i, w) in weights.iter_mut().enumerate() {
+        w.id = WeightId(i as u32);
+        by_key.insert(w.key.clone(), w.id);
+        if w.role != Role::Other {
+            by_role
+                .entry((w.role, w.layer.unwrap_or(u32::MAX), w.expert))
+                .or_insert(w.id);
+        }
+    }
+    (by_key, by_role)
+}
+
+/// The order the weights run in: all but the token embedding, which runs last as the output
+/// projection when the file has no output weight (tied embeddings).
+fn execution_order(weights: &[Weight]) -> Vec<WeightId> {
+    let has_output = weights.iter().any(|w| w.role == Role::Output);
+    let mut execution: Vec<WeightId> = weights
+        .iter()
+        .filter(|w| w.role != Role::TokenEmbd)
+        .map(|w| w.id)
+        .collect();
+    if !has_output {
+        if let Some(e) = weights.iter().find(|w| w.role == Role::TokenEmbd) {
+            execution.push(e.id);
+        }
+    }
+    execution
 }
 
 #[allow(clippy::too_many_arguments)]

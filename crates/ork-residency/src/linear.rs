@@ -386,59 +386,73 @@ impl DeviceMatmul {
             }
         }
         if !batch.is_empty() {
-            let first = names[batch[0].0];
-            let k = batch[0].1.layout.k;
-            let domain = batch[0].1.buffer.domain();
-            if let Some(rec) = self.events.get() {
-                for (j, (i, w)) in batch.iter().enumerate() {
-                    crate::board::matmul(rec, names[*i], &w.layout, m, domain.0, 1, j == 0);
-                }
-            }
-            let t0 = Instant::now();
-            self.with_quantized(first, x, m, k, domain, false, |buf, scales, need| {
-                buf.sync_to_device()
-                    .map_err(|source| ResidencyError::Device {
-                        name: first.to_owned(),
-                        source,
-                    })?;
-                let view = buf.view(0, need).map_err(|source| ResidencyError::Device {
-                    name: first.to_owned(),
-                    source,
-                })?;
-                let tasks: Vec<MatmulTask<'_>> = batch
-                    .iter()
-                    .map(|(_, w)| self.task(view, scales, w.as_weight(), m))
-                    .collect();
-                let mut outs: Vec<&mut [f32]> = Vec::with_capacity(batch.len());
-                let mut by_index: Vec<Option<&mut [f32]>> =
-                    ys.iter_mut().map(|y| Some(&mut **y)).collect();
-                for (i, _) in &batch {
-                    outs.extend(by_index[*i].take());
-                }
-                self.cache
-                    .device()
-                    .matmul_batch(&tasks, &mut outs)
-                    .map(drop)
-                    .map_err(|source| ResidencyError::Device {
-                        name: batch
-                            .iter()
-                            .map(|(i, _)| names[*i])
-                            .collect::<Vec<_>>()
-                            .join(","),
-                        source,
-                    })
-            })?;
-            if let Some(tr) = &self.trace {
-                let d = t0.elapsed();
-                for (i, _) in &batch {
-                    tr.span(Lane::Compute, "compute", names[*i], t0, d);
-                }
-            }
+            self.run_batch(&batch, &names, x, m, ys)?;
             drop(batch);
         }
         for i in rest {
             let (id, e) = &entries[i];
             self.run_one(*id, e, x, m, ys[i])?;
+        }
+        Ok(())
+    }
+
+    /// The batch of [`Self::matmul_many`]: the leased weights `batch` (their indices into
+    /// `names` and `ys`) share one quantization of `x` and run as one device batch.
+    fn run_batch(
+        &self,
+        batch: &[(usize, WeightLease<'_>)],
+        names: &[&str],
+        x: &[f32],
+        m: usize,
+        ys: &mut [&mut [f32]],
+    ) -> Result<(), ResidencyError> {
+        let first = names[batch[0].0];
+        let k = batch[0].1.layout.k;
+        let domain = batch[0].1.buffer.domain();
+        if let Some(rec) = self.events.get() {
+            for (j, (i, w)) in batch.iter().enumerate() {
+                crate::board::matmul(rec, names[*i], &w.layout, m, domain.0, 1, j == 0);
+            }
+        }
+        let t0 = Instant::now();
+        self.with_quantized(first, x, m, k, domain, false, |buf, scales, need| {
+            buf.sync_to_device()
+                .map_err(|source| ResidencyError::Device {
+                    name: first.to_owned(),
+                    source,
+                })?;
+            let view = buf.view(0, need).map_err(|source| ResidencyError::Device {
+                name: first.to_owned(),
+                source,
+            })?;
+            let tasks: Vec<MatmulTask<'_>> = batch
+                .iter()
+                .map(|(_, w)| self.task(view, scales, w.as_weight(), m))
+                .collect();
+            let mut outs: Vec<&mut [f32]> = Vec::with_capacity(batch.len());
+            let mut by_index: Vec<Option<&mut [f32]>> =
+                ys.iter_mut().map(|y| Some(&mut **y)).collect();
+            for (i, _) in batch {
+                outs.extend(by_index[*i].take());
+            }
+            self.cache
+                .device()
+                .matmul_batch(&tasks, &mut outs)
+                .map(drop)
+                .map_err(|source| ResidencyError::Device {
+                    name: batch
+                        .iter()
+                        .map(|(i, _)| names[*i])
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    source,
+                })
+        })?;
+        if let Some(tr) = &self.trace {
+            let d = t0.elapsed();
+            for (i, _) in batch {
+                tr.span(Lane::Compute, "compute", names[*i], t0, d);
+            }
         }
         Ok(())
     }

@@ -197,45 +197,7 @@ pub fn doctor(options: &DoctorOptions) -> DoctorReport {
         // A runtime library without an NPU that is not the stand-in: nothing to compute on.
         (Err(_), Ok(_)) => Target::None,
     };
-    match &rknn {
-        Ok(d) => {
-            let v = d.version();
-            push(
-                &mut checks,
-                "librknnrt",
-                Status::Info,
-                format!("{}: runtime {}, driver {}", v.library, v.runtime, v.driver),
-            );
-            push(
-                &mut checks,
-                "IOMMU domains",
-                Status::Info,
-                format!(
-                    "runtime ≥ 2.0 gives every matmul context an IOMMU domain: {} usable{}",
-                    d.info().domains,
-                    match &npu {
-                        Ok(_) => "",
-                        Err(_) => " (no driver here to confirm)",
-                    }
-                ),
-            );
-        }
-        Err(DeviceError::NotFound { what }) => {
-            push(
-                &mut checks,
-                "librknnrt",
-                Status::Info,
-                format!("none: {what}"),
-            );
-            push(
-                &mut checks,
-                "IOMMU domains",
-                Status::Info,
-                "unknown without the runtime (vendor driver 0.9.6+ and runtime 2.0+ give 16)",
-            );
-        }
-        Err(e) => push(&mut checks, "librknnrt", Status::Fail, e.to_string()),
-    }
+    runtime_checks(&mut checks, &rknn, npu.is_ok());
 
     let label = match target {
         Target::StandIn => " [stand-in]",
@@ -272,6 +234,46 @@ pub fn doctor(options: &DoctorOptions) -> DoctorReport {
         target,
         checks,
         calibration,
+    }
+}
+
+/// The runtime library's lines: its versions and IOMMU domains (`driver`: an NPU driver was
+/// found to confirm them), or why there is none.
+fn runtime_checks(checks: &mut Vec<Check>, rknn: &Result<RknnDevice, DeviceError>, driver: bool) {
+    match rknn {
+        Ok(d) => {
+            let v = d.version();
+            push(
+                checks,
+                "librknnrt",
+                Status::Info,
+                format!("{}: runtime {}, driver {}", v.library, v.runtime, v.driver),
+            );
+            push(
+                checks,
+                "IOMMU domains",
+                Status::Info,
+                format!(
+                    "runtime ≥ 2.0 gives every matmul context an IOMMU domain: {} usable{}",
+                    d.info().domains,
+                    if driver {
+                        ""
+                    } else {
+                        " (no driver here to confirm)"
+                    }
+                ),
+            );
+        }
+        Err(DeviceError::NotFound { what }) => {
+            push(checks, "librknnrt", Status::Info, format!("none: {what}"));
+            push(
+                checks,
+                "IOMMU domains",
+                Status::Info,
+                "unknown without the runtime (vendor driver 0.9.6+ and runtime 2.0+ give 16)",
+            );
+        }
+        Err(e) => push(checks, "librknnrt", Status::Fail, e.to_string()),
     }
 }
 

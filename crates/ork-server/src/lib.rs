@@ -158,44 +158,9 @@ impl Server {
         let trained = engine.model().config().context_length;
         let context = config.context.unwrap_or(trained);
         check(&config, context)?;
-        let template = match &config.chat_template {
-            Some(source) => Some(
-                ork_exec::ChatTemplate::with_tokenizer(source, engine.tokenizer()).map_err(
-                    |e| ServerError::Config {
-                        setting: "chat template",
-                        // The setting names it already: "chat template: {what}", once.
-                        what: match e {
-                            ork_exec::ExecError::ChatTemplate { what } => what,
-                            other => other.to_string(),
-                        },
-                    },
-                )?,
-            ),
-            None => engine.chat_template()?,
-        };
-        let model_id = config.model_id.clone().unwrap_or_else(|| {
-            let name = engine
-                .config()
-                .model
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "model".to_owned());
-            name.strip_suffix(".gguf").unwrap_or(&name).to_owned()
-        });
-        let addr_text = format!("{}:{}", config.host, config.port);
-        let listener =
-            std::net::TcpListener::bind(&addr_text).map_err(|source| ServerError::Bind {
-                addr: addr_text.clone(),
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
-            addr: addr_text.clone(),
-            source,
-        })?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|source| ServerError::Io { addr, source })?;
-
+        let template = chat_template(&engine, &config)?;
+        let model_id = model_id(&engine, &config);
+        let (listener, addr) = bind(&config)?;
         let persist = match &config.prefix_cache_dir {
             Some(dir) if config.prefix_cache_bytes > 0 => Some(saver::persist(
                 &engine,
@@ -210,31 +175,14 @@ impl Server {
         let metrics = Arc::new(Metrics::default());
         let abort = Arc::new(AtomicBool::new(false));
         let (queue_tx, queue_rx) = crossbeam_channel::bounded(config.queue);
-        let scheduler = {
-            let engine = Arc::clone(&engine);
-            let metrics = Arc::clone(&metrics);
-            let abort = Arc::clone(&abort);
-            let sc = SchedulerConfig {
-                max_seqs: config.max_seqs,
-                context,
-                prefill_chunk: config.prefill_chunk,
-                prefix_cache_bytes: config.prefix_cache_bytes,
-                persist,
-            };
-            // Read before anything listens: the first request finds what the file holds.
-            let prefixes = saver::load_prefixes(&engine, &sc);
-            // Counted before anything listens, so the first /metrics shows what was read.
-            metrics
-                .prefix_cache_bytes
-                .store(prefixes.bytes() as u64, Ordering::Relaxed);
-            std::thread::Builder::new()
-                .name("ork-scheduler".to_owned())
-                .spawn(move || scheduler::run(engine, sc, queue_rx, metrics, abort, prefixes))
-                .map_err(|source| ServerError::Thread {
-                    what: "scheduler",
-                    source,
-                })?
+        let sc = SchedulerConfig {
+            max_seqs: config.max_seqs,
+            context,
+            prefill_chunk: config.prefill_chunk,
+            prefix_cache_bytes: config.prefix_cache_bytes,
+            persist,
         };
+        let scheduler = spawn_scheduler(&engine, sc, queue_rx, &metrics, &abort)?;
         let prompt_bytes = http::max_prompt_bytes(engine.tokenizer(), context);
         let state = Arc::new(http::AppState {
             tokenizer: Arc::clone(engine.tokenizer()),
@@ -344,6 +292,81 @@ impl Server {
             None => Ok(()),
         }
     }
+}
+
+/// The chat template: `--chat-template`'s, else the model's own (if any).
+fn chat_template(
+    engine: &Engine,
+    config: &ServeConfig,
+) -> Result<Option<ork_exec::ChatTemplate>, ServerError> {
+    let Some(source) = &config.chat_template else {
+        return Ok(engine.chat_template()?);
+    };
+    let template =
+        ork_exec::ChatTemplate::with_tokenizer(source, engine.tokenizer()).map_err(|e| {
+            ServerError::Config {
+                setting: "chat template",
+                // The setting names it already: "chat template: {what}", once.
+                what: match e {
+                    ork_exec::ExecError::ChatTemplate { what } => what,
+                    other => other.to_string(),
+                },
+            }
+        })?;
+    Ok(Some(template))
+}
+
+/// The model id the API reports: `--model-id`, else the model file's name without `.gguf`.
+fn model_id(engine: &Engine, config: &ServeConfig) -> String {
+    config.model_id.clone().unwrap_or_else(|| {
+        let name = engine
+            .config()
+            .model
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".to_owned());
+        name.strip_suffix(".gguf").unwrap_or(&name).to_owned()
+    })
+}
+
+/// Bind the listening socket (non-blocking, for the runtime) and say where it is.
+fn bind(config: &ServeConfig) -> Result<(std::net::TcpListener, SocketAddr), ServerError> {
+    let addr_text = format!("{}:{}", config.host, config.port);
+    let listener = std::net::TcpListener::bind(&addr_text).map_err(|source| ServerError::Bind {
+        addr: addr_text.clone(),
+        source,
+    })?;
+    let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+        addr: addr_text.clone(),
+        source,
+    })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| ServerError::Io { addr, source })?;
+    Ok((listener, addr))
+}
+
+/// Read the saved prefixes and start the scheduler thread. Both happen before anything
+/// listens: the first request finds what the file holds, and the first /metrics shows it.
+fn spawn_scheduler(
+    engine: &Arc<Engine>,
+    sc: SchedulerConfig,
+    queue_rx: crossbeam_channel::Receiver<Job>,
+    metrics: &Arc<Metrics>,
+    abort: &Arc<AtomicBool>,
+) -> Result<JoinHandle<()>, ServerError> {
+    let prefixes = saver::load_prefixes(engine, &sc);
+    metrics
+        .prefix_cache_bytes
+        .store(prefixes.bytes() as u64, Ordering::Relaxed);
+    let (engine, metrics, abort) = (Arc::clone(engine), Arc::clone(metrics), Arc::clone(abort));
+    std::thread::Builder::new()
+        .name("ork-scheduler".to_owned())
+        .spawn(move || scheduler::run(engine, sc, queue_rx, metrics, abort, prefixes))
+        .map_err(|source| ServerError::Thread {
+            what: "scheduler",
+            source,
+        })
 }
 
 impl Drop for Server {

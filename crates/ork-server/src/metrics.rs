@@ -85,79 +85,85 @@ impl Metrics {
 
     /// The Prometheus text exposition of these counters and `engine`'s weight cache.
     pub fn render(&self, engine: &Engine) -> String {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let cache = engine.cache_stats();
-        // The CPU engine has no device: nothing is resident on one.
-        let resident: u64 = match (engine.device_budget(), engine.device()) {
-            (Some(budget), Some(device)) => (0..device.info().domains)
-                .map(|d| budget.used(ork_device::DomainId(d)))
-                .sum(),
-            _ => 0,
-        };
         let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, f64)]| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (labels, v) in samples {
-                let _ = writeln!(out, "{name}{labels} {v}");
-            }
-        };
-        let requests = [
-            ("{outcome=\"completed\"}", get(&self.completed) as f64),
-            ("{outcome=\"cancelled\"}", get(&self.cancelled) as f64),
-            ("{outcome=\"failed\"}", get(&self.failed) as f64),
+        self.render_requests(&mut out);
+        render_weights(&mut out, engine);
+        out
+    }
+
+    /// Generation requests by outcome, as (labels, count).
+    fn outcomes(&self) -> [(&'static str, f64); 5] {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        [
+            ("{outcome=\"completed\"}", get(&self.completed)),
+            ("{outcome=\"cancelled\"}", get(&self.cancelled)),
+            ("{outcome=\"failed\"}", get(&self.failed)),
             (
                 "{outcome=\"rejected_invalid\"}",
-                get(&self.rejected_invalid) as f64,
+                get(&self.rejected_invalid),
             ),
             (
                 "{outcome=\"rejected_overloaded\"}",
-                get(&self.rejected_overloaded) as f64,
+                get(&self.rejected_overloaded),
             ),
-        ];
+        ]
+    }
+
+    /// The server's own counters: requests, tokens, steps, latency, queue.
+    fn render_requests(&self, out: &mut String) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let requests = self.outcomes();
         metric(
+            out,
             "ork_requests_total",
             "counter",
             "Generation requests by outcome (accepted ones end completed, cancelled or failed).",
             &requests,
         );
         metric(
+            out,
             "ork_requests_accepted_total",
             "counter",
             "Generation requests accepted into the queue.",
             &[("", get(&self.accepted) as f64)],
         );
         metric(
+            out,
             "ork_prompt_tokens_total",
             "counter",
             "Prompt tokens evaluated.",
             &[("", get(&self.prompt_tokens) as f64)],
         );
         metric(
+            out,
             "ork_prompt_tokens_cached_total",
             "counter",
             "Prompt tokens served from a cached prefix (not evaluated again).",
             &[("", get(&self.cached_tokens) as f64)],
         );
         metric(
+            out,
             "ork_prefix_cache_bytes",
             "gauge",
             "Bytes of finished sequences' keys and values kept for prefix reuse.",
             &[("", get(&self.prefix_cache_bytes) as f64)],
         );
         metric(
+            out,
             "ork_completion_tokens_total",
             "counter",
             "Tokens generated.",
             &[("", get(&self.completion_tokens) as f64)],
         );
         metric(
+            out,
             "ork_decode_tokens_per_second",
             "gauge",
             "Decode tokens per second of step time over the last 10 s (all sequences).",
             &[("", self.decode_rate())],
         );
         metric(
+            out,
             "ork_batched_steps_total",
             "counter",
             "Batched forward steps run.",
@@ -165,6 +171,7 @@ impl Metrics {
         );
         let ttft_n = get(&self.ttft_count);
         metric(
+            out,
             "ork_time_to_first_token_seconds_mean",
             "gauge",
             "Mean time from admission to the first token.",
@@ -178,53 +185,81 @@ impl Metrics {
             )],
         );
         metric(
+            out,
             "ork_queue_depth",
             "gauge",
             "Requests waiting for a sequence slot.",
             &[("", get(&self.queue_depth) as f64)],
         );
         metric(
+            out,
             "ork_active_sequences",
             "gauge",
             "Sequences running.",
             &[("", get(&self.active) as f64)],
         );
-        metric(
-            "ork_weight_cache_hits_total",
-            "counter",
-            "Weight uses that found the weight resident.",
-            &[("", cache.hits as f64)],
-        );
-        metric(
-            "ork_weight_loads_total",
-            "counter",
-            "Weights copied from the .orkpack into device buffers.",
-            &[("", cache.loads as f64)],
-        );
-        metric(
-            "ork_weight_evictions_total",
-            "counter",
-            "Weights evicted to make room.",
-            &[("", cache.evictions as f64)],
-        );
-        metric(
-            "ork_weight_wall_hits_total",
-            "counter",
-            "Device allocations refused although the budget allowed them.",
-            &[("", cache.wall_hits as f64)],
-        );
-        metric(
-            "ork_weight_resident_bytes",
-            "gauge",
-            "Weight bytes resident on the device now (all domains).",
-            &[("", resident as f64)],
-        );
-        metric(
-            "ork_weight_budget_bytes",
-            "gauge",
-            "Weight budget per domain (0 for the CPU engine: no device).",
-            &[("", engine.device_budget().map_or(0, |b| b.budget()) as f64)],
-        );
-        out
     }
+}
+
+/// One metric: its help and type lines, then a line per (labels, value) sample.
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, f64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, v) in samples {
+        let _ = writeln!(out, "{name}{labels} {v}");
+    }
+}
+
+/// `engine`'s weight cache: hits, loads, evictions, wall hits, resident bytes and budget.
+fn render_weights(out: &mut String, engine: &Engine) {
+    let cache = engine.cache_stats();
+    // The CPU engine has no device: nothing is resident on one.
+    let resident: u64 = match (engine.device_budget(), engine.device()) {
+        (Some(budget), Some(device)) => (0..device.info().domains)
+            .map(|d| budget.used(ork_device::DomainId(d)))
+            .sum(),
+        _ => 0,
+    };
+    metric(
+        out,
+        "ork_weight_cache_hits_total",
+        "counter",
+        "Weight uses that found the weight resident.",
+        &[("", cache.hits as f64)],
+    );
+    metric(
+        out,
+        "ork_weight_loads_total",
+        "counter",
+        "Weights copied from the .orkpack into device buffers.",
+        &[("", cache.loads as f64)],
+    );
+    metric(
+        out,
+        "ork_weight_evictions_total",
+        "counter",
+        "Weights evicted to make room.",
+        &[("", cache.evictions as f64)],
+    );
+    metric(
+        out,
+        "ork_weight_wall_hits_total",
+        "counter",
+        "Device allocations refused although the budget allowed them.",
+        &[("", cache.wall_hits as f64)],
+    );
+    metric(
+        out,
+        "ork_weight_resident_bytes",
+        "gauge",
+        "Weight bytes resident on the device now (all domains).",
+        &[("", resident as f64)],
+    );
+    metric(
+        out,
+        "ork_weight_budget_bytes",
+        "gauge",
+        "Weight budget per domain (0 for the CPU engine: no device).",
+        &[("", engine.device_budget().map_or(0, |b| b.budget()) as f64)],
+    );
 }

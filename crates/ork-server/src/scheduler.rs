@@ -286,89 +286,22 @@ fn serve(
         retire(&mut slots, &keep, prefixes, metrics);
         metrics.active.store(slots.len() as u64, Ordering::Relaxed);
         if abort.load(Ordering::Relaxed) {
-            for s in slots.drain(..) {
-                let _ = s
-                    .job
-                    .events
-                    .send(Event::Failed("the server is shutting down".to_owned()));
-                metrics.failed.fetch_add(1, Ordering::Relaxed);
-            }
-            while let Ok(job) = queue.try_recv() {
-                let _ = job
-                    .events
-                    .send(Event::Failed("the server is shutting down".to_owned()));
-                metrics.failed.fetch_add(1, Ordering::Relaxed);
-            }
-            // Nothing is accepted once the server aborts (it drains first).
-            metrics.active.store(0, Ordering::Relaxed);
-            metrics.queue_depth.store(0, Ordering::Relaxed);
+            fail_all(&mut slots, queue, metrics);
             return;
         }
         // Admit queued requests into free slots.
         while !closed && slots.len() < config.max_seqs {
-            let job = if slots.is_empty() {
-                match queue.recv_timeout(Duration::from_millis(50)) {
-                    Ok(job) => job,
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => break,
-                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                        closed = true;
-                        break;
-                    }
-                }
-            } else {
-                match queue.try_recv() {
-                    Ok(job) => job,
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
-                        closed = true;
-                        break;
-                    }
+            let job = match next_job(queue, slots.is_empty()) {
+                Next::Job(job) => job,
+                Next::None => break,
+                Next::Closed => {
+                    closed = true;
+                    break;
                 }
             };
-            if job.events.is_closed() {
-                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-                continue;
+            if let Some(slot) = start_slot(engine, config, job, prefixes, metrics, &tokenizer) {
+                slots.push(slot);
             }
-            let fresh = match engine.session_with_context(config.context) {
-                Ok(s) => s,
-                Err(e) => {
-                    let _ = job.events.send(Event::Failed(e.to_string()));
-                    metrics.failed.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-            };
-            let sampler = match Sampler::new(job.sampler.clone()) {
-                Ok(s) => s,
-                Err(e) => {
-                    let _ = job.events.send(Event::Failed(e.to_string()));
-                    metrics.failed.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-            };
-            // The longest cached prefix of the prompt, if any: only the rest is prefilled.
-            let (session, cached) = match prefixes.take(&job.prompt, &fresh) {
-                Some((session, len)) => (session, len),
-                None => (fresh, 0),
-            };
-            metrics
-                .prefix_cache_bytes
-                .store(prefixes.bytes() as u64, Ordering::Relaxed);
-            metrics
-                .cached_tokens
-                .fetch_add(cached as u64, Ordering::Relaxed);
-            slots.push(Slot {
-                job,
-                session,
-                sampler,
-                fed: cached,
-                cached,
-                generated: Vec::new(),
-                text: TextStream::new(&tokenizer, false),
-                out: String::new(),
-                sent: 0,
-                started: Instant::now(),
-                first_token: false,
-            });
         }
         metrics
             .queue_depth
@@ -388,6 +321,108 @@ fn serve(
             saver.tick(prefixes);
         }
     }
+}
+
+/// The server aborts: every running and queued request fails, and nothing more is accepted
+/// (it drains first).
+fn fail_all(slots: &mut Vec<Slot<'_>>, queue: &Receiver<Job>, metrics: &Metrics) {
+    for s in slots.drain(..) {
+        let _ = s
+            .job
+            .events
+            .send(Event::Failed("the server is shutting down".to_owned()));
+        metrics.failed.fetch_add(1, Ordering::Relaxed);
+    }
+    while let Ok(job) = queue.try_recv() {
+        let _ = job
+            .events
+            .send(Event::Failed("the server is shutting down".to_owned()));
+        metrics.failed.fetch_add(1, Ordering::Relaxed);
+    }
+    metrics.active.store(0, Ordering::Relaxed);
+    metrics.queue_depth.store(0, Ordering::Relaxed);
+}
+
+/// What the queue gave.
+enum Next {
+    Job(Job),
+    /// Nothing now.
+    None,
+    /// Every sender is gone.
+    Closed,
+}
+
+/// The next queued job: waiting up to 50 ms when no sequence runs (`idle`), else not at all.
+fn next_job(queue: &Receiver<Job>, idle: bool) -> Next {
+    if idle {
+        match queue.recv_timeout(Duration::from_millis(50)) {
+            Ok(job) => Next::Job(job),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Next::None,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Next::Closed,
+        }
+    } else {
+        match queue.try_recv() {
+            Ok(job) => Next::Job(job),
+            Err(TryRecvError::Empty) => Next::None,
+            Err(TryRecvError::Disconnected) => Next::Closed,
+        }
+    }
+}
+
+/// A slot for `job`: a session (the longest cached prefix of its prompt when there is one, so
+/// only the rest is prefilled) and its sampler. `None` when the client went away or the session
+/// or sampler cannot be made (the job is told why).
+fn start_slot<'t>(
+    engine: &Engine,
+    config: &SchedulerConfig,
+    job: Job,
+    prefixes: &mut PrefixCache,
+    metrics: &Metrics,
+    tokenizer: &'t Tokenizer,
+) -> Option<Slot<'t>> {
+    if job.events.is_closed() {
+        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        return None;
+    }
+    let fresh = match engine.session_with_context(config.context) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = job.events.send(Event::Failed(e.to_string()));
+            metrics.failed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+    };
+    let sampler = match Sampler::new(job.sampler.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = job.events.send(Event::Failed(e.to_string()));
+            metrics.failed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+    };
+    let (session, cached) = match prefixes.take(&job.prompt, &fresh) {
+        Some((session, len)) => (session, len),
+        None => (fresh, 0),
+    };
+    metrics
+        .prefix_cache_bytes
+        .store(prefixes.bytes() as u64, Ordering::Relaxed);
+    metrics
+        .cached_tokens
+        .fetch_add(cached as u64, Ordering::Relaxed);
+    Some(Slot {
+        job,
+        session,
+        sampler,
+        fed: cached,
+        cached,
+        generated: Vec::new(),
+        text: TextStream::new(tokenizer, false),
+        out: String::new(),
+        sent: 0,
+        started: Instant::now(),
+        first_token: false,
+    })
 }
 
 /// Remove the slots `keep` says no to; their sessions become reusable prefixes.

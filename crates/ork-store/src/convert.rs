@@ -375,114 +375,13 @@ pub fn ensure(
     };
     let mut reusable: HashSet<&str> = HashSet::new();
     if let Some(old) = &existing {
-        let (mut missing, mut stale, mut corrupt) = (0usize, Vec::new(), Vec::new());
-        let mut other_dtype = None;
-        let mut other_group = Vec::new();
-        for (t, key) in plan.weights.iter().zip(&plan.keys) {
-            let Some(e) = old.entry(&t.name) else {
-                missing += 1;
-                continue;
-            };
-            if e.layout().dtype != key.layout.dtype {
-                other_dtype = Some((e.layout().dtype, key.layout.dtype));
-            }
-            if e.group() != key.group {
-                other_group.push((
-                    t.name.clone(),
-                    format!("{} scales, wanted {}", e.group().name(), key.group.name()),
-                ));
-            }
-            let status = if opts.verify {
-                check_entry_key(old, e, key)
-            } else {
-                match stale_reason(e, key) {
-                    Some(reason) => EntryStatus::Stale { reason },
-                    None => EntryStatus::Valid,
-                }
-            };
-            match status {
-                EntryStatus::Valid => {
-                    reusable.insert(&t.name);
-                }
-                EntryStatus::Stale { reason } => {
-                    stale.push((t.name.clone(), reason.clone()));
-                    report.repacked.push((t.name.clone(), reason));
-                }
-                EntryStatus::Corrupt { reason } => {
-                    corrupt.push((t.name.clone(), reason.clone()));
-                    report.repacked.push((t.name.clone(), reason));
-                }
-            }
-        }
-        let extra = old
-            .entries()
-            .len()
-            .saturating_sub(plan.weights.len() - missing);
-        let other_target = match opts.target {
-            Some(wanted) if old.target() != Some(wanted) => Some(RebuildReason::OtherTarget {
-                found: old.target().map(str::to_owned),
-                wanted: wanted.to_owned(),
-            }),
-            _ => None,
-        };
-        let same_smoothing = match (old.smoothing(), opts.smoothing) {
-            (None, None) => true,
-            (Some(a), Some(b)) => a.same_parameters(b) && a.blocks == b.blocks,
-            _ => false,
-        };
-        report.rebuild = if !same_smoothing {
-            Some(RebuildReason::OtherSmoothing {
-                found: old.smoothing().map(|s| s.describe()),
-                wanted: opts.smoothing.map(|s| s.describe()),
-            })
-        } else if let Some((found, wanted)) = other_dtype {
-            Some(RebuildReason::OtherDtype { found, wanted })
-        } else if let Some((tensor, reason)) = other_group.first().cloned() {
-            Some(RebuildReason::OtherGroup {
-                count: other_group.len(),
-                tensor,
-                reason,
-            })
-        } else if other_target.is_some() {
-            other_target
-        } else if let Some((tensor, reason)) = corrupt.first().cloned() {
-            Some(RebuildReason::CorruptEntries {
-                count: corrupt.len(),
-                tensor,
-                reason,
-            })
-        } else if let Some((tensor, reason)) = stale.first().cloned() {
-            Some(RebuildReason::Stale {
-                count: stale.len(),
-                tensor,
-                reason,
-            })
-        } else if missing > 0 {
-            Some(RebuildReason::MissingEntries { count: missing })
-        } else if extra > 0 {
-            Some(RebuildReason::ExtraEntries { count: extra })
-        } else {
-            None
-        };
+        let audit = audit_entries(old, &plan, opts, &mut report);
+        report.rebuild = rebuild_reason(old, &plan, opts, &audit);
+        reusable = audit.reusable;
         let all_valid = reusable.len() == plan.weights.len();
         if all_valid && old.entries().len() == plan.weights.len() && report.rebuild.is_none() {
             let old = existing.expect("checked above");
-            report.rebuild = None;
-            report.reused = plan.weights.len();
-            report.bytes_out = old.entries().iter().map(entry_bytes).sum();
-            for (i, t) in plan.weights.iter().enumerate() {
-                if opts.evict_src {
-                    model.evict(t);
-                }
-                plan.report(
-                    i,
-                    &t.name,
-                    Action::Reused,
-                    entry_bytes(old.entry(&t.name).expect("valid")),
-                );
-            }
-            report.seconds = started.elapsed().as_secs_f64();
-            return Ok((old, report));
+            return Ok(reuse_whole(model, old, &plan, report, started));
         }
     }
     let reuse = |name: &str| reusable.contains(name);
@@ -495,6 +394,158 @@ pub fn ensure(
         report,
         started,
     )
+}
+
+/// What [`audit_entries`] found of an existing pack's entries against the plan.
+#[derive(Default)]
+struct Audit<'p> {
+    /// Weights whose entry can be copied over.
+    reusable: HashSet<&'p str>,
+    /// Weights with no entry.
+    missing: usize,
+    /// (weight, why) of stale and of corrupt entries.
+    stale: Vec<(String, String)>,
+    corrupt: Vec<(String, String)>,
+    /// An entry's dtype against the wanted one.
+    other_dtype: Option<(PackDtype, PackDtype)>,
+    /// (weight, why) of entries of another scale grouping.
+    other_group: Vec<(String, String)>,
+}
+
+/// Check every planned weight's entry in `old` (with `opts.verify`, its checksums too); stale
+/// and corrupt ones go to `report.repacked`.
+fn audit_entries<'p>(
+    old: &Orkpack,
+    plan: &'p Plan<'_>,
+    opts: &ConvertOptions<'_>,
+    report: &mut ConvertReport,
+) -> Audit<'p> {
+    let mut audit = Audit::default();
+    for (t, key) in plan.weights.iter().zip(&plan.keys) {
+        let Some(e) = old.entry(&t.name) else {
+            audit.missing += 1;
+            continue;
+        };
+        if e.layout().dtype != key.layout.dtype {
+            audit.other_dtype = Some((e.layout().dtype, key.layout.dtype));
+        }
+        if e.group() != key.group {
+            audit.other_group.push((
+                t.name.clone(),
+                format!("{} scales, wanted {}", e.group().name(), key.group.name()),
+            ));
+        }
+        let status = if opts.verify {
+            check_entry_key(old, e, key)
+        } else {
+            match stale_reason(e, key) {
+                Some(reason) => EntryStatus::Stale { reason },
+                None => EntryStatus::Valid,
+            }
+        };
+        match status {
+            EntryStatus::Valid => {
+                audit.reusable.insert(&t.name);
+            }
+            EntryStatus::Stale { reason } => {
+                audit.stale.push((t.name.clone(), reason.clone()));
+                report.repacked.push((t.name.clone(), reason));
+            }
+            EntryStatus::Corrupt { reason } => {
+                audit.corrupt.push((t.name.clone(), reason.clone()));
+                report.repacked.push((t.name.clone(), reason));
+            }
+        }
+    }
+    audit
+}
+
+/// Why `old` is rewritten, the first that applies of: other smoothing, dtype, scale grouping,
+/// target; corrupt, stale, missing or extra entries. `None`: it is reused as it is.
+fn rebuild_reason(
+    old: &Orkpack,
+    plan: &Plan<'_>,
+    opts: &ConvertOptions<'_>,
+    audit: &Audit<'_>,
+) -> Option<RebuildReason> {
+    let extra = old
+        .entries()
+        .len()
+        .saturating_sub(plan.weights.len() - audit.missing);
+    let other_target = match opts.target {
+        Some(wanted) if old.target() != Some(wanted) => Some(RebuildReason::OtherTarget {
+            found: old.target().map(str::to_owned),
+            wanted: wanted.to_owned(),
+        }),
+        _ => None,
+    };
+    let same_smoothing = match (old.smoothing(), opts.smoothing) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.same_parameters(b) && a.blocks == b.blocks,
+        _ => false,
+    };
+    if !same_smoothing {
+        Some(RebuildReason::OtherSmoothing {
+            found: old.smoothing().map(|s| s.describe()),
+            wanted: opts.smoothing.map(|s| s.describe()),
+        })
+    } else if let Some((found, wanted)) = audit.other_dtype {
+        Some(RebuildReason::OtherDtype { found, wanted })
+    } else if let Some((tensor, reason)) = audit.other_group.first().cloned() {
+        Some(RebuildReason::OtherGroup {
+            count: audit.other_group.len(),
+            tensor,
+            reason,
+        })
+    } else if other_target.is_some() {
+        other_target
+    } else if let Some((tensor, reason)) = audit.corrupt.first().cloned() {
+        Some(RebuildReason::CorruptEntries {
+            count: audit.corrupt.len(),
+            tensor,
+            reason,
+        })
+    } else if let Some((tensor, reason)) = audit.stale.first().cloned() {
+        Some(RebuildReason::Stale {
+            count: audit.stale.len(),
+            tensor,
+            reason,
+        })
+    } else if audit.missing > 0 {
+        Some(RebuildReason::MissingEntries {
+            count: audit.missing,
+        })
+    } else if extra > 0 {
+        Some(RebuildReason::ExtraEntries { count: extra })
+    } else {
+        None
+    }
+}
+
+/// Every entry of `old` is valid and it holds nothing else: reuse it untouched.
+fn reuse_whole(
+    model: &GgufFile,
+    old: Orkpack,
+    plan: &Plan<'_>,
+    mut report: ConvertReport,
+    started: Instant,
+) -> (Orkpack, ConvertReport) {
+    report.rebuild = None;
+    report.reused = plan.weights.len();
+    report.bytes_out = old.entries().iter().map(entry_bytes).sum();
+    for (i, t) in plan.weights.iter().enumerate() {
+        if plan.opts.evict_src {
+            model.evict(t);
+        }
+        plan.report(
+            i,
+            &t.name,
+            Action::Reused,
+            entry_bytes(old.entry(&t.name).expect("valid")),
+        );
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    (old, report)
 }
 
 /// Build `path` from scratch from `model` (every weight packed), replacing any existing file

@@ -462,9 +462,35 @@ fn corrupt_index(path: &Path, offset: u64, what: impl Into<String>) -> StoreErro
 
 /// Validate the whole structure of a mapped file.
 fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
+    let header = read_header(path, bytes)?;
+    let identity =
+        (header.model_fingerprint.get() != 0 || header.model_len.get() != 0).then(|| {
+            ModelIdentity {
+                file_len: header.model_len.get(),
+                fingerprint: header.model_fingerprint.get(),
+            }
+        });
+    let target = target_name(&header.target)
+        .map_err(|what| corrupt_index(path, 48, format!("target chip: {what}")))?;
+    let (footer, footer_at) = read_footer(path, bytes, &header)?;
+    let index_offset = footer.index_offset.get();
+    let index = &bytes[index_offset as usize..footer_at as usize];
+    let entries = read_entries(path, index, index_offset, footer.entry_count.get())?;
+    check_no_overlap(path, &entries)?;
+    let smoothing = read_smoothing(path, bytes, &header, &footer, footer_at, &entries)?;
+    Ok(Parsed {
+        identity,
+        target,
+        smoothing,
+        entries,
+    })
+}
+
+/// Read and check the header: magic, then version, then checksum, then flags — in that order, so
+/// a file of another version is reported as such even though its checksum scheme may differ —
+/// then the page size and the file length it records against the file's.
+fn read_header(path: &Path, bytes: &[u8]) -> Result<FileHeader, StoreError> {
     let actual = bytes.len() as u64;
-    // Header: magic, then version, then checksum, then flags — in that order, so a file of
-    // another version is reported as such even though its checksum scheme may differ.
     let Some(head) = bytes.get(..HEADER_LEN) else {
         let n = bytes.len().min(MAGIC.len());
         if bytes[..n] != MAGIC[..n] {
@@ -512,7 +538,12 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
             format!("page size {} (expected {PAGE})", header.page_size.get()),
         ));
     }
-    let file_len = header.file_len.get();
+    check_file_len(path, header.file_len.get(), actual)?;
+    Ok(header)
+}
+
+/// The header's file length must be the file's, and leave room for the header page and footer.
+fn check_file_len(path: &Path, file_len: u64, actual: u64) -> Result<(), StoreError> {
     if actual < file_len {
         return Err(StoreError::Truncated {
             path: path.to_path_buf(),
@@ -534,17 +565,17 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
             format!("file length {file_len} smaller than header page + footer"),
         ));
     }
-    let identity =
-        (header.model_fingerprint.get() != 0 || header.model_len.get() != 0).then(|| {
-            ModelIdentity {
-                file_len: header.model_len.get(),
-                fingerprint: header.model_fingerprint.get(),
-            }
-        });
-    let target = target_name(&header.target)
-        .map_err(|what| corrupt_index(path, 48, format!("target chip: {what}")))?;
+    Ok(())
+}
 
-    // Footer.
+/// Read and check the footer against the header, and the index it points at: placed right before
+/// the footer, its checksum matching, its entry count capped. Returns the footer and its offset.
+fn read_footer(
+    path: &Path,
+    bytes: &[u8],
+    header: &FileHeader,
+) -> Result<(Footer, u64), StoreError> {
+    let file_len = header.file_len.get();
     let footer_at = file_len - FOOTER_LEN as u64;
     let footer = Footer::read_from_bytes(&bytes[footer_at as usize..])
         .expect("footer slice has the footer's exact length");
@@ -589,8 +620,17 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
             format!("{count} entries (cap {MAX_ENTRIES}, index holds at most {fits})"),
         ));
     }
+    Ok((footer, footer_at))
+}
 
-    // Index entries.
+/// Read the `count` index entries from `index` (which starts at `index_offset` in the file); each
+/// name appears once and the entries fill the index exactly.
+fn read_entries(
+    path: &Path,
+    index: &[u8],
+    index_offset: u64,
+    count: u32,
+) -> Result<Vec<Entry>, StoreError> {
     let mut cur = Cursor::new(index, index_offset);
     let mut entries: Vec<Entry> = Vec::with_capacity(count as usize);
     let mut names = std::collections::HashSet::with_capacity(count as usize);
@@ -632,46 +672,50 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, StoreError> {
             format!("{} unparsed bytes at the end of the index", cur.remaining()),
         ));
     }
-    check_no_overlap(path, &entries)?;
+    Ok(entries)
+}
+
+/// The smoothing section, when the header's flag says there is one: after every entry's blob and
+/// scales, before the index. Without the flag the footer must not point at one.
+fn read_smoothing(
+    path: &Path,
+    bytes: &[u8],
+    header: &FileHeader,
+    footer: &Footer,
+    footer_at: u64,
+    entries: &[Entry],
+) -> Result<Option<crate::PackSmoothing>, StoreError> {
     let smoothing_offset = footer.smoothing_offset.get();
-    let smoothing = if header.optional_flags.get() & crate::OPT_SMOOTHING != 0 {
-        // After every entry's blob and scales, before the index.
-        let after = entries
-            .iter()
-            .map(|e| e.scale_range().0 + e.scale_range().1)
-            .max()
-            .unwrap_or(PAGE)
-            .max(PAGE);
-        if smoothing_offset < after {
+    if header.optional_flags.get() & crate::OPT_SMOOTHING == 0 {
+        if smoothing_offset != 0 {
             return Err(corrupt_index(
                 path,
                 footer_at,
-                format!(
-                    "smoothing section at {smoothing_offset} overlaps the entries (end {after})"
-                ),
+                "a smoothing offset without the smoothing flag",
             ));
         }
-        Some(crate::PackSmoothing::decode(
-            path,
-            bytes,
-            smoothing_offset,
-            index_offset,
-        )?)
-    } else if smoothing_offset != 0 {
+        return Ok(None);
+    }
+    let after = entries
+        .iter()
+        .map(|e| e.scale_range().0 + e.scale_range().1)
+        .max()
+        .unwrap_or(PAGE)
+        .max(PAGE);
+    if smoothing_offset < after {
         return Err(corrupt_index(
             path,
             footer_at,
-            "a smoothing offset without the smoothing flag",
+            format!("smoothing section at {smoothing_offset} overlaps the entries (end {after})"),
         ));
-    } else {
-        None
-    };
-    Ok(Parsed {
-        identity,
-        target,
-        smoothing,
-        entries,
-    })
+    }
+    let index_offset = footer.index_offset.get();
+    Ok(Some(crate::PackSmoothing::decode(
+        path,
+        bytes,
+        smoothing_offset,
+        index_offset,
+    )?))
 }
 
 /// The header's target chip name: lower-case ASCII letters and digits, zero-padded; all zeros

@@ -269,39 +269,9 @@ impl PackSmoothing {
         offset: u64,
         limit: u64,
     ) -> Result<PackSmoothing, StoreError> {
-        let bad = |at: u64, what: String| StoreError::CorruptIndex {
-            path: path.to_path_buf(),
-            offset: at,
-            what: format!("smoothing section: {what}"),
-        };
-        let head_end = offset
-            .checked_add(SMOOTHING_HEADER_LEN as u64)
-            .filter(|&e| offset.is_multiple_of(8) && e <= limit)
-            .ok_or_else(|| bad(offset, format!("offset {offset} (limit {limit})")))?;
-        let header = SmoothingHeader::read_from_bytes(&bytes[offset as usize..head_end as usize])
-            .expect("slice has the header's exact length");
-        let v2 = match header.magic {
-            SMOOTHING_MAGIC => true,
-            SMOOTHING_MAGIC_V1 => false,
-            _ => return Err(bad(offset, "magic missing".into())),
-        };
-        if xxh3(&header.as_bytes()[..56]) != header.checksum.get() {
-            return Err(bad(offset, "header checksum mismatch".into()));
-        }
-        let (blocks, dim) = (header.blocks.get(), header.dim.get());
-        if blocks == 0 || blocks > MAX_SMOOTH_BLOCKS || dim == 0 || dim > MAX_SMOOTH_DIM {
-            return Err(bad(offset, format!("{blocks} blocks of {dim} factors")));
-        }
-        let size = header.data_size.get();
-        let end = head_end
-            .checked_add(size)
-            .filter(|&e| e <= limit)
-            .ok_or_else(|| bad(offset, format!("{size} data bytes run past {limit}")))?;
+        let bad = |at: u64, what: String| smoothing_error(path, at, what);
+        let (header, v2, head_end, end) = read_header(path, bytes, offset, limit)?;
         let data = &bytes[head_end as usize..end as usize];
-        if xxh3(data) != header.data_checksum.get() {
-            return Err(bad(head_end, "data checksum mismatch".into()));
-        }
-        let (blocks, dim) = (blocks as usize, dim as usize);
         // Version 2: the targets record first; version 1 has none (normed inputs only).
         let (targets, vo_dim, down_dim, data) = if v2 {
             let (t, rest) = SmoothingTargets::read_from_prefix(data)
@@ -310,7 +280,6 @@ impl PackSmoothing {
         } else {
             (0, 0, 0, data)
         };
-        let data_at = head_end + if v2 { 16 } else { 0 };
         let known = TARGET_V_TO_O | TARGET_UP_TO_DOWN;
         let dims_ok =
             |bit: u32, len: u32| len <= MAX_SMOOTH_DIM && ((targets & bit != 0) || len == 0);
@@ -323,69 +292,15 @@ impl PackSmoothing {
                 format!("targets {targets:#x} with vectors of {vo_dim} and {down_dim} factors"),
             ));
         }
-        let (vo_dim, down_dim) = (vo_dim as usize, down_dim as usize);
-        let presence_len = align_up(blocks as u64, 8).expect("small") as usize;
-        let presence = data
-            .get(..presence_len)
-            .ok_or_else(|| bad(data_at, "shorter than its presence bytes".into()))?;
-        // A vo / down vector only where its target is set (and only in version 2).
-        let mut allowed = HAS_FFN;
-        if targets & TARGET_V_TO_O != 0 {
-            allowed |= HAS_VO;
-        }
-        if targets & TARGET_UP_TO_DOWN != 0 {
-            allowed |= HAS_DOWN;
-        }
-        if presence[..blocks].iter().any(|&p| p & !allowed != 0)
-            || presence[blocks..].iter().any(|&p| p != 0)
-        {
-            return Err(bad(data_at, "presence bytes with unknown bits".into()));
-        }
-        let floats: usize = presence[..blocks]
-            .iter()
-            .map(|&p| {
-                dim + usize::from(p & HAS_FFN != 0) * dim
-                    + usize::from(p & HAS_VO != 0) * vo_dim
-                    + usize::from(p & HAS_DOWN != 0) * down_dim
-            })
-            .sum();
-        if data.len() != presence_len + floats * 4 {
-            return Err(bad(
-                data_at,
-                format!("{} data bytes for {floats} factors", data.len()),
-            ));
-        }
-        let mut values = data[presence_len..]
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        let mut take = |len: usize| -> Result<Vec<f32>, StoreError> {
-            let v: Vec<f32> = values.by_ref().take(len).collect();
-            if v.iter().all(|x| x.is_finite() && *x > 0.0) {
-                Ok(v)
-            } else {
-                Err(bad(data_at, "a factor is not finite and positive".into()))
-            }
+        let shape = BlockShape {
+            blocks: header.blocks.get() as usize,
+            dim: header.dim.get() as usize,
+            vo_dim: vo_dim as usize,
+            down_dim: down_dim as usize,
+            targets,
         };
-        let mut out = Vec::with_capacity(blocks);
-        for &p in &presence[..blocks] {
-            let attn = take(dim)?;
-            let mut opt = |bit: u8, len: usize| -> Result<Option<Vec<f32>>, StoreError> {
-                if p & bit != 0 {
-                    take(len).map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
-            let ffn = opt(HAS_FFN, dim)?;
-            let vo = opt(HAS_VO, vo_dim)?;
-            let down = opt(HAS_DOWN, down_dim)?;
-            out.push(SmoothedBlock {
-                attn,
-                ffn,
-                vo,
-                down,
-            });
-        }
+        let data_at = head_end + if v2 { 16 } else { 0 };
+        let out = decode_blocks(path, data, data_at, &shape)?;
         Ok(PackSmoothing {
             alpha: f32::from_bits(header.alpha.get()),
             calib_hash: header.calib_hash.get(),
@@ -396,4 +311,141 @@ impl PackSmoothing {
             blocks: out,
         })
     }
+}
+
+/// A corrupt smoothing section.
+fn smoothing_error(path: &Path, at: u64, what: String) -> StoreError {
+    StoreError::CorruptIndex {
+        path: path.to_path_buf(),
+        offset: at,
+        what: format!("smoothing section: {what}"),
+    }
+}
+
+/// The section's header at `offset` (its magic, checksum and counts checked) and its data's
+/// checksum; returns the header, whether it is version 2, and where the data starts and ends.
+fn read_header(
+    path: &Path,
+    bytes: &[u8],
+    offset: u64,
+    limit: u64,
+) -> Result<(SmoothingHeader, bool, u64, u64), StoreError> {
+    let bad = |at: u64, what: String| smoothing_error(path, at, what);
+    let head_end = offset
+        .checked_add(SMOOTHING_HEADER_LEN as u64)
+        .filter(|&e| offset.is_multiple_of(8) && e <= limit)
+        .ok_or_else(|| bad(offset, format!("offset {offset} (limit {limit})")))?;
+    let header = SmoothingHeader::read_from_bytes(&bytes[offset as usize..head_end as usize])
+        .expect("slice has the header's exact length");
+    let v2 = match header.magic {
+        SMOOTHING_MAGIC => true,
+        SMOOTHING_MAGIC_V1 => false,
+        _ => return Err(bad(offset, "magic missing".into())),
+    };
+    if xxh3(&header.as_bytes()[..56]) != header.checksum.get() {
+        return Err(bad(offset, "header checksum mismatch".into()));
+    }
+    let (blocks, dim) = (header.blocks.get(), header.dim.get());
+    if blocks == 0 || blocks > MAX_SMOOTH_BLOCKS || dim == 0 || dim > MAX_SMOOTH_DIM {
+        return Err(bad(offset, format!("{blocks} blocks of {dim} factors")));
+    }
+    let size = header.data_size.get();
+    let end = head_end
+        .checked_add(size)
+        .filter(|&e| e <= limit)
+        .ok_or_else(|| bad(offset, format!("{size} data bytes run past {limit}")))?;
+    if xxh3(&bytes[head_end as usize..end as usize]) != header.data_checksum.get() {
+        return Err(bad(head_end, "data checksum mismatch".into()));
+    }
+    Ok((header, v2, head_end, end))
+}
+
+/// The section's block count, vector lengths and targets.
+struct BlockShape {
+    blocks: usize,
+    dim: usize,
+    vo_dim: usize,
+    down_dim: usize,
+    targets: u32,
+}
+
+/// The blocks' factors from `data` (at `data_at` in the file): a presence byte per block
+/// (padded to 8), then each block's vectors; every factor finite and positive.
+fn decode_blocks(
+    path: &Path,
+    data: &[u8],
+    data_at: u64,
+    shape: &BlockShape,
+) -> Result<Vec<SmoothedBlock>, StoreError> {
+    let bad = |at: u64, what: String| smoothing_error(path, at, what);
+    let BlockShape {
+        blocks,
+        dim,
+        vo_dim,
+        down_dim,
+        targets,
+    } = *shape;
+    let presence_len = align_up(blocks as u64, 8).expect("small") as usize;
+    let presence = data
+        .get(..presence_len)
+        .ok_or_else(|| bad(data_at, "shorter than its presence bytes".into()))?;
+    // A vo / down vector only where its target is set (and only in version 2).
+    let mut allowed = HAS_FFN;
+    if targets & TARGET_V_TO_O != 0 {
+        allowed |= HAS_VO;
+    }
+    if targets & TARGET_UP_TO_DOWN != 0 {
+        allowed |= HAS_DOWN;
+    }
+    if presence[..blocks].iter().any(|&p| p & !allowed != 0)
+        || presence[blocks..].iter().any(|&p| p != 0)
+    {
+        return Err(bad(data_at, "presence bytes with unknown bits".into()));
+    }
+    let floats: usize = presence[..blocks]
+        .iter()
+        .map(|&p| {
+            dim + usize::from(p & HAS_FFN != 0) * dim
+                + usize::from(p & HAS_VO != 0) * vo_dim
+                + usize::from(p & HAS_DOWN != 0) * down_dim
+        })
+        .sum();
+    if data.len() != presence_len + floats * 4 {
+        return Err(bad(
+            data_at,
+            format!("{} data bytes for {floats} factors", data.len()),
+        ));
+    }
+    let mut values = data[presence_len..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let mut take = |len: usize| -> Result<Vec<f32>, StoreError> {
+        let v: Vec<f32> = values.by_ref().take(len).collect();
+        if v.iter().all(|x| x.is_finite() && *x > 0.0) {
+            Ok(v)
+        } else {
+            Err(bad(data_at, "a factor is not finite and positive".into()))
+        }
+    };
+    let mut out = Vec::with_capacity(blocks);
+    for &p in &presence[..blocks] {
+        let attn = take(dim)?;
+        let mut opt = |bit: u8, len: usize| -> Result<Option<Vec<f32>>, StoreError> {
+            if p & bit != 0 {
+                take(len).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let ffn = opt(HAS_FFN, dim)?;
+        let vo = opt(HAS_VO, vo_dim)?;
+        let down = opt(HAS_DOWN, down_dim)?;
+        out.push(SmoothedBlock {
+            attn,
+            ffn,
+            vo,
+            down,
+        });
+    }
+    Ok(out)
 }

@@ -4,15 +4,15 @@
 //! outside the lock and the weight published. A full device window although the budget allows
 //! the weight is a wall hit, relieved by one more eviction.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
 
 use ork_device::split::{arrange, native_order};
 use ork_device::{BufferIntent, DeviceBuffer, DeviceError, DeviceWeight, DomainId};
 use ork_manifest::WeightId;
 
 use super::keys::Entry;
-use super::slots::{Requester, Slot, SlotState};
+use super::slots::{Requester, Slot, SlotState, State};
 use super::{mib, WeightCache};
 use crate::budget::Reclaim;
 use crate::source::Fetch;
@@ -67,11 +67,9 @@ impl WeightCache {
         e: &Entry,
         by: Requester,
     ) -> Result<Fetched, ResidencyError> {
-        let (name, layout) = (&*e.name, e.layout);
-        let bytes = self.device.footprint(layout.blob_bytes() as u64);
+        let bytes = self.device.footprint(e.layout.blob_bytes() as u64);
         let domain = self.checked_domain(e)?;
-        let d = domain.0 as usize;
-        let mut st = self.lock();
+        let st = self.lock();
         if st.slots.contains_key(&id) {
             // Someone else inserted it meanwhile; the compute path goes back through get().
             drop(st);
@@ -81,20 +79,64 @@ impl WeightCache {
             };
         }
         let pinned_here = st.pinned_names.contains(&id);
+        self.check_budget_fits(e, domain, bytes, pinned_here)?;
+        let want = Want {
+            id,
+            e,
+            by,
+            domain,
+            bytes,
+        };
+        let (mut st, reuse) = match self.make_room(st, &want)? {
+            Room::Reserved(st, reuse) => (st, reuse),
+            Room::Done(fetched) => return Ok(fetched),
+        };
+        insert_loading_slot(&mut st, &want, pinned_here);
+        drop(st);
+        self.fill_and_publish(&want, reuse)
+    }
+
+    /// The weight must fit in the budget beside the weights pinned in its domain (its own
+    /// bytes not counted twice when it is pinned itself).
+    fn check_budget_fits(
+        &self,
+        e: &Entry,
+        domain: DomainId,
+        bytes: u64,
+        pinned_here: bool,
+    ) -> Result<(), ResidencyError> {
         let pinned_other = self.budget.pinned(domain) - if pinned_here { bytes } else { 0 };
         if bytes + pinned_other > self.config.budget_bytes {
             return Err(ResidencyError::BudgetTooSmall {
-                name: name.to_owned(),
+                name: e.name.to_string(),
                 budget_mib: mib(self.config.budget_bytes),
                 need_mib: mib(bytes),
                 pinned_mib: mib(pinned_other),
                 min_mib: (bytes + pinned_other).div_ceil(1 << 20),
             });
         }
-        // Make room within the budget: reuse a spare buffer of this size if there is one, free
-        // spares of other sizes, then evict least-recently-used weights (whose buffers become
-        // spares, taken when they fit).
-        let size = layout.blob_bytes() as u64;
+        Ok(())
+    }
+
+    /// Make room within the budget: reuse a spare buffer of this size if there is one, free
+    /// spares of other sizes, then evict least-recently-used weights (whose buffers become
+    /// spares, taken when they fit), then (compute only) ask the device's other caches or wait
+    /// for a fill in progress. Ends with the bytes reserved and the lock held, or early when
+    /// the weight appeared meanwhile or a prefetch finds no room.
+    fn make_room<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        want: &Want<'_>,
+    ) -> Result<Room<'a>, ResidencyError> {
+        let Want {
+            id,
+            e,
+            by,
+            domain,
+            bytes,
+        } = *want;
+        let (name, size) = (&*e.name, e.layout.blob_bytes() as u64);
+        let d = domain.0 as usize;
         let mut reuse = st.take_spare(domain, size);
         while !self.budget.try_reserve(domain, bytes) {
             if st.drop_spare(domain) {
@@ -115,7 +157,7 @@ impl WeightCache {
                 st = self.lock();
                 if st.slots.contains_key(&id) {
                     drop(st);
-                    return Ok(Fetched::Lease(Arc::clone(self.get_entry(id, e)?.arc())));
+                    return self.lease_now(id, e);
                 }
                 if got
                     || self
@@ -138,12 +180,12 @@ impl WeightCache {
                 .values()
                 .any(|s| s.domain == domain && matches!(s.state, SlotState::Loading));
             match by {
-                Requester::Prefetch => return Ok(Fetched::NoRoom),
+                Requester::Prefetch => return Ok(Room::Done(Fetched::NoRoom)),
                 Requester::Compute if loading => {
                     st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
                     if st.slots.contains_key(&id) {
                         drop(st);
-                        return Ok(Fetched::Lease(Arc::clone(self.get_entry(id, e)?.arc())));
+                        return self.lease_now(id, e);
                     }
                 }
                 Requester::Compute => {
@@ -157,89 +199,48 @@ impl WeightCache {
                 }
             }
         }
-        st.resident[d] += bytes;
-        let total = st.total_resident();
-        st.stats.peak_resident = st.stats.peak_resident.max(total);
-        st.tick += 1;
-        let tick = st.tick;
-        let wanted = match by {
-            Requester::Prefetch => st.generation,
-            Requester::Compute => 0,
-        };
-        st.slots.insert(
-            id,
-            Slot {
-                name: Arc::clone(&e.name),
-                state: SlotState::Loading,
-                loader: by,
-                bytes,
-                domain,
-                last_use: tick,
-                pinned: pinned_here,
-                wanted,
-            },
-        );
-        drop(st);
+        Ok(Room::Reserved(st, reuse))
+    }
 
-        // Fill outside the lock; a guard drops the slot if this thread unwinds.
+    /// The weight appeared while this thread waited: lease it.
+    fn lease_now(&self, id: WeightId, e: &Entry) -> Result<Room<'_>, ResidencyError> {
+        Ok(Room::Done(Fetched::Lease(Arc::clone(
+            self.get_entry(id, e)?.arc(),
+        ))))
+    }
+
+    /// Fill the loading slot outside the lock (a guard drops the slot if this thread unwinds),
+    /// then publish the weight, or drop the slot on an error, and wake the waiters.
+    fn fill_and_publish(
+        &self,
+        want: &Want<'_>,
+        reuse: Option<DeviceBuffer>,
+    ) -> Result<Fetched, ResidencyError> {
         let mut guard = FillGuard {
             cache: self,
-            id,
+            id: want.id,
             done: false,
         };
-        let started = Instant::now();
-        let (events, created) = (self.events(), reuse.is_none());
-        let after = events.as_ref().map_or(0, |r| r.matmuls());
-        let result = self.fill(e, domain, by, reuse);
-        let elapsed = started.elapsed();
+        let events = self.events();
+        let record = FillRecord {
+            started: Instant::now(),
+            created: reuse.is_none(),
+            after: events.as_ref().map_or(0, |r| r.matmuls()),
+            events,
+        };
+        let result = self.fill(want.e, want.domain, want.by, reuse);
+        let elapsed = record.started.elapsed();
         let mut st = self.lock();
         guard.done = true;
         let out = match result {
-            Ok((weight, how)) => {
-                let weight = Arc::new(weight);
-                match how {
-                    Fetch::Loaded => st.stats.loads += 1,
-                    Fetch::Packed => st.stats.packs += 1,
-                }
-                if by == Requester::Prefetch {
-                    st.stats.prefetched += 1;
-                }
-                st.stats.bytes_moved += layout.blob_bytes() as u64;
-                if let Some(slot) = st.slots.get_mut(&id) {
-                    slot.state = SlotState::Ready(Arc::clone(&weight));
-                }
-                if let Some(rec) = &events {
-                    crate::board::load(rec, name, &layout, domain.0, created, by, after);
-                }
-                if let Some(tr) = &self.trace() {
-                    let lane = match by {
-                        Requester::Compute => Lane::Compute,
-                        Requester::Prefetch => Lane::Prefetch,
-                    };
-                    let cat = match how {
-                        Fetch::Loaded => "load",
-                        Fetch::Packed => "pack",
-                    };
-                    tr.span(lane, cat, name, started, elapsed);
-                }
-                match by {
-                    Requester::Compute => Ok(Fetched::Lease(weight)),
-                    // Only the slot may hold a prefetched weight: a second reference, even for
-                    // the moment after the lock is released, would look like a lease and make
-                    // the weight unevictable to a compute thread woken by the notify below.
-                    Requester::Prefetch => {
-                        drop(weight);
-                        Ok(Fetched::Done)
-                    }
-                }
-            }
+            Ok((weight, how)) => Ok(self.publish(&mut st, want, weight, how, &record, elapsed)),
             Err(e) => {
                 // Drop the slot and its reserved bytes. A compute thread waiting for this weight
                 // then finds no slot and fetches it itself, so a failed prefetch costs time, not
                 // correctness, and the error the caller sees (naming the tensor) comes from its
                 // own attempt.
-                st.abandon(id);
-                match (by, e) {
+                st.abandon(want.id);
+                match (want.by, e) {
                     // The window is full of weights the prefetcher may not evict: no room yet.
                     (Requester::Prefetch, ResidencyError::WindowExhausted { .. }) => {
                         Ok(Fetched::NoRoom)
@@ -250,6 +251,56 @@ impl WeightCache {
         };
         self.changed.notify_all();
         out
+    }
+
+    /// A filled weight: count it, mark its slot ready, record it on the board and the trace.
+    fn publish(
+        &self,
+        st: &mut State,
+        want: &Want<'_>,
+        weight: DeviceWeight,
+        how: Fetch,
+        record: &FillRecord,
+        elapsed: Duration,
+    ) -> Fetched {
+        let (by, name, layout) = (want.by, &*want.e.name, want.e.layout);
+        let weight = Arc::new(weight);
+        match how {
+            Fetch::Loaded => st.stats.loads += 1,
+            Fetch::Packed => st.stats.packs += 1,
+        }
+        if by == Requester::Prefetch {
+            st.stats.prefetched += 1;
+        }
+        st.stats.bytes_moved += layout.blob_bytes() as u64;
+        if let Some(slot) = st.slots.get_mut(&want.id) {
+            slot.state = SlotState::Ready(Arc::clone(&weight));
+        }
+        if let Some(rec) = &record.events {
+            let (domain, created) = (want.domain.0, record.created);
+            crate::board::load(rec, name, &layout, domain, created, by, record.after);
+        }
+        if let Some(tr) = &self.trace() {
+            let lane = match by {
+                Requester::Compute => Lane::Compute,
+                Requester::Prefetch => Lane::Prefetch,
+            };
+            let cat = match how {
+                Fetch::Loaded => "load",
+                Fetch::Packed => "pack",
+            };
+            tr.span(lane, cat, name, record.started, elapsed);
+        }
+        match by {
+            Requester::Compute => Fetched::Lease(weight),
+            // Only the slot may hold a prefetched weight: a second reference, even for the
+            // moment after the lock is released, would look like a lease and make the weight
+            // unevictable to a compute thread woken by the notify in fill_and_publish.
+            Requester::Prefetch => {
+                drop(weight);
+                Fetched::Done
+            }
+        }
     }
 
     /// The device refused an allocation in `domain` with a full window although the budget
@@ -341,6 +392,63 @@ impl WeightCache {
         }
         Ok((weight, how))
     }
+}
+
+/// The weight one [`WeightCache::fetch`] brings in, and for whom.
+#[derive(Clone, Copy)]
+struct Want<'e> {
+    id: WeightId,
+    e: &'e Entry,
+    by: Requester,
+    domain: DomainId,
+    /// Its footprint on the device.
+    bytes: u64,
+}
+
+/// How [`WeightCache::make_room`] ended.
+enum Room<'a> {
+    /// The bytes are reserved, the lock still held; a spare buffer of the weight's size to
+    /// reuse, if one was found.
+    Reserved(MutexGuard<'a, State>, Option<DeviceBuffer>),
+    /// Nothing to fill: the weight appeared meanwhile, or a prefetch found no room.
+    Done(Fetched),
+}
+
+/// What a fill records on the board and the trace once it is published.
+struct FillRecord {
+    started: Instant,
+    /// The buffer was created for this fill (not a reused spare).
+    created: bool,
+    /// The board's matmul count when the fill began.
+    after: u64,
+    events: Option<Arc<ork_board::Recorder>>,
+}
+
+/// Insert the loading slot of a weight whose bytes were just reserved.
+fn insert_loading_slot(st: &mut State, want: &Want<'_>, pinned: bool) {
+    let d = want.domain.0 as usize;
+    st.resident[d] += want.bytes;
+    let total = st.total_resident();
+    st.stats.peak_resident = st.stats.peak_resident.max(total);
+    st.tick += 1;
+    let tick = st.tick;
+    let wanted = match want.by {
+        Requester::Prefetch => st.generation,
+        Requester::Compute => 0,
+    };
+    st.slots.insert(
+        want.id,
+        Slot {
+            name: Arc::clone(&want.e.name),
+            state: SlotState::Loading,
+            loader: want.by,
+            bytes: want.bytes,
+            domain: want.domain,
+            last_use: tick,
+            pinned,
+            wanted,
+        },
+    );
 }
 
 /// Drops a loading slot (and its reserved bytes) if the filling thread unwinds, and wakes the

@@ -80,64 +80,8 @@ fn submit(
             "the server is shutting down",
         ));
     }
-    // The field the prompt came from.
-    let prompt_param = match kind {
-        Kind::Chat => "messages",
-        Kind::Completion => "prompt",
-    };
-    if prompt.is_empty() {
-        return Err(ApiError::invalid(Some(prompt_param), "the prompt is empty"));
-    }
-    let n = prompt.len();
-    if n >= st.context {
-        return Err(ApiError::invalid(
-            Some(prompt_param),
-            format!(
-                "the prompt has {n} tokens, but the context is {} tokens (room is needed for at \
-                 least one generated token)",
-                st.context
-            ),
-        )
-        .with_code("context_length_exceeded"));
-    }
-    let max_tokens = match settings.max_tokens {
-        None => st.context - n,
-        Some(m) if m > st.context - n => {
-            return Err(ApiError::invalid(
-                Some("max_tokens"),
-                format!(
-                    "max_tokens is {m}, but the prompt has {n} tokens and the context is {} \
-                     tokens: at most {} can be generated",
-                    st.context,
-                    st.context - n
-                ),
-            )
-            .with_code("context_length_exceeded"))
-        }
-        Some(m) => m,
-    };
-    let seed = settings.seed.unwrap_or_else(|| {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        t ^ st.next_id.load(Ordering::Relaxed).rotate_left(32)
-    });
-    let sampler = SamplerOptions {
-        temperature: settings.temperature,
-        top_k: 0,
-        top_p: settings.top_p,
-        seed,
-    };
-    // The scheduler builds the same sampler: whatever it would refuse is the client's 400 here,
-    // never a 500 there.
-    if let Err(e) = Sampler::new(sampler.clone()) {
-        let param = match &e {
-            ork_exec::ExecError::InvalidSampling { param, .. } => Some(*param),
-            _ => None,
-        };
-        return Err(ApiError::invalid(param, e.to_string()));
-    }
+    let (n, max_tokens) = generation_room(st, kind, &prompt, &settings)?;
+    let sampler = sampler_options(st, &settings)?;
     // A format's markers that are control tokens here (not rendered otherwise).
     let shown = settings
         .tool_format
@@ -186,4 +130,77 @@ fn submit(
             "the server is shutting down",
         )),
     }
+}
+
+/// The prompt's length and the tokens it may generate: the prompt must leave room in the
+/// context for at least one token, and `max_tokens` (default: the rest) must fit.
+fn generation_room(
+    st: &AppState,
+    kind: Kind,
+    prompt: &[u32],
+    settings: &Settings,
+) -> Result<(usize, usize), ApiError> {
+    // The field the prompt came from.
+    let prompt_param = match kind {
+        Kind::Chat => "messages",
+        Kind::Completion => "prompt",
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(Some(prompt_param), "the prompt is empty"));
+    }
+    let n = prompt.len();
+    if n >= st.context {
+        return Err(ApiError::invalid(
+            Some(prompt_param),
+            format!(
+                "the prompt has {n} tokens, but the context is {} tokens (room is needed for at \
+                 least one generated token)",
+                st.context
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let max_tokens = match settings.max_tokens {
+        None => st.context - n,
+        Some(m) if m > st.context - n => {
+            return Err(ApiError::invalid(
+                Some("max_tokens"),
+                format!(
+                    "max_tokens is {m}, but the prompt has {n} tokens and the context is {} \
+                     tokens: at most {} can be generated",
+                    st.context,
+                    st.context - n
+                ),
+            )
+            .with_code("context_length_exceeded"))
+        }
+        Some(m) => m,
+    };
+    Ok((n, max_tokens))
+}
+
+/// The request's sampler options (a seed from the clock and the request count when it gives
+/// none), refused here when the scheduler would refuse them: the client's 400, never a 500.
+fn sampler_options(st: &AppState, settings: &Settings) -> Result<SamplerOptions, ApiError> {
+    let seed = settings.seed.unwrap_or_else(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        t ^ st.next_id.load(Ordering::Relaxed).rotate_left(32)
+    });
+    let sampler = SamplerOptions {
+        temperature: settings.temperature,
+        top_k: 0,
+        top_p: settings.top_p,
+        seed,
+    };
+    if let Err(e) = Sampler::new(sampler.clone()) {
+        let param = match &e {
+            ork_exec::ExecError::InvalidSampling { param, .. } => Some(*param),
+            _ => None,
+        };
+        return Err(ApiError::invalid(param, e.to_string()));
+    }
+    Ok(sampler)
 }

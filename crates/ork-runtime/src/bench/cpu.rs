@@ -1,9 +1,4 @@
-//! Benchmark drivers: each opens what it measures, times it and returns a typed report; front
-//! ends (`ork bench …`) only parse their flags and print the report.
-//!
-//! Speed figures mean something only as ratios measured in the same run against another engine
-//! on the same machine (`scripts/bench-cpu.sh`, `docs/benchmarks.md`); nothing here asserts a
-//! time.
+//! `ork bench cpu`: prefill and decode tok/s of the CPU engine (`--device cpu`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
