@@ -33,6 +33,13 @@ use clap::Parser;
 use cli::{BenchCommand, Cli, Command};
 
 fn main() -> ExitCode {
+    // A child started to render one chat template (ork_exec::chat_worker) does only that.
+    if let Some(code) = ork_exec::chat_worker::worker_main() {
+        return ExitCode::from(code);
+    }
+    // Every chat template renders in such a child, its memory and time bounded by the kernel;
+    // /proc/self/exe is this program even after its file is replaced by an upgrade.
+    ork_exec::chat_worker::isolate_renders("/proc/self/exe".into());
     // Before anything else: code built for CPU features this CPU lacks must not run.
     if let Err(code) = cpu_check::refuse_missing() {
         return code;

@@ -1,6 +1,7 @@
 //! The only unsafe code in this crate: keeping a mapped range in RAM (`mlock(2)`) and letting
 //! it go (`munlock(2)`), for the hot experts kept resident within `--pin-mb`, and marking the
-//! expert slices as read at random (`madvise(MADV_RANDOM)`).
+//! tensors as read at random (`madvise(MADV_RANDOM)`), asking which pages of a slice are in the
+//! page cache (`mincore(2)`) and releasing a cold expert's pages (`madvise(MADV_PAGEOUT)`).
 //!
 //! The calls take the address range of a slice of the GGUF's map that the caller borrows: the
 //! kernel rounds it out to whole pages (a neighbour's bytes on a shared page are locked too,
@@ -72,4 +73,67 @@ pub(crate) fn advise_random(bytes: &[u8], file_offset: u64) -> std::io::Result<(
     // those pages only; no memory is read or written.
     unsafe { rustix::mm::madvise(from as *mut c_void, len, rustix::mm::Advice::Random) }
         .map_err(Into::into)
+}
+
+/// Whether every page of `bytes` (a slice of a map of the whole file, at `file_offset` in it)
+/// is in the page cache (`mincore(2)`; a page whose read is still in flight counts: it is
+/// there, being filled). The expert readahead asks before it reads a slice, so what is already
+/// resident is not read again.
+///
+/// # Errors
+/// The kernel's refusal (`ENOMEM` for a range not mapped, `EINVAL` for a map that does not
+/// start on a page, such as a file held in memory).
+pub(crate) fn resident(bytes: &[u8], file_offset: u64) -> std::io::Result<bool> {
+    if bytes.is_empty() {
+        return Ok(true);
+    }
+    let page = rustix::param::page_size();
+    let start = bytes.as_ptr() as usize;
+    let base = usize::try_from(file_offset)
+        .ok()
+        .and_then(|o| start.checked_sub(o))
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let from = (start - start % page).max(base);
+    let len = start + bytes.len() - from;
+    let mut pages = vec![0u8; len.div_ceil(page)];
+    // SAFETY: [from, from + len) lies inside the live map `bytes` borrows from (as in
+    // `advise_random`: `from` moves down to a page boundary, never below the map's start);
+    // mincore reads no memory through it and writes one byte per page of that range into
+    // `pages`, which has exactly `len.div_ceil(page)` bytes.
+    let rc = unsafe { libc::mincore(from as *mut c_void, len, pages.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(pages.iter().all(|p| p & 1 == 1))
+}
+
+/// Reclaim the page-cache pages of `bytes` now (`MADV_PAGEOUT`): an expert used once is let go
+/// at once, so that under a memory limit it evicts none of the hot experts that will be used
+/// again. Only whole pages inside `bytes` are advised (a neighbour's shared page stays); a page
+/// still mapped by another process stays too. Clean file pages are dropped, never written, and
+/// read back from the file on the next touch: it changes where the bytes are, never what they
+/// hold.
+///
+/// # Errors
+/// The kernel's refusal (`EINVAL` before Linux 5.4, which lacks `MADV_PAGEOUT`).
+pub(crate) fn page_out(bytes: &[u8]) -> std::io::Result<()> {
+    let page = rustix::param::page_size();
+    let start = bytes.as_ptr() as usize;
+    let from = start.next_multiple_of(page);
+    let to = (start + bytes.len()) / page * page;
+    if to <= from {
+        return Ok(());
+    }
+    // SAFETY: [from, to) lies inside `bytes` (rounded inward to whole pages), a live borrowed
+    // slice of a read-only file map. MADV_PAGEOUT only reclaims those pages; a later read
+    // faults them back in from the file with the same contents, so `bytes` and any other
+    // borrow of the map keep reading the same values. No memory is read or written.
+    unsafe {
+        rustix::mm::madvise(
+            from as *mut c_void,
+            to - from,
+            rustix::mm::Advice::LinuxPageOut,
+        )
+    }
+    .map_err(Into::into)
 }

@@ -2,16 +2,28 @@
 //! "The CPU engine: experts from the page cache").
 //!
 //! - **Readahead.** The executor announces the experts a block's router chose, and the ones it
-//!   predicts for the next block ([`ork_exec::Linear::upcoming`]); each announced expert's
-//!   byte range — exactly its slice of its tensor — is handed to a background thread that
-//!   asks the kernel to read it into the page cache (`posix_fadvise(WILLNEED)` on the file).
-//!   The call returns once the reads are queued, but queueing itself takes time (measured
-//!   ~0.4 ms per 2 MiB on the development machine's virtio disk), so the compute threads never
-//!   make it. A full queue drops the hint: it is a hint, and compute faults the pages in
-//!   itself if they are not there. The expert slices are marked `MADV_RANDOM` in the map
-//!   ([`crate::lock::advise_random`]), so such a fault reads its page and not the kernel's
-//!   read-around window, which on a disk with a large `read_ahead_kb` reads the neighbouring
-//!   (unrouted) experts and, under a memory limit, evicts the routed ones.
+//!   predicts for the next block ([`ork_exec::Linear::upcoming`]). Each expert's byte range —
+//!   exactly its slice of its tensor — is asked of the kernel (`posix_fadvise(WILLNEED)` on
+//!   the file) unless `mincore` finds it in the page cache already:
+//!   - the announcing block's own experts at once, from the announcing thread (compute needs
+//!     them now; queueing the reads takes ~0.4 ms per 2 MiB, and a fault would read 4 KiB);
+//!   - the next block's other tensors (attention, norms, router; after the last block, those
+//!     outside blocks) and its predicted experts, from a background thread, the predicted ones
+//!     up to the bytes the announcing block routes (the top-k guesses) and at most
+//!     a sixteenth of the memory limit ([`memory_limit`]); a newer announcement makes it drop
+//!     what is left (it is stale). A full queue drops the hint: compute faults the pages in
+//!     itself if they are not there.
+//!
+//!   Every tensor of the file is marked `MADV_RANDOM` in the map ([`crate::lock::advise_random`]),
+//!   so a fault reads its page and not the kernel's read-around window, which on a disk with a
+//!   large `read_ahead_kb` reads neighbouring (unrouted) experts and, under a memory limit,
+//!   evicts the routed ones.
+//! - **Cold experts let go.** Every [`REPIN_EVERY`] announcements the most-routed experts that
+//!   fit half the memory limit are ranked "kept"; an expert used by the previous announcement
+//!   that is neither kept nor announced again is released from the page cache at once
+//!   (`MADV_PAGEOUT`, [`crate::lock::page_out`]), so under a limit a once-used expert evicts no
+//!   hot one (least-recently-used eviction alone keeps the last ~limit bytes read, which a decode
+//!   cycling through more experts than fit reuses none of).
 //! - **Hot experts.** Every expert matmul counts the token rows routed to it. With a pin budget
 //!   (`--pin-mb`), the background thread keeps the most-routed experts that fit locked in RAM
 //!   (`mlock`, [`crate::lock`]), re-ranked every [`REPIN_EVERY`] announcements; the rest come
@@ -70,6 +82,16 @@ pub struct ExpertReadStats {
     pub readahead: bool,
     /// Bytes handed to the kernel to read ahead.
     pub readahead_bytes: u64,
+    /// Announced bytes not read because they were in the page cache already (`mincore`).
+    pub readahead_resident_bytes: u64,
+    /// Announced bytes of later blocks not read because a newer announcement came first.
+    pub readahead_stale_bytes: u64,
+    /// Bytes an announcement may read ahead for later blocks (from the memory limit).
+    pub readahead_window_bytes: u64,
+    /// Bytes of experts released from the page cache after their block ran.
+    pub released_bytes: u64,
+    /// Bytes of the most-routed experts left in the page cache after use.
+    pub keep_bytes: u64,
     /// Hints dropped because the readahead thread was behind.
     pub readahead_dropped: u64,
     /// The pin budget (`--pin-mb`), bytes.
@@ -88,20 +110,114 @@ struct Slice {
     view: TensorInfo,
     /// Index of its tensor among the expert tensors (for the skew).
     tensor: usize,
+    /// The block it belongs to (`blk.N.` of its name; without one, its tensor): an
+    /// announcement's first block is the one computing now, the rest is read ahead.
+    block: usize,
+}
+
+/// The block `blk.N.…` of an expert tensor's name.
+fn block_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
 /// Counters the background thread writes.
 #[derive(Debug, Default)]
 struct Shared {
     advised: AtomicU64,
+    resident: AtomicU64,
+    stale: AtomicU64,
+    released: AtomicU64,
     dropped: AtomicU64,
     pinned_bytes: AtomicU64,
     pin_error: Mutex<Option<String>>,
+    /// The latest announcement's number: a read-ahead job of an older one is abandoned.
+    generation: AtomicU64,
+}
+
+/// What reads slices into the page cache, from the announcing thread or the background one.
+#[derive(Debug)]
+struct Reader {
+    gguf: Arc<GgufFile>,
+    /// The file opened again for `posix_fadvise` (`None` for an in-memory file or one that
+    /// cannot be reopened: readahead hints are then dropped).
+    file: Option<File>,
+    slices: Arc<[Slice]>,
+    shared: Arc<Shared>,
+    /// Per block, its tensors other than the experts' (attention, norms, router, shared expert).
+    dense: Vec<Vec<TensorInfo>>,
+    /// Tensors outside the blocks (embeddings, output head).
+    globals: Vec<TensorInfo>,
+}
+
+impl Reader {
+    /// Ask the kernel to read `slices` (in this order) into the page cache, skipping those
+    /// already there; with `generation`, stop as soon as a newer announcement was made.
+    fn read(&self, slices: &[usize], generation: Option<u64>) {
+        let Some(file) = &self.file else {
+            return;
+        };
+        for (n, &i) in slices.iter().enumerate() {
+            if generation.is_some_and(|g| self.shared.generation.load(Ordering::Relaxed) != g) {
+                let rest: u64 = slices[n..].iter().map(|&j| self.slices[j].view.size).sum();
+                self.shared.stale.fetch_add(rest, Ordering::Relaxed);
+                return;
+            }
+            self.read_view(file, &self.slices[i].view);
+        }
+    }
+
+    /// Read one tensor (or slice) unless it is resident.
+    fn read_view(&self, file: &File, view: &TensorInfo) {
+        let data = self.gguf.tensor_data(view);
+        if crate::lock::resident(data, view.offset).unwrap_or(false) {
+            self.shared.resident.fetch_add(view.size, Ordering::Relaxed);
+            return;
+        }
+        if let Some(len) = NonZeroU64::new(view.size) {
+            let advice = rustix::fs::Advice::WillNeed;
+            if rustix::fs::fadvise(file, view.offset, Some(len), advice).is_ok() {
+                self.shared.advised.fetch_add(view.size, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Read the dense tensors of `block` (and, after the last block, those outside blocks).
+    fn read_dense(&self, block: usize) {
+        let Some(file) = &self.file else {
+            return;
+        };
+        for view in self.dense.get(block).into_iter().flatten() {
+            self.read_view(file, view);
+        }
+        if block + 1 >= self.dense.len() {
+            for view in &self.globals {
+                self.read_view(file, view);
+            }
+        }
+    }
+}
+
+impl Reader {
+    /// Reclaim `slices`' pages now (see [`crate::lock::page_out`]).
+    fn release(&self, slices: &[usize]) {
+        for &i in slices {
+            let view = &self.slices[i].view;
+            if crate::lock::page_out(self.gguf.tensor_data(view)).is_ok() {
+                self.shared.released.fetch_add(view.size, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 enum Job {
-    /// Read these slices ahead.
-    Advise(Vec<usize>),
+    /// Read `ahead` into the page cache (for announcement number `generation`), then let
+    /// `release` go.
+    Advise {
+        generation: u64,
+        ahead: Vec<usize>,
+        dense: Option<usize>,
+        release: Vec<usize>,
+    },
     /// Keep exactly these slices locked.
     Pin(Vec<bool>),
     /// Answer once every job before this one is done.
@@ -120,6 +236,17 @@ pub(crate) struct ExpertReads {
     pinned_matmuls: AtomicU64,
     announcements: AtomicU64,
     shared: Arc<Shared>,
+    reader: Arc<Reader>,
+    /// Bytes an announcement may read ahead for later blocks ([`window_bytes`]).
+    window: u64,
+    /// Bytes of the most-routed experts left in the page cache after use ([`keep_bytes`]);
+    /// the others are released once their block has run.
+    keep_bytes: u64,
+    /// The experts kept after use (re-ranked every [`REPIN_EVERY`] announcements).
+    keep: Mutex<Vec<bool>>,
+    /// The previous announcement's slices: released at the next one unless kept or announced
+    /// again.
+    previous: Mutex<Vec<usize>>,
     tx: Option<SyncSender<Job>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -148,42 +275,35 @@ impl ExpertReads {
                 });
             }
         }
-        let mut names: Vec<String> = Vec::new();
-        let slices: Arc<[Slice]> = views
-            .into_iter()
-            .map(|view| {
-                let base = view.name.split('#').next().unwrap_or_default().to_owned();
-                let tensor = match names.iter().position(|n| *n == base) {
-                    Some(i) => i,
-                    None => {
-                        names.push(base);
-                        names.len() - 1
-                    }
-                };
-                Slice { view, tensor }
-            })
-            .collect();
-        let tensors = names.len();
+        let (slices, tensors) = slices_of(views);
         let n = slices.len();
         let pinned: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(false)).collect();
         let shared = Arc::new(Shared::default());
+        let limit = memory_limit();
+        let (dense, globals) = dense_tensors(gguf, &slices);
         if options.readahead {
-            // Faults in expert slices read only their page: the readahead below reads exactly
-            // the routed slices (a refusal leaves the kernel's read-around; it is only a hint).
-            for sl in slices.iter() {
-                let _ = crate::lock::advise_random(gguf.tensor_data(&sl.view), sl.view.offset);
+            // A fault reads only its page (no read-around of the neighbouring, unrouted
+            // experts): every tensor is read ahead, exactly, before it is used (a refusal
+            // leaves the kernel's read-around; it is only a hint).
+            let views = slices.iter().map(|s| &s.view);
+            for v in views.chain(dense.iter().flatten()).chain(&globals) {
+                let _ = crate::lock::advise_random(gguf.tensor_data(v), v.offset);
             }
         }
+        let reader = Arc::new(Reader {
+            gguf: Arc::clone(gguf),
+            file: ork_io::open_regular(gguf.path()).ok(),
+            slices: Arc::clone(&slices),
+            shared: Arc::clone(&shared),
+            dense,
+            globals,
+        });
         let wanted = n > 0 && (options.readahead || options.pin_bytes > 0);
         let (tx, thread) = if wanted {
             let (tx, rx) = sync_channel(QUEUE);
-            let file = ork_io::open_regular(gguf.path()).ok();
             let worker = Worker {
-                gguf: Arc::clone(gguf),
-                file,
-                slices: Arc::clone(&slices),
+                reader: Arc::clone(&reader),
                 pinned: Arc::clone(&pinned),
-                shared: Arc::clone(&shared),
             };
             let thread = std::thread::Builder::new()
                 .name("ork-expert-reads".into())
@@ -206,6 +326,12 @@ impl ExpertReads {
             pinned_matmuls: AtomicU64::new(0),
             announcements: AtomicU64::new(0),
             shared,
+            reader,
+            window: limit / 16,
+            keep_bytes: limit / 2,
+            // Nothing is released before the first ranking.
+            keep: Mutex::new(vec![true; n]),
+            previous: Mutex::new(Vec::new()),
             tx,
             thread,
         })
@@ -227,12 +353,69 @@ impl ExpertReads {
             return;
         };
         if self.options.readahead && !slices.is_empty() {
-            self.send(tx, Job::Advise(slices));
+            self.read_ahead(tx, &slices);
         }
         let n = self.announcements.fetch_add(1, Ordering::Relaxed) + 1;
         if self.options.pin_bytes > 0 && n.is_multiple_of(REPIN_EVERY) {
-            self.send(tx, Job::Pin(self.hottest()));
+            self.send(tx, Job::Pin(self.hottest(self.options.pin_bytes)));
         }
+    }
+
+    /// Read an announcement's slices: those of its first block (computing now) from this
+    /// thread, at once, unless already in the page cache; those of later blocks (predicted), up
+    /// to [`ExpertReads::window`] bytes in announcement order, from the background thread,
+    /// which abandons them once a newer announcement is made.
+    fn read_ahead(&self, tx: &SyncSender<Job>, slices: &[usize]) {
+        let generation = self.shared.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let block = self.slices[slices[0]].block;
+        let now = slices
+            .iter()
+            .position(|&i| self.slices[i].block != block)
+            .unwrap_or(slices.len());
+        let mut ahead = Vec::new();
+        let routed: u64 = slices[..now]
+            .iter()
+            .map(|&i| self.slices[i].view.size)
+            .sum();
+        let mut room = self.window.min(routed);
+        for &i in &slices[now..] {
+            let size = self.slices[i].view.size;
+            if size > room {
+                break;
+            }
+            room -= size;
+            ahead.push(i);
+        }
+        let release = self.release_list(slices, generation);
+        self.reader.read(&slices[..now], None);
+        self.send(
+            tx,
+            Job::Advise {
+                generation,
+                ahead,
+                dense: block.checked_add(1),
+                release,
+            },
+        );
+    }
+
+    /// The previous announcement's slices that are neither kept nor announced again (`slices`),
+    /// re-ranking the kept ones every [`REPIN_EVERY`] announcements.
+    fn release_list(&self, slices: &[usize], generation: u64) -> Vec<usize> {
+        let mut keep = self.keep.lock().unwrap_or_else(|e| e.into_inner());
+        if generation.is_multiple_of(REPIN_EVERY) {
+            *keep = self.hottest(self.keep_bytes);
+        }
+        let mut previous = self.previous.lock().unwrap_or_else(|e| e.into_inner());
+        let release = previous
+            .iter()
+            .copied()
+            .filter(|&i| {
+                !keep[i] && !self.pinned[i].load(Ordering::Relaxed) && !slices.contains(&i)
+            })
+            .collect();
+        *previous = slices.to_vec();
+        release
     }
 
     /// Wait until the background thread has done every job queued so far.
@@ -251,8 +434,8 @@ impl ExpertReads {
         }
     }
 
-    /// The most-routed slices that fit the pin budget (ties: file order), as a mask.
-    fn hottest(&self) -> Vec<bool> {
+    /// The most-routed slices that fit `budget` bytes (ties: file order), as a mask.
+    fn hottest(&self, budget: u64) -> Vec<bool> {
         let counts: Vec<u64> = self
             .routed
             .iter()
@@ -261,7 +444,7 @@ impl ExpertReads {
         let mut order: Vec<usize> = (0..counts.len()).filter(|&i| counts[i] > 0).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(counts[i]));
         let mut want = vec![false; counts.len()];
-        let mut room = self.options.pin_bytes;
+        let mut room = budget;
         for i in order {
             let size = self.slices[i].view.size;
             if size <= room {
@@ -281,6 +464,11 @@ impl ExpertReads {
             router_skew: self.skew(),
             readahead: self.options.readahead,
             readahead_bytes: load(&self.shared.advised),
+            readahead_resident_bytes: load(&self.shared.resident),
+            readahead_stale_bytes: load(&self.shared.stale),
+            readahead_window_bytes: self.window,
+            released_bytes: load(&self.shared.released),
+            keep_bytes: self.keep_bytes,
             readahead_dropped: load(&self.shared.dropped),
             pin_budget_bytes: self.options.pin_bytes,
             pinned_bytes: load(&self.shared.pinned_bytes),
@@ -322,71 +510,63 @@ impl Drop for ExpertReads {
 
 /// The background thread's state.
 struct Worker {
-    gguf: Arc<GgufFile>,
-    /// The file opened again for `posix_fadvise` (`None` for an in-memory file or one that
-    /// cannot be reopened: readahead hints are then dropped).
-    file: Option<File>,
-    slices: Arc<[Slice]>,
+    reader: Arc<Reader>,
     pinned: Arc<[AtomicBool]>,
-    shared: Arc<Shared>,
 }
 
 impl Worker {
     fn run(self, rx: Receiver<Job>) {
-        let mut locked = vec![false; self.slices.len()];
+        let mut locked = vec![false; self.reader.slices.len()];
         for job in rx {
             match job {
-                Job::Advise(slices) => self.advise(&slices),
+                Job::Advise {
+                    generation,
+                    ahead,
+                    dense,
+                    release,
+                } => {
+                    if let Some(b) = dense {
+                        self.reader.read_dense(b);
+                    }
+                    self.reader.read(&ahead, Some(generation));
+                    self.reader.release(&release);
+                }
                 Job::Pin(want) => self.pin(&mut locked, &want),
                 Job::Flush(done) => {
                     let _ = done.send(());
                 }
             }
         }
-        // The map outlives this thread (`self.gguf`), and unmapping it would unlock the pages
-        // anyway; unlock so the RAM is free as soon as the engine is dropped.
+        // The map outlives this thread (`self.reader.gguf`), and unmapping it would unlock the
+        // pages anyway; unlock so the RAM is free as soon as the engine is dropped.
         let none = vec![false; locked.len()];
         self.pin(&mut locked, &none);
-    }
-
-    fn advise(&self, slices: &[usize]) {
-        let Some(file) = &self.file else {
-            return;
-        };
-        for &i in slices {
-            let view = &self.slices[i].view;
-            if let Some(len) = NonZeroU64::new(view.size) {
-                let advice = rustix::fs::Advice::WillNeed;
-                if rustix::fs::fadvise(file, view.offset, Some(len), advice).is_ok() {
-                    self.shared.advised.fetch_add(view.size, Ordering::Relaxed);
-                }
-            }
-        }
     }
 
     /// Unlock what is no longer wanted, then lock what is (until the first refusal, which is
     /// recorded: the next ranking tries again).
     fn pin(&self, locked: &mut [bool], want: &[bool]) {
-        for (i, s) in self.slices.iter().enumerate() {
-            if locked[i] && !want[i] && crate::lock::unlock(self.gguf.tensor_data(&s.view)).is_ok()
-            {
+        let Reader {
+            gguf,
+            slices,
+            shared,
+            ..
+        } = &*self.reader;
+        for (i, s) in slices.iter().enumerate() {
+            if locked[i] && !want[i] && crate::lock::unlock(gguf.tensor_data(&s.view)).is_ok() {
                 locked[i] = false;
                 self.pinned[i].store(false, Ordering::Relaxed);
-                self.shared
+                shared
                     .pinned_bytes
                     .fetch_sub(s.view.size, Ordering::Relaxed);
             }
         }
-        for (i, s) in self.slices.iter().enumerate() {
+        for (i, s) in slices.iter().enumerate() {
             if locked[i] || !want[i] {
                 continue;
             }
-            if let Err(e) = crate::lock::lock(self.gguf.tensor_data(&s.view)) {
-                let mut first = self
-                    .shared
-                    .pin_error
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = crate::lock::lock(gguf.tensor_data(&s.view)) {
+                let mut first = shared.pin_error.lock().unwrap_or_else(|e| e.into_inner());
                 first.get_or_insert_with(|| {
                     format!(
                         "mlock of {} ({} bytes) refused: {e} (needs CAP_IPC_LOCK or RLIMIT_MEMLOCK room)",
@@ -397,9 +577,95 @@ impl Worker {
             }
             locked[i] = true;
             self.pinned[i].store(true, Ordering::Relaxed);
-            self.shared
+            shared
                 .pinned_bytes
                 .fetch_add(s.view.size, Ordering::Relaxed);
         }
     }
+}
+
+/// The memory the process may fill: its memory cgroup's limit (v2 `memory.max` or v1
+/// `memory.limit_in_bytes`) or the RAM, whichever is smaller; 256 MiB when neither can be read.
+fn memory_limit() -> u64 {
+    [crate::topology::ram_bytes().ok(), cgroup_limit()]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(256 << 20)
+}
+
+/// The memory limit of this process's memory cgroup, if it has one (v2 `memory.max`, v1
+/// `memory.limit_in_bytes`; "max" or v1's huge "no limit" value is none).
+fn cgroup_limit() -> Option<u64> {
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in groups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let file = if id == "0" && controllers.is_empty() {
+            format!("/sys/fs/cgroup{path}/memory.max")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        let limit = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .filter(|&l| l < 1 << 60);
+        if limit.is_some() {
+            return limit;
+        }
+    }
+    None
+}
+
+/// The file's tensors other than the expert tensors `slices` are cut from: per block
+/// (`blk.N.`), and outside blocks.
+fn dense_tensors(gguf: &GgufFile, slices: &[Slice]) -> (Vec<Vec<TensorInfo>>, Vec<TensorInfo>) {
+    let expert_tensors: Vec<&str> = slices
+        .iter()
+        .filter_map(|s| s.view.name.split('#').next())
+        .collect();
+    let mut dense: Vec<Vec<TensorInfo>> = Vec::new();
+    let mut globals = Vec::new();
+    for t in gguf.tensors() {
+        if expert_tensors.contains(&t.name.as_str()) {
+            continue;
+        }
+        match block_of(&t.name) {
+            Some(b) => {
+                if dense.len() <= b {
+                    dense.resize(b + 1, Vec::new());
+                }
+                dense[b].push(t.clone());
+            }
+            None => globals.push(t.clone()),
+        }
+    }
+    (dense, globals)
+}
+
+/// The expert slices `views`, each with its tensor's index, and the number of tensors.
+fn slices_of(views: Vec<TensorInfo>) -> (Arc<[Slice]>, usize) {
+    let mut names: Vec<String> = Vec::new();
+    let slices = views
+        .into_iter()
+        .map(|view| {
+            let base = view.name.split('#').next().unwrap_or_default().to_owned();
+            let tensor = match names.iter().position(|n| *n == base) {
+                Some(i) => i,
+                None => {
+                    names.push(base);
+                    names.len() - 1
+                }
+            };
+            let block = block_of(&view.name).unwrap_or(usize::MAX - tensor);
+            Slice {
+                view,
+                tensor,
+                block,
+            }
+        })
+        .collect();
+    (slices, names.len())
 }

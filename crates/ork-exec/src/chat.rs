@@ -11,10 +11,10 @@
 use crate::tokenizer::{TokenKind, Tokenizer};
 use crate::ExecError;
 use ork_gguf::GgufFile;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One chat turn.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
@@ -250,8 +250,33 @@ impl ChatTemplate {
 
     /// [`ChatTemplate::render`] with OpenAI's `tools` list (`[{"type": "function", "function":
     /// {…}}]`) in the template's `tools` variable, as Hugging Face's `apply_chat_template` and
-    /// llama-server's `--jinja` pass it; `None` leaves `tools` undefined.
+    /// llama-server's `--jinja` pass it; `None` leaves `tools` undefined. In a program that
+    /// called [`crate::chat_worker::isolate_renders`] the render runs in a child process whose
+    /// memory and time are bounded (a bound reached is [`ExecError::ChatTemplateLimit`]).
     pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ExecError> {
+        if let Some(exe) = crate::chat_worker::worker() {
+            let req = crate::chat_worker::Request {
+                source: self.source.clone(),
+                bos_token: self.bos_token.clone(),
+                eos_token: self.eos_token.clone(),
+                max_bytes: self.max_bytes,
+                messages: messages.to_vec(),
+                tools: tools.cloned(),
+                add_generation_prompt,
+            };
+            return crate::chat_worker::render_in_child(exe, &req);
+        }
+        self.render_here(messages, tools, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render_with_tools`] in this process, bounded by fuel and the output
+    /// bound only (`crate::chat_worker` bounds memory and time as well).
+    pub(crate) fn render_here(
         &self,
         messages: &[ChatMessage],
         tools: Option<&serde_json::Value>,

@@ -18,6 +18,7 @@
 // The f32 loops compiled wide and the f16 KV widening live with the other CPU kernels.
 use ork_kernels::{wide, widen};
 mod chat;
+pub mod chat_worker;
 mod config;
 mod error;
 mod fused;

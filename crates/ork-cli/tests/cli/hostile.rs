@@ -529,3 +529,47 @@ fn an_output_never_replaces_the_model_and_a_fifo_without_reader_is_refused() {
         "the run went ahead before refusing the trace path"
     );
 }
+
+/// Issue 39: a chat template that doubles a string forty times asks for a terabyte in a few
+/// hundred instructions, under the fuel and before any output. `ork` renders in a child whose
+/// memory the kernel bounds (ork_exec::chat_worker): exit 2 naming the bound, in seconds, and
+/// the same model with a plain template still chats.
+#[test]
+fn a_doubling_template_is_stopped_by_the_render_memory_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model();
+    let key = "tokenizer.chat_template";
+    let bomb = r#"{% set ns = namespace(s="y") %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}"#;
+    let plain = r#"{% for m in messages %}<|im_start|>{{ m.role }}{{ "\n" ~ m.content }}<|im_end|>{% endfor %}<|im_start|>assistant"#;
+    for (name, template) in [("bomb.gguf", bomb), ("plain.gguf", plain)] {
+        let path = mutant(
+            dir.path(),
+            name,
+            &m,
+            |_| true,
+            &[(key, MetaValue::String(template.into()))],
+        );
+        let args = [
+            "run",
+            "--model",
+            s(&path),
+            "--chat",
+            "--prompt",
+            "Hi",
+            "-n",
+            "1",
+        ];
+        let start = Instant::now();
+        let o = within(ork().args(args), 120);
+        if template == bomb {
+            refused(&o, &["chat template stopped", "MiB of memory"]);
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{:?}",
+                start.elapsed()
+            );
+        } else {
+            assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+        }
+    }
+}

@@ -77,7 +77,8 @@ fn readahead_prediction_and_pinning_change_no_bit() {
     for r in [&on, &wide] {
         assert_eq!(r.tokens, base.tokens);
         assert!(r.logits == base.logits, "logits changed with readahead on");
-        assert!(r.reads.readahead_bytes > 0);
+        // Read ahead, or found in the page cache already and not read again.
+        assert!(r.reads.readahead_bytes + r.reads.readahead_resident_bytes > 0);
         assert!(r.moe.predictions > 0);
         let recall = r.moe.recall().unwrap();
         assert!((0.0..=1.0).contains(&recall));
@@ -94,6 +95,23 @@ fn readahead_prediction_and_pinning_change_no_bit() {
         }
         Some(e) => assert!(e.contains("mlock"), "{e}"),
     }
+}
+
+/// An announced expert (or the next block's other tensors) already in the page cache is not
+/// read again (`mincore` before `posix_fadvise`), and the read-ahead window is set.
+#[test]
+fn experts_in_the_page_cache_are_not_read_again() {
+    let path = qwen3moe_in(GgmlType::Q8_0);
+    // Every page of the file in the page cache.
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(!bytes.is_empty());
+    let r = run(&path, ExpertReadOptions::default(), Some(1));
+    // Only what was let go since (a guessed expert that was never routed, released after its
+    // block) is read again: without the check every announced byte would be.
+    let (read, resident) = (r.reads.readahead_bytes, r.reads.readahead_resident_bytes);
+    assert!(read <= r.reads.released_bytes, "{:?}", r.reads);
+    assert!(read * 100 < resident, "{:?}", r.reads);
+    assert!(r.reads.readahead_window_bytes > 0, "{:?}", r.reads);
 }
 
 #[test]
