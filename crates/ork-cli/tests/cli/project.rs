@@ -420,12 +420,13 @@ fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
             );
         }
         assert_eq!(p["cpu"]["label"], "projected");
-        // The row split, evaluated, not built: not below the CPU engine's decode (the split at
-        // the middle context, the pairings over every step: within 1 %).
+        // The row split, projected and built (`--decode-device split`): not below the CPU
+        // engine's decode (the split at the middle context, the pairings over every step:
+        // within 1 %).
         let split = &p["split_decode"];
         assert_eq!(
             (&split["label"], &split["built"]),
-            (&"projected".into(), &false.into())
+            (&"projected".into(), &true.into())
         );
         let cpu_decode = alts
             .iter()
