@@ -18,7 +18,8 @@
 //!   so a fault reads its page and not the kernel's read-around window, which on a disk with a
 //!   large `read_ahead_kb` reads neighbouring (unrouted) experts and, under a memory limit,
 //!   evicts the routed ones.
-//! - **Cold experts let go.** Every [`REPIN_EVERY`] announcements the most-routed experts that
+//! - **Cold experts let go**, when the file does not fit the memory limit ([`must_release`]).
+//!   Every [`REPIN_EVERY`] announcements the most-routed experts that
 //!   fit half the memory limit are ranked "kept"; an expert used by the previous announcement
 //!   that is neither kept nor announced again is released from the page cache at once
 //!   (`MADV_PAGEOUT`, [`crate::lock::page_out`]), so under a limit a once-used expert evicts no
@@ -242,6 +243,8 @@ pub(crate) struct ExpertReads {
     /// Bytes of the most-routed experts left in the page cache after use ([`keep_bytes`]);
     /// the others are released once their block has run.
     keep_bytes: u64,
+    /// Whether cold experts are released at all ([`must_release`]).
+    release_cold: bool,
     /// The experts kept after use (re-ranked every [`REPIN_EVERY`] announcements).
     keep: Mutex<Vec<bool>>,
     /// The previous announcement's slices: released at the next one unless kept or announced
@@ -329,6 +332,7 @@ impl ExpertReads {
             reader,
             window: limit / 16,
             keep_bytes: limit / 2,
+            release_cold: must_release(gguf.file_len(), limit),
             // Nothing is released before the first ranking.
             keep: Mutex::new(vec![true; n]),
             previous: Mutex::new(Vec::new()),
@@ -402,6 +406,9 @@ impl ExpertReads {
     /// The previous announcement's slices that are neither kept nor announced again (`slices`),
     /// re-ranking the kept ones every [`REPIN_EVERY`] announcements.
     fn release_list(&self, slices: &[usize], generation: u64) -> Vec<usize> {
+        if !self.release_cold {
+            return Vec::new();
+        }
         let mut keep = self.keep.lock().unwrap_or_else(|e| e.into_inner());
         if generation.is_multiple_of(REPIN_EVERY) {
             *keep = self.hottest(self.keep_bytes);
@@ -584,6 +591,15 @@ impl Worker {
     }
 }
 
+/// Whether a file of `file_bytes` under a memory limit of `limit` bytes needs its cold experts
+/// released after use: only when it does not fit the limit less an eighth (room for the process
+/// and the rest of the system). A file that fits stays in the page cache whole, as it would
+/// without ork (a 13.3 GB Qwen3-30B-A3B file on a 16 GB board is read from storage once), and
+/// releasing would only read it again.
+fn must_release(file_bytes: u64, limit: u64) -> bool {
+    file_bytes > limit - limit / 8
+}
+
 /// The memory the process may fill: its memory cgroup's limit (v2 `memory.max` or v1
 /// `memory.limit_in_bytes`) or the RAM, whichever is smaller; 256 MiB when neither can be read.
 fn memory_limit() -> u64 {
@@ -668,4 +684,20 @@ fn slices_of(views: Vec<TensorInfo>) -> (Arc<[Slice]>, usize) {
         })
         .collect();
     (slices, names.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::must_release;
+
+    #[test]
+    fn cold_experts_are_released_only_when_the_file_does_not_fit() {
+        const MIB: u64 = 1 << 20;
+        // scripts/moe-readahead.sh: a 426 MiB model under a 192 MiB cgroup.
+        assert!(must_release(426 * MIB, 192 * MIB));
+        // A 13.3 GB file on a 16 GB board stays in the page cache whole.
+        assert!(!must_release(13_300_000_000, 16_000_000_000));
+        assert!(must_release(15_000_000_000, 16_000_000_000));
+        assert!(!must_release(0, 0));
+    }
 }
