@@ -356,42 +356,51 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         t.write(path, &inputs)
             .with_context(|| format!("writing the trace {}", path.display()))?;
     }
-    if args.json {
-        #[derive(Serialize)]
-        struct Out<'a> {
-            text: &'a str,
-            tokens: &'a [u32],
-            pack: Option<String>,
-            #[serde(flatten)]
-            stats: &'a RunStats,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            projected: Option<ork_board::Projection>,
-            engines_chosen_by: &'a str,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            decode_split: Option<crate::cmd_split::SplitReport>,
-        }
-        let o = Out {
-            text: &g.text,
-            tokens: &gen.tokens,
-            pack,
-            stats: &stats,
-            projected,
-            engines_chosen_by: &chosen.by,
-            decode_split: split,
-        };
-        println!("{}", serde_json::to_string(&o)?);
-    } else {
-        print!("{}", g.tail);
-        println!();
-        eprintln!("{}", stats.line());
-        if let Some(p) = &projected {
-            eprintln!("{}", p.line());
-        }
-        if let Some(r) = &split {
-            eprintln!("{}", r.line());
-        }
-    }
+    let out = RunOut {
+        text: &g.text,
+        tokens: &gen.tokens,
+        pack,
+        stats: &stats,
+        projected,
+        engines_chosen_by: &chosen.by,
+        decode_split: split,
+    };
+    print_run(&out, args.json, &g.tail)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `ork run` reports: `--json`'s object, and the text run's lines.
+#[derive(Serialize)]
+struct RunOut<'a> {
+    text: &'a str,
+    tokens: &'a [u32],
+    pack: Option<String>,
+    #[serde(flatten)]
+    stats: &'a RunStats,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    projected: Option<ork_board::Projection>,
+    engines_chosen_by: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decode_split: Option<crate::cmd_split::SplitReport>,
+}
+
+/// Print `out`: one JSON object, or the text's unprinted `tail` on stdout and the figures on
+/// stderr.
+fn print_run(out: &RunOut<'_>, json: bool, tail: &str) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(out)?);
+        return Ok(());
+    }
+    print!("{tail}");
+    println!();
+    eprintln!("{}", out.stats.line());
+    if let Some(p) = &out.projected {
+        eprintln!("{}", p.line());
+    }
+    if let Some(r) = &out.decode_split {
+        eprintln!("{}", r.line());
+    }
+    Ok(())
 }
 
 /// The prompt's tokens (through the chat template with `--chat`), checked against the model's
