@@ -101,13 +101,13 @@ pub fn options(
     split(
         big,
         "split decode: dense rows on the NPU (int8) and the big cores; experts, attention on the CPU",
-        "being built (the row split): not run by ork yet",
+        "runs: --decode-device split (one row share for every dense weight)",
     );
     if all > big {
         split(
             all,
             "split decode, the CPU's share on big and little cores",
-            "being built (the row split) with --cpus: not run by ork yet",
+            "runs: --decode-device split --cpus with every core",
         );
     }
     out
