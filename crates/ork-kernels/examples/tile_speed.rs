@@ -19,7 +19,10 @@ fn main() {
     let num = |i: usize| a[i].parse::<usize>().expect("a number");
     let (m, k, n, tn) = (num(2), num(3), num(4), num(5));
     let secs: f64 = a[6].parse().expect("seconds");
-    assert!(k.is_multiple_of(32) && n.is_multiple_of(tn), "K % 32 == 0, N % TN == 0");
+    assert!(
+        k.is_multiple_of(32) && n.is_multiple_of(tn),
+        "K % 32 == 0, N % TN == 0"
+    );
     let mut s = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = || {
         s ^= s << 13;

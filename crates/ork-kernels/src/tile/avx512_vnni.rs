@@ -18,8 +18,12 @@
 //! * Prefill (4-row blocks): 8 channels × 4 rows per block, each weight vector loaded and biased
 //!   once for the 4 rows.
 //!
+//! The loops are the shared generic body ([`super::body`]); this file supplies the vector
+//! operations ([`Avx512Vnni`]).
+//!
 //! Scalar twin: [`super::scalar_tile_dot`].
 
+use super::body::{body, TileVec};
 use std::arch::x86_64::*;
 
 /// Whether this CPU (and OS) can run the kernel: AVX-512 Foundation and AVX-512 VNNI.
@@ -97,107 +101,78 @@ unsafe fn tile_dot_avx512(
     tn: usize,
     out: &mut [i32],
 ) {
-    let rows = a.len() / kpad;
-    let kt_n = kpad / 32;
-    let ap = a.as_ptr();
-    let wp = w.as_ptr();
-    let op = out.as_mut_ptr();
-    let bias = _mm512_set1_epi8(-128); // 0x80: w ^ 0x80 = w + 128 as u8
-    let mut r = 0;
-    // Prefill: 4 rows × 8 channels; accumulator 4i + p = row r + i, channels j + 2p, j + 2p + 1.
-    while r + 4 <= rows {
-        for j in (0..tn).step_by(8) {
-            let mut acc = [_mm512_setzero_si512(); 16];
-            for kt in 0..kt_n {
-                // SAFETY: kt < kpad/32 and j + 8 ≤ tn, so the 256 weight bytes at
-                // kt·tn·32 + j·32 lie inside `w`; rows r..r+4 < rows and k-run kt lie inside `a`.
-                // Unaligned loads are used throughout.
-                unsafe {
-                    let wb = wp.add(kt * tn * 32 + j * 32);
-                    let wv: [__m512i; 4] = std::array::from_fn(|p| {
-                        _mm512_xor_si512(_mm512_loadu_si512(wb.add(p * 64).cast()), bias)
-                    });
-                    for i in 0..4 {
-                        let av = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                            ap.add((r + i) * kpad + kt * 32).cast(),
-                        ));
-                        for p in 0..4 {
-                            acc[4 * i + p] = _mm512_dpbusd_epi32(acc[4 * i + p], wv[p], av);
-                        }
-                    }
-                }
-            }
-            // Lanes 0..8 of `lo` are row r, 8..16 row r + 1; `hi` the same for rows r + 2, r + 3.
-            let (lo, hi) = reduce16(&acc);
-            let c01 = _mm512_mask_set1_epi32(_mm512_set1_epi32(corr[r]), 0xFF00, corr[r + 1]);
-            let c23 = _mm512_mask_set1_epi32(_mm512_set1_epi32(corr[r + 2]), 0xFF00, corr[r + 3]);
-            let (lo, hi) = (_mm512_sub_epi32(lo, c01), _mm512_sub_epi32(hi, c23));
-            for (i, v) in [(0, lo), (2, hi)] {
-                // SAFETY: rows r + i, r + i + 1 < rows and channels j..j+8 ≤ tn: both 8-lane
-                // stores lie inside `out` (len ≥ rows · tn).
-                unsafe {
-                    _mm256_storeu_si256(op.add((r + i) * tn + j).cast(), _mm512_castsi512_si256(v));
-                    _mm256_storeu_si256(
-                        op.add((r + i + 1) * tn + j).cast(),
-                        _mm512_extracti64x4_epi64::<1>(v),
-                    );
-                }
-            }
-        }
-        r += 4;
+    // Prefill: 4 rows × 8 channels (4 zmm of weights, 16 accumulators). Decode and leftover
+    // rows: one row × 32 channels (16 independent accumulator chains in registers), the rest of
+    // the tile 8 channels at a time; no memory-order pass (32 zmm of accumulators would not
+    // leave registers for the operands).
+    // SAFETY: forwarded from the caller; AVX-512 F + VNNI are enabled here, which is what
+    // `Avx512Vnni` uses.
+    unsafe { body::<Avx512Vnni, 4, 16, false>(a, corr, kpad, w, tn, out) }
+}
+
+/// AVX-512 VNNI for [`body`]: a weight vector is the k-runs of two neighbouring channels, biased
+/// to u8 (`vpxord`); the activation run is broadcast to both halves; `vpdpbusd`.
+struct Avx512Vnni;
+
+impl TileVec for Avx512Vnni {
+    type Elem = i8;
+    type Acc = __m512i;
+    type A = __m512i;
+    type W = __m512i;
+    const CH: usize = 2;
+    const PREFETCH: bool = false;
+
+    #[inline(always)]
+    unsafe fn zero() -> __m512i {
+        // SAFETY: register-only; AVX-512 F (caller).
+        unsafe { _mm512_setzero_si512() }
     }
-    // Decode (and leftover rows): one row × 32 channels, 16 independent accumulator chains.
-    while r < rows {
-        let c = _mm512_set1_epi32(corr[r]);
-        let mut j = 0;
-        while j + 32 <= tn {
-            let mut acc = [_mm512_setzero_si512(); 16];
-            for kt in 0..kt_n {
-                // SAFETY: the activation run (row r, k-run kt) lies inside `a`; the 1024 weight
-                // bytes at kt·tn·32 + j·32 (j + 32 ≤ tn) lie inside `w`.
-                unsafe {
-                    let av = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                        ap.add(r * kpad + kt * 32).cast(),
-                    ));
-                    let wb = wp.add(kt * tn * 32 + j * 32);
-                    for (p, x) in acc.iter_mut().enumerate() {
-                        let wv = _mm512_xor_si512(_mm512_loadu_si512(wb.add(p * 64).cast()), bias);
-                        *x = _mm512_dpbusd_epi32(*x, wv, av);
-                    }
-                }
-            }
-            let (lo, hi) = reduce16(&acc);
-            // SAFETY: channels j..j+32 ≤ tn of row r < rows lie inside `out`.
-            unsafe {
-                _mm512_storeu_si512(op.add(r * tn + j).cast(), _mm512_sub_epi32(lo, c));
-                _mm512_storeu_si512(op.add(r * tn + j + 16).cast(), _mm512_sub_epi32(hi, c));
-            }
-            j += 32;
-        }
-        // A tile width that is not a multiple of 32: the rest in blocks of 8 channels.
-        while j < tn {
-            let mut acc = [_mm512_setzero_si512(); 4];
-            for kt in 0..kt_n {
-                // SAFETY: as above, for the 256 weight bytes of channels j..j+8 ≤ tn.
-                unsafe {
-                    let av = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                        ap.add(r * kpad + kt * 32).cast(),
-                    ));
-                    let wb = wp.add(kt * tn * 32 + j * 32);
-                    for (p, x) in acc.iter_mut().enumerate() {
-                        let wv = _mm512_xor_si512(_mm512_loadu_si512(wb.add(p * 64).cast()), bias);
-                        *x = _mm512_dpbusd_epi32(*x, wv, av);
-                    }
-                }
-            }
-            let v = reduce4(acc[0], acc[1], acc[2], acc[3]);
-            let s = _mm512_sub_epi32(combine(v, v), c);
-            // SAFETY: channels j..j+8 ≤ tn of row r < rows lie inside `out`.
-            unsafe { _mm256_storeu_si256(op.add(r * tn + j).cast(), _mm512_castsi512_si256(s)) };
-            j += 8;
-        }
-        r += 1;
+
+    #[inline(always)]
+    unsafe fn load_a(p: *const i8) -> __m512i {
+        // SAFETY: 32 readable bytes (caller), an unaligned load; AVX-512 F (caller).
+        unsafe { _mm512_broadcast_i64x4(_mm256_loadu_si256(p.cast())) }
     }
+
+    #[inline(always)]
+    unsafe fn load_w(p: *const i8) -> __m512i {
+        // SAFETY: 64 readable bytes (caller), an unaligned load; AVX-512 F (caller).
+        // 0x80: w ^ 0x80 = w + 128 as u8.
+        unsafe { _mm512_xor_si512(_mm512_loadu_si512(p.cast()), _mm512_set1_epi8(-128)) }
+    }
+
+    #[inline(always)]
+    unsafe fn madd(acc: __m512i, a: __m512i, w: __m512i) -> __m512i {
+        // SAFETY: register-only; AVX-512 VNNI (caller).
+        unsafe { _mm512_dpbusd_epi32(acc, w, a) }
+    }
+
+    /// `acc.len()` must be a multiple of 4 (8 channels): blocks of 16 accumulators through
+    /// [`reduce16`], then blocks of 4 through [`reduce4`] and [`combine`].
+    #[inline(always)]
+    unsafe fn finish(acc: &[__m512i], corr: i32, out: *mut i32) {
+        // SAFETY: `2 · acc.len()` writable outputs at `out` (caller); AVX-512 F (caller).
+        unsafe {
+            let c = _mm512_set1_epi32(corr);
+            let mut blocks = acc.chunks_exact(16);
+            let mut o = out;
+            for b in &mut blocks {
+                let (lo, hi) = reduce16(b.try_into().expect("chunks of 16"));
+                _mm512_storeu_si512(o.cast(), _mm512_sub_epi32(lo, c));
+                _mm512_storeu_si512(o.add(16).cast(), _mm512_sub_epi32(hi, c));
+                o = o.add(32);
+            }
+            for b in blocks.remainder().chunks_exact(4) {
+                let v = reduce4(b[0], b[1], b[2], b[3]);
+                let s = _mm512_sub_epi32(combine(v, v), c);
+                _mm256_storeu_si256(o.cast(), _mm512_castsi512_si256(s));
+                o = o.add(8);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn prefetch(_: *const i8) {}
 }
 
 /// Peak-rate loop for the roofline: `iters × 10` independent `vpdpbusd` on zmm (64 multiply-adds

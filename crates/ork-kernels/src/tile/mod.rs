@@ -7,14 +7,14 @@
 //!
 //! Kernels: a portable scalar one (the twin every SIMD kernel is checked against), AVX2 (both
 //! operands sign-extended to i16, `vpmaddwd`: products and pair sums are exact in i32, unlike
-//! `vpmaddubsw`, which saturates at i16), AVX-VNNI (`vpdpbusd` on `a + 128` as u8, corrected by
-//! `128 · Σ_k w`; the wrap-around i32 arithmetic makes the result exact whenever the true dot
-//! product fits in i32, which [`MAX_K`] guarantees), AVX-512 VNNI (`vpdpbusd` on zmm with the
-//! weights biased to u8 instead and a per-row correction `128 · Σ_k a`, see `avx512_vnni.rs`),
-//! and on aarch64 NEON (`smull` + `sadalp`) and NEON dotprod (`sdot`), one body in `neon.rs`
-//! (tested under qemu-aarch64 only, never on a board; `docs/kernels.md`). The ISA is detected
-//! once at run time, the best available first: AVX-512 VNNI, AVX-VNNI, AVX2, scalar on x86-64;
-//! NEON dotprod, NEON, scalar on aarch64.
+//! `vpmaddubsw`, which saturates at i16), AVX-VNNI and AVX-512 VNNI (`vpdpbusd` on ymm / zmm with
+//! the weights biased to u8 and a per-row correction `128 · Σ_k a`; the wrap-around i32
+//! arithmetic makes the result exact whenever the true dot product fits in i32, which [`MAX_K`]
+//! guarantees; see `avx512_vnni.rs`), and on aarch64 NEON (`smull` + `sadalp`) and NEON dotprod
+//! (`sdot`) (tested under qemu-aarch64 only, never on a board; `docs/kernels.md`). All five SIMD
+//! kernels run one generic loop body ([`body`]) over a small vector trait each ISA implements.
+//! The ISA is detected once at run time, the best available first: AVX-512 VNNI, AVX-VNNI, AVX2,
+//! scalar on x86-64; NEON dotprod, NEON, scalar on aarch64.
 //!
 //! Float kernels (`float_tile_dot`) serve fp16 activations (w8a16 / w4a16 / fp16×fp16) and
 //! int8 activations against fp16 weights: the activation rows arrive as f32 (converted once per
@@ -30,6 +30,8 @@ mod avx2;
 mod avx2_f32;
 #[cfg(target_arch = "x86_64")]
 mod avx512_vnni;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod body;
 pub mod group;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
@@ -187,14 +189,12 @@ pub enum KernelChoiceError {
 pub struct PreparedA {
     isa: Isa,
     kpad: usize,
-    /// `rows × kpad` i8, zero padded (scalar, NEON, AVX-512 VNNI).
+    /// `rows × kpad` i8, zero padded (scalar, NEON, AVX-VNNI, AVX-512 VNNI).
     i8s: Vec<i8>,
-    /// `128 · Σ_k a[r, k]` per row (AVX-512 VNNI's correction for its biased weights).
+    /// `128 · Σ_k a[r, k]` per row (the VNNI kernels' correction for their biased weights).
     row_corr: Vec<i32>,
     /// `rows × kpad` i16 (AVX2).
     i16s: Vec<i16>,
-    /// `rows × kpad` u8 = a + 128 (AVX-VNNI); padding is 128 (a = 0).
-    u8s: Vec<u8>,
 }
 
 impl PreparedA {
@@ -207,7 +207,6 @@ impl PreparedA {
             i8s: Vec::new(),
             row_corr: Vec::new(),
             i16s: Vec::new(),
-            u8s: Vec::new(),
         };
         match isa {
             Isa::Avx2 => {
@@ -218,20 +217,12 @@ impl PreparedA {
                         .for_each(|(d, &s)| *d = i16::from(s));
                 }
             }
-            Isa::AvxVnni => {
-                p.u8s = vec![128; rows * kpad];
-                for (dst, src) in p.u8s.chunks_exact_mut(kpad).zip(a.chunks_exact(k.max(1))) {
-                    dst.iter_mut()
-                        .zip(src)
-                        .for_each(|(d, &s)| *d = (s as u8) ^ 0x80);
-                }
-            }
-            Isa::Scalar | Isa::Neon | Isa::NeonDot | Isa::Avx512Vnni => {
+            Isa::Scalar | Isa::Neon | Isa::NeonDot | Isa::AvxVnni | Isa::Avx512Vnni => {
                 p.i8s = vec![0; rows * kpad];
                 for (dst, src) in p.i8s.chunks_exact_mut(kpad).zip(a.chunks_exact(k.max(1))) {
                     dst[..k].copy_from_slice(src);
                 }
-                if isa == Isa::Avx512Vnni {
+                if matches!(isa, Isa::AvxVnni | Isa::Avx512Vnni) {
                     // |Σ a| ≤ 128 · MAX_K = 2^23, so 128 · Σ a fits in an i32.
                     p.row_corr = a
                         .chunks_exact(k.max(1))
@@ -250,14 +241,28 @@ impl PreparedA {
 /// tile (`w.len() == tn · kpad`, `out.len() ≥ (m1 - m0) · tn`, `tn` a multiple of 8: ork-pack's
 /// integer tiles are 32 and 64 wide).
 pub fn tile_dot(a: &PreparedA, m0: usize, m1: usize, w: &[i8], tn: usize, out: &mut [i32]) {
+    assert!(tn.is_multiple_of(8));
+    tile_dot_any_width(a, m0, m1, w, tn, out);
+}
+
+/// [`tile_dot`] for any width the chosen kernel accepts (even; a multiple of 8 for AVX-512 VNNI,
+/// whose entry asserts it), for the tests that reach every kernel's remainder paths.
+fn tile_dot_any_width(a: &PreparedA, m0: usize, m1: usize, w: &[i8], tn: usize, out: &mut [i32]) {
     let kpad = a.kpad;
-    assert!(w.len() == tn * kpad && out.len() >= (m1 - m0) * tn && tn.is_multiple_of(8));
+    assert!(w.len() == tn * kpad && out.len() >= (m1 - m0) * tn);
     match a.isa {
         Isa::Scalar => scalar_tile_dot(&a.i8s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => avx2::tile_dot(&a.i16s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
         #[cfg(target_arch = "x86_64")]
-        Isa::AvxVnni => vnni::tile_dot(&a.u8s[m0 * kpad..m1 * kpad], kpad, w, tn, out),
+        Isa::AvxVnni => vnni::tile_dot(
+            &a.i8s[m0 * kpad..m1 * kpad],
+            &a.row_corr[m0..m1],
+            kpad,
+            w,
+            tn,
+            out,
+        ),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => avx512_vnni::tile_dot(
             &a.i8s[m0 * kpad..m1 * kpad],
@@ -547,6 +552,37 @@ mod tests {
                 prop_assert_eq!(&got[..(rows - m0) * tn], &want[m0 * tn..], "{:?} rows {}..{}", isa, m0, rows);
                 tile_dot(&p, 0, rows, &w, tn, &mut got);
                 prop_assert_eq!(&got, &want, "{:?}", isa);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Every SIMD kernel equals the scalar twin at every even tile width up to 160 that it
+        /// accepts (AVX-512 VNNI: multiples of 8), not only the multiples of 8 `tile_dot` takes:
+        /// the M = 1 memory-order pass's 64-channel chunks and their remainders, the register
+        /// passes' remainders, the 4-row blocks and the leftover rows, values mostly at the i8
+        /// extremes.
+        #[test]
+        fn every_isa_matches_the_scalar_twin_at_every_even_width(rows in 1usize..7, kt_n in 1usize..5, pairs in 1usize..81, seed in any::<u64>()) {
+            let (tn, kpad) = (2 * pairs, 32 * kt_n);
+            let mut s = seed | 1;
+            let mut next = || {
+                s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+                match s % 6 { 0 => -128, 1 => 127, _ => (s >> 8) as i8 }
+            };
+            let a: Vec<i8> = (0..rows * kpad).map(|_| next()).collect();
+            let w: Vec<i8> = (0..tn * kpad).map(|_| next()).collect();
+            let mut want = vec![0i32; rows * tn];
+            scalar_tile_dot(&a, kpad, &w, tn, &mut want);
+            for isa in Isa::available() {
+                if isa == Isa::Avx512Vnni && !tn.is_multiple_of(8) {
+                    continue;
+                }
+                let p = PreparedA::new(isa, rows, kpad, kpad, &a);
+                let mut got = vec![i32::MIN; rows * tn];
+                tile_dot_any_width(&p, 0, rows, &w, tn, &mut got);
+                prop_assert_eq!(&got, &want, "{:?} tn {}", isa, tn);
             }
         }
     }

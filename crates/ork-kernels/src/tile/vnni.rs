@@ -1,116 +1,92 @@
-//! AVX-VNNI kernel: `vpdpbusd` multiplies u8 by i8 and adds groups of four into i32 lanes without
-//! saturation. Activations arrive biased, `u = a + 128` (0..=255), so
-//! `Σ u·w = Σ a·w + 128 · Σ w`; the kernel subtracts `128 · Σ_k w[j, k]` per channel. The lane
-//! sums wrap modulo 2^32, so the corrected result is exact whenever the true dot product fits in
-//! an i32 (guaranteed by [`super::MAX_K`]). Scalar twin: [`super::scalar_tile_dot`].
+//! AVX-VNNI kernel: `vpdpbusd` on ymm multiplies u8 by i8 and adds groups of four into i32 lanes
+//! without saturation. As in the AVX-512 VNNI kernel (`avx512_vnni.rs`), the **weights** are
+//! biased to u8 (one `vpxor` per weight run, `w ^ 0x80 = w + 128`) and the activations stay
+//! signed: `Σ_k (w + 128) · a = Σ_k a · w + 128 · Σ_k a`, and the per-row correction
+//! `128 · Σ_k a[r, k]` comes with the prepared activations ([`super::PreparedA`]). The lane sums
+//! wrap modulo 2^32, so the corrected result is exact whenever the true dot product fits in an
+//! i32 (guaranteed by [`super::MAX_K`]). The loops are the shared generic body
+//! ([`super::body`]), with AVX2's shape (4 rows × 2 channels, M = 1 in memory order with
+//! prefetch, leftover rows a channel pair at a time). Scalar twin: [`super::scalar_tile_dot`].
 
+use super::avx2::{finish_ymm, hsum, prefetch_t0};
+use super::body::{body, TileVec};
 use std::arch::x86_64::*;
 
 /// Safe entry: checks shapes and that the CPU has AVX-VNNI.
-pub(super) fn tile_dot(a: &[u8], kpad: usize, w: &[i8], tn: usize, out: &mut [i32]) {
+///
+/// `a` is `rows × kpad` signed i8 (zero padded), `corr[r] = 128 · Σ_k a[r, k]`, `w` is one tile of
+/// `tn × kpad` i8 in tile order, `tn` even.
+pub(super) fn tile_dot(a: &[i8], corr: &[i32], kpad: usize, w: &[i8], tn: usize, out: &mut [i32]) {
     let rows = a.len() / kpad;
     assert!(
         kpad.is_multiple_of(32)
             && a.len() == rows * kpad
+            && corr.len() == rows
             && w.len() == tn * kpad
-            && tn.is_multiple_of(4)
-            && tn <= 64
+            && tn.is_multiple_of(2)
     );
     assert!(out.len() >= rows * tn && std::arch::is_x86_feature_detected!("avxvnni"));
     // SAFETY: AVX2 + AVX-VNNI are present and the shapes were checked.
-    unsafe { tile_dot_vnni(a, kpad, w, tn, out) }
-}
-
-/// Sum of the eight i32 lanes (register-only, safe under `target_feature`).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn hsum(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    _mm_cvtsi128_si32(s)
+    unsafe { tile_dot_vnni(a, corr, kpad, w, tn, out) }
 }
 
 /// # Safety
-/// The CPU must support AVX2 and AVX-VNNI; `a` is `rows × kpad` biased u8, `w` is `tn × kpad` i8
-/// in tile order, `kpad % 32 == 0`, `tn` a multiple of 4 and ≤ 64, `out.len() ≥ rows · tn`.
+/// The CPU must support AVX2 and AVX-VNNI; `a` is `rows × kpad` i8, `corr.len() == rows`, `w` is
+/// `tn × kpad` i8 in tile order, `kpad % 32 == 0`, `tn` even, `out.len() ≥ rows · tn`.
 #[target_feature(enable = "avx2,avxvnni")]
-unsafe fn tile_dot_vnni(a: &[u8], kpad: usize, w: &[i8], tn: usize, out: &mut [i32]) {
-    let rows = a.len() / kpad;
-    let kt_n = kpad / 32;
-    let ap = a.as_ptr();
-    let wp = w.as_ptr();
-    // Σ_k w[j, k] · 128 per channel, from one vpdpbusd pass with a vector of 128s. Only the
-    // 4-row blocks use it; single rows (decode) fuse the correction into their own loop, which
-    // halves their weight reads.
-    let mut corr = [0i32; 64];
-    let c128 = _mm256_set1_epi8(-128); // 0x80 = 128 as u8
-    let blocks = rows / 4;
-    for (j, c) in corr
-        .iter_mut()
-        .enumerate()
-        .take(if blocks > 0 { tn } else { 0 })
-    {
-        let mut s = _mm256_setzero_si256();
-        for kt in 0..kt_n {
-            // SAFETY: kt < kpad/32, j < tn: the run lies inside `w`.
-            unsafe {
-                let wv = _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32) as *const __m256i);
-                s = _mm256_dpbusd_avx_epi32(s, c128, wv);
-            }
-        }
-        *c = hsum(s);
+unsafe fn tile_dot_vnni(a: &[i8], corr: &[i32], kpad: usize, w: &[i8], tn: usize, out: &mut [i32]) {
+    // SAFETY: forwarded from the caller; AVX2 + AVX-VNNI are enabled here, which is what
+    // `AvxVnni` uses.
+    unsafe { body::<AvxVnni, 2, 2, true>(a, corr, kpad, w, tn, out) }
+}
+
+/// AVX-VNNI for [`body`]: a weight run biased to u8 (`vpxor`), the activation run signed,
+/// `vpdpbusd`.
+struct AvxVnni;
+
+impl TileVec for AvxVnni {
+    type Elem = i8;
+    type Acc = __m256i;
+    type A = __m256i;
+    type W = __m256i;
+    const CH: usize = 1;
+    const PREFETCH: bool = true;
+
+    #[inline(always)]
+    unsafe fn zero() -> __m256i {
+        // SAFETY: register-only; AVX (caller).
+        unsafe { _mm256_setzero_si256() }
     }
-    let mut r = 0;
-    while r + 4 <= rows {
-        for j in (0..tn).step_by(2) {
-            let mut acc = [_mm256_setzero_si256(); 8];
-            for kt in 0..kt_n {
-                // SAFETY: both weight runs (j, j+1 < tn) and the four activation runs
-                // (rows r..r+4, k-run kt) lie inside their slices.
-                unsafe {
-                    let w0 = _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32) as *const __m256i);
-                    let w1 =
-                        _mm256_loadu_si256(wp.add(kt * tn * 32 + j * 32 + 32) as *const __m256i);
-                    for i in 0..4 {
-                        let av =
-                            _mm256_loadu_si256(ap.add((r + i) * kpad + kt * 32) as *const __m256i);
-                        acc[2 * i] = _mm256_dpbusd_avx_epi32(acc[2 * i], av, w0);
-                        acc[2 * i + 1] = _mm256_dpbusd_avx_epi32(acc[2 * i + 1], av, w1);
-                    }
-                }
-            }
-            for i in 0..4 {
-                out[(r + i) * tn + j] = hsum(acc[2 * i]).wrapping_sub(corr[j]);
-                out[(r + i) * tn + j + 1] = hsum(acc[2 * i + 1]).wrapping_sub(corr[j + 1]);
-            }
-        }
-        r += 4;
+
+    #[inline(always)]
+    unsafe fn load_a(p: *const i8) -> __m256i {
+        // SAFETY: 32 readable bytes (caller), an unaligned load; AVX (caller).
+        unsafe { _mm256_loadu_si256(p.cast()) }
     }
-    while r < rows {
-        // Four channels at a time: four independent dpbusd chains per k-run hide the latency.
-        for j in (0..tn).step_by(4) {
-            let mut acc = [_mm256_setzero_si256(); 4];
-            let mut cor = [_mm256_setzero_si256(); 4];
-            for kt in 0..kt_n {
-                // SAFETY: the activation run (row r, k-run kt) and the four weight runs
-                // (j..j+4 ≤ tn, tn a multiple of 4) lie inside their slices.
-                unsafe {
-                    let av = _mm256_loadu_si256(ap.add(r * kpad + kt * 32) as *const __m256i);
-                    for c in 0..4 {
-                        let wv = _mm256_loadu_si256(
-                            wp.add(kt * tn * 32 + (j + c) * 32) as *const __m256i
-                        );
-                        acc[c] = _mm256_dpbusd_avx_epi32(acc[c], av, wv);
-                        cor[c] = _mm256_dpbusd_avx_epi32(cor[c], c128, wv);
-                    }
-                }
-            }
-            for c in 0..4 {
-                out[r * tn + j + c] = hsum(acc[c]).wrapping_sub(hsum(cor[c]));
-            }
-        }
-        r += 1;
+
+    #[inline(always)]
+    unsafe fn load_w(p: *const i8) -> __m256i {
+        // SAFETY: 32 readable bytes (caller), an unaligned load; AVX2 (caller).
+        // 0x80: w ^ 0x80 = w + 128 as u8.
+        unsafe { _mm256_xor_si256(_mm256_loadu_si256(p.cast()), _mm256_set1_epi8(-128)) }
+    }
+
+    #[inline(always)]
+    unsafe fn madd(acc: __m256i, a: __m256i, w: __m256i) -> __m256i {
+        // SAFETY: register-only; AVX-VNNI (caller).
+        unsafe { _mm256_dpbusd_avx_epi32(acc, w, a) }
+    }
+
+    #[inline(always)]
+    unsafe fn finish(acc: &[__m256i], corr: i32, out: *mut i32) {
+        // SAFETY: forwarded from the caller (AVX2 is enabled with AVX-VNNI).
+        unsafe { finish_ymm(acc, corr, out) }
+    }
+
+    #[inline(always)]
+    unsafe fn prefetch(p: *const i8) {
+        // SAFETY: forwarded from the caller.
+        unsafe { prefetch_t0(p) }
     }
 }
 
