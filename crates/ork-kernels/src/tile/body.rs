@@ -70,6 +70,23 @@ pub(super) trait TileVec {
     /// See the trait; `out .. out + CH · acc.len()` must be writable, and `acc.len()` a multiple
     /// of what the implementation documents.
     unsafe fn finish(acc: &[Self::Acc], corr: i32, out: *mut i32);
+    /// [`TileVec::finish`] for a 4-row block: row `i`'s accumulators to `out + i · tn`, minus
+    /// `corr[i]`. Row by row unless an ISA reduces the block at once.
+    ///
+    /// # Safety
+    /// As [`TileVec::finish`], for each of the four rows.
+    #[inline(always)]
+    unsafe fn finish4<const G: usize>(
+        acc: &[[Self::Acc; G]; 4],
+        corr: [i32; 4],
+        out: *mut i32,
+        tn: usize,
+    ) {
+        for (i, acc) in acc.iter().enumerate() {
+            // SAFETY: forwarded from the caller.
+            unsafe { Self::finish(acc, corr[i], out.add(i * tn)) };
+        }
+    }
     /// Hint that the line at `p` is read soon (never faults, whatever `p`). Called only when
     /// [`TileVec::PREFETCH`] is set.
     ///
@@ -188,10 +205,9 @@ unsafe fn block4<V: TileVec, const G: usize>(t: &Tile<'_, V::Elem>, r: usize, j:
             }
         }
     }
-    for (i, acc) in acc.iter().enumerate() {
-        // SAFETY: row r + i < rows, channels j..j + G·CH ≤ tn lie inside `out`.
-        unsafe { V::finish(acc, t.corr(r + i), t.op.add((r + i) * tn + j)) };
-    }
+    let corr = std::array::from_fn(|i| t.corr(r + i));
+    // SAFETY: rows r..r+4 ≤ rows, channels j..j + G·CH ≤ tn lie inside `out`.
+    unsafe { V::finish4(&acc, corr, t.op.add(r * tn + j), tn) };
 }
 
 /// Row `r` × the `N · CH` channels from `j`, accumulators in registers.
