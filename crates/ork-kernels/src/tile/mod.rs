@@ -12,9 +12,9 @@
 //! arithmetic makes the result exact whenever the true dot product fits in i32, which [`MAX_K`]
 //! guarantees; see `avx512_vnni.rs`), and on aarch64 NEON (`smull` + `sadalp`) and NEON dotprod
 //! (`sdot`) (tested under qemu-aarch64 only, never on a board; `docs/kernels.md`). All five SIMD
-//! kernels run one generic loop body ([`body`]) over a small vector trait each ISA implements.
-//! The ISA is detected once at run time, the best available first: AVX-512 VNNI, AVX-VNNI, AVX2,
-//! scalar on x86-64; NEON dotprod, NEON, scalar on aarch64.
+//! kernels run one generic loop body (`tile/body.rs`) over a small vector trait each ISA
+//! implements. The ISA is detected once at run time, the best available first: AVX-512 VNNI,
+//! AVX-VNNI, AVX2, scalar on x86-64; NEON dotprod, NEON, scalar on aarch64.
 //!
 //! Float kernels (`float_tile_dot`) serve fp16 activations (w8a16 / w4a16 / fp16×fp16) and
 //! int8 activations against fp16 weights: the activation rows arrive as f32 (converted once per
