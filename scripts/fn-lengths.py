@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """List Rust functions in crates/*/src whose body is longer than a limit (default 100 lines).
 
-The project rule (README, "Functions ≤ 100 lines"): a logic function that grows past the limit is
+The project rule (docs/architecture.md, "A thin binary"): a logic function that grows past the limit is
 split into named steps. Exempt:
   * test code: files under tests/ or benches/, `#[cfg(test)]` modules, `#[test]` functions;
   * fixture crates (FIXTURE_CRATES below, each with its reason);
@@ -10,7 +10,7 @@ split into named steps. Exempt:
     with a comment `// fn-lengths: table — <reason>` on one of the three lines above its `fn`.
 
 Usage: scripts/fn-lengths.py [--limit N] [--check] [ROOT]
-  --check  exit 1 when any function is over the limit (for CI).
+  --check  exit 1 when any function is over the limit (scripts/test.sh runs it so).
 Output: one line per function, longest first: `LINES  path:line  name`.
 """
 import argparse
@@ -181,7 +181,12 @@ def main():
     over = [f for f in found if "(table)" not in f[2]]
     sys.stdout.flush()
     print(f"{len(over)} function(s) over {args.limit} lines", file=sys.stderr)
-    return 1 if args.check and over else 0
+    if args.check and over:
+        print("error: split each function listed above into named steps (docs/architecture.md, "
+              "\"A thin binary\"), or mark a data table as this script's header says",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 //! only says what the user can type.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use ork_runtime::DraftKind;
 use std::path::PathBuf;
 
 /// Exit codes, shared by every verb.
@@ -477,55 +478,20 @@ pub struct RunArgs {
     pub json: bool,
 }
 
-/// Where draft tokens for speculative decoding come from (`docs/speculative.md`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DraftArg {
-    /// Prompt lookup: n-grams of the prompt and output so far, no model.
-    Lookup,
-    /// The model's own first N blocks and output projection (`self`: N chosen to fit).
-    SelfLayers(Option<usize>),
-    /// A second GGUF with the same vocabulary.
-    Model(PathBuf),
-}
-
-impl DraftArg {
-    /// What the engine keeps on the device for this draft.
-    pub fn engine_source(&self) -> Option<ork_runtime::DraftSource> {
-        match self {
-            DraftArg::Lookup => None,
-            DraftArg::SelfLayers(n) => Some(ork_runtime::DraftSource::SelfLayers(*n)),
-            DraftArg::Model(p) => Some(ork_runtime::DraftSource::Model(p.clone())),
-        }
-    }
-
-    /// A short name for tables: `lookup`, `self`, `self:N`, or the file name.
-    pub fn label(&self) -> String {
-        match self {
-            DraftArg::Lookup => "lookup".to_owned(),
-            DraftArg::SelfLayers(None) => "self".to_owned(),
-            DraftArg::SelfLayers(Some(n)) => format!("self:{n}"),
-            DraftArg::Model(p) => p.file_name().map_or_else(
-                || p.display().to_string(),
-                |n| n.to_string_lossy().into_owned(),
-            ),
-        }
-    }
-}
-
 /// `lookup`, `self`, `self:N` or a GGUF path.
-pub(crate) fn parse_draft(s: &str) -> Result<DraftArg, String> {
+pub(crate) fn parse_draft(s: &str) -> Result<DraftKind, String> {
     match s {
-        "lookup" => Ok(DraftArg::Lookup),
-        "self" => Ok(DraftArg::SelfLayers(None)),
+        "lookup" => Ok(DraftKind::Lookup),
+        "self" => Ok(DraftKind::SelfLayers(None)),
         _ => match s.strip_prefix("self:") {
             Some(n) => match n.parse::<usize>() {
-                Ok(n) if n >= 1 => Ok(DraftArg::SelfLayers(Some(n))),
+                Ok(n) if n >= 1 => Ok(DraftKind::SelfLayers(Some(n))),
                 _ => Err(format!(
                     "self:{n}: the number of blocks must be a whole number ≥ 1"
                 )),
             },
             None if s.is_empty() => Err("give lookup, self, self:N or a GGUF file".to_owned()),
-            None => Ok(DraftArg::Model(PathBuf::from(s))),
+            None => Ok(DraftKind::Model(PathBuf::from(s))),
         },
     }
 }
@@ -540,7 +506,7 @@ pub struct SpecArgs {
     /// model's first N blocks) or a smaller GGUF with the same vocabulary, and verify them in
     /// one batched pass of the model.
     #[arg(long, value_parser = parse_draft)]
-    pub draft: Option<DraftArg>,
+    pub draft: Option<DraftKind>,
     /// Most draft tokens per verifier pass (at least 1).
     #[arg(long, requires = "draft", default_value_t = DEFAULT_DRAFT_MAX, value_parser = count_parser(0))]
     pub draft_max: usize,
@@ -640,36 +606,7 @@ pub enum BenchCommand {
     },
     /// Speculative decoding: generation tok/s with each draft kind vs without, streamed at
     /// several budgets and resident, same run.
-    Spec {
-        #[command(flatten)]
-        model: ModelOpts,
-        /// Tokens to generate per run.
-        #[arg(long, default_value_t = 64, value_parser = count_parser(2))]
-        tokens: usize,
-        /// Interleaved timed rounds per configuration (the median is reported).
-        #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
-        rounds: usize,
-        /// Most draft tokens per verifier pass.
-        #[arg(long, default_value_t = DEFAULT_DRAFT_MAX, value_parser = count_parser(1))]
-        draft_max: usize,
-        /// Tokens per tree of the tree-verified lookup draft (`lookup-tree`).
-        #[arg(long, default_value_t = 16, value_parser = count_parser(1))]
-        draft_tree: usize,
-        /// The drafts to compare with plain decoding: lookup, lookup-tree, self, model.
-        #[arg(long, value_delimiter = ',', default_value = "lookup,lookup-tree,self,model", value_parser = ["lookup", "lookup-tree", "self", "model"])]
-        drafts: Vec<String>,
-        /// The draft model (default: the model's first eighth of blocks, written to a temporary
-        /// GGUF).
-        #[arg(long)]
-        draft_model: Option<PathBuf>,
-        /// Weight budgets in MiB to stream at (default: 1/4, 1/2 and 3/4 of the model), besides
-        /// the resident run.
-        #[arg(long, value_delimiter = ',')]
-        budgets_mb: Vec<u64>,
-        /// JSON output.
-        #[arg(long)]
-        json: bool,
-    },
+    Spec(SpecBenchArgs),
     /// Tokenizer build, encode and decode speed per model on one text, as ratios to the first
     /// model's (same run).
     Tokenizer {
@@ -709,6 +646,39 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `ork bench spec`.
+#[derive(Args, Debug)]
+pub struct SpecBenchArgs {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// Tokens to generate per run.
+    #[arg(long, default_value_t = 64, value_parser = count_parser(2))]
+    pub tokens: usize,
+    /// Interleaved timed rounds per configuration (the median is reported).
+    #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    pub rounds: usize,
+    /// Most draft tokens per verifier pass.
+    #[arg(long, default_value_t = DEFAULT_DRAFT_MAX, value_parser = count_parser(1))]
+    pub draft_max: usize,
+    /// Tokens per tree of the tree-verified lookup draft (`lookup-tree`).
+    #[arg(long, default_value_t = 16, value_parser = count_parser(1))]
+    pub draft_tree: usize,
+    /// The drafts to compare with plain decoding: lookup, lookup-tree, self, model.
+    #[arg(long, value_delimiter = ',', default_value = "lookup,lookup-tree,self,model", value_parser = ["lookup", "lookup-tree", "self", "model"])]
+    pub drafts: Vec<String>,
+    /// The draft model (default: the model's first eighth of blocks, written to a temporary
+    /// GGUF).
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+    /// Weight budgets in MiB to stream at (default: 1/4, 1/2 and 3/4 of the model), besides
+    /// the resident run.
+    #[arg(long, value_delimiter = ',')]
+    pub budgets_mb: Vec<u64>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `ork probe`.

@@ -7,12 +7,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use ork_runtime::bench::project::BENCH_BOARD;
-use ork_runtime::bench::stream::{self, StreamBenchOptions, StreamFrontEnd};
-use ork_runtime::bench::FrontEndError;
-use ork_runtime::EngineConfig;
+use ork_runtime::bench::stream::{self, StreamBenchOptions};
 
 use crate::cli::ModelOpts;
-use crate::open_model::{engine_config, open_engine};
+use crate::open_model::{bench_front, engine_config};
 
 /// The library's options for `opts` (its budget, if any, is the streamed configurations').
 fn options(opts: &ModelOpts, tokens: usize, rounds: usize) -> Result<StreamBenchOptions> {
@@ -22,11 +20,6 @@ fn options(opts: &ModelOpts, tokens: usize, rounds: usize) -> Result<StreamBench
         tokens,
         rounds,
     })
-}
-
-/// Engines open as `ork run` opens them (the conversion bar, the rebuild notes).
-fn open(config: EngineConfig, quiet: bool) -> Result<ork_runtime::Engine, FrontEndError> {
-    open_engine(config, quiet).map_err(Into::into)
 }
 
 /// `ork bench stream`: prefill tok/s streamed (the given budget, default 25 % of the model) vs
@@ -44,7 +37,7 @@ pub fn bench_stream(
         // Refused now, not after the rounds (docs/cli.md: the rule for every file ork writes).
         ork_io::output::check_output(path, &[opts.model.as_path()]).context("--plot")?;
     }
-    let r = stream::bench_stream(&options, &StreamFrontEnd { open: &open }, json)?;
+    let r = stream::bench_stream(&options, &bench_front(), json)?;
     let results: Vec<serde_json::Value> = r
         .results
         .iter()
@@ -106,7 +99,7 @@ pub fn bench_decode(
 ) -> Result<ExitCode> {
     crate::open_model::refuse_cpu(opts, "bench stream --decode")?;
     let options = options(opts, prompt_tokens, rounds)?;
-    let r = stream::bench_decode(&options, decode, &StreamFrontEnd { open: &open }, json)?;
+    let r = stream::bench_decode(&options, decode, &bench_front(), json)?;
     if json {
         let results = serde_json::to_value(&r.results)?;
         println!(

@@ -309,7 +309,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         .speculative
         .draft
         .as_ref()
-        .and_then(crate::cli::DraftArg::engine_source);
+        .and_then(ork_runtime::DraftKind::engine_source);
     let soc = ork_device::Soc::from(args.model.soc).to_string();
     let (split, project) =
         crate::cmd_split::resolve(&mut config, args.project.project.as_deref(), &soc)?;
@@ -326,9 +326,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     }
     let recorder = crate::cmd_project::record(&engine, &board);
     let mut session = engine.session();
-    let moved_before = crate::cmd_spec::bytes_moved(&engine);
+    let moved_before = ork_runtime::bytes_moved(&engine);
     let g = generate_text(args, &engine, &mut session, &prompt, spec_options, started)?;
-    let moved = crate::cmd_spec::bytes_moved(&engine) - moved_before;
+    let moved = ork_runtime::bytes_moved(&engine) - moved_before;
     let gen = &g.generation;
     let mut stats = RunStats::new(
         &engine,

@@ -43,7 +43,7 @@ pub struct PlanProject {
     /// Project speculative decoding with this draft, as `ork run --draft` takes it: `lookup`
     /// (no device time), `self:N` (the model's first N blocks) or a draft GGUF (resident).
     #[arg(long, requires = "project", value_parser = crate::cli::parse_draft)]
-    pub draft: Option<crate::cli::DraftArg>,
+    pub draft: Option<ork_runtime::DraftKind>,
     /// Draft tokens per verifier pass (`ork run --draft-max`).
     #[arg(long, requires = "draft", default_value_t = crate::cli::DEFAULT_DRAFT_MAX,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]

@@ -1,110 +1,8 @@
-//! `ork bench spec`'s projected ratios: each configuration's last round, replayed on the board
-//! clock's bench board (`ork_runtime::bench::project::BENCH_BOARD`, docs/board-model.md),
-//! beside the measured ones. Labelled projected, with the board and the cost model's version.
+//! `ork plan --project --draft D --acceptance A`: the planned schedule of speculative decoding
+//! on the board clock (docs/board-model.md). Labelled projected, with the acceptance an input.
 
 use anyhow::{Context, Result};
-use ork_board::Recorder;
-use ork_runtime::bench::project::{bench_decode_s, BENCH_BOARD};
-use ork_runtime::Engine;
-
-/// One configuration of the bench, as the projection sees it.
-pub struct Measured<'a> {
-    /// Its engine (`None`: refused).
-    pub engine: Option<&'a Engine>,
-    /// Its recording of the last round.
-    pub rec: Option<&'a Recorder>,
-    /// The budget its row is compared at.
-    pub requested: u64,
-    /// Resident plan.
-    pub resident: bool,
-    /// Plain decode (no draft): the baseline of its budget.
-    pub plain: bool,
-    /// A separate draft model, whose device work the verifier's recording does not hold.
-    pub separate_draft: bool,
-}
-
-/// Per configuration: projected decode tok/s and speedup over plain decode at the same budget,
-/// or why there is none.
-pub struct Projected {
-    rows: Vec<Result<(f64, f64), &'static str>>,
-}
-
-/// Project every configuration; `per_round` tokens were generated in a round.
-pub fn project(configs: &[Measured<'_>], per_round: f64) -> Result<Projected> {
-    let mut tok_s: Vec<Result<f64, &'static str>> = Vec::with_capacity(configs.len());
-    for c in configs {
-        tok_s.push(match (c.engine, c.rec) {
-            _ if c.separate_draft => Err("a separate draft model's device work is not recorded"),
-            (Some(e), Some(r)) => {
-                let s = bench_decode_s(e, r)?;
-                if s > 0.0 {
-                    Ok(per_round / s)
-                } else {
-                    Err("no decode passes recorded")
-                }
-            }
-            _ => Err("not run"),
-        });
-    }
-    let rows = configs
-        .iter()
-        .zip(&tok_s)
-        .map(|(c, t)| {
-            let t = (*t)?;
-            let plain = configs
-                .iter()
-                .zip(&tok_s)
-                .find(|(p, _)| p.plain && p.requested == c.requested && p.resident == c.resident)
-                .and_then(|(_, p)| p.ok())
-                .ok_or("no plain decode at this budget")?;
-            Ok((t, t / plain))
-        })
-        .collect();
-    Ok(Projected { rows })
-}
-
-impl Projected {
-    /// The `projected` object of row `i` for `--json`.
-    pub fn json(&self, i: usize) -> serde_json::Value {
-        match self.rows.get(i) {
-            Some(Ok((tok_s, speedup))) => serde_json::json!({
-                "label": "projected", "board": BENCH_BOARD,
-                "model_version": ork_board::MODEL_VERSION,
-                "tok_s": tok_s, "speedup": speedup}),
-            Some(Err(why)) => serde_json::json!({
-                "label": "projected", "board": BENCH_BOARD, "none": why}),
-            None => serde_json::Value::Null,
-        }
-    }
-
-    /// Print the projected speedups beside the measured ones, one line per row of `rows`
-    /// (the bench's result rows, in the same order).
-    pub fn print(&self, rows: &[serde_json::Value]) {
-        println!(
-            "projected on {BENCH_BOARD} (board model {}), each configuration's last round replayed; measured on this machine beside it:",
-            ork_board::MODEL_VERSION
-        );
-        for (r, p) in rows.iter().zip(&self.rows) {
-            let mode = if r["resident"].as_bool().unwrap_or(false) {
-                "resident"
-            } else {
-                "streamed"
-            };
-            let head = format!(
-                "  {mode:<9} {:>7.0}Mi {:<18}",
-                r["requested_budget_bytes"].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64,
-                r["draft"].as_str().unwrap_or("")
-            );
-            match p {
-                Ok((tok_s, speedup)) => println!(
-                    "{head} measured {:>5.2}x   projected {speedup:>5.2}x ({tok_s:.1} tok/s projected)",
-                    r["speedup"].as_f64().unwrap_or(f64::NAN)
-                ),
-                Err(why) => println!("{head} not projected: {why}"),
-            }
-        }
-    }
-}
+use ork_runtime::DraftKind;
 
 /// A speculative plan's events, the passes each replayed pass stands for, the tokens generated
 /// and the schedule's label.
@@ -117,11 +15,10 @@ pub fn plan_spec(
     model: &ork_gguf::GgufFile,
     verifier: &ork_board::ModelShape,
     plan: &ork_board::Plan,
-    draft: &crate::cli::DraftArg,
+    draft: &DraftKind,
     args: &crate::cmd_project::PlanProject,
     chip: &ork_board::Chip,
 ) -> Result<SpecEvents> {
-    use crate::cli::DraftArg;
     let Some(acceptance) = args.acceptance else {
         anyhow::bail!(
             "--draft needs --acceptance A (the probability that a drafted token is accepted, \
@@ -129,12 +26,12 @@ pub fn plan_spec(
         );
     };
     let shape = match draft {
-        DraftArg::Lookup => None,
-        DraftArg::SelfLayers(None) => anyhow::bail!(
+        DraftKind::Lookup => None,
+        DraftKind::SelfLayers(None) => anyhow::bail!(
             "--draft self: give the draft's blocks as self:N to project it (the runtime chooses N \
              to fit a device it has; the plan has none)"
         ),
-        DraftArg::SelfLayers(Some(n)) => {
+        DraftKind::SelfLayers(Some(n)) => {
             if *n > verifier.blocks.len() {
                 anyhow::bail!(
                     "--draft self:{n}: the model has {} blocks",
@@ -146,7 +43,7 @@ pub fn plan_spec(
                 ..verifier.clone()
             })
         }
-        DraftArg::Model(path) => {
+        DraftKind::Model(path) => {
             let gguf = ork_gguf::GgufFile::open(path)
                 .with_context(|| format!("--draft {}", path.display()))?;
             let c = ork_exec::ModelConfig::from_gguf(&gguf)

@@ -112,41 +112,14 @@ fn bench(which: BenchCommand) -> anyhow::Result<ExitCode> {
             model,
             tokens,
             rounds,
-            plot: _,
-            decode: Some(decode),
-            json,
-        } => cmd_bench_stream::bench_decode(&model, tokens, decode, rounds, json),
-        BenchCommand::Stream {
-            model,
-            tokens,
-            rounds,
             plot,
-            decode: None,
+            decode,
             json,
-        } => cmd_bench_stream::bench_stream(&model, tokens, rounds, plot.as_deref(), json),
-        BenchCommand::Spec {
-            model,
-            tokens,
-            rounds,
-            draft_max,
-            draft_tree,
-            drafts,
-            draft_model,
-            budgets_mb,
-            json,
-        } => cmd_spec::bench_spec(
-            &model,
-            &cmd_spec::SpecBench {
-                tokens,
-                rounds,
-                draft_max,
-                draft_tree,
-                drafts,
-                draft_model,
-                budgets_mb,
-            },
-            json,
-        ),
+        } => match decode {
+            Some(decode) => cmd_bench_stream::bench_decode(&model, tokens, decode, rounds, json),
+            None => cmd_bench_stream::bench_stream(&model, tokens, rounds, plot.as_deref(), json),
+        },
+        BenchCommand::Spec(a) => cmd_spec::bench_spec(&a),
     }
 }
 

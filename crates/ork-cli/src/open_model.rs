@@ -184,6 +184,26 @@ pub(crate) fn open_engine(config: EngineConfig, quiet: bool) -> Result<Engine> {
     open_loaded(Engine::load(config)?, quiet)
 }
 
+/// The benchmark drivers' front end (`ork_runtime::bench::stream`, `::spec`): engines open as
+/// `ork run` opens them (the conversion bar, the rebuild notes).
+pub(crate) fn bench_front() -> ork_runtime::bench::EngineFrontEnd<'static> {
+    ork_runtime::bench::EngineFrontEnd {
+        open: &open_for_bench,
+    }
+}
+
+/// [`open_engine`] for the benchmark drivers: the engine's own error is handed over typed (the
+/// spec benchmark looks for `RuntimeError::DraftTooLarge`).
+fn open_for_bench(
+    config: EngineConfig,
+    quiet: bool,
+) -> Result<Engine, ork_runtime::bench::FrontEndError> {
+    open_engine(config, quiet).map_err(|e| match e.downcast::<ork_runtime::RuntimeError>() {
+        Ok(e) => Box::new(e) as ork_runtime::bench::FrontEndError,
+        Err(e) => e.into(),
+    })
+}
+
 /// [`open_engine`] for a model already loaded (and checked by the caller).
 pub(crate) fn open_loaded(loaded: ork_runtime::LoadedModel, quiet: bool) -> Result<Engine> {
     let bar = crate::progress::ConvertBar::hidden_until_started(quiet);

@@ -198,6 +198,118 @@ pub(crate) struct State {
     next_fd: i32,
 }
 
+/// `rknn_matmul_info` checked: reserved bytes zero, a known type the chip has and the
+/// stand-in computes, a domain, the layouts and quantization the stand-in implements; the
+/// (A, B, C) types and B's scale group, or why not.
+fn check_info(info: &MatmulInfo) -> Result<((ElemType, ElemType, ElemType), ScaleGroup), String> {
+    if info.reserved.iter().any(|&b| b != 0) {
+        return Err("rknn_matmul_info.reserved is not zero".into());
+    }
+    let Some(types) = types_of(info.mm_type) else {
+        return Err(format!("unknown rknn_matmul_type {}", info.mm_type));
+    };
+    if !(0..MAX_DOMAINS as i32).contains(&info.iommu_domain_id) {
+        return Err(format!(
+            "iommu_domain_id {} outside 0..{MAX_DOMAINS}",
+            info.iommu_domain_id
+        ));
+    }
+    let soc = soc();
+    if !soc.outputs(types.0, types.1).contains(&types.2) {
+        return Err(format!(
+            "{soc} has no {} × {} → {} matmul",
+            types.0, types.1, types.2
+        ));
+    }
+    if !COMPUTED.contains(&info.mm_type) {
+        return Err(format!(
+            "the stand-in does not implement matmul type {} (the real runtime may)",
+            info.mm_type
+        ));
+    }
+    if info.b_layout != LAYOUT_NATIVE {
+        return Err(format!(
+            "B_layout {}: the stand-in implements the native B layout (1) only",
+            info.b_layout
+        ));
+    }
+    if info.ac_layout != LAYOUT_NORM || info.ac_quant_type != QUANT_PER_LAYER_SYM {
+        return Err(format!(
+            "AC_layout {} / AC_quant_type {}: the stand-in implements row-major, per-layer A and C only",
+            info.ac_layout, info.ac_quant_type
+        ));
+    }
+    Ok((types, b_group(info, soc, types)?))
+}
+
+/// B's scale group as `info` asks for it (per-group: a size the chip has, with an fp32 output).
+fn b_group(
+    info: &MatmulInfo,
+    soc: Soc,
+    types: (ElemType, ElemType, ElemType),
+) -> Result<ScaleGroup, String> {
+    match info.b_quant_type {
+        QUANT_PER_LAYER_SYM | QUANT_PER_CHANNEL_SYM => {
+            if info.group_size != 0 {
+                return Err("group_size set without per-group B".into());
+            }
+            Ok(ScaleGroup::PerChannel)
+        }
+        QUANT_PER_GROUP_SYM => {
+            let g = info.group_size;
+            if g <= 0 || !soc.group_sizes(types.0, types.1).contains(&(g as usize)) {
+                return Err(format!(
+                    "{soc} has no per-group {} × {} with group_size {g}",
+                    types.0, types.1
+                ));
+            }
+            if types.2 != ElemType::Fp32 {
+                return Err("per-group B needs an fp32 output".into());
+            }
+            Ok(ScaleGroup::Group(g as usize))
+        }
+        q => Err(format!("B_quant_type {q} not supported")),
+    }
+}
+
+/// Each of a context's shapes checked: positive, the info's K and N, within the chip's limits,
+/// K a multiple of B's group.
+fn check_shapes(
+    info: &MatmulInfo,
+    shapes: &[CShape],
+    types: (ElemType, ElemType, ElemType),
+    group: ScaleGroup,
+) -> Result<(), String> {
+    for s in shapes {
+        if s.m <= 0 || s.k <= 0 || s.n <= 0 {
+            return Err(format!(
+                "shape {}×{}×{} has a non-positive dim",
+                s.m, s.k, s.n
+            ));
+        }
+        if s.k != info.k || s.n != info.n {
+            return Err(format!(
+                "shape K {} N {} differs from the info's K {} N {} (ork's contexts vary M only)",
+                s.k, s.n, info.k, info.n
+            ));
+        }
+        let shape = MatmulShape {
+            a: types.0,
+            b: types.1,
+            k: s.k as usize,
+            n: s.n as usize,
+            group,
+        };
+        soc().check_limits(&shape).map_err(|e| e.to_string())?;
+        if let ScaleGroup::Group(g) = group {
+            if !(s.k as usize).is_multiple_of(g) {
+                return Err(format!("group_size {g} does not divide K {}", s.k));
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn state() -> MutexGuard<'static, State> {
     static S: OnceLock<Mutex<State>> = OnceLock::new();
     S.get_or_init(|| {
@@ -268,94 +380,8 @@ impl State {
         if shapes.is_empty() || shapes.len() > MAX_SHAPES {
             return Err(bad(format!("{} shapes (1..={MAX_SHAPES})", shapes.len())));
         }
-        if info.reserved.iter().any(|&b| b != 0) {
-            return Err(bad("rknn_matmul_info.reserved is not zero".into()));
-        }
-        let Some(types) = types_of(info.mm_type) else {
-            return Err(bad(format!("unknown rknn_matmul_type {}", info.mm_type)));
-        };
-        if !(0..MAX_DOMAINS as i32).contains(&info.iommu_domain_id) {
-            return Err(bad(format!(
-                "iommu_domain_id {} outside 0..{MAX_DOMAINS}",
-                info.iommu_domain_id
-            )));
-        }
-        let soc = soc();
-        if !soc.outputs(types.0, types.1).contains(&types.2) {
-            return Err(bad(format!(
-                "{soc} has no {} × {} → {} matmul",
-                types.0, types.1, types.2
-            )));
-        }
-        if !COMPUTED.contains(&info.mm_type) {
-            return Err(bad(format!(
-                "the stand-in does not implement matmul type {} (the real runtime may)",
-                info.mm_type
-            )));
-        }
-        if info.b_layout != LAYOUT_NATIVE {
-            return Err(bad(format!(
-                "B_layout {}: the stand-in implements the native B layout (1) only",
-                info.b_layout
-            )));
-        }
-        if info.ac_layout != LAYOUT_NORM || info.ac_quant_type != QUANT_PER_LAYER_SYM {
-            return Err(bad(format!(
-                "AC_layout {} / AC_quant_type {}: the stand-in implements row-major, per-layer A and C only",
-                info.ac_layout, info.ac_quant_type
-            )));
-        }
-        let group = match info.b_quant_type {
-            QUANT_PER_LAYER_SYM | QUANT_PER_CHANNEL_SYM => {
-                if info.group_size != 0 {
-                    return Err(bad("group_size set without per-group B".into()));
-                }
-                ScaleGroup::PerChannel
-            }
-            QUANT_PER_GROUP_SYM => {
-                let g = info.group_size;
-                if g <= 0 || !soc.group_sizes(types.0, types.1).contains(&(g as usize)) {
-                    return Err(bad(format!(
-                        "{soc} has no per-group {} × {} with group_size {g}",
-                        types.0, types.1
-                    )));
-                }
-                if types.2 != ElemType::Fp32 {
-                    return Err(bad("per-group B needs an fp32 output".into()));
-                }
-                ScaleGroup::Group(g as usize)
-            }
-            q => return Err(bad(format!("B_quant_type {q} not supported"))),
-        };
-        for s in shapes {
-            if s.m <= 0 || s.k <= 0 || s.n <= 0 {
-                return Err(bad(format!(
-                    "shape {}×{}×{} has a non-positive dim",
-                    s.m, s.k, s.n
-                )));
-            }
-            if s.k != info.k || s.n != info.n {
-                return Err(bad(format!(
-                    "shape K {} N {} differs from the info's K {} N {} (ork's contexts vary M only)",
-                    s.k, s.n, info.k, info.n
-                )));
-            }
-            let shape = MatmulShape {
-                a: types.0,
-                b: types.1,
-                k: s.k as usize,
-                n: s.n as usize,
-                group,
-            };
-            if let Err(e) = soc.check_limits(&shape) {
-                return Err(bad(e.to_string()));
-            }
-            if let ScaleGroup::Group(g) = group {
-                if !(s.k as usize).is_multiple_of(g) {
-                    return Err(bad(format!("group_size {g} does not divide K {}", s.k)));
-                }
-            }
-        }
+        let (types, group) = check_info(info).map_err(bad)?;
+        check_shapes(info, shapes, types, group).map_err(bad)?;
         let attrs: Vec<IoAttr> = shapes.iter().map(|s| io_attr(s, types)).collect();
         let id = self.next_ctx;
         self.next_ctx += 1;

@@ -33,6 +33,76 @@ pub enum DraftSource {
     Model(PathBuf),
 }
 
+/// Where the draft tokens of speculative decoding come from (`docs/speculative.md`): prompt
+/// lookup, which needs nothing on the device, or a [`DraftSource`] the engine keeps beside its
+/// model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DraftKind {
+    /// Prompt lookup: n-grams of the prompt and output so far, no model.
+    Lookup,
+    /// The model's own first N blocks and output projection (`None`: N chosen to fit).
+    SelfLayers(Option<usize>),
+    /// A second GGUF with the same vocabulary.
+    Model(PathBuf),
+}
+
+impl DraftKind {
+    /// What the engine keeps on the device for this draft ([`EngineConfig::draft`]).
+    pub fn engine_source(&self) -> Option<DraftSource> {
+        match self {
+            DraftKind::Lookup => None,
+            DraftKind::SelfLayers(n) => Some(DraftSource::SelfLayers(*n)),
+            DraftKind::Model(p) => Some(DraftSource::Model(p.clone())),
+        }
+    }
+
+    /// A short name for tables: `lookup`, `self`, `self:N`, or the file name.
+    pub fn label(&self) -> String {
+        match self {
+            DraftKind::Lookup => "lookup".to_owned(),
+            DraftKind::SelfLayers(None) => "self".to_owned(),
+            DraftKind::SelfLayers(Some(n)) => format!("self:{n}"),
+            DraftKind::Model(p) => p.file_name().map_or_else(
+                || p.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
+        }
+    }
+
+    /// The drafter of this kind over `engine`, whose configuration asked for its
+    /// [`engine_source`](Self::engine_source); a draft model samples with `sampler` and stops
+    /// drafting below probability `p_min`.
+    ///
+    /// # Errors
+    /// [`RuntimeError::NoDraft`]: the engine was opened without the draft this kind needs.
+    pub fn drafter(
+        &self,
+        engine: &crate::Engine,
+        sampler: ork_exec::Sampler,
+        p_min: f32,
+    ) -> Result<Box<dyn ork_exec::Draft>, RuntimeError> {
+        Ok(match self {
+            DraftKind::Lookup => Box::new(ork_exec::LookupDraft::default()),
+            DraftKind::SelfLayers(_) | DraftKind::Model(_) => {
+                let d = engine.draft().ok_or_else(|| RuntimeError::NoDraft {
+                    draft: self.label(),
+                })?;
+                Box::new(ork_exec::ModelDraft::new(d.session(), sampler, p_min))
+            }
+        })
+    }
+}
+
+/// Weight bytes copied into device buffers so far by `engine`'s caches: the model's and a draft
+/// model's.
+pub fn bytes_moved(engine: &crate::Engine) -> u64 {
+    engine.cache_stats().bytes_moved
+        + engine
+            .draft()
+            .and_then(|d| d.cache())
+            .map_or(0, |c| c.stats().bytes_moved)
+}
+
 /// The draft an engine keeps beside its model ([`EngineConfig::draft`]).
 pub struct EngineDraft {
     source: DraftSource,

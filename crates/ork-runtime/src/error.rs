@@ -151,4 +151,11 @@ pub enum RuntimeError {
         /// Why, and what to do instead.
         why: &'static str,
     },
+    /// A draft that runs on the device was asked of an engine opened without it
+    /// ([`crate::DraftKind::drafter`]; the engine's configuration names its draft).
+    #[error("the engine was opened without the draft ({draft})")]
+    NoDraft {
+        /// The draft asked for.
+        draft: String,
+    },
 }

@@ -27,7 +27,7 @@
 //! | `linear` | [`EngineLinear`]: the executor's matmuls served by the device ([`ExpertStats`]) |
 //! | `phase` | [`PhaseLinear`]: engines per phase, the device and the CPU engine in one session |
 //! | `split` | [`SplitLinear`]: the decode row split, each matmul's rows on both engines at once |
-//! | `draft` | [`DraftSource`], [`EngineDraft`]: the speculative draft and its budget share |
+//! | `draft` | [`DraftKind`], [`DraftSource`], [`EngineDraft`]: the speculative draft and its budget share |
 //! | `engine` | [`Engine`], [`LoadedModel`] and what an engine reports |
 //! | `session` | [`Session`]s handed out by an engine |
 //! | `error` | [`RuntimeError`] |
@@ -68,7 +68,7 @@ mod split;
 pub use chip::check_chip;
 pub use config::{budget_bytes, EngineConfig, PackChoice, DEFAULT_BUDGET_MB, MAX_BUDGET_MIB};
 pub use device::open_device;
-pub use draft::{DraftSource, EngineDraft};
+pub use draft::{bytes_moved, DraftKind, DraftSource, EngineDraft};
 pub use engine::{Engine, LoadedModel};
 pub use error::RuntimeError;
 pub use linear::{EngineLinear, ExpertStats};

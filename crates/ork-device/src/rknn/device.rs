@@ -496,16 +496,75 @@ impl RknnDevice {
         mut emit: impl FnMut(&Plan, usize, usize, &[u8]),
     ) -> Result<MatmulStats, DeviceError> {
         let t0 = Instant::now();
+        let (plan, wrec) = self.prepare(task, out_len, want_int)?;
+        let l = task.weight.layout;
+        let domain = task.weight.bytes.domain();
+        let switched = self.attach(domain);
+        let acts = task.activation_values();
+        let kpad = l.k_pad();
+        let tn = l.dtype.n_tile();
+        let chunk = self.chunk_n(&l);
+        let mut scales_buf = Vec::new();
+        for n0 in (0..l.n).step_by(chunk) {
+            let n1 = (n0 + chunk).min(l.n);
+            let cl = TiledLayout::new(l.dtype, l.k, n1 - n0);
+            let ch = Chunk {
+                task,
+                acts: &acts,
+                plan,
+                wrec,
+                mask: task.cores.0 as i32,
+                k: l.k,
+                kpad,
+                elem: task.activations.precision().bytes(),
+                n0,
+                n1,
+                npad: cl.n_pad(),
+                boff: task.weight.bytes.offset() + (n0 / tn * l.n_tile_bytes()) as u64,
+                blen: cl.blob_bytes() as u64,
+            };
+            let key = CtxKey {
+                mm_type: plan.mm_type,
+                group: plan.group.map_or(0, |g| g as i16),
+                k: kpad,
+                n: ch.npad,
+                domain: domain.0,
+            };
+            let mut held = self.checkout(key)?;
+            let r = self.run_chunk(&mut held, &ch, &mut scales_buf, &mut emit);
+            self.checkin(key, held);
+            r?;
+        }
+        self.shared.tasks.fetch_add(1, Ordering::Relaxed);
+        Ok(MatmulStats {
+            domain,
+            switched,
+            macs: (task.m * kpad * l.n_pad()) as u64,
+            elapsed: t0.elapsed(),
+            kernel: "rknn",
+        })
+    }
+
+    /// Check `task` (its shape against `out_len`, integer output when `want_int` asks for it,
+    /// its buffers this device's, its core mask the chip's) and plan it; the plan and the
+    /// weight's record.
+    fn prepare<'a>(
+        &self,
+        task: &MatmulTask<'a>,
+        out_len: usize,
+        want_int: Option<bool>,
+    ) -> Result<(Plan, &'a RknnBuffer), DeviceError> {
         task.check(out_len)?;
         let l = task.weight.layout;
-        if let Some(int) = want_int {
+        let not_integer = || DeviceError::NotInteger {
+            dtype: l.dtype,
+            activations: task.activations.precision(),
+        };
+        if want_int == Some(true) {
             let integer = crate::task::is_integer(l.dtype)
                 && task.activations.precision() == crate::ActPrecision::Int8;
-            if int && !integer {
-                return Err(DeviceError::NotInteger {
-                    dtype: l.dtype,
-                    activations: task.activations.precision(),
-                });
+            if !integer {
+                return Err(not_integer());
             }
         }
         let wrec = self.owned(task.weight.bytes, "weight")?;
@@ -519,151 +578,177 @@ impl RknnDevice {
         }
         let plan = self.plan(task)?;
         if want_int == Some(true) && (!plan.int_out || plan.group.is_some()) {
-            return Err(DeviceError::NotInteger {
-                dtype: l.dtype,
-                activations: task.activations.precision(),
-            });
+            return Err(not_integer());
         }
-        let domain = task.weight.bytes.domain();
-        let switched = {
-            let mut a = lock(&self.shared.attached);
-            let s = *a != domain.0;
-            if s {
-                *a = domain.0;
-                self.shared.switches.fetch_add(1, Ordering::Relaxed);
-            }
-            s
-        };
-        let acts = task.activation_values();
-        let (kpad, k, m) = (l.k_pad(), l.k, task.m);
-        let elem = task.activations.precision().bytes();
-        let tn = l.dtype.n_tile();
-        let chunk = self.chunk_n(&l);
-        let groups = plan.group.map_or(1, |g| kpad / g);
-        let mut scales_buf = Vec::new();
-        for n0 in (0..l.n).step_by(chunk) {
-            let n1 = (n0 + chunk).min(l.n);
-            let cl = TiledLayout::new(l.dtype, k, n1 - n0);
-            let npad = cl.n_pad();
-            let boff = task.weight.bytes.offset() + (n0 / tn * l.n_tile_bytes()) as u64;
-            let blen = cl.blob_bytes() as u64;
-            let key = CtxKey {
-                mm_type: plan.mm_type,
-                group: plan.group.map_or(0, |g| g as i16),
-                k: kpad,
-                n: npad,
-                domain: domain.0,
+        Ok((plan, wrec))
+    }
+
+    /// Attach the device to `domain`; whether it had to switch.
+    fn attach(&self, domain: DomainId) -> bool {
+        let mut a = lock(&self.shared.attached);
+        let switched = *a != domain.0;
+        if switched {
+            *a = domain.0;
+            self.shared.switches.fetch_add(1, Ordering::Relaxed);
+        }
+        switched
+    }
+
+    /// Run one N-chunk on context `mc`: its core mask and per-group scales set, then M-block by
+    /// M-block (the largest M bucket at most), each block's C rows handed to `emit`.
+    fn run_chunk(
+        &self,
+        mc: &mut MatCtx,
+        ch: &Chunk<'_, '_>,
+        scales_buf: &mut Vec<f32>,
+        emit: &mut impl FnMut(&Plan, usize, usize, &[u8]),
+    ) -> Result<(), DeviceError> {
+        let lib = Arc::clone(&mc.lib);
+        if mc.core_mask != Some(ch.mask) {
+            lib.set_core_mask(mc.ctx, ch.mask)?;
+            mc.core_mask = Some(ch.mask);
+        }
+        if let Some(g) = ch.plan.group {
+            let groups = ch.kpad / g;
+            scales_buf.clear();
+            scales_buf.extend_from_slice(&ch.task.weight.scales[ch.n0 * groups..ch.n1 * groups]);
+            scales_buf.resize(ch.npad * groups, 0.0);
+            debug_assert!(ch.kpad.is_multiple_of(g));
+            let b = mc.attrs[0].b;
+            lib.set_quant_params(mc.ctx, &b, scales_buf)?;
+        }
+        let m = ch.task.m;
+        let mut r0 = 0;
+        while r0 < m {
+            let rows = (m - r0).min(M_BUCKETS[M_BUCKETS.len() - 1]);
+            mc.bind(ch, rows)?;
+            mc.fill_a(ch, r0, rows)?;
+            self.run_block(mc, ch, r0, rows, emit)?;
+            r0 += rows;
+        }
+        Ok(())
+    }
+
+    /// Run the block of `rows` rows from `r0` whose A is filled: A synced to the device, the
+    /// matmul run (timed), C synced back and its rows handed to `emit`.
+    fn run_block(
+        &self,
+        mc: &MatCtx,
+        ch: &Chunk<'_, '_>,
+        r0: usize,
+        rows: usize,
+        emit: &mut impl FnMut(&Plan, usize, usize, &[u8]),
+    ) -> Result<(), DeviceError> {
+        let lib = &mc.lib;
+        let a_mem = mc.a.as_ref().ok_or(NO_A_MEMORY)?;
+        lib.mem_sync(mc.ctx, a_mem, sys::SYNC_TO_DEVICE)?;
+        let t_run = Instant::now();
+        lib.run(mc.ctx)?;
+        self.shared
+            .run_nanos
+            .fetch_add(t_run.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.shared.runs.fetch_add(1, Ordering::Relaxed);
+        let c_mem = mc.c.as_ref().ok_or(DeviceError::Unsupported {
+            backend: "rknn",
+            what: "a context without C memory",
+        })?;
+        lib.mem_sync(mc.ctx, c_mem, sys::SYNC_FROM_DEVICE)?;
+        let cbytes = c_mem.bytes();
+        let (npad, width) = (ch.npad, ch.n1 - ch.n0);
+        for r in 0..rows {
+            let row = &cbytes[r * npad * 4..(r * npad + width) * 4];
+            emit(&ch.plan, r0 + r, ch.n0, row);
+        }
+        Ok(())
+    }
+}
+
+/// A context that lost its A memory.
+const NO_A_MEMORY: DeviceError = DeviceError::Unsupported {
+    backend: "rknn",
+    what: "a context without A memory",
+};
+
+/// One N-chunk `n0..n1` of a task: what its blocks need.
+struct Chunk<'a, 't> {
+    task: &'a MatmulTask<'t>,
+    acts: &'a ActValues<'t>,
+    plan: Plan,
+    /// The weight's record.
+    wrec: &'a RknnBuffer,
+    mask: i32,
+    k: usize,
+    kpad: usize,
+    /// Bytes per activation value.
+    elem: usize,
+    n0: usize,
+    n1: usize,
+    /// `n1 - n0` padded to whole tiles.
+    npad: usize,
+    /// The chunk's B blob in the weight's buffer.
+    boff: u64,
+    blen: u64,
+}
+
+impl MatCtx {
+    /// Set the M bucket that holds `rows` rows (unbinding what the old shape had bound), bind
+    /// A and C for it, and the chunk's B blob.
+    fn bind(&mut self, ch: &Chunk<'_, '_>, rows: usize) -> Result<(), DeviceError> {
+        let lib = Arc::clone(&self.lib);
+        let ctx = self.ctx;
+        let si = M_BUCKETS.iter().position(|&b| b >= rows).unwrap_or(0);
+        if self.shape != Some(si) {
+            let s = CShape {
+                m: M_BUCKETS[si] as i32,
+                k: ch.kpad as i32,
+                n: ch.npad as i32,
             };
-            let mut held = self.checkout(key)?;
-            let r = (|| -> Result<(), DeviceError> {
-                let mc = &mut held;
-                let lib = Arc::clone(&mc.lib);
-                let c_ctx = mc.ctx;
-                if mc.core_mask != Some(mask as i32) {
-                    lib.set_core_mask(c_ctx, mask as i32)?;
-                    mc.core_mask = Some(mask as i32);
-                }
-                if let Some(g) = plan.group {
-                    scales_buf.clear();
-                    scales_buf.extend_from_slice(&task.weight.scales[n0 * groups..n1 * groups]);
-                    scales_buf.resize(npad * groups, 0.0);
-                    debug_assert!(kpad.is_multiple_of(g));
-                    let b = mc.attrs[0].b;
-                    lib.set_quant_params(c_ctx, &b, &scales_buf)?;
-                }
-                let mut r0 = 0;
-                while r0 < m {
-                    let rows = (m - r0).min(M_BUCKETS[M_BUCKETS.len() - 1]);
-                    let si = M_BUCKETS.iter().position(|&b| b >= rows).unwrap_or(0);
-                    if mc.shape != Some(si) {
-                        let s = CShape {
-                            m: M_BUCKETS[si] as i32,
-                            k: kpad as i32,
-                            n: npad as i32,
-                        };
-                        lib.set_dynamic_shape(c_ctx, &s)?;
-                        mc.shape = Some(si);
-                        mc.ac_bound = false;
-                        mc.b_bound = None;
-                    }
-                    let attr = mc.attrs[si];
-                    if !mc.ac_bound {
-                        let (a, c) = (mc.a.as_ref(), mc.c.as_ref());
-                        if let (Some(a), Some(c)) = (a, c) {
-                            lib.set_io_mem(c_ctx, a, &attr.a)?;
-                            lib.set_io_mem(c_ctx, c, &attr.c)?;
-                        }
-                        mc.ac_bound = true;
-                    }
-                    wrec.with_range(boff, blen, |id, bmem| {
-                        if mc.b_bound != Some(id) {
-                            lib.set_io_mem(c_ctx, bmem, &attr.b)?;
-                            mc.b_bound = Some(id);
-                        }
-                        Ok(())
-                    })?;
-                    // A: rows r0.. of the task, row-major, each padded with zeros to Kpad.
-                    let a_mem = mc.a.as_mut().ok_or(DeviceError::Unsupported {
-                        backend: "rknn",
-                        what: "a context without A memory",
-                    })?;
-                    let abytes = a_mem.bytes_mut();
-                    let row_bytes = kpad * elem;
-                    for r in 0..rows {
-                        let dst = &mut abytes[r * row_bytes..(r + 1) * row_bytes];
-                        let src_r = r0 + r;
-                        match &acts {
-                            ActValues::Int8(a) => {
-                                for (d, &s) in dst.iter_mut().zip(&a[src_r * k..src_r * k + k]) {
-                                    *d = s as u8;
-                                }
-                            }
-                            ActValues::F16(a) => {
-                                for (d, s) in
-                                    dst.chunks_exact_mut(2).zip(&a[src_r * k..src_r * k + k])
-                                {
-                                    d.copy_from_slice(&s.to_le_bytes());
-                                }
-                            }
-                        }
-                        dst[k * elem..].fill(0);
-                    }
-                    let a_mem = mc.a.as_ref().ok_or(DeviceError::Unsupported {
-                        backend: "rknn",
-                        what: "a context without A memory",
-                    })?;
-                    lib.mem_sync(c_ctx, a_mem, sys::SYNC_TO_DEVICE)?;
-                    let t_run = Instant::now();
-                    lib.run(c_ctx)?;
-                    self.shared
-                        .run_nanos
-                        .fetch_add(t_run.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    self.shared.runs.fetch_add(1, Ordering::Relaxed);
-                    let c_mem = mc.c.as_ref().ok_or(DeviceError::Unsupported {
-                        backend: "rknn",
-                        what: "a context without C memory",
-                    })?;
-                    lib.mem_sync(c_ctx, c_mem, sys::SYNC_FROM_DEVICE)?;
-                    let cbytes = c_mem.bytes();
-                    for r in 0..rows {
-                        let row = &cbytes[r * npad * 4..(r * npad + (n1 - n0)) * 4];
-                        emit(&plan, r0 + r, n0, row);
-                    }
-                    r0 += rows;
-                }
-                Ok(())
-            })();
-            self.checkin(key, held);
-            r?;
+            lib.set_dynamic_shape(ctx, &s)?;
+            self.shape = Some(si);
+            self.ac_bound = false;
+            self.b_bound = None;
         }
-        self.shared.tasks.fetch_add(1, Ordering::Relaxed);
-        Ok(MatmulStats {
-            domain,
-            switched,
-            macs: (m * kpad * l.n_pad()) as u64,
-            elapsed: t0.elapsed(),
-            kernel: "rknn",
+        let attr = self.attrs[si];
+        if !self.ac_bound {
+            if let (Some(a), Some(c)) = (self.a.as_ref(), self.c.as_ref()) {
+                lib.set_io_mem(ctx, a, &attr.a)?;
+                lib.set_io_mem(ctx, c, &attr.c)?;
+            }
+            self.ac_bound = true;
+        }
+        ch.wrec.with_range(ch.boff, ch.blen, |id, bmem| {
+            if self.b_bound != Some(id) {
+                lib.set_io_mem(ctx, bmem, &attr.b)?;
+                self.b_bound = Some(id);
+            }
+            Ok(())
         })
+    }
+
+    /// A: rows `r0..r0 + rows` of the task, row-major, each padded with zeros to Kpad.
+    fn fill_a(&mut self, ch: &Chunk<'_, '_>, r0: usize, rows: usize) -> Result<(), DeviceError> {
+        let a_mem = self.a.as_mut().ok_or(NO_A_MEMORY)?;
+        let abytes = a_mem.bytes_mut();
+        let (k, elem) = (ch.k, ch.elem);
+        let row_bytes = ch.kpad * elem;
+        for r in 0..rows {
+            let dst = &mut abytes[r * row_bytes..(r + 1) * row_bytes];
+            let src_r = r0 + r;
+            match ch.acts {
+                ActValues::Int8(a) => {
+                    for (d, &s) in dst.iter_mut().zip(&a[src_r * k..src_r * k + k]) {
+                        *d = s as u8;
+                    }
+                }
+                ActValues::F16(a) => {
+                    for (d, s) in dst.chunks_exact_mut(2).zip(&a[src_r * k..src_r * k + k]) {
+                        d.copy_from_slice(&s.to_le_bytes());
+                    }
+                }
+            }
+            dst[k * elem..].fill(0);
+        }
+        Ok(())
     }
 }
 

@@ -218,6 +218,111 @@ impl RknpuDevice {
         }
     }
 
+    /// Refuse a buffer of `size` bytes in `domain` that the driver could never create: an
+    /// unknown domain, no bytes, more than a window holds.
+    fn check_request(&self, size: u64, domain: DomainId) -> Result<(), DeviceError> {
+        if domain.0 >= self.domains() {
+            return Err(DeviceError::UnknownDomain {
+                domain,
+                domains: self.domains(),
+            });
+        }
+        if size == 0 {
+            return Err(DeviceError::ZeroSize { domain });
+        }
+        if size > WINDOW_BYTES - crate::window::PAGE_BYTES {
+            return Err(DeviceError::Oversize {
+                requested: size,
+                usable: WINDOW_BYTES - crate::window::PAGE_BYTES,
+            });
+        }
+        Ok(())
+    }
+
+    /// Create a GEM object of `size` bytes in `domain` (MEM_CREATE, the pre-0.9.6 layout on
+    /// older drivers); its (handle, object address, IOVA). A full window is
+    /// [`DeviceError::WindowFull`].
+    fn mem_create(
+        &self,
+        size: u64,
+        flags: MemFlags,
+        domain: DomainId,
+    ) -> Result<(u32, u64, u64), DeviceError> {
+        let fd = self.shared.fd.as_fd();
+        let created = if self.version >= version_code(0, 9, 6) {
+            let mut c = MemCreate {
+                flags: flags.0,
+                size,
+                iommu_domain_id: domain.0 as i32,
+                ..Default::default()
+            };
+            ioctl::call::<IOCTL_MEM_CREATE, _>(fd, &mut c)
+                .map(|()| (c.handle, c.obj_addr, c.dma_addr))
+        } else {
+            let mut c = MemCreateV0 {
+                flags: flags.0,
+                size,
+                ..Default::default()
+            };
+            ioctl::call::<IOCTL_MEM_CREATE_V0, _>(fd, &mut c)
+                .map(|()| (c.handle, c.obj_addr, c.dma_addr))
+        };
+        match created {
+            Ok(v) => Ok(v),
+            Err(e) if e == rustix::io::Errno::FAULT => {
+                // errno 14: the domain's window has no room (docs/device.md).
+                let resident = lock(&self.shared.counters).resident[domain.0 as usize];
+                Err(DeviceError::WindowFull {
+                    domain,
+                    requested: footprint(size),
+                    align: 0,
+                    resident,
+                    largest_free: 0,
+                })
+            }
+            Err(e) => Err(DeviceError::Driver {
+                op: "RKNPU_MEM_CREATE",
+                source: e.into(),
+            }),
+        }
+    }
+
+    /// Map the GEM object `handle` of `size` bytes into this process (MEM_MAP, then mmap of
+    /// the offset it returns); on failure the object is destroyed.
+    fn map_mem(&self, handle: u32, obj_addr: u64, size: u64) -> Result<HostMap, DeviceError> {
+        let fd = self.shared.fd.as_fd();
+        let destroy = || {
+            let mut d = MemDestroy {
+                handle,
+                reserved: 0,
+                obj_addr,
+            };
+            let _ = ioctl::call::<IOCTL_MEM_DESTROY, _>(fd, &mut d);
+        };
+        let mut m = MemMap {
+            handle,
+            ..Default::default()
+        };
+        if let Err(e) = ioctl::call::<IOCTL_MEM_MAP, _>(fd, &mut m) {
+            destroy();
+            return Err(DeviceError::Driver {
+                op: "RKNPU_MEM_MAP",
+                source: e.into(),
+            });
+        }
+        let len = usize::try_from(footprint(size)).unwrap_or(usize::MAX);
+        // SAFETY: `m.offset` is the fake mmap offset the driver just returned for the live GEM
+        // object `handle` of `size` bytes (≥ `len` after page rounding, as the driver allocates
+        // whole pages); the mapping is owned by the new `DeviceBuffer` only.
+        match unsafe { HostMap::shared_fd(fd, m.offset, len) } {
+            Ok(map) => Ok(map),
+            Err(source) => {
+                destroy();
+                Err(DeviceError::HostMemory { size, source })
+            }
+        }
+    }
+
     /// Attach `domain` to the NPU (ACTION SET_IOMMU_DOMAIN_ID; the driver drains the current
     /// domain first).
     pub fn set_domain(&self, domain: DomainId) -> Result<(), DeviceError> {
@@ -283,90 +388,9 @@ impl Device for RknpuDevice {
         domain: DomainId,
     ) -> Result<DeviceBuffer, DeviceError> {
         let flags = MemFlags::for_intent(intent);
-        if domain.0 >= self.domains() {
-            return Err(DeviceError::UnknownDomain {
-                domain,
-                domains: self.domains(),
-            });
-        }
-        if size == 0 {
-            return Err(DeviceError::ZeroSize { domain });
-        }
-        if size > WINDOW_BYTES - crate::window::PAGE_BYTES {
-            return Err(DeviceError::Oversize {
-                requested: size,
-                usable: WINDOW_BYTES - crate::window::PAGE_BYTES,
-            });
-        }
-        let fd = self.shared.fd.as_fd();
-        let created = if self.version >= version_code(0, 9, 6) {
-            let mut c = MemCreate {
-                flags: flags.0,
-                size,
-                iommu_domain_id: domain.0 as i32,
-                ..Default::default()
-            };
-            ioctl::call::<IOCTL_MEM_CREATE, _>(fd, &mut c)
-                .map(|()| (c.handle, c.obj_addr, c.dma_addr))
-        } else {
-            let mut c = MemCreateV0 {
-                flags: flags.0,
-                size,
-                ..Default::default()
-            };
-            ioctl::call::<IOCTL_MEM_CREATE_V0, _>(fd, &mut c)
-                .map(|()| (c.handle, c.obj_addr, c.dma_addr))
-        };
-        let (handle, obj_addr, iova) = match created {
-            Ok(v) => v,
-            Err(e) if e == rustix::io::Errno::FAULT => {
-                // errno 14: the domain's window has no room (docs/device.md).
-                let resident = lock(&self.shared.counters).resident[domain.0 as usize];
-                return Err(DeviceError::WindowFull {
-                    domain,
-                    requested: footprint(size),
-                    align: 0,
-                    resident,
-                    largest_free: 0,
-                });
-            }
-            Err(e) => {
-                return Err(DeviceError::Driver {
-                    op: "RKNPU_MEM_CREATE",
-                    source: e.into(),
-                })
-            }
-        };
-        let destroy = |shared: &Shared| {
-            let mut d = MemDestroy {
-                handle,
-                reserved: 0,
-                obj_addr,
-            };
-            let _ = ioctl::call::<IOCTL_MEM_DESTROY, _>(shared.fd.as_fd(), &mut d);
-        };
-        let mut m = MemMap {
-            handle,
-            ..Default::default()
-        };
-        if let Err(e) = ioctl::call::<IOCTL_MEM_MAP, _>(fd, &mut m) {
-            destroy(&self.shared);
-            return Err(DeviceError::Driver {
-                op: "RKNPU_MEM_MAP",
-                source: e.into(),
-            });
-        }
-        let len = usize::try_from(footprint(size)).unwrap_or(usize::MAX);
-        // SAFETY: `m.offset` is the fake mmap offset the driver just returned for the live GEM
-        // object `handle` of `size` bytes (≥ `len` after page rounding, as the driver allocates
-        // whole pages); the mapping is owned by the new `DeviceBuffer` only.
-        let map = match unsafe { HostMap::shared_fd(fd, m.offset, len) } {
-            Ok(map) => map,
-            Err(source) => {
-                destroy(&self.shared);
-                return Err(DeviceError::HostMemory { size, source });
-            }
-        };
+        self.check_request(size, domain)?;
+        let (handle, obj_addr, iova) = self.mem_create(size, flags, domain)?;
+        let map = self.map_mem(handle, obj_addr, size)?;
         {
             let mut c = lock(&self.shared.counters);
             c.buffers_live += 1;

@@ -8,11 +8,13 @@
 //! - [`cpu`]: `ork bench cpu`, prefill and decode tok/s of the CPU engine.
 //! - [`pack`]: `ork bench pack`, pack, verified load, reload and convert-RSS figures.
 //! - [`stream`]: `ork bench stream` (and `--decode`), streamed against resident.
+//! - [`spec`]: `ork bench spec`, speculative decoding against plain decoding per budget.
 //! - [`project`]: the board clock the stream and spec benchmarks project on.
 
 pub mod cpu;
 pub mod pack;
 pub mod project;
+pub mod spec;
 pub mod stream;
 
 pub use cpu::{bench_cpu, CpuBenchOptions, CpuBenchReport, BENCH_SENTENCE};
@@ -22,6 +24,24 @@ use std::time::Instant;
 /// An error a front end's step reports to a driver (e.g. the child process `ork bench pack`
 /// runs), carried as its source.
 pub type FrontEndError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The front end's part of the stream and spec benchmarks: opening an engine (it draws the
+/// conversion bar unless `quiet`, and says why a pack was rebuilt). An engine that does not open
+/// keeps its [`crate::RuntimeError`] as the error when the front end has it (the spec benchmark
+/// looks for [`crate::RuntimeError::DraftTooLarge`]).
+pub struct EngineFrontEnd<'a> {
+    /// Open the engine of `config`.
+    pub open: &'a dyn Fn(crate::EngineConfig, bool) -> Result<crate::Engine, FrontEndError>,
+}
+
+impl EngineFrontEnd<'_> {
+    fn open(&self, config: crate::EngineConfig, quiet: bool) -> Result<crate::Engine, BenchError> {
+        (self.open)(config, quiet).map_err(|source| BenchError::FrontEnd {
+            what: "opening the engine".into(),
+            source,
+        })
+    }
+}
 
 /// What went wrong in a benchmark driver that is not an engine error.
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +115,14 @@ impl From<ork_exec::ExecError> for BenchError {
     fn from(e: ork_exec::ExecError) -> Self {
         BenchError::Exec(Box::new(e))
     }
+}
+
+/// The upper median of `xs` (the higher middle value for an even count; NaN for none): the
+/// stream and spec benchmarks' figure over their rounds.
+pub(crate) fn upper_median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Best of `reps` timings of `f` (at least one), and the last run's value.

@@ -12,7 +12,7 @@ use ork_residency::{Trace, TraceEvent};
 use serde::Serialize;
 
 use super::project::{bench_prefill_tok_s, record_bench};
-use super::{BenchError, FrontEndError};
+use super::{upper_median, BenchError, EngineFrontEnd};
 use crate::{plan_weights, Engine, EngineConfig};
 
 /// What a stream benchmark runs: the engine configuration its configurations start from (each
@@ -28,22 +28,6 @@ pub struct StreamBenchOptions {
     pub tokens: usize,
     /// Timed rounds (at least 1), interleaved across configurations.
     pub rounds: usize,
-}
-
-/// The front end's part: opening an engine (it draws the conversion bar unless `quiet`, and
-/// says why a pack was rebuilt).
-pub struct StreamFrontEnd<'a> {
-    /// Open the engine of `config`.
-    pub open: &'a dyn Fn(EngineConfig, bool) -> Result<Engine, FrontEndError>,
-}
-
-impl StreamFrontEnd<'_> {
-    fn open(&self, config: EngineConfig, quiet: bool) -> Result<Engine, BenchError> {
-        (self.open)(config, quiet).map_err(|source| BenchError::FrontEnd {
-            what: "opening the engine".into(),
-            source,
-        })
-    }
 }
 
 /// What `ork bench stream` and its `--decode` mode share.
@@ -85,7 +69,7 @@ pub fn packed_model_bytes(
 /// `.orkpack` exists before anything is timed (`quiet`: without the conversion bar).
 fn bench_setup(
     options: &StreamBenchOptions,
-    front: &StreamFrontEnd<'_>,
+    front: &EngineFrontEnd<'_>,
     quiet: bool,
 ) -> Result<BenchSetup, BenchError> {
     let gguf = ork_gguf::GgufFile::open(&options.base.model)?;
@@ -215,7 +199,7 @@ struct StreamRun {
 /// The model does not open or plan, an engine does not open, or a prefill fails.
 pub fn bench_stream(
     options: &StreamBenchOptions,
-    front: &StreamFrontEnd<'_>,
+    front: &EngineFrontEnd<'_>,
     quiet: bool,
 ) -> Result<StreamBenchReport, BenchError> {
     let setup = bench_setup(options, front, quiet)?;
@@ -281,13 +265,6 @@ fn prefill_rounds(
     Ok(())
 }
 
-/// The median of `seconds` (not empty).
-fn median(seconds: &[f64]) -> f64 {
-    let mut sorted = seconds.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
 /// Each configuration's figures, the ratios against resident, and the projection.
 fn stream_report(
     runs: &[StreamRun],
@@ -297,7 +274,7 @@ fn stream_report(
     let mut results = Vec::new();
     let mut streamed_trace = Vec::new();
     for run in runs {
-        let median = median(&run.seconds);
+        let median = upper_median(&run.seconds);
         let stats = run.engine.cache_stats();
         if run.label == "streamed" {
             streamed_trace = run
@@ -467,7 +444,7 @@ impl DecodeRun {
 pub fn bench_decode(
     options: &StreamBenchOptions,
     decode: usize,
-    front: &StreamFrontEnd<'_>,
+    front: &EngineFrontEnd<'_>,
     quiet: bool,
 ) -> Result<DecodeBenchReport, BenchError> {
     let load_before = load_average();
@@ -522,7 +499,7 @@ fn decode_report(runs: &[DecodeRun], rounds: usize, decode: usize, moe: bool) ->
     let results: Vec<DecodeResult> = runs
         .iter()
         .map(|run| {
-            let median = median(&run.seconds);
+            let median = upper_median(&run.seconds);
             DecodeResult {
                 config: run.label,
                 budget_bytes: run.budget,
