@@ -475,22 +475,6 @@ mod fused {
         r
     }
 
-    /// `sli #2`: `s` shifted left by two over the two low bits of `d`.
-    #[inline(always)]
-    fn sli2(d: uint8x16_t, s: uint8x16_t) -> uint8x16_t {
-        let mut d = d;
-        // SAFETY: as in [`tst`].
-        unsafe {
-            std::arch::asm!(
-                "sli {d:v}.16b, {s:v}.16b, #2",
-                d = inout(vreg) d,
-                s = in(vreg) s,
-                options(pure, nomem, nostack, preserves_flags)
-            );
-        }
-        d
-    }
-
     /// Q3_K's four groups `(n, j)` of one half `q` of the quants: ggml's values, `low − 4`
     /// where the hmask bit is clear and `low` where it is set, as signed bytes. `low` is bits
     /// `2j..2j+2` of `q`; `m = cmtst(!h, bit j)` (`hn` the complement of the hmask shifted
@@ -505,7 +489,9 @@ mod fused {
         let (q4, q2) = unsafe { (vshlq_n_u8::<4>(q), vshlq_n_u8::<2>(q)) };
         let v3 = sri6(m(3), q);
         let (v1, v2) = (sri6(m(1), q4), sri6(m(2), q2));
-        [sli2(q, m(0)), v1, v2, v3]
+        // SAFETY: register-only NEON (baseline).
+        let v0 = sri6(m(0), unsafe { vshlq_n_u8::<6>(q) });
+        [v0, v1, v2, v3]
     }
 
     /// `acc` plus two groups' dots in one vector, lanes `[A, A, B, B]`: `u0 = [A₀..₈, B₀..₈]` and
@@ -593,8 +579,8 @@ mod fused {
             // Pair accumulators, kept from n = 0 to n = 1: the second half's sums come out
             // as both halves' (`g[1] = G₁ + G₀`, `|G₁ + G₀| ≤ 16384`, an i16), which the
             // scales undo below.
-            let mut p = [vdupq_n_s32(0); 4];
             for n in 0..2 {
+                let mut p = [vdupq_n_s32(0); 4];
                 let q = vld2q_u64(b.add(32 + 32 * n).cast());
                 let u0 = q3_v(u8s(q.0), hn[0], &bit);
                 let u1 = q3_v(u8s(q.1), hn[1], &bit);
@@ -610,8 +596,6 @@ mod fused {
                 g[n] = xtn2(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
                 hn = hn.map(|v| vshrq_n_u8::<4>(v));
             }
-            // Σ S₀·G₀ + S₁·G₁ = (S₀ − S₁)·G₀ + S₁·(G₁ + G₀).
-            let s0 = vsubq_s16(s0, s1);
             let acc = vmull_s16(vget_low_s16(g[0]), vget_low_s16(s0));
             let acc = vmlal_high_s16(acc, g[0], s0);
             let acc = vmlal_s16(acc, vget_low_s16(g[1]), vget_low_s16(s1));
