@@ -483,7 +483,7 @@ mod fused {
     /// top of `q` under them; `j = 1, 2`: the same after a left shift; `j = 0`: [`sli2`] puts
     /// them over the bottom of `q` itself (last, as it overwrites `q`).
     #[inline(always)]
-    fn q3_v(q: uint8x16_t, hn: uint8x16_t, bit: &[uint8x16_t; 4]) -> [uint8x16_t; 4] {
+    fn q3_v(q: uint8x16_t, hn: uint8x16_t, bit: &[uint8x16_t]) -> [uint8x16_t; 4] {
         let m = |j: usize| tst(hn, bit[j]);
         // SAFETY: register-only NEON (baseline).
         let (q4, q2) = unsafe { (vshlq_n_u8::<4>(q), vshlq_n_u8::<2>(q)) };
@@ -573,8 +573,8 @@ mod fused {
             let u8s = |v: uint64x2_t| vreinterpretq_u8_u64(v);
             let s8 = |v: int64x2_t| vreinterpretq_s8_s64(v);
             let h = vld2q_u64(b.cast());
-            let mut hn = [vmvnq_u8(u8s(h.0)), vmvnq_u8(u8s(h.1))];
-            let bit = [1, 2, 4, 8].map(|v| vdupq_n_u8(v));
+            let hn = [vmvnq_u8(u8s(h.0)), vmvnq_u8(u8s(h.1))];
+            let bit = [1, 2, 4, 8, 16, 32, 64, 128].map(|v| vdupq_n_u8(v));
             let mut g = [vdupq_n_s16(0); 2];
             // Pair accumulators, kept from n = 0 to n = 1: the second half's sums come out
             // as both halves' (`g[1] = G₁ + G₀`, `|G₁ + G₀| ≤ 16384`, an i16), which the
@@ -582,8 +582,8 @@ mod fused {
             for n in 0..2 {
                 let mut p = [vdupq_n_s32(0); 4];
                 let q = vld2q_u64(b.add(32 + 32 * n).cast());
-                let u0 = q3_v(u8s(q.0), hn[0], &bit);
-                let u1 = q3_v(u8s(q.1), hn[1], &bit);
+                let u0 = q3_v(u8s(q.0), hn[0], &bit[4 * n..]);
+                let u1 = q3_v(u8s(q.1), hn[1], &bit[4 * n..]);
                 for (j, p) in p.iter_mut().enumerate() {
                     let xj = x.add(16 * n + 4 * j);
                     *p = if DOT {
@@ -594,7 +594,6 @@ mod fused {
                     };
                 }
                 g[n] = xtn2(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
-                hn = hn.map(|v| vshrq_n_u8::<4>(v));
             }
             let acc = vmull_s16(vget_low_s16(g[0]), vget_low_s16(s0));
             let acc = vmlal_high_s16(acc, g[0], s0);
