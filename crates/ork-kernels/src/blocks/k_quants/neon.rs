@@ -162,7 +162,7 @@ unsafe fn dot<const DOT: bool>(s: &Super, a: &[u8]) -> (i32, i32) {
 /// returning `(sumi, summ)` as [`Engine::dot`] of the decoded block would (module docs).
 /// Block layouts as in `super::super` (`decode_q2` …), which document them.
 mod fused {
-    use super::super::{iq4xs_sc, k4_words, IQ4_VALUES, Q8K_BSUMS};
+    use super::super::{k4_words, IQ4_VALUES, Q8K_BSUMS};
     use crate::tile::neon::sdot;
     use std::arch::aarch64::*;
 
@@ -329,6 +329,37 @@ mod fused {
         }
     }
 
+    /// IQ4_XS's eight sub-block scales (`iq4xs_sc`) as the signed bytes of a u64, computed in
+    /// general registers: the four `scales_l` bytes spread to one nibble per byte, the 2-bit
+    /// fields of `scales_h` to one per byte (shift-or-mask steps), joined, and 32 taken from
+    /// each byte without a borrow between bytes (`(w | 0x80…) − 0x20…`, then bit 7 flipped back:
+    /// every byte is at most 63). The byte-by-byte form compiled to lane moves and a four-table
+    /// `tbl`, most of the loop on the in-order Cortex-A55 model.
+    ///
+    /// # Safety
+    /// `b` is an IQ4_XS block.
+    #[inline(always)]
+    unsafe fn iq4xs_sc8(b: *const u8) -> u64 {
+        // SAFETY: bytes 2..8 of the block; unaligned reads.
+        let (h, l) = unsafe {
+            (
+                u64::from(u16::from_le(b.add(2).cast::<u16>().read_unaligned())),
+                u64::from(u32::from_le(b.add(4).cast::<u32>().read_unaligned())),
+            )
+        };
+        // `l`: byte i to bits 16i..16i+8, then its nibbles to bytes 2i, 2i+1.
+        let l = (l | (l << 16)) & 0x0000_ffff_0000_ffff;
+        let l = (l | (l << 8)) & 0x00ff_00ff_00ff_00ff;
+        let l = (l & 0x000f_000f_000f_000f) | ((l & 0x00f0_00f0_00f0_00f0) << 4);
+        // `h`: field j (bits 2j, 2j+1) to byte j.
+        let h = (h | (h << 24)) & 0x0000_00ff_0000_00ff;
+        let h = (h | (h << 12)) & 0x000f_000f_000f_000f;
+        let h = (h | (h << 6)) & 0x0303_0303_0303_0303;
+        let w = l | (h << 4);
+        let m = 0x8080_8080_8080_8080u64;
+        ((w | m) - 0x2020_2020_2020_2020) ^ m
+    }
+
     /// IQ4_XS (`summ = 0`).
     ///
     /// # Safety
@@ -337,8 +368,7 @@ mod fused {
     pub(super) unsafe fn iq4xs<const DOT: bool>(b: *const u8, a: *const u8) -> (i32, i32) {
         // SAFETY: the scales are bytes 2..8, qs 8..136; activations as in `k4`.
         unsafe {
-            let sc = iq4xs_sc(std::slice::from_raw_parts(b, 8));
-            let sc = u64::from_le_bytes(sc.map(|v| v as u8));
+            let sc = iq4xs_sc8(b);
             let t = vld1q_s8(IQ4_VALUES.as_ptr());
             let x = a.add(4).cast::<i8>();
             let mut p = [vdupq_n_s32(0); 8];
