@@ -17,7 +17,11 @@
 //! Q5_K, IQ4_XS). The same integers as [`Engine::dot`] of the decoded block, mod 2³². All sums are i32
 //! and wrap like the scalar twin's, and the float step is the shared [`super::combine`], so
 //! both equal the scalar twin bit for bit (property tests in `tests.rs`, run under
-//! qemu-aarch64 as cortex-a76 and cortex-a53; never timed on a board).
+//! qemu-aarch64 as cortex-a76 and cortex-a53; never timed on a board). One exception to "the
+//! same integers": Q3_K ([`fused::q3`]) dots ggml's signed values and returns `(sumi − summ,
+//! 0)`, the difference the float step uses, computed without the stored `bsums`; it equals
+//! the twin's for every Q8_K block whose `bsums` are its group sums, as the quantizer writes
+//! them (a hand-made block with other `bsums` would give another result on this kernel).
 
 use std::arch::aarch64::*;
 
@@ -507,8 +511,8 @@ mod fused {
 
     /// Q3_K's four groups `(n, j)` of one half `q` of the quants: ggml's values, `low − 4`
     /// where the hmask bit is clear and `low` where it is set, as signed bytes. `low` is bits
-    /// `2j..2j+2` of `q`; `m = cmtst(!h, bit j)` (`hn` the complement of the hmask shifted
-    /// right by `4n`, `bit[j] = 1 << j`) is all ones where the bit is clear, and its top six
+    /// `2j..2j+2` of `q`; `m = cmtst(!h, bit[j])` (`hn` the complement of the hmask,
+    /// `bit[j] = 1 << (4n + j)`) is all ones where the bit is clear, and its top six
     /// bits are then `−4` with the two low bits clear. `j = 3`: [`sri6`] brings `low` from the
     /// top of `q` under them; `j = 1, 2`: the same after a left shift; `j = 0`: [`sli2`] puts
     /// them over the bottom of `q` itself (last, as it overwrites `q`).
@@ -582,12 +586,11 @@ mod fused {
         acc
     }
 
-    /// Q3_K, on ggml's signed values `v = u − 4` ([`q3_v`]): returns `(Σ sc·Σ v·x, 0)`, the
-    /// scalar twin's `(Σ sc·Σ u·x, 4·Σ sc·bsum)` minus the same offset term on both sides
-    /// (the float step uses only their difference, see `super::step`; `bsum` is taken as
-    /// stored, so this equals it when the block's `bsums` are its true group sums, which
-    /// [`super::super::Q8K_BSUMS`]' producers guarantee). Nothing wraps: `|Σ v·x| ≤
-    /// 16·4·128 = 8192` per group (an i16), `|4·Σ sc·g| < 4·16·32·8192 < 2³¹`. The hmask, the
+    /// Q3_K, on ggml's signed values `v = u − 4` ([`q3_v`]): returns `(Σ sc·Σ v·x, 0)`. The
+    /// float step uses only `sumi − summ` (`super::step`), and the scalar twin's is `Σ sc·Σ
+    /// u·x − 4·Σ sc·bsum`: the same integer when each stored `bsum` is its group's sum, as
+    /// the Q8_K quantizer writes it (this kernel does not read the `bsums`). Nothing wraps:
+    /// `|Σ v·x| ≤ 16·4·128 = 8192` per group (an i16), `|4·Σ sc·g| < 4·16·32·8192 < 2³¹`. The hmask, the
     /// quants and the activations are loaded with `ld2` of 64-bit elements, so one
     /// accumulator holds two groups ([`pair`]); one `addp` per four groups folds them, `xtn`
     /// narrows the sums to i16 and `smlal` multiplies them by the scales.
