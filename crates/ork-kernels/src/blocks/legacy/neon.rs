@@ -245,6 +245,8 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N])
                 let (halves, mhalves) = ([dw.0, dw.1], [mw.0, mw.1]);
                 for h in 0..2 {
                     let da = vld1q_f32(a.d.as_ptr().add(g * 8 + 4 * h));
+                    // The two scalings a decoder uses (checked at compile time).
+                    const { assert!(F::SCALE_BITS == 0 || F::SCALE_BITS == 4) };
                     let sums = if F::SCALE_BITS == 4 {
                         vcvtq_n_f32_s32::<4>(isum[h])
                     } else {
