@@ -513,9 +513,9 @@ mod fused {
     /// where the hmask bit is clear and `low` where it is set, as signed bytes. `low` is bits
     /// `2j..2j+2` of `q`; `m = cmtst(!h, bit[j])` (`hn` the complement of the hmask,
     /// `bit[j] = 1 << (4n + j)`) is all ones where the bit is clear, and its top six
-    /// bits are then `−4` with the two low bits clear. `j = 3`: [`sri6`] brings `low` from the
-    /// top of `q` under them; `j = 1, 2`: the same after a left shift; `j = 0`: [`sli2`] puts
-    /// them over the bottom of `q` itself (last, as it overwrites `q`).
+    /// bits are then `−4` with the two low bits clear. [`sri6`] brings `low` from the top of a
+    /// byte under them: `q` itself for `j = 3`, `q` shifted left by 6, 4, 2 for `j = 0, 1, 2`
+    /// (the bits below the field shift out).
     #[inline(always)]
     fn q3_v(q: uint8x16_t, hn: uint8x16_t, bit: &[uint8x16_t]) -> [uint8x16_t; 4] {
         let m = |j: usize| tst(hn, bit[j]);
@@ -530,37 +530,31 @@ mod fused {
 
     /// `acc` plus two groups' dots in one vector, lanes `[A, A, B, B]`: `u0 = [A₀..₈, B₀..₈]` and
     /// `u1 = [A₈..₁₆, B₈..₁₆]` against `x0`, `x1` in the same layout (as `ld2` of 64-bit
-    /// elements lays out two consecutive 16-byte groups). Exact: `|u| ≤ 4`, so the widening
-    /// form's i16 pair sums stay below `2·4·128`.
-    ///
-    /// # Safety
-    /// With `DOT`, FEAT_DotProd and a caller compiled with it.
+    /// elements lays out two consecutive 16-byte groups), by `smull`/`smlal` (the baseline
+    /// form; [`pair_ld`] is the `sdot` one). Exact: `|u| ≤ 4`, so the i16 pair sums stay below
+    /// `2·4·128`.
     #[inline(always)]
-    unsafe fn pair<const DOT: bool>(
+    fn pair(
         acc: int32x4_t,
         u0: uint8x16_t,
         u1: uint8x16_t,
         x0: int8x16_t,
         x1: int8x16_t,
     ) -> int32x4_t {
-        // SAFETY: register-only; `sdot` per the caller's guarantee.
+        // SAFETY: register-only NEON (baseline).
         unsafe {
             let (u0, u1) = (vreinterpretq_s8_u8(u0), vreinterpretq_s8_u8(u1));
-            if DOT {
-                sdot(sdot(acc, u0, x0), u1, x1)
-            } else {
-                let lo = |u: int8x16_t, x: int8x16_t| vmull_s8(vget_low_s8(u), vget_low_s8(x));
-                let a = vmlal_s8(lo(u0, x0), vget_low_s8(u1), vget_low_s8(x1));
-                let b = vmlal_high_s8(vmull_high_s8(u0, x0), u1, x1);
-                vaddq_s32(acc, vpaddq_s32(vpaddlq_s16(a), vpaddlq_s16(b)))
-            }
+            let lo = |u: int8x16_t, x: int8x16_t| vmull_s8(vget_low_s8(u), vget_low_s8(x));
+            let a = vmlal_s8(lo(u0, x0), vget_low_s8(u1), vget_low_s8(x1));
+            let b = vmlal_high_s8(vmull_high_s8(u0, x0), u1, x1);
+            vaddq_s32(acc, vpaddq_s32(vpaddlq_s16(a), vpaddlq_s16(b)))
         }
     }
 
     /// [`pair`] with `sdot`, loading the activations itself (`ld2` of 64-bit elements at
     /// `x`, 32 bytes, into v30 and v31: `ld2` needs two consecutive registers) in the same
-    /// `asm!` block: as separate intrinsics LLVM hoists all eight
-    /// activation loads of a super-block to its top, runs out of registers and spills.
+    /// `asm!` block: as separate intrinsics LLVM hoists all eight activation loads of a
+    /// super-block to its top, runs out of registers and spills.
     ///
     /// # Safety
     /// FEAT_DotProd and a caller compiled with it; 32 readable bytes at `x`.
@@ -590,10 +584,11 @@ mod fused {
     /// float step uses only `sumi − summ` (`super::step`), and the scalar twin's is `Σ sc·Σ
     /// u·x − 4·Σ sc·bsum`: the same integer when each stored `bsum` is its group's sum, as
     /// the Q8_K quantizer writes it (this kernel does not read the `bsums`). Nothing wraps:
-    /// `|Σ v·x| ≤ 16·4·128 = 8192` per group (an i16), `|4·Σ sc·g| < 4·16·32·8192 < 2³¹`. The hmask, the
-    /// quants and the activations are loaded with `ld2` of 64-bit elements, so one
-    /// accumulator holds two groups ([`pair`]); one `addp` per four groups folds them, `xtn`
-    /// narrows the sums to i16 and `smlal` multiplies them by the scales.
+    /// `|Σ v·x| ≤ 16·4·128 = 8192` per group (an i16), `|4·Σ sc·g| < 4·16·32·8192 < 2³¹`.
+    /// The hmask, the quants and the activations are loaded with `ld2` of 64-bit elements, so
+    /// one accumulator holds two groups ([`pair`], [`pair_ld`]); one `addp` per four groups
+    /// folds them, [`xtn2`] narrows the sums to i16 and `smlal` multiplies them by the scales
+    /// ([`q3_sc4`], times four, shifted back at the end).
     ///
     /// # Safety
     /// As [`k4`].
@@ -609,9 +604,6 @@ mod fused {
             let hn = [vmvnq_u8(u8s(h.0)), vmvnq_u8(u8s(h.1))];
             let bit = [1, 2, 4, 8, 16, 32, 64, 128].map(|v| vdupq_n_u8(v));
             let mut g = [vdupq_n_s16(0); 2];
-            // Pair accumulators, kept from n = 0 to n = 1: the second half's sums come out
-            // as both halves' (`g[1] = G₁ + G₀`, `|G₁ + G₀| ≤ 16384`, an i16), which the
-            // scales undo below.
             for n in 0..2 {
                 let mut p = [vdupq_n_s32(0); 4];
                 let q = vld2q_u64(b.add(32 + 32 * n).cast());
@@ -623,7 +615,7 @@ mod fused {
                         pair_ld(*p, u0[j], u1[j], xj)
                     } else {
                         let xv = vld2q_s64(xj);
-                        pair::<DOT>(*p, u0[j], u1[j], s8(xv.0), s8(xv.1))
+                        pair(*p, u0[j], u1[j], s8(xv.0), s8(xv.1))
                     };
                 }
                 g[n] = xtn2(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
