@@ -4,7 +4,7 @@
 
 use ork_board::cpu::{
     chunked_s, cycles, file_type, project, row_bytes, Core, CpuBoard, CpuPlan, FileType, Kernels,
-    Pool, FITTED_CPU, FIT_RK3588, GGML_CYCLES, GGML_CYCLES_ARMV8_0, UNFITTED,
+    Pool, FITTED_CPU, FIT_RK3588, GGML_CYCLES, GGML_CYCLES_ARMV8_0, ORK_CYCLES, UNFITTED,
 };
 use ork_board::cpu_fit::{
     fit_cpu, project_cpu_row, CPU_FIT_ROWS, CPU_HOLDOUT_ROWS, GEMMA3_1B, QWEN3_30B_A3B,
@@ -81,6 +81,45 @@ fn cycles_come_from_the_table_and_little_cores_are_slower() {
     assert_eq!(row_bytes(FileType::Q4_0, 40), 36);
     assert_eq!(file_type("Q6_K"), Some(FileType::Q6_K));
     assert_eq!(file_type("Q7_K"), None);
+}
+
+/// The cycles the board clock charges are the table `scripts/kernel-cycles.sh` printed and
+/// docs/kernels.md holds ("Cycles per 256 weights on the board's cores"): every row of it equals
+/// `ORK_CYCLES` and `GGML_CYCLES`, and its ratios are theirs, so a re-run of the script that
+/// updates one and not the other fails here.
+#[test]
+fn cycles_tables_equal_the_kernels_doc() {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/kernels.md"
+    ))
+    .unwrap();
+    let head = "| type | A76 ork | A76 ggml | A76 ork/ggml | A55 ork | A55 ggml | A55 ork/ggml |";
+    let table = doc
+        .split(head)
+        .nth(1)
+        .expect("the cycles table in docs/kernels.md");
+    let mut rows = 0;
+    for line in table.lines().skip(2).take_while(|l| l.starts_with('|')) {
+        let cells: Vec<&str> = line
+            .split('|')
+            .map(|c| c.trim().trim_matches('*'))
+            .collect();
+        let ty = file_type(cells[1]).unwrap_or_else(|| panic!("type {}", cells[1]));
+        let num = |i: usize| cells[i].parse::<f64>().unwrap();
+        let ork = ORK_CYCLES.iter().find(|c| c.0 == ty).unwrap();
+        let ggml = GGML_CYCLES.iter().find(|c| c.0 == ty).unwrap();
+        assert_eq!(
+            (num(2), num(3), num(5), num(6)),
+            (ork.1, ggml.1, ork.2, ggml.2),
+            "{line}"
+        );
+        let ratio = |a: f64, b: f64| format!("{:.2}", a / b);
+        assert_eq!(cells[4], ratio(ork.1, ggml.1), "{line}");
+        assert_eq!(cells[7], ratio(ork.2, ggml.2), "{line}");
+        rows += 1;
+    }
+    assert_eq!(rows, ORK_CYCLES.len());
 }
 
 fn rk3588(name: &str) -> CpuBoard {

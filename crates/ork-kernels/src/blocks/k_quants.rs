@@ -14,7 +14,9 @@
 //! group) the two integers `sumi = Σ_g sc_g · Σ_l u·a` and `summ = Σ_g mn_g · bsum_g` are exact
 //! in i32 in any order (bounds: `|sumi| ≤ 256·63·128·128 < 2³¹`, IQ4_XS `≤ 256·127·32·128`;
 //! `|summ| ≤ 16·4096·2032 < 2³¹` for Q8_K blocks the quantizer wrote; blocks with other bytes
-//! wrap, identically on every ISA, because every ISA wraps). The float step per super-block is
+//! wrap, identically on every ISA, because every ISA wraps; one exception, NEON's M = 1 Q3_K,
+//! computes `sumi − summ` without reading the stored `bsums`, equal wherever they are the
+//! group sums the quantizer writes: `neon.rs`). The float step per super-block is
 //! then fixed, in this order ([`combine`], [`step`]):
 //!
 //! * with mins (Q2_K, Q4_K, Q5_K, `mn_g = m_g`):
@@ -206,7 +208,8 @@ pub(super) trait Engine {
         a.map(|a| Self::dot(s, a))
     }
     /// Decode `blk` and dot it with `a` (M = 1). An engine may fuse the two; it must leave
-    /// `s.d`, `s.dmin` set and return what [`Engine::dot`] would.
+    /// `s.d`, `s.dmin` set and return what [`Engine::dot`] would (for a type without mins, a
+    /// pair with the same `sumi − summ`, which is all the float step reads: NEON's Q3_K).
     #[inline(always)]
     fn decode_dot(ty: KType, blk: &[u8], a: &[u8], s: &mut Super) -> (i32, i32) {
         Self::decode(ty, blk, s);

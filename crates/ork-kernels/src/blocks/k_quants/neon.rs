@@ -17,7 +17,11 @@
 //! Q5_K, IQ4_XS). The same integers as [`Engine::dot`] of the decoded block, mod 2³². All sums are i32
 //! and wrap like the scalar twin's, and the float step is the shared [`super::combine`], so
 //! both equal the scalar twin bit for bit (property tests in `tests.rs`, run under
-//! qemu-aarch64 as cortex-a76 and cortex-a53; never timed on a board).
+//! qemu-aarch64 as cortex-a76 and cortex-a53; never timed on a board). One exception to "the
+//! same integers": Q3_K ([`fused::q3`]) dots ggml's signed values and returns `(sumi − summ,
+//! 0)`, the difference the float step uses, computed without the stored `bsums`; it equals
+//! the twin's for every Q8_K block whose `bsums` are its group sums, as the quantizer writes
+//! them (a hand-made block with other `bsums` would give another result on this kernel).
 
 use std::arch::aarch64::*;
 
@@ -162,7 +166,7 @@ unsafe fn dot<const DOT: bool>(s: &Super, a: &[u8]) -> (i32, i32) {
 /// returning `(sumi, summ)` as [`Engine::dot`] of the decoded block would (module docs).
 /// Block layouts as in `super::super` (`decode_q2` …), which document them.
 mod fused {
-    use super::super::{iq4xs_sc, k4_words, q3_words, IQ4_VALUES, Q8K_BSUMS};
+    use super::super::{k4_words, IQ4_VALUES, Q8K_BSUMS};
     use crate::tile::neon::sdot;
     use std::arch::aarch64::*;
 
@@ -329,6 +333,37 @@ mod fused {
         }
     }
 
+    /// IQ4_XS's eight sub-block scales (`iq4xs_sc`) as the signed bytes of a u64, computed in
+    /// general registers: the four `scales_l` bytes spread to one nibble per byte, the 2-bit
+    /// fields of `scales_h` to one per byte (shift-or-mask steps), joined, and 32 taken from
+    /// each byte without a borrow between bytes (`(w | 0x80…) − 0x20…`, then bit 7 flipped back:
+    /// every byte is at most 63). The byte-by-byte form compiled to lane moves and a four-table
+    /// `tbl`, most of the loop on the in-order Cortex-A55 model.
+    ///
+    /// # Safety
+    /// `b` is an IQ4_XS block.
+    #[inline(always)]
+    unsafe fn iq4xs_sc8(b: *const u8) -> u64 {
+        // SAFETY: bytes 2..8 of the block; unaligned reads.
+        let (h, l) = unsafe {
+            (
+                u64::from(u16::from_le(b.add(2).cast::<u16>().read_unaligned())),
+                u64::from(u32::from_le(b.add(4).cast::<u32>().read_unaligned())),
+            )
+        };
+        // `l`: byte i to bits 16i..16i+8, then its nibbles to bytes 2i, 2i+1.
+        let l = (l | (l << 16)) & 0x0000_ffff_0000_ffff;
+        let l = (l | (l << 8)) & 0x00ff_00ff_00ff_00ff;
+        let l = (l & 0x000f_000f_000f_000f) | ((l & 0x00f0_00f0_00f0_00f0) << 4);
+        // `h`: field j (bits 2j, 2j+1) to byte j.
+        let h = (h | (h << 24)) & 0x0000_00ff_0000_00ff;
+        let h = (h | (h << 12)) & 0x000f_000f_000f_000f;
+        let h = (h | (h << 6)) & 0x0303_0303_0303_0303;
+        let w = l | (h << 4);
+        let m = 0x8080_8080_8080_8080u64;
+        ((w | m) - 0x2020_2020_2020_2020) ^ m
+    }
+
     /// IQ4_XS (`summ = 0`).
     ///
     /// # Safety
@@ -337,8 +372,7 @@ mod fused {
     pub(super) unsafe fn iq4xs<const DOT: bool>(b: *const u8, a: *const u8) -> (i32, i32) {
         // SAFETY: the scales are bytes 2..8, qs 8..136; activations as in `k4`.
         unsafe {
-            let sc = iq4xs_sc(std::slice::from_raw_parts(b, 8));
-            let sc = u64::from_le_bytes(sc.map(|v| v as u8));
+            let sc = iq4xs_sc8(b);
             let t = vld1q_s8(IQ4_VALUES.as_ptr());
             let x = a.add(4).cast::<i8>();
             let mut p = [vdupq_n_s32(0); 8];
@@ -396,7 +430,165 @@ mod fused {
         }
     }
 
-    /// Q3_K: `u = low | high·4`, offset 4 (`summ = 4·Σ sc·bsum`).
+    /// Q3_K's sixteen scales times four, `4·(sc − 32)`, as i16 (groups 0..8, 8..16), from
+    /// the 12 packed bytes at `sb` (the layout `q3_words` documents): the low nibbles of bytes
+    /// 0..8 then their high nibbles, under the 2-bit fields of bytes 8..12 (field `f` of byte
+    /// `i` belongs to group `4f + i`), inserted by `sli`. Bit 5 of each 6-bit scale is flipped
+    /// on the way (`eor` on the fields) and the byte shifted left by two: `(s ^ 32) << 2` read
+    /// as a signed byte is `4·(s − 32)`, with the two garbage bits above the field shifted out.
+    ///
+    /// # Safety
+    /// 12 readable bytes at `sb`.
+    #[inline(always)]
+    unsafe fn q3_sc4(sb: *const u8) -> (int16x8_t, int16x8_t) {
+        const FIELD: [i32; 4] = [0, -2, -4, -6];
+        // SAFETY: bytes 0..12 at `sb` (the caller's); NEON baseline.
+        unsafe {
+            let a = vld1_u8(sb);
+            let lo = vcombine_u8(a, vshr_n_u8::<4>(a));
+            let hi = vdupq_lane_u32::<1>(vreinterpret_u32_u8(vld1_u8(sb.add(4))));
+            let hi = veorq_u32(hi, vdupq_n_u32(0xaaaa_aaaa));
+            let hi = vshlq_u32(hi, vld1q_s32(FIELD.as_ptr()));
+            let s = vsliq_n_u8::<4>(lo, vreinterpretq_u8_u32(hi));
+            let s = vreinterpretq_s8_u8(vshlq_n_u8::<2>(s));
+            (vmovl_s8(vget_low_s8(s)), vmovl_high_s8(s))
+        }
+    }
+
+    /// `cmtst`: 0xFF in each byte where `a & b` is nonzero. In `asm!`, as [`sri6`] and
+    /// [`xtn2`]: LLVM rewrites the intrinsics' forms here into costlier ones (`cmtst` of a
+    /// complement into `and` + `cmeq`, `sri` into `bsl` with a mask, `xtn` + `xtn2` into `shl`,
+    /// `sshr` and `uzp1`), which the opaque form keeps it from doing.
+    #[inline(always)]
+    fn tst(a: uint8x16_t, b: uint8x16_t) -> uint8x16_t {
+        let r;
+        // SAFETY: reads and writes vector registers only (NEON is baseline on aarch64).
+        unsafe {
+            std::arch::asm!(
+                "cmtst {r:v}.16b, {a:v}.16b, {b:v}.16b",
+                r = lateout(vreg) r,
+                a = in(vreg) a,
+                b = in(vreg) b,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        r
+    }
+
+    /// `sri #6`: the top six bits of `d` over the top two bits of `s` (moved to the bottom).
+    #[inline(always)]
+    fn sri6(d: uint8x16_t, s: uint8x16_t) -> uint8x16_t {
+        let mut d = d;
+        // SAFETY: as in [`tst`].
+        unsafe {
+            std::arch::asm!(
+                "sri {d:v}.16b, {s:v}.16b, #6",
+                d = inout(vreg) d,
+                s = in(vreg) s,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        d
+    }
+
+    /// The low halves of the i32 lanes of `a` then `b`, as eight i16 (`xtn` + `xtn2`).
+    #[inline(always)]
+    fn xtn2(a: int32x4_t, b: int32x4_t) -> int16x8_t {
+        let r;
+        // SAFETY: as in [`tst`].
+        unsafe {
+            std::arch::asm!(
+                "xtn {r:v}.4h, {a:v}.4s",
+                "xtn2 {r:v}.8h, {b:v}.4s",
+                r = out(vreg) r,
+                a = in(vreg) a,
+                b = in(vreg) b,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        r
+    }
+
+    /// Q3_K's four groups `(n, j)` of one half `q` of the quants: ggml's values, `low − 4`
+    /// where the hmask bit is clear and `low` where it is set, as signed bytes. `low` is bits
+    /// `2j..2j+2` of `q`; `m = cmtst(!h, bit[j])` (`hn` the complement of the hmask,
+    /// `bit[j] = 1 << (4n + j)`) is all ones where the bit is clear, and its top six
+    /// bits are then `−4` with the two low bits clear. [`sri6`] brings `low` from the top of a
+    /// byte under them: `q` itself for `j = 3`, `q` shifted left by 6, 4, 2 for `j = 0, 1, 2`
+    /// (the bits below the field shift out).
+    #[inline(always)]
+    fn q3_v(q: uint8x16_t, hn: uint8x16_t, bit: &[uint8x16_t]) -> [uint8x16_t; 4] {
+        let m = |j: usize| tst(hn, bit[j]);
+        // SAFETY: register-only NEON (baseline).
+        let (q4, q2) = unsafe { (vshlq_n_u8::<4>(q), vshlq_n_u8::<2>(q)) };
+        let v3 = sri6(m(3), q);
+        let (v1, v2) = (sri6(m(1), q4), sri6(m(2), q2));
+        // SAFETY: register-only NEON (baseline).
+        let v0 = sri6(m(0), unsafe { vshlq_n_u8::<6>(q) });
+        [v0, v1, v2, v3]
+    }
+
+    /// `acc` plus two groups' dots in one vector, lanes `[A, A, B, B]`: `u0 = [A₀..₈, B₀..₈]` and
+    /// `u1 = [A₈..₁₆, B₈..₁₆]` against `x0`, `x1` in the same layout (as `ld2` of 64-bit
+    /// elements lays out two consecutive 16-byte groups), by `smull`/`smlal` (the baseline
+    /// form; [`pair_ld`] is the `sdot` one). Exact: `|u| ≤ 4`, so the i16 pair sums stay below
+    /// `2·4·128`.
+    #[inline(always)]
+    fn pair(
+        acc: int32x4_t,
+        u0: uint8x16_t,
+        u1: uint8x16_t,
+        x0: int8x16_t,
+        x1: int8x16_t,
+    ) -> int32x4_t {
+        // SAFETY: register-only NEON (baseline).
+        unsafe {
+            let (u0, u1) = (vreinterpretq_s8_u8(u0), vreinterpretq_s8_u8(u1));
+            let lo = |u: int8x16_t, x: int8x16_t| vmull_s8(vget_low_s8(u), vget_low_s8(x));
+            let a = vmlal_s8(lo(u0, x0), vget_low_s8(u1), vget_low_s8(x1));
+            let b = vmlal_high_s8(vmull_high_s8(u0, x0), u1, x1);
+            vaddq_s32(acc, vpaddq_s32(vpaddlq_s16(a), vpaddlq_s16(b)))
+        }
+    }
+
+    /// [`pair`] with `sdot`, loading the activations itself (`ld2` of 64-bit elements at
+    /// `x`, 32 bytes, into v30 and v31: `ld2` needs two consecutive registers) in the same
+    /// `asm!` block: as separate intrinsics LLVM hoists all eight activation loads of a
+    /// super-block to its top, runs out of registers and spills.
+    ///
+    /// # Safety
+    /// FEAT_DotProd and a caller compiled with it; 32 readable bytes at `x`.
+    #[inline(always)]
+    unsafe fn pair_ld(acc: int32x4_t, u0: uint8x16_t, u1: uint8x16_t, x: *const i64) -> int32x4_t {
+        let mut acc = acc;
+        // SAFETY: reads 32 bytes at `x` (the caller's), writes vector registers only; `sdot`
+        // per the caller's guarantee.
+        unsafe {
+            std::arch::asm!(
+                "ld2 {{v30.2d, v31.2d}}, [{x}]",
+                "sdot {acc:v}.4s, {u0:v}.16b, v30.16b",
+                "sdot {acc:v}.4s, {u1:v}.16b, v31.16b",
+                acc = inout(vreg) acc,
+                u0 = in(vreg) u0,
+                u1 = in(vreg) u1,
+                x = in(reg) x,
+                out("v30") _,
+                out("v31") _,
+                options(pure, readonly, nostack, preserves_flags)
+            );
+        }
+        acc
+    }
+
+    /// Q3_K, on ggml's signed values `v = u − 4` ([`q3_v`]): returns `(Σ sc·Σ v·x, 0)`. The
+    /// float step uses only `sumi − summ` (`super::step`), and the scalar twin's is `Σ sc·Σ
+    /// u·x − 4·Σ sc·bsum`: the same integer when each stored `bsum` is its group's sum, as
+    /// the Q8_K quantizer writes it (this kernel does not read the `bsums`). Nothing wraps:
+    /// `|Σ v·x| ≤ 16·4·128 = 8192` per group (an i16), `|4·Σ sc·g| < 4·16·32·8192 < 2³¹`.
+    /// The hmask, the quants and the activations are loaded with `ld2` of 64-bit elements, so
+    /// one accumulator holds two groups ([`pair`], [`pair_ld`]); one `addp` per four groups
+    /// folds them, [`xtn2`] narrows the sums to i16 and `smlal` multiplies them by the scales
+    /// ([`q3_sc4`], times four, shifted back at the end).
     ///
     /// # Safety
     /// As [`k4`].
@@ -404,26 +596,34 @@ mod fused {
     pub(super) unsafe fn q3<const DOT: bool>(b: *const u8, a: *const u8) -> (i32, i32) {
         // SAFETY: hmask is bytes 0..32, qs 32..96, scales 96..108; activations as in `k4`.
         unsafe {
-            let w = q3_words(std::slice::from_raw_parts(b.add(96), 12));
-            let sc = vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(w.as_ptr())), vdupq_n_s8(32));
-            let x = a.add(4).cast::<i8>();
-            let (m1, m3) = (vdupq_n_u8(1), vdupq_n_u8(3));
-            let (mut h0, mut h1) = (vld1q_u8(b), vld1q_u8(b.add(16)));
-            let mut p = [vdupq_n_s32(0); 16];
+            let (s0, s1) = q3_sc4(b.add(96));
+            let x = a.add(4).cast::<i64>();
+            let u8s = |v: uint64x2_t| vreinterpretq_u8_u64(v);
+            let s8 = |v: int64x2_t| vreinterpretq_s8_s64(v);
+            let h = vld2q_u64(b.cast());
+            let hn = [vmvnq_u8(u8s(h.0)), vmvnq_u8(u8s(h.1))];
+            let bit = [1, 2, 4, 8, 16, 32, 64, 128].map(|v| vdupq_n_u8(v));
+            let mut g = [vdupq_n_s16(0); 2];
             for n in 0..2 {
-                let (mut q0, mut q1) = (vld1q_u8(b.add(32 + 32 * n)), vld1q_u8(b.add(48 + 32 * n)));
-                for j in 0..4 {
-                    let g = 8 * n + 2 * j;
-                    let hb = |h: uint8x16_t| vshlq_n_u8::<2>(vandq_u8(h, m1));
-                    let u0 = vorrq_u8(vandq_u8(q0, m3), hb(h0));
-                    let u1 = vorrq_u8(vandq_u8(q1, m3), hb(h1));
-                    p[g] = g1::<DOT>(u0, x.add(16 * g));
-                    p[g + 1] = g1::<DOT>(u1, x.add(16 * g + 16));
-                    (q0, q1) = (vshrq_n_u8::<2>(q0), vshrq_n_u8::<2>(q1));
-                    (h0, h1) = (vshrq_n_u8::<1>(h0), vshrq_n_u8::<1>(h1));
+                let mut p = [vdupq_n_s32(0); 4];
+                let q = vld2q_u64(b.add(32 + 32 * n).cast());
+                let u0 = q3_v(u8s(q.0), hn[0], &bit[4 * n..]);
+                let u1 = q3_v(u8s(q.1), hn[1], &bit[4 * n..]);
+                for (j, p) in p.iter_mut().enumerate() {
+                    let xj = x.add(16 * n + 4 * j);
+                    *p = if DOT {
+                        pair_ld(*p, u0[j], u1[j], xj)
+                    } else {
+                        let xv = vld2q_s64(xj);
+                        pair(*p, u0[j], u1[j], s8(xv.0), s8(xv.1))
+                    };
                 }
+                g[n] = xtn2(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
             }
-            (sum16(&p, sc), bsum16(sc, a).wrapping_mul(4))
+            let acc = vmull_s16(vget_low_s16(g[0]), vget_low_s16(s0));
+            let acc = vmlal_high_s16(acc, g[0], s0);
+            let acc = vmlal_s16(acc, vget_low_s16(g[1]), vget_low_s16(s1));
+            (vaddvq_s32(vmlal_high_s16(acc, g[1], s1)) >> 2, 0)
         }
     }
 

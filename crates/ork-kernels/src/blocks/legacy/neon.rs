@@ -28,6 +28,10 @@ trait Decode: Format {
     /// # Safety
     /// `p .. p + BYTES` must be readable.
     unsafe fn decode(p: *const u8) -> (int8x16_t, int8x16_t);
+    /// The weights [`Decode::decode`] returns are `2^SCALE_BITS` times the block's: the block
+    /// sums are shifted back (the float step converts with `scvtf #SCALE_BITS`, the tail shifts
+    /// right), exactly, as every one is a multiple of `2^SCALE_BITS`.
+    const SCALE_BITS: i32 = 0;
 }
 
 /// The low and high nibbles of the 16 bytes at `p`.
@@ -87,10 +91,22 @@ fn or2(a: (uint8x16_t, uint8x16_t), b: (uint8x16_t, uint8x16_t)) -> (uint8x16_t,
 }
 
 impl Decode for Q4_0 {
+    /// `16·(v − 8)` for both nibbles in three instructions: `eor` of 0x88 flips bit 3 of each
+    /// nibble, so a nibble read as 4-bit two's complement is `v − 8`; `shl #4` puts the low
+    /// nibble at the top of the byte and `and 0xf0` keeps the high one there (`|16·(v − 8)| ≤
+    /// 128`, so `Σ w·a ≤ 32·128·128` stays exact in i32). The plain form (`and`, `sub`, and
+    /// `usra` onto a fresh copy of −8) took four and a constant move per block.
+    const SCALE_BITS: i32 = 4;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> (int8x16_t, int8x16_t) {
-        // SAFETY: qs are bytes 2..18 of the block.
-        centred(unsafe { nibbles(p.add(2)) }, 8)
+        // SAFETY: qs are bytes 2..18 of the block; NEON is the aarch64 baseline.
+        unsafe {
+            let v = veorq_u8(vld1q_u8(p.add(2)), vdupq_n_u8(0x88));
+            (
+                vreinterpretq_s8_u8(vshlq_n_u8::<4>(v)),
+                vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0xf0))),
+            )
+        }
     }
 }
 
@@ -229,7 +245,14 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N])
                 let (halves, mhalves) = ([dw.0, dw.1], [mw.0, mw.1]);
                 for h in 0..2 {
                     let da = vld1q_f32(a.d.as_ptr().add(g * 8 + 4 * h));
-                    let mut v = vmulq_f32(vmulq_f32(halves[h], da), vcvtq_f32_s32(isum[h]));
+                    // The two scalings a decoder uses (checked at compile time).
+                    const { assert!(F::SCALE_BITS == 0 || F::SCALE_BITS == 4) };
+                    let sums = if F::SCALE_BITS == 4 {
+                        vcvtq_n_f32_s32::<4>(isum[h])
+                    } else {
+                        vcvtq_f32_s32(isum[h])
+                    };
+                    let mut v = vmulq_f32(vmulq_f32(halves[h], da), sums);
                     if F::MIN {
                         let sa = vld1q_f32(a.s.as_ptr().add(g * 8 + 4 * h));
                         v = vaddq_f32(v, vmulq_f32(mhalves[h], sa));
@@ -247,7 +270,7 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N])
             // SAFETY: block b < nb of both rows; the CPU has `D`'s instructions.
             *t = unsafe {
                 let w = F::decode(wr.as_ptr().add(b * F::BYTES));
-                vaddvq_s32(D::dot(w, load_act(a.q.as_ptr().add(b * ab_len + qs))))
+                vaddvq_s32(D::dot(w, load_act(a.q.as_ptr().add(b * ab_len + qs)))) >> F::SCALE_BITS
             };
         }
         // SAFETY: 32 writable bytes.
