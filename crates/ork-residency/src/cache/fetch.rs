@@ -225,7 +225,7 @@ impl WeightCache {
         let record = FillRecord {
             started: Instant::now(),
             created: reuse.is_none(),
-            after: events.as_ref().map_or(0, |r| r.matmuls()),
+            after: events.as_ref().map_or(0, |r| r.rec.matmuls()),
             events,
         };
         let result = self.fill(want.e, want.domain, want.by, reuse);
@@ -278,7 +278,7 @@ impl WeightCache {
         }
         if let Some(rec) = &record.events {
             let (domain, created) = (want.domain.0, record.created);
-            crate::board::load(rec, name, &layout, domain, created, by, record.after);
+            crate::board::load(rec, want.id, &layout, domain, created, by, record.after);
         }
         if let Some(tr) = &self.trace() {
             let lane = match by {
@@ -421,7 +421,7 @@ struct FillRecord {
     created: bool,
     /// The board's matmul count when the fill began.
     after: u64,
-    events: Option<Arc<ork_board::Recorder>>,
+    events: Option<crate::board::Recording>,
 }
 
 /// Insert the loading slot of a weight whose bytes were just reserved.
