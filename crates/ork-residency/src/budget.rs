@@ -13,27 +13,39 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use ork_device::DomainId;
+use ork_manifest::WeightId;
 
 /// A cache entry the eviction policy may choose: not pinned, not leased, ready.
 #[derive(Clone, Copy, Debug)]
-pub struct Candidate<'a> {
-    /// The weight's cache key.
-    pub key: &'a str,
+pub struct Candidate {
+    /// The weight (the manifest's id).
+    pub id: WeightId,
+    /// Its block (the manifest's layer; `None` outside the blocks).
+    pub layer: Option<u32>,
     /// Device bytes.
     pub bytes: u64,
     /// The cache's use counter at its last use (higher = more recent).
     pub last_use: u64,
 }
 
+/// The weight room is made for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Incoming {
+    /// The weight (the manifest's id).
+    pub id: WeightId,
+    /// Its block (the manifest's layer; `None` outside the blocks).
+    pub layer: Option<u32>,
+}
+
 /// Which evictable entry of a domain to evict. The mechanism (reserve, evict, retry) lives in the
 /// cache; a policy only chooses, so an expert-aware policy can replace [`Lru`] alone.
 pub trait EvictionPolicy: Send + Sync + std::fmt::Debug {
     /// The index in `candidates` (never empty) of the entry to evict.
-    fn choose(&self, candidates: &[Candidate<'_>]) -> usize;
+    fn choose(&self, candidates: &[Candidate]) -> usize;
 
     /// [`EvictionPolicy::choose`] knowing which weight the room is for (`None`: room asked for
     /// by another cache). The default ignores it.
-    fn choose_for(&self, incoming: Option<&str>, candidates: &[Candidate<'_>]) -> usize {
+    fn choose_for(&self, incoming: Option<Incoming>, candidates: &[Candidate]) -> usize {
         let _ = incoming;
         self.choose(candidates)
     }
@@ -44,7 +56,7 @@ pub trait EvictionPolicy: Send + Sync + std::fmt::Debug {
 pub struct Lru;
 
 impl EvictionPolicy for Lru {
-    fn choose(&self, candidates: &[Candidate<'_>]) -> usize {
+    fn choose(&self, candidates: &[Candidate]) -> usize {
         candidates
             .iter()
             .enumerate()
@@ -60,8 +72,8 @@ impl EvictionPolicy for Lru {
 /// weight of a block ahead of `L` that the last pass left in the cache stays for the coming
 /// block, where LRU would evict exactly those first (a cyclic scan is LRU's worst case: with
 /// less room than a pass, it never hits). Weights outside the blocks (`output.weight`,
-/// `token_embd.weight`) count as one block after the last; when the incoming weight has no
-/// block (or is unknown), plain LRU.
+/// `token_embd.weight`) count as one block after the last. Blocks are the manifest's layers
+/// ([`Candidate::layer`]), never parsed from names.
 #[derive(Clone, Copy, Debug)]
 pub struct LayerOrder {
     /// Blocks of the model.
@@ -69,24 +81,25 @@ pub struct LayerOrder {
 }
 
 impl LayerOrder {
-    /// The position of `key` in a pass: its block, or `n_layer` for weights outside the blocks.
-    fn position(&self, key: &str) -> usize {
-        ork_manifest::block_of(key).map_or(self.n_layer, |b| b.min(self.n_layer))
+    /// The position of a weight of block `layer` in a pass: its block, or `n_layer` for weights
+    /// outside the blocks.
+    fn position(&self, layer: Option<u32>) -> usize {
+        layer.map_or(self.n_layer, |b| (b as usize).min(self.n_layer))
     }
 }
 
 impl EvictionPolicy for LayerOrder {
-    fn choose(&self, candidates: &[Candidate<'_>]) -> usize {
+    fn choose(&self, candidates: &[Candidate]) -> usize {
         Lru.choose(candidates)
     }
 
-    fn choose_for(&self, incoming: Option<&str>, candidates: &[Candidate<'_>]) -> usize {
-        let Some(at) = incoming.map(|k| self.position(k)) else {
+    fn choose_for(&self, incoming: Option<Incoming>, candidates: &[Candidate]) -> usize {
+        let Some(at) = incoming.map(|w| self.position(w.layer)) else {
             return Lru.choose(candidates);
         };
         let period = self.n_layer + 1;
         // How many blocks after `at` the candidate's block comes again (0: `at` itself).
-        let ahead = |c: &Candidate<'_>| (self.position(c.key) + period - at) % period;
+        let ahead = |c: &Candidate| (self.position(c.layer) + period - at) % period;
         candidates
             .iter()
             .enumerate()

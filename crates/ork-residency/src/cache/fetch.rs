@@ -135,14 +135,15 @@ impl WeightCache {
             domain,
             bytes,
         } = *want;
-        let (name, size) = (&*e.name, e.layout.blob_bytes() as u64);
+        let size = e.layout.blob_bytes() as u64;
+        let incoming = crate::budget::Incoming { id, layer: e.layer };
         let d = domain.0 as usize;
         let mut reuse = st.take_spare(domain, size);
         while !self.budget.try_reserve(domain, bytes) {
             if st.drop_spare(domain) {
                 continue;
             }
-            if st.evict_for(domain, by, &*self.policy, name, size, &mut reuse) {
+            if st.evict_for(domain, by, &*self.policy, incoming, size, &mut reuse) {
                 continue;
             }
             if by == Requester::Compute && self.budget.has_others(self.member) {
@@ -170,7 +171,7 @@ impl WeightCache {
                 if st.drop_spare(domain) {
                     continue;
                 }
-                if st.evict_for(domain, by, &*self.policy, name, size, &mut reuse) {
+                if st.evict_for(domain, by, &*self.policy, incoming, size, &mut reuse) {
                     continue;
                 }
             }
@@ -190,7 +191,7 @@ impl WeightCache {
                 }
                 Requester::Compute => {
                     return Err(ResidencyError::BudgetTooSmall {
-                        name: name.to_owned(),
+                        name: e.name.to_string(),
                         budget_mib: mib(self.config.budget_bytes),
                         need_mib: mib(bytes),
                         pinned_mib: mib(self.budget.used(domain)),
@@ -439,7 +440,7 @@ fn insert_loading_slot(st: &mut State, want: &Want<'_>, pinned: bool) {
     st.slots.insert(
         want.id,
         Slot {
-            name: Arc::clone(&want.e.name),
+            layer: want.e.layer,
             state: SlotState::Loading,
             loader: want.by,
             bytes: want.bytes,
