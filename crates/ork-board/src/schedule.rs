@@ -88,17 +88,6 @@ pub fn weight_bytes(k: usize, n: usize, ty: WeightType) -> u64 {
     data + 4 * n as u64
 }
 
-/// The roles of a dense block, in execution order.
-pub(crate) const DENSE_BLOCK: [Role; 7] = [
-    Role::AttnQ,
-    Role::AttnK,
-    Role::AttnV,
-    Role::AttnOutput,
-    Role::FfnGate,
-    Role::FfnUp,
-    Role::FfnDown,
-];
-
 /// The name table of a model known by its shape alone, the one place such a model's weights get
 /// ids: per block `n_layer` the roles `block`, then each of `n_expert` experts' gate, up and down,
 /// then the output projection; keyed, with their roles and layers, by the manifest's table as a
@@ -176,7 +165,7 @@ impl ModelShape {
     /// The shape of `dims` with weights of type `ty` in domain 0, split by `chip`'s limits,
     /// named by [`shape_names`].
     pub fn from_dims(dims: &Dims, ty: WeightType, chip: &crate::Chip) -> ModelShape {
-        let names = Arc::new(shape_names(dims.n_layer, &DENSE_BLOCK, 0));
+        let names = Arc::new(shape_names(dims.n_layer, &ork_manifest::DENSE, 0));
         let w = |layer: Option<usize>, role: Role, k: usize, n: usize| {
             let id = shape_id(&names, role, layer, None);
             ShapeWeight::new(id, k, n, ty, chip, false)

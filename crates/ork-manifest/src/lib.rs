@@ -305,7 +305,10 @@ const QWEN3MOE_MATMUL: &[Role] = &[
     Role::ExpertDown,
 ];
 
-const DENSE: [Role; 7] = [
+/// The matmul roles of a dense (llama-shaped) block, in the order a forward pass uses them: the
+/// dense architectures' row in [`SUPPORTED`], and the block of a model the board clock knows by
+/// its dimensions alone.
+pub const DENSE: [Role; 7] = [
     Role::AttnQ,
     Role::AttnK,
     Role::AttnV,

@@ -294,31 +294,60 @@ impl DeviceBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ork_manifest::{Role, WeightNames};
 
-    fn cands<'a>(keys: &[(&'a str, u64)]) -> Vec<Candidate<'a>> {
+    /// The weights the test names: per block 0..4 `attn_q` and four experts' gate/up/down, and
+    /// the output projection, as the manifest names them.
+    fn table() -> WeightNames {
+        const EXPERT: [Role; 3] = [Role::ExpertGate, Role::ExpertUp, Role::ExpertDown];
+        WeightNames::from_roles(
+            (0..4u32)
+                .flat_map(|l| {
+                    let experts = (0..4).flat_map(move |x| EXPERT.map(|r| (r, Some(l), Some(x))));
+                    std::iter::once((Role::AttnQ, Some(l), None)).chain(experts)
+                })
+                .chain([(Role::Output, None, None)]),
+        )
+    }
+
+    fn incoming(names: &WeightNames, key: &str) -> Incoming {
+        let id = names.id(key).unwrap();
+        Incoming {
+            id,
+            layer: names.get(id).layer,
+        }
+    }
+
+    fn cands(names: &WeightNames, keys: &[(&str, u64)]) -> Vec<Candidate> {
         keys.iter()
-            .map(|&(key, last_use)| Candidate {
-                key,
-                bytes: 1,
-                last_use,
+            .map(|&(key, last_use)| {
+                let w = incoming(names, key);
+                Candidate {
+                    id: w.id,
+                    layer: w.layer,
+                    bytes: 1,
+                    last_use,
+                }
             })
             .collect()
     }
 
     #[test]
     fn layer_order_evicts_the_block_just_behind_first_and_its_own_block_last() {
+        let names = table();
         let p = LayerOrder { n_layer: 4 };
-        let c = cands(&[
-            ("blk.2.ffn_up_exps.weight#0", 1),
-            ("blk.3.ffn_up_exps.weight#1", 9),
-            ("blk.0.ffn_up_exps.weight#1", 5),
-            ("blk.1.ffn_up_exps.weight#1", 7),
-            ("output.weight", 2),
-        ]);
-        fn choose<'a>(p: &LayerOrder, incoming: &str, c: &[Candidate<'a>]) -> &'a str {
-            c[p.choose_for(Some(incoming), c)].key
-        }
-        let pick = |incoming: &str, c: &[Candidate<'_>]| choose(&p, incoming, c).to_owned();
+        let c = cands(
+            &names,
+            &[
+                ("blk.2.ffn_up_exps.weight#0", 1),
+                ("blk.3.ffn_up_exps.weight#1", 9),
+                ("blk.0.ffn_up_exps.weight#1", 5),
+                ("blk.1.ffn_up_exps.weight#1", 7),
+                ("output.weight", 2),
+            ],
+        );
+        let key = |c: &Candidate| names.key(c.id).to_owned();
+        let pick = |w: &str, c: &[Candidate]| key(&c[p.choose_for(Some(incoming(&names, w)), c)]);
         // For block 2, block 1 was just computed: its next use is a whole pass away.
         assert_eq!(
             pick("blk.2.ffn_gate_exps.weight#3", &c),
@@ -328,19 +357,28 @@ mod tests {
         // Weights outside the blocks come after the last block: block 3 is just behind them.
         assert_eq!(pick("output.weight", &c), "blk.3.ffn_up_exps.weight#1");
         // Only the incoming weight's own block left: LRU within it.
-        let own = cands(&[
-            ("blk.2.ffn_up_exps.weight#0", 4),
-            ("blk.2.ffn_down_exps.weight#0", 3),
-        ]);
-        assert_eq!(pick("blk.2.ffn_gate_exps.weight#1", &own), own[1].key);
+        let own = cands(
+            &names,
+            &[
+                ("blk.2.ffn_up_exps.weight#0", 4),
+                ("blk.2.ffn_down_exps.weight#0", 3),
+            ],
+        );
+        assert_eq!(pick("blk.2.ffn_gate_exps.weight#1", &own), key(&own[1]));
         // Within a block, least recently used first.
-        let same = cands(&[
-            ("blk.1.ffn_up_exps.weight#0", 8),
-            ("blk.1.ffn_up_exps.weight#2", 6),
-            ("blk.3.ffn_up_exps.weight#2", 1),
-        ]);
-        assert_eq!(pick("blk.2.ffn_gate_exps.weight#1", &same), same[1].key);
+        let same = cands(
+            &names,
+            &[
+                ("blk.1.ffn_up_exps.weight#0", 8),
+                ("blk.1.ffn_up_exps.weight#2", 6),
+                ("blk.3.ffn_up_exps.weight#2", 1),
+            ],
+        );
+        assert_eq!(pick("blk.2.ffn_gate_exps.weight#1", &same), key(&same[1]));
         // No incoming weight (another cache asks for room): plain LRU.
-        assert_eq!(c[p.choose_for(None, &c)].key, "blk.2.ffn_up_exps.weight#0");
+        assert_eq!(
+            key(&c[p.choose_for(None, &c)]),
+            "blk.2.ffn_up_exps.weight#0"
+        );
     }
 }
