@@ -143,7 +143,7 @@ impl ShapeWeight {
     }
 }
 
-/// Block `i`'s attention weights (q, k, v, output) for width `d` and `n_head` / `n_head_kv`
+/// A block's attention weights (q, k, v, output) for width `d` and `n_head` / `n_head_kv`
 /// heads of `head_dim`, made by `w` (role, K, N).
 pub(crate) fn attention_weights(
     d: usize,
