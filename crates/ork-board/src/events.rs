@@ -1,10 +1,85 @@
 //! The event stream a run produces, as the layers that see each event record it: the residency
 //! layer records matmuls and loads, the executor records host operations and forward passes.
 //! [`crate::replay()`] plays the stream back on a board's simulated resources.
+//!
+//! Events key weights by id ([`ModelWeight`]: the model's or its draft's, and the id in that
+//! model's name table); the names are printed from the tables beside the stream
+//! ([`EventNames`]).
 
+use std::fmt;
 use std::sync::Mutex;
 
+use ork_manifest::{WeightId, WeightNames};
 use serde::{Deserialize, Serialize};
+
+/// Which of a run's models a weight belongs to: each numbers its weights from 0 in its own
+/// name table, so a stream with both (a speculative schedule's draft beside its verifier) tells
+/// them apart by this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Model {
+    /// The model the run serves (the verifier of a speculative run).
+    Target,
+    /// A draft model beside it (its own weights, or a self draft's copy of the model's first
+    /// blocks).
+    Draft,
+}
+
+/// A weight of a run: its model and its id in that model's name table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModelWeight {
+    /// Whose weight.
+    pub model: Model,
+    /// Its id in that model's table.
+    pub id: WeightId,
+}
+
+impl ModelWeight {
+    /// Weight `id` of the target model.
+    pub fn target(id: WeightId) -> ModelWeight {
+        ModelWeight {
+            model: Model::Target,
+            id,
+        }
+    }
+}
+
+impl fmt::Display for ModelWeight {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.model {
+            Model::Target => write!(f, "weight {}", self.id),
+            Model::Draft => write!(f, "draft weight {}", self.id),
+        }
+    }
+}
+
+/// The name tables beside an event stream, for printing it (the stream keys weights by id).
+#[derive(Clone, Copy, Debug)]
+pub struct EventNames<'a> {
+    /// The target model's table.
+    pub target: &'a WeightNames,
+    /// The draft's, if the stream has one.
+    pub draft: Option<&'a WeightNames>,
+}
+
+impl EventNames<'_> {
+    /// The name of `w`: its key, `draft.`-prefixed for a draft's weight (`draft.` and the id when
+    /// there is no draft table).
+    pub fn name(&self, w: ModelWeight) -> String {
+        match (w.model, self.draft) {
+            (Model::Target, _) => self.target.key(w.id).to_owned(),
+            (Model::Draft, Some(d)) => format!("draft.{}", d.key(w.id)),
+            (Model::Draft, None) => format!("draft.{}", w.id),
+        }
+    }
+
+    /// `events` with their weights named, for a dump (`ORK_BOARD_EVENTS`).
+    pub fn named(&self, events: &[Event]) -> Vec<Event<String>> {
+        events
+            .iter()
+            .map(|e| e.map_weight(|w| self.name(w)))
+            .collect()
+    }
+}
 
 /// The weight type of a matmul on the NPU (the activations' type follows from the chip's type
 /// pair: int8 weights take int8 activations on the RK3588; fp16 × int4 is RK3576's w4a16).
@@ -41,10 +116,11 @@ pub enum HostKind {
     Sample,
 }
 
-/// One event of a run, in the order the run produced it.
+/// One event of a run, in the order the run produced it. Its weights are `W`: a [`ModelWeight`],
+/// or a name once printed ([`EventNames::named`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "lowercase")]
-pub enum Event {
+pub enum Event<W = ModelWeight> {
     /// A forward pass begins: `tokens` rows, the KV cache holding `context` positions before it.
     Pass {
         /// Tokens appended by the pass (the matmuls' M).
@@ -54,8 +130,8 @@ pub enum Event {
     },
     /// A weight was brought onto the device.
     Load {
-        /// The weight (`.orkpack` entry name).
-        weight: String,
+        /// The weight.
+        weight: W,
         /// Bytes copied into the device buffer.
         bytes: u64,
         /// The IOMMU domain of the buffer.
@@ -71,7 +147,7 @@ pub enum Event {
     /// A matmul on the NPU: `y[M, N] = x[M, K] · W[N, K]ᵀ`.
     Matmul {
         /// The weight.
-        weight: String,
+        weight: W,
         /// Rows (tokens).
         m: usize,
         /// Inner dimension.
@@ -99,6 +175,55 @@ pub enum Event {
         /// Bytes read and written.
         bytes: f64,
     },
+}
+
+impl<W> Event<W> {
+    /// The event with its weight (if any) mapped by `f`.
+    pub fn map_weight<V>(&self, f: impl FnOnce(W) -> V) -> Event<V>
+    where
+        W: Clone,
+    {
+        match self.clone() {
+            Event::Pass { tokens, context } => Event::Pass { tokens, context },
+            Event::Load {
+                weight,
+                bytes,
+                domain,
+                created,
+                by,
+                after,
+            } => Event::Load {
+                weight: f(weight),
+                bytes,
+                domain,
+                created,
+                by,
+                after,
+            },
+            Event::Matmul {
+                weight,
+                m,
+                k,
+                n,
+                ty,
+                bytes,
+                domain,
+                calls,
+                quantized,
+            } => Event::Matmul {
+                weight: f(weight),
+                m,
+                k,
+                n,
+                ty,
+                bytes,
+                domain,
+                calls,
+                quantized,
+            },
+            Event::Host { kind, flops, bytes } => Event::Host { kind, flops, bytes },
+        }
+    }
 }
 
 impl HostKind {

@@ -8,7 +8,9 @@
 //!   description files ([`Board::from_json`]; the CLI reads them under its input rule).
 //! - [`replay()`]: the stream on simulated resources (compute thread, copy thread, a shared DDR
 //!   bus) with the executor's and prefetcher's dependencies; [`Projection`] is what users see.
-//! - [`schedule()`]: the planned schedule as a stream, without running (`ork plan --project`).
+//! - [`schedule()`]: the planned schedule as a stream, without running (`ork plan --project`); a
+//!   model known by its shape alone names its weights with [`shape_names`], the manifest's roles
+//!   and keys.
 //! - [`moe`] and [`spec`]: planned schedules of a mixture of experts (expert cache, on-demand,
 //!   router-driven or speculative expert loads) and of speculative decoding (a resident draft, a
 //!   verifier pass of k + 1 rows), for the studies of `docs/board-model.md`.
@@ -37,7 +39,7 @@ pub mod schedule;
 pub mod spec;
 pub mod split;
 
-pub use events::{Event, HostKind, Loader, Recorder, WeightType};
+pub use events::{Event, EventNames, HostKind, Loader, Model, ModelWeight, Recorder, WeightType};
 pub use params::{
     Board, Chip, ChipLimits, ParameterRange, BOARD_FILE_LIMIT, CHIPS, CHIP_LIMITS,
     PARAMETER_RANGES, RK3576_LIMITS, RK3588_LIMITS,
@@ -45,7 +47,7 @@ pub use params::{
 pub use projection::Projection;
 pub use replay::{replay, replay_warm, Breakdown, PassTime, ReplayOptions, Timeline};
 pub use schedule::{
-    sampled_passes, schedule, schedule_sampled, Dims, ModelShape, Plan, ShapeWeight,
+    sampled_passes, schedule, schedule_sampled, shape_names, Dims, ModelShape, Plan, ShapeWeight,
     DECODE_PASSES_REPLAYED,
 };
 

@@ -16,9 +16,12 @@
 //! turns the stream into time: see `docs/board-model.md`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use crate::events::{Event, HostKind, Loader, WeightType};
-use crate::schedule::{attention_weights, weight_bytes, Loads, ShapeWeight};
+use ork_manifest::{Role, WeightNames};
+
+use crate::events::{Event, HostKind, Loader, ModelWeight, WeightType};
+use crate::schedule::{attention_weights, shape_id, shape_names, weight_bytes, Loads, ShapeWeight};
 use crate::{BoardError, Chip};
 
 /// Published dimensions of a Qwen3-MoE-shaped model.
@@ -136,7 +139,10 @@ pub struct MoeSchedule {
     pub decode_hits: u64,
     /// The page cache's steady state for [`crate::replay_warm`]: the experts the device cache
     /// does not hold, in random order (what uniform routing leaves in an LRU page cache).
-    pub warm: Vec<(String, u64)>,
+    pub warm: Vec<(ModelWeight, u64)>,
+    /// The name table of the events' weights ([`crate::shape_names`]: the manifest's keys of a
+    /// GGUF of these dims), for printing them.
+    pub names: Arc<WeightNames>,
     /// Per pass, the passes it stands for: give them to [`crate::Timeline::weigh_passes`] after
     /// the replay (all 1 up to [`crate::DECODE_PASSES_REPLAYED`] decode passes).
     pub pass_weights: Vec<f64>,
@@ -260,6 +266,7 @@ pub fn moe_schedule(
         decode_hits: run.decode_hits,
         warm,
         pass_weights,
+        names: weights.names,
     })
 }
 
@@ -286,6 +293,8 @@ fn check(dims: &MoeDims, plan: &MoePlan) -> Result<(), BoardError> {
 
 /// The schedule's weights: per block attention and router, the output, and each expert's.
 struct MoeWeights {
+    /// Their name table: per block attention and router, then each expert's gate, up, down.
+    names: Arc<WeightNames>,
     dense: Vec<[ShapeWeight; 5]>,
     output: ShapeWeight,
     ty: WeightType,
@@ -296,42 +305,50 @@ struct MoeWeights {
 
 impl MoeWeights {
     fn new(dims: &MoeDims, ty: WeightType, chip: &Chip) -> MoeWeights {
-        let w = |name: String, k: usize, n: usize| ShapeWeight::new(name, k, n, ty, chip, true);
+        const BLOCK: [Role; 5] = [
+            Role::AttnQ,
+            Role::AttnK,
+            Role::AttnV,
+            Role::AttnOutput,
+            Role::Router,
+        ];
+        let names = Arc::new(shape_names(dims.n_layer, &BLOCK, dims.n_expert));
+        let w = |layer: Option<usize>, role: Role, k: usize, n: usize| {
+            let id = shape_id(&names, role, layer, None);
+            ShapeWeight::new(id, k, n, ty, chip, true)
+        };
         let d = dims.d_model;
         let dense = (0..dims.n_layer)
             .map(|i| {
                 let (h, kv, hd) = (dims.n_head, dims.n_head_kv, dims.head_dim);
-                let [q, k, v, o] = attention_weights(i, d, h, kv, hd, w);
-                [
-                    q,
-                    k,
-                    v,
-                    o,
-                    w(format!("blk.{i}.ffn_gate_inp"), d, dims.n_expert),
-                ]
+                let b = |role, k, n| w(Some(i), role, k, n);
+                let [q, k, v, o] = attention_weights(d, h, kv, hd, b);
+                [q, k, v, o, b(Role::Router, d, dims.n_expert)]
             })
             .collect();
+        let output = w(None, Role::Output, d, dims.vocab);
         MoeWeights {
+            names,
             dense,
-            output: w("output".into(), d, dims.vocab),
+            output,
             ty,
             chip: chip.clone(),
             dims: (d, dims.expert_ffn),
         }
     }
 
-    /// Expert `e` of block `b`: gate, up, down, named by the manifest's keys
-    /// (`blk.B.ffn_gate_exps.weight#E`), as the run's own events name them.
+    /// Expert `e` of block `b`: gate, up, down, the manifest's expert slices
+    /// (`blk.B.ffn_gate_exps.weight#E`) as the run's own events key them.
     fn expert(&self, b: usize, e: usize) -> [ShapeWeight; 3] {
-        use ork_manifest::Role;
         let (d, ffn) = self.dims;
-        let key =
-            |role| ork_manifest::weight_key(role, b, u32::try_from(e).ok()).unwrap_or_default();
-        let w = |name, k, n| ShapeWeight::new(name, k, n, self.ty, &self.chip, true);
+        let w = |role, k, n| {
+            let id = shape_id(&self.names, role, Some(b), Some(e));
+            ShapeWeight::new(id, k, n, self.ty, &self.chip, true)
+        };
         [
-            w(key(Role::ExpertGate), d, ffn),
-            w(key(Role::ExpertUp), d, ffn),
-            w(key(Role::ExpertDown), ffn, d),
+            w(Role::ExpertGate, d, ffn),
+            w(Role::ExpertUp, d, ffn),
+            w(Role::ExpertDown, ffn, d),
         ]
     }
 }
@@ -366,7 +383,7 @@ struct MoeRun<'a> {
 
 impl MoeRun<'_> {
     /// The page cache's steady state: the experts the device cache does not hold, shuffled.
-    fn warm_list(&mut self) -> Vec<(String, u64)> {
+    fn warm_list(&mut self) -> Vec<(ModelWeight, u64)> {
         let dims = self.dims;
         let mut outside: Vec<(usize, usize)> = (0..dims.n_layer)
             .flat_map(|b| (0..dims.n_expert).map(move |e| (b, e)))
@@ -377,7 +394,10 @@ impl MoeRun<'_> {
         }
         outside
             .iter()
-            .flat_map(|&(b, e)| self.w.expert(b, e).map(|x| (x.name, x.bytes)))
+            .flat_map(|&(b, e)| {
+                let experts = self.w.expert(b, e);
+                experts.map(|x| (ModelWeight::target(x.id), x.bytes))
+            })
             .collect()
     }
 
@@ -504,7 +524,7 @@ impl MoeRun<'_> {
 
 fn matmul(out: &mut Vec<Event>, started: &mut u64, x: &ShapeWeight, rows: usize, quantized: bool) {
     out.push(Event::Matmul {
-        weight: x.name.clone(),
+        weight: ModelWeight::target(x.id),
         m: rows,
         k: x.k,
         n: x.n,

@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 
 use serde::Serialize;
 
-use crate::events::{Event, Loader, WeightType};
+use crate::events::{Event, Loader, ModelWeight, WeightType};
 use crate::params::Board;
 use crate::BoardError;
 
@@ -159,15 +159,15 @@ struct PageCache {
     capacity: f64,
     used: f64,
     tick: u64,
-    entries: HashMap<String, (u64, f64)>,
+    entries: HashMap<ModelWeight, (u64, f64)>,
 }
 
 impl PageCache {
-    /// Read `bytes` of `name`: true on a hit.
-    fn read(&mut self, name: &str, bytes: f64) -> bool {
+    /// Read `bytes` of weight `w`'s blob: true on a hit.
+    fn read(&mut self, w: ModelWeight, bytes: f64) -> bool {
         self.tick += 1;
         let tick = self.tick;
-        if let Some(e) = self.entries.get_mut(name) {
+        if let Some(e) = self.entries.get_mut(&w) {
             e.0 = tick;
             return true;
         }
@@ -179,12 +179,12 @@ impl PageCache {
                 .entries
                 .iter()
                 .min_by_key(|(_, (t, _))| *t)
-                .map(|(k, _)| k.clone())
+                .map(|(k, _)| *k)
                 .expect("used > 0 means an entry");
             let (_, b) = self.entries.remove(&victim).expect("just found");
             self.used -= b;
         }
-        self.entries.insert(name.to_owned(), (tick, bytes));
+        self.entries.insert(w, (tick, bytes));
         self.used += bytes;
         false
     }
@@ -199,14 +199,14 @@ pub fn replay(
     replay_warm(events, board, opts, None)
 }
 
-/// Replay `events` on `board`, the page cache warmed by reading `warm` (weight name, bytes) in
+/// Replay `events` on `board`, the page cache warmed by reading `warm` (weight, bytes) in
 /// order instead (`None`: the run's own loads, as [`replay()`]). A plan whose working set is
 /// larger than one run's loads (a mixture of experts' pack) gives its steady state here.
 pub fn replay_warm(
     events: &[Event],
     board: &Board,
     opts: ReplayOptions,
-    warm: Option<&[(String, u64)]>,
+    warm: Option<&[(ModelWeight, u64)]>,
 ) -> Result<Timeline, BoardError> {
     board.validate()?;
     let usage = Usage::of(events);
@@ -240,14 +240,14 @@ pub fn replay_warm(
 }
 
 /// How often each weight is loaded, and in how many passes a matmul uses it.
-struct Usage<'a> {
-    loads_of: HashMap<&'a str, usize>,
+struct Usage {
+    loads_of: HashMap<ModelWeight, usize>,
     /// Passes that use each weight (a matmul of it), counted once per pass: (count, last pass).
-    used_in: HashMap<&'a str, (usize, usize)>,
+    used_in: HashMap<ModelWeight, (usize, usize)>,
 }
 
-impl<'a> Usage<'a> {
-    fn of(events: &'a [Event]) -> Usage<'a> {
+impl Usage {
+    fn of(events: &[Event]) -> Usage {
         let mut u = Usage {
             loads_of: HashMap::new(),
             used_in: HashMap::new(),
@@ -255,10 +255,10 @@ impl<'a> Usage<'a> {
         let mut pass_no = 0usize;
         for e in events {
             match e {
-                Event::Load { weight, .. } => *u.loads_of.entry(weight).or_default() += 1,
+                Event::Load { weight, .. } => *u.loads_of.entry(*weight).or_default() += 1,
                 Event::Pass { .. } => pass_no += 1,
                 Event::Matmul { weight, .. } => {
-                    let c = u.used_in.entry(weight).or_insert((0, usize::MAX));
+                    let c = u.used_in.entry(*weight).or_insert((0, usize::MAX));
                     if c.1 != pass_no {
                         *c = (c.0 + 1, pass_no);
                     }
@@ -270,9 +270,9 @@ impl<'a> Usage<'a> {
     }
 
     /// The plan keeps `w`: loaded once, or in fewer passes than use it.
-    fn kept(&self, w: &str) -> bool {
-        let loads = self.loads_of.get(w).copied().unwrap_or(0);
-        loads == 1 || loads < self.used_in.get(w).map_or(0, |u| u.0)
+    fn kept(&self, w: ModelWeight) -> bool {
+        let loads = self.loads_of.get(&w).copied().unwrap_or(0);
+        loads == 1 || loads < self.used_in.get(&w).map_or(0, |u| u.0)
     }
 }
 
@@ -282,7 +282,7 @@ fn warm_page_cache(
     events: &[Event],
     board: &Board,
     opts: &ReplayOptions,
-    warm: Option<&[(String, u64)]>,
+    warm: Option<&[(ModelWeight, u64)]>,
 ) -> PageCache {
     let mut page_cache = PageCache {
         capacity: (board.ram_bytes - board.reserved_bytes - opts.device_bytes).max(0.0),
@@ -293,13 +293,13 @@ fn warm_page_cache(
     match warm {
         Some(list) => {
             for (weight, bytes) in list {
-                page_cache.read(weight, *bytes as f64);
+                page_cache.read(*weight, *bytes as f64);
             }
         }
         None => {
             for e in events {
                 if let Event::Load { weight, bytes, .. } = e {
-                    page_cache.read(weight, *bytes as f64);
+                    page_cache.read(*weight, *bytes as f64);
                 }
             }
         }
@@ -315,14 +315,14 @@ fn next_uses(events: &[Event]) -> Vec<Option<u64>> {
         .filter(|e| matches!(e, Event::Matmul { .. }))
         .count() as u64;
     let mut number = total;
-    let mut seen: HashMap<&str, u64> = HashMap::new();
+    let mut seen: HashMap<ModelWeight, u64> = HashMap::new();
     for (i, e) in events.iter().enumerate().rev() {
         match e {
             Event::Matmul { weight, .. } => {
                 number -= 1;
-                seen.insert(weight, number);
+                seen.insert(*weight, number);
             }
-            Event::Load { weight, .. } => next_use[i] = seen.get(weight.as_str()).copied(),
+            Event::Load { weight, .. } => next_use[i] = seen.get(weight).copied(),
             _ => {}
         }
     }
@@ -333,22 +333,22 @@ fn next_uses(events: &[Event]) -> Vec<Option<u64>> {
 struct Build<'a, 'p> {
     board: &'a Board,
     opts: ReplayOptions,
-    usage: Usage<'a>,
+    usage: Usage,
     next_use: Vec<Option<u64>>,
     page_cache: &'p mut PageCache,
     timeline: Timeline,
     tasks: Vec<Task>,
     /// Per matmul, the task its loads wait for (its batch's first).
     matmul_task: Vec<usize>,
-    last_load: HashMap<&'a str, usize>,
-    first_load: std::collections::HashSet<&'a str>,
+    last_load: HashMap<ModelWeight, usize>,
+    first_load: std::collections::HashSet<ModelWeight>,
     last_domain: Option<u32>,
     leader: usize,
     pass: Option<usize>,
 }
 
-impl<'a> Build<'a, '_> {
-    fn event(&mut self, index: usize, e: &'a Event) -> Result<(), BoardError> {
+impl Build<'_, '_> {
+    fn event(&mut self, index: usize, e: &Event) -> Result<(), BoardError> {
         match e {
             Event::Pass { tokens, context } => {
                 self.timeline.passes.push(PassTime {
@@ -365,7 +365,7 @@ impl<'a> Build<'a, '_> {
                 by,
                 after,
                 ..
-            } => self.load(index, weight, *bytes, *created, (*by, *after))?,
+            } => self.load(index, *weight, *bytes, *created, (*by, *after))?,
             Event::Matmul {
                 weight,
                 m,
@@ -378,7 +378,7 @@ impl<'a> Build<'a, '_> {
                 quantized,
             } => {
                 let dims = (*m as f64, *k as f64, *n as f64);
-                self.matmul(weight, dims, (*ty, *bytes, *domain, *calls), *quantized);
+                self.matmul(*weight, dims, (*ty, *bytes, *domain, *calls), *quantized);
             }
             Event::Host { flops, bytes, .. } => {
                 let t = host_task(&self.board.chip, *flops, *bytes, self.pass);
@@ -393,7 +393,7 @@ impl<'a> Build<'a, '_> {
     fn load(
         &mut self,
         index: usize,
-        weight: &'a str,
+        weight: ModelWeight,
         bytes: u64,
         created: bool,
         (by, after): (Loader, u64),
@@ -448,13 +448,13 @@ impl<'a> Build<'a, '_> {
     }
 
     /// The task a prefetch load of `weight` that follows matmul `after` waits to start.
-    fn started_task(&self, weight: &str, after: u64) -> Result<Option<usize>, BoardError> {
+    fn started_task(&self, weight: ModelWeight, after: u64) -> Result<Option<usize>, BoardError> {
         (after as usize)
             .checked_sub(1)
             .map(|i| {
                 self.matmul_task.get(i).copied().ok_or_else(|| {
                     BoardError::Stream(format!(
-                        "load of '{weight}' follows matmul {after}, but only {} were recorded \
+                        "load of {weight} follows matmul {after}, but only {} were recorded \
                          before it",
                         self.matmul_task.len()
                     ))
@@ -467,7 +467,7 @@ impl<'a> Build<'a, '_> {
     /// activations' quantization, a domain switch, the NPU's task.
     fn matmul(
         &mut self,
-        weight: &str,
+        weight: ModelWeight,
         (m, k, n): (f64, f64, f64),
         (ty, bytes, domain, calls): (WeightType, u64, u32, u32),
         quantized: bool,
@@ -507,7 +507,7 @@ impl<'a> Build<'a, '_> {
             fixed: f64::from(calls) * chip.call_s,
             bytes: traffic,
             rate,
-            dep: self.last_load.get(weight).copied(),
+            dep: self.last_load.get(&weight).copied(),
             after: None,
             pass: self.pass,
         });

@@ -5,14 +5,18 @@
 //! gate/up (one quantization), down; then the output projection of the last row and sampling.
 //! A streamed plan's prefetcher loads weight `g` once compute has started weight `g − slots`.
 
-use crate::events::{Event, HostKind, Loader, WeightType};
+use std::sync::Arc;
+
+use ork_manifest::{Role, WeightId, WeightNames};
+
+use crate::events::{Event, HostKind, Loader, ModelWeight, WeightType};
 use crate::BoardError;
 
 /// One matmul weight of the schedule.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ShapeWeight {
-    /// Its name.
-    pub name: String,
+    /// Its id in its model's name table ([`ModelShape::names`]).
+    pub id: WeightId,
     /// Inner dimension.
     pub k: usize,
     /// Output columns.
@@ -32,6 +36,9 @@ pub struct ShapeWeight {
 /// A dense transformer's shape: per block `q, k, v, o, gate, up, down`, then the output weight.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelShape {
+    /// The name table its weights' ids index: the model's manifest's, or for a model known by
+    /// its dimensions alone [`shape_names`]'s.
+    pub names: Arc<WeightNames>,
     /// Model width.
     pub d_model: usize,
     /// Query heads.
@@ -81,10 +88,42 @@ pub fn weight_bytes(k: usize, n: usize, ty: WeightType) -> u64 {
     data + 4 * n as u64
 }
 
+/// The name table of a model known by its shape alone, the one place such a model's weights get
+/// ids: per block `n_layer` the roles `block`, then each of `n_expert` experts' gate, up and down,
+/// then the output projection; keyed, with their roles and layers, by the manifest's table as a
+/// GGUF of that shape names them (`blk.0.attn_q.weight`, `blk.0.ffn_gate_exps.weight#5`,
+/// `output.weight`).
+pub fn shape_names(n_layer: usize, block: &[Role], n_expert: usize) -> WeightNames {
+    const EXPERT: [Role; 3] = [Role::ExpertGate, Role::ExpertUp, Role::ExpertDown];
+    let layers = 0..u32::try_from(n_layer).expect("a shape's blocks fit a u32");
+    let experts = u32::try_from(n_expert).expect("a shape's experts fit a u32");
+    WeightNames::from_roles(
+        layers
+            .flat_map(|l| {
+                let dense = block.iter().map(move |&r| (r, Some(l), None));
+                let expert = (0..experts).flat_map(move |x| EXPERT.map(|r| (r, Some(l), Some(x))));
+                dense.chain(expert)
+            })
+            .chain(std::iter::once((Role::Output, None, None))),
+    )
+}
+
+/// The id of `role` in block `layer` (`expert`) of a table [`shape_names`] made.
+pub(crate) fn shape_id(
+    names: &WeightNames,
+    role: Role,
+    layer: Option<usize>,
+    expert: Option<usize>,
+) -> WeightId {
+    names
+        .find(role, layer.map(|l| l as u32), expert.map(|x| x as u32))
+        .expect("shape_names lists every weight of the shape")
+}
+
 impl ShapeWeight {
     /// A `K × N` weight of type `ty` in domain 0, split by `chip`'s limits.
     pub fn new(
-        name: String,
+        id: WeightId,
         k: usize,
         n: usize,
         ty: WeightType,
@@ -92,7 +131,7 @@ impl ShapeWeight {
         pinned: bool,
     ) -> ShapeWeight {
         ShapeWeight {
-            name,
+            id,
             k,
             n,
             ty,
@@ -104,48 +143,47 @@ impl ShapeWeight {
     }
 }
 
-/// Block `i`'s attention weights (q, k, v, output) for width `d` and `n_head` / `n_head_kv`
-/// heads of `head_dim`, made by `w` (name, K, N).
+/// A block's attention weights (q, k, v, output) for width `d` and `n_head` / `n_head_kv`
+/// heads of `head_dim`, made by `w` (role, K, N).
 pub(crate) fn attention_weights(
-    i: usize,
     d: usize,
     n_head: usize,
     n_head_kv: usize,
     head_dim: usize,
-    w: impl Fn(String, usize, usize) -> ShapeWeight,
+    w: impl Fn(Role, usize, usize) -> ShapeWeight,
 ) -> [ShapeWeight; 4] {
     let (q, kv) = (n_head * head_dim, n_head_kv * head_dim);
     [
-        w(format!("blk.{i}.attn_q"), d, q),
-        w(format!("blk.{i}.attn_k"), d, kv),
-        w(format!("blk.{i}.attn_v"), d, kv),
-        w(format!("blk.{i}.attn_output"), q, d),
+        w(Role::AttnQ, d, q),
+        w(Role::AttnK, d, kv),
+        w(Role::AttnV, d, kv),
+        w(Role::AttnOutput, q, d),
     ]
 }
 
 impl ModelShape {
-    /// The shape of `dims` with weights of type `ty` in domain 0, split by `chip`'s limits.
+    /// The shape of `dims` with weights of type `ty` in domain 0, split by `chip`'s limits,
+    /// named by [`shape_names`].
     pub fn from_dims(dims: &Dims, ty: WeightType, chip: &crate::Chip) -> ModelShape {
-        let w = |name: String, k: usize, n: usize| ShapeWeight::new(name, k, n, ty, chip, false);
-        let d = dims.d_model;
+        let names = Arc::new(shape_names(dims.n_layer, &ork_manifest::DENSE, 0));
+        let w = |layer: Option<usize>, role: Role, k: usize, n: usize| {
+            let id = shape_id(&names, role, layer, None);
+            ShapeWeight::new(id, k, n, ty, chip, false)
+        };
+        let (d, ffn) = (dims.d_model, dims.ffn);
         let blocks = (0..dims.n_layer)
             .map(|i| {
-                let [q, k, v, o] = attention_weights(
-                    i,
-                    dims.d_model,
-                    dims.n_head,
-                    dims.n_head_kv,
-                    dims.head_dim,
-                    w,
-                );
+                let b = |role, k, n| w(Some(i), role, k, n);
+                let [q, k, v, o] =
+                    attention_weights(d, dims.n_head, dims.n_head_kv, dims.head_dim, b);
                 [
                     q,
                     k,
                     v,
                     o,
-                    w(format!("blk.{i}.ffn_gate"), d, dims.ffn),
-                    w(format!("blk.{i}.ffn_up"), d, dims.ffn),
-                    w(format!("blk.{i}.ffn_down"), dims.ffn, d),
+                    b(Role::FfnGate, d, ffn),
+                    b(Role::FfnUp, d, ffn),
+                    b(Role::FfnDown, ffn, d),
                 ]
             })
             .collect();
@@ -156,8 +194,9 @@ impl ModelShape {
             head_dim: dims.head_dim,
             vocab: dims.vocab,
             blocks,
-            output: w("output".into(), d, dims.vocab),
+            output: w(None, Role::Output, d, dims.vocab),
             windows: Vec::new(),
+            names,
         }
     }
 
@@ -265,7 +304,7 @@ pub(crate) fn schedule_passes(
     }
     let total = order.len() * passes.len();
     // A streamed plan's loads come from a simulation of ork's weight cache (see `Cache`).
-    let mut cache = Cache::new(plan.budget_bytes);
+    let mut cache = Cache::new(plan.budget_bytes, &shape.names);
     let mut started = 0u64; // matmuls emitted
     for &(m, context) in passes {
         out.push(Event::Pass { tokens: m, context });
@@ -284,7 +323,7 @@ pub(crate) fn schedule_passes(
                 let g = started as usize;
                 for ahead in (g + 1..=g + plan.slots).take_while(|&a| a < total) {
                     let next = order[ahead % order.len()];
-                    match cache.request(next, Loader::Prefetch, Some(&w.name))? {
+                    match cache.request(next, Loader::Prefetch, Some(w.id))? {
                         Request::Hit => {}
                         Request::Loaded(created) => prefetched.push(load(next, created)),
                         Request::NoRoom => break,
@@ -295,7 +334,7 @@ pub(crate) fn schedule_passes(
                 }
             }
             out.push(Event::Matmul {
-                weight: w.name.clone(),
+                weight: ModelWeight::target(w.id),
                 m: rows,
                 k: w.k,
                 n: w.n,
@@ -344,7 +383,7 @@ pub(crate) fn schedule_passes(
 /// matmuls.
 fn load(w: &ShapeWeight, created: bool) -> impl Fn(Loader, u64) -> Event + '_ {
     move |by, after| Event::Load {
-        weight: w.name.clone(),
+        weight: ModelWeight::target(w.id),
         bytes: w.bytes,
         domain: w.domain,
         created,
@@ -387,19 +426,22 @@ const REUSE_WINDOW: usize = 8;
 /// evicts those only when nothing else is evictable. Which weights survive a pass (a large
 /// weight the reuse preference spares, what the pins leave room for) decides which loads the
 /// run makes, so the plan's stream has the run's loads.
-struct Cache {
+struct Cache<'n> {
     budget: u64,
+    /// The names of the weights, for errors.
+    names: &'n WeightNames,
     used: std::collections::HashMap<u32, u64>,
-    slots: std::collections::HashMap<String, Slot>,
+    slots: std::collections::HashMap<WeightId, Slot>,
     /// (domain, bytes) of buffers of evicted weights, oldest first (their bytes stay used).
     spares: Vec<(u32, u64)>,
     tick: u64,
 }
 
-impl Cache {
-    fn new(budget: u64) -> Cache {
+impl<'n> Cache<'n> {
+    fn new(budget: u64, names: &'n WeightNames) -> Cache<'n> {
         Cache {
             budget,
+            names,
             used: Default::default(),
             slots: Default::default(),
             spares: Vec::new(),
@@ -412,10 +454,10 @@ impl Cache {
         &mut self,
         w: &ShapeWeight,
         by: Loader,
-        leased: Option<&str>,
+        leased: Option<WeightId>,
     ) -> Result<Request, BoardError> {
         self.tick += 1;
-        if let Some(s) = self.slots.get_mut(&w.name) {
+        if let Some(s) = self.slots.get_mut(&w.id) {
             match by {
                 Loader::Compute => {
                     s.last_use = self.tick;
@@ -429,7 +471,8 @@ impl Cache {
         if size > self.budget {
             return Err(BoardError::Stream(format!(
                 "weight '{}' ({size} bytes) exceeds the budget of {} bytes",
-                w.name, self.budget
+                self.names.key(w.id),
+                self.budget
             )));
         }
         let mut reuse = self.take_spare(d, size);
@@ -449,13 +492,14 @@ impl Cache {
                 Loader::Prefetch => Ok(Request::NoRoom),
                 Loader::Compute => Err(BoardError::Stream(format!(
                     "no room for weight '{}' in a budget of {} bytes (pinned weights fill it)",
-                    w.name, self.budget
+                    self.names.key(w.id),
+                    self.budget
                 ))),
             };
         }
         *self.used.entry(d).or_default() += size;
         self.slots.insert(
-            w.name.clone(),
+            w.id,
             Slot {
                 bytes: size,
                 domain: d,
@@ -482,14 +526,20 @@ impl Cache {
 
     /// Evict one weight of `d` that `by` may evict (least recently used; with `reuse_size`, one
     /// of that size among the first [`REUSE_WINDOW`]); its buffer becomes a spare.
-    fn evict(&mut self, d: u32, by: Loader, leased: Option<&str>, reuse_size: Option<u64>) -> bool {
-        let mut evictable: Vec<(&String, &Slot)> = self
+    fn evict(
+        &mut self,
+        d: u32,
+        by: Loader,
+        leased: Option<WeightId>,
+        reuse_size: Option<u64>,
+    ) -> bool {
+        let mut evictable: Vec<(&WeightId, &Slot)> = self
             .slots
             .iter()
-            .filter(|(n, s)| {
+            .filter(|(id, s)| {
                 s.domain == d
                     && !s.pinned
-                    && leased != Some(n.as_str())
+                    && leased != Some(**id)
                     && !(by == Loader::Prefetch && s.wanted)
             })
             .collect();
@@ -500,7 +550,7 @@ impl Cache {
         let Some(first) = evictable.first() else {
             return false;
         };
-        let pick = reuse_size
+        let pick = *reuse_size
             .and_then(|size| {
                 evictable
                     .iter()
@@ -508,8 +558,7 @@ impl Cache {
                     .find(|(_, s)| s.bytes == size)
             })
             .unwrap_or(first)
-            .0
-            .clone();
+            .0;
         let slot = self.slots.remove(&pick).expect("picked from the slots");
         self.spares.push((d, slot.bytes));
         true

@@ -7,13 +7,14 @@
 //! `docs/board-model.md`).
 //!
 //! The pieces are [`crate::schedule()`]'s own passes, spliced: each pass's context, attention and
-//! output rows set for its place in the run, its loads re-anchored to the matmuls before it. The
+//! output rows set for its place in the run, its loads re-anchored to the matmuls before it, the
+//! draft's weights keyed as [`Model::Draft`]'s (its ids and the verifier's both start at 0). The
 //! verifier's passes come from one schedule through one simulated weight cache, so a streamed
 //! verifier loads (and creates buffers for) what ork's cache would.
 //! A verifier pass's first loads (those the prefetcher may issue before its first matmul) may
 //! start when the round's draft passes start: the prefetcher knows the verifier's weight order.
 
-use crate::events::{Event, HostKind};
+use crate::events::{Event, HostKind, Model, ModelWeight};
 use crate::schedule::{schedule, schedule_passes, ModelShape, Plan};
 use crate::BoardError;
 
@@ -76,7 +77,16 @@ pub fn spec_schedule(
     let mut chunks = verifier_chunks(verifier, &v, plan.k, &contexts)?.into_iter();
     // The prompt: the verifier's prefill, then the draft's.
     let prefill = chunks.next().unwrap_or_default();
-    splice(&mut out, prefill, verifier, 0, prompt, 1, "", None);
+    splice(
+        &mut out,
+        prefill,
+        verifier,
+        0,
+        prompt,
+        1,
+        Model::Target,
+        None,
+    );
     let mut pass_weights = vec![1.0];
     if let Some((d, _)) = &draft_pass {
         let evs = schedule(d, &one_pass(prompt, true, &v))?;
@@ -84,14 +94,15 @@ pub fn spec_schedule(
             .into_iter()
             .filter(|e| !matches!(e, Event::Load { .. }))
             .collect();
-        splice(&mut out, evs, d, 0, prompt, 1, "draft.", None);
+        splice(&mut out, evs, d, 0, prompt, 1, Model::Draft, None);
         pass_weights.push(1.0);
     }
     for ((context, verify), w) in contexts.into_iter().zip(chunks).zip(round_weights) {
         let round_start = matmuls(&out);
         if let Some((d, pass)) = &draft_pass {
             for i in 0..plan.k {
-                splice(&mut out, pass.clone(), d, context + i, 1, 1, "draft.", None);
+                let pass = pass.clone();
+                splice(&mut out, pass, d, context + i, 1, 1, Model::Draft, None);
                 pass_weights.push(w);
             }
         }
@@ -103,7 +114,7 @@ pub fn spec_schedule(
             context,
             rows,
             rows,
-            "",
+            Model::Target,
             Some(round_start),
         );
         pass_weights.push(w);
@@ -132,7 +143,7 @@ fn draft_loads(d: &ModelShape, v: &Plan, out: &mut Vec<Event>) -> Result<Vec<Eve
     let (loads, pass): (Vec<_>, Vec<_>) = evs
         .into_iter()
         .partition(|e| matches!(e, Event::Load { .. }));
-    out.extend(loads.into_iter().map(|l| rename(l, "draft.")));
+    out.extend(loads.into_iter().map(|l| of_model(l, Model::Draft)));
     Ok(pass)
 }
 
@@ -216,16 +227,17 @@ fn matmuls(events: &[Event]) -> u64 {
         .count() as u64
 }
 
-fn rename(mut e: Event, prefix: &str) -> Event {
+/// `e` with its weight (if any) keyed as `model`'s.
+fn of_model(mut e: Event, model: Model) -> Event {
     if let Event::Load { weight, .. } | Event::Matmul { weight, .. } = &mut e {
-        *weight = format!("{prefix}{weight}");
+        *weight = ModelWeight { model, ..*weight };
     }
     e
 }
 
 /// Append one pass of `shape` (`events`, as [`schedule()`] made it at context 0) at `context`
-/// with `rows` rows, the output projection and sampling over `out_rows` rows, its weights'
-/// names prefixed. Loads are re-anchored after the matmuls already in `out`; loads anchored at
+/// with `rows` rows, the output projection and sampling over `out_rows` rows, its weights keyed
+/// as `model`'s. Loads are re-anchored after the matmuls already in `out`; loads anchored at
 /// the pass's start may start at matmul `early` instead, if given.
 #[allow(clippy::too_many_arguments)]
 fn splice(
@@ -235,7 +247,7 @@ fn splice(
     context: usize,
     rows: usize,
     out_rows: usize,
-    prefix: &str,
+    model: Model,
     early: Option<u64>,
 ) {
     let before = matmuls(out);
@@ -264,7 +276,7 @@ fn splice(
                 kind: HostKind::Sample,
                 ..
             } => e = HostKind::sample(out_rows, shape.vocab),
-            Event::Matmul { weight, m, .. } if *weight == shape.output.name => *m = out_rows,
+            Event::Matmul { weight, m, .. } if weight.id == shape.output.id => *m = out_rows,
             Event::Load { after, .. } => {
                 *after = match (*after, early) {
                     (0, Some(s)) => s,
@@ -273,6 +285,6 @@ fn splice(
             }
             _ => {}
         }
-        out.push(rename(e, prefix));
+        out.push(of_model(e, model));
     }
 }

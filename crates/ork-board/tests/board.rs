@@ -1025,3 +1025,66 @@ fn moe_npu_prefill_floor() {
     let p = Projection::new(&t, &board, 512, 2);
     println!("{:.2} s {:?}", p.ttft_s, t.passes[0].breakdown);
 }
+
+/// A speculative stream keys the draft's weights as the draft's: a self draft's ids are the
+/// verifier's own, yet its weights are loaded once (resident) beside a verifier that streams the
+/// same ids, and the names beside the stream print them `draft.`-prefixed, with the manifest's
+/// keys.
+#[test]
+fn spec_stream_keys_the_drafts_weights_apart_from_the_verifiers() {
+    use ork_board::{Event, EventNames, Model};
+    use std::collections::HashSet;
+    let shape = small_shape();
+    let draft = ModelShape {
+        blocks: shape.blocks[..1].to_vec(),
+        ..shape.clone()
+    };
+    let s = spec_schedule(
+        &shape,
+        Some(&draft),
+        &SpecPlan {
+            verifier: streamed(2),
+            k: 3,
+            acceptance: 0.5,
+            seed: 1,
+        },
+    )
+    .unwrap();
+    let of = |model: Model, load: bool| -> Vec<ork_manifest::WeightId> {
+        s.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Load { weight, .. } if load && weight.model == model => Some(weight.id),
+                Event::Matmul { weight, .. } if !load && weight.model == model => Some(weight.id),
+                _ => None,
+            })
+            .collect()
+    };
+    let draft_used: HashSet<_> = of(Model::Draft, false).into_iter().collect();
+    let verifier_used: HashSet<_> = of(Model::Target, false).into_iter().collect();
+    // Block 0's seven weights and the output projection, the same ids as the verifier's.
+    assert_eq!(draft_used.len(), 8);
+    assert!(draft_used.is_subset(&verifier_used));
+    // The draft's loads: each weight once; the verifier streams its weights pass after pass.
+    assert_eq!(of(Model::Draft, true).len(), 8);
+    assert!(of(Model::Target, true).len() > 2 * shape.weights().count());
+    let names = EventNames {
+        target: &shape.names,
+        draft: Some(&draft.names),
+    };
+    for e in names.named(&s.events) {
+        if let Event::Matmul { weight, .. } = e {
+            let key = weight.strip_prefix("draft.").unwrap_or(&weight);
+            assert!(
+                key == "output.weight" || key.starts_with("blk.") && key.ends_with(".weight"),
+                "{weight}"
+            );
+            if weight.starts_with("draft.") {
+                assert!(
+                    key.starts_with("blk.0.") || key == "output.weight",
+                    "{weight}"
+                );
+            }
+        }
+    }
+}

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 use ork_board::{
-    replay, schedule_sampled, Board, ModelShape, Projection, Recorder, ReplayOptions, ShapeWeight,
-    WeightType,
+    replay, schedule_sampled, Board, EventNames, ModelShape, Projection, Recorder, ReplayOptions,
+    ShapeWeight, WeightType,
 };
 use ork_pack::{PackDtype, ScaleGroup, TiledLayout};
 use ork_residency::{Mode, Plan as Placement};
@@ -130,7 +130,12 @@ pub fn project_run(
         return Ok(None);
     };
     let events = rec.events();
-    dump(&events)?;
+    // Only the engine's model records (a self draft's weights are the model's own).
+    let names = EventNames {
+        target: engine.manifest().names(),
+        draft: None,
+    };
+    dump(&events, names)?;
     let timeline = replay(
         &events,
         board,
@@ -177,14 +182,23 @@ pub fn project_plan(
     };
     // Plain and speculative decode replay at most `DECODE_PASSES_REPLAYED` decode passes (or
     // rounds), each standing for its share: the plan's memory does not grow with `--gen-tokens`.
-    let (events, weights, generated, label) = match &args.draft {
+    let (events, weights, generated, label, draft_names) = match &args.draft {
         None => {
             let (events, weights) = schedule_sampled(&shape, &sched)?;
-            (events, weights, args.gen_tokens as usize, None)
+            (events, weights, args.gen_tokens as usize, None, None)
         }
-        Some(d) => crate::cmd_spec_project::plan_spec(&gguf, &shape, &sched, d, args, &board.chip)?,
+        Some(d) => {
+            let s =
+                crate::cmd_spec_project::plan_spec(&gguf, &shape, &sched, d, args, &board.chip)?;
+            let (e, w, g) = (s.events, s.pass_weights, s.generated);
+            (e, w, g, Some(s.label), s.draft_names)
+        }
     };
-    dump(&events)?;
+    let names = EventNames {
+        target: &shape.names,
+        draft: draft_names.as_deref(),
+    };
+    dump(&events, names)?;
     let device_bytes = if resident {
         shape.total_bytes()
     } else {
@@ -216,10 +230,11 @@ fn plan_shape(
     plan: &Placement,
     (dtype, group, soc): (PackDtype, ScaleGroup, ork_device::Soc),
 ) -> Result<ModelShape> {
-    let placed: HashMap<&str, (u64, u32, bool)> = plan
+    // The plan names its weights (it is for people); the shape keys them by the manifest's ids.
+    let placed: HashMap<ork_manifest::WeightId, (u64, u32, bool)> = plan
         .placement
         .iter()
-        .map(|p| (p.name.as_str(), (p.bytes, p.domain, p.resident)))
+        .filter_map(|p| Some((manifest.id(&p.name)?, (p.bytes, p.domain, p.resident))))
         .collect();
     let ty = match dtype {
         PackDtype::I8 => WeightType::Int8,
@@ -229,14 +244,14 @@ fn plan_shape(
     let mut blocks: Vec<Vec<ShapeWeight>> = Vec::new();
     let mut output = None;
     for w in manifest.execution_order() {
-        let (bytes, domain, pinned) = placed.get(w.key.as_str()).copied().unwrap_or((0, 0, false));
+        let (bytes, domain, pinned) = placed.get(&w.id).copied().unwrap_or((0, 0, false));
         let layout = TiledLayout::new(dtype, w.k, w.n);
         let calls = ork_device::split::split(&layout, group, soc)
             .or_else(|_| ork_device::split::split(&layout, ScaleGroup::PerChannel, soc))
             .map(|p| p.len())
             .with_context(|| format!("{}: splitting '{}'", path.display(), w.key))?;
         let sw = ShapeWeight {
-            name: w.key.clone(),
+            id: w.id,
             k: w.k,
             n: w.n,
             ty,
@@ -283,6 +298,7 @@ fn plan_shape(
         blocks,
         output: output.with_context(|| format!("{}: no output projection", path.display()))?,
         windows: windows(c),
+        names: Arc::new(manifest.names().clone()),
     })
 }
 
@@ -310,13 +326,13 @@ pub fn windows(c: &ork_exec::ModelConfig) -> Vec<Option<usize>> {
     })
 }
 
-/// With `ORK_BOARD_EVENTS=FILE`, write the event stream replayed (one JSON array), to compare a
-/// run's stream with the plan's.
-fn dump(events: &[ork_board::Event]) -> Result<()> {
+/// With `ORK_BOARD_EVENTS=FILE`, write the event stream replayed (one JSON array, its weights
+/// named from `names`), to compare a run's stream with the plan's.
+fn dump(events: &[ork_board::Event], names: EventNames<'_>) -> Result<()> {
     if let Some(path) = std::env::var_os("ORK_BOARD_EVENTS") {
+        let json = serde_json::to_vec(&names.named(events))?;
         // Under the rule for every file ork writes (docs/cli.md): never over a model or a pack.
-        ork_io::output::write_output(Path::new(&path), &serde_json::to_vec(events)?, &[])
-            .context("ORK_BOARD_EVENTS")?;
+        ork_io::output::write_output(Path::new(&path), &json, &[]).context("ORK_BOARD_EVENTS")?;
     }
     Ok(())
 }

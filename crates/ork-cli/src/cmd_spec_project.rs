@@ -4,9 +4,20 @@
 use anyhow::{Context, Result};
 use ork_runtime::DraftKind;
 
-/// A speculative plan's events, the passes each replayed pass stands for, the tokens generated
-/// and the schedule's label.
-pub type SpecEvents = (Vec<ork_board::Event>, Vec<f64>, usize, Option<String>);
+/// A speculative plan's events, the passes each replayed pass stands for, the tokens generated,
+/// the schedule's label and the draft's name table (for printing the events).
+pub struct SpecEvents {
+    /// The events.
+    pub events: Vec<ork_board::Event>,
+    /// Per replayed pass, the passes it stands for.
+    pub pass_weights: Vec<f64>,
+    /// Tokens generated.
+    pub generated: usize,
+    /// The schedule's label.
+    pub label: String,
+    /// The draft's weight names (`None`: a draft with no device weights).
+    pub draft_names: Option<std::sync::Arc<ork_manifest::WeightNames>>,
+}
 
 /// `ork plan --project --draft D --acceptance A`: the planned schedule of speculative decoding
 /// (`ork_board::spec`: a resident draft proposing `--draft-max` tokens, the verifier — `plan` —
@@ -90,5 +101,11 @@ pub fn plan_spec(
         draft.label(),
         args.draft_max
     );
-    Ok((s.events, s.pass_weights, s.generated, Some(label)))
+    Ok(SpecEvents {
+        events: s.events,
+        pass_weights: s.pass_weights,
+        generated: s.generated,
+        label,
+        draft_names: shape.map(|d| d.names),
+    })
 }

@@ -27,7 +27,9 @@ use std::path::PathBuf;
 
 use ork_gguf::{GgufFile, TensorInfo};
 
+mod names;
 mod supported;
+pub use names::{WeightName, WeightNames};
 pub use supported::{check_understood, support, Arch, ArchSupport, RopeStyle, SUPPORTED};
 
 /// Errors of [`Manifest::from_gguf`]; each names the file and the tensor (or key).
@@ -303,7 +305,10 @@ const QWEN3MOE_MATMUL: &[Role] = &[
     Role::ExpertDown,
 ];
 
-const DENSE: [Role; 7] = [
+/// The matmul roles of a dense (llama-shaped) block, in the order a forward pass uses them: the
+/// dense architectures' row in [`SUPPORTED`], and the block of a model the board clock knows by
+/// its dimensions alone.
+pub const DENSE: [Role; 7] = [
     Role::AttnQ,
     Role::AttnK,
     Role::AttnV,
@@ -395,10 +400,13 @@ pub fn weight_view(file: &GgufFile, key: &str) -> Option<TensorInfo> {
     })
 }
 
-/// A matmul weight: a small `Copy` index into its [`Manifest`], the one id space every layer
-/// (executor, weight cache, placement, draft, board events) keys weights by. Only a manifest
-/// makes ids, so an id always names a weight of the model it came from; its name is
-/// [`Manifest::get`]`(id).key`.
+/// A matmul weight: a small `Copy` index into its model's name table ([`WeightNames`], a
+/// [`Manifest`]'s or one built from a shape's roles), the one id space every layer (executor,
+/// weight cache, placement, draft, board events) keys weights by. Only a name table makes ids,
+/// so an id always names a weight of the model it came from; its name is
+/// [`WeightNames::key`]`(id)` (for a manifest, also [`Manifest::get`]`(id).key`). Two models
+/// number their weights from 0 each: a layer that sees both (the board clock's speculative
+/// schedule) keys a weight by its model and id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WeightId(u32);
 
@@ -471,8 +479,8 @@ pub struct Manifest {
     /// The forward pass's order: blocks, then the output projection (`output.weight`, or
     /// `token_embd.weight` when tied).
     execution: Vec<WeightId>,
-    by_key: HashMap<String, WeightId>,
-    by_role: HashMap<(Role, u32, Option<u32>), WeightId>,
+    /// The name table of `weights`, in the same order.
+    names: WeightNames,
 }
 
 /// A weight found in the file with its sort keys: (pack rank, file index, expert).
@@ -523,7 +531,7 @@ impl Manifest {
         }
         let (n_layer, n_expert) = (scan.n_layer, scan.n_expert);
         let mut weights = pack_order(scan.found);
-        let (by_key, by_role) = assign_ids(&mut weights);
+        let names = assign_ids(&mut weights);
         let execution = execution_order(&weights);
         // `{arch}.expert_used_count`, kept for planning (the executor checks it).
         let n_expert_used = ctx
@@ -540,8 +548,7 @@ impl Manifest {
             n_expert_used,
             weights,
             execution,
-            by_key,
-            by_role,
+            names,
         })
     }
 
@@ -605,17 +612,20 @@ impl Manifest {
         &self.weights[id.index()]
     }
 
+    /// The name table of [`Manifest::weights`]: the same ids, keys, roles, layers and experts.
+    pub fn names(&self) -> &WeightNames {
+        &self.names
+    }
+
     /// The id of the weight whose key (tensor name, or `TENSOR#EXPERT`) is `key`.
     pub fn id(&self, key: &str) -> Option<WeightId> {
-        self.by_key.get(key).copied()
+        self.names.id(key)
     }
 
     /// The weight with `role` in block `layer` (`None` for the output projection and the
     /// embedding), and `expert` for expert slices.
     pub fn find(&self, role: Role, layer: Option<u32>, expert: Option<u32>) -> Option<WeightId> {
-        self.by_role
-            .get(&(role, layer.unwrap_or(u32::MAX), expert))
-            .copied()
+        self.names.find(role, layer, expert)
     }
 
     /// The output projection: `output.weight`, or the tied `token_embd.weight`.
@@ -885,26 +895,18 @@ fn pack_order(mut found: Vec<Found>) -> Vec<Weight> {
     found.into_iter().map(|(_, _, _, w)| w).collect()
 }
 
-/// Number the weights in order, and index them by key and by (role, layer, expert).
-#[allow(clippy::type_complexity)]
-fn assign_ids(
-    weights: &mut [Weight],
-) -> (
-    HashMap<String, WeightId>,
-    HashMap<(Role, u32, Option<u32>), WeightId>,
-) {
-    let mut by_key = HashMap::with_capacity(weights.len());
-    let mut by_role = HashMap::new();
-    for (i, w) in weights.iter_mut().enumerate() {
-        w.id = WeightId(i as u32);
-        by_key.insert(w.key.clone(), w.id);
-        if w.role != Role::Other {
-            by_role
-                .entry((w.role, w.layer.unwrap_or(u32::MAX), w.expert))
-                .or_insert(w.id);
-        }
+/// Number the weights in order: their name table, indexed by key and by (role, layer, expert).
+fn assign_ids(weights: &mut [Weight]) -> WeightNames {
+    let mut names = WeightNames::default();
+    for w in weights.iter_mut() {
+        w.id = names.push(WeightName {
+            key: w.key.clone(),
+            role: w.role,
+            layer: w.layer,
+            expert: w.expert,
+        });
     }
-    (by_key, by_role)
+    names
 }
 
 /// The order the weights run in: all but the token embedding, which runs last as the output

@@ -3,7 +3,7 @@
 
 use ork_gguf::writer::GgufBuilder;
 use ork_gguf::{GgmlType, GgufFile, MetaValue};
-use ork_manifest::{classify, tensor_name, Manifest, ManifestError, Role, WeightId};
+use ork_manifest::{classify, tensor_name, Manifest, ManifestError, Role, WeightId, WeightNames};
 
 /// The real model (a missing file is a test failure).
 fn real_model() -> GgufFile {
@@ -310,4 +310,55 @@ fn weight_view_finds_every_weight_of_the_manifest_by_key() {
     ] {
         assert_eq!(ork_manifest::weight_view(&g, bad), None, "{bad}");
     }
+}
+
+/// A manifest's name table is its weights' ids, keys, roles, layers and experts, in order.
+#[test]
+fn a_manifests_name_table_is_its_weights() {
+    let g = moe_file(|_, d| d, EXPERTS);
+    let m = Manifest::from_gguf(&g).unwrap();
+    let names = m.names();
+    assert_eq!(names.len(), m.weights().len());
+    assert!(names.ids().eq(m.weights().iter().map(|w| w.id)));
+    for w in m.weights() {
+        let n = names.get(w.id);
+        assert_eq!(
+            (n.key.as_str(), n.role, n.layer, n.expert),
+            (w.key.as_str(), w.role, w.layer, w.expert)
+        );
+        assert_eq!(names.id(&w.key), Some(w.id));
+        if w.role != Role::Other {
+            assert_eq!(names.find(w.role, w.layer, w.expert), Some(w.id));
+        }
+    }
+}
+
+/// A model known by its shape alone is named by the same table a GGUF of that shape is: keys,
+/// roles and layers, ids in the order given.
+#[test]
+fn a_shapes_name_table_uses_the_manifests_keys() {
+    let names = WeightNames::from_roles([
+        (Role::AttnQ, Some(0), None),
+        (Role::ExpertGate, Some(1), Some(5)),
+        (Role::Output, None, None),
+    ]);
+    let keys: Vec<&str> = names.ids().map(|id| names.key(id)).collect();
+    assert_eq!(
+        keys,
+        [
+            "blk.0.attn_q.weight",
+            "blk.1.ffn_gate_exps.weight#5",
+            "output.weight"
+        ]
+    );
+    let gate = names.find(Role::ExpertGate, Some(1), Some(5)).unwrap();
+    assert_eq!(gate.index(), 1);
+    assert_eq!(names.id("output.weight").map(WeightId::index), Some(2));
+    assert_eq!(names.find(Role::ExpertGate, Some(1), Some(4)), None);
+}
+
+#[test]
+#[should_panic(expected = "given twice")]
+fn a_shapes_name_table_refuses_a_weight_given_twice() {
+    WeightNames::from_roles([(Role::AttnQ, Some(0), None), (Role::AttnQ, Some(0), None)]);
 }

@@ -2,10 +2,30 @@
 //! matmuls [`crate::DeviceMatmul`] submits and the loads [`crate::WeightCache`] makes, as they
 //! happen, into an [`ork_board::Recorder`].
 
-use ork_board::{Event, Loader, Recorder, WeightType};
+use std::sync::Arc;
+
+use ork_board::{Event, Loader, Model, ModelWeight, Recorder, WeightType};
+use ork_manifest::WeightId;
 use ork_pack::{PackDtype, TiledLayout};
 
 use crate::cache::Requester;
+
+/// Where one model's device work is recorded: the run's recorder, and which of the run's models
+/// the weights (the manifest's ids) are of.
+#[derive(Clone, Debug)]
+pub(crate) struct Recording {
+    pub(crate) rec: Arc<Recorder>,
+    pub(crate) model: Model,
+}
+
+impl Recording {
+    fn weight(&self, id: WeightId) -> ModelWeight {
+        ModelWeight {
+            model: self.model,
+            id,
+        }
+    }
+}
 
 /// The board clock's name of a weight's type.
 pub(crate) fn weight_type(d: PackDtype) -> WeightType {
@@ -16,19 +36,19 @@ pub(crate) fn weight_type(d: PackDtype) -> WeightType {
     }
 }
 
-/// Record a matmul of `name` (`layout`) with `m` rows in `domain`, as `calls` device calls;
+/// Record a matmul of weight `id` (`layout`) with `m` rows in `domain`, as `calls` device calls;
 /// `quantized` when it quantized its own activations.
 pub(crate) fn matmul(
-    rec: &Recorder,
-    name: &str,
+    rec: &Recording,
+    id: WeightId,
     layout: &TiledLayout,
     m: usize,
     domain: u32,
     calls: usize,
     quantized: bool,
 ) {
-    rec.push(Event::Matmul {
-        weight: name.to_owned(),
+    rec.rec.push(Event::Matmul {
+        weight: rec.weight(id),
         m,
         k: layout.k,
         n: layout.n,
@@ -40,18 +60,18 @@ pub(crate) fn matmul(
     });
 }
 
-/// Record a finished load of `name` that began after `after` matmuls.
+/// Record a finished load of weight `id` that began after `after` matmuls.
 pub(crate) fn load(
-    rec: &Recorder,
-    name: &str,
+    rec: &Recording,
+    id: WeightId,
     layout: &TiledLayout,
     domain: u32,
     created: bool,
     by: Requester,
     after: u64,
 ) {
-    rec.push(Event::Load {
-        weight: name.to_owned(),
+    rec.rec.push(Event::Load {
+        weight: rec.weight(id),
         bytes: layout.blob_bytes() as u64,
         domain,
         created,

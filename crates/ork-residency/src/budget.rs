@@ -13,27 +13,39 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use ork_device::DomainId;
+use ork_manifest::WeightId;
 
 /// A cache entry the eviction policy may choose: not pinned, not leased, ready.
 #[derive(Clone, Copy, Debug)]
-pub struct Candidate<'a> {
-    /// The weight's cache key.
-    pub key: &'a str,
+pub struct Candidate {
+    /// The weight (the manifest's id).
+    pub id: WeightId,
+    /// Its block (the manifest's layer; `None` outside the blocks).
+    pub layer: Option<u32>,
     /// Device bytes.
     pub bytes: u64,
     /// The cache's use counter at its last use (higher = more recent).
     pub last_use: u64,
 }
 
+/// The weight room is made for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Incoming {
+    /// The weight (the manifest's id).
+    pub id: WeightId,
+    /// Its block (the manifest's layer; `None` outside the blocks).
+    pub layer: Option<u32>,
+}
+
 /// Which evictable entry of a domain to evict. The mechanism (reserve, evict, retry) lives in the
 /// cache; a policy only chooses, so an expert-aware policy can replace [`Lru`] alone.
 pub trait EvictionPolicy: Send + Sync + std::fmt::Debug {
     /// The index in `candidates` (never empty) of the entry to evict.
-    fn choose(&self, candidates: &[Candidate<'_>]) -> usize;
+    fn choose(&self, candidates: &[Candidate]) -> usize;
 
     /// [`EvictionPolicy::choose`] knowing which weight the room is for (`None`: room asked for
     /// by another cache). The default ignores it.
-    fn choose_for(&self, incoming: Option<&str>, candidates: &[Candidate<'_>]) -> usize {
+    fn choose_for(&self, incoming: Option<Incoming>, candidates: &[Candidate]) -> usize {
         let _ = incoming;
         self.choose(candidates)
     }
@@ -44,7 +56,7 @@ pub trait EvictionPolicy: Send + Sync + std::fmt::Debug {
 pub struct Lru;
 
 impl EvictionPolicy for Lru {
-    fn choose(&self, candidates: &[Candidate<'_>]) -> usize {
+    fn choose(&self, candidates: &[Candidate]) -> usize {
         candidates
             .iter()
             .enumerate()
@@ -60,8 +72,8 @@ impl EvictionPolicy for Lru {
 /// weight of a block ahead of `L` that the last pass left in the cache stays for the coming
 /// block, where LRU would evict exactly those first (a cyclic scan is LRU's worst case: with
 /// less room than a pass, it never hits). Weights outside the blocks (`output.weight`,
-/// `token_embd.weight`) count as one block after the last; when the incoming weight has no
-/// block (or is unknown), plain LRU.
+/// `token_embd.weight`) count as one block after the last. Blocks are the manifest's layers
+/// ([`Candidate::layer`]), never parsed from names.
 #[derive(Clone, Copy, Debug)]
 pub struct LayerOrder {
     /// Blocks of the model.
@@ -69,24 +81,25 @@ pub struct LayerOrder {
 }
 
 impl LayerOrder {
-    /// The position of `key` in a pass: its block, or `n_layer` for weights outside the blocks.
-    fn position(&self, key: &str) -> usize {
-        ork_manifest::block_of(key).map_or(self.n_layer, |b| b.min(self.n_layer))
+    /// The position of a weight of block `layer` in a pass: its block, or `n_layer` for weights
+    /// outside the blocks.
+    fn position(&self, layer: Option<u32>) -> usize {
+        layer.map_or(self.n_layer, |b| (b as usize).min(self.n_layer))
     }
 }
 
 impl EvictionPolicy for LayerOrder {
-    fn choose(&self, candidates: &[Candidate<'_>]) -> usize {
+    fn choose(&self, candidates: &[Candidate]) -> usize {
         Lru.choose(candidates)
     }
 
-    fn choose_for(&self, incoming: Option<&str>, candidates: &[Candidate<'_>]) -> usize {
-        let Some(at) = incoming.map(|k| self.position(k)) else {
+    fn choose_for(&self, incoming: Option<Incoming>, candidates: &[Candidate]) -> usize {
+        let Some(at) = incoming.map(|w| self.position(w.layer)) else {
             return Lru.choose(candidates);
         };
         let period = self.n_layer + 1;
         // How many blocks after `at` the candidate's block comes again (0: `at` itself).
-        let ahead = |c: &Candidate<'_>| (self.position(c.key) + period - at) % period;
+        let ahead = |c: &Candidate| (self.position(c.layer) + period - at) % period;
         candidates
             .iter()
             .enumerate()
@@ -281,31 +294,60 @@ impl DeviceBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ork_manifest::{Role, WeightNames};
 
-    fn cands<'a>(keys: &[(&'a str, u64)]) -> Vec<Candidate<'a>> {
+    /// The weights the test names: per block 0..4 `attn_q` and four experts' gate/up/down, and
+    /// the output projection, as the manifest names them.
+    fn table() -> WeightNames {
+        const EXPERT: [Role; 3] = [Role::ExpertGate, Role::ExpertUp, Role::ExpertDown];
+        WeightNames::from_roles(
+            (0..4u32)
+                .flat_map(|l| {
+                    let experts = (0..4).flat_map(move |x| EXPERT.map(|r| (r, Some(l), Some(x))));
+                    std::iter::once((Role::AttnQ, Some(l), None)).chain(experts)
+                })
+                .chain([(Role::Output, None, None)]),
+        )
+    }
+
+    fn incoming(names: &WeightNames, key: &str) -> Incoming {
+        let id = names.id(key).unwrap();
+        Incoming {
+            id,
+            layer: names.get(id).layer,
+        }
+    }
+
+    fn cands(names: &WeightNames, keys: &[(&str, u64)]) -> Vec<Candidate> {
         keys.iter()
-            .map(|&(key, last_use)| Candidate {
-                key,
-                bytes: 1,
-                last_use,
+            .map(|&(key, last_use)| {
+                let w = incoming(names, key);
+                Candidate {
+                    id: w.id,
+                    layer: w.layer,
+                    bytes: 1,
+                    last_use,
+                }
             })
             .collect()
     }
 
     #[test]
     fn layer_order_evicts_the_block_just_behind_first_and_its_own_block_last() {
+        let names = table();
         let p = LayerOrder { n_layer: 4 };
-        let c = cands(&[
-            ("blk.2.ffn_up_exps.weight#0", 1),
-            ("blk.3.ffn_up_exps.weight#1", 9),
-            ("blk.0.ffn_up_exps.weight#1", 5),
-            ("blk.1.ffn_up_exps.weight#1", 7),
-            ("output.weight", 2),
-        ]);
-        fn choose<'a>(p: &LayerOrder, incoming: &str, c: &[Candidate<'a>]) -> &'a str {
-            c[p.choose_for(Some(incoming), c)].key
-        }
-        let pick = |incoming: &str, c: &[Candidate<'_>]| choose(&p, incoming, c).to_owned();
+        let c = cands(
+            &names,
+            &[
+                ("blk.2.ffn_up_exps.weight#0", 1),
+                ("blk.3.ffn_up_exps.weight#1", 9),
+                ("blk.0.ffn_up_exps.weight#1", 5),
+                ("blk.1.ffn_up_exps.weight#1", 7),
+                ("output.weight", 2),
+            ],
+        );
+        let key = |c: &Candidate| names.key(c.id).to_owned();
+        let pick = |w: &str, c: &[Candidate]| key(&c[p.choose_for(Some(incoming(&names, w)), c)]);
         // For block 2, block 1 was just computed: its next use is a whole pass away.
         assert_eq!(
             pick("blk.2.ffn_gate_exps.weight#3", &c),
@@ -315,19 +357,28 @@ mod tests {
         // Weights outside the blocks come after the last block: block 3 is just behind them.
         assert_eq!(pick("output.weight", &c), "blk.3.ffn_up_exps.weight#1");
         // Only the incoming weight's own block left: LRU within it.
-        let own = cands(&[
-            ("blk.2.ffn_up_exps.weight#0", 4),
-            ("blk.2.ffn_down_exps.weight#0", 3),
-        ]);
-        assert_eq!(pick("blk.2.ffn_gate_exps.weight#1", &own), own[1].key);
+        let own = cands(
+            &names,
+            &[
+                ("blk.2.ffn_up_exps.weight#0", 4),
+                ("blk.2.ffn_down_exps.weight#0", 3),
+            ],
+        );
+        assert_eq!(pick("blk.2.ffn_gate_exps.weight#1", &own), key(&own[1]));
         // Within a block, least recently used first.
-        let same = cands(&[
-            ("blk.1.ffn_up_exps.weight#0", 8),
-            ("blk.1.ffn_up_exps.weight#2", 6),
-            ("blk.3.ffn_up_exps.weight#2", 1),
-        ]);
-        assert_eq!(pick("blk.2.ffn_gate_exps.weight#1", &same), same[1].key);
+        let same = cands(
+            &names,
+            &[
+                ("blk.1.ffn_up_exps.weight#0", 8),
+                ("blk.1.ffn_up_exps.weight#2", 6),
+                ("blk.3.ffn_up_exps.weight#2", 1),
+            ],
+        );
+        assert_eq!(pick("blk.2.ffn_gate_exps.weight#1", &same), key(&same[1]));
         // No incoming weight (another cache asks for room): plain LRU.
-        assert_eq!(c[p.choose_for(None, &c)].key, "blk.2.ffn_up_exps.weight#0");
+        assert_eq!(
+            key(&c[p.choose_for(None, &c)]),
+            "blk.2.ffn_up_exps.weight#0"
+        );
     }
 }

@@ -111,7 +111,7 @@ pub struct WeightCache {
     changed: Condvar,
     trace: Mutex<Option<Arc<Trace>>>,
     /// The board clock's recorder (`docs/board-model.md`).
-    events: Mutex<Option<Arc<ork_board::Recorder>>>,
+    events: Mutex<Option<crate::board::Recording>>,
     /// The device-wide ledger (its own unless made with [`WeightCache::with_budget`]).
     budget: Arc<DeviceBudget>,
     /// This cache's id on the ledger.
@@ -239,12 +239,14 @@ impl WeightCache {
         *self.trace.lock().unwrap_or_else(|p| p.into_inner()) = trace;
     }
 
-    /// Start (or stop, with `None`) recording loads for the board clock.
-    pub fn set_events(&self, events: Option<Arc<ork_board::Recorder>>) {
-        *self.events.lock().unwrap_or_else(|p| p.into_inner()) = events;
+    /// Start (or stop, with `None`) recording loads for the board clock, its weights keyed as
+    /// `model`'s (the run's model, or a draft beside it: each numbers its weights from 0).
+    pub fn set_events(&self, events: Option<Arc<ork_board::Recorder>>, model: ork_board::Model) {
+        *self.events.lock().unwrap_or_else(|p| p.into_inner()) =
+            events.map(|rec| crate::board::Recording { rec, model });
     }
 
-    fn events(&self) -> Option<Arc<ork_board::Recorder>> {
+    fn events(&self) -> Option<crate::board::Recording> {
         self.events
             .lock()
             .unwrap_or_else(|p| p.into_inner())

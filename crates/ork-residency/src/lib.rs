@@ -29,7 +29,7 @@ mod prefetch;
 mod source;
 mod trace;
 
-pub use budget::{Candidate, DeviceBudget, EvictionPolicy, LayerOrder, Lru};
+pub use budget::{Candidate, DeviceBudget, EvictionPolicy, Incoming, LayerOrder, Lru};
 pub use cache::{device_bytes, CacheConfig, CacheStats, WeightCache, WeightKey, WeightLease};
 pub use error::ResidencyError;
 pub use linear::{quantize_row_i8, DeviceMatmul};

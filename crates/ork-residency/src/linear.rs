@@ -65,7 +65,7 @@ pub struct DeviceMatmul {
     activations: Mutex<Vec<Option<DeviceBuffer>>>,
     trace: Option<Arc<Trace>>,
     /// The board clock's recorder (`docs/board-model.md`).
-    events: std::sync::OnceLock<Arc<ork_board::Recorder>>,
+    events: std::sync::OnceLock<crate::board::Recording>,
     precision: ActPrecision,
     /// fp16 activations clamped to ±65504 so far.
     clamped: AtomicU64,
@@ -154,20 +154,25 @@ impl DeviceMatmul {
     }
 
     /// From now on record matmuls, the cache's loads and the executor's events
-    /// ([`DeviceMatmul::record`]) in `events`, for the board clock (`docs/board-model.md`).
-    /// Returns `false` (and changes nothing) when a recorder was set before.
-    pub fn set_events(&self, events: Arc<ork_board::Recorder>) -> bool {
-        let set = self.events.set(Arc::clone(&events)).is_ok();
+    /// ([`DeviceMatmul::record`]) in `events`, for the board clock (`docs/board-model.md`), the
+    /// weights keyed as `model`'s (the run's model, or a draft beside it). Returns `false` (and
+    /// changes nothing) when a recorder was set before.
+    pub fn set_events(&self, events: Arc<ork_board::Recorder>, model: ork_board::Model) -> bool {
+        let recording = crate::board::Recording {
+            rec: Arc::clone(&events),
+            model,
+        };
+        let set = self.events.set(recording).is_ok();
         if set {
-            self.cache.set_events(Some(events));
+            self.cache.set_events(Some(events), model);
         }
         set
     }
 
     /// Record `event` (the executor's passes and host operations) if recording.
     pub fn record(&self, event: ork_board::Event) {
-        if let Some(rec) = self.events.get() {
-            rec.push(event);
+        if let Some(r) = self.events.get() {
+            r.rec.push(event);
         }
     }
 
@@ -366,7 +371,6 @@ impl DeviceMatmul {
                 p.advance(*id);
             }
         }
-        let names: Vec<&str> = entries.iter().map(|(_, e)| &*e.name).collect();
         // Lease what is resident and whole; the rest runs after the batch, one by one.
         let mut batch = Vec::with_capacity(entries.len());
         let mut rest = Vec::new();
@@ -386,7 +390,7 @@ impl DeviceMatmul {
             }
         }
         if !batch.is_empty() {
-            self.run_batch(&batch, &names, x, m, ys)?;
+            self.run_batch(&batch, &entries, x, m, ys)?;
             drop(batch);
         }
         for i in rest {
@@ -401,17 +405,19 @@ impl DeviceMatmul {
     fn run_batch(
         &self,
         batch: &[(usize, WeightLease<'_>)],
-        names: &[&str],
+        entries: &[(WeightId, Arc<Entry>)],
         x: &[f32],
         m: usize,
         ys: &mut [&mut [f32]],
     ) -> Result<(), ResidencyError> {
+        // Names for errors and the trace; the board clock keys weights by id.
+        let names: Vec<&str> = entries.iter().map(|(_, e)| &*e.name).collect();
         let first = names[batch[0].0];
         let k = batch[0].1.layout.k;
         let domain = batch[0].1.buffer.domain();
         if let Some(rec) = self.events.get() {
             for (j, (i, w)) in batch.iter().enumerate() {
-                crate::board::matmul(rec, names[*i], &w.layout, m, domain.0, 1, j == 0);
+                crate::board::matmul(rec, entries[*i].0, &w.layout, m, domain.0, 1, j == 0);
             }
         }
         let t0 = Instant::now();
@@ -517,7 +523,7 @@ impl DeviceMatmul {
         let domain = weight.buffer.domain();
         if let Some(rec) = self.events.get() {
             let calls = parts.len();
-            crate::board::matmul(rec, name, &weight.layout, m, domain.0, calls, true);
+            crate::board::matmul(rec, id, &weight.layout, m, domain.0, calls, true);
         }
         // A weight cut into K-segments needs room for one segment's columns after the whole
         // activations.

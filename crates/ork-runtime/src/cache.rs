@@ -85,8 +85,8 @@ pub(crate) fn model_linear(
         (
             plan.placement
                 .iter()
-                .filter(|p| !ork_manifest::is_expert_key(&p.name))
                 .filter_map(|p| cache.id(&p.name).ok())
+                .filter(|&id| model.manifest().get(id).expert.is_none())
                 .collect::<Vec<_>>(),
             slots,
         )

@@ -162,7 +162,8 @@ struct LoadedDraft {
     path: PathBuf,
     gguf: Arc<GgufFile>,
     model: Arc<Model>,
-    weights: Vec<(String, u64)>,
+    /// Its weights (ids of its own manifest) and their device bytes.
+    weights: Vec<(WeightId, u64)>,
 }
 
 fn load_draft_model(
@@ -179,9 +180,9 @@ fn load_draft_model(
     let draft_tokenizer = Tokenizer::from_gguf(&gguf).map_err(err)?;
     ork_exec::check_draft_vocabulary(tokenizer, &draft_tokenizer, &path.display().to_string())
         .map_err(err)?;
-    let manifest = Manifest::from_gguf(&gguf)?;
-    crate::check_weights(config, &manifest)?;
-    let weights = weight_bytes(&manifest, config.dtype, config.group)?;
+    let manifest = model.manifest();
+    crate::check_weights(config, manifest)?;
+    let weights = weight_bytes(manifest, config.dtype, config.group)?;
     Ok(LoadedDraft {
         path: path.to_path_buf(),
         gguf,
@@ -205,13 +206,13 @@ pub(crate) struct DraftReservation {
 
 impl DraftReservation {
     /// Reserve the config's draft: read and check a draft model, or choose the blocks of a self
-    /// draft among the model's weights `all` (execution order, device bytes) for `capacity`
+    /// draft among the model's weights `all` (ids, device bytes; execution order) for `capacity`
     /// bytes (the budget or the window, the smaller) and `slots` prefetch slots.
     pub(crate) fn reserve(
         config: &EngineConfig,
         model: &Model,
         tokenizer: &Tokenizer,
-        all: &[(String, u64)],
+        all: &[(WeightId, u64)],
         capacity: u64,
         slots: usize,
     ) -> Result<DraftReservation, RuntimeError> {
@@ -235,16 +236,21 @@ impl DraftReservation {
                     None => self_draft_layers(config, model, all, capacity, slots)?,
                 };
                 reservation.weights = self_draft_weights(config, model, n)?;
-                reservation.bytes = bytes_of(model.manifest(), all, &reservation.weights);
+                reservation.bytes = bytes_of(all, &reservation.weights);
                 reservation.self_layers = Some(n);
             }
         }
         Ok(reservation)
     }
 
-    /// Whether the self draft pins the model's weight `name`.
-    pub(crate) fn holds(&self, name: &str) -> bool {
-        in_set(&self.manifest, &self.weights, name)
+    /// Whether the self draft pins the model's weight `id`.
+    pub(crate) fn holds(&self, id: WeightId) -> bool {
+        self.weights.contains(&id)
+    }
+
+    /// The model's manifest (the name table of the ids the reservation holds).
+    pub(crate) fn manifest(&self) -> &Manifest {
+        &self.manifest
     }
 
     /// Which draft (`self:N` or the draft's file), as errors name it.
@@ -279,14 +285,14 @@ impl DraftReservation {
                     domains,
                     device_budget,
                 )?;
-                for (name, _) in &d.weights {
-                    dcache.pin(name)?;
+                for &(id, _) in &d.weights {
+                    dcache.pin(id)?;
                 }
                 let dcache = Arc::new(dcache);
                 device_budget.register(&dcache);
                 // Pack every draft weight now: no pass waits for one later.
-                for (name, _) in &d.weights {
-                    drop(dcache.get(name)?);
+                for &(id, _) in &d.weights {
+                    drop(dcache.get(id)?);
                 }
                 let dm = DeviceMatmul::new(Arc::clone(&dcache), None)
                     .with_activations(config.activations);
@@ -338,17 +344,9 @@ fn self_draft_weights(
         .collect())
 }
 
-/// Whether weight `name` of `manifest` is in `set`.
-fn in_set(manifest: &Manifest, set: &HashSet<WeightId>, name: &str) -> bool {
-    manifest.id(name).is_some_and(|id| set.contains(&id))
-}
-
-/// Device bytes of the weights of `all` (names of `manifest`'s weights) in `set`.
-fn bytes_of(manifest: &Manifest, all: &[(String, u64)], set: &HashSet<WeightId>) -> u64 {
-    all.iter()
-        .filter(|w| in_set(manifest, set, &w.0))
-        .map(|w| w.1)
-        .sum()
+/// Device bytes of the weights of `all` in `set`.
+fn bytes_of(all: &[(WeightId, u64)], set: &HashSet<WeightId>) -> u64 {
+    all.iter().filter(|w| set.contains(&w.0)).map(|w| w.1).sum()
 }
 
 /// Blocks of a self draft when the config does not say: as many as fit beside the model's
@@ -357,7 +355,7 @@ fn bytes_of(manifest: &Manifest, all: &[(String, u64)], set: &HashSet<WeightId>)
 fn self_draft_layers(
     config: &EngineConfig,
     model: &Model,
-    all: &[(String, u64)],
+    all: &[(WeightId, u64)],
     capacity: u64,
     slots: usize,
 ) -> Result<usize, RuntimeError> {
@@ -366,12 +364,12 @@ fn self_draft_layers(
         let set = self_draft_weights(config, model, cand)?;
         let mut rest: Vec<u64> = all
             .iter()
-            .filter(|w| !in_set(model.manifest(), &set, &w.0))
+            .filter(|w| !set.contains(&w.0))
             .map(|w| w.1)
             .collect();
         rest.sort_unstable_by(|a, b| b.cmp(a));
         let reserve: u64 = rest.iter().take(slots + 1).sum();
-        if bytes_of(model.manifest(), all, &set) + reserve > capacity {
+        if bytes_of(all, &set) + reserve > capacity {
             break;
         }
         best = cand;

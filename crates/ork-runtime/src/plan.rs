@@ -2,7 +2,7 @@
 //! within the budget and the window.
 
 use ork_device::EmuConfig;
-use ork_manifest::Manifest;
+use ork_manifest::{Manifest, WeightId};
 use ork_pack::PackDtype;
 use ork_residency::{device_bytes, Plan, PlanInput};
 
@@ -27,7 +27,7 @@ pub fn plan_weights(
     slots: usize,
 ) -> Result<Plan, RuntimeError> {
     Ok(ork_residency::plan(&PlanInput {
-        weights: weight_bytes(manifest, dtype, group)?,
+        weights: named(manifest, &weight_bytes(manifest, dtype, group)?),
         budget_bytes: budget,
         window_bytes: window,
         domains,
@@ -35,12 +35,20 @@ pub fn plan_weights(
     }))
 }
 
-/// Device bytes of every matmul weight of `manifest` at `dtype`, in execution order.
+/// `weights` by name, for the planner: its plan is for people (`ork plan`) and names them.
+fn named(manifest: &Manifest, weights: &[(WeightId, u64)]) -> Vec<(String, u64)> {
+    weights
+        .iter()
+        .map(|&(id, bytes)| (manifest.get(id).key.clone(), bytes))
+        .collect()
+}
+
+/// Device bytes of every matmul weight of `manifest` at `dtype`, by id, in execution order.
 pub(crate) fn weight_bytes(
     manifest: &Manifest,
     dtype: PackDtype,
     group: ork_pack::ScaleGroup,
-) -> Result<Vec<(String, u64)>, RuntimeError> {
+) -> Result<Vec<(WeightId, u64)>, RuntimeError> {
     let mut weights = Vec::new();
     for w in manifest.execution_order() {
         let (k, n) = ork_store::matmul_dims(&w.slice).map_err(|source| RuntimeError::Plan {
@@ -48,7 +56,7 @@ pub(crate) fn weight_bytes(
             source,
         })?;
         weights.push((
-            w.key.clone(),
+            w.id,
             device_bytes(&ork_pack::TiledLayout::new(
                 ork_store::weight_quant(&w.key, dtype, group).0,
                 k,
@@ -69,7 +77,7 @@ pub(crate) fn weight_bytes(
 /// weight.
 pub(crate) fn plan_beside_draft(
     config: &EngineConfig,
-    all: &[(String, u64)],
+    all: &[(WeightId, u64)],
     draft: &DraftReservation,
     budget: u64,
     window_bytes: u64,
@@ -78,7 +86,8 @@ pub(crate) fn plan_beside_draft(
 ) -> Result<Plan, RuntimeError> {
     let capacity = budget.min(window_bytes);
     let draft_bytes = draft.bytes;
-    let rest: Vec<(String, u64)> = all.iter().filter(|w| !draft.holds(&w.0)).cloned().collect();
+    let manifest = draft.manifest();
+    let rest: Vec<(WeightId, u64)> = all.iter().filter(|w| !draft.holds(w.0)).copied().collect();
     if draft_bytes > 0 {
         let largest = rest.iter().map(|w| w.1).max().unwrap_or(0);
         if draft_bytes + largest > capacity {
@@ -94,7 +103,7 @@ pub(crate) fn plan_beside_draft(
         }
     }
     let mut plan = ork_residency::plan(&PlanInput {
-        weights: rest,
+        weights: named(manifest, &rest),
         budget_bytes: budget - draft_bytes,
         window_bytes: window_bytes.saturating_sub(draft_bytes),
         domains,
@@ -103,11 +112,11 @@ pub(crate) fn plan_beside_draft(
     if !draft.weights.is_empty() {
         // A self draft's weights are the model's own: pinned in domain 0, in execution order.
         let mut planned = std::mem::take(&mut plan.placement).into_iter();
-        for (name, bytes) in all {
-            if draft.holds(name) {
+        for &(id, bytes) in all {
+            if draft.holds(id) {
                 plan.placement.push(ork_residency::Placement {
-                    name: name.clone(),
-                    bytes: *bytes,
+                    name: manifest.get(id).key.clone(),
+                    bytes,
                     domain: 0,
                     resident: true,
                 });

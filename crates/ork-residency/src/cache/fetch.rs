@@ -135,14 +135,15 @@ impl WeightCache {
             domain,
             bytes,
         } = *want;
-        let (name, size) = (&*e.name, e.layout.blob_bytes() as u64);
+        let size = e.layout.blob_bytes() as u64;
+        let incoming = crate::budget::Incoming { id, layer: e.layer };
         let d = domain.0 as usize;
         let mut reuse = st.take_spare(domain, size);
         while !self.budget.try_reserve(domain, bytes) {
             if st.drop_spare(domain) {
                 continue;
             }
-            if st.evict_for(domain, by, &*self.policy, name, size, &mut reuse) {
+            if st.evict_for(domain, by, &*self.policy, incoming, size, &mut reuse) {
                 continue;
             }
             if by == Requester::Compute && self.budget.has_others(self.member) {
@@ -170,7 +171,7 @@ impl WeightCache {
                 if st.drop_spare(domain) {
                     continue;
                 }
-                if st.evict_for(domain, by, &*self.policy, name, size, &mut reuse) {
+                if st.evict_for(domain, by, &*self.policy, incoming, size, &mut reuse) {
                     continue;
                 }
             }
@@ -190,7 +191,7 @@ impl WeightCache {
                 }
                 Requester::Compute => {
                     return Err(ResidencyError::BudgetTooSmall {
-                        name: name.to_owned(),
+                        name: e.name.to_string(),
                         budget_mib: mib(self.config.budget_bytes),
                         need_mib: mib(bytes),
                         pinned_mib: mib(self.budget.used(domain)),
@@ -225,7 +226,7 @@ impl WeightCache {
         let record = FillRecord {
             started: Instant::now(),
             created: reuse.is_none(),
-            after: events.as_ref().map_or(0, |r| r.matmuls()),
+            after: events.as_ref().map_or(0, |r| r.rec.matmuls()),
             events,
         };
         let result = self.fill(want.e, want.domain, want.by, reuse);
@@ -278,7 +279,7 @@ impl WeightCache {
         }
         if let Some(rec) = &record.events {
             let (domain, created) = (want.domain.0, record.created);
-            crate::board::load(rec, name, &layout, domain, created, by, record.after);
+            crate::board::load(rec, want.id, &layout, domain, created, by, record.after);
         }
         if let Some(tr) = &self.trace() {
             let lane = match by {
@@ -421,7 +422,7 @@ struct FillRecord {
     created: bool,
     /// The board's matmul count when the fill began.
     after: u64,
-    events: Option<Arc<ork_board::Recorder>>,
+    events: Option<crate::board::Recording>,
 }
 
 /// Insert the loading slot of a weight whose bytes were just reserved.
@@ -439,7 +440,7 @@ fn insert_loading_slot(st: &mut State, want: &Want<'_>, pinned: bool) {
     st.slots.insert(
         want.id,
         Slot {
-            name: Arc::clone(&want.e.name),
+            layer: want.e.layer,
             state: SlotState::Loading,
             loader: want.by,
             bytes: want.bytes,

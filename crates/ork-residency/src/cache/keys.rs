@@ -19,8 +19,10 @@ pub(crate) struct Entry {
     /// Its id.
     pub(crate) id: WeightId,
     /// Its name in the manifest (`.orkpack` entry, GGUF tensor or `TENSOR#EXPERT`): for
-    /// messages, traces and the eviction policy.
+    /// messages and traces.
     pub(crate) name: Arc<str>,
+    /// Its block (the manifest's layer), for the eviction policy.
+    pub(crate) layer: Option<u32>,
     pub(crate) layout: TiledLayout,
     pub(crate) group: ScaleGroup,
     /// The domain the placement gives it (checked against the device when used).
@@ -122,9 +124,11 @@ impl WeightCache {
         if let Some(e) = cell.get() {
             return Ok(Arc::clone(e));
         }
+        let w = self.source.manifest().get(id);
         let e = Arc::new(Entry {
             id,
-            name: self.source.manifest().get(id).key.as_str().into(),
+            name: w.key.as_str().into(),
+            layer: w.layer,
             layout: self.source.layout(id)?,
             group: self.source.group(id)?,
             domain: self.placement.get(id.index()).copied().unwrap_or_default(),

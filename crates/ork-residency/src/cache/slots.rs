@@ -9,7 +9,7 @@ use ork_device::{DeviceBuffer, DeviceWeight, DomainId};
 use ork_manifest::WeightId;
 
 use super::CacheStats;
-use crate::budget::{Candidate, DeviceBudget, EvictionPolicy};
+use crate::budget::{Candidate, DeviceBudget, EvictionPolicy, Incoming};
 
 /// Who is asking: the compute path (may evict anything evictable, weights prefetched for the
 /// latest announcement last) or the prefetch thread (may not evict those, and never waits).
@@ -26,8 +26,8 @@ pub(super) enum SlotState {
 }
 
 pub(super) struct Slot {
-    /// The weight's name, for the eviction policy.
-    pub(super) name: Arc<str>,
+    /// The weight's block (the manifest's layer), for the eviction policy.
+    pub(super) layer: Option<u32>,
     pub(super) state: SlotState,
     /// Who reserved the slot (meaningful while loading).
     pub(super) loader: Requester,
@@ -115,7 +115,7 @@ impl State {
         domain: DomainId,
         by: Requester,
         policy: &dyn EvictionPolicy,
-        incoming: Option<&str>,
+        incoming: Option<Incoming>,
         reuse_size: Option<u64>,
     ) -> bool {
         let generation = self.generation;
@@ -125,12 +125,13 @@ impl State {
             .filter(|(_, s)| s.domain == domain && s.evictable(by, generation))
             .collect();
         let unprotected = evictable.iter().any(|(_, s)| !s.protected(generation));
-        let (ids, candidates): (Vec<WeightId>, Vec<Candidate<'_>>) = evictable
+        let (ids, candidates): (Vec<WeightId>, Vec<Candidate>) = evictable
             .into_iter()
             .filter(|(_, s)| !unprotected || !s.protected(generation))
             .map(|(&id, s)| {
                 let c = Candidate {
-                    key: &s.name,
+                    id,
+                    layer: s.layer,
                     bytes: s.bytes,
                     last_use: s.last_use,
                 };
@@ -180,7 +181,7 @@ impl State {
         true
     }
 
-    /// [`State::evict`] to make room for `name`, whose buffer is `size` bytes: unless `reuse`
+    /// [`State::evict`] to make room for `incoming`, whose buffer is `size` bytes: unless `reuse`
     /// already holds a buffer for it, prefer a victim of that size and take its buffer into
     /// `reuse`. Returns whether a weight was evicted.
     pub(super) fn evict_for(
@@ -188,7 +189,7 @@ impl State {
         domain: DomainId,
         by: Requester,
         policy: &dyn EvictionPolicy,
-        name: &str,
+        incoming: Incoming,
         size: u64,
         reuse: &mut Option<DeviceBuffer>,
     ) -> bool {
@@ -196,7 +197,7 @@ impl State {
             domain,
             by,
             policy,
-            Some(name),
+            Some(incoming),
             reuse.is_none().then_some(size),
         );
         if evicted && reuse.is_none() {

@@ -86,7 +86,7 @@ impl DeviceMatmul {
         let domain = weight.buffer.domain();
         if let Some(rec) = self.events.get() {
             let layout = TiledLayout::new(e.layout.dtype, k, rows.len());
-            crate::board::matmul(rec, name, &layout, m, domain.0, sub.len(), true);
+            crate::board::matmul(rec, id, &layout, m, domain.0, sub.len(), true);
         }
         let segmented = sub.iter().any(|p| p.out.k.len() != k);
         let device_err = |source| ResidencyError::Device {

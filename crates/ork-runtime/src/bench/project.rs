@@ -19,7 +19,7 @@ pub fn record(engine: &Engine, board: Option<&Board>) -> Option<Arc<Recorder>> {
     engine
         .linear()?
         .device_matmul()
-        .set_events(Arc::clone(&rec));
+        .set_events(Arc::clone(&rec), ork_board::Model::Target);
     Some(rec)
 }
 
