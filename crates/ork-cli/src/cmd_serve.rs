@@ -15,8 +15,17 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         None => None,
     };
     let (mut config, chosen) = engine_config_auto(&args.model, false, false)?;
-    // A server has no `--project`: a decode split's share is `--split-rows`.
-    let (split, _) = crate::cmd_split::resolve(&mut config, None, "")?;
+    let boards = crate::cmd_split::ShareBoards {
+        project: None,
+        board: args.model.board.as_deref(),
+        soc: args.model.soc.into(),
+    };
+    let split = crate::cmd_split::resolve(
+        &mut config,
+        args.model.split_rows,
+        &boards,
+        chosen.split.as_ref(),
+    )?;
     let engine = open_engine(config, false)?;
     crate::auto::say(&chosen, &engine);
     crate::open_model::say_engines(&engine);
