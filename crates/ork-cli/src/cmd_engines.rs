@@ -70,7 +70,7 @@ fn shape_order(
 ) -> impl Iterator<Item = &ork_manifest::Weight> + '_ {
     manifest
         .execution_order()
-        .filter(|w| !w.expert.is_some_and(|e| e > 0))
+        .filter(|w| w.expert.is_none_or(|e| e == 0))
 }
 
 /// One kind of dense weight (its K, N and file type) and the NPU's share of its rows.

@@ -314,19 +314,10 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         .as_ref()
         .and_then(crate::cli::DraftArg::engine_source);
     let soc = ork_device::Soc::from(args.model.soc).to_string();
-    let boards = crate::cmd_split::ShareBoards {
-        project: args.project.project.as_deref(),
-        board: args.model.board.as_deref(),
-        soc: args.model.soc.into(),
-    };
-    let split = crate::cmd_split::resolve(
-        &mut config,
-        args.model.split_rows,
-        &boards,
-        chosen.split.as_ref(),
-    )?;
+    let project = args.project.project.as_deref();
+    let split = crate::cmd_split::resolve_for(&mut config, &args.model, project, &chosen)?;
     // The clock replays one device's work: not a split's (see `cmd_split`).
-    let project = args.project.project.as_deref().filter(|_| split.is_none());
+    let project = project.filter(|_| split.is_none());
     let board = crate::cmd_project::board(project, &soc)?;
     let loaded = Engine::load(config)?;
     let prompt = encode_prompt(args, &loaded, &text)?;
@@ -792,7 +783,12 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         board: args.board.as_deref(),
         soc: args.soc.into(),
     };
-    let mut split = crate::cmd_split::resolve(&mut config, args.split_rows, &boards, None)?;
+    // A split the command line names: its shares now (the load checks them); one `--device
+    // auto` chooses: after the choice.
+    let mut split = None;
+    if config.engines().decode == ork_runtime::PhaseEngine::Split {
+        split = crate::cmd_split::resolve(&mut config, args.split_rows, &boards, None)?;
+    }
     // The validation `run` and `convert` make (model, tokenizer, manifest, every chip rule for
     // every weight): a plan never says yes to a model they refuse.
     let loaded = ork_runtime::Engine::load(config.clone())?;

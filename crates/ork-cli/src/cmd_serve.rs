@@ -15,17 +15,7 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         None => None,
     };
     let (mut config, chosen) = engine_config_auto(&args.model, false, false)?;
-    let boards = crate::cmd_split::ShareBoards {
-        project: None,
-        board: args.model.board.as_deref(),
-        soc: args.model.soc.into(),
-    };
-    let split = crate::cmd_split::resolve(
-        &mut config,
-        args.model.split_rows,
-        &boards,
-        chosen.split.as_ref(),
-    )?;
+    let split = crate::cmd_split::resolve_for(&mut config, &args.model, None, &chosen)?;
     let engine = open_engine(config, false)?;
     crate::auto::say(&chosen, &engine);
     crate::open_model::say_engines(&engine);

@@ -158,6 +158,25 @@ pub fn resolve(
     Ok(source)
 }
 
+/// [`resolve`] for `run` (`project`: its `--project`) and `serve` (none): the model options'
+/// `--split-rows`, `--board` and `--soc`, and what `--device auto` chose.
+///
+/// # Errors
+/// As [`resolve`].
+pub fn resolve_for(
+    config: &mut EngineConfig,
+    opts: &crate::cli::ModelOpts,
+    project: Option<&str>,
+    chosen: &crate::auto::Chosen,
+) -> Result<Option<ShareSource>> {
+    let boards = ShareBoards {
+        project,
+        board: opts.board.as_deref(),
+        soc: opts.soc.into(),
+    };
+    resolve(config, opts.split_rows, &boards, chosen.split.as_ref())
+}
+
 /// [`resolve`]'s shares.
 fn share(
     config: &EngineConfig,
