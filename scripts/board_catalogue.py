@@ -18,10 +18,11 @@ w4a16, int4 weights), 128 prompt tokens, 64 generated.
 
 `--engines` prints the second table of docs/board-model.md instead: each model as 4-bit and 3-bit
 GGUFs (shapes only), every pairing of the NPU (int8 from the pack) and the CPU (the file's bits)
-for prefill and decode, the one `ork plan --project` chooses, and the goals of issue 38 with the
-physical ceiling (bytes one token reads / the board's DDR rate) beside each projection, and the
-row-split decode (`projected.split_decode`: each dense matmul's rows split between the NPU and the
-CPU on one DDR bus; evaluated, not built) beside the best single engine. The
+for prefill and decode (the row split among them: npu/split, cpu/split), the one `ork plan
+--project` chooses, and the goals of issue 38 with the physical ceiling (bytes one token reads /
+the board's DDR rate) beside each projection, and the row-split decode (`projected.split_decode`:
+each dense matmul's rows split between the NPU and the CPU on one DDR bus, each weight at its own
+share; built: `--decode-device split`) beside the best single engine. The
 placement is the plan's own (`--domains` left to `--project`: resident across as many domains as
 the int8 weights need when they fit the RAM beside 1.5 GiB, else streamed).
 """
@@ -145,9 +146,10 @@ def engines_tables(a):
                 os.remove(path)
                 print(f"| {name} | {label} | {gb:.1f} | " + " | ".join(cells) + " |")
         print()
-        print("Row-split decode (projected, evaluated, not built; `projected.split_decode`): each "
-              "dense matmul's rows split between the NPU (int8) and the CPU (file bits) on one "
-              "DDR bus. Cell: split tok/s · best single engine tok/s · gain (NPU row share).")
+        print("Row-split decode (projected; `projected.split_decode`, built: --decode-device "
+              "split): each dense matmul's rows split between the NPU (int8) and the CPU (file "
+              "bits) on one DDR bus, each weight at its own share. Cell: split tok/s · best "
+              "single engine tok/s · gain (NPU row share by int8 bytes).")
         print("| model | file | " + " | ".join(b for b in ENGINE_BOARDS if b != "pi5-16g") + " |")
         print("|---|---|" + "---|" * (len(ENGINE_BOARDS) - 1))
         for name, label in dict.fromkeys((n, l) for n, l, _, _ in splits):

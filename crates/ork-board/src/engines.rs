@@ -1,7 +1,7 @@
 //! Engines per phase: a request's prefill on one engine (the NPU at int8, or the CPU at the
-//! file's bits) and its decode on the same or the other, one KV cache in host memory. Every
-//! pairing is projected, and the fastest chosen by one stated rule ([`RULE`]). Every figure is
-//! a projection (`docs/board-model.md`).
+//! file's bits) and its decode on the same, the other, or both at once (the row split,
+//! [`crate::split`]), one KV cache in host memory. Every pairing is projected, and the fastest
+//! chosen by one stated rule ([`RULE`]). Every figure is a projection (`docs/board-model.md`).
 
 use serde::Serialize;
 
@@ -13,6 +13,9 @@ pub enum Engine {
     Npu,
     /// The CPU, the GGUF's blocks at their own bits ([`crate::cpu`]).
     Cpu,
+    /// Decode only: each dense matmul's rows shared by the NPU (int8) and the CPU (the file's
+    /// bits) at once, each weight at its own share ([`crate::split::split_shares`]).
+    Split,
 }
 
 /// One engine's projected phases for the request.
@@ -34,6 +37,9 @@ pub struct EngineInputs {
     pub cpu: Option<Phases>,
     /// The CPU while the NPU's buffers hold RAM.
     pub cpu_beside_npu: Option<Phases>,
+    /// The row split's decode tokens per second, the NPU's weights resident
+    /// ([`crate::split::split_decode`]; `None`: no NPU, or its weights stream).
+    pub split_decode_tok_s: Option<f64>,
 }
 
 /// One pairing as projected.
@@ -65,7 +71,8 @@ pub struct Engines {
 pub struct Choice {
     /// The pairing with the least [`Pairing::total_s`].
     pub engines: Engines,
-    /// Every pairing considered, in the order npu/npu, npu/cpu, cpu/cpu, cpu/npu.
+    /// Every pairing considered, in the order npu/npu, npu/cpu, cpu/cpu, cpu/npu, npu/split,
+    /// cpu/split.
     pub alternatives: Vec<Pairing>,
     /// The rule.
     pub rule: &'static str,
@@ -83,28 +90,36 @@ impl Choice {
 /// How the pairing is chosen.
 pub const RULE: &str = "least TTFT + (generated tokens - 1) / decode tok/s, the request's own \
                         prompt and generated counts; ties to the earlier of npu/npu, npu/cpu, \
-                        cpu/cpu, cpu/npu";
+                        cpu/cpu, cpu/npu, npu/split, cpu/split (split: each dense decode \
+                        matmul's rows shared by the NPU and the CPU, each weight at the share \
+                        the clock projects best for it)";
 
 /// Every pairing `inputs` allows, and the fastest for a request that generates `gen` tokens
 /// (the first from the prefill); `None` when neither engine is projected.
 pub fn choose(inputs: &EngineInputs, gen: usize) -> Option<Choice> {
     let steps = gen.saturating_sub(1) as f64;
-    let pair = |prefill, decode, p: Option<Phases>, d: Option<Phases>| {
-        let (p, d) = (p?, d?);
+    let pair = |prefill, decode, ttft: Option<Phases>, rate: Option<f64>| {
+        let (ttft_s, decode_tok_s) = (ttft?.ttft_s, rate?);
         Some(Pairing {
             prefill,
             decode,
-            ttft_s: p.ttft_s,
-            decode_tok_s: d.decode_tok_s,
-            total_s: p.ttft_s + steps / d.decode_tok_s,
+            ttft_s,
+            decode_tok_s,
+            total_s: ttft_s + steps / decode_tok_s,
         })
     };
     let (npu, cpu, beside) = (inputs.npu, inputs.cpu, inputs.cpu_beside_npu);
+    let rate = |p: Option<Phases>| p.map(|p| p.decode_tok_s);
+    // The split decodes beside the NPU's buffers; its prefill is either engine's (the CPU's
+    // beside those buffers too).
+    let split = inputs.split_decode_tok_s;
     let alternatives: Vec<Pairing> = [
-        pair(Engine::Npu, Engine::Npu, npu, npu),
-        pair(Engine::Npu, Engine::Cpu, npu, beside),
-        pair(Engine::Cpu, Engine::Cpu, cpu, cpu),
-        pair(Engine::Cpu, Engine::Npu, beside, npu),
+        pair(Engine::Npu, Engine::Npu, npu, rate(npu)),
+        pair(Engine::Npu, Engine::Cpu, npu, rate(beside)),
+        pair(Engine::Cpu, Engine::Cpu, cpu, rate(cpu)),
+        pair(Engine::Cpu, Engine::Npu, beside, rate(npu)),
+        pair(Engine::Npu, Engine::Split, npu, split),
+        pair(Engine::Cpu, Engine::Split, beside, split),
     ]
     .into_iter()
     .flatten()
@@ -141,13 +156,17 @@ mod tests {
                 for tc in grid {
                     for dc in rates {
                         for starve in [1.0, 0.8, 0.3] {
-                            cases.push((tn, dn, tc, dc, dc * starve));
+                            // The split: none, the CPU beside the buffers (every share 0), a
+                            // gain over it.
+                            for split in [None, Some(1.0), Some(1.4)] {
+                                cases.push((tn, dn, tc, dc, dc * starve, split));
+                            }
                         }
                     }
                 }
             }
         }
-        for (tn, dn, tc, dc, beside) in cases {
+        for (tn, dn, tc, dc, beside, split) in cases {
             let phases = |ttft_s, decode_tok_s| {
                 Some(Phases {
                     ttft_s,
@@ -158,8 +177,10 @@ mod tests {
                 npu: phases(tn, dn),
                 cpu: phases(tc, dc),
                 cpu_beside_npu: phases(tc, beside),
+                split_decode_tok_s: split.map(|g: f64| g * beside),
             };
             let c = choose(&inputs, 64).unwrap();
+            assert_eq!(c.alternatives.len(), 4 + 2 * usize::from(split.is_some()));
             let chosen = c.chosen().unwrap();
             let alone: Vec<&Pairing> = c
                 .alternatives
@@ -168,6 +189,14 @@ mod tests {
                 .collect();
             assert_eq!(alone.len(), 2);
             assert!(alone.iter().all(|a| chosen.total_s <= a.total_s), "{c:?}");
+            assert!(
+                c.alternatives.iter().all(|a| chosen.total_s <= a.total_s),
+                "{c:?}"
+            );
+            if split == Some(1.0) {
+                // A split no faster than the CPU beside the buffers: ties go to cpu decode.
+                assert_ne!(chosen.decode, Engine::Split, "{c:?}");
+            }
             assert!(chosen.decode_tok_s >= dn.min(dc), "{c:?}");
             if beside == dc {
                 assert!(chosen.decode_tok_s >= dn.max(dc), "{c:?}");

@@ -101,7 +101,7 @@ pub fn options(
     split(
         big,
         "split decode: dense rows on the NPU (int8) and the big cores; experts, attention on the CPU",
-        "runs: --decode-device split (one row share for every dense weight)",
+        "runs: --decode-device split (each dense weight at its own share: --split-rows auto)",
     );
     if all > big {
         split(

@@ -72,6 +72,41 @@ fn split_weight_s(
     (engines.max(bus_s), bus_s > engines && f > 0.0)
 }
 
+/// One dense weight's best share of rows for the NPU among 0, 1/[`SHARES`], …, 1, its step
+/// time there, and whether the bus binds it; 0 (the CPU alone) unless a share is strictly
+/// faster.
+fn best_share(
+    chip: &Chip,
+    w: &crate::cpu::CpuWeight,
+    cost: &crate::cpu::WeightCost,
+    ddr_bw: f64,
+) -> (f64, f64, bool) {
+    let cpu_only = cost.compute_s.max(cost.read_s);
+    (0..=SHARES)
+        .map(|i| i as f64 / SHARES as f64)
+        .map(|f| (f, split_weight_s(chip, w.k, w.n, cost, ddr_bw, f)))
+        .fold((0.0, cpu_only, false), |best, (f, (t, bound))| {
+            if t < best.1 {
+                (f, t, bound)
+            } else {
+                best
+            }
+        })
+}
+
+/// The NPU's share of each of `shape.weights`' rows (in its order) that [`split_decode`]
+/// projects best on `b`, the CPU planned as `plan`, at `context` positions: what
+/// `--split-rows auto` runs, weight by weight. Expert weights 0 (they stay on the CPU). `None`
+/// without an NPU.
+pub fn split_shares(
+    shape: &CpuShape,
+    b: &CpuBoard,
+    plan: &CpuPlan,
+    context: usize,
+) -> Option<Vec<f64>> {
+    Some(split_weights(shape, b, plan, context)?.0)
+}
+
 /// The split decode of `shape` on `b` (which must have an NPU, `b.chip`), the CPU planned as
 /// `plan` (its page cache: what the NPU's buffers leave), one decode step at `context`
 /// positions. `None` without an NPU.
@@ -81,35 +116,39 @@ pub fn split_decode(
     plan: &CpuPlan,
     context: usize,
 ) -> Option<SplitDecode> {
+    Some(split_weights(shape, b, plan, context)?.1)
+}
+
+/// [`split_shares`] and [`split_decode`], from one pass over the weights.
+fn split_weights(
+    shape: &CpuShape,
+    b: &CpuBoard,
+    plan: &CpuPlan,
+    context: usize,
+) -> Option<(Vec<f64>, SplitDecode)> {
     let chip = b.chip.as_ref()?;
     let rest = attention_s(shape, b, plan, 1, context);
     let (mut split, mut alone, mut bus, mut npu_bytes, mut all_bytes) = (rest, rest, 0.0, 0.0, 0.0);
+    let mut shares = Vec::with_capacity(shape.weights.len());
     for w in &shape.weights {
         let cost = weight_cost(shape, w, b, plan, 1);
         let cpu_only = cost.compute_s.max(cost.read_s);
         alone += cpu_only;
         if w.experts > 1 {
             split += cpu_only;
+            shares.push(0.0);
             continue;
         }
-        let (f, (t, bound)) = (0..=SHARES)
-            .map(|i| i as f64 / SHARES as f64)
-            .map(|f| (f, split_weight_s(chip, w.k, w.n, &cost, b.ddr_bw, f)))
-            .fold((0.0, (cpu_only, false)), |best, c| {
-                if c.1 .0 < best.1 .0 {
-                    c
-                } else {
-                    best
-                }
-            });
+        let (f, t, bound) = best_share(chip, w, &cost, b.ddr_bw);
         split += t;
         if bound {
             bus += t;
         }
+        shares.push(f);
         npu_bytes += f * (w.k * w.n) as f64;
         all_bytes += (w.k * w.n) as f64;
     }
-    Some(SplitDecode {
+    let decode = SplitDecode {
         decode_tok_s: 1.0 / split,
         cpu_decode_tok_s: 1.0 / alone,
         npu_row_share: if all_bytes > 0.0 {
@@ -118,7 +157,8 @@ pub fn split_decode(
             0.0
         },
         bus_bound_share: bus / split,
-    })
+    };
+    Some((shares, decode))
 }
 
 /// The CPU's all-core read rate while the NPU draws `npu_bytes_per_s` from the same bus: the

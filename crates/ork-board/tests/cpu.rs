@@ -213,15 +213,19 @@ fn the_chosen_pairing_is_never_slower_than_either_engine_alone() {
             (alone.ttft_s, alone.decode_tok_s),
             (near.ttft_s, near.decode_tok_s),
         );
+        // The row split, its CPU share on the same starved cache (the clock's own figure).
+        let split = split_decode(&shape, &b, &starved, 160).map(|s| s.decode_tok_s);
         for npu in [(a.0 / 5.0, a.1 * 0.6), (a.0 * 2.0, a.1 * 1.5), (a.0, a.1)] {
-            projected.push((Some(npu), Some(a), Some(n)));
+            projected.push((Some(npu), Some(a), Some(n), split));
         }
     }
-    for (npu, cpu, beside) in cases.into_iter().chain(projected) {
+    let cases = cases.map(|(npu, cpu, beside)| (npu, cpu, beside, None));
+    for (npu, cpu, beside, split) in cases.into_iter().chain(projected) {
         let inputs = EngineInputs {
             npu: ph(npu),
             cpu: ph(cpu),
             cpu_beside_npu: ph(beside),
+            split_decode_tok_s: split,
         };
         let c = choose(&inputs, 64).unwrap();
         let chosen = c
@@ -238,6 +242,20 @@ fn the_chosen_pairing_is_never_slower_than_either_engine_alone() {
                 assert!(chosen.total_s <= a.total_s, "{c:?}");
             }
         }
+        // The split is one of the pairings, never chosen projected slower than another.
+        assert!(c.alternatives.iter().all(|a| chosen.total_s <= a.total_s));
+        assert_eq!(
+            c.alternatives
+                .iter()
+                .filter(|p| p.decode == Engine::Split)
+                .count(),
+            if split.is_some() && npu.is_some() {
+                2
+            } else {
+                0
+            },
+            "{c:?}"
+        );
     }
     // The first case: the NPU prefills, the CPU decodes.
     let c = choose(
@@ -245,6 +263,7 @@ fn the_chosen_pairing_is_never_slower_than_either_engine_alone() {
             npu: ph(cases[0].0),
             cpu: ph(cases[0].1),
             cpu_beside_npu: ph(cases[0].2),
+            split_decode_tok_s: None,
         },
         64,
     )

@@ -3,7 +3,8 @@
 //! The board is the one `--board NAME|FILE.json` names, else the one this machine is (as `ork
 //! doctor` finds it: an rknpu driver that opens, its chip, `/proc/meminfo`'s RAM). On a board,
 //! the engine of each phase is the pairing the board clock projects best for the model
-//! (`ork_board::engines::RULE`); the NPU's phase runs on the NPU if this host has one, else on
+//! (`ork_board::engines::RULE`), the decode row split among them (each weight at the share the
+//! clock projects best for it); the NPU's phase runs on the NPU if this host has one, else on
 //! the emulator, and the start-up line says which. Without a board, `auto` keeps its meaning:
 //! the NPU if one is found, else the emulator. See docs/architecture.md, "Engines per phase".
 
@@ -21,6 +22,7 @@ use ork_runtime::Engine;
 use crate::cli::{DeviceArg, ModelOpts};
 use crate::cmd_engines::{PlanEngines, PROCESS_BYTES};
 use crate::cmd_project::PlanProject;
+use crate::cmd_split::ShareSource;
 
 /// `engines_chosen_by` when no board is known.
 pub const NO_BOARD: &str = "no board (no --board, no rknpu driver on this host): the NPU if one \
@@ -280,12 +282,14 @@ pub fn plan_on_board(
     if chosen.by_projection() {
         let phase = |d| match d {
             DeviceArg::Cpu => ork_runtime::PhaseEngine::Cpu,
+            DeviceArg::Split => ork_runtime::PhaseEngine::Split,
             _ => ork_runtime::PhaseEngine::Device,
         };
         config.phases = Some(ork_runtime::PhaseEngines {
             prefill: phase(chosen.prefill),
             decode: phase(chosen.decode),
         });
+        config.split_rows = chosen.split.as_ref().map(ShareSource::rows);
     }
     Ok((projected, chosen))
 }
@@ -302,6 +306,8 @@ pub struct Chosen {
     pub by: String,
     /// The chosen pairing as projected.
     pub pairing: Option<Pairing>,
+    /// With the split chosen: its shares per weight, as the projection that chose it made them.
+    pub split: Option<ShareSource>,
 }
 
 impl Chosen {
@@ -313,11 +319,13 @@ impl Chosen {
             decode,
             by: if auto { NO_BOARD } else { COMMAND_LINE }.to_owned(),
             pairing: None,
+            split: None,
         }
     }
 
     /// The pairing `engines` chose on `board`, for `given` = (auto, auto); `given` otherwise.
-    /// The NPU's phase is `auto` (the NPU if this host has one, else the emulator).
+    /// The NPU's phase is `auto` (the NPU if this host has one, else the emulator); a split
+    /// decode is `split`, with the projection's shares per weight.
     pub fn of(given: (DeviceArg, DeviceArg), engines: Option<&PlanEngines>, board: &str) -> Chosen {
         let c = Chosen::given(given);
         let Some(e) = engines.filter(|_| c.by == NO_BOARD) else {
@@ -326,13 +334,24 @@ impl Chosen {
         let arg = |s: Side| match s {
             Side::Npu => DeviceArg::Auto,
             Side::Cpu => DeviceArg::Cpu,
+            Side::Split => DeviceArg::Split,
         };
         let chosen = e.choice.engines;
+        let split = e
+            .split_shares
+            .as_ref()
+            .filter(|_| chosen.decode == Side::Split);
         Chosen {
             prefill: arg(chosen.prefill),
             decode: arg(chosen.decode),
             by: format!("projection {board}"),
             pairing: e.choice.chosen().copied(),
+            split: split.map(|b| {
+                ShareSource::board(
+                    b,
+                    format!("--device auto's projection for {board} (projected)"),
+                )
+            }),
         }
     }
 

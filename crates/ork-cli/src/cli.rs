@@ -88,9 +88,10 @@ pub enum DeviceArg {
     /// its workers.
     Cpu,
     /// Decode only (`--decode-device split`): each decode matmul's rows split between the
-    /// device (`--device`, or `--prefill-device` when it names one) and the CPU engine, both at
-    /// once; `--split-rows` gives the device's share, or `run --project BOARD` the board
-    /// clock's (docs/architecture.md, "Engines per phase").
+    /// device (`--prefill-device` when it names one, else `--device` when it names one, else
+    /// `auto`: an NPU if one is found, else the emulator) and the CPU engine, both at once;
+    /// `--split-rows` gives the device's share, one for all weights or `auto` (each weight's
+    /// from the board clock; docs/architecture.md, "Engines per phase").
     Split,
 }
 
@@ -316,10 +317,12 @@ pub struct ModelOpts {
     #[arg(long, value_enum)]
     pub decode_device: Option<DeviceArg>,
     /// With --decode-device split: the device's share of each dense weight's rows, strictly
-    /// between 0 and 1 (rounded to the device's 32-row tiles per weight). Default: the board
-    /// clock's share with `run --project BOARD`.
-    #[arg(long, value_name = "FRACTION", value_parser = crate::cmd_split::parse_share)]
-    pub split_rows: Option<f64>,
+    /// between 0 and 1, the same for every weight (rounded to the device's 32-row tiles per
+    /// weight); or `auto` (the default): each weight its own share, the one the board clock
+    /// projects best for its type and size, on the board --project (run), --board, or this
+    /// board (an rknpu driver) names; refused without a board (docs/board-model.md).
+    #[arg(long, value_name = "FRACTION|auto", value_parser = crate::cmd_split::parse_split_rows)]
+    pub split_rows: Option<crate::cmd_split::SplitArg>,
     /// IOMMU domains to use (1..=16). Default: on a board (--board, or an rknpu driver here),
     /// as many as the weights need to stay resident when they fit its RAM, as rkllm does;
     /// without a board, one unless the weights exceed one 4 GiB window; with --budget-mb, one.
@@ -784,10 +787,11 @@ pub struct PlanArgs {
     /// matmul's rows between the device and the CPU engine.
     #[arg(long, value_enum)]
     pub decode_device: Option<DeviceArg>,
-    /// With --decode-device split: the device's share of the rows (default: the board clock's
-    /// with --project).
-    #[arg(long, value_name = "FRACTION", value_parser = crate::cmd_split::parse_share)]
-    pub split_rows: Option<f64>,
+    /// With --decode-device split: the device's share of every dense weight's rows, or `auto`
+    /// (the default): each weight's own, as the board clock projects best on the board
+    /// --project or --board names (refused without one).
+    #[arg(long, value_name = "FRACTION|auto", value_parser = crate::cmd_split::parse_split_rows)]
+    pub split_rows: Option<crate::cmd_split::SplitArg>,
     /// With --device cpu: worker threads (default: one per chosen core).
     #[arg(long, value_parser = threads_parser())]
     pub threads: Option<usize>,

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use ork_board::cpu::{project, CpuBoard, CpuPlan, CpuShape, CpuWeight, Kernels};
 use ork_board::engines::{choose, Choice, EngineInputs, Phases};
-use ork_board::split::{cpu_read_bw_beside, split_decode, SplitDecode};
+use ork_board::split::{cpu_read_bw_beside, split_decode, split_shares, SplitDecode};
 use ork_board::Projection;
 use ork_residency::{Mode, Plan as Placement};
 
@@ -21,10 +21,7 @@ pub fn cpu_shape(
 ) -> Result<CpuShape> {
     let mut weights = Vec::new();
     let mut output_tensor = None;
-    for w in manifest.execution_order() {
-        if w.expert.is_some_and(|e| e > 0) {
-            continue;
-        }
+    for w in shape_order(manifest) {
         let ty = w.slice.ty;
         let name = ty.name().unwrap_or("unknown");
         let ty = ork_board::cpu::file_type(name).with_context(|| {
@@ -66,6 +63,90 @@ pub fn cpu_shape(
     })
 }
 
+/// The manifest's weights in the order of [`cpu_shape`]'s: execution order, an expert tensor
+/// once (its first slice).
+fn shape_order(
+    manifest: &ork_manifest::Manifest,
+) -> impl Iterator<Item = &ork_manifest::Weight> + '_ {
+    manifest
+        .execution_order()
+        .filter(|w| w.expert.is_none_or(|e| e == 0))
+}
+
+/// One kind of dense weight (its K, N and file type) and the NPU's share of its rows.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ShapeShare {
+    /// Inner dimension.
+    pub k: usize,
+    /// Output rows.
+    pub n: usize,
+    /// The file's type.
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// Weights of this kind.
+    pub weights: usize,
+    /// The NPU's share of their rows.
+    pub share: f64,
+}
+
+/// The row split the board clock projects, each weight at its own best share.
+#[derive(Clone, Debug)]
+pub struct BoardSplit {
+    /// The projection.
+    pub decode: SplitDecode,
+    /// Each weight's NPU share of its rows, by manifest weight index (expert slices 0: they
+    /// stay on the CPU).
+    pub shares: Vec<f64>,
+    /// The shares by kind of dense weight, in execution order.
+    pub by_shape: Vec<ShapeShare>,
+}
+
+/// The row split on `b` of the model whose CPU shape is `shape` (of `manifest`), the NPU's
+/// buffers holding `npu_bytes` of the RAM, one decode step at `context` positions. `None`
+/// without an NPU.
+pub fn board_split(
+    manifest: &ork_manifest::Manifest,
+    shape: &CpuShape,
+    b: &CpuBoard,
+    npu_bytes: f64,
+    context: usize,
+) -> Option<BoardSplit> {
+    let plan = cpu_plan(b, b.ram_bytes - b.reserved_bytes - npu_bytes);
+    let decode = split_decode(shape, b, &plan, context)?;
+    let per_shape = split_shares(shape, b, &plan, context)?;
+    let mut shares = vec![0.0; manifest.weights().len()];
+    for (w, &f) in shape_order(manifest).zip(&per_shape) {
+        if let Some(slot) = shares.get_mut(w.id.index()) {
+            *slot = f;
+        }
+    }
+    let mut by_shape: Vec<ShapeShare> = Vec::new();
+    for (w, &share) in shape.weights.iter().zip(&per_shape) {
+        if w.experts > 1 {
+            continue;
+        }
+        let ty = format!("{:?}", w.ty);
+        match by_shape
+            .iter_mut()
+            .find(|s| (s.k, s.n, s.ty.as_str(), s.share) == (w.k, w.n, ty.as_str(), share))
+        {
+            Some(s) => s.weights += 1,
+            None => by_shape.push(ShapeShare {
+                k: w.k,
+                n: w.n,
+                ty,
+                weights: 1,
+                share,
+            }),
+        }
+    }
+    Some(BoardSplit {
+        decode,
+        shares,
+        by_shape,
+    })
+}
+
 /// The CPU engine's phases on `b` with `cache_bytes` of page cache: 4 threads on the big cores
 /// (llama.cpp's `taskset 4-7 -t 4`), ork's kernels (ggml's cycles where ork's are not
 /// estimated).
@@ -94,21 +175,30 @@ pub(crate) fn cpu_plan(b: &CpuBoard, cache_bytes: f64) -> CpuPlan {
     }
 }
 
+/// What [`engines`] projected: the choice, the CPU's shape of the model, and the row split
+/// with each weight's share (by manifest weight index) when it was a pairing.
+type Projected = (Choice, CpuShape, Option<BoardSplit>);
+
 /// Every pairing and the choice, for the model at `path` on `b`: the NPU's projection `npu`
-/// with the RAM its device buffers hold (`npu_bytes`), and the CPU alone or beside it.
+/// with the RAM its device buffers hold (`npu_bytes`), the CPU alone or beside it, and, where
+/// `resident` (the NPU's weights stay in its buffers), the row split decode.
 pub fn engines(
     path: &Path,
     manifest: &ork_manifest::Manifest,
     b: &CpuBoard,
-    npu: Option<(&Projection, f64)>,
+    (npu, resident): (Option<(&Projection, f64)>, bool),
     prompt: usize,
     gen: usize,
-) -> Result<(Choice, CpuShape)> {
+) -> Result<Projected> {
     let gguf = ork_gguf::GgufFile::open(path).with_context(|| format!("{}", path.display()))?;
     let c =
         ork_exec::ModelConfig::from_gguf(&gguf).with_context(|| format!("{}", path.display()))?;
     let shape = cpu_shape(path, manifest, &c)?;
     let cache = b.ram_bytes - b.reserved_bytes;
+    // The split needs the NPU's rows resident and the GGUF's pages beside them.
+    let split = npu
+        .filter(|_| resident)
+        .and_then(|(_, bytes)| board_split(manifest, &shape, b, bytes, prompt + gen / 2));
     let inputs = EngineInputs {
         npu: npu.and_then(|(p, _)| {
             Some(Phases {
@@ -118,6 +208,7 @@ pub fn engines(
         }),
         cpu: Some(cpu_phases(&shape, b, cache, prompt, gen)),
         cpu_beside_npu: npu.map(|(_, bytes)| cpu_phases(&shape, b, cache - bytes, prompt, gen)),
+        split_decode_tok_s: split.as_ref().map(|s| s.decode.decode_tok_s),
     };
     let choice = choose(&inputs, gen).with_context(|| {
         format!(
@@ -126,7 +217,7 @@ pub fn engines(
             b.name
         )
     })?;
-    Ok((choice, shape))
+    Ok((choice, shape, split))
 }
 
 /// What `ork plan --project` reports of the engines: the pairings and the choice, the CPU's
@@ -140,6 +231,9 @@ pub struct PlanEngines {
     pub shape: CpuShape,
     /// Decode split by rows between the NPU and the CPU (`--decode-device split` runs it).
     pub split: Option<SplitDecode>,
+    /// The split with each weight's share of its rows for the NPU (what `--split-rows auto`
+    /// runs when `--device auto` chooses the split).
+    pub split_shares: Option<BoardSplit>,
     /// The CPU's decode tok/s while the NPU prefills another request on the same bus (`serve`'s
     /// overlap): its read rate is what the NPU's prefill reads leave (`None` without an NPU).
     pub cpu_decode_beside_prefill: Option<f64>,
@@ -166,21 +260,19 @@ pub fn for_plan(
         Mode::Resident => p.model_bytes,
         Mode::Streamed => budget * u64::from(p.domains_used.max(1)),
     };
-    let (choice, shape) = engines(
+    let (choice, shape, split) = engines(
         path,
         manifest,
         cb,
-        npu.map(|pr| (pr, npu_bytes as f64)),
+        (
+            npu.map(|pr| (pr, npu_bytes as f64)),
+            p.mode == Mode::Resident,
+        ),
         prompt,
         gen,
     )?;
-    // The split needs the NPU's rows resident and the GGUF's pages beside them.
-    let split = (npu.is_some() && p.mode == Mode::Resident)
-        .then(|| {
-            let plan = cpu_plan(cb, cb.ram_bytes - cb.reserved_bytes - npu_bytes as f64);
-            split_decode(&shape, cb, &plan, prompt + gen / 2)
-        })
-        .flatten();
+    let split_shares = split;
+    let split = split_shares.as_ref().map(|s| s.decode);
     // The NPU's prefill reads its weights once per pass: that rate, while it runs.
     let cpu_decode_beside_prefill = npu.filter(|pr| pr.ttft_s > 0.0).map(|pr| {
         let mut beside = cb.clone();
@@ -194,6 +286,7 @@ pub fn for_plan(
         choice,
         shape,
         split,
+        split_shares,
         cpu_decode_beside_prefill,
         options,
     }))

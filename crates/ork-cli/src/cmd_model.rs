@@ -294,7 +294,10 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     // converted (minutes on a large model).
     let spec_options = crate::cmd_spec::options(&args.speculative)?;
     let (prefill_device, decode_device) = crate::open_model::phase_devices(&args.model);
-    let any_cpu = [prefill_device, decode_device].contains(&crate::cli::DeviceArg::Cpu);
+    // A split's device work is half of its decode: the clock replays no split (`--project`
+    // gives its shares instead).
+    let any_cpu = [prefill_device, decode_device].contains(&crate::cli::DeviceArg::Cpu)
+        && decode_device != crate::cli::DeviceArg::Split;
     if args.project.project.is_some() && any_cpu {
         bail!(
             "--project replays the run's device work on a board's NPU; a phase on --device cpu has none (docs/cpu.md; `ork plan --project BOARD` projects every pairing)"
@@ -311,8 +314,10 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         .as_ref()
         .and_then(ork_runtime::DraftKind::engine_source);
     let soc = ork_device::Soc::from(args.model.soc).to_string();
-    let (split, project) =
-        crate::cmd_split::resolve(&mut config, args.project.project.as_deref(), &soc)?;
+    let project = args.project.project.as_deref();
+    let split = crate::cmd_split::resolve_for(&mut config, &args.model, project, &chosen)?;
+    // The clock replays one device's work: not a split's (see `cmd_split`).
+    let project = project.filter(|_| split.is_none());
     let board = crate::cmd_project::board(project, &soc)?;
     let loaded = Engine::load(config)?;
     let prompt = encode_prompt(args, &loaded, &text)?;
@@ -752,7 +757,10 @@ fn plan_board(args: &PlanArgs, soc: &str) -> Result<Option<crate::auto::AutoBoar
 
 /// `ork plan`.
 pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
-    let (device, phases) = crate::open_model::phase_plan(plan_devices(args))?;
+    let (device, phases) = crate::open_model::phase_plan(
+        plan_devices(args),
+        args.device.unwrap_or(crate::cli::DeviceArg::Auto),
+    )?;
     if device.is_none() {
         return plan_cpu(args);
     }
@@ -770,8 +778,17 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     }
     config.phases = phases;
     config.cpu = phases.map(|_| ork_cpu::CpuOptions::default());
-    config.split_rows = args.split_rows;
-    let (split, _) = crate::cmd_split::resolve(&mut config, args.project.project.as_deref(), &soc)?;
+    let boards = crate::cmd_split::ShareBoards {
+        project: args.project.project.as_deref(),
+        board: args.board.as_deref(),
+        soc: args.soc.into(),
+    };
+    // A split the command line names: its shares now (the load checks them); one `--device
+    // auto` chooses: after the choice.
+    let mut split = None;
+    if config.engines().decode == ork_runtime::PhaseEngine::Split {
+        split = crate::cmd_split::resolve(&mut config, args.split_rows, &boards, None)?;
+    }
     // The validation `run` and `convert` make (model, tokenizer, manifest, every chip rule for
     // every weight): a plan never says yes to a model they refuse.
     let loaded = ork_runtime::Engine::load(config.clone())?;
@@ -795,6 +812,15 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         &mut config,
         (budget, window),
     )?;
+    if split.is_none() {
+        // `--device auto` chose the split: its shares.
+        split = crate::cmd_split::resolve(
+            &mut config,
+            args.split_rows,
+            &boards,
+            chosen.split.as_ref(),
+        )?;
+    }
     let ram = board.map(|b| b.ram_bytes as u64);
     let view = PlanView {
         args,

@@ -15,8 +15,7 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         None => None,
     };
     let (mut config, chosen) = engine_config_auto(&args.model, false, false)?;
-    // A server has no `--project`: a decode split's share is `--split-rows`.
-    let (split, _) = crate::cmd_split::resolve(&mut config, None, "")?;
+    let split = crate::cmd_split::resolve_for(&mut config, &args.model, None, &chosen)?;
     let engine = open_engine(config, false)?;
     crate::auto::say(&chosen, &engine);
     crate::open_model::say_engines(&engine);

@@ -25,27 +25,34 @@ pub(crate) fn phase_devices(opts: &ModelOpts) -> (DeviceArg, DeviceArg) {
 }
 
 /// The device a run opens and the engine of each phase (`prefill`, `decode`): `None` for the
-/// device when both phases are `cpu`; `None` for the phases when one engine computes both.
+/// device when both phases are `cpu`; `None` for the phases when one engine computes both. A
+/// decode split shares its rows with the device the prefill names, else with `device` (the
+/// `--device` flag) when it names one, else with `auto` (an NPU if one is found, else the
+/// emulator).
 ///
 /// # Errors
-/// Two different devices (a run opens one device; the other phase may be `cpu`).
+/// Two different devices (a run opens one device; the other phase may be `cpu`); a prefill
+/// split.
 pub(crate) fn phase_plan(
     (prefill, decode): (DeviceArg, DeviceArg),
+    device: DeviceArg,
 ) -> Result<(Option<ork_device::DeviceKind>, Option<PhaseEngines>)> {
     let engine = |d: DeviceArg| match d {
         DeviceArg::Cpu => PhaseEngine::Cpu,
         DeviceArg::Split => PhaseEngine::Split,
         _ => PhaseEngine::Device,
     };
-    crate::cmd_split::check_devices(prefill, decode)?;
+    crate::cmd_split::check_devices(prefill)?;
     let phases = PhaseEngines {
         prefill: engine(prefill),
         decode: engine(decode),
     };
-    let devices: Vec<DeviceArg> = [prefill, decode]
-        .into_iter()
-        .filter(|&d| d != DeviceArg::Cpu && d != DeviceArg::Split)
-        .collect();
+    let named = |d: &DeviceArg| *d != DeviceArg::Cpu && *d != DeviceArg::Split;
+    let mut devices: Vec<DeviceArg> = [prefill, decode].into_iter().filter(named).collect();
+    if devices.is_empty() && decode == DeviceArg::Split {
+        // `--prefill-device cpu --decode-device split`: the split's device is `--device`'s.
+        devices.push(Some(device).filter(named).unwrap_or(DeviceArg::Auto));
+    }
     if let [a, b] = devices[..] {
         if a != b {
             anyhow::bail!(
@@ -102,7 +109,7 @@ fn config_for(
     devices: (DeviceArg, DeviceArg),
     domains: Option<u32>,
 ) -> Result<EngineConfig> {
-    let (device, phases) = phase_plan(devices)?;
+    let (device, phases) = phase_plan(devices, opts.device)?;
     let on_cpu = device.is_none() || phases.is_some();
     if opts.cpus.is_some() && !on_cpu {
         anyhow::bail!(
@@ -152,7 +159,11 @@ fn config_for(
         }),
         phases,
         ram_bytes: None,
-        split_rows: opts.split_rows,
+        // `auto` is resolved against a board (`crate::cmd_split::resolve`).
+        split_rows: match opts.split_rows {
+            Some(crate::cmd_split::SplitArg::Share(f)) => Some(ork_runtime::SplitRows::All(f)),
+            _ => None,
+        },
     };
     if let Some(q) = opts.quant {
         config.set_quant(q);

@@ -92,8 +92,9 @@ pub struct EngineConfig {
     /// phase ([`crate::npu_weights`]; a board's, from `--board`); `None`: the host's.
     pub ram_bytes: Option<u64>,
     /// With a decode [`PhaseEngine::Split`]: the device's share of each dense weight's rows,
-    /// in (0, 1) (`--split-rows`, or the board clock's; [`crate::SplitLinear`]).
-    pub split_rows: Option<f64>,
+    /// one for all (`--split-rows F`) or the board clock's per weight (`--split-rows auto`;
+    /// [`crate::SplitLinear`]).
+    pub split_rows: Option<crate::SplitRows>,
 }
 
 impl EngineConfig {

@@ -260,7 +260,7 @@ impl LoadedModel {
             (Some(d), Some(cpu)) => {
                 let device = Arc::clone(&d.parts.linear) as Arc<dyn Linear>;
                 let host = Arc::clone(&cpu) as Arc<dyn Linear>;
-                split = crate::split::open_split(&config, &d.parts.linear, &cpu, &manifest);
+                split = crate::split::open_split(&config, &d.parts.linear, &cpu, &manifest)?;
                 let both = split.clone().map(|s| s as Arc<dyn Linear>);
                 let pick = |e: PhaseEngine| match (e, &both) {
                     (PhaseEngine::Device, _) => Arc::clone(&device),
@@ -515,9 +515,12 @@ impl Engine {
                     PhaseEngine::Device => p.device.info().name.to_string(),
                     PhaseEngine::Cpu => "cpu".to_owned(),
                     PhaseEngine::Split => format!(
-                        "split ({} rows {:.0}%, cpu the rest)",
+                        "split ({} {}, cpu the rest)",
                         p.device.info().name,
-                        100.0 * self.config.split_rows.unwrap_or(0.0)
+                        self.config
+                            .split_rows
+                            .as_ref()
+                            .map_or_else(String::new, crate::SplitRows::describe)
                     ),
                 };
                 let e = self.engines();

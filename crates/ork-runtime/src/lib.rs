@@ -80,7 +80,7 @@ pub use phase::{
 pub use plan::{default_slots, plan_weights};
 pub use quant::Quant;
 pub use smoothing::{Smoothing, SmoothingOrigin, CALIB_CTX, CALIB_MAX_TOKENS};
-pub use split::{split_row, SplitLinear, SplitStats};
+pub use split::{split_row, SplitLinear, SplitRows, SplitStats};
 
 pub use ork_exec::KvType;
 

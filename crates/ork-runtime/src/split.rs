@@ -4,7 +4,10 @@
 //! so that on a board both engines read DDR together. The board clock projects it
 //! (`ork_board::split`, `docs/board-model.md`); this is the code that projection describes.
 //!
-//! - `r` is the device's share of the rows ([`split_row`]), on the device's N-tiles, so that
+//! - `r` is the device's share of the rows ([`split_row`]), one share for every dense weight
+//!   ([`SplitRows::All`], `--split-rows F`) or one per weight ([`SplitRows::PerWeight`],
+//!   `--split-rows auto`: the board clock's best share for that weight's type and size,
+//!   `ork_board::split::split_shares`), on the device's N-tiles, so that
 //!   the device computes whole tiles of the resident weight in place
 //!   ([`ork_residency::DeviceMatmul::matmul_rows`]); `K` stays whole. A weight whose share
 //!   rounds to no tile stays on the CPU, one whose share rounds to all of it on the device.
@@ -35,6 +38,61 @@ pub fn split_row(n: usize, share: f64, tile: usize) -> usize {
     (tiles * tile).min(n)
 }
 
+/// The device's share of the dense weights' rows in a decode split.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SplitRows {
+    /// One share for every dense weight, strictly between 0 and 1 (`--split-rows F`).
+    All(f64),
+    /// One share per weight of the model's manifest, by [`WeightId`] index, each in [0, 1]
+    /// (0: that weight on the CPU alone, 1: on the device alone): `--split-rows auto`, the
+    /// board clock's best share for each weight (expert slices' entries are not used: they
+    /// stay on the CPU).
+    PerWeight(Vec<f64>),
+}
+
+impl SplitRows {
+    /// The share asked for weight `id`.
+    fn of(&self, id: WeightId) -> f64 {
+        match self {
+            SplitRows::All(f) => *f,
+            SplitRows::PerWeight(v) => v.get(id.index()).copied().unwrap_or(0.0),
+        }
+    }
+
+    /// The shares, in words (`rows 50%`; `rows per weight 0-63%`).
+    pub fn describe(&self) -> String {
+        match self {
+            SplitRows::All(f) => format!("rows {:.0}%", 100.0 * f),
+            SplitRows::PerWeight(v) => {
+                let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                format!("rows per weight {:.0}-{:.0}%", 100.0 * lo, 100.0 * hi)
+            }
+        }
+    }
+
+    /// Why these shares cannot run a split, `None` when they can.
+    fn refusal(&self) -> Option<String> {
+        match self {
+            SplitRows::All(f) if !(*f > 0.0 && *f < 1.0) => Some(format!(
+                "--split-rows {f}: the device's share of the rows must lie strictly between 0 \
+                 and 1"
+            )),
+            SplitRows::PerWeight(v) if v.iter().any(|f| !(0.0..=1.0).contains(f)) => Some(
+                "a per-weight share outside [0, 1] (or not a number): each is the device's \
+                 share of that weight's rows"
+                    .to_owned(),
+            ),
+            SplitRows::PerWeight(v) if !v.iter().any(|&f| f > 0.0) => Some(
+                "the per-weight shares give the device no rows: a split that is the CPU alone; \
+                 use --decode-device cpu"
+                    .to_owned(),
+            ),
+            _ => None,
+        }
+    }
+}
+
 /// What a row-split engine computed so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SplitStats {
@@ -56,51 +114,66 @@ pub struct SplitLinear {
     cpu: Arc<GgufLinear>,
     /// Per manifest id: the device's rows `r` and the weight's rows `n`.
     rows: Vec<(usize, usize)>,
-    share: f64,
+    shares: SplitRows,
     counts: [AtomicU64; 5],
 }
 
 impl std::fmt::Debug for SplitLinear {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SplitLinear")
-            .field("share", &self.share)
+            .field("shares", &self.shares.describe())
             .finish_non_exhaustive()
     }
 }
 
 impl SplitLinear {
-    /// Split every dense weight of `manifest` at the device's share `share` of its rows, on
-    /// `tile`-row tiles (the device dtype's N-tile); expert slices on the CPU.
+    /// Split every dense weight of `manifest` at the device's share of its rows `shares`
+    /// gives it, on `tile`-row tiles (the device dtype's N-tile); expert slices on the CPU.
+    ///
+    /// # Errors
+    /// Per-weight shares not one per weight of `manifest`.
     pub fn new(
         device: Arc<EngineLinear>,
         cpu: Arc<GgufLinear>,
         manifest: &Manifest,
-        share: f64,
+        shares: SplitRows,
         tile: usize,
-    ) -> SplitLinear {
-        let mut rows = vec![(0, 0); manifest.weights().len()];
+    ) -> Result<SplitLinear, RuntimeError> {
+        let weights = manifest.weights().len();
+        if let SplitRows::PerWeight(v) = &shares {
+            if v.len() != weights {
+                return Err(RuntimeError::Phases {
+                    what: format!(
+                        "the decode split has {} per-weight shares for a model of {weights} \
+                         weights (shares made for another model?)",
+                        v.len()
+                    ),
+                });
+            }
+        }
+        let mut rows = vec![(0, 0); weights];
         for w in manifest.weights() {
             let r = if w.expert.is_some() {
                 0
             } else {
-                split_row(w.n, share, tile)
+                split_row(w.n, shares.of(w.id), tile)
             };
             if let Some(slot) = rows.get_mut(w.id.index()) {
                 *slot = (r, w.n);
             }
         }
-        SplitLinear {
+        Ok(SplitLinear {
             device,
             cpu,
             rows,
-            share,
+            shares,
             counts: Default::default(),
-        }
+        })
     }
 
-    /// The device's share of the rows it was made with.
-    pub fn share(&self) -> f64 {
-        self.share
+    /// The shares it was made with.
+    pub fn shares(&self) -> &SplitRows {
+        &self.shares
     }
 
     /// The device's rows `r` of weight `id` (`0..r` on the device, `r..n` on the CPU) and its
@@ -318,42 +391,54 @@ fn gather(
 }
 
 /// The decode split of `config`, when its decode is [`PhaseEngine::Split`]: `device`'s and
-/// `cpu`'s matmuls, at the config's share on the device dtype's N-tiles.
+/// `cpu`'s matmuls, at the config's shares on the device dtype's N-tiles.
+///
+/// # Errors
+/// As [`SplitLinear::new`].
 pub(crate) fn open_split(
     config: &EngineConfig,
     device: &Arc<EngineLinear>,
     cpu: &Arc<GgufLinear>,
     manifest: &Manifest,
-) -> Option<Arc<SplitLinear>> {
-    let share = config
+) -> Result<Option<Arc<SplitLinear>>, RuntimeError> {
+    let Some(shares) = config
         .split_rows
-        .filter(|_| config.engines().decode == PhaseEngine::Split)?;
-    Some(Arc::new(SplitLinear::new(
+        .clone()
+        .filter(|_| config.engines().decode == PhaseEngine::Split)
+    else {
+        return Ok(None);
+    };
+    Ok(Some(Arc::new(SplitLinear::new(
         Arc::clone(device),
         Arc::clone(cpu),
         manifest,
-        share,
+        shares,
         config.dtype.n_tile(),
-    )))
+    )?)))
 }
 
 /// A split the config cannot run, refused before anything is opened: a prefill split, a split
-/// without its share or with one outside (0, 1), a share without a split.
+/// without its shares or with one that cannot split, shares without a split.
 pub(crate) fn check_split(config: &EngineConfig) -> Result<(), RuntimeError> {
     let e = config.engines();
-    let what = match (e.prefill, e.decode, config.split_rows) {
+    let what = match (e.prefill, e.decode, config.split_rows.as_ref()) {
         (PhaseEngine::Split, _, _) => {
             "the row split is for decode steps (--decode-device split); prefill runs on one engine"
                 .to_owned()
         }
         (_, PhaseEngine::Split, None) => "--decode-device split needs the device's share of \
-                                          the rows: --split-rows FRACTION, or --project BOARD"
+                                          the rows: --split-rows FRACTION, or --split-rows auto \
+                                          with a board"
             .to_owned(),
-        (_, PhaseEngine::Split, Some(f)) if !(f > 0.0 && f < 1.0) => format!(
-            "--split-rows {f}: the device's share of the rows must lie strictly between 0 and 1"
-        ),
-        (_, d, Some(f)) if d != PhaseEngine::Split => {
-            format!("--split-rows {f} needs --decode-device split")
+        (_, PhaseEngine::Split, Some(s)) => match s.refusal() {
+            Some(why) => why,
+            None => return Ok(()),
+        },
+        (_, d, Some(s)) if d != PhaseEngine::Split => {
+            format!(
+                "--split-rows ({}) needs --decode-device split",
+                s.describe()
+            )
         }
         _ => return Ok(()),
     };
@@ -388,14 +473,14 @@ mod tests {
 
     #[test]
     fn a_split_needs_a_share_in_the_open_unit_interval_and_decode_only() {
-        let split = |prefill, share| {
+        let split = |prefill, share: Option<f64>| {
             let mut c = EngineConfig::new("m.gguf");
             c.cpu = Some(ork_cpu::CpuOptions::default());
             c.phases = Some(crate::PhaseEngines {
                 prefill,
                 decode: PhaseEngine::Split,
             });
-            c.split_rows = share;
+            c.split_rows = share.map(SplitRows::All);
             check_split(&c)
         };
         assert!(split(PhaseEngine::Device, Some(0.5)).is_ok());
@@ -406,8 +491,29 @@ mod tests {
                 Err(RuntimeError::Phases { .. })
             ));
         }
+        // Per weight: each in [0, 1] (0 and 1 keep a weight on one engine), some rows on the
+        // device.
+        let per = |v: Vec<f64>| {
+            let mut c = EngineConfig::new("m.gguf");
+            c.cpu = Some(ork_cpu::CpuOptions::default());
+            c.phases = Some(crate::PhaseEngines {
+                prefill: PhaseEngine::Device,
+                decode: PhaseEngine::Split,
+            });
+            c.split_rows = Some(SplitRows::PerWeight(v));
+            check_split(&c)
+        };
+        assert!(per(vec![0.0, 1.0, 0.5]).is_ok());
+        for bad in [vec![0.0, 0.0], vec![0.5, 1.5], vec![f64::NAN, 0.5], vec![]] {
+            assert!(per(bad.clone()).is_err(), "{bad:?}");
+        }
+        assert_eq!(SplitRows::All(0.5).describe(), "rows 50%");
+        assert_eq!(
+            SplitRows::PerWeight(vec![0.0, 0.6, 0.25]).describe(),
+            "rows per weight 0-60%"
+        );
         let mut c = EngineConfig::new("m.gguf");
-        c.split_rows = Some(0.5);
+        c.split_rows = Some(SplitRows::All(0.5));
         assert!(check_split(&c).is_err(), "a share without a split");
         c.phases = Some(crate::PhaseEngines {
             prefill: PhaseEngine::Split,

@@ -21,31 +21,15 @@ mod common;
 
 use std::path::Path;
 
-use common::{argmax, margin, tokens};
+use common::{argmax, config, margin, tokens};
 
 use ork_exec::{Phase, Session};
-use ork_runtime::{DeviceKind, Engine, EngineConfig, PackChoice, PhaseEngine, PhaseEngines};
+use ork_runtime::{Engine, PackChoice, PhaseEngine, PhaseEngines};
 use ork_testkit::model_path;
 use ork_testkit::moe::{moe_fixture, MoeFixture};
 
 /// Tokens decoded after the prompt.
 const DECODE: usize = 12;
-
-fn config(model: &Path, pack: &Path, engines: PhaseEngines) -> EngineConfig {
-    let mut c = EngineConfig::new(model);
-    c.pack = PackChoice::Path(pack.to_path_buf());
-    c.budget_bytes = Some(1024 << 20);
-    c.device = DeviceKind::Emu;
-    if engines.uses(PhaseEngine::Cpu) {
-        c.cpu = Some(ork_cpu::CpuOptions {
-            threads: Some(2),
-            cpus: None,
-            ..Default::default()
-        });
-    }
-    c.phases = engines.mixed().then_some(engines);
-    c
-}
 
 const MIXED: PhaseEngines = PhaseEngines {
     prefill: PhaseEngine::Device,

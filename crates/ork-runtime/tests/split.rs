@@ -7,13 +7,16 @@
 //!   bit, the device's own matmul on rows `0..r` and the CPU engine's own matmul on rows
 //!   `r..n` (every value written: the output starts as NaN), for one activation row and for
 //!   several (a batched step), one weight and several at once (q/k/v);
-//! - the prefill (on the emulator) is bit for bit the emulator-only run's;
+//! - the prefill (on the emulator, or on the CPU engine with `--prefill-device cpu`) is bit for
+//!   bit that engine's single-engine run's;
+//! - with shares per weight (`--split-rows auto`), each weight's device rows are its own
+//!   share's;
 //! - the run is deterministic.
 //!
 //! Against the single-engine runs the greedy tokens agree up to the engines' numerics, the
-//! bound of `tests/phases.rs`: the split run parts from the emulator-only run's tokens only at
-//! a step where that run's own top-2 logit margin is below twice the largest difference between
-//! the two engines' prefill logits, measured in the same test.
+//! bound of `tests/phases.rs`: the split run parts from the prefill engine's single-engine
+//! run's tokens only at a step where that run's own top-2 logit margin is below twice the
+//! largest difference between the two engines' prefill logits, measured in the same test.
 
 mod common;
 
@@ -22,24 +25,20 @@ use std::path::Path;
 use common::{margin, tokens};
 
 use ork_exec::{Linear, Session, WeightId};
-use ork_runtime::{DeviceKind, Engine, EngineConfig, PackChoice, PhaseEngine, PhaseEngines};
+use ork_runtime::SplitRows::{self, All, PerWeight};
+use ork_runtime::{Engine, EngineConfig, PhaseEngine, PhaseEngines};
 use ork_testkit::model_path;
 
 const DECODE: usize = 12;
 
-fn config(model: &Path, pack: &Path, engines: PhaseEngines, share: Option<f64>) -> EngineConfig {
-    let mut c = EngineConfig::new(model);
-    c.pack = PackChoice::Path(pack.to_path_buf());
-    c.budget_bytes = Some(1024 << 20);
-    c.device = DeviceKind::Emu;
-    if engines.uses(PhaseEngine::Cpu) {
-        c.cpu = Some(ork_cpu::CpuOptions {
-            threads: Some(2),
-            cpus: None,
-            ..Default::default()
-        });
-    }
-    c.phases = engines.mixed().then_some(engines);
+/// [`common::config`] with the split's shares `share`.
+fn config(
+    model: &Path,
+    pack: &Path,
+    engines: PhaseEngines,
+    share: Option<SplitRows>,
+) -> EngineConfig {
+    let mut c = common::config(model, pack, engines);
     c.split_rows = share;
     c
 }
@@ -102,7 +101,7 @@ fn a_split_computes_every_row_once_on_the_engine_it_names() {
     let dir = tempfile::tempdir().unwrap();
     let pack = dir.path().join("m.orkpack");
     for share in [0.5, 0.03] {
-        let split = Engine::open(config(&model_path(), &pack, SPLIT, Some(share))).unwrap();
+        let split = Engine::open(config(&model_path(), &pack, SPLIT, Some(All(share)))).unwrap();
         let manifest = split.manifest();
         let block0: Vec<_> = manifest
             .weights()
@@ -137,39 +136,115 @@ fn a_split_computes_every_row_once_on_the_engine_it_names() {
 
 #[test]
 fn a_split_decode_gives_the_single_engines_tokens_up_to_their_numerics() {
-    split_agrees(&model_path(), "SmolLM2");
+    split_agrees(&model_path(), "SmolLM2", PhaseEngine::Device, All(0.5));
+}
+
+/// The CPU prefills and the decode splits (`--prefill-device cpu --decode-device split`): the
+/// same bound, against the CPU-only run.
+#[test]
+fn a_split_decode_after_a_cpu_prefill_gives_the_cpu_runs_tokens_up_to_the_numerics() {
+    split_agrees(
+        &model_path(),
+        "SmolLM2, cpu prefill",
+        PhaseEngine::Cpu,
+        All(0.5),
+    );
 }
 
 /// A MoE model: the dense weights split, every expert slice wholly on the CPU.
 #[test]
 fn a_split_decode_on_a_moe_fixture_keeps_the_experts_on_the_cpu() {
     let model = ork_testkit::moe::moe_fixture(ork_testkit::moe::MoeFixture::Perturbed);
-    let st = split_agrees(&model, "MoE perturbed");
+    let st = split_agrees(&model, "MoE perturbed", PhaseEngine::Device, All(0.5));
     assert!(st.cpu_calls > 0, "the experts' calls: {st:?}");
 }
 
-/// The split's checks of the module documentation on `model`; its counters.
-fn split_agrees(model: &Path, what: &str) -> ork_runtime::SplitStats {
+/// Shares per weight (`--split-rows auto`): each weight's device rows are its own share's, on
+/// whole tiles; every row once, on its engine; the tokens within the bound.
+#[test]
+fn per_weight_shares_split_each_weight_at_its_own_share() {
+    let model = model_path();
+    let gguf = ork_gguf::GgufFile::open(&model).unwrap();
+    let manifest = ork_manifest::Manifest::from_gguf(&gguf).unwrap();
+    // A share per weight that differs by its size: the wide (FFN) weights 3/4, the square
+    // ones 1/4, the narrow k/v on the CPU alone, the output head on the device alone.
+    let d = manifest.weights()[0].k;
+    let share = |w: &ork_manifest::Weight| match (w.layer, w.n) {
+        (None, _) => 1.0,
+        (_, n) if n > d => 0.75,
+        (_, n) if n == d => 0.25,
+        _ => 0.0,
+    };
+    let mut shares = vec![0.0; manifest.weights().len()];
+    for w in manifest.weights() {
+        shares[w.id.index()] = share(w);
+    }
     let dir = tempfile::tempdir().unwrap();
     let pack = dir.path().join("m.orkpack");
-    let emu = Engine::open(config(
-        model,
+    let split = Engine::open(config(
+        &model,
         &pack,
-        PhaseEngines::one(PhaseEngine::Device),
-        None,
+        SPLIT,
+        Some(PerWeight(shares.clone())),
     ))
     .unwrap();
-    let cpu = Engine::open(config(
-        model,
-        &pack,
-        PhaseEngines::one(PhaseEngine::Cpu),
-        None,
-    ))
-    .unwrap();
-    let split = Engine::open(config(model, &pack, SPLIT, Some(0.5))).unwrap();
+    let s = split.split_linear().unwrap();
+    for w in manifest.weights() {
+        let (r, n) = s.rows_of(w.id).unwrap();
+        assert_eq!(r, ork_runtime::split_row(n, share(w), 32), "{}", w.tensor);
+    }
+    let block0: Vec<_> = manifest
+        .weights()
+        .iter()
+        .filter(|w| w.layer == Some(0) || w.layer.is_none())
+        .map(|w| (w.id, w.k, w.n))
+        .collect();
+    for (i, w) in block0.iter().enumerate() {
+        rows_are_each_engines(&split, &[*w], 1, i as u32);
+    }
+    let st = s.stats();
+    assert!(
+        st.split_calls > 0 && st.cpu_calls > 0 && st.device_calls > 0,
+        "{st:?}"
+    );
+    drop(split);
+    let name = split_agrees(
+        &model,
+        "SmolLM2, per weight",
+        PhaseEngine::Device,
+        PerWeight(shares),
+    );
+    assert!(name.cpu_calls > 0 && name.device_calls > 0, "{name:?}");
+    // Shares made for another model are refused when the engine opens.
+    let short = Engine::open(config(&model, &pack, SPLIT, Some(PerWeight(vec![0.5; 3]))));
+    assert!(matches!(
+        short.map(|_| ()),
+        Err(ork_runtime::RuntimeError::Phases { .. })
+    ));
+}
+
+/// The split's checks of the module documentation on `model`, the prefill on `prefill` (the
+/// emulator or the CPU engine), the decode split at `shares`; its counters.
+fn split_agrees(
+    model: &Path,
+    what: &str,
+    prefill: PhaseEngine,
+    shares: SplitRows,
+) -> ork_runtime::SplitStats {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("m.orkpack");
+    let one = |e| Engine::open(config(model, &pack, PhaseEngines::one(e), None)).unwrap();
+    let (emu, cpu) = (one(PhaseEngine::Device), one(PhaseEngine::Cpu));
+    let engines = PhaseEngines {
+        prefill,
+        decode: PhaseEngine::Split,
+    };
+    let described = shares.describe();
+    let split = Engine::open(config(model, &pack, engines, Some(shares))).unwrap();
     let name = split.compute_name();
     assert!(
-        name.contains("decode split (emulated") && name.ends_with("rows 50%, cpu the rest)"),
+        name.contains("decode split (emulated")
+            && name.ends_with(&format!("{described}, cpu the rest)")),
         "{name}"
     );
     let prompt = split
@@ -178,7 +253,13 @@ fn split_agrees(model: &Path, what: &str) -> ork_runtime::SplitStats {
         .unwrap();
     let logits = greedy(&mut split.session(), &prompt);
     let emu_logits = greedy(&mut emu.session(), &prompt);
-    assert_eq!(logits[0], emu_logits[0], "{what}: prefill on the emulator");
+    let cpu_logits = greedy(&mut cpu.session(), &prompt);
+    // The reference: the single-engine run of the prefill's engine.
+    let (reference, on) = match prefill {
+        PhaseEngine::Cpu => (&cpu_logits, "cpu"),
+        _ => (&emu_logits, "emulator"),
+    };
+    assert_eq!(logits[0], reference[0], "{what}: prefill on the {on}");
     let run = tokens(&logits);
     assert_eq!(
         run,
@@ -190,22 +271,21 @@ fn split_agrees(model: &Path, what: &str) -> ork_runtime::SplitStats {
         st.split_calls > 0 && st.device_rows > 0 && st.cpu_rows > 0,
         "{st:?}"
     );
-    let cpu_first = cpu.session().prefill(&prompt).unwrap();
     let spread = emu_logits[0]
         .iter()
-        .zip(&cpu_first)
+        .zip(&cpu_logits[0])
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
-    let emu_run = tokens(&emu_logits);
-    if let Some(i) = run.iter().zip(&emu_run).position(|(a, b)| a != b) {
-        let m = margin(&emu_logits[i]);
+    let ref_run = tokens(reference);
+    if let Some(i) = run.iter().zip(&ref_run).position(|(a, b)| a != b) {
+        let m = margin(&reference[i]);
         assert!(
             m < 2.0 * spread,
-            "{what}: split {run:?} and emulator-only {emu_run:?} part at step {i}, margin {m} ≥ {}",
+            "{what}: split {run:?} and {on}-only {ref_run:?} part at step {i}, margin {m} ≥ {}",
             2.0 * spread
         );
     }
-    eprintln!("{what}: split {run:?}, emulator-only {emu_run:?}, engines' spread {spread}, {st:?}");
+    eprintln!("{what}: split {run:?}, {on}-only {ref_run:?}, engines' spread {spread}, {st:?}");
     st
 }
 
@@ -215,15 +295,16 @@ fn a_split_without_its_share_or_on_prefill_is_refused_before_opening() {
     let pack = Path::new("/nonexistent/m.orkpack");
     for (engines, share) in [
         (SPLIT, None),
-        (SPLIT, Some(1.0)),
-        (SPLIT, Some(0.0)),
-        (MIXED_CPU, Some(0.5)),
+        (SPLIT, Some(All(1.0))),
+        (SPLIT, Some(All(0.0))),
+        (SPLIT, Some(PerWeight(vec![0.0; 4]))),
+        (MIXED_CPU, Some(All(0.5))),
         (
             PhaseEngines {
                 prefill: PhaseEngine::Split,
                 decode: PhaseEngine::Cpu,
             },
-            Some(0.5),
+            Some(All(0.5)),
         ),
     ] {
         let err = Engine::load(config(&model, pack, engines, share)).unwrap_err();

@@ -17,13 +17,20 @@ fn plan(args: &[&str]) -> serde_json::Value {
     json(&o)
 }
 
-/// The engines `ork plan --board` reports (`device`/`cpu`) are the projection's choice
-/// (`npu`/`cpu`), chosen by the projection on the board; the chosen pairing takes no longer than
-/// either engine alone (npu/npu, cpu/cpu) and decodes no slower than both.
+/// The engines `ork plan --board` reports (`device`/`cpu`/`split`) are the projection's choice
+/// (`npu`/`cpu`/`split`), chosen by the projection on the board; the chosen pairing takes no
+/// longer than any other it considered (the split among them), so none longer than either
+/// engine alone (npu/npu, cpu/cpu), and decodes no slower than both.
 fn assert_chosen_by_projection(v: &serde_json::Value, board: &str) {
     assert_eq!(v["engines_chosen_by"], format!("projection {board}"), "{v}");
     let p = &v["projected"];
-    let side = |e: &serde_json::Value| if e == "npu" { "device" } else { "cpu" };
+    fn side(e: &serde_json::Value) -> &str {
+        match e.as_str() {
+            Some("npu") => "device",
+            Some(other) => other,
+            None => panic!("{e}"),
+        }
+    }
     assert_eq!(
         v["engines"]["prefill"],
         side(&p["engines"]["prefill"]),
@@ -47,6 +54,16 @@ fn assert_chosen_by_projection(v: &serde_json::Value, board: &str) {
     assert!(f(chosen, "decode_tok_s") >= slowest, "{p}");
     for a in alone {
         assert!(f(chosen, "total_s") <= f(a, "total_s"), "{p}");
+    }
+    for a in alts {
+        assert!(f(chosen, "total_s") <= f(a, "total_s"), "{p}");
+    }
+    // The split is a pairing wherever the NPU's weights are resident.
+    if v["mode"] == "resident" {
+        assert!(alts.iter().any(|a| a["decode"] == "split"), "{p}");
+    }
+    if p["engines"]["decode"] == "split" {
+        assert_eq!(v["decode_split"]["per_weight"], true, "{v}");
     }
 }
 
@@ -99,6 +116,13 @@ fn auto_on_a_board_preset_runs_the_projected_pairing() {
     let small = plan(&["--model", ms, "--board", "orangepi5-16g"]);
     assert_eq!(r["engines_chosen_by"], "projection orangepi5-16g");
     assert_eq!(r["engines"], small["engines"], "{r}");
+    if r["engines"]["decode"] == "split" {
+        // The run splits each weight at the shares the plan's projection chose.
+        assert_eq!(
+            r["decode_split"]["by_shape"], small["decode_split"]["by_shape"],
+            "{r}"
+        );
+    }
     let o = run(&[&base[..], &["--board", "orangepi5-16g"]].concat());
     let e = stderr(&o);
     let line = e

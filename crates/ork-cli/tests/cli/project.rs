@@ -406,7 +406,9 @@ fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
         let v = json(&o);
         let p = projected(&v);
         let alts = p["alternatives"].as_array().unwrap();
-        assert_eq!(alts.len(), 4, "{ty}: {p}");
+        // npu/npu, npu/cpu, cpu/cpu, cpu/npu, and the split's npu/split and cpu/split (the
+        // plan is resident).
+        assert_eq!(alts.len(), 6, "{ty}: {p}");
         let e = &p["engines"];
         let chosen = alts
             .iter()
@@ -434,6 +436,10 @@ fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
             .map(|a| f(a, "decode_tok_s"))
             .fold(0.0, f64::max);
         assert!(f(split, "decode_tok_s") >= cpu_decode * 0.99, "{ty}: {p}");
+        // The split's pairings decode at its rate.
+        for a in alts.iter().filter(|a| a["decode"] == "split") {
+            assert_eq!(a["decode_tok_s"], split["decode_tok_s"], "{ty}: {p}");
+        }
     }
     // The RK3576's CPU is modelled (unfitted): every pairing, ggml's plain-NEON cycles.
     let path = dir.path().join("Q4_0.gguf");
@@ -450,7 +456,7 @@ fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     let v = json(&o);
     let p = projected(&v);
-    assert_eq!(p["alternatives"].as_array().unwrap().len(), 4, "{p}");
+    assert_eq!(p["alternatives"].as_array().unwrap().len(), 6, "{p}");
     assert!(p["cpu"]["cores"]["fit"]
         .as_str()
         .unwrap()

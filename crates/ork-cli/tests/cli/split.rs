@@ -53,6 +53,32 @@ fn a_split_run_reports_each_engines_rows_and_prefills_on_the_device() {
     assert!(device.contains("decode split (emulated"), "{device}");
 }
 
+/// `--prefill-device cpu --decode-device split` (here `--device cpu`): the CPU engine
+/// prefills, the decode's rows are shared with `auto`'s device (the emulator here); its first
+/// token is the CPU-only run's (the same engine prefills).
+#[test]
+fn a_cpu_prefill_with_a_split_decode_runs() {
+    let split = run_split(&[
+        "--device",
+        "cpu",
+        "--decode-device",
+        "split",
+        "--split-rows",
+        "0.5",
+    ]);
+    let cpu = run_split(&["--device", "cpu"]);
+    assert_eq!(split["engines"]["prefill"], "cpu");
+    assert_eq!(split["engines"]["decode"], "split");
+    assert_eq!(split["tokens"][0], cpu["tokens"][0]);
+    let s = &split["decode_split"];
+    assert!(s["split_calls"].as_u64().unwrap() > 0, "{s}");
+    let device = split["device"].as_str().unwrap();
+    assert!(
+        device.starts_with("prefill cpu, decode split (emulated"),
+        "{device}"
+    );
+}
+
 #[test]
 fn plan_prints_the_split_and_where_its_share_comes_from() {
     let m = model();
@@ -75,6 +101,42 @@ fn plan_prints_the_split_and_where_its_share_comes_from() {
     assert!(s["from"].as_str().unwrap().contains("orangepi5-16g"), "{s}");
     assert_eq!(s["projected"]["npu_row_share"].as_f64(), Some(share));
     assert_eq!(v["projected"]["split_decode"]["built"], true);
+    // `--split-rows auto` (the default): each kind of weight at its own share, the split's
+    // mean (by int8 bytes) the share above; SmolLM2's small matmuls stay on the CPU (a device
+    // call costs more than their rows) and its wide output head is shared.
+    assert_eq!(s["per_weight"], true, "{s}");
+    let kinds = s["by_shape"].as_array().unwrap();
+    let shares: Vec<f64> = kinds.iter().map(|k| k["share"].as_f64().unwrap()).collect();
+    assert!(kinds.len() >= 4, "{s}");
+    assert!(shares.iter().all(|f| (0.0..=1.0).contains(f)), "{s}");
+    let (lo, hi) = shares
+        .iter()
+        .fold((1.0f64, 0.0f64), |(lo, hi), &f| (lo.min(f), hi.max(f)));
+    assert!(hi > lo, "one share for every kind of weight: {s}");
+    let bytes = |k: &serde_json::Value| {
+        (k["k"].as_u64().unwrap() * k["n"].as_u64().unwrap() * k["weights"].as_u64().unwrap())
+            as f64
+    };
+    let mean = kinds
+        .iter()
+        .map(|k| bytes(k) * k["share"].as_f64().unwrap())
+        .sum::<f64>()
+        / kinds.iter().map(bytes).sum::<f64>();
+    assert!((mean - share).abs() < 1e-9, "{mean} vs {share}: {s}");
+    let auto = run(&[
+        "plan",
+        "--model",
+        m.to_str().unwrap(),
+        "--decode-device",
+        "split",
+        "--split-rows",
+        "auto",
+        "--board",
+        "orangepi5-16g",
+        "--json",
+    ]);
+    assert_eq!(code(&auto), Some(0), "{}", stderr(&auto));
+    assert_eq!(json(&auto)["decode_split"]["by_shape"], s["by_shape"]);
     let text = run(&[
         "plan",
         "--model",
@@ -97,7 +159,7 @@ fn split_flags_that_cannot_run_exit_2_with_one_line() {
     let m = model();
     let m = m.to_str().unwrap();
     let base = ["run", "--model", m, "--prompt", "x", "-n", "1"];
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &["--decode-device", "split", "--split-rows", "1.5"],
             "--split-rows",
@@ -107,19 +169,25 @@ fn split_flags_that_cannot_run_exit_2_with_one_line() {
             "--split-rows",
         ),
         (&["--decode-device", "split"], "--split-rows FRACTION"),
-        (&["--split-rows", "0.5"], "--decode-device split"),
-        (&["--device", "split"], "decode steps only"),
+        // `auto` without a board (no --board, --project, rknpu driver): refused, naming --board.
         (
             &[
                 "--device",
-                "cpu",
+                "emu",
                 "--decode-device",
                 "split",
                 "--split-rows",
-                "0.5",
+                "auto",
             ],
-            "names no device",
+            "--board NAME",
         ),
+        // A board without an NPU has no rows to give it.
+        (
+            &["--decode-device", "split", "--board", "pi5-16g"],
+            "no NPU",
+        ),
+        (&["--split-rows", "0.5"], "--decode-device split"),
+        (&["--device", "split"], "decode steps only"),
         // The device the split would share with is absent: no vendor runtime here.
         (
             &[

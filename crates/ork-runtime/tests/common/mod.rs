@@ -1,5 +1,27 @@
 //! Helpers shared by ork-runtime's test binaries.
+use std::path::Path;
+
 use ork_exec::{generate, GenerateOptions, Sampler, Session};
+use ork_runtime::{DeviceKind, EngineConfig, PackChoice, PhaseEngine, PhaseEngines};
+
+/// `model` on the emulator (pack `pack`, a 1 GiB budget) for the engines `engines`; the CPU
+/// engine, where a phase uses it, on 2 workers: the engines-per-phase tests' setup.
+#[allow(dead_code)]
+pub fn config(model: &Path, pack: &Path, engines: PhaseEngines) -> EngineConfig {
+    let mut c = EngineConfig::new(model);
+    c.pack = PackChoice::Path(pack.to_path_buf());
+    c.budget_bytes = Some(1024 << 20);
+    c.device = DeviceKind::Emu;
+    if engines.uses(PhaseEngine::Cpu) {
+        c.cpu = Some(ork_cpu::CpuOptions {
+            threads: Some(2),
+            cpus: None,
+            ..Default::default()
+        });
+    }
+    c.phases = engines.mixed().then_some(engines);
+    c
+}
 
 /// Greedy generation of `n` tokens after `tokens` (no stop token), the tokens generated.
 #[allow(dead_code)]

@@ -26,7 +26,7 @@ fn mixed(split: Option<f64>) -> Engine {
             PhaseEngine::Cpu
         },
     });
-    c.split_rows = split;
+    c.split_rows = split.map(ork_runtime::SplitRows::All);
     Engine::open(c).unwrap()
 }
 
