@@ -110,6 +110,30 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// The M > 1 panel kernels (eight weight rows at a time, x86) equal the scalar twin bit for
+    /// bit: row counts with and without a leftover beyond the panels, M with and without a
+    /// leftover beyond the four-row tiles, block counts across the `b % 8` accumulators.
+    #[test]
+    fn panels_match_scalar_twin(nb in 1usize..21, rows in 8usize..20, m in 2usize..8, seed in any::<u64>()) {
+        let mut rng = Rng(seed | 1);
+        let k = 32 * nb;
+        for ty in TYPES {
+            let w = weights(&mut rng, ty, rows, k);
+            let a = acts(&mut rng, ty.act_type() == super::super::ActType::Q8_1, m, nb);
+            let mut want = vec![0f32; rows * m];
+            Kernel::with_isa(ty, Isa::Scalar).unwrap().rows(k, &w, rows, &a, m, &mut want);
+            for isa in Isa::available() {
+                let Some(kern) = Kernel::with_isa(ty, isa) else { continue };
+                let mut got = vec![f32::NAN; rows * m];
+                kern.rows(k, &w, rows, &a, m, &mut got);
+                prop_assert!(same_bits(&got, &want), "{ty:?} on {isa:?}: {got:?} vs {want:?}");
+            }
+        }
+    }
+}
+
 /// The integer weights of one block and whether the type has a min.
 fn ints(ty: WeightType, blk: &[u8]) -> ([i8; 32], bool) {
     match ty {
