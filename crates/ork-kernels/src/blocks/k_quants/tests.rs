@@ -373,6 +373,27 @@ proptest! {
         }
     }
 
+    /// The M > 1 panel kernels (eight weight rows at a time, x86) equal the scalar twin bit for
+    /// bit: row counts with and without a leftover beyond the panels, M with and without a
+    /// leftover beyond the four-row tiles.
+    #[test]
+    fn panels_match_scalar_twin(t in 0usize..6, nb in 1usize..4, rows in 8usize..19, m in 2usize..7, extreme in any::<bool>(), seed in any::<u64>()) {
+        let ty = TYPES[t];
+        let mut rng = Rng(seed | 1);
+        let w = weights(ty, nb, rows, &mut rng, extreme);
+        let a = acts(nb, m, &mut rng);
+        let k = nb * QK_K;
+        let want = run(ty, Isa::Scalar, k, &w, rows, &a, m);
+        for isa in Isa::available() {
+            if Kernel::with_isa(ty, isa).is_none() { continue; }
+            let got = run(ty, isa, k, &w, rows, &a, m);
+            for (i, (g, s)) in got.iter().zip(&want).enumerate() {
+                prop_assert!(g.to_bits() == s.to_bits() || (g.is_nan() && s.is_nan()),
+                    "{} {} out {i}: {g} vs scalar {s}", ty.name(), isa.name());
+            }
+        }
+    }
+
     /// The scalar twin against an f64 reference (ggml's dequantization in f64 times the Q8_K
     /// values): relative to `Σ|w·a|`, within a few f32 roundings per super-block.
     #[test]
@@ -454,11 +475,15 @@ fn zeros_give_zero() {
 }
 
 /// Every ISA with a k-quant kernel is offered where the CPU has it (so the twin tests above run
-/// it: `neon-dotprod` under qemu's cortex-a76, `neon` under cortex-a53, `avx2` on x86).
+/// it: `neon-dotprod` under qemu's cortex-a76, `neon` under cortex-a53, `avx2`, `avx-vnni` and
+/// `avx512-vnni` on x86).
 #[test]
 fn kernels_exist_for_every_implemented_isa() {
     for isa in Isa::available() {
-        let implemented = matches!(isa, Isa::Scalar | Isa::Avx2 | Isa::Neon | Isa::NeonDot);
+        let implemented = matches!(
+            isa,
+            Isa::Scalar | Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon | Isa::NeonDot
+        );
         for ty in TYPES {
             let k = Kernel::with_isa(ty, isa);
             assert_eq!(k.is_some(), implemented, "{} {}", ty.name(), isa.name());
