@@ -346,9 +346,10 @@ fn run(ty: WeightType, isa: Isa, k: usize, w: &[u8], rows: usize, a: &[u8], m: u
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     /// Every available SIMD kernel equals the scalar twin bit for bit (NaN payloads aside: a NaN
-    /// must be NaN on both), M = 1 and M > 1, with extreme and zero scales and all-zero blocks.
+    /// must be NaN on both), M = 1 and M > 1, with extreme and zero scales and all-zero blocks;
+    /// row counts up to 18 reach the x86 M > 1 panels (eight rows) with and without leftovers.
     #[test]
-    fn every_isa_matches_scalar_twin(t in 0usize..6, nb in 1usize..5, rows in 1usize..5, m in 1usize..7, extreme in any::<bool>(), seed in any::<u64>()) {
+    fn every_isa_matches_scalar_twin(t in 0usize..6, nb in 1usize..5, rows in 1usize..19, m in 1usize..7, extreme in any::<bool>(), seed in any::<u64>()) {
         let ty = TYPES[t];
         let mut rng = Rng(seed | 1);
         let w = weights(ty, nb, rows, &mut rng, extreme);
@@ -369,27 +370,6 @@ proptest! {
                     let (g, s) = (got[r * m + i], one[r]);
                     prop_assert!(g.to_bits() == s.to_bits() || (g.is_nan() && s.is_nan()));
                 }
-            }
-        }
-    }
-
-    /// The M > 1 panel kernels (eight weight rows at a time, x86) equal the scalar twin bit for
-    /// bit: row counts with and without a leftover beyond the panels, M with and without a
-    /// leftover beyond the four-row tiles.
-    #[test]
-    fn panels_match_scalar_twin(t in 0usize..6, nb in 1usize..4, rows in 8usize..19, m in 2usize..7, extreme in any::<bool>(), seed in any::<u64>()) {
-        let ty = TYPES[t];
-        let mut rng = Rng(seed | 1);
-        let w = weights(ty, nb, rows, &mut rng, extreme);
-        let a = acts(nb, m, &mut rng);
-        let k = nb * QK_K;
-        let want = run(ty, Isa::Scalar, k, &w, rows, &a, m);
-        for isa in Isa::available() {
-            if Kernel::with_isa(ty, isa).is_none() { continue; }
-            let got = run(ty, isa, k, &w, rows, &a, m);
-            for (i, (g, s)) in got.iter().zip(&want).enumerate() {
-                prop_assert!(g.to_bits() == s.to_bits() || (g.is_nan() && s.is_nan()),
-                    "{} {} out {i}: {g} vs scalar {s}", ty.name(), isa.name());
             }
         }
     }
