@@ -258,6 +258,9 @@ pub fn supported_types() -> String {
 
 /// Weight rows per task at least: below this, claiming a task costs more than its rows.
 const MIN_CHUNK_ROWS: usize = 16;
+/// The block kernels' M > 1 tile height (x86: eight weight rows, one per SIMD lane;
+/// `ork_kernels::blocks`, docs/kernels.md).
+const PANEL_ROWS: usize = 8;
 /// Tasks per worker and weight aimed at, so that a slow worker's share can be taken by others.
 const CHUNKS_PER_THREAD: usize = 4;
 
@@ -270,10 +273,12 @@ struct Chunk<'a> {
 }
 
 impl GgufLinear {
-    /// Rows per task for a weight of `n` rows.
+    /// Rows per task for a weight of `n` rows: a multiple of [`PANEL_ROWS`], so that only a
+    /// weight's last task can leave rows outside the kernels' eight-row panels (M > 1).
     fn chunk_rows(&self, n: usize) -> usize {
         n.div_ceil(self.pool.threads() * CHUNKS_PER_THREAD)
             .max(MIN_CHUNK_ROWS)
+            .next_multiple_of(PANEL_ROWS)
     }
 
     /// Quantize `x` once per activation type the weights read; returns the buffers and, per

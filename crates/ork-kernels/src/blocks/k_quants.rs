@@ -221,15 +221,16 @@ pub(super) trait Engine {
     fn prefetch(_p: *const u8, _bytes: usize) {}
 }
 
-/// The k-quant kernels (dispatched by `super::Kernel::with_isa`): AVX2 on x86-64 (AVX-VNNI and
-/// AVX-512 machines run it too: no VNNI k-quant kernel), NEON and NEON dotprod on aarch64.
+/// The k-quant kernels (dispatched by `super::Kernel::with_isa`): on x86-64 AVX2, AVX-VNNI and
+/// AVX-512 VNNI (one AVX2 decode and M = 1 dot; the M > 1 panel kernel on each ISA's int8
+/// dot), NEON and NEON dotprod on aarch64.
 pub(super) const FAMILY: Family = Family {
     scalar: |ty| Some(by_type!(KType::of(ty)?, drive, Scalar)),
     simd: |ty, isa| {
         let t = KType::of(ty)?;
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => Some(avx2::rows(t)),
+            Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni => avx2::rows(t, isa),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon | Isa::NeonDot => Some(neon::rows(t, isa == Isa::NeonDot)),
             _ => None,

@@ -26,6 +26,8 @@ mod legacy;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod order;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use crate::tile::Isa;
 

@@ -20,12 +20,85 @@ use super::{
     f16_at, iq4xs_scales, k4_words, q3_words, Engine, KType, Super, IQ4_VALUES, Q8K_BSUMS,
     Q8K_BYTES, QK_K,
 };
-use crate::blocks::RowsFn;
+use crate::blocks::x86::{Avx2 as Avx2Dot, Avx512Vnni, AvxVnni};
+use crate::blocks::{Isa, RowsFn};
 
-/// The AVX2 rows kernel of `t`.
-pub(super) fn rows(t: KType) -> RowsFn {
-    by_type!(t, rows_ty)
+mod panel;
+
+/// The rows kernel of `t` on `isa` (an x86 ISA: all of them run this module's AVX2 decode and
+/// M = 1 dot; M > 1 runs the panel kernel with the ISA's int8 dot), `None` where this CPU lacks
+/// a feature the kernel is compiled for.
+pub(super) fn rows(t: KType, isa: Isa) -> Option<RowsFn> {
+    use std::arch::is_x86_feature_detected as has;
+    let base = has!("avx2");
+    Some(match isa {
+        Isa::Avx2 if base => by_type!(t, safe_avx2),
+        Isa::AvxVnni if base && has!("avxvnni") => by_type!(t, safe_vnni),
+        Isa::Avx512Vnni if base && has!("avx512f") && has!("avx512vl") && has!("avx512vnni") => {
+            by_type!(t, safe_512)
+        }
+        _ => return None,
+    })
 }
+
+/// The panel kernel compiled for one ISA, and the safe entry that runs it on whole groups of
+/// eight weight rows at M > 1 and [`rows_ty`] (AVX2) on everything else.
+macro_rules! panel_entry {
+    ($safe:ident, $inner:ident, $dot:ty, $features:literal, $check:expr) => {
+        /// # Safety
+        /// The CPU has the features; the lengths are those `Kernel::rows` checks.
+        #[target_feature(enable = $features)]
+        unsafe fn $inner<const T: u8>(
+            k: usize,
+            w: &[u8],
+            n: usize,
+            a: &[u8],
+            m: usize,
+            o: &mut [f32],
+        ) -> usize {
+            // SAFETY: forwarded.
+            unsafe { panel::rows::<$dot, T>(k, w, n, a, m, o) }
+        }
+
+        /// Safe entry: asserts the features, then as the macro's doc says.
+        fn $safe<const T: u8>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
+            assert!($check, concat!("this k-quant kernel needs ", $features));
+            let t = super::ktype(T);
+            let done = if m >= panel::MIN_M && panel::fits(t) {
+                // SAFETY: the features (asserted) and the lengths (the caller's).
+                unsafe { $inner::<T>(k, w, n, a, m, o) }
+            } else {
+                0
+            };
+            let wrb = k / QK_K * t.bytes();
+            rows_ty::<T>(k, &w[done * wrb..], n - done, a, m, &mut o[done * m..]);
+        }
+    };
+}
+panel_entry!(
+    safe_avx2,
+    panel_avx2,
+    Avx2Dot,
+    "avx2",
+    is_x86_feature_detected!("avx2")
+);
+panel_entry!(
+    safe_vnni,
+    panel_vnni,
+    AvxVnni,
+    "avx2,avxvnni",
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("avxvnni")
+);
+panel_entry!(
+    safe_512,
+    panel_512,
+    Avx512Vnni,
+    "avx2,avx512f,avx512vl,avx512vnni",
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+);
 
 isa_rows!(
     rows_ty,

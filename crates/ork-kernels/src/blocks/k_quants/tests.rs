@@ -346,9 +346,10 @@ fn run(ty: WeightType, isa: Isa, k: usize, w: &[u8], rows: usize, a: &[u8], m: u
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     /// Every available SIMD kernel equals the scalar twin bit for bit (NaN payloads aside: a NaN
-    /// must be NaN on both), M = 1 and M > 1, with extreme and zero scales and all-zero blocks.
+    /// must be NaN on both), M = 1 and M > 1, with extreme and zero scales and all-zero blocks;
+    /// row counts up to 18 reach the x86 M > 1 panels (eight rows) with and without leftovers.
     #[test]
-    fn every_isa_matches_scalar_twin(t in 0usize..6, nb in 1usize..5, rows in 1usize..5, m in 1usize..7, extreme in any::<bool>(), seed in any::<u64>()) {
+    fn every_isa_matches_scalar_twin(t in 0usize..6, nb in 1usize..5, rows in 1usize..19, m in 1usize..7, extreme in any::<bool>(), seed in any::<u64>()) {
         let ty = TYPES[t];
         let mut rng = Rng(seed | 1);
         let w = weights(ty, nb, rows, &mut rng, extreme);
@@ -454,11 +455,15 @@ fn zeros_give_zero() {
 }
 
 /// Every ISA with a k-quant kernel is offered where the CPU has it (so the twin tests above run
-/// it: `neon-dotprod` under qemu's cortex-a76, `neon` under cortex-a53, `avx2` on x86).
+/// it: `neon-dotprod` under qemu's cortex-a76, `neon` under cortex-a53, `avx2`, `avx-vnni` and
+/// `avx512-vnni` on x86).
 #[test]
 fn kernels_exist_for_every_implemented_isa() {
     for isa in Isa::available() {
-        let implemented = matches!(isa, Isa::Scalar | Isa::Avx2 | Isa::Neon | Isa::NeonDot);
+        let implemented = matches!(
+            isa,
+            Isa::Scalar | Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon | Isa::NeonDot
+        );
         for ty in TYPES {
             let k = Kernel::with_isa(ty, isa);
             assert_eq!(k.is_some(), implemented, "{} {}", ty.name(), isa.name());

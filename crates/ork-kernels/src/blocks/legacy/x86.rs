@@ -16,7 +16,10 @@
 
 use super::{act_geometry, drive, finish, ActRow, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::{Isa, RowsFn, WeightType, KVALUES_IQ4NL};
+use crate::blocks::x86::{Avx2, Avx512Vnni, AvxVnni, Dot};
 use std::arch::x86_64::*;
+
+mod panel;
 
 /// A block format's AVX2 decoder.
 trait Decode: Format {
@@ -130,46 +133,6 @@ impl Decode for Iq4Nl {
             let t = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
             _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles(p.add(2)))
         }
-    }
-}
-
-/// The int8 dot of one block: eight i32 lanes whose sum is `Σ w_j · a_j`.
-trait Dot {
-    /// `u` (unsigned bytes) times `s` (signed bytes), four adjacent products per lane.
-    ///
-    /// # Safety
-    /// The CPU must have the instructions the implementation uses.
-    unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i;
-}
-
-/// `vpmaddubsw` then `vpmaddwd` by ones.
-struct Avx2;
-/// `vpdpbusd` (AVX-VNNI, VEX).
-struct AvxVnni;
-/// `vpdpbusd` (AVX-512 VNNI + VL, EVEX ymm).
-struct Avx512Vnni;
-
-impl Dot for Avx2 {
-    #[inline(always)]
-    unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
-        // SAFETY: register-only AVX2 arithmetic; the caller guarantees AVX2.
-        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
-    }
-}
-
-impl Dot for AvxVnni {
-    #[inline(always)]
-    unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
-        // SAFETY: register-only; the caller guarantees AVX-VNNI.
-        unsafe { _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s) }
-    }
-}
-
-impl Dot for Avx512Vnni {
-    #[inline(always)]
-    unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
-        // SAFETY: register-only; the caller guarantees AVX-512 VNNI and VL.
-        unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s) }
     }
 }
 
@@ -428,47 +391,72 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N])
     res
 }
 
-/// `row` compiled for AVX2 and F16C.
-///
-/// # Safety
-/// As [`row`] with `D = Avx2`.
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn row_avx2<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
-    // SAFETY: forwarded.
-    unsafe { row::<F, Avx2, N>(wr, ar) }
-}
+/// `ROW` (one weight row against `N` activation rows) and [`panel::rows`] (eight weight rows
+/// at once, M > 1) compiled for one ISA.
+macro_rules! isa_kernels {
+    ($row:ident, $panel:ident, $dot:ty, $features:literal) => {
+        /// `row` compiled for the ISA.
+        ///
+        /// # Safety
+        /// As [`row`]; the CPU has the features.
+        #[target_feature(enable = $features)]
+        unsafe fn $row<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
+            // SAFETY: forwarded.
+            unsafe { row::<F, $dot, N>(wr, ar) }
+        }
 
-/// `row` compiled for AVX2, F16C and AVX-VNNI.
-///
-/// # Safety
-/// As [`row`] with `D = AvxVnni`.
-#[target_feature(enable = "avx2,f16c,avxvnni")]
-unsafe fn row_vnni<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
-    // SAFETY: forwarded.
-    unsafe { row::<F, AvxVnni, N>(wr, ar) }
+        /// [`panel::rows`] compiled for the ISA.
+        ///
+        /// # Safety
+        /// As [`panel::rows`]; the CPU has the features.
+        #[target_feature(enable = $features)]
+        unsafe fn $panel<F: Decode>(
+            k: usize,
+            w: &[u8],
+            n: usize,
+            a: &[u8],
+            m: usize,
+            o: &mut [f32],
+        ) -> usize {
+            // SAFETY: forwarded.
+            unsafe { panel::rows::<F, $dot>(k, w, n, a, m, o) }
+        }
+    };
 }
-
-/// `row` compiled for AVX2, F16C and AVX-512 F, VL, VNNI.
-///
-/// # Safety
-/// As [`row`] with `D = Avx512Vnni`.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
-unsafe fn row_512<F: Decode, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N]) -> [f32; N] {
-    // SAFETY: forwarded.
-    unsafe { row::<F, Avx512Vnni, N>(wr, ar) }
-}
+isa_kernels!(row_avx2, panel_avx2, Avx2, "avx2,f16c");
+isa_kernels!(row_vnni, panel_vnni, AvxVnni, "avx2,f16c,avxvnni");
+isa_kernels!(
+    row_512,
+    panel_512,
+    Avx512Vnni,
+    "avx2,f16c,avx512f,avx512vl,avx512vnni"
+);
 
 /// Safe entries (`RowsFn`): [`rows`] hands them out only on a CPU with every feature the
-/// kernel is compiled for, and `Kernel::rows` checks the lengths.
+/// kernel is compiled for, and `Kernel::rows` checks the lengths. M > 1 runs the panel kernel on
+/// whole groups of eight weight rows where it computes the type exactly, the one-row kernel on
+/// the rest.
 macro_rules! entries {
-    ($($name:ident => $inner:ident),*) => {$(
+    ($($name:ident => $row:ident, $panel:ident, $dot:ty);*) => {$(
         fn $name<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
-            // SAFETY: see the macro's doc: the ISA is present and the lengths are checked.
-            unsafe { drive::<F>(k, w, n, a, m, o, ($inner::<F, 4>, $inner::<F, 1>)) }
+            let done = if m >= panel::MIN_M && panel::fits::<F, $dot>() {
+                // SAFETY: see the macro's doc: the ISA is present and the lengths are checked.
+                unsafe { $panel::<F>(k, w, n, a, m, o) }
+            } else {
+                0
+            };
+            let wrb = k / 32 * F::BYTES;
+            let (w, o) = (&w[done * wrb..], &mut o[done * m..]);
+            // SAFETY: as above, for the remaining rows.
+            unsafe { drive::<F>(k, w, n - done, a, m, o, ($row::<F, 4>, $row::<F, 1>)) }
         }
     )*};
 }
-entries!(safe_avx2 => row_avx2, safe_vnni => row_vnni, safe_512 => row_512);
+entries!(
+    safe_avx2 => row_avx2, panel_avx2, Avx2;
+    safe_vnni => row_vnni, panel_vnni, AvxVnni;
+    safe_512 => row_512, panel_512, Avx512Vnni
+);
 
 /// The kernel for `ty` on `isa` (an x86 ISA this CPU runs).
 pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {

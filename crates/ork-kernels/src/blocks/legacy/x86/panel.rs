@@ -1,0 +1,243 @@
+//! The M > 1 (prefill) kernel of the 32-weight blocks: a register tile of eight weight rows
+//! (one per i32 lane, [`crate::blocks::x86`]'s panel layout) by up to four activation rows.
+//!
+//! The weights are stored signed (`w`, the decoders' `u − OFFSET`) and the activations flipped
+//! to unsigned once per call (`a + 128`, a byte XOR), so that `Σ (a + 128)·w − 128·Σw`, with
+//! `Σw` per block and row taken when the panel is filled, is the block's exact `isum` without any
+//! activation sums. `vpmaddubsw` saturates pair sums above 32767, so on plain AVX2 Q8_0 and
+//! IQ4_NL (`2·255·127` would) keep the one-row kernel; the others' `|w| ≤ 31` stay exact. The
+//! block's `isum` then takes the scalar twin's float step `(d_w · d_a) · isum [+ m_w · s_a]`
+//! with weight rows in lanes, into accumulator `b % 8` of its activation row, and the eight
+//! accumulators fold as `order::reduce8` does, lane by lane: every output has the scalar twin's
+//! bits.
+
+use super::super::act_geometry;
+use super::{f16x8, Decode};
+use crate::blocks::x86::{bcast4, scatter_rows, transpose8, Dot, PANEL_ROWS};
+use std::arch::x86_64::*;
+
+/// Activation rows computed together against one panel (each weight vector loaded once for
+/// them; eight independent `vpdpbusd` chains with two per row).
+const TILE_M: usize = 4;
+
+/// The smallest M the panel kernel takes: at M = 2 it already beats the one-row kernel
+/// (`examples/blocks_speed.rs`, docs/kernels.md).
+pub(super) const MIN_M: usize = 2;
+
+/// Whether the panel kernel computes `F` exactly with the dot `D`.
+pub(super) const fn fits<F: Decode, D: Dot>() -> bool {
+    D::WIDE || !F::SIGNED
+}
+
+/// Eight weight rows, decoded and transposed: `q[8b + c]` holds chunk `c` of block `b` of every
+/// row (signed weights); `wsum[b]` the rows' `128 · Σw` of block `b`; `d[b]`, `mn[b]` their
+/// scales and mins as f32 lanes.
+struct Panel {
+    q: Vec<__m256i>,
+    wsum: Vec<__m256i>,
+    d: Vec<__m256>,
+    mn: Vec<__m256>,
+}
+
+/// The `m` activation rows of a call: their int8 flipped to `a + 128` (u8), 32 per block and
+/// blocks of all rows back to back, and the blocks' `d` (and `s`, types with a min) as f32.
+struct Side {
+    q: Vec<u8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    nb: usize,
+}
+
+/// The activation side of `m` rows of `nb` blocks of `F`'s activation type.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C.
+#[inline(always)]
+unsafe fn side<F: Decode>(acts: &[u8], m: usize, nb: usize) -> Side {
+    let (ab_len, qs) = act_geometry(F::MIN);
+    let blocks = m * nb;
+    assert!(acts.len() >= blocks * ab_len);
+    let mut sd = Side {
+        q: vec![0; 32 * blocks],
+        d: vec![0.0; blocks],
+        s: vec![0.0; if F::MIN { blocks } else { 0 }],
+        nb,
+    };
+    // SAFETY (whole body): block j < blocks of `acts` (asserted) and of `sd.q`; 16-byte loads of
+    // the 8-lane stack arrays; the ISA as the caller guarantees.
+    unsafe {
+        let flip = _mm256_set1_epi8(-128);
+        for j in 0..blocks {
+            let a = _mm256_loadu_si256(acts.as_ptr().add(j * ab_len + qs).cast());
+            _mm256_storeu_si256(
+                sd.q.as_mut_ptr().add(32 * j).cast(),
+                _mm256_xor_si256(a, flip),
+            );
+        }
+        for j0 in (0..blocks).step_by(8) {
+            let n = (blocks - j0).min(8);
+            let (mut dh, mut sh) = ([0u16; 8], [0u16; 8]);
+            for t in 0..n {
+                let blk = &acts[(j0 + t) * ab_len..];
+                dh[t] = u16::from_le_bytes([blk[0], blk[1]]);
+                sh[t] = u16::from_le_bytes([blk[2], blk[3]]);
+            }
+            let mut f = [0f32; 8];
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr().cast()));
+            _mm256_storeu_ps(f.as_mut_ptr(), v);
+            sd.d[j0..j0 + n].copy_from_slice(&f[..n]);
+            if F::MIN {
+                let v = _mm256_cvtph_ps(_mm_loadu_si128(sh.as_ptr().cast()));
+                _mm256_storeu_ps(f.as_mut_ptr(), v);
+                sd.s[j0..j0 + n].copy_from_slice(&f[..n]);
+            }
+        }
+    }
+    sd
+}
+
+/// Decode the `PANEL_ROWS` rows at `w` (`wrb` bytes each, `nb` blocks) into `p`.
+///
+/// # Safety
+/// The CPU has AVX2, F16C and `D`'s instructions.
+#[inline(always)]
+unsafe fn fill<F: Decode, D: Dot>(w: &[u8], wrb: usize, nb: usize, p: &mut Panel) {
+    assert!(w.len() >= PANEL_ROWS * wrb && nb * F::BYTES <= wrb);
+    // SAFETY (whole body): block b < nb of row r < PANEL_ROWS lies in `w` (asserted); the ISA
+    // as the caller guarantees.
+    unsafe {
+        let off = _mm256_set1_epi8(F::OFFSET as i8);
+        let ones = _mm256_set1_epi8(1);
+        for b in 0..nb {
+            let mut v = [_mm256_setzero_si256(); PANEL_ROWS];
+            for (r, v) in v.iter_mut().enumerate() {
+                let blk = w.as_ptr().add(r * wrb + b * F::BYTES);
+                *v = _mm256_sub_epi8(F::decode(blk), off);
+            }
+            let t = transpose8(&v);
+            let mut sum = _mm256_setzero_si256();
+            for t in &t {
+                sum = D::dot_acc(sum, ones, *t);
+            }
+            p.q[8 * b..8 * b + 8].copy_from_slice(&t);
+            p.wsum[b] = _mm256_slli_epi32::<7>(sum);
+            let first = w.as_ptr().add(b * F::BYTES);
+            p.d[b] = f16x8(first, wrb);
+            if F::MIN {
+                p.mn[b] = f16x8(first.add(2), wrb);
+            }
+        }
+    }
+}
+
+/// The panel against the activation rows `rows` of `a`: per row, the eight weight rows'
+/// results as lanes.
+///
+/// # Safety
+/// The rows exist in `a`, whose rows have the panel's `nb` blocks; the CPU has AVX2, F16C and
+/// `D`'s instructions.
+#[inline(always)]
+unsafe fn tile<F: Decode, D: Dot, const N: usize>(
+    p: &Panel,
+    a: &Side,
+    rows: [usize; N],
+) -> [__m256; N] {
+    let nb = p.d.len();
+    // SAFETY (whole body): blocks b < nb of each activation row (32 bytes each in `a.q`) and
+    // panel vectors 8b .. 8b + 8 exist; the ISA as the caller guarantees.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 8]; N];
+        for b in 0..nb {
+            let w = p.q.as_ptr().add(8 * b);
+            let mut even = [_mm256_setzero_si256(); N];
+            let mut odd = [_mm256_setzero_si256(); N];
+            for c in (0..8).step_by(2) {
+                let (w0, w1) = (*w.add(c), *w.add(c + 1));
+                for i in 0..N {
+                    let q = a.q.as_ptr().add(32 * (rows[i] * a.nb + b) + 4 * c);
+                    even[i] = D::dot_acc(even[i], bcast4(q), w0);
+                    odd[i] = D::dot_acc(odd[i], bcast4(q.add(4)), w1);
+                }
+            }
+            for i in 0..N {
+                let j = rows[i] * a.nb + b;
+                let isum = _mm256_sub_epi32(_mm256_add_epi32(even[i], odd[i]), p.wsum[b]);
+                let scale = _mm256_mul_ps(p.d[b], _mm256_set1_ps(a.d[j]));
+                let mut v = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum));
+                if F::MIN {
+                    v = _mm256_add_ps(v, _mm256_mul_ps(p.mn[b], _mm256_set1_ps(a.s[j])));
+                }
+                acc[i][b % 8] = _mm256_add_ps(acc[i][b % 8], v);
+            }
+        }
+        let mut res = [_mm256_setzero_ps(); N];
+        for (res, a) in res.iter_mut().zip(&acc) {
+            // reduce8, lane by lane: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+            let s0 = _mm256_add_ps(a[0], a[4]);
+            let s1 = _mm256_add_ps(a[1], a[5]);
+            let s2 = _mm256_add_ps(a[2], a[6]);
+            let s3 = _mm256_add_ps(a[3], a[7]);
+            *res = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+        }
+        res
+    }
+}
+
+/// The first `rows / 8 · 8` weight rows against all `m` activation rows (the arguments are a
+/// [`super::RowsFn`]'s); returns how many rows it computed (the caller does the rest).
+///
+/// # Safety
+/// The lengths are those `Kernel::rows` checks; the CPU has AVX2, F16C and `D`'s instructions.
+#[inline(always)]
+pub(super) unsafe fn rows<F: Decode, D: Dot>(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+) -> usize {
+    let nb = k / 32;
+    let wrb = nb * F::BYTES;
+    // SAFETY: the ISA as the caller guarantees.
+    let a = unsafe { side::<F>(acts, m, nb) };
+    // SAFETY: register-only; the caller guarantees AVX.
+    let (zi, zf) = unsafe { (_mm256_setzero_si256(), _mm256_setzero_ps()) };
+    let mut p = Panel {
+        q: vec![zi; 8 * nb],
+        wsum: vec![zi; nb],
+        d: vec![zf; nb],
+        mn: vec![zf; nb],
+    };
+    let panels = rows / PANEL_ROWS;
+    for pi in 0..panels {
+        let r0 = pi * PANEL_ROWS;
+        // SAFETY: rows r0 .. r0 + 8 are in `w`; the ISA as the caller guarantees.
+        unsafe { fill::<F, D>(&w[r0 * wrb..][..PANEL_ROWS * wrb], wrb, nb, &mut p) };
+        let o = &mut out[r0 * m..][..PANEL_ROWS * m];
+        let mut i = 0;
+        while i < m {
+            let mut lanes = [[0f32; PANEL_ROWS]; TILE_M];
+            let n = if i + TILE_M <= m {
+                // SAFETY: rows i .. i + 4 < m of `a`; the ISA as above.
+                let v = unsafe { tile::<F, D, TILE_M>(&p, &a, [i, i + 1, i + 2, i + 3]) };
+                for (l, v) in lanes.iter_mut().zip(v) {
+                    // SAFETY: 32 writable bytes, unaligned store.
+                    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
+                }
+                TILE_M
+            } else {
+                // SAFETY: as above.
+                let [v] = unsafe { tile::<F, D, 1>(&p, &a, [i]) };
+                // SAFETY: 32 writable bytes, unaligned store.
+                unsafe { _mm256_storeu_ps(lanes[0].as_mut_ptr(), v) };
+                1
+            };
+            for (j, l) in lanes.into_iter().take(n).enumerate() {
+                scatter_rows(l, &mut o[i + j..], m);
+            }
+            i += n;
+        }
+    }
+    panels * PANEL_ROWS
+}
