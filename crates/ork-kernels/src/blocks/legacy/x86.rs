@@ -9,8 +9,10 @@
 //! eight block sums, and the float step (`(d_w · d_a) · isum [+ m_w · s_a]`, lane `b % 8`)
 //! runs on eight blocks at once: the scalar twin's order ([`super::rows_scalar`]).
 //!
-//! Each weight row's groups of eight blocks are decoded once for up to four activation rows
-//! (prefill); decode (M = 1) decodes straight into registers. A row's last `nb % 8` blocks (K =
+//! At M ≥ 2, whole groups of eight weight rows run the panel kernel ([`panel`]: eight weight
+//! rows in lanes × four activation rows); the rows beyond them decode each row's groups of eight
+//! blocks once for up to four activation rows, and decode (M = 1) decodes straight into
+//! registers. A row's last `nb % 8` blocks (K =
 //! 576 leaves 2 of 18) run as one more group with zero lanes for the missing blocks, blended
 //! into their lanes only, rather than block by block with scalar f16 conversions.
 
