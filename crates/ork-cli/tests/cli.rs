@@ -80,10 +80,9 @@ pub fn model() -> PathBuf {
 
 /// The real model converted once per test run (int8), shared by the tests that only read it.
 pub fn converted() -> &'static Path {
-    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    let (_, path) = PACK.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("smollm2.orkpack");
+    static PACK: OnceLock<PathBuf> = OnceLock::new();
+    PACK.get_or_init(|| {
+        let path = ork_testkit::process_dir().join("smollm2.orkpack");
         let o = run(&[
             "convert",
             model().to_str().unwrap(),
@@ -92,9 +91,8 @@ pub fn converted() -> &'static Path {
             "--json",
         ]);
         assert_eq!(code(&o), Some(0), "convert failed: {}", stderr(&o));
-        (dir, path)
-    });
-    path
+        path
+    })
 }
 
 /// Names in `dir` other than `keep` (temp files left behind, partial outputs).

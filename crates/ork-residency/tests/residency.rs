@@ -115,14 +115,12 @@ fn model() -> Arc<GgufFile> {
 /// A clean `.orkpack` of the fixture (built once with `ensure`), in a temp dir kept for the
 /// whole test binary.
 fn clean_pack_path() -> PathBuf {
-    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    static PACK: OnceLock<PathBuf> = OnceLock::new();
     PACK.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("fixture.orkpack");
+        let path = ork_testkit::process_dir().join("fixture.orkpack");
         ensure(&model(), &path, &ConvertOptions::new(PackDtype::I8)).expect("ensure");
-        (dir, path)
+        path
     })
-    .1
     .clone()
 }
 

@@ -14,6 +14,37 @@ pub mod sparse;
 use std::path::PathBuf;
 use std::process::Command;
 
+/// A directory for the fixtures one test process shares across its tests (a pack converted
+/// once, requantized copies), under `$TMPDIR/ork-test-fixtures/<pid>`.
+///
+/// A `static` is never dropped, so a `TempDir` held in one would be left behind by every run
+/// (about 100 MB each). Instead, the first call removes the directories of test processes that
+/// no longer run (no `/proc/<pid>`), then makes this process's own, empty.
+///
+/// # Panics
+/// If the directory cannot be made.
+pub fn process_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = std::env::temp_dir().join("ork-test-fixtures");
+        std::fs::create_dir_all(&root)
+            .unwrap_or_else(|e| panic!("cannot make {}: {e}", root.display()));
+        for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if !PathBuf::from(format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let dir = root.join(std::process::id().to_string());
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot make {}: {e}", dir.display()));
+        dir
+    })
+}
+
 /// The real test model (SmolLM2-135M-Instruct Q4_1): `$ORK_MODEL`, or where
 /// `scripts/fetch-model.sh` puts it (`.cache/` at the repository root).
 ///

@@ -5,7 +5,7 @@
 //! blocks in every fixture).
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use ork_cpu::{CpuOptions, CpuPool, GgufLinear};
 use ork_gguf::writer::{quantize, GgufBuilder};
@@ -14,10 +14,10 @@ use ork_gguf::{GgmlType, GgufFile, MetaValue};
 /// Blocks kept.
 pub const LAYERS: usize = 2;
 
-/// Directory of the fixtures, made once per test process.
-fn dir() -> &'static tempfile::TempDir {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().unwrap())
+/// Directory of the fixtures, made once per test process (removed by the next run's first
+/// call, `ork_testkit::process_dir`).
+fn dir() -> &'static std::path::Path {
+    ork_testkit::process_dir()
 }
 
 /// SmolLM2's first [`LAYERS`] blocks with their matmul weights in `ty` (F32, F16, BF16, Q8_0,
@@ -38,7 +38,7 @@ pub fn qwen3moe_in(ty: GgmlType) -> PathBuf {
 fn requantized(src: &std::path::Path, label: &str, layers: usize, ty: GgmlType) -> PathBuf {
     static LOCK: Mutex<()> = Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let path = dir().path().join(format!("{label}-{layers}-{ty}.gguf"));
+    let path = dir().join(format!("{label}-{layers}-{ty}.gguf"));
     if path.is_file() {
         return path;
     }
