@@ -138,6 +138,39 @@ pub(super) unsafe fn bcast4(p: *const u8) -> __m256i {
     unsafe { _mm256_set1_epi32(p.cast::<i32>().read_unaligned()) }
 }
 
+/// A panel's `m` activation rows, four at a time while four remain (`tile4(i)`: rows `i ..
+/// i + 4`), then one at a time (`tile1(i)`), each result's lane `r` written to `o[r · m + i]`.
+///
+/// # Safety
+/// The CPU has AVX, and whatever `tile4`/`tile1` need.
+#[inline(always)]
+pub(super) unsafe fn panel_columns(
+    o: &mut [f32],
+    m: usize,
+    mut tile4: impl FnMut(usize) -> [__m256; 4],
+    mut tile1: impl FnMut(usize) -> __m256,
+) {
+    let mut i = 0;
+    while i < m {
+        let mut lanes = [[0f32; PANEL_ROWS]; 4];
+        let n = if i + 4 <= m {
+            for (l, v) in lanes.iter_mut().zip(tile4(i)) {
+                // SAFETY: 32 writable bytes, unaligned store; AVX as the caller guarantees.
+                unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
+            }
+            4
+        } else {
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(lanes[0].as_mut_ptr(), tile1(i)) };
+            1
+        };
+        for (j, l) in lanes.into_iter().take(n).enumerate() {
+            scatter_rows(l, &mut o[i + j..], m);
+        }
+        i += n;
+    }
+}
+
 /// Lane `r` of the result at `out[r · m]` for `r` in `0..PANEL_ROWS` (a panel's column).
 #[inline(always)]
 pub(super) fn scatter_rows(v: [f32; PANEL_ROWS], out: &mut [f32], m: usize) {

@@ -13,7 +13,7 @@
 
 use super::super::{Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES, QK_K};
 use super::Avx2 as Avx2Engine;
-use crate::blocks::x86::{bcast4, scatter_rows, transpose8, Dot, PANEL_ROWS};
+use crate::blocks::x86::{bcast4, panel_columns, transpose8, Dot, PANEL_ROWS};
 use std::arch::x86_64::*;
 
 /// Activation rows computed together against one panel.
@@ -205,30 +205,15 @@ pub(super) unsafe fn rows<D: Dot, const T: u8>(
             )
         };
         let o = &mut out[r0 * m..][..PANEL_ROWS * m];
-        let mut i = 0;
-        while i < m {
-            let mut lanes = [[0f32; PANEL_ROWS]; TILE_M];
-            let n = if i + TILE_M <= m {
-                let a = [act(i), act(i + 1), act(i + 2), act(i + 3)];
-                // SAFETY: whole rows of nb blocks; the ISA as above.
-                let v = unsafe { tile::<D, TILE_M, T>(&p, a) };
-                for (l, v) in lanes.iter_mut().zip(v) {
-                    // SAFETY: 32 writable bytes, unaligned store.
-                    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
-                }
-                TILE_M
-            } else {
-                // SAFETY: as above.
-                let [v] = unsafe { tile::<D, 1, T>(&p, [act(i)]) };
-                // SAFETY: 32 writable bytes, unaligned store.
-                unsafe { _mm256_storeu_ps(lanes[0].as_mut_ptr(), v) };
-                1
-            };
-            for (j, l) in lanes.into_iter().take(n).enumerate() {
-                scatter_rows(l, &mut o[i + j..], m);
-            }
-            i += n;
-        }
+        // SAFETY: whole rows of nb blocks; the ISA as the caller guarantees.
+        unsafe {
+            panel_columns(
+                o,
+                m,
+                |i| tile::<D, TILE_M, T>(&p, [act(i), act(i + 1), act(i + 2), act(i + 3)]),
+                |i| tile::<D, 1, T>(&p, [act(i)])[0],
+            )
+        };
     }
     panels * PANEL_ROWS
 }

@@ -13,7 +13,7 @@
 
 use super::super::act_geometry;
 use super::{f16x8, Decode};
-use crate::blocks::x86::{bcast4, scatter_rows, transpose8, Dot, PANEL_ROWS};
+use crate::blocks::x86::{bcast4, panel_columns, transpose8, Dot, PANEL_ROWS};
 use std::arch::x86_64::*;
 
 /// Activation rows computed together against one panel (each weight vector loaded once for
@@ -215,29 +215,15 @@ pub(super) unsafe fn rows<F: Decode, D: Dot>(
         // SAFETY: rows r0 .. r0 + 8 are in `w`; the ISA as the caller guarantees.
         unsafe { fill::<F, D>(&w[r0 * wrb..][..PANEL_ROWS * wrb], wrb, nb, &mut p) };
         let o = &mut out[r0 * m..][..PANEL_ROWS * m];
-        let mut i = 0;
-        while i < m {
-            let mut lanes = [[0f32; PANEL_ROWS]; TILE_M];
-            let n = if i + TILE_M <= m {
-                // SAFETY: rows i .. i + 4 < m of `a`; the ISA as above.
-                let v = unsafe { tile::<F, D, TILE_M>(&p, &a, [i, i + 1, i + 2, i + 3]) };
-                for (l, v) in lanes.iter_mut().zip(v) {
-                    // SAFETY: 32 writable bytes, unaligned store.
-                    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
-                }
-                TILE_M
-            } else {
-                // SAFETY: as above.
-                let [v] = unsafe { tile::<F, D, 1>(&p, &a, [i]) };
-                // SAFETY: 32 writable bytes, unaligned store.
-                unsafe { _mm256_storeu_ps(lanes[0].as_mut_ptr(), v) };
-                1
-            };
-            for (j, l) in lanes.into_iter().take(n).enumerate() {
-                scatter_rows(l, &mut o[i + j..], m);
-            }
-            i += n;
-        }
+        // SAFETY: rows i .. i + 4 < m of `a`; the ISA as the caller guarantees.
+        unsafe {
+            panel_columns(
+                o,
+                m,
+                |i| tile::<F, D, TILE_M>(&p, &a, [i, i + 1, i + 2, i + 3]),
+                |i| tile::<F, D, 1>(&p, &a, [i])[0],
+            )
+        };
     }
     panels * PANEL_ROWS
 }
