@@ -128,8 +128,10 @@ pub enum Core {
 
 /// Cycles per 256 weights of `ty`'s dot kernel on `core`, from `kernels`' column (ggml's where
 /// ork's lacks the type or the core: the A72/A53 have only ggml's plain-NEON column). F32 is
-/// charged twice F16 (4 lanes per fp32 `fmla` instead of 8) and BF16 as F32 (ggml converts bf16
-/// to f32 on cores without bf16 instructions, as these): both assumed, not estimated.
+/// charged twice ggml's F16 (4 lanes per fp32 `fmla` instead of 8), for either column: ork's F16
+/// figure on FP16 cores is its fp16-accumulating kernel, which F32 cannot use. BF16 is charged as
+/// F32 (ggml converts bf16 to f32 on cores without bf16 instructions, as these). Both assumed,
+/// not estimated.
 pub fn cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
     let (dotprod, big) = match core {
         Core::A76 => (true, true),
@@ -153,7 +155,14 @@ pub fn cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
         ork.or_else(|| pick(&GGML_CYCLES, ty))
     };
     match ty {
-        FileType::F32 | FileType::BF16 => 2.0 * one(FileType::F16).unwrap_or(f64::NAN),
+        FileType::F32 | FileType::BF16 => {
+            let f16 = if dotprod {
+                pick(&GGML_CYCLES, FileType::F16)
+            } else {
+                one(FileType::F16)
+            };
+            2.0 * f16.unwrap_or(f64::NAN)
+        }
         t => one(t).unwrap_or(f64::NAN),
     }
 }
