@@ -21,8 +21,8 @@ use crate::phase::{npu_weights, NpuWeightSource, NpuWeights, PhaseEngine, PhaseE
 use crate::plan::{plan_beside_draft, weight_bytes};
 use crate::smoothing::apply_smoothing;
 use crate::{
-    budget_bytes, open_device, ConvertObserver, EngineConfig, EngineDraft, EngineLinear,
-    ExpertStats, PackChoice, PhaseLinear, RuntimeError, SmoothingOrigin,
+    budget_bytes, open_device, ConvertObserver, DeviceWeights, EngineConfig, EngineDraft,
+    EngineLinear, ExpertStats, PackChoice, PhaseLinear, RuntimeError, SmoothingOrigin,
 };
 
 /// A model opened on a device or on the CPU engine: see the crate documentation.
@@ -321,7 +321,12 @@ fn open_on_device(
     let info = device.info();
     let budget = budget_bytes(config.budget_bytes)?;
     let slots = info.cores as usize + 1;
-    let weights = weight_bytes(manifest, config.dtype, config.group)?;
+    check_device_weights(config, manifest)?;
+    let weights = crate::plan::device_weights(
+        manifest,
+        weight_bytes(manifest, config.dtype, config.group)?,
+        config.device_weights,
+    );
     // The draft's resident weights come out of the budget before the model is planned.
     let capacity = budget.min(info.window_bytes);
     let draft = DraftReservation::reserve(config, model, tokenizer, &weights, capacity, slots)?;
@@ -400,6 +405,22 @@ fn open_on_device(
         trace,
         draft,
     })
+}
+
+/// A dense-only device ([`DeviceWeights::Dense`]) refused where it would have to compute a MoE's
+/// experts: a phase wholly on the device (only a decode split, whose experts stay on the CPU,
+/// can run without them).
+fn check_device_weights(config: &EngineConfig, manifest: &Manifest) -> Result<(), RuntimeError> {
+    let engines = config.engines();
+    let on_device = [engines.prefill, engines.decode].contains(&PhaseEngine::Device);
+    if config.device_weights == DeviceWeights::Dense && manifest.n_expert() > 0 && on_device {
+        return Err(RuntimeError::Phases {
+            what: "the device holds only the dense weights, but a phase runs wholly on it and \
+                   would compute the MoE's experts: pair a CPU prefill with a decode split"
+                .to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// Options that only a device run takes, refused with the CPU engine rather than ignored
