@@ -332,6 +332,8 @@ pub struct Chosen {
     /// How the cores were applied to the run: the projection's, or the command line's
     /// `--cpus`/`--threads` over them (`None`: no phase on the CPU).
     pub cores_by: Option<String>,
+    /// The model has MoE experts (a dense-only device differs from the whole pack only then).
+    pub moe: bool,
 }
 
 impl Chosen {
@@ -347,6 +349,7 @@ impl Chosen {
             cores: None,
             npu_holds: None,
             cores_by: None,
+            moe: false,
         }
     }
 
@@ -382,15 +385,17 @@ impl Chosen {
             cores: chosen.cores,
             npu_holds: chosen.npu_holds,
             cores_by: None,
+            moe: e.shape.weights.iter().any(|w| w.experts > 1),
         }
     }
 
     /// Apply the chosen cores and NPU holdings to `config` (whose engines are already the
     /// choice's): the CPU engine on every core where the choice says so (the command line's
     /// `--cpus` and `--threads`, `given`, override it and say so), and the device holding only
-    /// the dense weights for a dense-only split.
+    /// the dense weights for a dense-only split of a MoE (a dense model's dense weights are its
+    /// whole pack).
     pub fn apply(&mut self, config: &mut ork_runtime::EngineConfig, given: (bool, bool)) {
-        if self.npu_holds == Some(NpuHolds::Dense) {
+        if self.npu_holds == Some(NpuHolds::Dense) && self.moe {
             config.device_weights = ork_runtime::DeviceWeights::Dense;
         }
         let Some(cores) = self.cores else {

@@ -37,7 +37,8 @@ pub enum DeviceWeights {
     /// Only the dense (non-expert) weights: a decode row split after a CPU prefill
     /// (`--device auto`'s dense-only split, `ork_board::engines::NpuHolds::Dense`). A MoE's
     /// expert slices are planned, packed and loaded for the CPU engine alone, never for the
-    /// device; a device phase that would compute them is refused when the engine opens.
+    /// device; a device phase that would compute them is refused when the engine opens. For a
+    /// dense model, the same as [`DeviceWeights::All`].
     Dense,
 }
 

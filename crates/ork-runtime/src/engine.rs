@@ -339,8 +339,19 @@ fn open_on_device(
         info.domains,
         slots,
     )?;
+    // A dense model's dense weights are all of them: its pack is the device's source as ever.
+    let all_held;
+    let held_config = if manifest.n_expert() == 0 && config.device_weights == DeviceWeights::Dense {
+        all_held = EngineConfig {
+            device_weights: DeviceWeights::All,
+            ..config.clone()
+        };
+        &all_held
+    } else {
+        config
+    };
     let weight_source = npu_weights(
-        config,
+        held_config,
         plan.model_bytes,
         std::fs::metadata(&config.model).map_or(0, |m| m.len()),
         config.ram_bytes.or_else(crate::host_ram_bytes),
