@@ -339,23 +339,7 @@ fn open_on_device(
         info.domains,
         slots,
     )?;
-    // A dense model's dense weights are all of them: its pack is the device's source as ever.
-    let all_held;
-    let held_config = if manifest.n_expert() == 0 && config.device_weights == DeviceWeights::Dense {
-        all_held = EngineConfig {
-            device_weights: DeviceWeights::All,
-            ..config.clone()
-        };
-        &all_held
-    } else {
-        config
-    };
-    let weight_source = npu_weights(
-        held_config,
-        plan.model_bytes,
-        std::fs::metadata(&config.model).map_or(0, |m| m.len()),
-        config.ram_bytes.or_else(crate::host_ram_bytes),
-    );
+    let weight_source = device_weight_source(config, manifest, plan.model_bytes);
     let streamed;
     let source_config = match weight_source.source {
         NpuWeights::StreamByPack if config.pack != PackChoice::None => {
@@ -416,6 +400,31 @@ fn open_on_device(
         trace,
         draft,
     })
+}
+
+/// [`npu_weights`] for the device's plan of `plan_bytes`: a dense model's dense weights are all
+/// of them, so its pack stays the device's source with [`DeviceWeights::Dense`] too.
+fn device_weight_source(
+    config: &EngineConfig,
+    manifest: &Manifest,
+    plan_bytes: u64,
+) -> NpuWeightSource {
+    let all_held;
+    let held = if manifest.n_expert() == 0 && config.device_weights == DeviceWeights::Dense {
+        all_held = EngineConfig {
+            device_weights: DeviceWeights::All,
+            ..config.clone()
+        };
+        &all_held
+    } else {
+        config
+    };
+    npu_weights(
+        held,
+        plan_bytes,
+        std::fs::metadata(&config.model).map_or(0, |m| m.len()),
+        config.ram_bytes.or_else(crate::host_ram_bytes),
+    )
 }
 
 /// A dense-only device ([`DeviceWeights::Dense`]) refused where it would have to compute a MoE's
