@@ -96,8 +96,13 @@ pub(crate) fn engine_config_auto(
     trace: bool,
     replay: bool,
 ) -> Result<(EngineConfig, crate::auto::Chosen)> {
-    let (chosen, domains) = crate::auto::for_run(opts, replay)?;
-    let config = config_for(opts, trace, (chosen.prefill, chosen.decode), domains)?;
+    let (mut chosen, domains) = crate::auto::for_run(opts, replay)?;
+    let mut config = config_for(opts, trace, (chosen.prefill, chosen.decode), domains)?;
+    if chosen.by_projection() {
+        // The chosen cores (every core where the projection says so) and, for a dense-only
+        // split, a device holding the dense weights alone.
+        chosen.apply(&mut config, (opts.cpus.is_some(), opts.threads.is_some()));
+    }
     Ok((config, chosen))
 }
 
@@ -164,6 +169,7 @@ fn config_for(
             Some(crate::cmd_split::SplitArg::Share(f)) => Some(ork_runtime::SplitRows::All(f)),
             _ => None,
         },
+        device_weights: ork_runtime::DeviceWeights::All,
     };
     if let Some(q) = opts.quant {
         config.set_quant(q);
