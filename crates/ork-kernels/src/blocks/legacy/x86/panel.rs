@@ -41,11 +41,11 @@ struct Panel {
 
 /// The `m` activation rows of a call: their int8 flipped to `a + 128` (u8), 32 per block and
 /// blocks of all rows back to back, and the blocks' `d` (and `s`, types with a min) as f32.
-struct Side {
-    q: Vec<u8>,
-    d: Vec<f32>,
-    s: Vec<f32>,
-    nb: usize,
+pub(super) struct Side {
+    pub(super) q: Vec<u8>,
+    pub(super) d: Vec<f32>,
+    pub(super) s: Vec<f32>,
+    pub(super) nb: usize,
 }
 
 /// The activation side of `m` rows of `nb` blocks of `F`'s activation type.
@@ -53,7 +53,7 @@ struct Side {
 /// # Safety
 /// The CPU has AVX2 and F16C.
 #[inline(always)]
-unsafe fn side<F: Decode>(acts: &[u8], m: usize, nb: usize) -> Side {
+pub(super) unsafe fn side<F: Decode>(acts: &[u8], m: usize, nb: usize) -> Side {
     let (ab_len, qs) = act_geometry(F::MIN);
     let blocks = m * nb;
     assert!(acts.len() >= blocks * ab_len);
