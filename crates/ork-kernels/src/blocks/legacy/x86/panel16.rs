@@ -11,7 +11,7 @@
 //!
 //! The float accumulators are taken one at a time (accumulator `j` gathers blocks `j`, `j + 8`,
 //! … of an activation row, in that order, as the scalar twin's `acc[b % 8]`), so that only one
-//! per activation row is live: four rows' integer and float sums then fit the 32 zmm registers.
+//! per activation row is live: eight rows' integer and float sums then fit the 32 zmm registers.
 
 use super::panel::{side, Side};
 use super::{f16x8, Decode};
@@ -21,8 +21,10 @@ use std::arch::x86_64::*;
 /// Weight rows per panel: one per i32 lane of a zmm.
 const LANES: usize = 16;
 
-/// Activation rows computed together against one panel.
-const TILE_M: usize = 4;
+/// Activation rows computed together against one panel (then four, then one): eight rows'
+/// sixteen integer chains and eight float accumulators fit the 32 zmm registers, and were a few
+/// percent faster than four (`examples/blocks_speed.rs`, within the noise of a loaded machine).
+const TILE_M: usize = 8;
 
 /// Sixteen weight rows, decoded and transposed: `q[8b + c]` holds chunk `c` of block `b` of
 /// every row (signed weights); `wsum[b]` the rows' `128 · Σw` of block `b`; `d[b]`, `mn[b]`
@@ -158,18 +160,28 @@ unsafe fn tile<F: Decode, const N: usize>(p: &Panel, a: &Side, i0: usize) -> [__
     }
 }
 
-/// Lanes `0..lanes` of `v` at `o[r · m]` for each lane `r`.
+/// The results of activation rows `i .. i + N` (lanes `0..lanes` of each) into `o`, lane `r` of
+/// row `i + j` at `o[r · m + i + j]`; returns `N`.
 ///
 /// # Safety
 /// AVX-512F.
 #[inline(always)]
-unsafe fn scatter(v: __m512, o: &mut [f32], m: usize, lanes: usize) {
-    let mut l = [0f32; LANES];
-    // SAFETY: 64 writable bytes, unaligned store; AVX-512F as the caller guarantees.
-    unsafe { _mm512_storeu_ps(l.as_mut_ptr(), v) };
-    for (r, v) in l.into_iter().take(lanes).enumerate() {
-        o[r * m] = v;
+unsafe fn columns<const N: usize>(
+    v: [__m512; N],
+    o: &mut [f32],
+    i: usize,
+    m: usize,
+    lanes: usize,
+) -> usize {
+    for (j, v) in v.into_iter().enumerate() {
+        let mut l = [0f32; LANES];
+        // SAFETY: 64 writable bytes, unaligned store; AVX-512F as the caller guarantees.
+        unsafe { _mm512_storeu_ps(l.as_mut_ptr(), v) };
+        for (r, v) in l.into_iter().take(lanes).enumerate() {
+            o[r * m + i + j] = v;
+        }
     }
+    N
 }
 
 /// The first `rows / 8 · 8` weight rows against all `m` activation rows (the arguments are a
@@ -216,18 +228,16 @@ pub(super) unsafe fn rows<F: Decode>(
         let o = &mut out[r0 * m..][..lanes * m];
         let mut i = 0;
         while i < m {
-            let n = if i + TILE_M <= m { TILE_M } else { 1 };
-            // SAFETY: activation rows i .. i + n < m of `a`; the ISA as the caller guarantees.
-            unsafe {
-                if n == TILE_M {
-                    for (j, v) in tile::<F, TILE_M>(&p, &a, i).into_iter().enumerate() {
-                        scatter(v, &mut o[i + j..], m, lanes);
-                    }
+            // SAFETY: activation rows i .. i + n <= m of `a`; the ISA as the caller guarantees.
+            i += unsafe {
+                if i + TILE_M <= m {
+                    columns(tile::<F, TILE_M>(&p, &a, i), o, i, m, lanes)
+                } else if i + 4 <= m {
+                    columns(tile::<F, 4>(&p, &a, i), o, i, m, lanes)
                 } else {
-                    scatter(tile::<F, 1>(&p, &a, i)[0], &mut o[i..], m, lanes);
+                    columns(tile::<F, 1>(&p, &a, i), o, i, m, lanes)
                 }
-            }
-            i += n;
+            };
         }
     }
     done
