@@ -13,6 +13,7 @@
 //! … of an activation row, in that order, as the scalar twin's `acc[b % 8]`), so that only one
 //! per activation row is live: eight rows' integer and float sums then fit the 32 zmm registers.
 
+use super::super::act_geometry;
 use super::panel::{side, Side};
 use super::{f16x8, Decode};
 use crate::blocks::x86::transpose8;
@@ -25,6 +26,16 @@ const LANES: usize = 16;
 /// sixteen integer chains and eight float accumulators fit the 32 zmm registers, and were a few
 /// percent faster than four (`examples/blocks_speed.rs`, within the noise of a loaded machine).
 const TILE_M: usize = 8;
+
+/// Whether the activations are flipped to `a + 128` once per call (then multiplied, unsigned,
+/// by signed weights `w`, and the block's `128 · Σw` subtracted) rather than read in place as
+/// the signed factor of unsigned weights `u = w + OFFSET` (then `OFFSET · Σa` subtracted). In
+/// place needs unsigned weights, and pays only where the activation int8 are 4-byte aligned
+/// (Q8_1's 36-byte blocks, for Q4_1 and Q5_1: ~10 % faster than the flip; Q8_0's 34-byte blocks
+/// split some loads across cache lines and Q4_0 ran ~8 % slower in place, blocks_speed).
+const fn flipped<F: Decode>() -> bool {
+    F::SIGNED || !F::MIN
+}
 
 /// Sixteen weight rows, decoded and transposed: `q[8b + c]` holds chunk `c` of block `b` of
 /// every row (signed weights); `wsum[b]` the rows' `128 · Σw` of block `b`; `d[b]`, `mn[b]`
@@ -78,7 +89,11 @@ unsafe fn fill<F: Decode>(w: &[u8], wrb: usize, nb: usize, half: bool, p: &mut P
             for (h, v) in v.iter_mut().enumerate() {
                 for (r, v) in v.iter_mut().enumerate() {
                     let blk = w.as_ptr().add((h * upper + r) * wrb + b * F::BYTES);
-                    *v = _mm256_sub_epi8(F::decode(blk), off);
+                    *v = if flipped::<F>() {
+                        _mm256_sub_epi8(F::decode(blk), off)
+                    } else {
+                        F::decode(blk)
+                    };
                 }
             }
             let (lo, hi) = (transpose8(&v[0]), transpose8(&v[1]));
@@ -86,7 +101,9 @@ unsafe fn fill<F: Decode>(w: &[u8], wrb: usize, nb: usize, half: bool, p: &mut P
             for c in 0..8 {
                 let t = join(lo[c], hi[c]);
                 p.q[8 * b + c] = t;
-                sum = _mm512_dpbusd_epi32(sum, ones, t);
+                if flipped::<F>() {
+                    sum = _mm512_dpbusd_epi32(sum, ones, t);
+                }
             }
             p.wsum[b] = _mm512_slli_epi32::<7>(sum);
             let first = w.as_ptr().add(b * F::BYTES);
@@ -106,10 +123,26 @@ unsafe fn fill<F: Decode>(w: &[u8], wrb: usize, nb: usize, half: bool, p: &mut P
 /// The rows exist in `a`, whose rows have the panel's `nb` blocks; the CPU has AVX-512F and
 /// AVX-512 VNNI.
 #[inline(always)]
-unsafe fn tile<F: Decode, const N: usize>(p: &Panel, a: &Side, i0: usize) -> [__m512; N] {
+unsafe fn tile<F: Decode, const N: usize>(
+    p: &Panel,
+    a: &Side,
+    acts: &[u8],
+    i0: usize,
+) -> [__m512; N] {
     let nb = p.d.len();
-    // SAFETY (whole body): blocks b < nb of each activation row (32 bytes each in `a.q`) and
-    // panel vectors 8b .. 8b + 8 exist; the ISA as the caller guarantees.
+    // The activation int8: flipped in `a.q` for the signed formats, else the caller's blocks.
+    let (ab_len, qs) = act_geometry(F::MIN);
+    let (base, stride, at) = if flipped::<F>() {
+        (a.q.as_ptr(), 32, 0)
+    } else {
+        (acts.as_ptr(), ab_len, qs)
+    };
+    assert!(
+        acts.len() >= a.d.len() * ab_len
+            && a.q.len() >= if flipped::<F>() { 32 * a.d.len() } else { 0 }
+    );
+    // SAFETY (whole body): blocks b < nb of each activation row (`stride` bytes each from
+    // `base`, asserted) and panel vectors 8b .. 8b + 8 exist; the ISA as the caller guarantees.
     unsafe {
         let mut part = [[_mm512_setzero_ps(); 8]; N];
         for j in 0..nb.min(8) {
@@ -121,20 +154,31 @@ unsafe fn tile<F: Decode, const N: usize>(p: &Panel, a: &Side, i0: usize) -> [__
                 for c in (0..8).step_by(2) {
                     let (w0, w1) = (*w.add(c), *w.add(c + 1));
                     for i in 0..N {
-                        let q = a.q.as_ptr().add(32 * ((i0 + i) * a.nb + b) + 4 * c);
+                        let q = base.add(stride * ((i0 + i) * a.nb + b) + at + 4 * c);
                         let (q0, q1) = (q.cast::<i32>(), q.add(4).cast::<i32>());
-                        even[i] = _mm512_dpbusd_epi32(
-                            even[i],
-                            _mm512_set1_epi32(q0.read_unaligned()),
-                            w0,
-                        );
-                        odd[i] =
-                            _mm512_dpbusd_epi32(odd[i], _mm512_set1_epi32(q1.read_unaligned()), w1);
+                        let a0 = _mm512_set1_epi32(q0.read_unaligned());
+                        let a1 = _mm512_set1_epi32(q1.read_unaligned());
+                        // vpdpbusd's first factor is unsigned: the flipped activations, or the
+                        // unsigned weights.
+                        if flipped::<F>() {
+                            even[i] = _mm512_dpbusd_epi32(even[i], a0, w0);
+                            odd[i] = _mm512_dpbusd_epi32(odd[i], a1, w1);
+                        } else {
+                            even[i] = _mm512_dpbusd_epi32(even[i], w0, a0);
+                            odd[i] = _mm512_dpbusd_epi32(odd[i], w1, a1);
+                        }
                     }
                 }
                 for i in 0..N {
                     let ab = (i0 + i) * a.nb + b;
-                    let isum = _mm512_sub_epi32(_mm512_add_epi32(even[i], odd[i]), p.wsum[b]);
+                    let dot = _mm512_add_epi32(even[i], odd[i]);
+                    let isum = if flipped::<F>() {
+                        _mm512_sub_epi32(dot, p.wsum[b])
+                    } else if F::OFFSET != 0 {
+                        _mm512_sub_epi32(dot, _mm512_set1_epi32(a.off[ab]))
+                    } else {
+                        dot
+                    };
                     let scale = _mm512_mul_ps(p.d[b], _mm512_set1_ps(a.d[ab]));
                     let mut v = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum));
                     if F::MIN {
@@ -203,7 +247,7 @@ pub(super) unsafe fn rows<F: Decode>(
     let nb = k / 32;
     let wrb = nb * F::BYTES;
     // SAFETY: the ISA as the caller guarantees.
-    let a = unsafe { side::<F>(acts, m, nb) };
+    let a = unsafe { side::<F>(acts, m, nb, flipped::<F>()) };
     // SAFETY: register-only; the caller guarantees AVX-512F.
     let (zi, zf) = unsafe { (_mm512_setzero_si512(), _mm512_setzero_ps()) };
     let mut p = Panel {
@@ -231,11 +275,11 @@ pub(super) unsafe fn rows<F: Decode>(
             // SAFETY: activation rows i .. i + n <= m of `a`; the ISA as the caller guarantees.
             i += unsafe {
                 if i + TILE_M <= m {
-                    columns(tile::<F, TILE_M>(&p, &a, i), o, i, m, lanes)
+                    columns(tile::<F, TILE_M>(&p, &a, acts, i), o, i, m, lanes)
                 } else if i + 4 <= m {
-                    columns(tile::<F, 4>(&p, &a, i), o, i, m, lanes)
+                    columns(tile::<F, 4>(&p, &a, acts, i), o, i, m, lanes)
                 } else {
-                    columns(tile::<F, 1>(&p, &a, i), o, i, m, lanes)
+                    columns(tile::<F, 1>(&p, &a, acts, i), o, i, m, lanes)
                 }
             };
         }
