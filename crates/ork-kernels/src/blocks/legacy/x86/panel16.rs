@@ -30,9 +30,11 @@ const TILE_M: usize = 8;
 /// Whether the activations are flipped to `a + 128` once per call (then multiplied, unsigned,
 /// by signed weights `w`, and the block's `128 · Σw` subtracted) rather than read in place as
 /// the signed factor of unsigned weights `u = w + OFFSET` (then `OFFSET · Σa` subtracted). In
-/// place needs unsigned weights, and pays only where the activation int8 are 4-byte aligned
-/// (Q8_1's 36-byte blocks, for Q4_1 and Q5_1: ~10 % faster than the flip; Q8_0's 34-byte blocks
-/// split some loads across cache lines and Q4_0 ran ~8 % slower in place, blocks_speed).
+/// place needs unsigned weights, and pays only where the activation int8 are 4-byte aligned:
+/// Q8_1's 36-byte blocks (Q4_1, Q5_1: −2 … +10 %, median +4 %, against the flip at 576–1536
+/// rows per call, and no per-call copy, which ork-cpu pays per task of tens of rows); Q8_0's
+/// 34-byte blocks split some loads across cache lines, and Q4_0 ran ~8 % slower in place
+/// (`examples/blocks_speed.rs`, both builds alternated).
 const fn flipped<F: Decode>() -> bool {
     F::SIGNED || !F::MIN
 }
