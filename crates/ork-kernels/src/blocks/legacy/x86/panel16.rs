@@ -135,13 +135,12 @@ unsafe fn tile<F: Decode, const N: usize>(
     // The activation int8: flipped in `a.q` for the signed formats, else the caller's blocks.
     let (ab_len, qs) = act_geometry(F::MIN);
     let (base, stride, at) = if flipped::<F>() {
-        (a.q.as_ptr(), 32, 0)
+        (a.q.as_ptr().cast::<u8>(), 32, 0)
     } else {
         (acts.as_ptr(), ab_len, qs)
     };
     assert!(
-        acts.len() >= a.d.len() * ab_len
-            && a.q.len() >= if flipped::<F>() { 32 * a.d.len() } else { 0 }
+        acts.len() >= a.d.len() * ab_len && a.q.len() >= if flipped::<F>() { a.d.len() } else { 0 }
     );
     // SAFETY (whole body): blocks b < nb of each activation row (`stride` bytes each from
     // `base`, asserted) and panel vectors 8b .. 8b + 8 exist; the ISA as the caller guarantees.
