@@ -258,9 +258,10 @@ pub fn supported_types() -> String {
 
 /// Weight rows per task at least: below this, claiming a task costs more than its rows.
 const MIN_CHUNK_ROWS: usize = 16;
-/// The block kernels' M > 1 tile height (x86: eight weight rows, one per SIMD lane;
-/// `ork_kernels::blocks`, docs/kernels.md).
-const PANEL_ROWS: usize = 8;
+/// The block kernels' M > 1 tile height: one weight row per i32 lane, sixteen for the 32-weight
+/// blocks on AVX-512 VNNI, eight elsewhere on x86 (`ork_kernels::blocks`, docs/kernels.md). A
+/// task of 8 mod 16 rows left the AVX-512 kernel half a panel of discarded lanes.
+const PANEL_ROWS: usize = 16;
 /// Tasks per worker and weight aimed at, so that a slow worker's share can be taken by others.
 const CHUNKS_PER_THREAD: usize = 4;
 
@@ -273,12 +274,13 @@ struct Chunk<'a> {
 }
 
 impl GgufLinear {
-    /// Rows per task for a weight of `n` rows: a multiple of [`PANEL_ROWS`], so that only a
-    /// weight's last task can leave rows outside the kernels' eight-row panels (M > 1).
-    fn chunk_rows(&self, n: usize) -> usize {
+    /// Rows per task for a weight of `n` rows against `m` activation rows: for M > 1 a multiple
+    /// of [`PANEL_ROWS`], so that only a weight's last task can leave rows outside the kernels'
+    /// panels; for M = 1 (decode, no panels) of eight, as before the sixteen-row panel.
+    fn chunk_rows(&self, n: usize, m: usize) -> usize {
         n.div_ceil(self.pool.threads() * CHUNKS_PER_THREAD)
             .max(MIN_CHUNK_ROWS)
-            .next_multiple_of(PANEL_ROWS)
+            .next_multiple_of(if m > 1 { PANEL_ROWS } else { 8 })
     }
 
     /// Quantize `x` once per activation type the weights read; returns the buffers and, per
@@ -316,7 +318,7 @@ impl GgufLinear {
     ) {
         let mut chunks = Vec::new();
         for (wi, ((w, out), range)) in ws.iter().zip(outs).zip(rows).enumerate() {
-            let step = self.chunk_rows(w.n);
+            let step = self.chunk_rows(w.n, m);
             for (c, part) in out.chunks_mut(step * m).enumerate() {
                 chunks.push(Chunk {
                     w: wi,
@@ -340,6 +342,8 @@ impl GgufLinear {
 
 /// Activation rows per task of [`GgufLinear::transpose`].
 const TRANSPOSE_ROWS: usize = 16;
+/// Weight rows [`GgufLinear::transpose`] moves at once.
+const TRANSPOSE_COLS: usize = 8;
 
 impl GgufLinear {
     /// `y[i·n + r] = t[r·m + i]`: the kernels' `n × m` results as the `m × n` the executor
@@ -355,8 +359,24 @@ impl GgufLinear {
         self.pool.run(parts.len(), |p| {
             let mut part = parts[p].lock().unwrap_or_else(|e| e.into_inner());
             let (i0, rows) = (p * TRANSPOSE_ROWS, part.len() / n);
-            // Weight row by weight row: each reads `rows` adjacent values of `t`.
-            for (r, col) in t.chunks_exact(m).enumerate() {
+            // Eight weight rows at a time through a small block on the stack, so that each
+            // activation row gets eight adjacent values in one copy (value by value, the
+            // transposes took ~9 % of a Q4_0 prefill once the kernels were fast).
+            let mut r = 0;
+            while r + TRANSPOSE_COLS <= n {
+                let mut blk = [[0f32; TRANSPOSE_COLS]; TRANSPOSE_ROWS];
+                for j in 0..TRANSPOSE_COLS {
+                    let col = &t[(r + j) * m + i0..][..rows];
+                    for (b, &v) in blk.iter_mut().zip(col) {
+                        b[j] = v;
+                    }
+                }
+                for (di, b) in blk.iter().take(rows).enumerate() {
+                    part[di * n + r..][..TRANSPOSE_COLS].copy_from_slice(b);
+                }
+                r += TRANSPOSE_COLS;
+            }
+            for (r, col) in t.chunks_exact(m).enumerate().skip(r) {
                 for (di, &v) in col[i0..i0 + rows].iter().enumerate() {
                     part[di * n + r] = v;
                 }

@@ -39,40 +39,58 @@ struct Panel {
     mn: Vec<__m256>,
 }
 
-/// The `m` activation rows of a call: their int8 flipped to `a + 128` (u8), 32 per block and
-/// blocks of all rows back to back, and the blocks' `d` (and `s`, types with a min) as f32.
-struct Side {
-    q: Vec<u8>,
-    d: Vec<f32>,
-    s: Vec<f32>,
-    nb: usize,
+/// The `m` activation rows of a call: with `flip`, their int8 flipped to `a + 128` (u8), one
+/// vector of 32 per block and blocks of all rows back to back (else `q` is empty and `off` holds each block's
+/// `OFFSET · Σa`), and the blocks' `d` (and `s`, types with a min) as f32.
+pub(super) struct Side {
+    pub(super) q: Vec<__m256i>,
+    pub(super) off: Vec<i32>,
+    pub(super) d: Vec<f32>,
+    pub(super) s: Vec<f32>,
+    pub(super) nb: usize,
 }
 
-/// The activation side of `m` rows of `nb` blocks of `F`'s activation type.
+/// The activation side of `m` rows of `nb` blocks of `F`'s activation type (`flip`: see
+/// [`Side`]).
 ///
 /// # Safety
 /// The CPU has AVX2 and F16C.
 #[inline(always)]
-unsafe fn side<F: Decode>(acts: &[u8], m: usize, nb: usize) -> Side {
+pub(super) unsafe fn side<F: Decode>(acts: &[u8], m: usize, nb: usize, flip: bool) -> Side {
     let (ab_len, qs) = act_geometry(F::MIN);
     let blocks = m * nb;
     assert!(acts.len() >= blocks * ab_len);
+    let offset = !flip && F::OFFSET != 0;
     let mut sd = Side {
-        q: vec![0; 32 * blocks],
+        q: Vec::with_capacity(if flip { blocks } else { 0 }),
+        off: Vec::with_capacity(if offset { blocks } else { 0 }),
         d: vec![0.0; blocks],
         s: vec![0.0; if F::MIN { blocks } else { 0 }],
         nb,
     };
-    // SAFETY (whole body): block j < blocks of `acts` (asserted) and of `sd.q`; 16-byte loads of
-    // the 8-lane stack arrays; the ISA as the caller guarantees.
+    // SAFETY (whole body): block j < blocks of `acts` (asserted); the first `blocks` slots of
+    // `sd.q` written before its length is set; 16-byte loads of the 8-lane stack arrays; the ISA
+    // as the caller guarantees.
     unsafe {
-        let flip = _mm256_set1_epi8(-128);
-        for j in 0..blocks {
+        let (mask, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi8(1));
+        if flip {
+            // Written in place (a `push` per block kept the vector's fields on the stack and
+            // took ~7 % of the panel's time): the capacity is `blocks`, each slot is written
+            // once below, then the length is set.
+            for (j, slot) in sd.q.spare_capacity_mut()[..blocks].iter_mut().enumerate() {
+                let a = _mm256_loadu_si256(acts.as_ptr().add(j * ab_len + qs).cast());
+                slot.write(_mm256_xor_si256(a, mask));
+            }
+            sd.q.set_len(blocks);
+        }
+        for j in 0..if offset { blocks } else { 0 } {
             let a = _mm256_loadu_si256(acts.as_ptr().add(j * ab_len + qs).cast());
-            _mm256_storeu_si256(
-                sd.q.as_mut_ptr().add(32 * j).cast(),
-                _mm256_xor_si256(a, flip),
-            );
+            // Σa: pairs by `vpmaddubsw` (|2·127| fits i16), then to i32 lanes.
+            let pairs = _mm256_maddubs_epi16(ones, a);
+            let mut v = [0i32; 8];
+            let lanes = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+            _mm256_storeu_si256(v.as_mut_ptr().cast(), lanes);
+            sd.off.push(F::OFFSET * v.iter().sum::<i32>());
         }
         for j0 in (0..blocks).step_by(8) {
             let n = (blocks - j0).min(8);
@@ -154,7 +172,10 @@ unsafe fn tile<F: Decode, D: Dot, const N: usize>(
             for c in (0..8).step_by(2) {
                 let (w0, w1) = (*w.add(c), *w.add(c + 1));
                 for i in 0..N {
-                    let q = a.q.as_ptr().add(32 * (rows[i] * a.nb + b) + 4 * c);
+                    let q =
+                        a.q.as_ptr()
+                            .cast::<u8>()
+                            .add(32 * (rows[i] * a.nb + b) + 4 * c);
                     even[i] = D::dot_acc(even[i], bcast4(q), w0);
                     odd[i] = D::dot_acc(odd[i], bcast4(q.add(4)), w1);
                 }
@@ -200,7 +221,7 @@ pub(super) unsafe fn rows<F: Decode, D: Dot>(
     let nb = k / 32;
     let wrb = nb * F::BYTES;
     // SAFETY: the ISA as the caller guarantees.
-    let a = unsafe { side::<F>(acts, m, nb) };
+    let a = unsafe { side::<F>(acts, m, nb, true) };
     // SAFETY: register-only; the caller guarantees AVX.
     let (zi, zf) = unsafe { (_mm256_setzero_si256(), _mm256_setzero_ps()) };
     let mut p = Panel {
