@@ -13,8 +13,9 @@ pub enum Engine {
     Npu,
     /// The CPU, the GGUF's blocks at their own bits ([`crate::cpu`]).
     Cpu,
-    /// Decode only: each dense matmul's rows shared by the NPU (int8) and the CPU (the file's
-    /// bits) at once, each weight at its own share ([`crate::split::split_shares`]).
+    /// Each dense matmul's rows shared by the NPU (int8) and the CPU (the file's bits) at once,
+    /// each weight at its own share: decode ([`crate::split::split_shares`]) or prefill
+    /// ([`crate::split::split_prefill`]).
     Split,
 }
 
@@ -40,6 +41,9 @@ pub struct EngineInputs {
     /// The row split's decode tokens per second, the NPU's weights resident
     /// ([`crate::split::split_decode`]; `None`: no NPU, or its weights stream).
     pub split_decode_tok_s: Option<f64>,
+    /// The row split's prefill TTFT, the NPU's weights resident
+    /// ([`crate::split::split_prefill`]; `None`: no NPU, or its weights stream).
+    pub split_prefill_ttft_s: Option<f64>,
 }
 
 /// One pairing as projected.
@@ -72,7 +76,7 @@ pub struct Choice {
     /// The pairing with the least [`Pairing::total_s`].
     pub engines: Engines,
     /// Every pairing considered, in the order npu/npu, npu/cpu, cpu/cpu, cpu/npu, npu/split,
-    /// cpu/split.
+    /// cpu/split, split/npu, split/cpu, split/split.
     pub alternatives: Vec<Pairing>,
     /// The rule.
     pub rule: &'static str,
@@ -90,9 +94,10 @@ impl Choice {
 /// How the pairing is chosen.
 pub const RULE: &str = "least TTFT + (generated tokens - 1) / decode tok/s, the request's own \
                         prompt and generated counts; ties to the earlier of npu/npu, npu/cpu, \
-                        cpu/cpu, cpu/npu, npu/split, cpu/split (split: each dense decode \
-                        matmul's rows shared by the NPU and the CPU, each weight at the share \
-                        the clock projects best for it)";
+                        cpu/cpu, cpu/npu, npu/split, cpu/split, split/npu, split/cpu, \
+                        split/split (split: each dense matmul's rows of that phase shared by \
+                        the NPU and the CPU, each weight at the share the clock projects best \
+                        for it)";
 
 /// Every pairing `inputs` allows, and the fastest for a request that generates `gen` tokens
 /// (the first from the prefill); `None` when neither engine is projected.
@@ -113,6 +118,11 @@ pub fn choose(inputs: &EngineInputs, gen: usize) -> Option<Choice> {
     // The split decodes beside the NPU's buffers; its prefill is either engine's (the CPU's
     // beside those buffers too).
     let split = inputs.split_decode_tok_s;
+    // The split prefill holds the NPU's weights beside the GGUF's pages, as the split decode.
+    let split_prefill = inputs.split_prefill_ttft_s.map(|ttft_s| Phases {
+        ttft_s,
+        decode_tok_s: f64::NAN,
+    });
     let alternatives: Vec<Pairing> = [
         pair(Engine::Npu, Engine::Npu, npu, rate(npu)),
         pair(Engine::Npu, Engine::Cpu, npu, rate(beside)),
@@ -120,6 +130,9 @@ pub fn choose(inputs: &EngineInputs, gen: usize) -> Option<Choice> {
         pair(Engine::Cpu, Engine::Npu, beside, rate(npu)),
         pair(Engine::Npu, Engine::Split, npu, split),
         pair(Engine::Cpu, Engine::Split, beside, split),
+        pair(Engine::Split, Engine::Npu, split_prefill, rate(npu)),
+        pair(Engine::Split, Engine::Cpu, split_prefill, rate(beside)),
+        pair(Engine::Split, Engine::Split, split_prefill, split),
     ]
     .into_iter()
     .flatten()
@@ -159,14 +172,17 @@ mod tests {
                             // The split: none, the CPU beside the buffers (every share 0), a
                             // gain over it.
                             for split in [None, Some(1.0), Some(1.4)] {
-                                cases.push((tn, dn, tc, dc, dc * starve, split));
+                                // The split prefill: none, as fast as the faster engine, faster.
+                                for sp in [None, Some(1.0), Some(0.8)] {
+                                    cases.push((tn, dn, tc, dc, dc * starve, split, sp));
+                                }
                             }
                         }
                     }
                 }
             }
         }
-        for (tn, dn, tc, dc, beside, split) in cases {
+        for (tn, dn, tc, dc, beside, split, sp) in cases {
             let phases = |ttft_s, decode_tok_s| {
                 Some(Phases {
                     ttft_s,
@@ -178,14 +194,17 @@ mod tests {
                 cpu: phases(tc, dc),
                 cpu_beside_npu: phases(tc, beside),
                 split_decode_tok_s: split.map(|g: f64| g * beside),
+                split_prefill_ttft_s: sp.map(|g: f64| g * tn.min(tc)),
             };
             let c = choose(&inputs, 64).unwrap();
-            assert_eq!(c.alternatives.len(), 4 + 2 * usize::from(split.is_some()));
+            let n_split = usize::from(split.is_some());
+            let n_prefill = usize::from(sp.is_some()) * (2 + n_split);
+            assert_eq!(c.alternatives.len(), 4 + 2 * n_split + n_prefill);
             let chosen = c.chosen().unwrap();
             let alone: Vec<&Pairing> = c
                 .alternatives
                 .iter()
-                .filter(|p| p.prefill == p.decode)
+                .filter(|p| p.prefill == p.decode && p.prefill != Engine::Split)
                 .collect();
             assert_eq!(alone.len(), 2);
             assert!(alone.iter().all(|a| chosen.total_s <= a.total_s), "{c:?}");
@@ -196,6 +215,14 @@ mod tests {
             if split == Some(1.0) {
                 // A split no faster than the CPU beside the buffers: ties go to cpu decode.
                 assert_ne!(chosen.decode, Engine::Split, "{c:?}");
+            }
+            if sp == Some(1.0) {
+                // A split prefill no faster than the faster engine: ties go to one engine.
+                assert_ne!(chosen.prefill, Engine::Split, "{c:?}");
+            }
+            if sp == Some(0.8) && beside == dc {
+                // A faster split prefill, every decode beside it as fast as after the others.
+                assert_eq!(chosen.prefill, Engine::Split, "{c:?}");
             }
             assert!(chosen.decode_tok_s >= dn.min(dc), "{c:?}");
             if beside == dc {

@@ -226,6 +226,7 @@ fn the_chosen_pairing_is_never_slower_than_either_engine_alone() {
             cpu: ph(cpu),
             cpu_beside_npu: ph(beside),
             split_decode_tok_s: split,
+            split_prefill_ttft_s: None,
         };
         let c = choose(&inputs, 64).unwrap();
         let chosen = c
@@ -264,6 +265,7 @@ fn the_chosen_pairing_is_never_slower_than_either_engine_alone() {
             cpu: ph(cases[0].1),
             cpu_beside_npu: ph(cases[0].2),
             split_decode_tok_s: None,
+            split_prefill_ttft_s: None,
         },
         64,
     )
