@@ -186,6 +186,8 @@ fn split_weights(
 /// clock projects best for it ([`split_prefill`]).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct SplitPrefill {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
     /// Time to first token, every dense weight at its best share, seconds.
     pub ttft_s: f64,
     /// The CPU alone, the same passes (every share 0): for one pass,
@@ -309,6 +311,7 @@ pub fn split_prefill(
     }
     let matmuls = split - rest;
     let projected = SplitPrefill {
+        prompt_tokens: prompt,
         ttft_s: split,
         cpu_ttft_s: cpu,
         npu_ttft_s: npu,

@@ -289,7 +289,8 @@ pub fn plan_on_board(
             prefill: phase(chosen.prefill),
             decode: phase(chosen.decode),
         });
-        config.split_rows = chosen.split.as_ref().map(ShareSource::rows);
+        config.split_rows = chosen.splits.decode.as_ref().map(ShareSource::rows);
+        config.prefill_split_rows = chosen.splits.prefill.as_ref().map(ShareSource::rows);
     }
     Ok((projected, chosen))
 }
@@ -306,8 +307,9 @@ pub struct Chosen {
     pub by: String,
     /// The chosen pairing as projected.
     pub pairing: Option<Pairing>,
-    /// With the split chosen: its shares per weight, as the projection that chose it made them.
-    pub split: Option<ShareSource>,
+    /// With a split chosen (decode, prefill or both): its shares per weight, as the projection
+    /// that chose it made them.
+    pub splits: crate::cmd_split::Splits,
 }
 
 impl Chosen {
@@ -319,7 +321,7 @@ impl Chosen {
             decode,
             by: if auto { NO_BOARD } else { COMMAND_LINE }.to_owned(),
             pairing: None,
-            split: None,
+            splits: Default::default(),
         }
     }
 
@@ -341,17 +343,20 @@ impl Chosen {
             .split_shares
             .as_ref()
             .filter(|_| chosen.decode == Side::Split);
+        let prefill_split = e
+            .prefill_split
+            .as_ref()
+            .filter(|_| chosen.prefill == Side::Split);
+        let from = format!("--device auto's projection for {board} (projected)");
         Chosen {
             prefill: arg(chosen.prefill),
             decode: arg(chosen.decode),
             by: format!("projection {board}"),
             pairing: e.choice.chosen().copied(),
-            split: split.map(|b| {
-                ShareSource::board(
-                    b,
-                    format!("--device auto's projection for {board} (projected)"),
-                )
-            }),
+            splits: crate::cmd_split::Splits {
+                prefill: prefill_split.map(|b| ShareSource::board_prefill(b, from.clone())),
+                decode: split.map(|b| ShareSource::board(b, from)),
+            },
         }
     }
 

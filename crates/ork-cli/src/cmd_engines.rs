@@ -7,7 +7,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use ork_board::cpu::{project, CpuBoard, CpuPlan, CpuShape, CpuWeight, Kernels};
 use ork_board::engines::{choose, Choice, EngineInputs, Phases};
-use ork_board::split::{cpu_read_bw_beside, split_decode, split_shares, SplitDecode};
+use ork_board::split::{
+    cpu_read_bw_beside, split_decode, split_prefill, split_shares, SplitDecode, SplitPrefill,
+};
 use ork_board::Projection;
 use ork_residency::{Mode, Plan as Placement};
 
@@ -114,14 +116,60 @@ pub fn board_split(
     let plan = cpu_plan(b, b.ram_bytes - b.reserved_bytes - npu_bytes);
     let decode = split_decode(shape, b, &plan, context)?;
     let per_shape = split_shares(shape, b, &plan, context)?;
+    let (shares, by_shape) = per_weight(manifest, shape, &per_shape);
+    Some(BoardSplit {
+        decode,
+        shares,
+        by_shape,
+    })
+}
+
+/// The row-split prefill the board clock projects, each weight at its own best share.
+#[derive(Clone, Debug)]
+pub struct BoardPrefillSplit {
+    /// The projection.
+    pub prefill: SplitPrefill,
+    /// Each weight's NPU share of its rows, by manifest weight index (expert slices 0).
+    pub shares: Vec<f64>,
+    /// The shares by kind of dense weight, in execution order.
+    pub by_shape: Vec<ShapeShare>,
+}
+
+/// The row-split prefill on `b` of the model whose CPU shape is `shape` (of `manifest`), the
+/// NPU's buffers holding `npu_bytes` of the RAM, a prompt of `prompt` tokens in one pass (as
+/// `ork run` prefills). `None` without an NPU.
+pub fn board_prefill_split(
+    manifest: &ork_manifest::Manifest,
+    shape: &CpuShape,
+    b: &CpuBoard,
+    npu_bytes: f64,
+    prompt: usize,
+) -> Option<BoardPrefillSplit> {
+    let plan = cpu_plan(b, b.ram_bytes - b.reserved_bytes - npu_bytes);
+    let (per_shape, prefill) = split_prefill(shape, b, &plan, prompt, prompt)?;
+    let (shares, by_shape) = per_weight(manifest, shape, &per_shape);
+    Some(BoardPrefillSplit {
+        prefill,
+        shares,
+        by_shape,
+    })
+}
+
+/// The shares `per_shape` (in `shape`'s weight order) by manifest weight index, and by kind of
+/// dense weight.
+fn per_weight(
+    manifest: &ork_manifest::Manifest,
+    shape: &CpuShape,
+    per_shape: &[f64],
+) -> (Vec<f64>, Vec<ShapeShare>) {
     let mut shares = vec![0.0; manifest.weights().len()];
-    for (w, &f) in shape_order(manifest).zip(&per_shape) {
+    for (w, &f) in shape_order(manifest).zip(per_shape) {
         if let Some(slot) = shares.get_mut(w.id.index()) {
             *slot = f;
         }
     }
     let mut by_shape: Vec<ShapeShare> = Vec::new();
-    for (w, &share) in shape.weights.iter().zip(&per_shape) {
+    for (w, &share) in shape.weights.iter().zip(per_shape) {
         if w.experts > 1 {
             continue;
         }
@@ -140,11 +188,7 @@ pub fn board_split(
             }),
         }
     }
-    Some(BoardSplit {
-        decode,
-        shares,
-        by_shape,
-    })
+    (shares, by_shape)
 }
 
 /// The CPU engine's phases on `b` with `cache_bytes` of page cache: 4 threads on the big cores
@@ -175,9 +219,14 @@ pub(crate) fn cpu_plan(b: &CpuBoard, cache_bytes: f64) -> CpuPlan {
     }
 }
 
-/// What [`engines`] projected: the choice, the CPU's shape of the model, and the row split
-/// with each weight's share (by manifest weight index) when it was a pairing.
-type Projected = (Choice, CpuShape, Option<BoardSplit>);
+/// What [`engines`] projected: the choice, the CPU's shape of the model, and the row splits
+/// (decode, prefill) with each weight's share (by manifest weight index) when they were
+/// pairings.
+type Projected = (
+    Choice,
+    CpuShape,
+    (Option<BoardSplit>, Option<BoardPrefillSplit>),
+);
 
 /// Every pairing and the choice, for the model at `path` on `b`: the NPU's projection `npu`
 /// with the RAM its device buffers hold (`npu_bytes`), the CPU alone or beside it, and, where
@@ -199,6 +248,9 @@ pub fn engines(
     let split = npu
         .filter(|_| resident)
         .and_then(|(_, bytes)| board_split(manifest, &shape, b, bytes, prompt + gen / 2));
+    let prefill_split = npu
+        .filter(|_| resident)
+        .and_then(|(_, bytes)| board_prefill_split(manifest, &shape, b, bytes, prompt));
     let inputs = EngineInputs {
         npu: npu.and_then(|(p, _)| {
             Some(Phases {
@@ -209,6 +261,7 @@ pub fn engines(
         cpu: Some(cpu_phases(&shape, b, cache, prompt, gen)),
         cpu_beside_npu: npu.map(|(_, bytes)| cpu_phases(&shape, b, cache - bytes, prompt, gen)),
         split_decode_tok_s: split.as_ref().map(|s| s.decode.decode_tok_s),
+        split_prefill_ttft_s: prefill_split.as_ref().map(|s| s.prefill.ttft_s),
     };
     let choice = choose(&inputs, gen).with_context(|| {
         format!(
@@ -217,7 +270,7 @@ pub fn engines(
             b.name
         )
     })?;
-    Ok((choice, shape, split))
+    Ok((choice, shape, (split, prefill_split)))
 }
 
 /// What `ork plan --project` reports of the engines: the pairings and the choice, the CPU's
@@ -234,6 +287,9 @@ pub struct PlanEngines {
     /// The split with each weight's share of its rows for the NPU (what `--split-rows auto`
     /// runs when `--device auto` chooses the split).
     pub split_shares: Option<BoardSplit>,
+    /// The prefill split with each weight's share (what `--split-rows auto` runs when
+    /// `--device auto` chooses the split prefill; `None` as for the decode split).
+    pub prefill_split: Option<BoardPrefillSplit>,
     /// The CPU's decode tok/s while the NPU prefills another request on the same bus (`serve`'s
     /// overlap): its read rate is what the NPU's prefill reads leave (`None` without an NPU).
     pub cpu_decode_beside_prefill: Option<f64>,
@@ -260,7 +316,7 @@ pub fn for_plan(
         Mode::Resident => p.model_bytes,
         Mode::Streamed => budget * u64::from(p.domains_used.max(1)),
     };
-    let (choice, shape, split) = engines(
+    let (choice, shape, (split, prefill_split)) = engines(
         path,
         manifest,
         cb,
@@ -287,6 +343,7 @@ pub fn for_plan(
         shape,
         split,
         split_shares,
+        prefill_split,
         cpu_decode_beside_prefill,
         options,
     }))
@@ -315,6 +372,7 @@ pub fn add_json(projected: &mut serde_json::Value, e: &PlanEngines, b: &CpuBoard
     {
         obj.extend(add);
         obj.insert("split_decode".into(), split_json(e));
+        obj.insert("split_prefill".into(), split_prefill_json(e));
         obj.insert(
             "options".into(),
             serde_json::to_value(&e.options).unwrap_or_default(),
@@ -348,6 +406,34 @@ fn split_json(e: &PlanEngines) -> serde_json::Value {
         "gain": s.decode_tok_s / best,
         "npu_row_share": s.npu_row_share,
         "bus_bound_share": s.bus_bound_share,
+    })
+}
+
+/// `projected.split_prefill`: the row split's prefill beside each engine's alone, or null.
+fn split_prefill_json(e: &PlanEngines) -> serde_json::Value {
+    let Some(s) = &e.prefill_split else {
+        return serde_json::Value::Null;
+    };
+    let alone = |p: ork_board::engines::Engine| {
+        e.choice
+            .alternatives
+            .iter()
+            .filter(|a| a.prefill == p)
+            .map(|a| a.ttft_s)
+            .fold(f64::INFINITY, f64::min)
+    };
+    let best = alone(ork_board::engines::Engine::Npu).min(alone(ork_board::engines::Engine::Cpu));
+    let p = &s.prefill;
+    serde_json::json!({
+        "label": "projected",
+        "built": true,
+        "ttft_s": p.ttft_s,
+        "best_single_engine_ttft_s": best,
+        "gain": best / p.ttft_s,
+        "model_npu_ttft_s": p.npu_ttft_s,
+        "model_cpu_ttft_s": p.cpu_ttft_s,
+        "npu_row_share": p.npu_row_share,
+        "bus_bound_share": p.bus_bound_share,
     })
 }
 
