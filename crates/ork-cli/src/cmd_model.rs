@@ -405,7 +405,10 @@ fn print_run(out: &RunOut<'_>, json: bool, tail: &str) -> Result<()> {
     if let Some(p) = &out.projected {
         eprintln!("{}", p.line());
     }
-    for r in [&out.prefill_split, &out.decode_split].into_iter().flatten() {
+    for r in [&out.prefill_split, &out.decode_split]
+        .into_iter()
+        .flatten()
+    {
         eprintln!("{}", r.line());
     }
     Ok(())

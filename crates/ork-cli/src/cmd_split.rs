@@ -235,7 +235,13 @@ pub fn resolve(
         return Ok(Splits::default());
     }
     let splits = Splits {
-        prefill: share(config, Phase::Prefill, asked, boards, chosen.prefill.as_ref())?,
+        prefill: share(
+            config,
+            Phase::Prefill,
+            asked,
+            boards,
+            chosen.prefill.as_ref(),
+        )?,
         decode: share(config, Phase::Decode, asked, boards, chosen.decode.as_ref())?,
     };
     config.prefill_split_rows = splits.prefill.as_ref().map(ShareSource::rows);
@@ -303,8 +309,9 @@ fn share(
     let from = format!("the board clock's projection for {name} (projected)");
     let s = match phase {
         Phase::Decode => {
-            let b = crate::cmd_engines::board_split(&manifest, &shape, &cb, npu_bytes, SHARE_CONTEXT)
-                .with_context(no_npu)?;
+            let b =
+                crate::cmd_engines::board_split(&manifest, &shape, &cb, npu_bytes, SHARE_CONTEXT)
+                    .with_context(no_npu)?;
             ShareSource::board(&b, from)
         }
         Phase::Prefill => {
@@ -396,12 +403,7 @@ impl SplitReport {
         format!(
             "[ork] {} split: {} calls split, {} on the device alone, {} on the cpu alone | \
              rows: device {}, cpu {}",
-            self.share.phase,
-            s.split_calls,
-            s.device_calls,
-            s.cpu_calls,
-            s.device_rows,
-            s.cpu_rows
+            self.share.phase, s.split_calls, s.device_calls, s.cpu_calls, s.device_rows, s.cpu_rows
         )
     }
 }

@@ -526,11 +526,17 @@ mod tests {
             prefill: PhaseEngine::Split,
             decode: PhaseEngine::Cpu,
         });
-        assert!(check_split(&c).is_err(), "a prefill split without its shares");
+        assert!(
+            check_split(&c).is_err(),
+            "a prefill split without its shares"
+        );
         c.prefill_split_rows = Some(SplitRows::All(0.5));
         assert!(check_split(&c).is_ok(), "a prefill split");
         c.split_rows = Some(SplitRows::All(0.5));
-        assert!(check_split(&c).is_err(), "decode shares without a decode split");
+        assert!(
+            check_split(&c).is_err(),
+            "decode shares without a decode split"
+        );
         c.phases = Some(crate::PhaseEngines::one(PhaseEngine::Split));
         assert!(check_split(&c).is_ok(), "both phases split");
         c.prefill_split_rows = Some(SplitRows::All(1.0));

@@ -191,7 +191,10 @@ fn a_prefill_split_without_its_share_is_refused_before_opening() {
         (split_then(PhaseEngine::Device), (None, None)),
         (split_then(PhaseEngine::Device), (Some(All(1.0)), None)),
         (split_then(PhaseEngine::Cpu), (None, Some(All(0.5)))),
-        (PhaseEngines::one(PhaseEngine::Split), (Some(All(0.5)), None)),
+        (
+            PhaseEngines::one(PhaseEngine::Split),
+            (Some(All(0.5)), None),
+        ),
         (
             PhaseEngines {
                 prefill: PhaseEngine::Device,

@@ -44,7 +44,7 @@ fn assert_chosen_by_projection(v: &serde_json::Value, board: &str) {
         .unwrap();
     let alone: Vec<&serde_json::Value> = alts
         .iter()
-        .filter(|a| a["prefill"] == a["decode"])
+        .filter(|a| a["prefill"] == a["decode"] && a["prefill"] != "split")
         .collect();
     assert_eq!(alone.len(), 2, "{p}");
     let slowest = alone
@@ -64,6 +64,10 @@ fn assert_chosen_by_projection(v: &serde_json::Value, board: &str) {
     }
     if p["engines"]["decode"] == "split" {
         assert_eq!(v["decode_split"]["per_weight"], true, "{v}");
+    }
+    if p["engines"]["prefill"] == "split" {
+        assert_eq!(v["prefill_split"]["per_weight"], true, "{v}");
+        assert_eq!(v["prefill_split"]["phase"], "prefill", "{v}");
     }
 }
 
@@ -120,6 +124,12 @@ fn auto_on_a_board_preset_runs_the_projected_pairing() {
         // The run splits each weight at the shares the plan's projection chose.
         assert_eq!(
             r["decode_split"]["by_shape"], small["decode_split"]["by_shape"],
+            "{r}"
+        );
+    }
+    if r["engines"]["prefill"] == "split" {
+        assert_eq!(
+            r["prefill_split"]["by_shape"], small["prefill_split"]["by_shape"],
             "{r}"
         );
     }

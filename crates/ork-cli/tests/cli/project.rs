@@ -406,9 +406,9 @@ fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
         let v = json(&o);
         let p = projected(&v);
         let alts = p["alternatives"].as_array().unwrap();
-        // npu/npu, npu/cpu, cpu/cpu, cpu/npu, and the split's npu/split and cpu/split (the
-        // plan is resident).
-        assert_eq!(alts.len(), 6, "{ty}: {p}");
+        // npu/npu, npu/cpu, cpu/cpu, cpu/npu, and the splits' npu/split, cpu/split, split/npu,
+        // split/cpu and split/split (the plan is resident).
+        assert_eq!(alts.len(), 9, "{ty}: {p}");
         let e = &p["engines"];
         let chosen = alts
             .iter()
@@ -440,6 +440,18 @@ fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
         for a in alts.iter().filter(|a| a["decode"] == "split") {
             assert_eq!(a["decode_tok_s"], split["decode_tok_s"], "{ty}: {p}");
         }
+        // The prefill split (`--prefill-device split`), projected and built: never slower than
+        // either engine alone in its own model; its pairings prefill in its TTFT.
+        let sp = &p["split_prefill"];
+        assert_eq!(
+            (&sp["label"], &sp["built"]),
+            (&"projected".into(), &true.into())
+        );
+        let alone = f(sp, "model_npu_ttft_s").min(f(sp, "model_cpu_ttft_s"));
+        assert!(f(sp, "ttft_s") <= alone * (1.0 + 1e-12), "{ty}: {p}");
+        for a in alts.iter().filter(|a| a["prefill"] == "split") {
+            assert_eq!(a["ttft_s"], sp["ttft_s"], "{ty}: {p}");
+        }
     }
     // The RK3576's CPU is modelled (unfitted): every pairing, ggml's plain-NEON cycles.
     let path = dir.path().join("Q4_0.gguf");
@@ -456,7 +468,7 @@ fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     let v = json(&o);
     let p = projected(&v);
-    assert_eq!(p["alternatives"].as_array().unwrap().len(), 6, "{p}");
+    assert_eq!(p["alternatives"].as_array().unwrap().len(), 9, "{p}");
     assert!(p["cpu"]["cores"]["fit"]
         .as_str()
         .unwrap()
