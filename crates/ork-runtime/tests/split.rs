@@ -253,8 +253,10 @@ fn split_agrees(
     st
 }
 
+/// A decode split without a share that splits, a decode share without a decode split (the
+/// last: the prefill splits, the decode's share is no prefill share), refused before opening.
 #[test]
-fn a_split_without_its_share_or_on_prefill_is_refused_before_opening() {
+fn a_split_without_its_share_or_a_share_without_its_split_is_refused_before_opening() {
     let model = model_path();
     let pack = Path::new("/nonexistent/m.orkpack");
     for (engines, share) in [
