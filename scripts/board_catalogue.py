@@ -113,11 +113,17 @@ def plan_engines(ork, model, board, prompt, gen):
     return json.loads(out.stdout)
 
 
+def pairing(a):
+    """A pairing with its CPU cores and NPU holdings: `cpu/split (all, dense)`."""
+    on = [x for x in (a.get("cores"), a.get("npu_holds") and f"npu {a['npu_holds']}") if x]
+    return f"{a['prefill']}/{a['decode']}" + (f" ({', '.join(on)})" if on else "")
+
+
 def cell(p):
     j = p["projected"]
     e = j["engines"]
-    best = next(a for a in j["alternatives"]
-                if a["prefill"] == e["prefill"] and a["decode"] == e["decode"])
+    keys = ("prefill", "decode", "cores", "npu_holds")
+    best = next(a for a in j["alternatives"] if all(a.get(k) == e.get(k) for k in keys))
     return best, j
 
 
@@ -126,7 +132,7 @@ def engines_tables(a):
     with tempfile.TemporaryDirectory() as tmp:
         print("PROJECTED (board clock; CPU model "
               "cpu-0.1: decode fitted on llama.cpp's RK3588 rows, see docs). Cell: chosen "
-              "prefill/decode engines · TTFT(128) s · decode tok/s (ceiling: bytes per token / DDR).")
+              "prefill/decode engines (the CPU's cores: big or all; what the NPU holds: pack or dense) · TTFT(128) s · decode tok/s (ceiling: bytes per token / DDR).")
         print("| model | file | GB | " + " | ".join(ENGINE_BOARDS) + " |")
         print("|---|---|---:|" + "---|" * len(ENGINE_BOARDS))
         models = [(n, tuple(d), None) for n, *d in MODELS] + [QWEN3]
@@ -138,7 +144,7 @@ def engines_tables(a):
                 for board in ENGINE_BOARDS:
                     best, j = cell(plan_engines(a.ork, path, board, 128, 64))
                     gb = j["cpu"]["file_bytes"] / 1e9
-                    cells.append(f"{best['prefill']}/{best['decode']} · {best['ttft_s']:.2f} · "
+                    cells.append(f"{pairing(best)} · {best['ttft_s']:.2f} · "
                                  f"{best['decode_tok_s']:.2f} ({j['cpu']['ceiling_tok_s']:.1f})")
                     sp = j.get("split_decode")
                     if sp:
@@ -174,11 +180,13 @@ def engines_tables(a):
             sparse(a.sparse, path, dims, ty, out, experts)
             best, j = cell(plan_engines(a.ork, path, board, prompt, 128))
             os.remove(path)
-            alone = {f"{x['prefill']}/{x['decode']}": x for x in j["alternatives"]}
+            # The engines alone: npu/npu, and cpu/cpu on the big cores (llama.cpp's taskset).
+            alone = {f"{x['prefill']}/{x['decode']}": x for x in j["alternatives"]
+                     if x.get("cores") in (None, "big")}
             fmt = lambda k: (f"{alone[k]['ttft_s']:.2f} s · {alone[k]['decode_tok_s']:.2f}"
                              if k in alone else "–")
             ok = "yes" if met(best["decode_tok_s"], best["ttft_s"]) else "**no**"
-            print(f"| {name} {label} | {board} | {goal} | {best['prefill']}/{best['decode']} | "
+            print(f"| {name} {label} | {board} | {goal} | {pairing(best)} | "
                   f"{best['ttft_s']:.2f} s | {best['decode_tok_s']:.2f} | "
                   f"{j['cpu']['ceiling_tok_s']:.1f} | {fmt('npu/npu')} | {fmt('cpu/cpu')} | {ok} |")
             choices.append((f"{name} {label}", board, j))

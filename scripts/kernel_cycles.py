@@ -17,7 +17,7 @@ How a kernel's figure is made, the same way for both columns:
   ork's k-quants the pass making one super-block's 256 (see `hot_loop`);
 - the weights one iteration covers are its multiply-adds (every weight is multiplied once): 16
   per `sdot`/`udot` on 16 bytes, 8 per `fmla` on 8 fp16 lanes (F16: `ggml_vec_dot_f16`, from
-  ggml-cpu/vec.cpp), 4 per fp32 `fmla` in ork's F16 kernel (it widens to fp32), so no
+  ggml-cpu/vec.cpp, and ork's F16 kernel for fp16 cores, which sums in ggml's order), so no
   per-type table is needed;
 - llvm-mca runs the pass for 200 iterations (`-mtriple=aarch64 -mcpu=CPU -mattr=+dotprod`);
   cycles per iteration = total cycles / 200, scaled to 256 weights. llvm-mca models neither
@@ -56,10 +56,6 @@ MACS_NEON = [(re.compile(r"^\s+smull2?\s+v\d+\.8h, v\d+\.(8b|16b),"), 8)]
 MACS_NEON_F16 = [(re.compile(r"^\s+fmla\s+v\d+\.4s, v\d+\.4s, v\d+\.4s$"), 4)]
 # Multiply-adds per instruction: sdot/udot on 16 bytes (16 int8 products), fmla on 8 fp16 lanes.
 MACS = [(re.compile(r"^\s+(sdot|udot)\s+v\d+\.4s,"), 16), (re.compile(r"^\s+fmla\s+v\d+\.8h,"), 8)]
-# ork's F16 widens both operands to fp32 and multiply-adds with `fmla` on 4 lanes (the same
-# bits as the scalar twin's `fmul` then `fadd`: an f16 product is exact in f32): 4 weights per
-# fp32 `fmla` (or `fmul`) of that kernel (only: the block kernels' `fmul`s are scales).
-MACS_F32 = [(re.compile(r"^\s+f(mul|mla)\s+v\d+\.4s, v\d+\.4s, v\d+\.4s$"), 4)]
 BRANCH = re.compile(r"^\s+(b\.?\w*|cbn?z|tbn?z)\s+.*?(\.?L[\w$]+)\s*$")
 LABEL = re.compile(r"^(\.?L[\w$]+):")
 FUNC = re.compile(r"^([A-Za-z_][\w.$]*):\s*$")
@@ -275,12 +271,13 @@ def demangle(names):
 #   M = 1 path in a function of its own (an earlier build inlined it beside the M > 1 path,
 #   whose single-row tail loop also makes 256 per pass and was picked instead); its loop
 #   decodes and multiplies one super-block (256 weights) per pass;
-# - F16: `float::neon::tile::<F16, 4, 1>` (four weight rows against the one activation row,
-#   what the driver runs at M = 1); fp32 `fmla` after widening.
+# - F16: `float::neon::fp16::tile::<4, 1>` (four weight rows against the one activation row,
+#   what the driver runs at M = 1), the kernel cores with fp16 arithmetic run (the RK3588's);
+#   fp16 `fmla`, as ggml's.
 _LEG = r"legacy::neon::row_sdot::<[\w\[\]:]*::{}, 1: usize>$"
 _KQ = r"k_quants::neon::rows_sdot::one::<{}: u8>$"
 ORK = {
-    "F16": (r"float::neon::tile::<[\w\[\]:]*::F16, 4: usize, 1: usize>$", None, MACS_F32),
+    "F16": (r"float::neon::fp16::tile::<4: usize, 1: usize>$", None),
     "Q4_0": (_LEG.format("Q4_0"), None),
     "Q4_1": (_LEG.format("Q4_1"), None),
     "Q5_0": (_LEG.format("Q5_0"), None),

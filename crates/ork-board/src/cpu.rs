@@ -60,12 +60,12 @@ pub const GGML_CYCLES: [(FileType, f64, f64); 13] = [
 
 /// ork's column of the same table: the hot loop of ork-kernels' M = 1 NEON dotprod kernel of each
 /// type (`scripts/kernel-cycles.sh`, the same llvm-mca models; ork-kernels built for
-/// aarch64 with `-C target-cpu=cortex-a76`). An estimate, not a measurement; above ggml's
-/// (ratio > 1.0) only for F16 on the A76 (2.9×: ork sums in f32, ggml in fp16; `docs/kernels.md`
-/// says why). The test `cycles_tables_equal_the_kernels_doc` ties both columns to that doc's
+/// aarch64 with `-C target-cpu=cortex-a76`; F16 is the kernel for cores with fp16 arithmetic,
+/// which sums in fp16 as ggml does). An estimate, not a measurement; at or below ggml's for
+/// every type on both cores (`docs/kernels.md`). The test `cycles_tables_equal_the_kernels_doc` ties both columns to that doc's
 /// table, which the script prints.
 pub const ORK_CYCLES: [(FileType, f64, f64); 13] = [
-    (FileType::F16, 184.4, 216.0),
+    (FileType::F16, 40.1, 128.0),
     (FileType::Q4_0, 43.2, 177.0),
     (FileType::Q4_1, 52.2, 199.0),
     (FileType::Q5_0, 97.7, 327.0),
@@ -128,8 +128,10 @@ pub enum Core {
 
 /// Cycles per 256 weights of `ty`'s dot kernel on `core`, from `kernels`' column (ggml's where
 /// ork's lacks the type or the core: the A72/A53 have only ggml's plain-NEON column). F32 is
-/// charged twice F16 (4 lanes per fp32 `fmla` instead of 8) and BF16 as F32 (ggml converts bf16
-/// to f32 on cores without bf16 instructions, as these): both assumed, not estimated.
+/// charged twice ggml's F16 (4 lanes per fp32 `fmla` instead of 8), for either column: ork's F16
+/// figure on FP16 cores is its fp16-accumulating kernel, which F32 cannot use. BF16 is charged as
+/// F32 (ggml converts bf16 to f32 on cores without bf16 instructions, as these). Both assumed,
+/// not estimated.
 pub fn cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
     let (dotprod, big) = match core {
         Core::A76 => (true, true),
@@ -153,7 +155,14 @@ pub fn cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
         ork.or_else(|| pick(&GGML_CYCLES, ty))
     };
     match ty {
-        FileType::F32 | FileType::BF16 => 2.0 * one(FileType::F16).unwrap_or(f64::NAN),
+        FileType::F32 | FileType::BF16 => {
+            let f16 = if dotprod {
+                pick(&GGML_CYCLES, FileType::F16)
+            } else {
+                one(FileType::F16)
+            };
+            2.0 * f16.unwrap_or(f64::NAN)
+        }
         t => one(t).unwrap_or(f64::NAN),
     }
 }

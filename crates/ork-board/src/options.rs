@@ -1,8 +1,9 @@
 //! Execution choices beside the engine pairing, for judging a goal against its ceiling: the CPU
 //! engine on its default big cores and on a core list with the little cores (ork's pool), and
 //! the row-split decode (dense rows on the NPU at int8, the rest and every expert on the CPU)
-//! with either. Each is projected for the same request, and each says whether ork runs it.
-//! Every figure is a projection (`docs/board-model.md`).
+//! with either. Each is projected for the same request, and each says whether ork runs it; each
+//! is also a pairing [`crate::engines::choose`] weighs, so `--device auto` runs it where it is
+//! fastest. Every figure is a projection (`docs/board-model.md`).
 
 use serde::Serialize;
 
@@ -101,13 +102,15 @@ pub fn options(
     split(
         big,
         "split decode: dense rows on the NPU (int8) and the big cores; experts, attention on the CPU",
-        "runs: --decode-device split (each dense weight at its own share: --split-rows auto)",
+        "runs: --device auto where fastest (cpu/split, the NPU holding the dense weights), or \
+         --decode-device split (each dense weight at its own share: --split-rows auto)",
     );
     if all > big {
         split(
             all,
             "split decode, the CPU's share on big and little cores",
-            "runs: --decode-device split --cpus with every core",
+            "runs: --device auto where fastest (cpu/split on every core), or --decode-device \
+             split --cpus with every core",
         );
     }
     out

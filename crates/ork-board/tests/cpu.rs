@@ -9,8 +9,9 @@ use ork_board::cpu::{
 use ork_board::cpu_fit::{
     fit_cpu, project_cpu_row, CPU_FIT_ROWS, CPU_HOLDOUT_ROWS, GEMMA3_1B, QWEN3_30B_A3B,
 };
-use ork_board::engines::{choose, Engine, EngineInputs, Phases};
-use ork_board::split::{cpu_read_bw_beside, split_decode};
+use ork_board::engines::{choose, Cores, CpuInputs, Engine, EngineInputs, NpuHolds, Phases};
+use ork_board::options::dense_int8_bytes;
+use ork_board::split::{cpu_read_bw_beside, split_decode, split_prefill};
 use ork_board::Board;
 
 #[test]
@@ -188,9 +189,16 @@ fn the_chosen_pairing_is_never_slower_than_either_engine_alone() {
             decode_tok_s,
         })
     };
-    // The CPU's own projections on the RK3588 and the RK3576, alone and beside an NPU that
-    // holds RAM and draws 80 % of the bus (the contention of `serve`'s overlap), against NPU
-    // figures either side of them.
+    let at = |p: ork_board::cpu::CpuProjection| {
+        Some(Phases {
+            ttft_s: p.ttft_s,
+            decode_tok_s: p.decode_tok_s,
+        })
+    };
+    // The CPU's own projections on the RK3588 and the RK3576, on the big cores and on every
+    // core (ork's pool), alone, beside an NPU that holds RAM and draws 80 % of the bus (the
+    // contention of `serve`'s overlap), and beside an NPU that holds the dense weights alone;
+    // against NPU figures either side of them.
     let mut projected = Vec::new();
     // A dense model and the MoE of the moonshot goal (Qwen3-30B-A3B at 3 bits).
     let shapes = [
@@ -201,78 +209,122 @@ fn the_chosen_pairing_is_never_slower_than_either_engine_alone() {
         .into_iter()
         .flat_map(|b| shapes.clone().map(|s| (b.clone(), s)))
     {
-        let alone = project(&shape, &b, &plan(&b, 4), 128, 64);
+        let cache = b.ram_bytes - b.reserved_bytes;
         let mut beside = b.clone();
         beside.cpu.read_bw = cpu_read_bw_beside(&b, 0.8 * b.ddr_bw);
-        let starved = CpuPlan {
-            cache_bytes: 0.5e9,
-            ..plan(&b, 4)
+        let inputs_on = |threads: usize| {
+            let own = |c: f64| CpuPlan {
+                pool: Pool::Chunks,
+                kernels: Kernels::Ork,
+                cache_bytes: c.max(0.0),
+                ..plan(&b, threads)
+            };
+            let starved = own(0.5e9);
+            let dense = own(cache - dense_int8_bytes(&shape));
+            CpuInputs {
+                alone: at(project(&shape, &b, &own(cache), 128, 64)),
+                beside_npu: at(project(&shape, &beside, &starved, 128, 64)),
+                // The row split, its CPU share on the same starved cache (the clock's own
+                // figure), or beside the dense weights alone.
+                split_decode_tok_s: split_decode(&shape, &b, &starved, 160).map(|s| s.decode_tok_s),
+                beside_dense: at(project(&shape, &b, &dense, 128, 64)),
+                dense_split_decode_tok_s: split_decode(&shape, &b, &dense, 160)
+                    .map(|s| s.decode_tok_s),
+                split_prefill_ttft_s: split_prefill(&shape, &b, &starved, 128, 128)
+                    .map(|s| s.1.ttft_s),
+                dense_split_prefill_ttft_s: split_prefill(&shape, &b, &dense, 128, 128)
+                    .map(|s| s.1.ttft_s),
+            }
         };
-        let near = project(&shape, &beside, &starved, 128, 64);
-        let (a, n) = (
-            (alone.ttft_s, alone.decode_tok_s),
-            (near.ttft_s, near.decode_tok_s),
-        );
-        // The row split, its CPU share on the same starved cache (the clock's own figure).
-        let split = split_decode(&shape, &b, &starved, 160).map(|s| s.decode_tok_s);
-        for npu in [(a.0 / 5.0, a.1 * 0.6), (a.0 * 2.0, a.1 * 1.5), (a.0, a.1)] {
-            projected.push((Some(npu), Some(a), Some(n), split));
+        let big = inputs_on(b.cpu.big.0 as usize);
+        let all = inputs_on((b.cpu.big.0 + b.cpu.little.0) as usize);
+        let a = big.alone.unwrap();
+        for npu in [
+            (a.ttft_s / 5.0, a.decode_tok_s * 0.6),
+            (a.ttft_s * 2.0, a.decode_tok_s * 1.5),
+        ] {
+            projected.push((ph(Some(npu)), big, Some(all)));
         }
+        projected.push((Some(a), big, Some(all)));
     }
-    let cases = cases.map(|(npu, cpu, beside)| (npu, cpu, beside, None));
-    for (npu, cpu, beside, split) in cases.into_iter().chain(projected) {
-        let inputs = EngineInputs {
-            npu: ph(npu),
-            cpu: ph(cpu),
-            cpu_beside_npu: ph(beside),
-            split_decode_tok_s: split,
-            split_prefill_ttft_s: None,
+    let listed = cases.map(|(npu, cpu, beside)| {
+        let big = CpuInputs {
+            alone: ph(cpu),
+            beside_npu: ph(beside),
+            ..CpuInputs::default()
         };
+        (ph(npu), big, None)
+    });
+    for (npu, big, all) in listed.into_iter().chain(projected) {
+        let inputs = EngineInputs { npu, big, all };
         let c = choose(&inputs, 64).unwrap();
-        let chosen = c
-            .alternatives
-            .iter()
-            .find(|p| p.prefill == c.engines.prefill && p.decode == c.engines.decode)
-            .unwrap();
+        let chosen = c.chosen().unwrap();
+        // Never slower than either engine alone, on either core set.
         for alone in [Engine::Npu, Engine::Cpu] {
-            if let Some(a) = c
+            for a in c
                 .alternatives
                 .iter()
-                .find(|p| p.prefill == alone && p.decode == alone)
+                .filter(|p| p.prefill == alone && p.decode == alone)
             {
                 assert!(chosen.total_s <= a.total_s, "{c:?}");
             }
         }
-        // The split is one of the pairings, never chosen projected slower than another.
+        // The splits and every core are among the pairings, never chosen projected slower
+        // than another.
         assert!(c.alternatives.iter().all(|a| chosen.total_s <= a.total_s));
-        assert_eq!(
+        let splits = |f: fn(&CpuInputs) -> Option<f64>| {
+            usize::from(f(&big).is_some()) + all.as_ref().map_or(0, |a| usize::from(f(a).is_some()))
+        };
+        let npu_splits = if npu.is_some() {
+            splits(|c| c.split_decode_tok_s)
+        } else {
+            0
+        };
+        let dense_splits = splits(|c| c.dense_split_decode_tok_s);
+        let count = |holds| {
             c.alternatives
                 .iter()
-                .filter(|p| p.decode == Engine::Split)
-                .count(),
-            if split.is_some() && npu.is_some() {
-                2
-            } else {
-                0
-            },
+                .filter(|p| p.decode == Engine::Split && p.prefill != Engine::Split)
+                .filter(|p| p.npu_holds == Some(holds))
+                .count()
+        };
+        assert_eq!(count(NpuHolds::Pack), npu_splits, "{c:?}");
+        assert_eq!(count(NpuHolds::Dense), dense_splits, "{c:?}");
+        // The prefill splits: split/npu (the pack), split/cpu and split/split (the dense
+        // weights).
+        let prefill_splits = if npu.is_some() {
+            splits(|c| c.split_prefill_ttft_s)
+        } else {
+            0
+        } + 2 * splits(|c| c.dense_split_prefill_ttft_s);
+        let prefill_split = |p: &&ork_board::engines::Pairing| p.prefill == Engine::Split;
+        assert_eq!(
+            c.alternatives.iter().filter(prefill_split).count(),
+            prefill_splits,
             "{c:?}"
         );
+        if all.is_some() {
+            assert!(c.alternatives.iter().any(|p| p.cores == Some(Cores::All)));
+        }
     }
-    // The first case: the NPU prefills, the CPU decodes.
+    // The first case: the NPU prefills, the CPU decodes (on its big cores: every core is not
+    // weighed there).
     let c = choose(
         &EngineInputs {
             npu: ph(cases[0].0),
-            cpu: ph(cases[0].1),
-            cpu_beside_npu: ph(cases[0].2),
-            split_decode_tok_s: None,
-            split_prefill_ttft_s: None,
+            big: CpuInputs {
+                alone: ph(cases[0].1),
+                beside_npu: ph(cases[0].2),
+                ..CpuInputs::default()
+            },
+            all: None,
         },
         64,
     )
     .unwrap();
     assert_eq!(
-        (c.engines.prefill, c.engines.decode),
-        (Engine::Npu, Engine::Cpu)
+        (c.engines.prefill, c.engines.decode, c.engines.cores),
+        (Engine::Npu, Engine::Cpu, Some(Cores::Big))
     );
     assert_eq!(c.alternatives.len(), 4);
 }

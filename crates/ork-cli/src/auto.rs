@@ -12,7 +12,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use ork_board::cpu::{CpuBoard, FITTED_CPU};
-use ork_board::engines::{Engine as Side, Pairing};
+use ork_board::engines::{Cores, Engine as Side, NpuHolds, Pairing};
 use ork_board::{Board, Projection};
 use ork_manifest::Manifest;
 use ork_pack::{PackDtype, ScaleGroup};
@@ -193,6 +193,9 @@ pub struct PlanInputs<'a> {
 pub struct Projected {
     /// The residency plan.
     pub placement: Placement,
+    /// A MoE's dense weights alone, placed as the pack is (what a dense-only split's NPU
+    /// holds; `None`: a dense model, whose placement is `placement`).
+    pub dense: Option<Placement>,
     /// The NPU's projection.
     pub npu: Option<Projection>,
     /// The pairings and the choice (`None` without a CPU board).
@@ -213,6 +216,17 @@ pub fn project(
         .map_err(anyhow::Error::from)
     };
     let placement = place(i.domains, i.auto, i.room, plan)?;
+    let dense = if i.manifest.n_expert() > 0 {
+        let dense_plan = |domains| {
+            ork_runtime::plan_dense_weights(
+                i.manifest, i.quant.0, i.quant.1, i.budget, i.window, domains, slots,
+            )
+            .map_err(anyhow::Error::from)
+        };
+        Some(place(i.domains, i.auto, i.room, dense_plan)?)
+    } else {
+        None
+    };
     let projected = match npu {
         Some(b) if placement.runnable => Some(crate::cmd_project::project_plan(
             i.model,
@@ -229,13 +243,14 @@ pub fn project(
         i.model,
         i.manifest,
         cpu,
-        &placement,
+        (&placement, dense.as_ref()),
         i.budget,
         projected.as_ref(),
         (args.prompt_tokens as usize, args.gen_tokens as usize),
     )?;
     Ok(Projected {
         placement,
+        dense,
         npu: projected,
         engines,
     })
@@ -291,6 +306,7 @@ pub fn plan_on_board(
         });
         config.split_rows = chosen.splits.decode.as_ref().map(ShareSource::rows);
         config.prefill_split_rows = chosen.splits.prefill.as_ref().map(ShareSource::rows);
+        chosen.apply(config, (args.cpus.is_some(), args.threads.is_some()));
     }
     Ok((projected, chosen))
 }
@@ -310,6 +326,16 @@ pub struct Chosen {
     /// With a split chosen (decode, prefill or both): its shares per weight, as the projection
     /// that chose it made them.
     pub splits: crate::cmd_split::Splits,
+    /// The CPU's cores the projection chose (`None`: no phase on the CPU, or not chosen by a
+    /// projection).
+    pub cores: Option<Cores>,
+    /// What the projection chose for the NPU to hold (`None` likewise).
+    pub npu_holds: Option<NpuHolds>,
+    /// How the cores were applied to the run: the projection's, or the command line's
+    /// `--cpus`/`--threads` over them (`None`: no phase on the CPU).
+    pub cores_by: Option<String>,
+    /// The model has MoE experts (a dense-only device differs from the whole pack only then).
+    pub moe: bool,
 }
 
 impl Chosen {
@@ -322,6 +348,10 @@ impl Chosen {
             by: if auto { NO_BOARD } else { COMMAND_LINE }.to_owned(),
             pairing: None,
             splits: Default::default(),
+            cores: None,
+            npu_holds: None,
+            cores_by: None,
+            moe: false,
         }
     }
 
@@ -339,14 +369,15 @@ impl Chosen {
             Side::Split => DeviceArg::Split,
         };
         let chosen = e.choice.engines;
+        let on = |cores, holds| (Some(cores), Some(holds)) == (chosen.cores, chosen.npu_holds);
         let split = e
             .split_shares
             .as_ref()
-            .filter(|_| chosen.decode == Side::Split);
+            .filter(|s| chosen.decode == Side::Split && on(s.cores, s.npu_holds));
         let prefill_split = e
             .prefill_split
             .as_ref()
-            .filter(|_| chosen.prefill == Side::Split);
+            .filter(|s| chosen.prefill == Side::Split && on(s.cores, s.npu_holds));
         let from = format!("--device auto's projection for {board} (projected)");
         Chosen {
             prefill: arg(chosen.prefill),
@@ -354,10 +385,50 @@ impl Chosen {
             by: format!("projection {board}"),
             pairing: e.choice.chosen().copied(),
             splits: crate::cmd_split::Splits {
-                prefill: prefill_split.map(|b| ShareSource::board_prefill(b, from.clone())),
-                decode: split.map(|b| ShareSource::board(b, from)),
+                prefill: prefill_split.map(|s| ShareSource::board_prefill(&s.split, from.clone())),
+                decode: split.map(|s| ShareSource::board(&s.split, from)),
             },
+            cores: chosen.cores,
+            npu_holds: chosen.npu_holds,
+            cores_by: None,
+            moe: e.shape.weights.iter().any(|w| w.experts > 1),
         }
+    }
+
+    /// Apply the chosen cores and NPU holdings to `config` (whose engines are already the
+    /// choice's): the CPU engine on every core where the choice says so (the command line's
+    /// `--cpus` and `--threads`, `given`, override it and say so), and the device holding only
+    /// the dense weights for a dense-only split of a MoE (a dense model's dense weights are its
+    /// whole pack).
+    pub fn apply(&mut self, config: &mut ork_runtime::EngineConfig, given: (bool, bool)) {
+        if self.npu_holds == Some(NpuHolds::Dense) && self.moe {
+            config.device_weights = ork_runtime::DeviceWeights::Dense;
+        }
+        let Some(cores) = self.cores else {
+            return;
+        };
+        let said = match (cores, given) {
+            (Cores::All, (false, _)) => {
+                if let Some(cpu) = config.cpu.as_mut() {
+                    cpu.cpus = Some(every_core());
+                }
+                "every core (the projection's choice)"
+            }
+            (Cores::Big, (false, _)) => "the big cores (the projection's choice)",
+            (_, (true, _)) => "--cpus given (over the projection's)",
+        };
+        let threads = if given.1 {
+            ", --threads given (over one per core)"
+        } else {
+            ""
+        };
+        self.cores_by = Some(format!("{said}{threads}"));
+    }
+
+    /// The pairing's name, with its cores and what the NPU holds.
+    fn pairing_name(&self) -> Option<String> {
+        let p = self.pairing?;
+        Some(crate::cmd_engines::pairing_name(&p.engines()))
     }
 
     /// Whether a board's projection chose.
@@ -370,17 +441,36 @@ impl Chosen {
         let Some(p) = self.pairing else {
             return format!("engines chosen by: {}", self.by);
         };
-        let name = |s: Side| format!("{s:?}").to_lowercase();
+        let cores = self
+            .cores_by
+            .as_ref()
+            .map_or_else(String::new, |c| format!("; cpu cores: {c}"));
         format!(
-            "engines chosen by: {}: prefill {}, decode {} (projected TTFT {:.2} s, decode {:.2} \
-             tok/s: the least TTFT + decode time of the pairings; docs/architecture.md, \
-             \"Engines per phase\")",
+            "engines chosen by: {}: {} (projected TTFT {:.2} s, decode {:.2} tok/s: the least \
+             TTFT + decode time of the pairings; docs/architecture.md, \"Engines per \
+             phase\"){cores}",
             self.by,
-            name(p.prefill),
-            name(p.decode),
+            self.pairing_name().unwrap_or_default(),
             p.ttft_s,
             p.decode_tok_s,
         )
+    }
+}
+
+/// Every core the CPU engine may run on: the online CPUs within the process's affinity mask
+/// (the mask alone without sysfs), as `ork_cpu::Topology::choose` counts them.
+pub fn every_core() -> Vec<usize> {
+    let allowed = ork_cpu::allowed_cpus();
+    let online: Vec<usize> = ork_cpu::Topology::system()
+        .cores
+        .iter()
+        .map(|c| c.id)
+        .filter(|c| allowed.contains(c))
+        .collect();
+    if online.is_empty() {
+        allowed
+    } else {
+        online
     }
 }
 
@@ -468,9 +558,19 @@ fn run_projection(opts: &ModelOpts, board: &AutoBoard) -> Result<(Option<PlanEng
         (board.npu.as_ref(), board.cpu.as_ref()),
         &run_request(context),
     )?;
+    // A dense-only split's device holds the dense weights, placed as such.
+    let dense_only = p
+        .engines
+        .as_ref()
+        .is_some_and(|e| e.choice.engines.npu_holds == Some(NpuHolds::Dense));
+    let placed = p
+        .dense
+        .as_ref()
+        .filter(|_| dense_only)
+        .unwrap_or(&p.placement);
     Ok((
         p.engines,
-        opts.domains.unwrap_or(p.placement.domains_used.max(1)),
+        opts.domains.unwrap_or(placed.domains_used.max(1)),
     ))
 }
 

@@ -6,7 +6,9 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use ork_board::cpu::{project, CpuBoard, CpuPlan, CpuShape, CpuWeight, Kernels};
-use ork_board::engines::{choose, Choice, EngineInputs, Phases};
+use ork_board::engines::{
+    choose, Choice, Cores, CpuInputs, Engine, EngineInputs, NpuHolds, Phases,
+};
 use ork_board::split::{
     cpu_read_bw_beside, split_decode, split_prefill, split_shares, SplitDecode, SplitPrefill,
 };
@@ -104,8 +106,8 @@ pub struct BoardSplit {
 }
 
 /// The row split on `b` of the model whose CPU shape is `shape` (of `manifest`), the NPU's
-/// buffers holding `npu_bytes` of the RAM, one decode step at `context` positions. `None`
-/// without an NPU.
+/// buffers holding `npu_bytes` of the RAM, one decode step at `context` positions, the CPU on
+/// its big cores. `None` without an NPU.
 pub fn board_split(
     manifest: &ork_manifest::Manifest,
     shape: &CpuShape,
@@ -113,7 +115,18 @@ pub fn board_split(
     npu_bytes: f64,
     context: usize,
 ) -> Option<BoardSplit> {
-    let plan = cpu_plan(b, b.ram_bytes - b.reserved_bytes - npu_bytes);
+    board_split_on(manifest, shape, b, (npu_bytes, Cores::Big), context)
+}
+
+/// [`board_split`] with the CPU's share on `cores`.
+pub fn board_split_on(
+    manifest: &ork_manifest::Manifest,
+    shape: &CpuShape,
+    b: &CpuBoard,
+    (npu_bytes, cores): (f64, Cores),
+    context: usize,
+) -> Option<BoardSplit> {
+    let plan = cpu_plan_on(b, b.ram_bytes - b.reserved_bytes - npu_bytes, cores);
     let decode = split_decode(shape, b, &plan, context)?;
     let per_shape = split_shares(shape, b, &plan, context)?;
     let (shares, by_shape) = per_weight(manifest, shape, &per_shape);
@@ -136,16 +149,16 @@ pub struct BoardPrefillSplit {
 }
 
 /// The row-split prefill on `b` of the model whose CPU shape is `shape` (of `manifest`), the
-/// NPU's buffers holding `npu_bytes` of the RAM, a prompt of `prompt` tokens in one pass (as
-/// `ork run` prefills). `None` without an NPU.
+/// NPU's buffers holding `npu_bytes` of the RAM, the CPU's share on `cores`, a prompt of
+/// `prompt` tokens in one pass (as `ork run` prefills). `None` without an NPU.
 pub fn board_prefill_split(
     manifest: &ork_manifest::Manifest,
     shape: &CpuShape,
     b: &CpuBoard,
-    npu_bytes: f64,
+    (npu_bytes, cores): (f64, Cores),
     prompt: usize,
 ) -> Option<BoardPrefillSplit> {
-    let plan = cpu_plan(b, b.ram_bytes - b.reserved_bytes - npu_bytes);
+    let plan = cpu_plan_on(b, b.ram_bytes - b.reserved_bytes - npu_bytes, cores);
     let (per_shape, prefill) = split_prefill(shape, b, &plan, prompt, prompt)?;
     let (shares, by_shape) = per_weight(manifest, shape, &per_shape);
     Some(BoardPrefillSplit {
@@ -191,27 +204,32 @@ fn per_weight(
     (shares, by_shape)
 }
 
-/// The CPU engine's phases on `b` with `cache_bytes` of page cache: 4 threads on the big cores
-/// (llama.cpp's `taskset 4-7 -t 4`), ork's kernels (ggml's cycles where ork's are not
-/// estimated).
+/// The CPU engine's phases on `b` with `cache_bytes` of page cache on `cores`, ork's kernels
+/// (ggml's cycles where ork's are not estimated).
 fn cpu_phases(
     shape: &CpuShape,
     b: &CpuBoard,
-    cache_bytes: f64,
+    (cache_bytes, cores): (f64, Cores),
     prompt: usize,
     gen: usize,
 ) -> Phases {
-    let p = project(shape, b, &cpu_plan(b, cache_bytes), prompt, gen);
+    let p = project(shape, b, &cpu_plan_on(b, cache_bytes, cores), prompt, gen);
     Phases {
         ttft_s: p.ttft_s,
         decode_tok_s: p.decode_tok_s,
     }
 }
 
-/// The CPU engine's plan: 4 threads on the big cores, ork's kernels, `cache_bytes` of page cache.
-pub(crate) fn cpu_plan(b: &CpuBoard, cache_bytes: f64) -> CpuPlan {
+/// The CPU engine's plan on `cores`: one thread per core (the big ones: llama.cpp's `taskset
+/// 4-7 -t 4`; or every one in ork's pool, chunks taken as workers finish), ork's kernels,
+/// `cache_bytes` of page cache.
+pub(crate) fn cpu_plan_on(b: &CpuBoard, cache_bytes: f64, cores: Cores) -> CpuPlan {
+    let threads = match cores {
+        Cores::Big => b.cpu.big.0,
+        Cores::All => b.cpu.big.0 + b.cpu.little.0,
+    };
     CpuPlan {
-        threads: b.cpu.big.0 as usize,
+        threads: threads as usize,
         pool: ork_board::cpu::Pool::Chunks,
         kernels: Kernels::Ork,
         cache_bytes: cache_bytes.max(0.0),
@@ -219,23 +237,55 @@ pub(crate) fn cpu_plan(b: &CpuBoard, cache_bytes: f64) -> CpuPlan {
     }
 }
 
-/// What [`engines`] projected: the choice, the CPU's shape of the model, and the row splits
-/// (decode, prefill) with each weight's share (by manifest weight index) when they were
-/// pairings.
+/// A row split projected for one pairing: the CPU's cores and what the NPU holds.
+#[derive(Clone, Debug)]
+pub struct PairedSplit {
+    /// The CPU's cores.
+    pub cores: Cores,
+    /// What the NPU's buffers hold.
+    pub npu_holds: NpuHolds,
+    /// The split.
+    pub split: BoardSplit,
+}
+
+/// A prefill row split projected for one pairing: the CPU's cores and what the NPU holds.
+#[derive(Clone, Debug)]
+pub struct PairedPrefillSplit {
+    /// The CPU's cores.
+    pub cores: Cores,
+    /// What the NPU's buffers hold.
+    pub npu_holds: NpuHolds,
+    /// The split.
+    pub split: BoardPrefillSplit,
+}
+
+/// What [`engines`] projected: the choice, the CPU's shape of the model, and every row split
+/// weighed, decode and prefill (each weight's share, by manifest weight index).
 type Projected = (
     Choice,
     CpuShape,
-    (Option<BoardSplit>, Option<BoardPrefillSplit>),
+    (Vec<PairedSplit>, Vec<PairedPrefillSplit>),
 );
 
+/// The RAM the NPU's buffers hold, bytes: the pack as planned (`None`: no NPU projection), and
+/// the dense weights alone when they are resident (`None`: they are not, or no NPU).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NpuBytes {
+    /// The pack as planned, and whether it is resident (the NPU's weights stay in its buffers).
+    pub pack: Option<(f64, bool)>,
+    /// The dense weights, resident.
+    pub dense: Option<f64>,
+}
+
 /// Every pairing and the choice, for the model at `path` on `b`: the NPU's projection `npu`
-/// with the RAM its device buffers hold (`npu_bytes`), the CPU alone or beside it, and, where
-/// `resident` (the NPU's weights stay in its buffers), the row split decode.
+/// with the RAM its device buffers hold, the CPU on its big cores and on every core (where the
+/// board has little ones), alone or beside the NPU's buffers, and the row splits: the NPU
+/// holding the whole pack (resident) or only the dense weights (resident).
 pub fn engines(
     path: &Path,
     manifest: &ork_manifest::Manifest,
     b: &CpuBoard,
-    (npu, resident): (Option<(&Projection, f64)>, bool),
+    (npu, bytes): (Option<&Projection>, NpuBytes),
     prompt: usize,
     gen: usize,
 ) -> Result<Projected> {
@@ -244,24 +294,60 @@ pub fn engines(
         ork_exec::ModelConfig::from_gguf(&gguf).with_context(|| format!("{}", path.display()))?;
     let shape = cpu_shape(path, manifest, &c)?;
     let cache = b.ram_bytes - b.reserved_bytes;
-    // The split needs the NPU's rows resident and the GGUF's pages beside them.
-    let split = npu
-        .filter(|_| resident)
-        .and_then(|(_, bytes)| board_split(manifest, &shape, b, bytes, prompt + gen / 2));
-    let prefill_split = npu
-        .filter(|_| resident)
-        .and_then(|(_, bytes)| board_prefill_split(manifest, &shape, b, bytes, prompt));
+    let context = prompt + gen / 2;
+    let pack = bytes.pack.filter(|_| npu.is_some());
+    let (mut splits, mut prefills) = (Vec::new(), Vec::new());
+    let mut on = |cores: Cores| {
+        let mut prefill = |(npu_bytes, holds): (f64, NpuHolds)| {
+            let s = board_prefill_split(manifest, &shape, b, (npu_bytes, cores), prompt)?;
+            let ttft = s.prefill.ttft_s;
+            prefills.push(PairedPrefillSplit {
+                cores,
+                npu_holds: holds,
+                split: s,
+            });
+            Some(ttft)
+        };
+        let split_prefill_ttft_s = pack
+            .filter(|&(_, resident)| resident)
+            .and_then(|(n, _)| prefill((n, NpuHolds::Pack)));
+        let dense_split_prefill_ttft_s = bytes.dense.and_then(|n| prefill((n, NpuHolds::Dense)));
+        let phases =
+            |npu_bytes: f64| cpu_phases(&shape, b, (cache - npu_bytes, cores), prompt, gen);
+        let mut split = |(npu_bytes, holds): (f64, NpuHolds)| {
+            let s = board_split_on(manifest, &shape, b, (npu_bytes, cores), context)?;
+            let rate = s.decode.decode_tok_s;
+            splits.push(PairedSplit {
+                cores,
+                npu_holds: holds,
+                split: s,
+            });
+            Some(rate)
+        };
+        CpuInputs {
+            alone: Some(phases(0.0)),
+            beside_npu: pack.map(|(n, _)| phases(n)),
+            // The split needs the NPU's rows resident and the GGUF's pages beside them.
+            split_decode_tok_s: pack
+                .filter(|&(_, resident)| resident)
+                .and_then(|(n, _)| split((n, NpuHolds::Pack))),
+            beside_dense: bytes.dense.map(phases),
+            dense_split_decode_tok_s: bytes.dense.and_then(|n| split((n, NpuHolds::Dense))),
+            split_prefill_ttft_s,
+            dense_split_prefill_ttft_s,
+        }
+    };
+    let big = on(Cores::Big);
+    let all = (b.cpu.little.0 > 0.0).then(|| on(Cores::All));
     let inputs = EngineInputs {
-        npu: npu.and_then(|(p, _)| {
+        npu: npu.and_then(|p| {
             Some(Phases {
                 ttft_s: p.ttft_s,
                 decode_tok_s: p.decode_tok_s?,
             })
         }),
-        cpu: Some(cpu_phases(&shape, b, cache, prompt, gen)),
-        cpu_beside_npu: npu.map(|(_, bytes)| cpu_phases(&shape, b, cache - bytes, prompt, gen)),
-        split_decode_tok_s: split.as_ref().map(|s| s.decode.decode_tok_s),
-        split_prefill_ttft_s: prefill_split.as_ref().map(|s| s.prefill.ttft_s),
+        big,
+        all,
     };
     let choice = choose(&inputs, gen).with_context(|| {
         format!(
@@ -270,26 +356,27 @@ pub fn engines(
             b.name
         )
     })?;
-    Ok((choice, shape, (split, prefill_split)))
+    Ok((choice, shape, (splits, prefills)))
 }
 
 /// What `ork plan --project` reports of the engines: the pairings and the choice, the CPU's
 /// shape of the model, and the row-split decode (`ork_board::split`; `None` without an NPU
-/// plan that holds its weights resident).
+/// plan that holds its split's weights resident).
 #[derive(Debug)]
 pub struct PlanEngines {
     /// Every pairing and the choice.
     pub choice: Choice,
     /// The CPU engine's shape of the model.
     pub shape: CpuShape,
-    /// Decode split by rows between the NPU and the CPU (`--decode-device split` runs it).
+    /// Decode split by rows between the NPU and the CPU (`--decode-device split` runs it): the
+    /// chosen pairing's when it splits, else the fastest projected.
     pub split: Option<SplitDecode>,
-    /// The split with each weight's share of its rows for the NPU (what `--split-rows auto`
-    /// runs when `--device auto` chooses the split).
-    pub split_shares: Option<BoardSplit>,
-    /// The prefill split with each weight's share (what `--split-rows auto` runs when
-    /// `--device auto` chooses the split prefill; `None` as for the decode split).
-    pub prefill_split: Option<BoardPrefillSplit>,
+    /// That split with each weight's share of its rows for the NPU (what `--split-rows auto`
+    /// runs when `--device auto` chooses the split), its cores and what the NPU holds.
+    pub split_shares: Option<PairedSplit>,
+    /// The prefill split: the chosen pairing's when it splits its prefill, else the fastest
+    /// projected, with each weight's share (what `--split-rows auto` runs for the prefill).
+    pub prefill_split: Option<PairedPrefillSplit>,
     /// The CPU's decode tok/s while the NPU prefills another request on the same bus (`serve`'s
     /// overlap): its read rate is what the NPU's prefill reads leave (`None` without an NPU).
     pub cpu_decode_beside_prefill: Option<f64>,
@@ -298,13 +385,24 @@ pub struct PlanEngines {
     pub options: Vec<ork_board::options::ExecOption>,
 }
 
+/// The NPU's buffers for placement `p` (a resident pack's bytes, or the budget in each domain
+/// used).
+fn npu_bytes(p: &Placement, budget: u64) -> u64 {
+    match p.mode {
+        Mode::Resident => p.model_bytes,
+        Mode::Streamed => budget * u64::from(p.domains_used.max(1)),
+    }
+}
+
 /// [`engines`] for `ork plan`'s placement `p` (the NPU's buffers: a resident pack's bytes, or
-/// the budget in each domain used), `None` without a CPU board.
+/// the budget in each domain used) and `dense`, the placement of the dense weights alone (a
+/// dense-only split's NPU; `None`: the model has no experts, so `p` is it), `None` without a
+/// CPU board.
 pub fn for_plan(
     path: &Path,
     manifest: &ork_manifest::Manifest,
     cpu_board: Option<&CpuBoard>,
-    p: &Placement,
+    (p, dense): (&Placement, Option<&Placement>),
     budget: u64,
     npu: Option<&Projection>,
     (prompt, gen): (usize, usize),
@@ -312,29 +410,55 @@ pub fn for_plan(
     let Some(cb) = cpu_board else {
         return Ok(None);
     };
-    let npu_bytes = match p.mode {
-        Mode::Resident => p.model_bytes,
-        Mode::Streamed => budget * u64::from(p.domains_used.max(1)),
+    let npu_bytes = npu_bytes(p, budget);
+    let dense = dense.unwrap_or(p);
+    let bytes = NpuBytes {
+        pack: Some((npu_bytes as f64, p.mode == Mode::Resident)),
+        dense: (npu.is_some() && dense.mode == Mode::Resident && dense.runnable)
+            .then_some(dense.model_bytes as f64),
     };
-    let (choice, shape, (split, prefill_split)) = engines(
-        path,
-        manifest,
-        cb,
-        (
-            npu.map(|pr| (pr, npu_bytes as f64)),
-            p.mode == Mode::Resident,
-        ),
-        prompt,
-        gen,
-    )?;
-    let split_shares = split;
-    let split = split_shares.as_ref().map(|s| s.decode);
+    let (choice, shape, (splits, prefills)) =
+        engines(path, manifest, cb, (npu, bytes), prompt, gen)?;
+    let chosen = choice.engines;
+    let prefill_split = prefills
+        .iter()
+        .find(|s| {
+            chosen.prefill == Engine::Split
+                && (Some(s.cores), Some(s.npu_holds)) == (chosen.cores, chosen.npu_holds)
+        })
+        .or_else(|| {
+            prefills
+                .iter()
+                .fold(None, |best: Option<&PairedPrefillSplit>, s| match best {
+                    Some(b) if b.split.prefill.ttft_s <= s.split.prefill.ttft_s => Some(b),
+                    _ => Some(s),
+                })
+        })
+        .cloned();
+    let split_shares = splits
+        .iter()
+        .find(|s| {
+            chosen.decode == Engine::Split
+                && (Some(s.cores), Some(s.npu_holds)) == (chosen.cores, chosen.npu_holds)
+        })
+        .or_else(|| {
+            splits
+                .iter()
+                .fold(None, |best: Option<&PairedSplit>, s| match best {
+                    Some(b) if b.split.decode.decode_tok_s >= s.split.decode.decode_tok_s => {
+                        Some(b)
+                    }
+                    _ => Some(s),
+                })
+        })
+        .cloned();
+    let split = split_shares.as_ref().map(|s| s.split.decode);
     // The NPU's prefill reads its weights once per pass: that rate, while it runs.
     let cpu_decode_beside_prefill = npu.filter(|pr| pr.ttft_s > 0.0).map(|pr| {
         let mut beside = cb.clone();
         beside.cpu.read_bw = cpu_read_bw_beside(cb, npu_bytes as f64 / pr.ttft_s);
         let cache = cb.ram_bytes - cb.reserved_bytes - npu_bytes as f64;
-        cpu_phases(&shape, &beside, cache, prompt, gen).decode_tok_s
+        cpu_phases(&shape, &beside, (cache, Cores::Big), prompt, gen).decode_tok_s
     });
     let options =
         ork_board::options::options(&shape, cb, cb.ram_bytes - cb.reserved_bytes, prompt, gen);
@@ -386,10 +510,10 @@ pub fn add_json(projected: &mut serde_json::Value, e: &PlanEngines, b: &CpuBoard
 
 /// `projected.split_decode`: the row split's decode beside the best single engine's, or null.
 fn split_json(e: &PlanEngines) -> serde_json::Value {
-    let Some(s) = e.split else {
+    let (Some(s), Some(on)) = (e.split, e.split_shares.as_ref()) else {
         return serde_json::Value::Null;
     };
-    let alone = |p: ork_board::engines::Engine| {
+    let alone = |p: Engine| {
         e.choice
             .alternatives
             .iter()
@@ -397,7 +521,7 @@ fn split_json(e: &PlanEngines) -> serde_json::Value {
             .map(|a| a.decode_tok_s)
             .fold(0.0, f64::max)
     };
-    let best = alone(ork_board::engines::Engine::Npu).max(alone(ork_board::engines::Engine::Cpu));
+    let best = alone(Engine::Npu).max(alone(Engine::Cpu));
     serde_json::json!({
         "label": "projected",
         "built": true,
@@ -406,15 +530,17 @@ fn split_json(e: &PlanEngines) -> serde_json::Value {
         "gain": s.decode_tok_s / best,
         "npu_row_share": s.npu_row_share,
         "bus_bound_share": s.bus_bound_share,
+        "cores": on.cores,
+        "npu_holds": on.npu_holds,
     })
 }
 
 /// `projected.split_prefill`: the row split's prefill beside each engine's alone, or null.
 fn split_prefill_json(e: &PlanEngines) -> serde_json::Value {
-    let Some(s) = &e.prefill_split else {
+    let Some(on) = &e.prefill_split else {
         return serde_json::Value::Null;
     };
-    let alone = |p: ork_board::engines::Engine| {
+    let alone = |p: Engine| {
         e.choice
             .alternatives
             .iter()
@@ -422,8 +548,8 @@ fn split_prefill_json(e: &PlanEngines) -> serde_json::Value {
             .map(|a| a.ttft_s)
             .fold(f64::INFINITY, f64::min)
     };
-    let best = alone(ork_board::engines::Engine::Npu).min(alone(ork_board::engines::Engine::Cpu));
-    let p = &s.prefill;
+    let best = alone(Engine::Npu).min(alone(Engine::Cpu));
+    let p = &on.split.prefill;
     serde_json::json!({
         "label": "projected",
         "built": true,
@@ -434,6 +560,8 @@ fn split_prefill_json(e: &PlanEngines) -> serde_json::Value {
         "model_cpu_ttft_s": p.cpu_ttft_s,
         "npu_row_share": p.npu_row_share,
         "bus_bound_share": p.bus_bound_share,
+        "cores": on.cores,
+        "npu_holds": on.npu_holds,
     })
 }
 
@@ -461,26 +589,42 @@ fn json(choice: &Choice, shape: &CpuShape, b: &CpuBoard) -> serde_json::Value {
     })
 }
 
+/// A pairing in words: `cpu/split (cpu: every core; npu: dense weights)`.
+pub fn pairing_name(e: &ork_board::engines::Engines) -> String {
+    let name = |e: Engine| format!("{e:?}").to_lowercase();
+    let mut on = Vec::new();
+    if let Some(c) = e.cores {
+        on.push(match c {
+            Cores::Big => "cpu: big cores",
+            Cores::All => "cpu: every core",
+        });
+    }
+    if let Some(h) = e.npu_holds {
+        on.push(match h {
+            NpuHolds::Pack => "npu: the pack",
+            NpuHolds::Dense => "npu: dense weights",
+        });
+    }
+    format!("{}/{} ({})", name(e.prefill), name(e.decode), on.join("; "))
+}
+
 /// One line for the text output.
 pub fn line(choice: &Choice) -> String {
-    let name = |e: ork_board::engines::Engine| format!("{e:?}").to_lowercase();
     let alts: Vec<String> = choice
         .alternatives
         .iter()
         .map(|p| {
             format!(
-                "{}/{} TTFT {:.2} s, decode {:.2} tok/s",
-                name(p.prefill),
-                name(p.decode),
+                "{} TTFT {:.2} s, decode {:.2} tok/s",
+                pairing_name(&p.engines()),
                 p.ttft_s,
                 p.decode_tok_s
             )
         })
         .collect();
     format!(
-        "engines (projected): prefill {}, decode {}; considered: {}",
-        name(choice.engines.prefill),
-        name(choice.engines.decode),
+        "engines (projected): {}; considered: {}",
+        pairing_name(&choice.engines),
         alts.join("; ")
     )
 }

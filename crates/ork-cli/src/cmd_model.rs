@@ -76,6 +76,10 @@ struct RunStats {
     engines: ork_runtime::PhaseEngines,
     /// Where the device's packed weights came from and why (`null` for the CPU engine alone).
     npu_weights: Option<ork_runtime::NpuWeightSource>,
+    /// Which weights the device holds, and how many its plan places (`null` for the CPU
+    /// engine alone).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_weights: Option<(ork_runtime::DeviceWeights, usize)>,
 }
 
 /// The CPU engine's expert figures on a MoE model (see [`RunStats::cpu_experts`]).
@@ -201,6 +205,9 @@ impl RunStats {
             cpu_experts: engine.cpu_linear().and_then(|l| CpuExperts::of(engine, l)),
             engines: engine.engines(),
             npu_weights: engine.npu_weight_source().cloned(),
+            device_weights: engine
+                .plan()
+                .map(|p| (engine.config().device_weights, p.placement.len())),
         }
     }
 
@@ -368,6 +375,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         stats: &stats,
         projected,
         engines_chosen_by: &chosen.by,
+        cpu_cores: chosen.cores_by.as_deref(),
         decode_split: split,
         prefill_split,
     };
@@ -386,6 +394,9 @@ struct RunOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     projected: Option<ork_board::Projection>,
     engines_chosen_by: &'a str,
+    /// The CPU's cores as `--device auto` chose them (`null`: not chosen by a projection).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu_cores: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     decode_split: Option<crate::cmd_split::SplitReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -830,6 +841,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     let (
         crate::auto::Projected {
             placement: p,
+            dense,
             npu: projected,
             engines,
         },
@@ -846,12 +858,17 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         split = crate::cmd_split::resolve(&mut config, args.split_rows, &boards, &chosen.splits)?;
     }
     let ram = board.map(|b| b.ram_bytes as u64);
+    // A dense-only split's device holds the dense weights alone.
+    let device_bytes = dense
+        .as_ref()
+        .filter(|_| config.device_weights == ork_runtime::DeviceWeights::Dense)
+        .map_or(p.model_bytes, |d| d.model_bytes);
     let view = PlanView {
         args,
         manifest,
         chip: &chip,
         domains: args.domains.unwrap_or(p.domains_used.max(1)),
-        weight_source: crate::open_model::plan_weight_source(&config, p.model_bytes, ram),
+        weight_source: crate::open_model::plan_weight_source(&config, device_bytes, ram),
         per_prefill_tok: p.streamed_bytes_per_prefill_token(args.prefill_tokens),
         config: &config,
         p: &p,
@@ -903,6 +920,8 @@ fn print_plan_json(view: &PlanView<'_>) -> Result<()> {
     let mut v = serde_json::to_value(p)?;
     v["engines"] = serde_json::to_value(view.config.engines())?;
     v["engines_chosen_by"] = view.chosen.by.clone().into();
+    v["device_weights"] = serde_json::to_value(view.config.device_weights)?;
+    v["cpu_cores"] = view.chosen.cores_by.clone().into();
     v["npu_weights"] = serde_json::to_value(&view.weight_source)?;
     v["decode_split"] = serde_json::to_value(&view.split.decode)?;
     v["prefill_split"] = serde_json::to_value(&view.split.prefill)?;

@@ -319,7 +319,7 @@ fn share(
                 &manifest,
                 &shape,
                 &cb,
-                npu_bytes,
+                (npu_bytes, ork_board::engines::Cores::Big),
                 SHARE_PROMPT,
             )
             .with_context(no_npu)?;

@@ -94,8 +94,13 @@ pub(crate) fn engine_config_auto(
     trace: bool,
     replay: bool,
 ) -> Result<(EngineConfig, crate::auto::Chosen)> {
-    let (chosen, domains) = crate::auto::for_run(opts, replay)?;
-    let config = config_for(opts, trace, (chosen.prefill, chosen.decode), domains)?;
+    let (mut chosen, domains) = crate::auto::for_run(opts, replay)?;
+    let mut config = config_for(opts, trace, (chosen.prefill, chosen.decode), domains)?;
+    if chosen.by_projection() {
+        // The chosen cores (every core where the projection says so) and, for a dense-only
+        // split, a device holding the dense weights alone.
+        chosen.apply(&mut config, (opts.cpus.is_some(), opts.threads.is_some()));
+    }
     Ok((config, chosen))
 }
 
@@ -160,6 +165,7 @@ fn config_for(
         // `auto` is resolved against a board (`crate::cmd_split::resolve`).
         split_rows: None,
         prefill_split_rows: None,
+        device_weights: ork_runtime::DeviceWeights::All,
     };
     crate::cmd_split::fixed_shares(&mut config, opts.split_rows);
     if let Some(q) = opts.quant {

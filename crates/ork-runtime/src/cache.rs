@@ -108,4 +108,5 @@ pub(crate) fn model_linear(
         );
     }
     EngineLinear::new(dm, model.manifest())
+        .dense_only(config.device_weights == crate::DeviceWeights::Dense)
 }

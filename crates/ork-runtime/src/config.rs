@@ -27,6 +27,21 @@ pub enum PackChoice {
     None,
 }
 
+/// Which of the model's weights the device holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceWeights {
+    /// Every matmul weight (the `.orkpack`'s whole content).
+    #[default]
+    All,
+    /// Only the dense (non-expert) weights: a decode row split after a CPU prefill
+    /// (`--device auto`'s dense-only split, `ork_board::engines::NpuHolds::Dense`). A MoE's
+    /// expert slices are planned, packed and loaded for the CPU engine alone, never for the
+    /// device; a device phase that would compute them is refused when the engine opens. For a
+    /// dense model, the same as [`DeviceWeights::All`].
+    Dense,
+}
+
 /// Everything [`Engine::open`] needs.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -98,6 +113,8 @@ pub struct EngineConfig {
     /// With a prefill [`PhaseEngine::Split`]: the same for the prefill's passes (the board
     /// clock's per-weight shares differ by phase: `ork_board::split::split_prefill`).
     pub prefill_split_rows: Option<crate::SplitRows>,
+    /// Which weights the device holds ([`DeviceWeights::All`] unless a dense-only split asks).
+    pub device_weights: DeviceWeights,
 }
 
 impl EngineConfig {
@@ -128,6 +145,7 @@ impl EngineConfig {
             ram_bytes: None,
             split_rows: None,
             prefill_split_rows: None,
+            device_weights: DeviceWeights::All,
         }
     }
 

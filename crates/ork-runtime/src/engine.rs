@@ -21,8 +21,8 @@ use crate::phase::{npu_weights, NpuWeightSource, NpuWeights, PhaseEngine, PhaseE
 use crate::plan::{plan_beside_draft, weight_bytes};
 use crate::smoothing::apply_smoothing;
 use crate::{
-    budget_bytes, open_device, ConvertObserver, EngineConfig, EngineDraft, EngineLinear,
-    ExpertStats, PackChoice, PhaseLinear, RuntimeError, SmoothingOrigin,
+    budget_bytes, open_device, ConvertObserver, DeviceWeights, EngineConfig, EngineDraft,
+    EngineLinear, ExpertStats, PackChoice, PhaseLinear, RuntimeError, SmoothingOrigin,
 };
 
 /// A model opened on a device or on the CPU engine: see the crate documentation.
@@ -326,7 +326,12 @@ fn open_on_device(
     let info = device.info();
     let budget = budget_bytes(config.budget_bytes)?;
     let slots = info.cores as usize + 1;
-    let weights = weight_bytes(manifest, config.dtype, config.group)?;
+    check_device_weights(config, manifest)?;
+    let weights = crate::plan::device_weights(
+        manifest,
+        weight_bytes(manifest, config.dtype, config.group)?,
+        config.device_weights,
+    );
     // The draft's resident weights come out of the budget before the model is planned.
     let capacity = budget.min(info.window_bytes);
     let draft = DraftReservation::reserve(config, model, tokenizer, &weights, capacity, slots)?;
@@ -339,12 +344,7 @@ fn open_on_device(
         info.domains,
         slots,
     )?;
-    let weight_source = npu_weights(
-        config,
-        plan.model_bytes,
-        std::fs::metadata(&config.model).map_or(0, |m| m.len()),
-        config.ram_bytes.or_else(crate::host_ram_bytes),
-    );
+    let weight_source = device_weight_source(config, manifest, plan.model_bytes);
     let streamed;
     let source_config = match weight_source.source {
         NpuWeights::StreamByPack if config.pack != PackChoice::None => {
@@ -405,6 +405,48 @@ fn open_on_device(
         trace,
         draft,
     })
+}
+
+/// [`npu_weights`] for the device's plan of `plan_bytes`: a dense model's dense weights are all
+/// of them, so its pack stays the device's source with [`DeviceWeights::Dense`] too.
+fn device_weight_source(
+    config: &EngineConfig,
+    manifest: &Manifest,
+    plan_bytes: u64,
+) -> NpuWeightSource {
+    let all_held;
+    let held = if manifest.n_expert() == 0 && config.device_weights == DeviceWeights::Dense {
+        all_held = EngineConfig {
+            device_weights: DeviceWeights::All,
+            ..config.clone()
+        };
+        &all_held
+    } else {
+        config
+    };
+    npu_weights(
+        held,
+        plan_bytes,
+        std::fs::metadata(&config.model).map_or(0, |m| m.len()),
+        config.ram_bytes.or_else(crate::host_ram_bytes),
+    )
+}
+
+/// A dense-only device ([`DeviceWeights::Dense`]) refused where it would have to compute a MoE's
+/// experts: a phase wholly on the device (only a split phase, decode or prefill, whose experts
+/// stay on the CPU, can run without them).
+fn check_device_weights(config: &EngineConfig, manifest: &Manifest) -> Result<(), RuntimeError> {
+    let engines = config.engines();
+    let on_device = [engines.prefill, engines.decode].contains(&PhaseEngine::Device);
+    if config.device_weights == DeviceWeights::Dense && manifest.n_expert() > 0 && on_device {
+        return Err(RuntimeError::Phases {
+            what: "the device holds only the dense weights, but a phase runs wholly on it and \
+                   would compute the MoE's experts: pair the CPU and the row splits (a CPU or split \
+                   prefill, a CPU or split decode)"
+                .to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// Options that only a device run takes, refused with the CPU engine rather than ignored

@@ -66,7 +66,9 @@ mod smoothing;
 mod split;
 
 pub use chip::check_chip;
-pub use config::{budget_bytes, EngineConfig, PackChoice, DEFAULT_BUDGET_MB, MAX_BUDGET_MIB};
+pub use config::{
+    budget_bytes, DeviceWeights, EngineConfig, PackChoice, DEFAULT_BUDGET_MB, MAX_BUDGET_MIB,
+};
 pub use device::open_device;
 pub use draft::{bytes_moved, DraftKind, DraftSource, EngineDraft};
 pub use engine::{Engine, LoadedModel};
@@ -77,7 +79,7 @@ pub use phase::{
     host_ram_bytes, npu_weights, NpuWeightSource, NpuWeights, PhaseEngine, PhaseEngines,
     PhaseLinear,
 };
-pub use plan::{default_slots, plan_weights};
+pub use plan::{default_slots, plan_dense_weights, plan_weights};
 pub use quant::Quant;
 pub use smoothing::{Smoothing, SmoothingOrigin, CALIB_CTX, CALIB_MAX_TOKENS};
 pub use split::{split_row, SplitLinear, SplitRows, SplitStats};

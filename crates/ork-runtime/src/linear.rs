@@ -19,6 +19,9 @@ pub struct EngineLinear {
     /// MoE expert matmuls, and how many found their expert already in the cache.
     pub(crate) expert_calls: AtomicU64,
     pub(crate) expert_hits: AtomicU64,
+    /// The device holds only the dense weights ([`crate::DeviceWeights::Dense`]): an expert
+    /// slice asked of it is an error, never loaded.
+    dense_only: bool,
 }
 
 /// Expert figures of a MoE run (see docs/moe.md).
@@ -47,12 +50,39 @@ impl EngineLinear {
                 .collect(),
             expert_calls: AtomicU64::new(0),
             expert_hits: AtomicU64::new(0),
+            dense_only: false,
         }
+    }
+
+    /// The device holds only the dense weights: asking it for an expert slice is an error.
+    pub(crate) fn dense_only(mut self, dense_only: bool) -> EngineLinear {
+        self.dense_only = dense_only;
+        self
+    }
+
+    /// Whether weight `id` is an expert slice.
+    fn is_expert(&self, id: WeightId) -> bool {
+        self.expert.get(id.index()).copied().unwrap_or(false)
+    }
+
+    /// Refuse an expert slice on a dense-only device, before anything is loaded.
+    fn check_held(&self, id: WeightId) -> Result<(), ExecError> {
+        if self.dense_only && self.is_expert(id) {
+            return Err(ExecError::Backend {
+                weight: self.name(id),
+                source: Box::new(crate::RuntimeError::Phases {
+                    what: "the device holds only the dense weights: a MoE's experts are \
+                           computed on the CPU engine"
+                        .to_owned(),
+                }),
+            });
+        }
+        Ok(())
     }
 
     /// Count a call of `id` if it is an expert slice, and a hit if it is resident now.
     fn count_expert(&self, id: WeightId) {
-        if self.expert.get(id.index()).copied().unwrap_or(false) {
+        if self.is_expert(id) {
             self.expert_calls.fetch_add(1, Ordering::Relaxed);
             if self.dm.cache().is_resident(id) {
                 self.expert_hits.fetch_add(1, Ordering::Relaxed);
@@ -71,6 +101,7 @@ impl EngineLinear {
 
 impl Linear for EngineLinear {
     fn matmul(&self, id: WeightId, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        self.check_held(id)?;
         self.count_expert(id);
         self.dm.matmul(id, x, m, y).map_err(|e| ExecError::Backend {
             weight: self.name(id),
@@ -88,6 +119,9 @@ impl Linear for EngineLinear {
         ys: &mut [&mut [f32]],
     ) -> Result<(), ExecError> {
         for &w in weights {
+            self.check_held(w)?;
+        }
+        for &w in weights {
             self.count_expert(w);
         }
         self.dm
@@ -103,8 +137,18 @@ impl Linear for EngineLinear {
     }
 
     /// Forwarded to the prefetcher, which serves announced weights before the plan order.
+    /// A dense-only device is never told of an expert slice (it would load it).
     fn upcoming(&self, weights: &[WeightId]) {
-        self.dm.upcoming(weights);
+        if self.dense_only {
+            let held: Vec<WeightId> = weights
+                .iter()
+                .copied()
+                .filter(|&w| !self.is_expert(w))
+                .collect();
+            self.dm.upcoming(&held);
+        } else {
+            self.dm.upcoming(weights);
+        }
     }
 
     /// Kept by the device matmul's board-clock recorder, if any (`docs/board-model.md`).
@@ -124,6 +168,7 @@ impl EngineLinear {
         m: usize,
         y: &mut [f32],
     ) -> Result<(), ExecError> {
+        self.check_held(id)?;
         self.count_expert(id);
         self.dm
             .matmul_rows(id, rows, x, m, y)

@@ -171,8 +171,10 @@ pub struct NpuWeightSource {
 
 /// Where the device's weights come from for `config`: the `.orkpack` unless `--no-pack` says
 /// otherwise, or, when the CPU engine computes a phase (its pages of the GGUF must stay in
-/// RAM) and the pack plus the GGUF would not fit `ram_bytes`, stream-by-pack. An explicit
-/// `--pack FILE` is kept as asked.
+/// RAM) and the pack plus the GGUF would not fit `ram_bytes`, stream-by-pack; a device that
+/// holds only the dense weights ([`crate::DeviceWeights::Dense`]) packs them from the GGUF
+/// (the default `.orkpack` would hold every expert too). An explicit `--pack FILE` is kept as
+/// asked (the device reads only its weights from it).
 pub fn npu_weights(
     config: &EngineConfig,
     pack_bytes: u64,
@@ -188,6 +190,14 @@ pub fn npu_weights(
     ) {
         (PackChoice::None, _, _) => (NpuWeights::StreamByPack, "--no-pack".to_owned()),
         (PackChoice::Path(_), _, _) => (NpuWeights::Pack, "--pack names the file".to_owned()),
+        (PackChoice::Default, _, _) if config.device_weights == crate::DeviceWeights::Dense => (
+            NpuWeights::StreamByPack,
+            format!(
+                "the device holds only the dense weights ({:.0} MiB, a decode split): packed \
+                 from the GGUF's blocks as the cache loads them, the experts never packed",
+                mib(pack_bytes)
+            ),
+        ),
         (PackChoice::Default, false, _) => (
             NpuWeights::Pack,
             "the device computes every phase: the GGUF is read only to convert".to_owned(),

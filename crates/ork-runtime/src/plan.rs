@@ -35,6 +35,46 @@ pub fn plan_weights(
     }))
 }
 
+/// [`plan_weights`] of the dense (non-expert) weights alone: what the device holds for a
+/// dense-only split ([`crate::DeviceWeights::Dense`]); every weight of a dense model.
+pub fn plan_dense_weights(
+    manifest: &Manifest,
+    dtype: PackDtype,
+    group: ork_pack::ScaleGroup,
+    budget: u64,
+    window: u64,
+    domains: u32,
+    slots: usize,
+) -> Result<Plan, RuntimeError> {
+    let weights = device_weights(
+        manifest,
+        weight_bytes(manifest, dtype, group)?,
+        crate::DeviceWeights::Dense,
+    );
+    Ok(ork_residency::plan(&PlanInput {
+        weights: named(manifest, &weights),
+        budget_bytes: budget,
+        window_bytes: window,
+        domains,
+        slots,
+    }))
+}
+
+/// Of `weights` (by id, with their device bytes), those the device holds as `which` says.
+pub(crate) fn device_weights(
+    manifest: &Manifest,
+    weights: Vec<(WeightId, u64)>,
+    which: crate::DeviceWeights,
+) -> Vec<(WeightId, u64)> {
+    match which {
+        crate::DeviceWeights::All => weights,
+        crate::DeviceWeights::Dense => weights
+            .into_iter()
+            .filter(|&(id, _)| manifest.get(id).expert.is_none())
+            .collect(),
+    }
+}
+
 /// `weights` by name, for the planner: its plan is for people (`ork plan`) and names them.
 fn named(manifest: &Manifest, weights: &[(WeightId, u64)]) -> Vec<(String, u64)> {
     weights

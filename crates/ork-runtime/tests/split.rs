@@ -26,7 +26,7 @@ use common::{margin, tokens};
 
 use ork_exec::{Session, WeightId};
 use ork_runtime::SplitRows::{self, All, PerWeight};
-use ork_runtime::{Engine, EngineConfig, PhaseEngine, PhaseEngines};
+use ork_runtime::{DeviceWeights, Engine, EngineConfig, PhaseEngine, PhaseEngines};
 use ork_testkit::model_path;
 
 const DECODE: usize = 12;
@@ -123,6 +123,70 @@ fn a_split_decode_on_a_moe_fixture_keeps_the_experts_on_the_cpu() {
     assert!(st.cpu_calls > 0, "the experts' calls: {st:?}");
 }
 
+/// The split `--device auto` chooses for a MoE whose pack would not be resident: the CPU
+/// prefills, the decode splits, and the device holds only the dense weights
+/// (`DeviceWeights::Dense`): its plan places no expert, no expert is loaded into its cache, an
+/// expert asked of it is refused; the tokens are within the bound of the CPU-only run's.
+#[test]
+fn a_dense_only_split_on_a_moe_fixture_holds_no_expert_on_the_device() {
+    let model = ork_testkit::moe::moe_fixture(ork_testkit::moe::MoeFixture::Qwen3Moe);
+    let st = split_agrees_on(
+        &model,
+        "qwen3moe, dense-only device",
+        (PhaseEngine::Cpu, DeviceWeights::Dense),
+        All(0.5),
+    );
+    assert!(st.cpu_calls > 0, "the experts' calls: {st:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("m.orkpack");
+    let engines = PhaseEngines {
+        prefill: PhaseEngine::Cpu,
+        decode: PhaseEngine::Split,
+    };
+    let mut c = config(&model, &pack, engines, Some(All(0.5)));
+    c.device_weights = DeviceWeights::Dense;
+    let split = Engine::open(c.clone()).unwrap();
+    let manifest = split.manifest();
+    let plan = split.plan().unwrap();
+    let dense = manifest.weights().iter().filter(|w| w.expert.is_none());
+    assert_eq!(plan.placement.len(), dense.count());
+    assert_eq!(plan.expert_bytes, 0, "{plan:?}");
+    // A decode: every expert stays off the device.
+    let prompt = split.tokenizer().encode("Paris is", true, false).unwrap();
+    greedy(&mut split.session(), &prompt);
+    let cache = split.cache().unwrap();
+    let experts: Vec<_> = manifest
+        .weights()
+        .iter()
+        .filter(|w| w.expert.is_some())
+        .collect();
+    assert!(!experts.is_empty());
+    for w in &experts {
+        assert!(
+            !cache.is_resident(w.id),
+            "{} loaded on the device",
+            w.tensor
+        );
+    }
+    let device = split.linear().unwrap();
+    let e = experts[0];
+    let mut y = vec![0.0; e.n];
+    assert!(matches!(
+        device.matmul(e.id, &vec![0.1; e.k], 1, &mut y),
+        Err(ork_exec::ExecError::Backend { .. })
+    ));
+    drop(split);
+    // A phase wholly on a dense-only device would need the experts: refused at open.
+    c.phases = Some(PhaseEngines {
+        prefill: PhaseEngine::Device,
+        decode: PhaseEngine::Split,
+    });
+    assert!(matches!(
+        Engine::open(c).map(|_| ()),
+        Err(ork_runtime::RuntimeError::Phases { .. })
+    ));
+}
+
 /// Shares per weight (`--split-rows auto`): each weight's device rows are its own share's, on
 /// whole tiles; every row once, on its engine; the tokens within the bound.
 #[test]
@@ -195,6 +259,16 @@ fn split_agrees(
     prefill: PhaseEngine,
     shares: SplitRows,
 ) -> ork_runtime::SplitStats {
+    split_agrees_on(model, what, (prefill, DeviceWeights::All), shares)
+}
+
+/// [`split_agrees`] with the device holding `held`.
+fn split_agrees_on(
+    model: &Path,
+    what: &str,
+    (prefill, held): (PhaseEngine, DeviceWeights),
+    shares: SplitRows,
+) -> ork_runtime::SplitStats {
     let dir = tempfile::tempdir().unwrap();
     let pack = dir.path().join("m.orkpack");
     let one = |e| Engine::open(config(model, &pack, PhaseEngines::one(e), None)).unwrap();
@@ -204,7 +278,9 @@ fn split_agrees(
         decode: PhaseEngine::Split,
     };
     let described = shares.describe();
-    let split = Engine::open(config(model, &pack, engines, Some(shares))).unwrap();
+    let mut c = config(model, &pack, engines, Some(shares));
+    c.device_weights = held;
+    let split = Engine::open(c).unwrap();
     let name = split.compute_name();
     assert!(
         name.contains("decode split (emulated")

@@ -38,15 +38,21 @@ fn assert_chosen_by_projection(v: &serde_json::Value, board: &str) {
     );
     assert_eq!(v["engines"]["decode"], side(&p["engines"]["decode"]), "{v}");
     let alts = p["alternatives"].as_array().unwrap();
+    let e = &p["engines"];
     let chosen = alts
         .iter()
-        .find(|a| a["prefill"] == p["engines"]["prefill"] && a["decode"] == p["engines"]["decode"])
+        .find(|a| {
+            ["prefill", "decode", "cores", "npu_holds"]
+                .iter()
+                .all(|k| a[k] == e[k])
+        })
         .unwrap();
+    // npu/npu, and cpu/cpu on the big cores and on every core.
     let alone: Vec<&serde_json::Value> = alts
         .iter()
         .filter(|a| a["prefill"] == a["decode"] && a["prefill"] != "split")
         .collect();
-    assert_eq!(alone.len(), 2, "{p}");
+    assert_eq!(alone.len(), 3, "{p}");
     let slowest = alone
         .iter()
         .map(|a| f(a, "decode_tok_s"))
@@ -254,4 +260,175 @@ fn weights_beyond_one_window_use_the_emulators_domains() {
     // A given budget keeps one domain.
     let v = plan(&["--model", path.to_str().unwrap(), "--budget-mb", "3072"]);
     assert_eq!(v["mode"], "streamed", "{v}");
+}
+
+/// The moonshot's shape (Qwen3-30B-A3B, Q3_K_S-class: Q3_K blocks, a Q6_K output; shapes
+/// only) on `orangepi5-16g`, a 512-token prompt and 128 generated: its int8 pack (~30 GB)
+/// streams, so the NPU's pairings are slow; the pairing chosen is the fastest ork runs — the
+/// CPU prefills and the decode splits, the NPU holding only the dense weights, the CPU's share
+/// on every core — and `--device auto` on that board would run exactly it.
+#[test]
+fn the_moonshot_chooses_the_dense_only_split_on_every_core() {
+    use ork_testkit::sparse::{sparse_type, write_sparse_typed};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen3-30b-a3b.gguf");
+    let dims = ork_board::Dims {
+        n_layer: 48,
+        d_model: 2048,
+        ffn: 768,
+        n_head: 32,
+        n_head_kv: 4,
+        head_dim: 128,
+        vocab: 151936,
+    };
+    let q3k = sparse_type("Q3_K").unwrap();
+    write_sparse_typed(&path, &dims, q3k, sparse_type("Q6_K"), (128, 8)).unwrap();
+    let p = path.to_str().unwrap();
+    let v = plan(&[
+        "--model",
+        p,
+        "--board",
+        "orangepi5-16g",
+        "--prompt-tokens",
+        "512",
+        "--gen-tokens",
+        "128",
+    ]);
+    assert_chosen_by_projection(&v, "orangepi5-16g");
+    let pr = &v["projected"];
+    assert_eq!(
+        pr["engines"],
+        serde_json::json!({"prefill": "cpu", "decode": "split", "cores": "all",
+                           "npu_holds": "dense"}),
+        "{pr}"
+    );
+    // It decodes faster than every other pairing, the CPU alone on every core among them.
+    let chosen = f(&pr["split_decode"], "decode_tok_s");
+    for a in pr["alternatives"].as_array().unwrap() {
+        if a["decode"] != "split" || a["cores"] != "all" {
+            assert!(chosen > f(a, "decode_tok_s"), "{a} vs {chosen}");
+        }
+    }
+    // What the run would do: the CPU prefills, the decode splits, the device holds the dense
+    // weights alone (packed from the GGUF, never the experts), the pool on every core.
+    assert_eq!(
+        v["engines"],
+        serde_json::json!({"prefill": "cpu", "decode": "split"})
+    );
+    assert_eq!(v["device_weights"], "dense");
+    assert!(
+        v["cpu_cores"].as_str().unwrap().starts_with("every core"),
+        "{v}"
+    );
+    assert_eq!(v["npu_weights"]["source"], "stream-by-pack", "{v}");
+    assert!(
+        f(&v["npu_weights"], "pack_bytes") < 2e9 && f(&v, "model_bytes") > 20e9,
+        "{v}"
+    );
+}
+
+/// `run --device auto` on a MoE fixture (SmolLM2's weights as a 6-block qwen3moe) on a board
+/// where the dense-only split on every core projects fastest: `orangepi5-16g` with its NPU's
+/// int8 rate at 1/100 (a board file), so the CPU's prefill beats the NPU's. The run is the
+/// chosen pairing: the CPU prefills, the decode splits, the device's plan holds the dense
+/// weights alone and loads no expert, the pool runs on every core; its first token is the
+/// CPU-only run's (the same engine prefills). The numerics bound of this pairing against the
+/// CPU-only run is ork-runtime's `tests/split.rs` (a_dense_only_split_…).
+#[test]
+fn auto_runs_the_dense_only_split_on_every_core_it_chose() {
+    let model = ork_testkit::moe::moe_fixture(ork_testkit::moe::MoeFixture::Qwen3Moe);
+    let ms = model.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let board = dir.path().join("slow-npu.json");
+    std::fs::write(
+        &board,
+        r#"{"name": "orangepi5-16g, NPU int8 at 1/100", "chip": "rk3588",
+            "overrides": {"npu_int8_ops": 6e10}, "ram_gib": 16, "storage_read_gbps": 0.9}"#,
+    )
+    .unwrap();
+    let b = board.to_str().unwrap();
+    let v = plan(&["--model", ms, "--board", b]);
+    let label = "orangepi5-16g, NPU int8 at 1/100";
+    assert_chosen_by_projection(&v, label);
+    let dense_only = serde_json::json!({"prefill": "cpu", "decode": "split", "cores": "all",
+                                        "npu_holds": "dense"});
+    assert_eq!(v["projected"]["engines"], dense_only, "{v}");
+    let base = [
+        "run",
+        "--model",
+        ms,
+        "--prompt",
+        "The capital of France is",
+        "-n",
+        "6",
+    ];
+    let o = run(&[&base[..], &["--board", b, "--json"]].concat());
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let r = json(&o);
+    assert_eq!(r["engines_chosen_by"], format!("projection {label}"), "{r}");
+    assert_eq!(
+        r["engines"],
+        serde_json::json!({"prefill": "cpu", "decode": "split"})
+    );
+    assert!(
+        r["cpu_cores"].as_str().unwrap().starts_with("every core"),
+        "{r}"
+    );
+    // The pool's cores: every core this process may run on.
+    let every: Vec<usize> = {
+        let allowed = ork_cpu::allowed_cpus();
+        let online: Vec<usize> = ork_cpu::Topology::system()
+            .cores
+            .iter()
+            .map(|c| c.id)
+            .filter(|c| allowed.contains(c))
+            .collect();
+        if online.is_empty() {
+            allowed
+        } else {
+            online
+        }
+    };
+    assert_eq!(r["cpus"], ork_cpu::topology::format_cpu_list(&every), "{r}");
+    // The device's plan: the dense weights alone, packed from the GGUF; no expert loaded.
+    let gguf = ork_gguf::GgufFile::open(&model).unwrap();
+    let manifest = ork_manifest::Manifest::from_gguf(&gguf).unwrap();
+    let dense = manifest
+        .weights()
+        .iter()
+        .filter(|w| w.expert.is_none())
+        .count();
+    assert!(dense < manifest.weights().len());
+    assert_eq!(
+        r["device_weights"],
+        serde_json::json!(["dense", dense]),
+        "{r}"
+    );
+    assert!(r["loaded"].as_u64().unwrap() <= dense as u64, "{r}");
+    assert_eq!(r["npu_weights"]["source"], "stream-by-pack", "{r}");
+    let s = &r["decode_split"];
+    assert!(s["split_calls"].as_u64().unwrap() > 0, "{s}");
+    assert!(
+        s["cpu_calls"].as_u64().unwrap() > 0,
+        "the experts' calls: {s}"
+    );
+    // The same engine prefills: the first token is the CPU-only run's.
+    let o = run(&[&base[..], &["--device", "cpu", "--json"]].concat());
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let cpu = json(&o);
+    assert_eq!(r["tokens"][0], cpu["tokens"][0], "{r} vs {cpu}");
+    // --cpus and --threads given win over the chosen cores, and the run says so.
+    let o = run(&[
+        &base[..],
+        &["--board", b, "--cpus", "0", "--threads", "1", "--json"],
+    ]
+    .concat());
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let r = json(&o);
+    assert_eq!(r["cpus"], "0", "{r}");
+    let said = r["cpu_cores"].as_str().unwrap();
+    assert!(
+        said.contains("--cpus given") && said.contains("--threads given"),
+        "{r}"
+    );
 }

@@ -8,10 +8,19 @@
 //! kernels keep the sixteen lanes in two ymm (x86) or four q registers (aarch64) and finish the
 //! last `k % 16` values on the stored lanes, as the twin does. NaN and infinities follow IEEE
 //! arithmetic in that order (a NaN's payload is not specified).
+//!
+//! One exception, as in ggml: F16 on an aarch64 core with fp16 arithmetic (FEAT_FP16, detected
+//! at run time) accumulates in fp16 in ggml's `ggml_vec_dot_f16` order instead ([`fp16`], whose
+//! `rows_scalar` is that kernel's twin), so its F16 results are llama.cpp's on such a core and
+//! differ from the other ISAs' (which equal ggml's f32-accumulating x86 path up to order).
 
 use super::order::reduce16;
 use super::{Family, RowsFn, WeightType};
 use half::{bf16, f16};
+
+// The fp16 twin: the aarch64 kernel shares its tail; the rest is the tests' reference.
+#[cfg_attr(not(test), allow(dead_code))]
+mod fp16;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;

@@ -11,6 +11,9 @@
 //! operation; every SIMD kernel (AVX2, AVX-512, NEON, NEON dotprod) reproduces that order, so all
 //! ISAs give the same bits (integer partial sums are exact in any order; only the float
 //! combination is ordered). Property tests compare each SIMD kernel with its twin bit for bit.
+//! The one exception follows llama.cpp: F16 on an aarch64 core with fp16 arithmetic (FEAT_FP16,
+//! detected at run time) sums in fp16 in ggml's `ggml_vec_dot_f16` order, with a twin of its own
+//! (`float/fp16.rs`), so F16 results depend on the ISA as llama.cpp's do.
 //!
 //! The entry point is [`Kernel`]: chosen once per weight type and ISA, it quantizes activation
 //! rows ([`Kernel::quantize`]) and computes a range of weight rows against `m` activation rows

@@ -2,10 +2,17 @@
 //! `fadd` (the scalar twin's order, `super::rows_scalar`), or for f16 one `fmla`, which gives
 //! the same bits because an f16 × f16 product is exact in f32 ([`Load::EXACT_PRODUCT`]); f16
 //! widens with `fcvtl`, bf16 by a 16-bit shift. Each weight chunk is widened once for up to four activation rows.
+//!
+//! F16 on a core with fp16 arithmetic (FEAT_FP16) runs [`fp16`] instead, ggml's fp16
+//! accumulation; this f32 kernel is its fallback (Cortex-A72/A53, the RK3576's cores).
 
 use super::super::neon::widen_f16;
 use super::{drive, finish, Bf16, Elem, RowsFn, Tile, WeightType, F16, F32};
 use std::arch::aarch64::*;
+
+mod fp16;
+#[cfg(test)]
+pub(super) use fp16::fmadd;
 
 /// Sixteen values widened to f32.
 trait Load: Elem {
@@ -120,8 +127,18 @@ fn entry<E: Load>(k: usize, w: &[u8], rows: usize, acts: &[u8], m: usize, out: &
     unsafe { drive(k * E::BYTES, w, rows, acts, m, out, t) }
 }
 
-/// The NEON kernel for `ty` (both aarch64 ISAs run it).
+/// The NEON kernel for `ty` (both aarch64 ISAs run it): for F16 the fp16-accumulating kernel
+/// where the CPU has FEAT_FP16, else [`widening`]'s.
 pub(super) fn rows(ty: WeightType) -> Option<RowsFn> {
+    match ty {
+        WeightType::F16 => fp16::rows().or_else(|| widening(ty)),
+        _ => widening(ty),
+    }
+}
+
+/// The kernel that widens to f32 (the scalar twin's order, `super::rows_scalar`), on every
+/// aarch64 CPU.
+pub(super) fn widening(ty: WeightType) -> Option<RowsFn> {
     Some(match ty {
         WeightType::F32 => entry::<F32>,
         WeightType::F16 => entry::<F16>,
