@@ -24,7 +24,7 @@ use std::path::Path;
 
 use common::{margin, tokens};
 
-use ork_exec::{Session, WeightId};
+use ork_exec::{Linear, Session, WeightId};
 use ork_runtime::SplitRows::{self, All, PerWeight};
 use ork_runtime::{DeviceWeights, Engine, EngineConfig, PhaseEngine, PhaseEngines};
 use ork_testkit::model_path;
