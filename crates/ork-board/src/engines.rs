@@ -3,7 +3,8 @@
 //! [`crate::split`]), one KV cache in host memory. Each pairing that uses the CPU is weighed on
 //! two core sets (the big cores, and every core: ork's pool, chunks taken as workers finish),
 //! and the split with the NPU holding the whole pack (its prefill on the NPU) or only the dense
-//! weights (its prefill on the CPU; a MoE's experts never on the NPU). Every pairing is
+//! weights (its prefill on the CPU; a MoE's experts never on the NPU), and a prefill split by
+//! rows ([`crate::split::split_prefill`]) before the NPU, the CPU or a split. Every pairing is
 //! projected, and the fastest chosen by one stated rule ([`RULE`]). Every figure is a
 //! projection (`docs/board-model.md`).
 
@@ -17,8 +18,9 @@ pub enum Engine {
     Npu,
     /// The CPU, the GGUF's blocks at their own bits ([`crate::cpu`]).
     Cpu,
-    /// Decode only: each dense matmul's rows shared by the NPU (int8) and the CPU (the file's
-    /// bits) at once, each weight at its own share ([`crate::split::split_shares`]).
+    /// Each dense matmul's rows shared by the NPU (int8) and the CPU (the file's bits) at once,
+    /// each weight at its own share: decode ([`crate::split::split_shares`]) or prefill
+    /// ([`crate::split::split_prefill`]).
     Split,
 }
 
@@ -70,6 +72,12 @@ pub struct CpuInputs {
     /// The row split's decode tokens per second, the NPU holding only the dense weights
     /// resident (`None` likewise).
     pub dense_split_decode_tok_s: Option<f64>,
+    /// The row split's prefill TTFT ([`crate::split::split_prefill`]), the NPU holding the
+    /// whole pack resident (`None` as for `split_decode_tok_s`): split/npu's prefill.
+    pub split_prefill_ttft_s: Option<f64>,
+    /// The row split's prefill TTFT, the NPU holding only the dense weights resident (`None`
+    /// as for `dense_split_decode_tok_s`): split/cpu's and split/split's prefill.
+    pub dense_split_prefill_ttft_s: Option<f64>,
 }
 
 /// What each engine projects: the NPU, and the CPU on its big cores and on every core.
@@ -152,9 +160,10 @@ pub const RULE: &str = "least TTFT + (generated tokens - 1) / decode tok/s, the 
                         prompt and generated counts; ties to the earlier of npu/npu, then on the \
                         big cores and then on every core (ork's pool): npu/cpu, cpu/cpu, \
                         cpu/npu, npu/split (the NPU holding the whole pack), cpu/split (the NPU \
-                        holding only the dense weights: a MoE's experts stay on the CPU) (split: \
-                        each dense decode matmul's rows shared by the NPU and the CPU, each \
-                        weight at the share the clock projects best for it)";
+                        holding only the dense weights: a MoE's experts stay on the CPU), \
+                        split/npu (the whole pack), split/cpu, split/split (the dense weights) \
+                        (split: each dense matmul's rows of that phase shared by the NPU and \
+                        the CPU, each weight at the share the clock projects best for it)";
 
 /// Every pairing `inputs` allows, and the fastest for a request that generates `gen` tokens
 /// (the first from the prefill); `None` when neither engine is projected.
@@ -174,6 +183,13 @@ pub fn choose(inputs: &EngineInputs, gen: usize) -> Option<Choice> {
     };
     let npu = inputs.npu;
     let rate = |p: Option<Phases>| p.map(|p| p.decode_tok_s);
+    // A split prefill's TTFT as phases (its decode is the other engine's).
+    let sp = |t: Option<f64>| {
+        t.map(|ttft_s| Phases {
+            ttft_s,
+            decode_tok_s: f64::NAN,
+        })
+    };
     let (pack, dense) = (Some(NpuHolds::Pack), Some(NpuHolds::Dense));
     use Engine::{Cpu, Npu, Split};
     let mut all = vec![pair((Npu, Npu), None, pack, npu, rate(npu))];
@@ -191,6 +207,29 @@ pub fn choose(inputs: &EngineInputs, gen: usize) -> Option<Choice> {
                 cores,
                 dense,
                 c.beside_dense,
+                c.dense_split_decode_tok_s,
+            ),
+            // A split prefill: the NPU decodes from the whole pack after it; the CPU or a split
+            // decode needs only the dense weights on the NPU.
+            pair(
+                (Split, Npu),
+                cores,
+                pack,
+                sp(c.split_prefill_ttft_s),
+                rate(npu),
+            ),
+            pair(
+                (Split, Cpu),
+                cores,
+                dense,
+                sp(c.dense_split_prefill_ttft_s),
+                rate(c.beside_dense),
+            ),
+            pair(
+                (Split, Split),
+                cores,
+                dense,
+                sp(c.dense_split_prefill_ttft_s),
                 c.dense_split_decode_tok_s,
             ),
         ]);
@@ -225,7 +264,11 @@ mod tests {
     /// The CPU's inputs on one core set: TTFT `tc`, decode `dc` alone, `beside` beside the
     /// pack's buffers, the splits as gains over that (`None`: not weighed).
     fn cpu(tc: f64, dc: f64, beside: f64, split: Option<f64>, dense: Option<f64>) -> CpuInputs {
+        // The split prefill: as fast as the NPU's pack split beside it, a gain with the dense
+        // weights alone (`None` where its decode split is not weighed).
         CpuInputs {
+            split_prefill_ttft_s: split.map(|_| tc),
+            dense_split_prefill_ttft_s: dense.map(|g| tc / g),
             alone: phases(tc, dc),
             beside_npu: phases(tc, beside),
             split_decode_tok_s: split.map(|g| g * beside),
@@ -287,8 +330,8 @@ mod tests {
     fn check(inputs: &EngineInputs, (dn, dc, starve): (f64, f64, f64), all: Option<(f64, f64)>) {
         let c = choose(inputs, 64).unwrap();
         let per_set = |ci: &CpuInputs| {
-            3 + usize::from(ci.split_decode_tok_s.is_some())
-                + usize::from(ci.dense_split_decode_tok_s.is_some())
+            3 + 2 * usize::from(ci.split_decode_tok_s.is_some())
+                + 3 * usize::from(ci.dense_split_decode_tok_s.is_some())
         };
         assert_eq!(
             c.alternatives.len(),
@@ -298,7 +341,7 @@ mod tests {
         let alone: Vec<&Pairing> = c
             .alternatives
             .iter()
-            .filter(|p| p.prefill == p.decode)
+            .filter(|p| p.prefill == p.decode && p.prefill != Engine::Split)
             .collect();
         assert_eq!(alone.len(), 2 + usize::from(all.is_some()));
         assert!(alone.iter().all(|a| chosen.total_s <= a.total_s), "{c:?}");
@@ -323,11 +366,15 @@ mod tests {
             let on_npu = p.prefill != Engine::Cpu || p.decode != Engine::Cpu;
             assert_eq!(p.cores.is_some(), on_cpu, "{p:?}");
             assert_eq!(p.npu_holds.is_some(), on_npu, "{p:?}");
-            let dense_only = p.prefill == Engine::Cpu && p.decode == Engine::Split;
+            let dense_only = (p.prefill == Engine::Cpu && p.decode == Engine::Split)
+                || (p.prefill == Engine::Split && p.decode != Engine::Npu);
             assert_eq!(p.npu_holds == Some(NpuHolds::Dense), dense_only, "{p:?}");
         }
         assert!(chosen.decode_tok_s >= dn.min(dc), "{c:?}");
-        if starve == 1.0 {
+        // A split prefill beside the dense weights alone may trade decode for TTFT where the
+        // NPU cannot decode after it (its pack not resident): not this bound, only the least
+        // total above.
+        if starve == 1.0 && chosen.prefill != Engine::Split {
             let fastest_cpu = dc * all.map_or(1.0, |(_, r)| r.max(1.0));
             assert!(
                 chosen.decode_tok_s >= dn.max(fastest_cpu) * (1.0 - 1e-12),
@@ -348,6 +395,8 @@ mod tests {
             split_decode_tok_s: None,
             beside_dense: phases(16.9, 10.0),
             dense_split_decode_tok_s: Some(11.0),
+            split_prefill_ttft_s: None,
+            dense_split_prefill_ttft_s: None,
         };
         let all = CpuInputs {
             alone: phases(12.4, 11.7),
@@ -355,6 +404,8 @@ mod tests {
             split_decode_tok_s: None,
             beside_dense: phases(12.4, 11.6),
             dense_split_decode_tok_s: Some(12.9),
+            split_prefill_ttft_s: None,
+            dense_split_prefill_ttft_s: None,
         };
         let c = choose(
             &EngineInputs {

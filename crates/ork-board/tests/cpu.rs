@@ -11,7 +11,7 @@ use ork_board::cpu_fit::{
 };
 use ork_board::engines::{choose, Cores, CpuInputs, Engine, EngineInputs, NpuHolds, Phases};
 use ork_board::options::dense_int8_bytes;
-use ork_board::split::{cpu_read_bw_beside, split_decode};
+use ork_board::split::{cpu_read_bw_beside, split_decode, split_prefill};
 use ork_board::Board;
 
 #[test]
@@ -230,6 +230,10 @@ fn the_chosen_pairing_is_never_slower_than_either_engine_alone() {
                 beside_dense: at(project(&shape, &b, &dense, 128, 64)),
                 dense_split_decode_tok_s: split_decode(&shape, &b, &dense, 160)
                     .map(|s| s.decode_tok_s),
+                split_prefill_ttft_s: split_prefill(&shape, &b, &starved, 128, 128)
+                    .map(|s| s.1.ttft_s),
+                dense_split_prefill_ttft_s: split_prefill(&shape, &b, &dense, 128, 128)
+                    .map(|s| s.1.ttft_s),
             }
         };
         let big = inputs_on(b.cpu.big.0 as usize);
@@ -280,11 +284,25 @@ fn the_chosen_pairing_is_never_slower_than_either_engine_alone() {
         let count = |holds| {
             c.alternatives
                 .iter()
-                .filter(|p| p.decode == Engine::Split && p.npu_holds == Some(holds))
+                .filter(|p| p.decode == Engine::Split && p.prefill != Engine::Split)
+                .filter(|p| p.npu_holds == Some(holds))
                 .count()
         };
         assert_eq!(count(NpuHolds::Pack), npu_splits, "{c:?}");
         assert_eq!(count(NpuHolds::Dense), dense_splits, "{c:?}");
+        // The prefill splits: split/npu (the pack), split/cpu and split/split (the dense
+        // weights).
+        let prefill_splits = if npu.is_some() {
+            splits(|c| c.split_prefill_ttft_s)
+        } else {
+            0
+        } + 2 * splits(|c| c.dense_split_prefill_ttft_s);
+        let prefill_split = |p: &&ork_board::engines::Pairing| p.prefill == Engine::Split;
+        assert_eq!(
+            c.alternatives.iter().filter(prefill_split).count(),
+            prefill_splits,
+            "{c:?}"
+        );
         if all.is_some() {
             assert!(c.alternatives.iter().any(|p| p.cores == Some(Cores::All)));
         }

@@ -304,7 +304,8 @@ pub fn plan_on_board(
             prefill: phase(chosen.prefill),
             decode: phase(chosen.decode),
         });
-        config.split_rows = chosen.split.as_ref().map(ShareSource::rows);
+        config.split_rows = chosen.splits.decode.as_ref().map(ShareSource::rows);
+        config.prefill_split_rows = chosen.splits.prefill.as_ref().map(ShareSource::rows);
         chosen.apply(config, (args.cpus.is_some(), args.threads.is_some()));
     }
     Ok((projected, chosen))
@@ -322,8 +323,9 @@ pub struct Chosen {
     pub by: String,
     /// The chosen pairing as projected.
     pub pairing: Option<Pairing>,
-    /// With the split chosen: its shares per weight, as the projection that chose it made them.
-    pub split: Option<ShareSource>,
+    /// With a split chosen (decode, prefill or both): its shares per weight, as the projection
+    /// that chose it made them.
+    pub splits: crate::cmd_split::Splits,
     /// The CPU's cores the projection chose (`None`: no phase on the CPU, or not chosen by a
     /// projection).
     pub cores: Option<Cores>,
@@ -345,7 +347,7 @@ impl Chosen {
             decode,
             by: if auto { NO_BOARD } else { COMMAND_LINE }.to_owned(),
             pairing: None,
-            split: None,
+            splits: Default::default(),
             cores: None,
             npu_holds: None,
             cores_by: None,
@@ -367,21 +369,25 @@ impl Chosen {
             Side::Split => DeviceArg::Split,
         };
         let chosen = e.choice.engines;
-        let split = e.split_shares.as_ref().filter(|s| {
-            chosen.decode == Side::Split
-                && (Some(s.cores), Some(s.npu_holds)) == (chosen.cores, chosen.npu_holds)
-        });
+        let on = |cores, holds| (Some(cores), Some(holds)) == (chosen.cores, chosen.npu_holds);
+        let split = e
+            .split_shares
+            .as_ref()
+            .filter(|s| chosen.decode == Side::Split && on(s.cores, s.npu_holds));
+        let prefill_split = e
+            .prefill_split
+            .as_ref()
+            .filter(|s| chosen.prefill == Side::Split && on(s.cores, s.npu_holds));
+        let from = format!("--device auto's projection for {board} (projected)");
         Chosen {
             prefill: arg(chosen.prefill),
             decode: arg(chosen.decode),
             by: format!("projection {board}"),
             pairing: e.choice.chosen().copied(),
-            split: split.map(|s| {
-                ShareSource::board(
-                    &s.split,
-                    format!("--device auto's projection for {board} (projected)"),
-                )
-            }),
+            splits: crate::cmd_split::Splits {
+                prefill: prefill_split.map(|s| ShareSource::board_prefill(&s.split, from.clone())),
+                decode: split.map(|s| ShareSource::board(&s.split, from)),
+            },
             cores: chosen.cores,
             npu_holds: chosen.npu_holds,
             cores_by: None,

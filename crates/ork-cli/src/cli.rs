@@ -87,11 +87,12 @@ pub enum DeviceArg {
     /// file's own bits (no .orkpack, no weight cache; docs/cpu.md). --threads and --cpus choose
     /// its workers.
     Cpu,
-    /// Decode only (`--decode-device split`): each decode matmul's rows split between the
-    /// device (`--prefill-device` when it names one, else `--device` when it names one, else
-    /// `auto`: an NPU if one is found, else the emulator) and the CPU engine, both at once;
-    /// `--split-rows` gives the device's share, one for all weights or `auto` (each weight's
-    /// from the board clock; docs/architecture.md, "Engines per phase").
+    /// `--decode-device split`, `--prefill-device split` (both: `--device split`): each of that
+    /// phase's matmuls' rows split between the device (the other phase's when it names one,
+    /// else `--device` when it names one, else `auto`: an NPU if one is found, else the
+    /// emulator) and the CPU engine, both at once; `--split-rows` gives the device's share, one
+    /// for all weights or `auto` (each weight's from the board clock, per phase;
+    /// docs/architecture.md, "Engines per phase").
     Split,
 }
 
@@ -316,11 +317,12 @@ pub struct ModelOpts {
     /// batched steps too). Default: --device.
     #[arg(long, value_enum)]
     pub decode_device: Option<DeviceArg>,
-    /// With --decode-device split: the device's share of each dense weight's rows, strictly
-    /// between 0 and 1, the same for every weight (rounded to the device's 32-row tiles per
-    /// weight); or `auto` (the default): each weight its own share, the one the board clock
-    /// projects best for its type and size, on the board --project (run), --board, or this
-    /// board (an rknpu driver) names; refused without a board (docs/board-model.md).
+    /// With --decode-device split or --prefill-device split: the device's share of each dense
+    /// weight's rows, strictly between 0 and 1, the same for every weight and phase (rounded to
+    /// the device's 32-row tiles per weight); or `auto` (the default): each weight its own
+    /// share per phase, the one the board clock projects best for its type and size, on the
+    /// board --project (run), --board, or this board (an rknpu driver) names; refused without a
+    /// board (docs/board-model.md).
     #[arg(long, value_name = "FRACTION|auto", value_parser = crate::cmd_split::parse_split_rows)]
     pub split_rows: Option<crate::cmd_split::SplitArg>,
     /// IOMMU domains to use (1..=16). Default: on a board (--board, or an rknpu driver here),
@@ -784,11 +786,12 @@ pub struct PlanArgs {
     #[arg(long, value_enum)]
     pub prefill_device: Option<DeviceArg>,
     /// Engines per phase: the decode's engine (default: --device); `split` shares each decode
-    /// matmul's rows between the device and the CPU engine.
+    /// matmul's rows between the device and the CPU engine (`split` for --prefill-device: each
+    /// prefill matmul's).
     #[arg(long, value_enum)]
     pub decode_device: Option<DeviceArg>,
-    /// With --decode-device split: the device's share of every dense weight's rows, or `auto`
-    /// (the default): each weight's own, as the board clock projects best on the board
+    /// With a split phase: the device's share of every dense weight's rows, or `auto` (the
+    /// default): each weight's own per phase, as the board clock projects best on the board
     /// --project or --board names (refused without one).
     #[arg(long, value_name = "FRACTION|auto", value_parser = crate::cmd_split::parse_split_rows)]
     pub split_rows: Option<crate::cmd_split::SplitArg>,

@@ -9,7 +9,9 @@ use ork_board::cpu::{project, CpuBoard, CpuPlan, CpuShape, CpuWeight, Kernels};
 use ork_board::engines::{
     choose, Choice, Cores, CpuInputs, Engine, EngineInputs, NpuHolds, Phases,
 };
-use ork_board::split::{cpu_read_bw_beside, split_decode, split_shares, SplitDecode};
+use ork_board::split::{
+    cpu_read_bw_beside, split_decode, split_prefill, split_shares, SplitDecode, SplitPrefill,
+};
 use ork_board::Projection;
 use ork_residency::{Mode, Plan as Placement};
 
@@ -127,14 +129,60 @@ pub fn board_split_on(
     let plan = cpu_plan_on(b, b.ram_bytes - b.reserved_bytes - npu_bytes, cores);
     let decode = split_decode(shape, b, &plan, context)?;
     let per_shape = split_shares(shape, b, &plan, context)?;
+    let (shares, by_shape) = per_weight(manifest, shape, &per_shape);
+    Some(BoardSplit {
+        decode,
+        shares,
+        by_shape,
+    })
+}
+
+/// The row-split prefill the board clock projects, each weight at its own best share.
+#[derive(Clone, Debug)]
+pub struct BoardPrefillSplit {
+    /// The projection.
+    pub prefill: SplitPrefill,
+    /// Each weight's NPU share of its rows, by manifest weight index (expert slices 0).
+    pub shares: Vec<f64>,
+    /// The shares by kind of dense weight, in execution order.
+    pub by_shape: Vec<ShapeShare>,
+}
+
+/// The row-split prefill on `b` of the model whose CPU shape is `shape` (of `manifest`), the
+/// NPU's buffers holding `npu_bytes` of the RAM, the CPU's share on `cores`, a prompt of
+/// `prompt` tokens in one pass (as `ork run` prefills). `None` without an NPU.
+pub fn board_prefill_split(
+    manifest: &ork_manifest::Manifest,
+    shape: &CpuShape,
+    b: &CpuBoard,
+    (npu_bytes, cores): (f64, Cores),
+    prompt: usize,
+) -> Option<BoardPrefillSplit> {
+    let plan = cpu_plan_on(b, b.ram_bytes - b.reserved_bytes - npu_bytes, cores);
+    let (per_shape, prefill) = split_prefill(shape, b, &plan, prompt, prompt)?;
+    let (shares, by_shape) = per_weight(manifest, shape, &per_shape);
+    Some(BoardPrefillSplit {
+        prefill,
+        shares,
+        by_shape,
+    })
+}
+
+/// The shares `per_shape` (in `shape`'s weight order) by manifest weight index, and by kind of
+/// dense weight.
+fn per_weight(
+    manifest: &ork_manifest::Manifest,
+    shape: &CpuShape,
+    per_shape: &[f64],
+) -> (Vec<f64>, Vec<ShapeShare>) {
     let mut shares = vec![0.0; manifest.weights().len()];
-    for (w, &f) in shape_order(manifest).zip(&per_shape) {
+    for (w, &f) in shape_order(manifest).zip(per_shape) {
         if let Some(slot) = shares.get_mut(w.id.index()) {
             *slot = f;
         }
     }
     let mut by_shape: Vec<ShapeShare> = Vec::new();
-    for (w, &share) in shape.weights.iter().zip(&per_shape) {
+    for (w, &share) in shape.weights.iter().zip(per_shape) {
         if w.experts > 1 {
             continue;
         }
@@ -153,11 +201,7 @@ pub fn board_split_on(
             }),
         }
     }
-    Some(BoardSplit {
-        decode,
-        shares,
-        by_shape,
-    })
+    (shares, by_shape)
 }
 
 /// The CPU engine's phases on `b` with `cache_bytes` of page cache on `cores`, ork's kernels
@@ -204,9 +248,24 @@ pub struct PairedSplit {
     pub split: BoardSplit,
 }
 
+/// A prefill row split projected for one pairing: the CPU's cores and what the NPU holds.
+#[derive(Clone, Debug)]
+pub struct PairedPrefillSplit {
+    /// The CPU's cores.
+    pub cores: Cores,
+    /// What the NPU's buffers hold.
+    pub npu_holds: NpuHolds,
+    /// The split.
+    pub split: BoardPrefillSplit,
+}
+
 /// What [`engines`] projected: the choice, the CPU's shape of the model, and every row split
-/// weighed (each weight's share, by manifest weight index).
-type Projected = (Choice, CpuShape, Vec<PairedSplit>);
+/// weighed, decode and prefill (each weight's share, by manifest weight index).
+type Projected = (
+    Choice,
+    CpuShape,
+    (Vec<PairedSplit>, Vec<PairedPrefillSplit>),
+);
 
 /// The RAM the NPU's buffers hold, bytes: the pack as planned (`None`: no NPU projection), and
 /// the dense weights alone when they are resident (`None`: they are not, or no NPU).
@@ -237,8 +296,22 @@ pub fn engines(
     let cache = b.ram_bytes - b.reserved_bytes;
     let context = prompt + gen / 2;
     let pack = bytes.pack.filter(|_| npu.is_some());
-    let mut splits = Vec::new();
+    let (mut splits, mut prefills) = (Vec::new(), Vec::new());
     let mut on = |cores: Cores| {
+        let mut prefill = |(npu_bytes, holds): (f64, NpuHolds)| {
+            let s = board_prefill_split(manifest, &shape, b, (npu_bytes, cores), prompt)?;
+            let ttft = s.prefill.ttft_s;
+            prefills.push(PairedPrefillSplit {
+                cores,
+                npu_holds: holds,
+                split: s,
+            });
+            Some(ttft)
+        };
+        let split_prefill_ttft_s = pack
+            .filter(|&(_, resident)| resident)
+            .and_then(|(n, _)| prefill((n, NpuHolds::Pack)));
+        let dense_split_prefill_ttft_s = bytes.dense.and_then(|n| prefill((n, NpuHolds::Dense)));
         let phases =
             |npu_bytes: f64| cpu_phases(&shape, b, (cache - npu_bytes, cores), prompt, gen);
         let mut split = |(npu_bytes, holds): (f64, NpuHolds)| {
@@ -260,6 +333,8 @@ pub fn engines(
                 .and_then(|(n, _)| split((n, NpuHolds::Pack))),
             beside_dense: bytes.dense.map(phases),
             dense_split_decode_tok_s: bytes.dense.and_then(|n| split((n, NpuHolds::Dense))),
+            split_prefill_ttft_s,
+            dense_split_prefill_ttft_s,
         }
     };
     let big = on(Cores::Big);
@@ -281,7 +356,7 @@ pub fn engines(
             b.name
         )
     })?;
-    Ok((choice, shape, splits))
+    Ok((choice, shape, (splits, prefills)))
 }
 
 /// What `ork plan --project` reports of the engines: the pairings and the choice, the CPU's
@@ -299,6 +374,9 @@ pub struct PlanEngines {
     /// That split with each weight's share of its rows for the NPU (what `--split-rows auto`
     /// runs when `--device auto` chooses the split), its cores and what the NPU holds.
     pub split_shares: Option<PairedSplit>,
+    /// The prefill split: the chosen pairing's when it splits its prefill, else the fastest
+    /// projected, with each weight's share (what `--split-rows auto` runs for the prefill).
+    pub prefill_split: Option<PairedPrefillSplit>,
     /// The CPU's decode tok/s while the NPU prefills another request on the same bus (`serve`'s
     /// overlap): its read rate is what the NPU's prefill reads leave (`None` without an NPU).
     pub cpu_decode_beside_prefill: Option<f64>,
@@ -339,8 +417,24 @@ pub fn for_plan(
         dense: (npu.is_some() && dense.mode == Mode::Resident && dense.runnable)
             .then_some(dense.model_bytes as f64),
     };
-    let (choice, shape, splits) = engines(path, manifest, cb, (npu, bytes), prompt, gen)?;
+    let (choice, shape, (splits, prefills)) =
+        engines(path, manifest, cb, (npu, bytes), prompt, gen)?;
     let chosen = choice.engines;
+    let prefill_split = prefills
+        .iter()
+        .find(|s| {
+            chosen.prefill == Engine::Split
+                && (Some(s.cores), Some(s.npu_holds)) == (chosen.cores, chosen.npu_holds)
+        })
+        .or_else(|| {
+            prefills
+                .iter()
+                .fold(None, |best: Option<&PairedPrefillSplit>, s| match best {
+                    Some(b) if b.split.prefill.ttft_s <= s.split.prefill.ttft_s => Some(b),
+                    _ => Some(s),
+                })
+        })
+        .cloned();
     let split_shares = splits
         .iter()
         .find(|s| {
@@ -373,6 +467,7 @@ pub fn for_plan(
         shape,
         split,
         split_shares,
+        prefill_split,
         cpu_decode_beside_prefill,
         options,
     }))
@@ -401,6 +496,7 @@ pub fn add_json(projected: &mut serde_json::Value, e: &PlanEngines, b: &CpuBoard
     {
         obj.extend(add);
         obj.insert("split_decode".into(), split_json(e));
+        obj.insert("split_prefill".into(), split_prefill_json(e));
         obj.insert(
             "options".into(),
             serde_json::to_value(&e.options).unwrap_or_default(),
@@ -434,6 +530,36 @@ fn split_json(e: &PlanEngines) -> serde_json::Value {
         "gain": s.decode_tok_s / best,
         "npu_row_share": s.npu_row_share,
         "bus_bound_share": s.bus_bound_share,
+        "cores": on.cores,
+        "npu_holds": on.npu_holds,
+    })
+}
+
+/// `projected.split_prefill`: the row split's prefill beside each engine's alone, or null.
+fn split_prefill_json(e: &PlanEngines) -> serde_json::Value {
+    let Some(on) = &e.prefill_split else {
+        return serde_json::Value::Null;
+    };
+    let alone = |p: Engine| {
+        e.choice
+            .alternatives
+            .iter()
+            .filter(|a| a.prefill == p)
+            .map(|a| a.ttft_s)
+            .fold(f64::INFINITY, f64::min)
+    };
+    let best = alone(Engine::Npu).min(alone(Engine::Cpu));
+    let p = &on.split.prefill;
+    serde_json::json!({
+        "label": "projected",
+        "built": true,
+        "ttft_s": p.ttft_s,
+        "best_single_engine_ttft_s": best,
+        "gain": best / p.ttft_s,
+        "model_npu_ttft_s": p.npu_ttft_s,
+        "model_cpu_ttft_s": p.cpu_ttft_s,
+        "npu_row_share": p.npu_row_share,
+        "bus_bound_share": p.bus_bound_share,
         "cores": on.cores,
         "npu_holds": on.npu_holds,
     })

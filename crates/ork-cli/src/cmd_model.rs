@@ -237,7 +237,7 @@ impl RunStats {
                 .unwrap_or_default();
         };
         let mut line = self.base_line(mode);
-        if self.engines.mixed() {
+        if self.engines.per_phase() {
             line.push_str(&format!(" | {}", self.device));
         }
         if let Some(s) = &self.speculative {
@@ -304,7 +304,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     // A split's device work is half of its decode: the clock replays no split (`--project`
     // gives its shares instead).
     let any_cpu = [prefill_device, decode_device].contains(&crate::cli::DeviceArg::Cpu)
-        && decode_device != crate::cli::DeviceArg::Split;
+        && ![prefill_device, decode_device].contains(&crate::cli::DeviceArg::Split);
     if args.project.project.is_some() && any_cpu {
         bail!(
             "--project replays the run's device work on a board's NPU; a phase on --device cpu has none (docs/cpu.md; `ork plan --project BOARD` projects every pairing)"
@@ -332,8 +332,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     if !args.json {
         crate::auto::say(&chosen, &engine);
         crate::open_model::say_engines(&engine);
-        if let Some(s) = &split {
-            eprintln!("[ork] {}", crate::cmd_split::line(s));
+        for l in split.lines() {
+            eprintln!("[ork] {l}");
         }
     }
     let recorder = crate::cmd_project::record(&engine, &board);
@@ -362,7 +362,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         gen.tokens.len().max(gen.decode_steps + 1),
     )?;
     let pack = engine.pack_path().map(|p| p.display().to_string());
-    let split = crate::cmd_split::report(&engine, split);
+    let (prefill_split, split) = crate::cmd_split::report(&engine, split);
     drop(session);
     if let (Some(path), Some(t)) = (&args.model.trace, engine.close()) {
         t.write(path, &inputs)
@@ -377,6 +377,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         engines_chosen_by: &chosen.by,
         cpu_cores: chosen.cores_by.as_deref(),
         decode_split: split,
+        prefill_split,
     };
     print_run(&out, args.json, &g.tail)?;
     Ok(ExitCode::SUCCESS)
@@ -398,6 +399,8 @@ struct RunOut<'a> {
     cpu_cores: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     decode_split: Option<crate::cmd_split::SplitReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prefill_split: Option<crate::cmd_split::SplitReport>,
 }
 
 /// Print `out`: one JSON object, or the text's unprinted `tail` on stdout and the figures on
@@ -413,7 +416,10 @@ fn print_run(out: &RunOut<'_>, json: bool, tail: &str) -> Result<()> {
     if let Some(p) = &out.projected {
         eprintln!("{}", p.line());
     }
-    if let Some(r) = &out.decode_split {
+    for r in [&out.prefill_split, &out.decode_split]
+        .into_iter()
+        .flatten()
+    {
         eprintln!("{}", r.line());
     }
     Ok(())
@@ -550,9 +556,34 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<ExitCode> {
     }
     let text = crate::input::read_text(&args.file, "--file")?;
     let mut opts = args.model.clone();
-    opts.device = crate::open_model::phase_devices(&opts).0;
+    let prefill = crate::open_model::phase_devices(&opts).0;
+    opts.device = prefill;
     opts.prefill_device = None;
-    let engine = open_engine(engine_config(&opts, false)?, args.json)?;
+    let split_board = opts.board.take();
+    if prefill == crate::cli::DeviceArg::Split {
+        // The prefill splits with `auto`'s device; no decode step runs on it.
+        opts.device = crate::cli::DeviceArg::Auto;
+        opts.prefill_device = Some(prefill);
+    } else if split_board.is_some() {
+        bail!(
+            "--board gives perplexity's --prefill-device split its shares; this run does not \
+             split: name its engine with --device"
+        );
+    }
+    let mut config = engine_config(&opts, false)?;
+    opts.board = split_board;
+    let split = crate::cmd_split::resolve_for(
+        &mut config,
+        &opts,
+        None,
+        &crate::auto::Chosen::given((prefill, prefill)),
+    )?;
+    let engine = open_engine(config, args.json)?;
+    if !args.json {
+        for l in split.lines() {
+            eprintln!("[ork] {l}");
+        }
+    }
     let tokenizer = engine.tokenizer();
     let mut tokens = tokenizer.encode(&text, true, false)?;
     if let Some(chunks) = args.chunks {
@@ -796,10 +827,8 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     };
     // A split the command line names: its shares now (the load checks them); one `--device
     // auto` chooses: after the choice.
-    let mut split = None;
-    if config.engines().decode == ork_runtime::PhaseEngine::Split {
-        split = crate::cmd_split::resolve(&mut config, args.split_rows, &boards, None)?;
-    }
+    let none = crate::cmd_split::Splits::default();
+    let mut split = crate::cmd_split::resolve(&mut config, args.split_rows, &boards, &none)?;
     // The validation `run` and `convert` make (model, tokenizer, manifest, every chip rule for
     // every weight): a plan never says yes to a model they refuse.
     let loaded = ork_runtime::Engine::load(config.clone())?;
@@ -826,12 +855,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
     )?;
     if split.is_none() {
         // `--device auto` chose the split: its shares.
-        split = crate::cmd_split::resolve(
-            &mut config,
-            args.split_rows,
-            &boards,
-            chosen.split.as_ref(),
-        )?;
+        split = crate::cmd_split::resolve(&mut config, args.split_rows, &boards, &chosen.splits)?;
     }
     let ram = board.map(|b| b.ram_bytes as u64);
     // A dense-only split's device holds the dense weights alone.
@@ -852,7 +876,7 @@ pub fn plan(args: &PlanArgs) -> Result<ExitCode> {
         window,
         projected: projected.as_ref(),
         chosen: &chosen,
-        split: split.as_ref(),
+        split: &split,
         engines: engines.as_ref(),
         cpu_board,
     };
@@ -886,8 +910,8 @@ struct PlanView<'a> {
     per_prefill_tok: f64,
     /// What chose the engines (`--device auto`'s projection, the command line, …).
     chosen: &'a crate::auto::Chosen,
-    /// The decode row split, when one is asked for.
-    split: Option<&'a crate::cmd_split::ShareSource>,
+    /// The row splits, when asked for.
+    split: &'a crate::cmd_split::Splits,
 }
 
 /// `ork plan --json`: the placement with the plan's figures beside it.
@@ -899,7 +923,8 @@ fn print_plan_json(view: &PlanView<'_>) -> Result<()> {
     v["device_weights"] = serde_json::to_value(view.config.device_weights)?;
     v["cpu_cores"] = view.chosen.cores_by.clone().into();
     v["npu_weights"] = serde_json::to_value(&view.weight_source)?;
-    v["decode_split"] = serde_json::to_value(view.split)?;
+    v["decode_split"] = serde_json::to_value(&view.split.decode)?;
+    v["prefill_split"] = serde_json::to_value(&view.split.prefill)?;
     v["budget_bytes"] = view.budget.into();
     v["prefill_tokens"] = view.args.prefill_tokens.into();
     v["streamed_bytes_per_prefill_token"] = view.per_prefill_tok.into();
@@ -969,8 +994,8 @@ fn print_plan_text(view: &PlanView<'_>) {
         "{}",
         crate::open_model::weight_source_line(view.config, &view.weight_source)
     );
-    if let Some(s) = view.split {
-        println!("{}", crate::cmd_split::line(s));
+    for l in view.split.lines() {
+        println!("{l}");
     }
     if !p.runnable {
         print_not_runnable(view);

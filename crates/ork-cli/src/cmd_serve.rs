@@ -19,8 +19,8 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
     let engine = open_engine(config, false)?;
     crate::auto::say(&chosen, &engine);
     crate::open_model::say_engines(&engine);
-    if let Some(s) = &split {
-        eprintln!("[ork] {}", crate::cmd_split::line(s));
+    for l in split.lines() {
+        eprintln!("[ork] {l}");
     }
     let config = ork_server::ServeConfig {
         host: args.host.clone(),

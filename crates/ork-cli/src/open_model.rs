@@ -31,8 +31,7 @@ pub(crate) fn phase_devices(opts: &ModelOpts) -> (DeviceArg, DeviceArg) {
 /// emulator).
 ///
 /// # Errors
-/// Two different devices (a run opens one device; the other phase may be `cpu`); a prefill
-/// split.
+/// Two different devices (a run opens one device; the other phase may be `cpu`).
 pub(crate) fn phase_plan(
     (prefill, decode): (DeviceArg, DeviceArg),
     device: DeviceArg,
@@ -42,15 +41,14 @@ pub(crate) fn phase_plan(
         DeviceArg::Split => PhaseEngine::Split,
         _ => PhaseEngine::Device,
     };
-    crate::cmd_split::check_devices(prefill)?;
     let phases = PhaseEngines {
         prefill: engine(prefill),
         decode: engine(decode),
     };
     let named = |d: &DeviceArg| *d != DeviceArg::Cpu && *d != DeviceArg::Split;
     let mut devices: Vec<DeviceArg> = [prefill, decode].into_iter().filter(named).collect();
-    if devices.is_empty() && decode == DeviceArg::Split {
-        // `--prefill-device cpu --decode-device split`: the split's device is `--device`'s.
+    if devices.is_empty() && [prefill, decode].contains(&DeviceArg::Split) {
+        // A split beside `cpu` or another split: the split's device is `--device`'s.
         devices.push(Some(device).filter(named).unwrap_or(DeviceArg::Auto));
     }
     if let [a, b] = devices[..] {
@@ -63,7 +61,7 @@ pub(crate) fn phase_plan(
         }
     }
     let device = devices.first().and_then(|d| d.device_kind());
-    Ok((device, phases.mixed().then_some(phases)))
+    Ok((device, phases.per_phase().then_some(phases)))
 }
 
 /// A `--device` value as the command line spells it.
@@ -165,12 +163,11 @@ fn config_for(
         phases,
         ram_bytes: None,
         // `auto` is resolved against a board (`crate::cmd_split::resolve`).
-        split_rows: match opts.split_rows {
-            Some(crate::cmd_split::SplitArg::Share(f)) => Some(ork_runtime::SplitRows::All(f)),
-            _ => None,
-        },
+        split_rows: None,
+        prefill_split_rows: None,
         device_weights: ork_runtime::DeviceWeights::All,
     };
+    crate::cmd_split::fixed_shares(&mut config, opts.split_rows);
     if let Some(q) = opts.quant {
         config.set_quant(q);
     }
@@ -186,7 +183,10 @@ fn config_for(
 /// saying where CPU figures come from instead.
 pub(crate) fn refuse_cpu(opts: &ModelOpts, what: &str) -> Result<()> {
     let (prefill, decode) = phase_devices(opts);
-    if [prefill, decode].contains(&DeviceArg::Cpu) || decode == DeviceArg::Split {
+    if [prefill, decode]
+        .iter()
+        .any(|d| [DeviceArg::Cpu, DeviceArg::Split].contains(d))
+    {
         anyhow::bail!(
             "{what} measures the device path (the .orkpack, the weight cache, streaming); \
              --device cpu has none of them: time the CPU engine with `ork run --device cpu` (its stats line)"
@@ -251,7 +251,7 @@ pub(crate) fn open_manifest(path: &Path) -> Result<Manifest> {
 /// the device's weights come from, and why (the same as `--json`'s `engines` and
 /// `npu_weights`).
 pub(crate) fn say_engines(engine: &Engine) {
-    if !engine.engines().mixed() {
+    if !engine.engines().per_phase() {
         return;
     }
     let mut line = format!("[ork] engines: {}", engine.compute_name());

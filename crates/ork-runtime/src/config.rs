@@ -110,6 +110,9 @@ pub struct EngineConfig {
     /// one for all (`--split-rows F`) or the board clock's per weight (`--split-rows auto`;
     /// [`crate::SplitLinear`]).
     pub split_rows: Option<crate::SplitRows>,
+    /// With a prefill [`PhaseEngine::Split`]: the same for the prefill's passes (the board
+    /// clock's per-weight shares differ by phase: `ork_board::split::split_prefill`).
+    pub prefill_split_rows: Option<crate::SplitRows>,
     /// Which weights the device holds ([`DeviceWeights::All`] unless a dense-only split asks).
     pub device_weights: DeviceWeights,
 }
@@ -141,6 +144,7 @@ impl EngineConfig {
             phases: None,
             ram_bytes: None,
             split_rows: None,
+            prefill_split_rows: None,
             device_weights: DeviceWeights::All,
         }
     }

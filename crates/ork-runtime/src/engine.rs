@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ork_cpu::{CpuPool, GgufLinear};
 use ork_device::{ActPrecision, Device};
-use ork_exec::{ChatTemplate, Linear, Model, Tokenizer};
+use ork_exec::{ChatTemplate, Linear, Model, Phase, Tokenizer};
 use ork_gguf::GgufFile;
 use ork_manifest::Manifest;
 use ork_residency::{CacheStats, DeviceBudget, Plan, Trace, WeightCache};
@@ -41,6 +41,8 @@ pub struct Engine {
     pub(crate) smoothing_origin: Option<SmoothingOrigin>,
     /// The decode row split, with `--decode-device split`.
     pub(crate) split: Option<Arc<crate::SplitLinear>>,
+    /// The prefill row split, with `--prefill-device split`.
+    pub(crate) prefill_split: Option<Arc<crate::SplitLinear>>,
 }
 
 /// What computes the matmuls.
@@ -247,7 +249,7 @@ impl LoadedModel {
         } else {
             None
         };
-        let mut split = None;
+        let (mut split, mut prefill_split) = (None, None);
         let (compute, linear, trace, draft) = match (on_device, cpu) {
             (Some(d), None) => {
                 let linear = Arc::clone(&d.parts.linear) as Arc<dyn Linear>;
@@ -260,16 +262,18 @@ impl LoadedModel {
             (Some(d), Some(cpu)) => {
                 let device = Arc::clone(&d.parts.linear) as Arc<dyn Linear>;
                 let host = Arc::clone(&cpu) as Arc<dyn Linear>;
-                split = crate::split::open_split(&config, &d.parts.linear, &cpu, &manifest)?;
-                let both = split.clone().map(|s| s as Arc<dyn Linear>);
-                let pick = |e: PhaseEngine| match (e, &both) {
+                let engines_of = (&d.parts.linear, &cpu);
+                split = crate::split::open_split(&config, Phase::Decode, engines_of, &manifest)?;
+                prefill_split =
+                    crate::split::open_split(&config, Phase::Prefill, engines_of, &manifest)?;
+                let pick = |e: PhaseEngine, s: &Option<Arc<crate::SplitLinear>>| match (e, s) {
                     (PhaseEngine::Device, _) => Arc::clone(&device),
                     (PhaseEngine::Cpu, _) | (PhaseEngine::Split, None) => Arc::clone(&host),
-                    (PhaseEngine::Split, Some(s)) => Arc::clone(s),
+                    (PhaseEngine::Split, Some(s)) => Arc::clone(s) as Arc<dyn Linear>,
                 };
                 let linear = Arc::new(PhaseLinear::new(
-                    pick(engines.prefill),
-                    pick(engines.decode),
+                    pick(engines.prefill, &prefill_split),
+                    pick(engines.decode, &split),
                 )) as Arc<dyn Linear>;
                 (Compute::Mixed(d.parts, cpu), linear, d.trace, d.draft)
             }
@@ -292,6 +296,7 @@ impl LoadedModel {
             draft,
             smoothing_origin: smoothing.map(|s| s.1),
             split,
+            prefill_split,
         })
     }
 }
@@ -428,15 +433,16 @@ fn device_weight_source(
 }
 
 /// A dense-only device ([`DeviceWeights::Dense`]) refused where it would have to compute a MoE's
-/// experts: a phase wholly on the device (only a decode split, whose experts stay on the CPU,
-/// can run without them).
+/// experts: a phase wholly on the device (only a split phase, decode or prefill, whose experts
+/// stay on the CPU, can run without them).
 fn check_device_weights(config: &EngineConfig, manifest: &Manifest) -> Result<(), RuntimeError> {
     let engines = config.engines();
     let on_device = [engines.prefill, engines.decode].contains(&PhaseEngine::Device);
     if config.device_weights == DeviceWeights::Dense && manifest.n_expert() > 0 && on_device {
         return Err(RuntimeError::Phases {
             what: "the device holds only the dense weights, but a phase runs wholly on it and \
-                   would compute the MoE's experts: pair a CPU prefill with a decode split"
+                   would compute the MoE's experts: pair the CPU and the row splits (a CPU or split \
+                   prefill, a CPU or split decode)"
                 .to_owned(),
         });
     }
@@ -552,20 +558,22 @@ impl Engine {
             Compute::Device(p) => p.device.info().name.to_string(),
             Compute::Cpu(_) => "cpu".to_owned(),
             Compute::Mixed(p, _) => {
-                let name = |e| match e {
+                let name = |e, rows: &Option<crate::SplitRows>| match e {
                     PhaseEngine::Device => p.device.info().name.to_string(),
                     PhaseEngine::Cpu => "cpu".to_owned(),
                     PhaseEngine::Split => format!(
                         "split ({} {}, cpu the rest)",
                         p.device.info().name,
-                        self.config
-                            .split_rows
-                            .as_ref()
+                        rows.as_ref()
                             .map_or_else(String::new, crate::SplitRows::describe)
                     ),
                 };
-                let e = self.engines();
-                format!("prefill {}, decode {}", name(e.prefill), name(e.decode))
+                let (e, c) = (self.engines(), &self.config);
+                format!(
+                    "prefill {}, decode {}",
+                    name(e.prefill, &c.prefill_split_rows),
+                    name(e.decode, &c.split_rows)
+                )
             }
         }
     }
@@ -672,6 +680,11 @@ impl Engine {
     /// The decode row split (`--decode-device split`), `None` without one.
     pub fn split_linear(&self) -> Option<&Arc<crate::SplitLinear>> {
         self.split.as_ref()
+    }
+
+    /// The prefill row split (`--prefill-device split`), `None` without one.
+    pub fn prefill_split_linear(&self) -> Option<&Arc<crate::SplitLinear>> {
+        self.prefill_split.as_ref()
     }
 
     /// Activation precision of the device matmuls.

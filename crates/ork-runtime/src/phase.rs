@@ -22,8 +22,8 @@ pub enum PhaseEngine {
     Device,
     /// The CPU engine, in place from the GGUF's map at the file's bits.
     Cpu,
-    /// Decode only: each matmul's rows split between the device and the CPU engine, both at
-    /// once ([`crate::SplitLinear`], `--decode-device split`).
+    /// Each matmul's rows split between the device and the CPU engine, both at once
+    /// ([`crate::SplitLinear`], `--decode-device split`, `--prefill-device split`).
     Split,
 }
 
@@ -55,6 +55,12 @@ impl PhaseEngines {
     /// Whether the two phases run on different engines.
     pub fn mixed(self) -> bool {
         self.prefill != self.decode
+    }
+
+    /// Whether the run needs its engines named per phase (a config's `phases`): the phases
+    /// differ, or a phase splits its rows between the two engines.
+    pub fn per_phase(self) -> bool {
+        self.mixed() || self.prefill == PhaseEngine::Split
     }
 
     /// Whether either phase runs on `engine`.
@@ -281,7 +287,7 @@ mod tests {
         c.cpu = engines
             .uses(PhaseEngine::Cpu)
             .then(ork_cpu::CpuOptions::default);
-        c.phases = engines.mixed().then_some(engines);
+        c.phases = engines.per_phase().then_some(engines);
         c
     }
 

@@ -1,13 +1,14 @@
-//! The decode row split (`--decode-device split`): each decode matmul's output rows cut in two,
-//! rows `0..r` computed by the device (its int8 … weights from the `.orkpack` and the weight
-//! cache) and rows `r..n` by the CPU engine (the GGUF's blocks at the file's bits), both at once,
-//! so that on a board both engines read DDR together. The board clock projects it
+//! The row split (`--decode-device split`, `--prefill-device split`): each matmul's output rows
+//! of that phase cut in two, rows `0..r` computed by the device (its int8 … weights from the
+//! `.orkpack` and the weight cache) and rows `r..n` by the CPU engine (the GGUF's blocks at the
+//! file's bits), both at once, so that on a board both engines read DDR (decode) or compute
+//! (prefill) together. Each phase has its own shares and its own [`SplitLinear`]. The board clock projects it
 //! (`ork_board::split`, `docs/board-model.md`); this is the code that projection describes.
 //!
 //! - `r` is the device's share of the rows ([`split_row`]), one share for every dense weight
 //!   ([`SplitRows::All`], `--split-rows F`) or one per weight ([`SplitRows::PerWeight`],
 //!   `--split-rows auto`: the board clock's best share for that weight's type and size,
-//!   `ork_board::split::split_shares`), on the device's N-tiles, so that
+//!   `ork_board::split::split_shares` for decode, `split_prefill` for prefill), on the device's N-tiles, so that
 //!   the device computes whole tiles of the resident weight in place
 //!   ([`ork_residency::DeviceMatmul::matmul_rows`]); `K` stays whole. A weight whose share
 //!   rounds to no tile stays on the CPU, one whose share rounds to all of it on the device.
@@ -38,7 +39,7 @@ pub fn split_row(n: usize, share: f64, tile: usize) -> usize {
     (tiles * tile).min(n)
 }
 
-/// The device's share of the dense weights' rows in a decode split.
+/// The device's share of the dense weights' rows in a row split.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SplitRows {
     /// One share for every dense weight, strictly between 0 and 1 (`--split-rows F`).
@@ -85,7 +86,7 @@ impl SplitRows {
             ),
             SplitRows::PerWeight(v) if !v.iter().any(|&f| f > 0.0) => Some(
                 "the per-weight shares give the device no rows: a split that is the CPU alone; \
-                 use --decode-device cpu"
+                 use cpu for that phase"
                     .to_owned(),
             ),
             _ => None,
@@ -108,7 +109,8 @@ pub struct SplitStats {
     pub cpu_rows: u64,
 }
 
-/// The decode engine of `--decode-device split` (see the module documentation).
+/// The engine of `--decode-device split` or `--prefill-device split` (see the module
+/// documentation).
 pub struct SplitLinear {
     device: Arc<EngineLinear>,
     cpu: Arc<GgufLinear>,
@@ -390,21 +392,20 @@ fn gather(
     }
 }
 
-/// The decode split of `config`, when its decode is [`PhaseEngine::Split`]: `device`'s and
-/// `cpu`'s matmuls, at the config's shares on the device dtype's N-tiles.
+/// The row split of `config`'s `phase`, when that phase's engine is [`PhaseEngine::Split`]:
+/// `device`'s and `cpu`'s matmuls, at the phase's shares on the device dtype's N-tiles.
 ///
 /// # Errors
 /// As [`SplitLinear::new`].
 pub(crate) fn open_split(
     config: &EngineConfig,
-    device: &Arc<EngineLinear>,
-    cpu: &Arc<GgufLinear>,
+    phase: ork_exec::Phase,
+    (device, cpu): (&Arc<EngineLinear>, &Arc<GgufLinear>),
     manifest: &Manifest,
 ) -> Result<Option<Arc<SplitLinear>>, RuntimeError> {
-    let Some(shares) = config
-        .split_rows
-        .clone()
-        .filter(|_| config.engines().decode == PhaseEngine::Split)
+    let Some(shares) = phase_rows(config, phase)
+        .cloned()
+        .filter(|_| config.engines().of(phase) == PhaseEngine::Split)
     else {
         return Ok(None);
     };
@@ -417,32 +418,37 @@ pub(crate) fn open_split(
     )?)))
 }
 
-/// A split the config cannot run, refused before anything is opened: a prefill split, a split
-/// without its shares or with one that cannot split, shares without a split.
+/// The shares `config` gives `phase`'s split.
+fn phase_rows(config: &EngineConfig, phase: ork_exec::Phase) -> Option<&SplitRows> {
+    match phase {
+        ork_exec::Phase::Prefill => config.prefill_split_rows.as_ref(),
+        ork_exec::Phase::Decode => config.split_rows.as_ref(),
+    }
+}
+
+/// A split the config cannot run, refused before anything is opened: a split phase without its
+/// shares or with shares that cannot split, shares for a phase that does not split.
 pub(crate) fn check_split(config: &EngineConfig) -> Result<(), RuntimeError> {
-    let e = config.engines();
-    let what = match (e.prefill, e.decode, config.split_rows.as_ref()) {
-        (PhaseEngine::Split, _, _) => {
-            "the row split is for decode steps (--decode-device split); prefill runs on one engine"
-                .to_owned()
-        }
-        (_, PhaseEngine::Split, None) => "--decode-device split needs the device's share of \
-                                          the rows: --split-rows FRACTION, or --split-rows auto \
-                                          with a board"
-            .to_owned(),
-        (_, PhaseEngine::Split, Some(s)) => match s.refusal() {
-            Some(why) => why,
-            None => return Ok(()),
-        },
-        (_, d, Some(s)) if d != PhaseEngine::Split => {
-            format!(
-                "--split-rows ({}) needs --decode-device split",
-                s.describe()
-            )
-        }
-        _ => return Ok(()),
-    };
-    Err(RuntimeError::Phases { what })
+    for (phase, flag) in [
+        (ork_exec::Phase::Prefill, "--prefill-device"),
+        (ork_exec::Phase::Decode, "--decode-device"),
+    ] {
+        let split = config.engines().of(phase) == PhaseEngine::Split;
+        let what = match (split, phase_rows(config, phase)) {
+            (true, None) => format!(
+                "{flag} split needs the device's share of the rows: --split-rows FRACTION, or \
+                 --split-rows auto with a board"
+            ),
+            (true, Some(s)) => match s.refusal() {
+                Some(why) => format!("{flag} split: {why}"),
+                None => continue,
+            },
+            (false, Some(s)) => format!("--split-rows ({}) needs {flag} split", s.describe()),
+            (false, None) => continue,
+        };
+        return Err(RuntimeError::Phases { what });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -472,7 +478,7 @@ mod tests {
     }
 
     #[test]
-    fn a_split_needs_a_share_in_the_open_unit_interval_and_decode_only() {
+    fn a_split_needs_a_share_in_the_open_unit_interval_for_its_phase() {
         let split = |prefill, share: Option<f64>| {
             let mut c = EngineConfig::new("m.gguf");
             c.cpu = Some(ork_cpu::CpuOptions::default());
@@ -515,10 +521,25 @@ mod tests {
         let mut c = EngineConfig::new("m.gguf");
         c.split_rows = Some(SplitRows::All(0.5));
         assert!(check_split(&c).is_err(), "a share without a split");
+        c.split_rows = None;
         c.phases = Some(crate::PhaseEngines {
             prefill: PhaseEngine::Split,
             decode: PhaseEngine::Cpu,
         });
-        assert!(check_split(&c).is_err(), "a prefill split");
+        assert!(
+            check_split(&c).is_err(),
+            "a prefill split without its shares"
+        );
+        c.prefill_split_rows = Some(SplitRows::All(0.5));
+        assert!(check_split(&c).is_ok(), "a prefill split");
+        c.split_rows = Some(SplitRows::All(0.5));
+        assert!(
+            check_split(&c).is_err(),
+            "decode shares without a decode split"
+        );
+        c.phases = Some(crate::PhaseEngines::one(PhaseEngine::Split));
+        assert!(check_split(&c).is_ok(), "both phases split");
+        c.prefill_split_rows = Some(SplitRows::All(1.0));
+        assert!(check_split(&c).is_err(), "a prefill share of 1");
     }
 }

@@ -53,45 +53,9 @@ fn greedy(session: &mut Session, prompt: &[u32]) -> Vec<Vec<f32>> {
     common::greedy_logits(session, prompt, DECODE)
 }
 
-/// `m × k` activations, deterministic and varied.
-fn acts(m: usize, k: usize, seed: u32) -> Vec<f32> {
-    (0..m * k)
-        .map(|i| {
-            (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2001) as f32 / 1000.0
-                - 1.0
-        })
-        .collect()
-}
-
-/// The split's rows of `ws` against each engine's own matmul of them, bit for bit.
+/// The decode split's rows of `ws` against each engine's own matmul of them, bit for bit.
 fn rows_are_each_engines(split: &Engine, ws: &[(WeightId, usize, usize)], m: usize, seed: u32) {
-    let s = split.split_linear().unwrap();
-    let device = split.linear().unwrap();
-    let cpu = split.cpu_linear().unwrap();
-    let k = ws[0].1;
-    let x = acts(m, k, seed);
-    let mut ys: Vec<Vec<f32>> = ws.iter().map(|&(_, _, n)| vec![f32::NAN; m * n]).collect();
-    let ids: Vec<WeightId> = ws.iter().map(|w| w.0).collect();
-    let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(Vec::as_mut_slice).collect();
-    s.matmul_many(&ids, &x, m, &mut outs).unwrap();
-    for (&(id, _, n), y) in ws.iter().zip(&ys) {
-        let (r, n2) = s.rows_of(id).unwrap();
-        assert_eq!(n, n2);
-        let (mut yd, mut yc) = (vec![0.0; m * n], vec![0.0; m * n]);
-        device.matmul(id, &x, m, &mut yd).unwrap();
-        cpu.matmul(id, &x, m, &mut yc).unwrap();
-        for i in 0..m {
-            for j in 0..n {
-                let want = if j < r { yd[i * n + j] } else { yc[i * n + j] };
-                assert_eq!(
-                    y[i * n + j].to_bits(),
-                    want.to_bits(),
-                    "weight {id} (r {r} of {n}), m {m}, row {i}, column {j}: {} vs {want}",
-                    y[i * n + j]
-                );
-            }
-        }
-    }
+    common::rows_are_each_engines(split, split.split_linear().unwrap(), ws, m, seed);
 }
 
 /// Every row once, by its engine, at a share that splits every weight and at one that leaves
@@ -365,8 +329,10 @@ fn split_agrees_on(
     st
 }
 
+/// A decode split without a share that splits, a decode share without a decode split (the
+/// last: the prefill splits, the decode's share is no prefill share), refused before opening.
 #[test]
-fn a_split_without_its_share_or_on_prefill_is_refused_before_opening() {
+fn a_split_without_its_share_or_a_share_without_its_split_is_refused_before_opening() {
     let model = model_path();
     let pack = Path::new("/nonexistent/m.orkpack");
     for (engines, share) in [

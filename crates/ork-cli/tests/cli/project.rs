@@ -408,8 +408,9 @@ fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
         let alts = p["alternatives"].as_array().unwrap();
         // npu/npu, then on the big cores and on every core: npu/cpu, cpu/cpu, cpu/npu, and the
         // split's npu/split (the NPU holding the pack) and cpu/split (the dense weights: every
-        // weight of this dense model; the plan is resident).
-        assert_eq!(alts.len(), 11, "{ty}: {p}");
+        // weight of this dense model; the plan is resident), the prefill split's split/npu
+        // (the pack), split/cpu and split/split (the dense weights).
+        assert_eq!(alts.len(), 17, "{ty}: {p}");
         let e = &p["engines"];
         let same = |a: &serde_json::Value| {
             ["prefill", "decode", "cores", "npu_holds"]
@@ -442,10 +443,27 @@ fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
         assert!(f(split, "decode_tok_s") >= cpu_decode * 0.99, "{ty}: {p}");
         // The split's pairings on its cores, the NPU holding what it holds, decode at its rate.
         let splits: Vec<_> = alts.iter().filter(|a| a["decode"] == "split").collect();
-        assert_eq!(splits.len(), 4, "{ty}: {p}");
+        assert_eq!(splits.len(), 6, "{ty}: {p}");
         for a in splits {
             if (&a["cores"], &a["npu_holds"]) == (&split["cores"], &split["npu_holds"]) {
                 assert_eq!(a["decode_tok_s"], split["decode_tok_s"], "{ty}: {p}");
+            }
+        }
+        // The prefill split (`--prefill-device split`), projected and built: never slower than
+        // either engine alone in its own model; its pairings on its cores, the NPU holding what
+        // it holds, prefill in its TTFT.
+        let sp = &p["split_prefill"];
+        assert_eq!(
+            (&sp["label"], &sp["built"]),
+            (&"projected".into(), &true.into())
+        );
+        let alone = f(sp, "model_npu_ttft_s").min(f(sp, "model_cpu_ttft_s"));
+        assert!(f(sp, "ttft_s") <= alone * (1.0 + 1e-12), "{ty}: {p}");
+        let prefills: Vec<_> = alts.iter().filter(|a| a["prefill"] == "split").collect();
+        assert_eq!(prefills.len(), 6, "{ty}: {p}");
+        for a in prefills {
+            if (&a["cores"], &a["npu_holds"]) == (&sp["cores"], &sp["npu_holds"]) {
+                assert_eq!(a["ttft_s"], sp["ttft_s"], "{ty}: {p}");
             }
         }
     }
@@ -464,7 +482,7 @@ fn plan_projects_engines_per_phase_on_sparse_files_of_each_type() {
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     let v = json(&o);
     let p = projected(&v);
-    assert_eq!(p["alternatives"].as_array().unwrap().len(), 11, "{p}");
+    assert_eq!(p["alternatives"].as_array().unwrap().len(), 17, "{p}");
     assert!(p["cpu"]["cores"]["fit"]
         .as_str()
         .unwrap()

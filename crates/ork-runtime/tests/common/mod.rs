@@ -19,7 +19,7 @@ pub fn config(model: &Path, pack: &Path, engines: PhaseEngines) -> EngineConfig 
             ..Default::default()
         });
     }
-    c.phases = engines.mixed().then_some(engines);
+    c.phases = engines.per_phase().then_some(engines);
     c
 }
 
@@ -76,4 +76,55 @@ pub fn greedy_logits(session: &mut Session, prompt: &[u32], n: usize) -> Vec<Vec
 #[allow(dead_code)]
 pub fn tokens(logits: &[Vec<f32>]) -> Vec<u32> {
     logits.iter().map(|l| argmax(l)).collect()
+}
+
+/// `m × k` activations, deterministic and varied.
+#[allow(dead_code)]
+pub fn acts(m: usize, k: usize, seed: u32) -> Vec<f32> {
+    (0..m * k)
+        .map(|i| {
+            (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2001) as f32 / 1000.0
+                - 1.0
+        })
+        .collect()
+}
+
+/// The rows `s` (a split of `split`'s) computes of `ws` against each engine's own matmul of
+/// them, bit for bit: every value written (the output starts as NaN), rows `0..r` the device's,
+/// `r..n` the CPU engine's.
+#[allow(dead_code)]
+pub fn rows_are_each_engines(
+    split: &ork_runtime::Engine,
+    s: &ork_runtime::SplitLinear,
+    ws: &[(ork_exec::WeightId, usize, usize)],
+    m: usize,
+    seed: u32,
+) {
+    use ork_exec::Linear;
+    let device = split.linear().unwrap();
+    let cpu = split.cpu_linear().unwrap();
+    let k = ws[0].1;
+    let x = acts(m, k, seed);
+    let mut ys: Vec<Vec<f32>> = ws.iter().map(|&(_, _, n)| vec![f32::NAN; m * n]).collect();
+    let ids: Vec<ork_exec::WeightId> = ws.iter().map(|w| w.0).collect();
+    let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(Vec::as_mut_slice).collect();
+    s.matmul_many(&ids, &x, m, &mut outs).unwrap();
+    for (&(id, _, n), y) in ws.iter().zip(&ys) {
+        let (r, n2) = s.rows_of(id).unwrap();
+        assert_eq!(n, n2);
+        let (mut yd, mut yc) = (vec![0.0; m * n], vec![0.0; m * n]);
+        device.matmul(id, &x, m, &mut yd).unwrap();
+        cpu.matmul(id, &x, m, &mut yc).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let want = if j < r { yd[i * n + j] } else { yc[i * n + j] };
+                assert_eq!(
+                    y[i * n + j].to_bits(),
+                    want.to_bits(),
+                    "weight {id} (r {r} of {n}), m {m}, row {i}, column {j}: {} vs {want}",
+                    y[i * n + j]
+                );
+            }
+        }
+    }
 }

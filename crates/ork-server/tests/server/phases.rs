@@ -9,6 +9,11 @@ use ork_server::{ServeConfig, Server};
 /// Prefill on the emulator, decode on the CPU engine (2 workers); with `split`, decode's rows
 /// shared between the two at that device share (`--decode-device split`).
 fn mixed(split: Option<f64>) -> Engine {
+    mixed_with(None, split)
+}
+
+/// [`mixed`], the prefill's rows shared at `prefill_split` (`--prefill-device split`).
+fn mixed_with(prefill_split: Option<f64>, split: Option<f64>) -> Engine {
     let mut c = EngineConfig::new(ork_testkit::model_path());
     c.pack = PackChoice::Path(pack_path());
     c.budget_bytes = Some(1024 << 20);
@@ -19,7 +24,11 @@ fn mixed(split: Option<f64>) -> Engine {
         ..Default::default()
     });
     c.phases = Some(PhaseEngines {
-        prefill: PhaseEngine::Device,
+        prefill: if prefill_split.is_some() {
+            PhaseEngine::Split
+        } else {
+            PhaseEngine::Device
+        },
         decode: if split.is_some() {
             PhaseEngine::Split
         } else {
@@ -27,6 +36,7 @@ fn mixed(split: Option<f64>) -> Engine {
         },
     });
     c.split_rows = split.map(ork_runtime::SplitRows::All);
+    c.prefill_split_rows = prefill_split.map(ork_runtime::SplitRows::All);
     Engine::open(c).unwrap()
 }
 
@@ -50,6 +60,20 @@ async fn two_concurrent_requests_on_a_decode_split_match_their_answers_alone() {
     let engine = mixed(Some(0.5));
     let name = engine.compute_name();
     assert!(name.contains(", decode split (emulated"), "{name}");
+    together_as_alone(engine).await;
+}
+
+/// The prefill row split under batching: a step's prompt chunks of two requests are one pass
+/// whose rows split as a lone chunk's do, so each request gets the text it gets alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concurrent_requests_on_a_prefill_split_match_their_answers_alone() {
+    let _memory = MEMORY.lock().await;
+    let engine = mixed_with(Some(0.5), None);
+    let name = engine.compute_name();
+    assert!(
+        name.starts_with("prefill split (emulated") && name.ends_with(", decode cpu"),
+        "{name}"
+    );
     together_as_alone(engine).await;
 }
 
