@@ -577,10 +577,27 @@ pub fn attention_s(
         if let Event::Host { flops, bytes, .. } =
             HostKind::attention(m, context, window, heads, kv, hd, plan.kv_bytes)
         {
-            t += (flops / ((big + little) * b.cpu.core_flops)).max(bytes / read_bw);
+            let cores = big + little * little_attention_speed(&b.cpu);
+            t += (flops / (cores * b.cpu.core_flops)).max(bytes / read_bw);
         }
     }
     t
+}
+
+/// A little core's attention rate as a fraction of a big core's: their clocks' ratio times
+/// the ratio of ggml's F16 dot kernel's cycles per 256 weights on the two cores (llvm-mca's
+/// models, [`cycles`]; attention's dot products run over the f16 KV cache). `core_flops` is a
+/// big core's rate; before this, a little core was charged as a big one. An estimate, not fitted:
+/// the fit's rows use the big cores only.
+pub fn little_attention_speed(cpu: &Cpu) -> f64 {
+    let (big_core, little_core) = cpu.kinds;
+    let ratio = cycles(FileType::F16, big_core, Kernels::Ggml)
+        / cycles(FileType::F16, little_core, Kernels::Ggml);
+    if cpu.big.1 > 0.0 && ratio.is_finite() {
+        cpu.little.1 / cpu.big.1 * ratio
+    } else {
+        0.0
+    }
 }
 
 /// Time of a prefill of `prompt` rows (one pass from an empty context).

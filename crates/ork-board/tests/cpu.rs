@@ -3,8 +3,9 @@
 //! RK3576, with the NPU drawing on the same bus), and a row-split decode is bounded both ways.
 
 use ork_board::cpu::{
-    chunked_s, cycles, file_type, project, row_bytes, Core, CpuBoard, CpuPlan, FileType, Kernels,
-    Pool, FITTED_CPU, FIT_RK3588, GGML_CYCLES, GGML_CYCLES_ARMV8_0, ORK_CYCLES, UNFITTED,
+    attention_s, chunked_s, cycles, file_type, little_attention_speed, project, row_bytes, Core,
+    CpuBoard, CpuPlan, FileType, Kernels, Pool, FITTED_CPU, FIT_RK3588, GGML_CYCLES,
+    GGML_CYCLES_ARMV8_0, ORK_CYCLES, UNFITTED,
 };
 use ork_board::cpu_fit::{
     fit_cpu, project_cpu_row, CPU_FIT_ROWS, CPU_HOLDOUT_ROWS, GEMMA3_1B, QWEN3_30B_A3B,
@@ -135,6 +136,20 @@ fn plan(b: &CpuBoard, threads: usize) -> CpuPlan {
         cache_bytes: b.ram_bytes - b.reserved_bytes,
         kv_bytes: 2,
     }
+}
+
+#[test]
+fn a_little_core_does_attention_slower_than_a_big_one() {
+    let b = rk3588("orangepi5-16g");
+    // 1.8 / 2.352 GHz × ggml's F16 cycles 64.4 / 224.0 (llvm-mca, docs/kernels.md).
+    let speed = little_attention_speed(&b.cpu);
+    assert!((speed - 1.8 / 2.352 * 64.4 / 224.0).abs() < 1e-9, "{speed}");
+    let shape = GEMMA3_1B.shape(FileType::Q4_0, FileType::Q8_0);
+    let (big, all) = (plan(&b, 4), plan(&b, 8));
+    let t4 = attention_s(&shape, &b, &big, 512, 0);
+    let t8 = attention_s(&shape, &b, &all, 512, 0);
+    // Eight cores beat four, but by far less than twice: the A55s add about a fifth of an A76.
+    assert!(t8 < t4 && t8 > 0.75 * t4, "{t8} {t4}");
 }
 
 #[test]
