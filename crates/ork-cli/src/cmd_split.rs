@@ -196,7 +196,7 @@ impl Splits {
         self.prefill.is_none() && self.decode.is_none()
     }
 
-    /// Each split's line ([`line`]), prefill first.
+    /// Each split's line ([`line()`]), prefill first.
     pub fn lines(&self) -> Vec<String> {
         [&self.prefill, &self.decode]
             .into_iter()
