@@ -457,21 +457,10 @@ impl Chosen {
     }
 }
 
-/// Every core the CPU engine may run on: the online CPUs within the process's affinity mask
-/// (the mask alone without sysfs), as `ork_cpu::Topology::choose` counts them.
+/// Every core the CPU engine may run on ([`ork_cpu::Topology::usable_cores`] of the process's
+/// affinity mask).
 pub fn every_core() -> Vec<usize> {
-    let allowed = ork_cpu::allowed_cpus();
-    let online: Vec<usize> = ork_cpu::Topology::system()
-        .cores
-        .iter()
-        .map(|c| c.id)
-        .filter(|c| allowed.contains(c))
-        .collect();
-    if online.is_empty() {
-        allowed
-    } else {
-        online
-    }
+    ork_cpu::Topology::system().usable_cores(&ork_cpu::allowed_cpus())
 }
 
 /// The prompt and generated tokens a run's choice is projected for: `ork plan`'s defaults

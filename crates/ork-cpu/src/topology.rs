@@ -151,6 +151,22 @@ impl Topology {
         (allowed.to_vec(), CoreSource::All)
     }
 
+    /// Every core the CPU engine may run on: the online cores within `allowed` (the process's
+    /// affinity mask), or `allowed` alone where sysfs lists no core (a sandbox).
+    pub fn usable_cores(&self, allowed: &[usize]) -> Vec<usize> {
+        let online: Vec<usize> = self
+            .cores
+            .iter()
+            .map(|c| c.id)
+            .filter(|c| allowed.contains(c))
+            .collect();
+        if online.is_empty() {
+            allowed.to_vec()
+        } else {
+            online
+        }
+    }
+
     /// The cores and threads for `options`, among the cores the process may run on (`allowed`,
     /// its affinity mask).
     ///
@@ -180,17 +196,7 @@ impl Topology {
                 list.dedup();
                 (list, CoreSource::List)
             }
-            None => {
-                let online: Vec<usize> = self
-                    .cores
-                    .iter()
-                    .map(|c| c.id)
-                    .filter(|c| allowed.contains(c))
-                    .collect();
-                // No sysfs (a sandbox): the affinity mask alone.
-                let usable = if online.is_empty() { allowed } else { &online };
-                self.big_cores(usable)
-            }
+            None => self.big_cores(&self.usable_cores(allowed)),
         };
         if cores.is_empty() {
             return Err(bad("no core to run on".to_owned()));

@@ -392,17 +392,7 @@ fn auto_runs_the_dense_only_split_on_the_cores_it_chose() {
     let allowed = ork_cpu::allowed_cpus();
     let topology = ork_cpu::Topology::system();
     let expected: Vec<usize> = if cores == "all" {
-        let online: Vec<usize> = topology
-            .cores
-            .iter()
-            .map(|c| c.id)
-            .filter(|c| allowed.contains(c))
-            .collect();
-        if online.is_empty() {
-            allowed
-        } else {
-            online
-        }
+        topology.usable_cores(&allowed)
     } else {
         topology.big_cores(&allowed).0
     };
