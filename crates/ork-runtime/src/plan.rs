@@ -26,13 +26,8 @@ pub fn plan_weights(
     domains: u32,
     slots: usize,
 ) -> Result<Plan, RuntimeError> {
-    Ok(ork_residency::plan(&PlanInput {
-        weights: named(manifest, &weight_bytes(manifest, dtype, group)?),
-        budget_bytes: budget,
-        window_bytes: window,
-        domains,
-        slots,
-    }))
+    let weights = weight_bytes(manifest, dtype, group)?;
+    Ok(plan_of(manifest, &weights, budget, window, domains, slots))
 }
 
 /// [`plan_weights`] of the dense (non-expert) weights alone: what the device holds for a
@@ -51,13 +46,26 @@ pub fn plan_dense_weights(
         weight_bytes(manifest, dtype, group)?,
         crate::DeviceWeights::Dense,
     );
-    Ok(ork_residency::plan(&PlanInput {
-        weights: named(manifest, &weights),
+    Ok(plan_of(manifest, &weights, budget, window, domains, slots))
+}
+
+/// The residency plan of `weights` (by id, with their device bytes) for a budget and window per
+/// domain, `domains` domains and `slots` prefetch slots.
+fn plan_of(
+    manifest: &Manifest,
+    weights: &[(WeightId, u64)],
+    budget: u64,
+    window: u64,
+    domains: u32,
+    slots: usize,
+) -> Plan {
+    ork_residency::plan(&PlanInput {
+        weights: named(manifest, weights),
         budget_bytes: budget,
         window_bytes: window,
         domains,
         slots,
-    }))
+    })
 }
 
 /// Of `weights` (by id, with their device bytes), those the device holds as `which` says.
