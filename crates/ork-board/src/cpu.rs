@@ -487,6 +487,58 @@ pub struct WeightCost {
     pub bus_bytes: f64,
 }
 
+/// The share of a weight's bytes the page cache holds, by kind: what ork-cpu's expert reader
+/// (`readahead.rs`, docs/moe.md) leaves there when the file does not fit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheHits {
+    /// Dense (non-expert) weights: read every token and never released.
+    pub dense: f64,
+    /// Expert weights: the experts kept after use over all of them (uniform routing).
+    pub experts: f64,
+}
+
+/// The page cache's share of each kind of weight with `cache` bytes for the file (the memory
+/// limit less the system's room and the process's own memory, as ork-cpu's `keep_budget`).
+///
+/// A file that fits is held whole. One that does not:
+/// - a MoE's dense tensors (and the token embedding) stay: they are read on every token and ork
+///   never releases them, so the kernel's LRU keeps them;
+/// - ork keeps the most-routed experts that fit what is left less two blocks' routed experts
+///   (the block computing and the one read ahead), and releases every other expert after use:
+///   under uniform routing (this model's) the kept experts' share of all of them is the share
+///   of routed bytes found in RAM. Router skew only raises it.
+/// - a dense model's weights are all read every pass; the cache's share of them is the model
+///   (not a claim about LRU on a scan larger than the cache, which can do worse).
+pub fn cache_hits(shape: &CpuShape, cache: f64) -> CacheHits {
+    let file = shape.file_bytes();
+    if cache >= file {
+        return CacheHits {
+            dense: 1.0,
+            experts: 1.0,
+        };
+    }
+    let bytes = |expert: bool| -> f64 {
+        let of = |w: &&CpuWeight| (w.experts > 1) == expert;
+        shape.weights.iter().filter(of).map(|w| w.bytes() as f64).sum::<f64>() * shape.bytes_scale
+    };
+    let experts = bytes(true);
+    if experts <= 0.0 || shape.top_k == 0 {
+        let share = (cache / file).clamp(0.0, 1.0);
+        return CacheHits {
+            dense: share,
+            experts: share,
+        };
+    }
+    let dense = bytes(false) + shape.other_bytes as f64;
+    let n_expert = shape.weights.iter().map(|w| w.experts).max().unwrap_or(1) as f64;
+    let routed_block = experts / shape.n_layer.max(1) as f64 * shape.top_k as f64 / n_expert;
+    let keep = (cache - dense - 2.0 * routed_block).max(0.0);
+    CacheHits {
+        dense: (cache / dense).clamp(0.0, 1.0),
+        experts: (keep / experts).clamp(0.0, 1.0),
+    }
+}
+
 /// The cost of weight `w` of `shape` in a pass of `m` rows on `b` as `plan` says.
 pub fn weight_cost(
     shape: &CpuShape,
@@ -497,8 +549,13 @@ pub fn weight_cost(
 ) -> WeightCost {
     let cpu = &b.cpu;
     let (big, little, read_bw) = threads_and_bw(b, plan);
-    // The share of the file the page cache holds; the rest comes from storage on every read.
-    let cached = (plan.cache_bytes / shape.file_bytes()).clamp(0.0, 1.0);
+    // The share of this weight the page cache holds; the rest comes from storage on every read.
+    let hits = cache_hits(shape, plan.cache_bytes);
+    let cached = if w.experts > 1 {
+        hits.experts
+    } else {
+        hits.dense
+    };
     let rows = if w.output { 1 } else { m };
     let per_row_experts = if w.experts > 1 {
         shape.top_k as f64

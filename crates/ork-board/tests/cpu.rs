@@ -3,7 +3,7 @@
 //! RK3576, with the NPU drawing on the same bus), and a row-split decode is bounded both ways.
 
 use ork_board::cpu::{
-    attention_s, chunked_s, cycles, file_type, little_attention_speed, project, row_bytes, Core,
+    attention_s, cache_hits, chunked_s, cycles, file_type, little_attention_speed, project, row_bytes, Core,
     CpuBoard, CpuPlan, FileType, Kernels, Pool, FITTED_CPU, FIT_RK3588, GGML_CYCLES,
     GGML_CYCLES_ARMV8_0, ORK_CYCLES, UNFITTED,
 };
@@ -185,6 +185,50 @@ fn a_moe_reads_only_its_chosen_experts_in_decode() {
         p.decode_tok_s < ceiling && p.decode_tok_s > ceiling / 10.0,
         "{p:?}"
     );
+}
+
+/// A MoE file larger than the page cache: its dense weights stay (read every token, never
+/// released), the experts kept are the cache less them and two blocks' routed experts, over all
+/// the experts (ork-cpu's keep budget); a file that fits is held whole; a dense model keeps the
+/// cache's share of the file.
+#[test]
+fn the_page_cache_keeps_dense_weights_and_what_is_left_of_the_experts() {
+    let moe = QWEN3_30B_A3B.shape(FileType::Q4_K, FileType::Q6_K);
+    let file = moe.file_bytes();
+    let whole = cache_hits(&moe, file);
+    assert_eq!((whole.dense, whole.experts), (1.0, 1.0));
+    let bytes = |expert: bool| -> f64 {
+        moe.weights
+            .iter()
+            .filter(|w| (w.experts > 1) == expert)
+            .map(|w| w.bytes() as f64)
+            .sum()
+    };
+    let (experts, dense) = (bytes(true), bytes(false) + moe.other_bytes as f64);
+    // 48 blocks, top-8 of 128 experts: one block routes 1/16 of its experts' bytes.
+    let routed_block = experts / 48.0 * 8.0 / 128.0;
+    let cache = 0.8 * file;
+    let h = cache_hits(&moe, cache);
+    assert_eq!(h.dense, 1.0);
+    let want = (cache - dense - 2.0 * routed_block) / experts;
+    assert!((h.experts - want).abs() < 1e-12, "{h:?} {want}");
+    // Above the byte share of the whole file, which charged dense misses too.
+    assert!(h.experts < cache / file && h.experts > 0.75, "{h:?}");
+    // Less cache than the dense weights: they share it, no expert is kept.
+    let h = cache_hits(&moe, 0.5 * dense);
+    assert_eq!((h.dense, h.experts), (0.5, 0.0));
+    let gemma = GEMMA3_1B.shape(FileType::Q4_0, FileType::Q8_0);
+    let g = cache_hits(&gemma, 0.25 * gemma.file_bytes());
+    assert!((g.dense - 0.25).abs() < 1e-12 && g.experts == g.dense, "{g:?}");
+    // On a 16 GB board the Q4_K_M-class file misses its NVMe on a few experts only.
+    let b = rk3588("orangepi5-16g");
+    let p = project(&moe, &b, &plan(&b, 4), 128, 64);
+    let starved = CpuPlan {
+        cache_bytes: 0.5 * file,
+        ..plan(&b, 4)
+    };
+    let s = project(&moe, &b, &starved, 128, 64);
+    assert!(s.decode_tok_s < p.decode_tok_s / 2.0, "{s:?} {p:?}");
 }
 
 #[test]
