@@ -519,7 +519,13 @@ pub fn cache_hits(shape: &CpuShape, cache: f64) -> CacheHits {
     }
     let bytes = |expert: bool| -> f64 {
         let of = |w: &&CpuWeight| (w.experts > 1) == expert;
-        shape.weights.iter().filter(of).map(|w| w.bytes() as f64).sum::<f64>() * shape.bytes_scale
+        shape
+            .weights
+            .iter()
+            .filter(of)
+            .map(|w| w.bytes() as f64)
+            .sum::<f64>()
+            * shape.bytes_scale
     };
     let experts = bytes(true);
     if experts <= 0.0 || shape.top_k == 0 {
@@ -634,6 +640,14 @@ pub fn attention_s(
         if let Event::Host { flops, bytes, .. } =
             HostKind::attention(m, context, window, heads, kv, hd, plan.kv_bytes)
         {
+            let flops = match plan.kernels {
+                // llama.cpp without flash attention computes every row's scores over all the
+                // cached keys and masks them after (`build_attn_mha`: `kq = ggml_mul_mat(k, q)`):
+                // the event's count.
+                Kernels::Ggml => flops,
+                // ork-exec's attention computes each row over the keys it sees only.
+                Kernels::Ork => 4.0 * (HostKind::keys_seen(m, context, window) * heads * hd) as f64,
+            };
             let cores = big + little * little_attention_speed(&b.cpu);
             t += (flops / (cores * b.cpu.core_flops)).max(bytes / read_bw);
         }

@@ -231,7 +231,10 @@ impl HostKind {
     /// `window` keys, itself included (`None`: a global layer; causal within the new rows is
     /// counted as full: an upper bound), `n_head` query heads of `head_dim`, `n_head_kv` KV
     /// heads whose cache holds `kv_bytes` bytes per value (2 for f16). The executor records and
-    /// the planned schedule charges attention through this one function.
+    /// the planned schedule charges attention through this one function. The NPU clock's fit
+    /// (`fit.rs`) replays this count against rkllm's rows, and fits best with it (loss 0.006;
+    /// 0.019 counted causally): the CPU engine's clock counts ork's own causal keys instead
+    /// ([`HostKind::keys_seen`], `cpu::attention_s`).
     pub fn attention(
         m: usize,
         context: usize,
@@ -254,6 +257,19 @@ impl HostKind {
             flops,
             bytes,
         }
+    }
+
+    /// Keys the `m` rows at positions `context..context + m` see in all, causally, in a layer
+    /// whose query sees `window` keys, itself included (`None`: global): row `i` sees
+    /// `min(window, context + i + 1)`.
+    pub fn keys_seen(m: usize, context: usize, window: Option<usize>) -> usize {
+        let first = context + 1;
+        // Rows before the window binds see `first + i` keys; the rest see `window`.
+        let (rising, w) = match window {
+            Some(w) => ((w + 1).saturating_sub(first).min(m), w),
+            None => (m, 0),
+        };
+        rising * first + rising * rising.saturating_sub(1) / 2 + (m - rising) * w
     }
 
     /// The context a pass of new rows attends beside themselves in a layer whose query sees

@@ -3,9 +3,9 @@
 //! RK3576, with the NPU drawing on the same bus), and a row-split decode is bounded both ways.
 
 use ork_board::cpu::{
-    attention_s, cache_hits, chunked_s, cycles, file_type, little_attention_speed, project, row_bytes, Core,
-    CpuBoard, CpuPlan, FileType, Kernels, Pool, FITTED_CPU, FIT_RK3588, GGML_CYCLES,
-    GGML_CYCLES_ARMV8_0, ORK_CYCLES, UNFITTED,
+    attention_s, cache_hits, chunked_s, cycles, file_type, little_attention_speed, project,
+    row_bytes, Core, CpuBoard, CpuPlan, FileType, Kernels, Pool, FITTED_CPU, FIT_RK3588,
+    GGML_CYCLES, GGML_CYCLES_ARMV8_0, ORK_CYCLES, UNFITTED,
 };
 use ork_board::cpu_fit::{
     fit_cpu, project_cpu_row, CPU_FIT_ROWS, CPU_HOLDOUT_ROWS, GEMMA3_1B, QWEN3_30B_A3B,
@@ -13,7 +13,7 @@ use ork_board::cpu_fit::{
 use ork_board::engines::{choose, Cores, CpuInputs, Engine, EngineInputs, NpuHolds, Phases};
 use ork_board::options::dense_int8_bytes;
 use ork_board::split::{cpu_read_bw_beside, split_decode, split_prefill};
-use ork_board::Board;
+use ork_board::{Board, HostKind};
 
 #[test]
 fn cpu_calibration_reproduces_the_fit() {
@@ -138,6 +138,42 @@ fn plan(b: &CpuBoard, threads: usize) -> CpuPlan {
     }
 }
 
+/// ork-exec's attention computes each row over the keys it sees (causal, within a window):
+/// `keys_seen` counts them as a loop would; ork's prefill attention is then about half of
+/// llama.cpp's, which scores every cached key and masks after.
+#[test]
+fn attention_counts_ork_causal_keys_and_llama_cpp_full_rows() {
+    for (m, context, window) in [
+        (1, 0, None),
+        (7, 3, None),
+        (512, 0, None),
+        (9, 4, Some(6)),
+        (40, 100, Some(32)),
+        (5, 0, Some(1)),
+    ] {
+        let brute: usize = (0..m)
+            .map(|i| window.map_or(context + i + 1, |w: usize| w.min(context + i + 1)))
+            .sum();
+        assert_eq!(
+            HostKind::keys_seen(m, context, window),
+            brute,
+            "{m} {context} {window:?}"
+        );
+    }
+    let b = rk3588("orangepi5-16g");
+    let shape = GEMMA3_1B.shape(FileType::Q4_0, FileType::Q8_0);
+    let ork = CpuPlan {
+        kernels: Kernels::Ork,
+        ..plan(&b, 4)
+    };
+    let fixed = shape.n_layer as f64 * b.cpu.layer_s;
+    let (o, g) = (
+        attention_s(&shape, &b, &ork, 512, 0) - fixed,
+        attention_s(&shape, &b, &plan(&b, 4), 512, 0) - fixed,
+    );
+    assert!(o < 0.51 * g && o > 0.49 * g, "{o} {g}");
+}
+
 #[test]
 fn a_little_core_does_attention_slower_than_a_big_one() {
     let b = rk3588("orangepi5-16g");
@@ -219,7 +255,10 @@ fn the_page_cache_keeps_dense_weights_and_what_is_left_of_the_experts() {
     assert_eq!((h.dense, h.experts), (0.5, 0.0));
     let gemma = GEMMA3_1B.shape(FileType::Q4_0, FileType::Q8_0);
     let g = cache_hits(&gemma, 0.25 * gemma.file_bytes());
-    assert!((g.dense - 0.25).abs() < 1e-12 && g.experts == g.dense, "{g:?}");
+    assert!(
+        (g.dense - 0.25).abs() < 1e-12 && g.experts == g.dense,
+        "{g:?}"
+    );
     // On a 16 GB board the Q4_K_M-class file misses its NVMe on a few experts only.
     let b = rk3588("orangepi5-16g");
     let p = project(&moe, &b, &plan(&b, 4), 128, 64);
