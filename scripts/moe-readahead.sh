@@ -3,7 +3,7 @@
 # the page cache"): the decode stall of `ork run --device cpu` on a MoE model larger than a
 # memory cgroup's limit, with expert readahead (router-driven + next-block prediction) and
 # without it (--no-prefetch --no-speculate), and their ratio; fails above ORK_RA_MAX_RATIO.
-# Needs root (a memory cgroup). A .ci/run stage (ORK_RA_TOKENS=16 ORK_RA_ROUNDS=3).
+# Needs root (a memory cgroup). A .ci/run stage (ORK_RA_TOKENS=16 ORK_RA_ROUNDS=5).
 #
 #   scripts/moe-readahead.sh [ORK_BINARY]        (default target/debug/ork, as .ci/run has it)
 #
