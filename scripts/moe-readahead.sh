@@ -60,20 +60,34 @@ FS="$(stat -f -c %T "$DIR")"
 [ "$FS" != tmpfs ] && [ "$FS" != ramfs ] || { echo "error: $DIR is on $FS: the model must be on storage" >&2; exit 2; }
 
 # A child memory cgroup: v2's memory.max where v2 is mounted, else v1's memory controller.
-if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-  CG="/sys/fs/cgroup$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)/ork-readahead-$$"
-  KIND="cgroup v2 memory.max"
-  LIMIT_FILE=memory.max
-else
-  CG="/sys/fs/cgroup/memory$(awk -F: '$2 == "memory" {print $3}' /proc/self/cgroup)/ork-readahead-$$"
+make_cgroup() {
+  local limit=$(( LIMIT_MB << 20 )) parent
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    KIND="cgroup v2 memory.max"
+    # Under this process's cgroup, else under the root: v2 gives a child the memory controller
+    # only if its parent has it in cgroup.subtree_control, which a cgroup holding processes
+    # cannot (the no-internal-process rule).
+    for parent in "/sys/fs/cgroup$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)" /sys/fs/cgroup; do
+      parent="${parent%/}"
+      grep -qw memory "$parent/cgroup.subtree_control" 2>/dev/null \
+        || echo +memory > "$parent/cgroup.subtree_control" 2>/dev/null || continue
+      CG="$parent/ork-readahead-$$"
+      mkdir "$CG" 2>/dev/null || { CG=""; continue; }
+      echo "$limit" > "$CG/memory.max" 2>/dev/null && return 0
+      rmdir "$CG" 2>/dev/null || true
+      CG=""
+    done
+    return 1
+  fi
   KIND="cgroup v1 memory.limit_in_bytes"
-  LIMIT_FILE=memory.limit_in_bytes
-fi
-if ! { mkdir "$CG" 2>/dev/null && echo $(( LIMIT_MB << 20 )) > "$CG/$LIMIT_FILE"; }; then
+  CG="/sys/fs/cgroup/memory$(awk -F: '$2 == "memory" {print $3}' /proc/self/cgroup)/ork-readahead-$$"
+  mkdir "$CG" 2>/dev/null || { CG=""; return 1; }
+  echo "$limit" > "$CG/memory.limit_in_bytes" 2>/dev/null && return 0
   rmdir "$CG" 2>/dev/null || true
   CG=""
-  no_cgroup "cannot make $KIND"
-fi
+  return 1
+}
+make_cgroup || no_cgroup "cannot make a child cgroup with a memory limit (${KIND:-no cgroup mounted})"
 
 drop() { python3 -c 'import os,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)' "$MODEL"; }
 # One run's JSON.

@@ -75,6 +75,29 @@ fn a_missing_weight_or_another_shape_is_refused() {
     assert!(matches!(err, CpuError::MissingTensor { .. }));
 }
 
+#[test]
+fn expert_slices_without_a_readable_routing_are_refused_naming_the_file() {
+    // A valid slice of an expert tensor, in a file with no `general.architecture` (so no
+    // `expert_used_count`): the expert reader cannot size what it keeps cached.
+    let gguf = file(
+        "blk.0.ffn_up_exps.weight",
+        &[32, 2, 4],
+        GgmlType::F32,
+        32 * 2 * 4 * 4,
+    );
+    let err =
+        GgufLinear::open(gguf, &[spec("blk.0.ffn_up_exps.weight#3", 32, 2)], pool(1)).unwrap_err();
+    match &err {
+        CpuError::Routing { path, .. } => assert_eq!(path.to_str(), Some("fixture.gguf")),
+        other => panic!("{other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("fixture.gguf") && msg.contains("routing"),
+        "{msg}"
+    );
+}
+
 /// The byte offset of `name`'s first dimension in a GGUF image (after its length-prefixed
 /// name and its u32 dimension count).
 fn ne0_offset(bytes: &[u8], name: &str) -> usize {
