@@ -57,6 +57,16 @@ pub enum CpuError {
         #[source]
         source: std::io::Error,
     },
+    /// The file has expert tensors but its routing (`{arch}.expert_count`,
+    /// `{arch}.expert_used_count`) cannot be read: the expert reader sizes what it keeps in the
+    /// page cache by it.
+    #[error("{}: the experts' routing cannot be read: {what}", path.display())]
+    Routing {
+        /// The GGUF file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
     /// `--pin-mb` asks to keep more expert bytes in RAM than the machine has.
     #[error(
         "--pin-mb: {} MiB asked to be kept resident, but this machine has {} MiB of RAM",

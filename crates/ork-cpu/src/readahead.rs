@@ -18,13 +18,21 @@
 //!   so a fault reads its page and not the kernel's read-around window, which on a disk with a
 //!   large `read_ahead_kb` reads neighbouring (unrouted) experts and, under a memory limit,
 //!   evicts the routed ones.
-//! - **Cold experts let go**, when the file does not fit the memory limit ([`must_release`]).
-//!   Every [`REPIN_EVERY`] announcements the most-routed experts that
-//!   fit half the memory limit are ranked "kept"; an expert used by the previous announcement
-//!   that is neither kept nor announced again is released from the page cache at once
-//!   (`MADV_PAGEOUT`, [`crate::lock::page_out`]), so under a limit a once-used expert evicts no
-//!   hot one (least-recently-used eviction alone keeps the last ~limit bytes read, which a decode
-//!   cycling through more experts than fit reuses none of).
+//! - **Cold experts let go**, when the file does not fit what the memory limit ([`memory_limit`])
+//!   leaves after `room = min(1 GiB, limit / 8)` for the system and the process's anonymous
+//!   memory when the reader is built (`RssAnon`) ([`keep_budget`]). Every [`REPIN_EVERY`]
+//!   announcements the most-routed experts that fit `keep_bytes` are ranked "kept": what is left
+//!   after room and anonymous memory, less the dense tensors (every tensor that is not an
+//!   expert's: read every token and never released, so they stay in the page cache) and twice
+//!   what one block's routing reads (the largest block's expert bytes × top-k ÷ experts: the
+//!   computing block's experts and the next one's, read ahead). An expert used by the previous
+//!   announcement that is neither kept nor announced again is released from the page cache at
+//!   once (`MADV_PAGEOUT`, [`crate::lock::page_out`]), so under a limit a once-used expert evicts
+//!   no hot one (least-recently-used eviction alone keeps the last ~limit bytes read, which a
+//!   decode cycling through more experts than fit reuses none of). Half the limit, the earlier
+//!   budget, kept 8.6 GB of Qwen3-30B-A3B's 16.3 GB of experts on a 16 GiB board (~47 % of the
+//!   routed bytes from storage every token under uniform routing); this keeps 15.2 GB less the
+//!   process's anonymous memory (93 % of the experts with none, 90 % with 512 MiB).
 //! - **Hot experts.** Every expert matmul counts the token rows routed to it. With a pin budget
 //!   (`--pin-mb`), the background thread keeps the most-routed experts that fit locked in RAM
 //!   (`mlock`, [`crate::lock`]), re-ranked every [`REPIN_EVERY`] announcements; the rest come
@@ -91,7 +99,10 @@ pub struct ExpertReadStats {
     pub readahead_window_bytes: u64,
     /// Bytes of experts released from the page cache after their block ran.
     pub released_bytes: u64,
-    /// Bytes of the most-routed experts left in the page cache after use.
+    /// Whether experts are released after use at all (the file does not fit the memory limit
+    /// less the room for the system and the process's anonymous memory).
+    pub release_cold: bool,
+    /// Bytes of the most-routed experts left in the page cache after use (see the module docs).
     pub keep_bytes: u64,
     /// Hints dropped because the readahead thread was behind.
     pub readahead_dropped: u64,
@@ -240,10 +251,10 @@ pub(crate) struct ExpertReads {
     reader: Arc<Reader>,
     /// Bytes an announcement may read ahead for later blocks ([`window_bytes`]).
     window: u64,
-    /// Bytes of the most-routed experts left in the page cache after use ([`keep_bytes`]);
-    /// the others are released once their block has run.
+    /// Bytes of the most-routed experts left in the page cache after use
+    /// ([`KeepBudget::keep_bytes`]); the others are released once their block has run.
     keep_bytes: u64,
-    /// Whether cold experts are released at all ([`must_release`]).
+    /// Whether cold experts are released at all ([`KeepBudget::must_release`]).
     release_cold: bool,
     /// The experts kept after use (re-ranked every [`REPIN_EVERY`] announcements).
     keep: Mutex<Vec<bool>>,
@@ -284,6 +295,13 @@ impl ExpertReads {
         let shared = Arc::new(Shared::default());
         let limit = memory_limit();
         let (dense, globals) = dense_tensors(gguf, &slices);
+        let budget = keep_budget(&Footprint {
+            limit,
+            anon: anon_bytes(),
+            file_bytes: gguf.file_len(),
+            dense_bytes: dense.iter().flatten().chain(&globals).map(|t| t.size).sum(),
+            routed_block_bytes: routed_block_bytes(gguf, &slices)?,
+        });
         if options.readahead {
             // A fault reads only its page (no read-around of the neighbouring, unrouted
             // experts): every tensor is read ahead, exactly, before it is used (a refusal
@@ -331,8 +349,8 @@ impl ExpertReads {
             shared,
             reader,
             window: limit / 16,
-            keep_bytes: limit / 2,
-            release_cold: must_release(gguf.file_len(), limit),
+            keep_bytes: budget.keep_bytes,
+            release_cold: budget.must_release,
             // Nothing is released before the first ranking.
             keep: Mutex::new(vec![true; n]),
             previous: Mutex::new(Vec::new()),
@@ -475,6 +493,7 @@ impl ExpertReads {
             readahead_stale_bytes: load(&self.shared.stale),
             readahead_window_bytes: self.window,
             released_bytes: load(&self.shared.released),
+            release_cold: self.release_cold,
             keep_bytes: self.keep_bytes,
             readahead_dropped: load(&self.shared.dropped),
             pin_budget_bytes: self.options.pin_bytes,
@@ -591,13 +610,97 @@ impl Worker {
     }
 }
 
-/// Whether a file of `file_bytes` under a memory limit of `limit` bytes needs its cold experts
-/// released after use: only when it does not fit the limit less an eighth (room for the process
-/// and the rest of the system). A file that fits stays in the page cache whole, as it would
-/// without ork (a 13.3 GB Qwen3-30B-A3B file on a 16 GB board is read from storage once), and
-/// releasing would only read it again.
-fn must_release(file_bytes: u64, limit: u64) -> bool {
-    file_bytes > limit - limit / 8
+/// What [`keep_budget`] weighs: bytes, all of them.
+#[derive(Clone, Copy, Debug)]
+struct Footprint {
+    /// The memory the process may fill ([`memory_limit`]).
+    limit: u64,
+    /// The process's anonymous memory when the expert reader is built ([`anon_bytes`]).
+    anon: u64,
+    /// The GGUF file.
+    file_bytes: u64,
+    /// Every tensor that is not an expert tensor, in blocks and outside them: read every token
+    /// and never released, so they stay in the page cache.
+    dense_bytes: u64,
+    /// What one block's routing reads ([`routed_block_bytes`]).
+    routed_block_bytes: u64,
+}
+
+/// Whether cold experts are released after use, and how many expert bytes stay cached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct KeepBudget {
+    /// The file does not fit what the limit leaves: release the experts that are not kept.
+    must_release: bool,
+    /// Bytes of the most-routed experts left in the page cache after use.
+    keep_bytes: u64,
+}
+
+/// The expert bytes the page cache can hold under `f.limit` (module docs, "Cold experts let
+/// go"). `room = min(1 GiB, limit / 8)` is left to the system; what is left after it and the
+/// process's anonymous memory holds the file whole (nothing released: a file that fits is read
+/// from storage once, as without ork), or else the dense tensors, the routed experts of the
+/// computing block and of the one read ahead, and `keep_bytes` of the most-routed experts.
+/// Every subtraction saturates at 0.
+fn keep_budget(f: &Footprint) -> KeepBudget {
+    let room = (1u64 << 30).min(f.limit / 8);
+    let free = f.limit.saturating_sub(room).saturating_sub(f.anon);
+    KeepBudget {
+        must_release: f.file_bytes > free,
+        keep_bytes: free
+            .saturating_sub(f.dense_bytes)
+            .saturating_sub(f.routed_block_bytes.saturating_mul(2)),
+    }
+}
+
+/// The expert bytes one block's routing reads: the largest block's expert bytes × top-k ÷
+/// the expert count (`{arch}.expert_used_count`, `{arch}.expert_count`, as the executor reads
+/// them: [`ork_exec::ModelConfig`]); 0 without experts.
+///
+/// # Errors
+/// [`CpuError::Routing`] if the file has expert slices but no readable routing.
+fn routed_block_bytes(gguf: &GgufFile, slices: &[Slice]) -> Result<u64, CpuError> {
+    if slices.is_empty() {
+        return Ok(0);
+    }
+    let routing = |what: String| CpuError::Routing {
+        path: gguf.path().to_path_buf(),
+        what,
+    };
+    let config = ork_exec::ModelConfig::from_gguf(gguf).map_err(|e| routing(e.to_string()))?;
+    let moe = config
+        .moe
+        .ok_or_else(|| routing("expert tensors in a model without experts".into()))?;
+    let mut per_block: Vec<(usize, u64)> = Vec::new();
+    for s in slices {
+        match per_block.iter_mut().find(|(b, _)| *b == s.block) {
+            Some((_, bytes)) => *bytes += s.view.size,
+            None => per_block.push((s.block, s.view.size)),
+        }
+    }
+    let largest = per_block.iter().map(|&(_, b)| b).max().unwrap_or(0);
+    Ok(share(
+        largest,
+        moe.n_expert_used as u64,
+        moe.n_expert as u64,
+    ))
+}
+
+/// `bytes × used ÷ of`, rounded up, without overflow (`bytes` when `of` is 0).
+fn share(bytes: u64, used: u64, of: u64) -> u64 {
+    if of == 0 {
+        return bytes;
+    }
+    let v = (u128::from(bytes) * u128::from(used)).div_ceil(u128::from(of));
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// The process's anonymous resident memory (`RssAnon` of `/proc/self/status`); 0 if it cannot
+/// be read.
+fn anon_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| crate::topology::kb_field(&t, "RssAnon"))
+        .unwrap_or(0)
 }
 
 /// The memory the process may fill: its memory cgroup's limit (v2 `memory.max` or v1
@@ -688,16 +791,115 @@ fn slices_of(views: Vec<TensorInfo>) -> (Arc<[Slice]>, usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::must_release;
+    use super::{keep_budget, share, Footprint, KeepBudget};
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    fn footprint(limit: u64, file_bytes: u64) -> Footprint {
+        Footprint {
+            limit,
+            anon: 0,
+            file_bytes,
+            dense_bytes: 0,
+            routed_block_bytes: 0,
+        }
+    }
 
     #[test]
     fn cold_experts_are_released_only_when_the_file_does_not_fit() {
-        const MIB: u64 = 1 << 20;
+        let release = |f: Footprint| keep_budget(&f).must_release;
         // scripts/moe-readahead.sh: a 426 MiB model under a 192 MiB cgroup.
-        assert!(must_release(426 * MIB, 192 * MIB));
-        // A 13.3 GB file on a 16 GB board stays in the page cache whole.
-        assert!(!must_release(13_300_000_000, 16_000_000_000));
-        assert!(must_release(15_000_000_000, 16_000_000_000));
-        assert!(!must_release(0, 0));
+        assert!(release(footprint(192 * MIB, 426 * MIB)));
+        // A 13.3 GB file on a 16 GB board stays in the page cache whole (room: 1 GiB).
+        assert!(!release(footprint(16_000_000_000, 13_300_000_000)));
+        assert!(release(footprint(16_000_000_000, 15_000_000_000)));
+        // Room is an eighth below 8 GiB: a 3.4 GiB file fits 4 GiB less 512 MiB.
+        assert!(!release(footprint(4 * GIB, 3400 * MIB)));
+        assert!(release(footprint(4 * GIB, 3600 * MIB)));
+        // The process's own memory counts against the limit.
+        let with_anon = Footprint {
+            anon: 600 * MIB,
+            ..footprint(4 * GIB, 3000 * MIB)
+        };
+        assert!(release(with_anon));
+        assert!(!release(footprint(0, 0)));
+    }
+
+    #[test]
+    fn qwen3_30b_on_a_16_gib_board_keeps_nine_tenths_of_its_experts() {
+        // Qwen3-30B-A3B Q4_K_M: 17.3 GB, 0.82 GB of it not experts; 48 blocks of 128
+        // experts, top-8.
+        let experts: u64 = 16_300_000_000;
+        let block = experts / 48;
+        let budget = keep_budget(&Footprint {
+            limit: 16 * GIB,
+            anon: 500 * MIB,
+            file_bytes: 17_300_000_000,
+            dense_bytes: 820_000_000,
+            routed_block_bytes: share(block, 8, 128),
+        });
+        let expected = 16 * GIB - GIB - 500 * MIB - 820_000_000 - 2 * share(block, 8, 128);
+        assert_eq!(
+            budget,
+            KeepBudget {
+                must_release: true,
+                keep_bytes: expected
+            }
+        );
+        // Half the limit kept 8.6 GB (53 % of the experts); this keeps over 90 %.
+        assert!(budget.keep_bytes * 10 > experts * 9, "{budget:?}");
+    }
+
+    #[test]
+    fn the_budget_saturates_at_zero() {
+        let tight = Footprint {
+            limit: 192 * MIB,
+            anon: 150 * MIB,
+            file_bytes: 426 * MIB,
+            dense_bytes: 40 * MIB,
+            routed_block_bytes: 4 * MIB,
+        };
+        assert_eq!(
+            keep_budget(&tight),
+            KeepBudget {
+                must_release: true,
+                keep_bytes: 0
+            }
+        );
+        let huge = Footprint {
+            anon: u64::MAX,
+            routed_block_bytes: u64::MAX,
+            ..tight
+        };
+        assert_eq!(keep_budget(&huge).keep_bytes, 0);
+        // The CI fixture: 192 MiB less 24 MiB of room, 30 MiB of process, 60 MiB dense and
+        // two blocks' routed experts of 3 MiB each.
+        let ci = Footprint {
+            anon: 30 * MIB,
+            dense_bytes: 60 * MIB,
+            routed_block_bytes: 3 * MIB,
+            ..tight
+        };
+        assert_eq!(keep_budget(&ci).keep_bytes, (192 - 24 - 30 - 60 - 6) * MIB);
+    }
+
+    #[test]
+    fn the_anonymous_memory_is_read_from_a_status_line() {
+        let status = "VmRSS:\t  120 kB\nRssAnonX:\t 9 kB\nRssAnon:\t   64 kB\nRssFile: 56 kB\n";
+        assert_eq!(crate::topology::kb_field(status, "RssAnon"), Some(64 << 10));
+        assert_eq!(crate::topology::kb_field(status, "RssShmem"), None);
+        assert_eq!(crate::topology::kb_field("RssAnon: 12 MB", "RssAnon"), None);
+        // This process has some.
+        assert!(super::anon_bytes() > 0);
+    }
+
+    #[test]
+    fn a_block_routes_its_top_k_share_rounded_up() {
+        assert_eq!(share(128, 8, 128), 8);
+        assert_eq!(share(10, 2, 8), 3);
+        assert_eq!(share(u64::MAX, 8, 8), u64::MAX);
+        assert_eq!(share(u64::MAX, 9, 8), u64::MAX);
+        assert_eq!(share(7, 1, 0), 7);
     }
 }

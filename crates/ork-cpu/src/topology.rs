@@ -278,10 +278,15 @@ pub fn format_cpu_list(cpus: &[usize]) -> String {
 /// The file cannot be read or has no parsable `MemTotal` line.
 pub fn ram_bytes() -> std::io::Result<u64> {
     let text = std::fs::read_to_string("/proc/meminfo")?;
+    kb_field(&text, "MemTotal")
+        .ok_or_else(|| std::io::Error::other("/proc/meminfo: no 'MemTotal: N kB' line"))
+}
+
+/// The value of a `KEY:   N kB` line (`/proc/meminfo`, `/proc/PID/status`), in bytes.
+pub(crate) fn kb_field(text: &str, key: &str) -> Option<u64> {
     text.lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
         .and_then(|v| v.trim().strip_suffix("kB"))
         .and_then(|kb| kb.trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .ok_or_else(|| std::io::Error::other("/proc/meminfo: no 'MemTotal: N kB' line"))
+        .and_then(|kb| kb.checked_mul(1024))
 }

@@ -26,6 +26,16 @@ fn file(name: &str, dims: &[u64], ty: GgmlType, bytes: usize) -> Arc<GgufFile> {
     Arc::new(GgufFile::from_bytes("fixture.gguf", b.to_bytes().unwrap()).unwrap())
 }
 
+/// An F32 expert tensor `blk.0.ffn_up_exps.weight` of 4 experts `[32, 2]`, and nothing else.
+fn expert_file() -> Arc<GgufFile> {
+    file(
+        "blk.0.ffn_up_exps.weight",
+        &[32, 2, 4],
+        GgmlType::F32,
+        32 * 2 * 4 * 4,
+    )
+}
+
 #[test]
 fn a_type_without_a_kernel_names_the_tensor_and_type() {
     // Q8_1 (an activation type in ggml) and IQ2_XXS (ggml type 16): types ork's reader knows
@@ -64,15 +74,28 @@ fn a_missing_weight_or_another_shape_is_refused() {
     let err = GgufLinear::open(Arc::clone(&gguf), &[spec("w", 32, 4)], pool(1)).unwrap_err();
     assert!(matches!(err, CpuError::BadShape { ref tensor, .. } if tensor == "w"));
     // An expert the tensor does not have.
-    let gguf = file(
-        "blk.0.ffn_up_exps.weight",
-        &[32, 2, 4],
-        GgmlType::F32,
-        32 * 2 * 4 * 4,
-    );
+    let gguf = expert_file();
     let err =
         GgufLinear::open(gguf, &[spec("blk.0.ffn_up_exps.weight#4", 32, 2)], pool(1)).unwrap_err();
     assert!(matches!(err, CpuError::MissingTensor { .. }));
+}
+
+#[test]
+fn expert_slices_without_a_readable_routing_are_refused_naming_the_file() {
+    // A valid slice of an expert tensor, in a file with no `general.architecture` (so no
+    // `expert_used_count`): the expert reader cannot size what it keeps cached.
+    let gguf = expert_file();
+    let err =
+        GgufLinear::open(gguf, &[spec("blk.0.ffn_up_exps.weight#3", 32, 2)], pool(1)).unwrap_err();
+    match &err {
+        CpuError::Routing { path, .. } => assert_eq!(path.to_str(), Some("fixture.gguf")),
+        other => panic!("{other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("fixture.gguf") && msg.contains("routing"),
+        "{msg}"
+    );
 }
 
 /// The byte offset of `name`'s first dimension in a GGUF image (after its length-prefixed
