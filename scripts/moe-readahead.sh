@@ -24,7 +24,7 @@
 # Without a memory cgroup (not root, or no memory controller) there is no fallback: an
 # outside posix_fadvise(DONTNEED) between tokens does not stand in for a limit, because it
 # leaves the pages ork has mapped in the page cache (measured: a 64 MiB mapped, touched file
-# stays 64 MiB resident after DONTNEED, and drops to 16 MiB once unmapped). It exits 2.
+# stays 64 MiB resident after DONTNEED, and drops to 16 MiB once unmapped). It exits 3 (.ci/run says so and goes on; every other failure exits 1 or 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ORK="${1:-target/debug/ork}"
@@ -36,7 +36,7 @@ MAX_RATIO="${ORK_RA_MAX_RATIO:-0.5}"
 [ -x "$ORK" ] || { echo "error: $ORK not found: build it (cargo build -p ork-cli)" >&2; exit 2; }
 no_cgroup() {
   echo "error: no memory cgroup ($1): the stall cannot be measured (posix_fadvise DONTNEED leaves ork's mapped pages cached, so it is no stand-in; see the script's header)" >&2
-  exit 2
+  exit 3
 }
 [ "$(id -u)" = 0 ] || no_cgroup "needs root"
 export ORK_MODEL="${ORK_MODEL:-$(./scripts/fetch-model.sh)}"
