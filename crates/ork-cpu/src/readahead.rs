@@ -806,6 +806,34 @@ mod tests {
         }
     }
 
+    /// The board clock (`ork_board::cpu::cache_hits`) models this budget: on a 16 GiB board
+    /// (room 1 GiB, the clock's reserve) Qwen3-30B-A3B Q4_K_M's shape keeps the same share of
+    /// its experts both ways.
+    #[test]
+    fn the_board_clock_models_this_budget() {
+        use ork_board::cpu::{cache_hits, FileType};
+        use ork_board::cpu_fit::QWEN3_30B_A3B;
+        let shape = QWEN3_30B_A3B.shape(FileType::Q4_K, FileType::Q6_K);
+        let bytes = |expert: bool| -> u64 {
+            let of = |w: &&ork_board::cpu::CpuWeight| (w.experts > 1) == expert;
+            shape.weights.iter().filter(of).map(|w| w.bytes()).sum()
+        };
+        let (experts, dense) = (bytes(true), bytes(false) + shape.other_bytes);
+        let f = Footprint {
+            limit: 16 * GIB,
+            anon: 0,
+            file_bytes: experts + dense,
+            dense_bytes: dense,
+            routed_block_bytes: (experts / 48 * 8).div_ceil(128),
+        };
+        let b = keep_budget(&f);
+        assert!(b.must_release);
+        let clock = cache_hits(&shape, (15 * GIB) as f64);
+        let kept = b.keep_bytes as f64 / experts as f64;
+        assert!((kept - clock.experts).abs() < 1e-6, "{kept} {clock:?}");
+        assert!(kept > 0.9 && clock.dense == 1.0, "{kept} {clock:?}");
+    }
+
     #[test]
     fn cold_experts_are_released_only_when_the_file_does_not_fit() {
         let release = |f: Footprint| keep_budget(&f).must_release;
