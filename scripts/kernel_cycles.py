@@ -3,7 +3,12 @@
 scheduling models (llvm-mca), for ggml's kernels and ork's. An ESTIMATE from a scheduling model,
 not a measurement. Driven by scripts/kernel-cycles.sh, which prepares the assembly.
 
-Usage: kernel_cycles.py --ggml GGML.s [--ork ORK.s] [--cores rk3588|rk3576] [--json]
+Usage: kernel_cycles.py --ggml GGML.s [--ork ORK.s] [--cores rk3588|rk3576] [--json] [--gemm]
+
+`--gemm` prints the prefill (M > 1) table instead: ork's M > 1 path (ORK_GEMM) beside the kernel
+llama.cpp runs for prefill on the A76 (GGML_GEMM: the repacked GEMMs of
+ggml-cpu/arch/arm/repack.cpp and llamafile's tinyBLAS, from the --ggml files holding them; else
+vec_dot), in cycles per 256 multiply-adds (weights x activation rows), found and run the same way.
 
 How a kernel's figure is made, the same way for both columns:
 - the kernel's function is found in the assembly (ggml: `ggml_vec_dot_<type>_<act>`; ork: the
@@ -390,13 +395,14 @@ GGML_GEMM = {
 # ork's M > 1 kernel of each type (what `Kernel::rows` runs for m > 1 on a dotprod core):
 # - 32-weight blocks: `legacy::neon::row_sdot::<F, 4>` (one weight row decoded per 8 blocks,
 #   against 4 activation rows: a pass is 8 blocks × 4 rows = 1024 multiply-adds);
-# - k-quants: `k_quants::neon::rows_dot::<T>`, the safe entry with the shared driver's M > 1
-#   path inlined (M = 1 runs in `one`, a symbol of its own); its hot loop is the tile over
-#   a super-block and a group of activation rows (the weight row is decoded once per chunk of
-#   activation rows beforehand, [`k_quants::drive`], not counted: amortised over the chunk);
+# - k-quants: `k_quants::neon::rows_sdot::<T>` (the shared driver's M > 1 path; M = 1 runs in
+#   `one`, a symbol of its own), or `rows_dot::<T>`, the safe entry, where LLVM inlined it
+#   there; its hot loop is the tile over a super-block, four weight rows and four activation
+#   rows (the weight rows are decoded once per chunk of activation rows beforehand,
+#   `k_quants::drive`, not counted: amortised over the chunk);
 # - F16: `float::neon::fp16::tile::<1, 4>` (one weight row, four activation rows).
 _LEG_M = r"legacy::neon::row_sdot::<[\w\[\]:]*::{}, 4: usize>$"
-_KQ_M = r"k_quants::neon::rows_dot::<{}: u8>$"
+_KQ_M = r"k_quants::neon::rows_(s?)dot::<{}: u8>$"
 ORK_GEMM = {
     "F16": r"float::neon::fp16::tile::<1: usize, 4: usize>$",
     "Q4_0": _LEG_M.format("Q4_0"),
@@ -415,14 +421,25 @@ ORK_GEMM = {
 
 
 def by_name(funcs, pattern):
-    """The body of the function of `funcs` whose demangled name matches `pattern` (a plain
-    symbol is matched whole), out-of-line helpers inlined; None if there is none."""
+    """The bodies of the functions of `funcs` whose demangled names match `pattern` (a plain
+    symbol is matched whole), out-of-line helpers inlined."""
     if pattern in funcs:
-        return inline_calls(funcs, funcs[pattern])
+        return [inline_calls(funcs, funcs[pattern])]
     names = list(funcs)
-    for raw, nice in zip(names, demangle(names)):
-        if re.search(pattern, nice):
-            return inline_calls(funcs, funcs[raw])
+    return [
+        inline_calls(funcs, funcs[raw])
+        for raw, nice in zip(names, demangle(names))
+        if re.search(pattern, nice)
+    ]
+
+
+def first_per_256(bodies, cpu, trips=()):
+    """`per_256` of the first of `bodies` that has a hot loop (a wrapper LLVM left without the
+    kernel inlined has none); None if none has."""
+    for body in bodies:
+        v = per_256(body, cpu, None, MACS, trips)
+        if v is not None:
+            return v
     return None
 
 
@@ -430,15 +447,15 @@ def gemm_columns(g, o, ty, cpu, vec_dot):
     """(ork's M > 1, ggml's prefill kernel, its name) for `ty` on `cpu`: cycles per 256
     multiply-adds (weights × activation rows); `vec_dot` is ggml's M = 1 figure, the prefill
     kernel of the types llama.cpp does not repack."""
-    ork = per_256(by_name(o, ORK_GEMM[ty]), cpu) if o and ty in ORK_GEMM else None
+    ork = first_per_256(by_name(o, ORK_GEMM[ty]), cpu) if o and ty in ORK_GEMM else None
     if ty not in GGML_GEMM:
         return ork, vec_dot, "vec_dot"
     pattern, trips = GGML_GEMM[ty]
-    body = by_name(g, pattern)
-    if body is None:
+    bodies = by_name(g, pattern)
+    if not bodies:
         sys.exit(f"ggml's prefill kernel {pattern} not found (pass ggml-repack.s, ggml-sgemm.s)")
     name = pattern if pattern.startswith("ggml_") else "tinyBLAS<8, f16>::gemm_bloc<4, 6>"
-    return ork, per_256(body, cpu, None, MACS, trips), name
+    return ork, first_per_256(bodies, cpu, trips), name
 
 
 def inline_calls(funcs, body):
