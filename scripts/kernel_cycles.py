@@ -393,15 +393,16 @@ GGML_GEMM = {
 }
 
 # ork's M > 1 kernel of each type (what `Kernel::rows` runs for m > 1 on a dotprod core):
-# - 32-weight blocks: `legacy::neon::row_sdot::<F, 4>` (one weight row decoded per 8 blocks,
-#   against 4 activation rows: a pass is 8 blocks × 4 rows = 1024 multiply-adds);
+# - 32-weight blocks: `legacy::neon::entry_sdot::<F>`, the dotprod driver with its tile of 4
+#   weight rows × 4 activation rows inlined (`tile_sdot`; a pass is half of 8 blocks: 4 blocks
+#   × 4 × 4 × 32 = 2048 multiply-adds), or `tile_sdot::<F>` where LLVM kept it apart;
 # - k-quants: `k_quants::neon::rows_sdot::<T>` (the shared driver's M > 1 path; M = 1 runs in
 #   `one`, a symbol of its own), or `rows_dot::<T>`, the safe entry, where LLVM inlined it
 #   there; its hot loop is the tile over a super-block, four weight rows and four activation
 #   rows (the weight rows are decoded once per chunk of activation rows beforehand,
 #   `k_quants::drive`, not counted: amortised over the chunk);
 # - F16: `float::neon::fp16::tile::<1, 4>` (one weight row, four activation rows).
-_LEG_M = r"legacy::neon::row_sdot::<[\w\[\]:]*::{}, 4: usize>$"
+_LEG_M = r"legacy::neon::(entry|tile)_sdot::<[\w\[\]:]*::{}>$"
 _KQ_M = r"k_quants::neon::rows_(s?)dot::<{}: u8>$"
 ORK_GEMM = {
     "F16": r"float::neon::fp16::tile::<1: usize, 4: usize>$",

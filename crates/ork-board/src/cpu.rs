@@ -110,17 +110,17 @@ pub const GGML_GEMM_CYCLES: [(FileType, f64, f64); 13] = [
 /// 256 multiply-adds. An estimate, not a measurement (`docs/kernels.md`).
 pub const ORK_GEMM_CYCLES: [(FileType, f64, f64); 13] = [
     (FileType::F16, 40.1, 128.0),
-    (FileType::Q4_0, 35.5, 126.5),
-    (FileType::Q4_1, 42.5, 120.5),
-    (FileType::Q5_0, 45.8, 165.8),
-    (FileType::Q5_1, 53.0, 161.0),
-    (FileType::Q8_0, 34.5, 124.5),
+    (FileType::Q4_0, 30.6, 139.6),
+    (FileType::Q4_1, 22.0, 113.6),
+    (FileType::Q5_0, 32.5, 149.5),
+    (FileType::Q5_1, 35.1, 160.8),
+    (FileType::Q8_0, 26.3, 113.8),
     (FileType::Q2_K, 23.3, 133.4),
     (FileType::Q3_K, 23.3, 133.4),
     (FileType::Q4_K, 23.3, 133.5),
     (FileType::Q5_K, 23.3, 133.5),
     (FileType::Q6_K, 23.3, 133.4),
-    (FileType::IQ4_NL, 39.0, 130.5),
+    (FileType::IQ4_NL, 34.8, 141.1),
     (FileType::IQ4_XS, 23.3, 134.1),
 ];
 
