@@ -376,7 +376,7 @@ ORK = {
 # rows interleaved by 4 bytes (`*_4x4_q8_0`), Q4_K, Q5_K, Q6_K as 8 rows by 4 bytes
 # (`*_8x4_q8_K`); its mul_mat then runs `ggml_gemm_*` (ggml-cpu/arch/arm/repack.cpp) on 4
 # activation rows at a time. F16 goes to llamafile's tinyBLAS (ggml-cpu/llamafile/sgemm.cpp,
-# fp16 `fmla` on cores with fp16 arithmetic; its 4 × 6 tile, the one a 512-row prefill runs).
+# fp16 `fmla` on cores with fp16 arithmetic; its 4 × 6 tile, the main one its `matmul` packs).
 # Every other type (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_XS) runs its `ggml_vec_dot_*` row by
 # row: the M = 1 figure.
 GGML_GEMM = {
