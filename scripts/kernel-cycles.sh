@@ -3,7 +3,14 @@
 # Cortex-A76 and Cortex-A55 scheduling models (llvm-mca). An ESTIMATE from a scheduling model,
 # not a measurement on a core. Not part of the tests (it downloads a 77 MB source tarball once).
 #
-# Usage: scripts/kernel-cycles.sh [--json] [--cores rk3576]
+# Usage: scripts/kernel-cycles.sh [--json] [--gemm] [--cores rk3576]
+#
+# `--gemm`: the prefill (M > 1) table instead, in cycles per 256 multiply-adds (weights ×
+# activation rows): ork's M > 1 NEON dotprod path beside the kernel llama.cpp runs for prefill on
+# the RK3588's A76 (the repacked GEMM of ggml-cpu/arch/arm/repack.cpp where its CPU_REPACK buffer
+# takes the type on a dotprod core without i8mm, llamafile's tinyBLAS for F16, else vec_dot row
+# by row; kernel_cycles.py's GGML_GEMM says which). `--json` rows always carry both tables
+# (`ork_gemm`, `ggml_gemm`, `ggml_gemm_kernel`).
 #
 # `--cores rk3576`: the RK3576's Cortex-A72/A53 (ARMv8.0-A, no dotprod, no fp16 arithmetic):
 # ggml built with `-march=armv8-a` (its plain-NEON paths), ggml's column only.
@@ -84,4 +91,10 @@ if grep -rqs "sdot\|vdotq_s32" crates/ork-kernels/src/blocks/; then
 else
     log "ork-kernels has no NEON block kernels yet: the ork column is empty"
 fi
-python3 scripts/kernel_cycles.py --ggml "$work/ggml-quants.s" --ggml "$work/ggml-vec.s" "${ork_args[@]}" "$@"
+# ggml's prefill kernels (`--gemm`): the repacked GEMMs and llamafile's tinyBLAS (built, as
+# llama.cpp's CMake does by default, with GGML_USE_LLAMAFILE).
+aarch64-linux-gnu-g++ "${flags[@]}" -S "$src/src/ggml-cpu/arch/arm/repack.cpp" -o "$work/ggml-repack.s"
+aarch64-linux-gnu-g++ "${flags[@]}" -DGGML_USE_LLAMAFILE -S "$src/src/ggml-cpu/llamafile/sgemm.cpp" \
+    -o "$work/ggml-sgemm.s"
+python3 scripts/kernel_cycles.py --ggml "$work/ggml-quants.s" --ggml "$work/ggml-vec.s" \
+    --ggml "$work/ggml-repack.s" --ggml "$work/ggml-sgemm.s" "${ork_args[@]}" "$@"

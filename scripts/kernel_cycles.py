@@ -3,7 +3,12 @@
 scheduling models (llvm-mca), for ggml's kernels and ork's. An ESTIMATE from a scheduling model,
 not a measurement. Driven by scripts/kernel-cycles.sh, which prepares the assembly.
 
-Usage: kernel_cycles.py --ggml GGML.s [--ork ORK.s] [--cores rk3588|rk3576] [--json]
+Usage: kernel_cycles.py --ggml GGML.s [--ork ORK.s] [--cores rk3588|rk3576] [--json] [--gemm]
+
+`--gemm` prints the prefill (M > 1) table instead: ork's M > 1 path (ORK_GEMM) beside the kernel
+llama.cpp runs for prefill on the A76 (GGML_GEMM: the repacked GEMMs of
+ggml-cpu/arch/arm/repack.cpp and llamafile's tinyBLAS, from the --ggml files holding them; else
+vec_dot), in cycles per 256 multiply-adds (weights x activation rows), found and run the same way.
 
 How a kernel's figure is made, the same way for both columns:
 - the kernel's function is found in the assembly (ggml: `ggml_vec_dot_<type>_<act>`; ork: the
@@ -62,7 +67,8 @@ FUNC = re.compile(r"^([A-Za-z_][\w.$]*):\s*$")
 
 
 def functions(path):
-    """Each global or local function of a GNU-syntax assembly file: name -> its lines."""
+    """Each global or local function of a GNU-syntax assembly file: name -> its lines (inline
+    assembly normalised by `from_inline_asm`)."""
     out, cur = {}, None
     with open(path) as f:
         for line in f:
@@ -73,6 +79,50 @@ def functions(path):
                 out[cur] = []
             elif cur is not None:
                 out[cur].append(line)
+    return {name: from_inline_asm(name, body) for name, body in out.items()}
+
+
+def from_inline_asm(name, body):
+    """`body` with its inline-assembly blocks (`#APP` .. `#NO_APP`, as ggml's hand-written
+    `ggml_gemm_q4_0_4x4_q8_0`) in the form the rest reads: one tab-indented instruction a line,
+    `.inst 0x… // sdot …` (how ggml spells `sdot` by element for assemblers without dotprod)
+    replaced by the instruction its comment names, and numeric local labels (`3:`, `b.gt 3b`,
+    `cbz x10, 9f`) renamed to unique `.L` labels."""
+    out, app, defs = [], False, []
+    for line in body:
+        if line.startswith("#APP"):
+            app = True
+        elif line.startswith("#NO_APP"):
+            app = False
+        if not app or line.startswith("#") or line.startswith("//"):
+            out.append(line)
+            continue
+        text = line.strip()
+        m = re.match(r"^(\d+):\s*(.*)$", text)
+        if m:
+            lab = f".Lasm_{name}_{m.group(1)}_{len(defs)}"
+            defs.append((m.group(1), len(out)))
+            out.append(lab + ":")
+            text = m.group(2)
+        m = re.match(r"^\.inst\s+0x[0-9a-f]+\s*//\s*(.*)$", text)
+        if m:
+            text = m.group(1)
+        if text:
+            out.append("\t" + text)
+
+    def resolve(i, num, way):
+        if way == "b":
+            found = [d for d in defs if d[0] == num and d[1] <= i]
+            return found[-1] if found else None
+        found = [d for d in defs if d[0] == num and d[1] > i]
+        return found[0] if found else None
+
+    for i, line in enumerate(out):
+        m = re.match(r"^(\t(?:b\.?\w*|cbn?z|tbn?z)\s+.*?)\b(\d+)([bf])\s*$", line)
+        if m:
+            d = resolve(i, m.group(2), m.group(3))
+            if d is not None:
+                out[i] = m.group(1) + out[d[1]][:-1]
     return out
 
 
@@ -117,26 +167,28 @@ def cache_regs(body):
     }
 
 
-def trace(body, head, labels):
+def trace(body, head, labels, trips=()):
     """The instructions one pass of the loop headed at line `head` runs, and the labels it
     passes, following the path the steady state takes: unconditional branches are followed, a
     branch to the head ends the pass, CPU-feature tests go the way the RK3588 goes
     (`feature_taken`), every other conditional branch falls through (loop exits, rare cases).
     Two passes are followed and the second is kept (registers loaded before the head, such as
     the feature word, are then known). None if the path leaves the function, does not come
-    back to the head, or runs an inner loop (a branch back to a label it passed: the hot loop
-    is an innermost loop, as ggml's)."""
+    back to the head, or runs an inner loop whose trip count neither the code states
+    (`trip_count`) nor `trips` gives (the counts of the inner loops the pass meets, in order,
+    as the kernel's source states them: the hot loop is otherwise an innermost loop)."""
     name = LABEL.match(body[head]).group(1)
     cache, feat = cache_regs(body), set()
     for _ in range(2):
-        out, seen = pass_of(body, head, labels, name, cache, feat)
+        out, seen = pass_of(body, head, labels, name, cache, feat, list(trips))
         if out is None:
             return None
     return out, seen
 
 
-def pass_of(body, head, labels, name, cache, feat):
-    """One pass for `trace` (updates `feat`, the registers holding the feature word)."""
+def pass_of(body, head, labels, name, cache, feat, trips):
+    """One pass for `trace` (updates `feat`, the registers holding the feature word; takes
+    from `trips` the counts of inner loops the code does not state)."""
     out, i, seen, marks = [], head + 1, set(), {}
     for _ in range(20000):
         if i >= len(body):
@@ -167,13 +219,17 @@ def pass_of(body, head, labels, name, cache, feat):
         if target == name:
             return out, seen
         if target in seen:
-            if not cond or target not in marks:
+            if target not in marks:
                 break
-            # An inner loop with a trip count the code states: run its other passes here.
-            trips = trip_count(out[: marks[target]], out[marks[target] :])
-            if trips is None:
+            # An inner loop with a trip count the code (or `trips`) states: run its other
+            # passes here, then go on past its back branch (a `b` back, as GCC's last pass of
+            # ggml's Q6_K gemm `half` loop, exits by a branch before it, to the code after it).
+            n = trip_count(out[: marks[target]], out[marks[target] :]) if cond else None
+            if n is None and trips:
+                n = trips.pop(0)
+            if n is None:
                 break
-            out += out[marks[target] :] * (trips - 1)
+            out += out[marks[target] :] * (n - 1)
             continue
         taken = feature_taken(line, feat) if cond else True
         if taken and target in labels:
@@ -185,7 +241,12 @@ def pass_of(body, head, labels, name, cache, feat):
 def trip_count(before, body):
     """Passes of an inner loop `body` (its back branch last) entered after `before`, when the
     code states them: a counter set to 0 (`mov xN, xzr`) before it, stepped by `add xN, xN,
-    #S` and compared with `cmp xN, #E` right before the back branch: E / S. Else None."""
+    #S` and compared with `cmp xN, #E` right before the back branch: E / S; or a counter set
+    to E (`mov wN, #E`) before it and counted down by `subs xN, xN, #S` (LLVM's form of ork's
+    loop over four activation rows): E / S. Else None."""
+    down = count_down(before, body)
+    if down is not None:
+        return down
     m = re.match(r"^\s+cmp\s+x(\d+), #(\d+)$", body[-2]) if len(body) > 1 else None
     if not m:
         return None
@@ -199,12 +260,27 @@ def trip_count(before, body):
     return end // steps[0]
 
 
+def count_down(before, body):
+    """E / S for a counter set by `mov [wx]N, #E` (its last setting before the loop) and
+    stepped by one `subs [wx]N, [wx]N, #S` in `body`; None otherwise."""
+    steps = [re.match(r"^\s+subs\s+[wx](\d+), [wx]\1, #(\d+)$", x) for x in body]
+    steps = [x for x in steps if x]
+    if len(steps) != 1:
+        return None
+    r, step = steps[0].group(1), int(steps[0].group(2))
+    sets = [re.match(r"^\s+mov\s+[wx]%s, #(\d+)$" % r, x) for x in before]
+    sets = [int(x.group(1)) for x in sets if x]
+    if not sets or step == 0 or sets[-1] % step:
+        return None
+    return sets[-1] // step
+
+
 def dots(lines, macs=MACS):
     """Multiply-adds `lines` make (each weight is multiplied once per activation row)."""
     return sum(n for x in lines for r, n in macs if r.match(x))
 
 
-def hot_loop(body, macs=None, rules=MACS):
+def hot_loop(body, macs=None, rules=MACS, trips=()):
     """The loop whose pass has the most multiply-adds, the shortest on ties; or, given `macs`,
     the longest pass making exactly `macs` (ork's k-quant M = 1 loop, which decodes its
     super-block in the pass, beside the M > 1 path's loops over a row decoded beforehand).
@@ -214,7 +290,7 @@ def hot_loop(body, macs=None, rules=MACS):
     labels = labels_of(body)
     cands = []
     for head in sorted({h for h, _ in loops(body)}):
-        t = trace(body, head, labels)
+        t = trace(body, head, labels, trips)
         n = dots(t[0], rules) if t else 0
         if n > 0 and macs in (None, n):
             cands.append((n, head, t[0], t[1]))
@@ -248,8 +324,8 @@ def mca(text, cpu):
     return cycles / iters
 
 
-def per_256(body, cpu, macs=None, rules=MACS):
-    hot = hot_loop(body, macs, rules) if body else None
+def per_256(body, cpu, macs=None, rules=MACS, trips=()):
+    hot = hot_loop(body, macs, rules, trips) if body else None
     if hot is None:
         return None
     text, weights = hot
@@ -293,6 +369,96 @@ ORK = {
 }
 
 
+# The kernel llama.cpp runs for prefill (M > 1) on the RK3588's A76 (dotprod, no i8mm), and
+# the counts of the inner loops its hot pass meets that the code does not state (`trace`),
+# from the kernel's source. `ggml_repack_get_optimal_repack_type` (ggml-cpu/repack.cpp) gives
+# the CPU_REPACK buffer's types on a NEON dotprod core without i8mm: Q4_0, Q8_0, IQ4_NL as 4
+# rows interleaved by 4 bytes (`*_4x4_q8_0`), Q4_K, Q5_K, Q6_K as 8 rows by 4 bytes
+# (`*_8x4_q8_K`); its mul_mat then runs `ggml_gemm_*` (ggml-cpu/arch/arm/repack.cpp) on 4
+# activation rows at a time. F16 goes to llamafile's tinyBLAS (ggml-cpu/llamafile/sgemm.cpp,
+# fp16 `fmla` on cores with fp16 arithmetic; its 4 × 6 tile, the main one its `matmul` packs).
+# Every other type (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_XS) runs its `ggml_vec_dot_*` row by
+# row: the M = 1 figure.
+GGML_GEMM = {
+    "F16": (r"tinyBLAS<8, __Float16x8_t, .*>::gemm_bloc<4, 6>\(long, long\)$", ()),
+    "Q4_0": ("ggml_gemm_q4_0_4x4_q8_0", ()),
+    "Q8_0": ("ggml_gemm_q8_0_4x4_q8_0", ()),
+    "IQ4_NL": ("ggml_gemm_iq4_nl_4x4_q8_0", ()),
+    # Per super-block: the scales of two 32-value halves (`for i < 2`), then four 64-value
+    # sub-blocks (`for sb < QK_K / 64`); Q5_K reads its 8 × 16 bytes per sub-block in a loop
+    # GCC keeps (`for k < reads_per_sb`); Q6_K's `half` × `sb` loops (4 inside 2).
+    "Q4_K": ("ggml_gemm_q4_K_8x4_q8_K", (2, 4)),
+    "Q5_K": ("ggml_gemm_q5_K_8x4_q8_K", (2, 8, 4)),
+    "Q6_K": ("ggml_gemm_q6_K_8x4_q8_K", (4, 2)),
+}
+
+# ork's M > 1 kernel of each type (what `Kernel::rows` runs for m > 1 on a dotprod core):
+# - 32-weight blocks: `legacy::neon::entry_sdot::<F>`, the dotprod driver with its tile of 4
+#   weight rows × 4 activation rows inlined (`tile_sdot`; a pass is half of 8 blocks: 4 blocks
+#   × 4 × 4 × 32 = 2048 multiply-adds), or `tile_sdot::<F>` where LLVM kept it apart;
+# - k-quants: `k_quants::neon::rows_sdot::<T>` (the shared driver's M > 1 path; M = 1 runs in
+#   `one`, a symbol of its own), or `rows_dot::<T>`, the safe entry, where LLVM inlined it
+#   there; its hot loop is the tile over a super-block, four weight rows and four activation
+#   rows (the weight rows are decoded once per chunk of activation rows beforehand,
+#   `k_quants::drive`, not counted: amortised over the chunk);
+# - F16: `float::neon::fp16::tile::<1, 4>` (one weight row, four activation rows).
+_LEG_M = r"legacy::neon::(entry|tile)_sdot::<[\w\[\]:]*::{}>$"
+_KQ_M = r"k_quants::neon::rows_(s?)dot::<{}: u8>$"
+ORK_GEMM = {
+    "F16": r"float::neon::fp16::tile::<1: usize, 4: usize>$",
+    "Q4_0": _LEG_M.format("Q4_0"),
+    "Q4_1": _LEG_M.format("Q4_1"),
+    "Q5_0": _LEG_M.format("Q5_0"),
+    "Q5_1": _LEG_M.format("Q5_1"),
+    "Q8_0": _LEG_M.format("Q8_0"),
+    "IQ4_NL": _LEG_M.format("Iq4Nl"),
+    "Q2_K": _KQ_M.format(0),
+    "Q3_K": _KQ_M.format(1),
+    "Q4_K": _KQ_M.format(2),
+    "Q5_K": _KQ_M.format(3),
+    "Q6_K": _KQ_M.format(4),
+    "IQ4_XS": _KQ_M.format(5),
+}
+
+
+def by_name(funcs, pattern):
+    """The bodies of the functions of `funcs` whose demangled names match `pattern` (a plain
+    symbol is matched whole), out-of-line helpers inlined."""
+    if pattern in funcs:
+        return [inline_calls(funcs, funcs[pattern])]
+    names = list(funcs)
+    return [
+        inline_calls(funcs, funcs[raw])
+        for raw, nice in zip(names, demangle(names))
+        if re.search(pattern, nice)
+    ]
+
+
+def first_per_256(bodies, cpu, trips=()):
+    """`per_256` of the first of `bodies` that has a hot loop (a wrapper LLVM left without the
+    kernel inlined has none); None if none has."""
+    for body in bodies:
+        v = per_256(body, cpu, None, MACS, trips)
+        if v is not None:
+            return v
+    return None
+
+
+def gemm_columns(g, o, ty, cpu, vec_dot):
+    """(ork's M > 1, ggml's prefill kernel, its name) for `ty` on `cpu`: cycles per 256
+    multiply-adds (weights × activation rows); `vec_dot` is ggml's M = 1 figure, the prefill
+    kernel of the types llama.cpp does not repack."""
+    ork = first_per_256(by_name(o, ORK_GEMM[ty]), cpu) if o and ty in ORK_GEMM else None
+    if ty not in GGML_GEMM:
+        return ork, vec_dot, "vec_dot"
+    pattern, trips = GGML_GEMM[ty]
+    bodies = by_name(g, pattern)
+    if not bodies:
+        sys.exit(f"ggml's prefill kernel {pattern} not found (pass ggml-repack.s, ggml-sgemm.s)")
+    name = pattern if pattern.startswith("ggml_") else "tinyBLAS<8, f16>::gemm_bloc<4, 6>"
+    return ork, first_per_256(bodies, cpu, trips), name
+
+
 def inline_calls(funcs, body):
     """`body` with every `bl` to a loop-free function of the file replaced by that function's
     instructions (its `ret` dropped): a helper the compiler kept out of line (ork's k-quant
@@ -324,6 +490,7 @@ def main():
     ap.add_argument("--ggml", required=True, action="append")
     ap.add_argument("--ork")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--gemm", action="store_true", help="print the prefill (M > 1) table")
     ap.add_argument("--cores", choices=["rk3588", "rk3576"], default="rk3588")
     a = ap.parse_args()
     cores = CORES_RK3576 if a.cores == "rk3576" else CORES
@@ -343,16 +510,30 @@ def main():
         for core, cpu in cores:
             ork = per_256(obody, cpu, omacs, orules)
             ggml = per_256(gbody, cpu, None, grules)
-            rows.append({"type": ty, "core": core, "ork": ork, "ggml": ggml})
+            row = {"type": ty, "core": core, "ork": ork, "ggml": ggml}
+            if a.cores == "rk3588":
+                og, gg, kernel = gemm_columns(g, o, ty, cpu, ggml)
+                row.update({"ork_gemm": og, "ggml_gemm": gg, "ggml_gemm_kernel": kernel})
+            rows.append(row)
     if a.json:
         print(json.dumps(rows, indent=1))
+        return
+    fmt = lambda v: "-" if v is None else f"{v:.1f}"
+    ratio = lambda x, y: f"{x / y:.2f}" if x and y else "-"
+    if a.gemm:
+        print("cycles per 256 multiply-adds (weights x activation rows) of the prefill (M > 1)")
+        print("kernels, llvm-mca estimate (not a measurement)")
+        print(f"{'type':8} {'core':4} {'ork':>8} {'ggml':>8} {'ork/ggml':>9}  ggml kernel")
+        for r in rows:
+            og, gg = r["ork_gemm"], r["ggml_gemm"]
+            print(f"{r['type']:8} {r['core']:4} {fmt(og):>8} {fmt(gg):>8} {ratio(og, gg):>9}"
+                  f"  {r['ggml_gemm_kernel']}")
         return
     print("cycles per 256 weights, llvm-mca estimate (not a measurement)")
     print(f"{'type':8} {'core':4} {'ork':>8} {'ggml':>8} {'ork/ggml':>9}")
     for r in rows:
-        fmt = lambda v: "-" if v is None else f"{v:.1f}"
-        ratio = f"{r['ork'] / r['ggml']:.2f}" if r["ork"] and r["ggml"] else "-"
-        print(f"{r['type']:8} {r['core']:4} {fmt(r['ork']):>8} {fmt(r['ggml']):>8} {ratio:>9}")
+        print(f"{r['type']:8} {r['core']:4} {fmt(r['ork']):>8} {fmt(r['ggml']):>8} "
+              f"{ratio(r['ork'], r['ggml']):>9}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 //! over the board's one DDR bus.
 //!
 //! A pass of `m` rows costs, per matmul weight, the larger of its compute (multiply-adds ÷ 256 ×
-//! the kernel's cycles per 256 weights, [`GGML_CYCLES`], shared among the threads as
+//! the kernel's cycles per 256 weights, [`GGML_CYCLES`] at M = 1 and the prefill kernel's
+//! [`GGML_GEMM_CYCLES`] ÷ the fitted `gemm_gain` at M > 1, shared among the threads as
 //! [`Pool`] says: evenly as llama.cpp's row split, the slowest core setting the time, or in
 //! chunks as ork's pool) and its reads (bytes ÷ the cores' read rate, the storage's for bytes
 //! the page cache cannot hold); plus attention (the
@@ -80,6 +81,49 @@ pub const ORK_CYCLES: [(FileType, f64, f64); 13] = [
     (FileType::IQ4_XS, 65.2, 197.0),
 ];
 
+/// Cycles per 256 multiply-adds (weights × activation rows) of the kernel llama.cpp runs for
+/// prefill (M > 1) on the Cortex-A76 and the Cortex-A55: `scripts/kernel-cycles.sh --gemm` (the
+/// same llvm-mca 14 models and build as [`GGML_CYCLES`]). On a dotprod core without i8mm, ggml's
+/// CPU_REPACK buffer takes Q4_0, Q8_0, IQ4_NL (4 rows interleaved by 4 bytes) and Q4_K, Q5_K,
+/// Q6_K (8 rows by 4 bytes) and runs their `ggml_gemm_*` (`ggml-cpu/repack.cpp`,
+/// `ggml-cpu/arch/arm/repack.cpp`); F16 runs llamafile's tinyBLAS (`llamafile/sgemm.cpp`, its
+/// 4 × 6 fp16 tile); every other type its `ggml_vec_dot_*` row by row, [`GGML_CYCLES`]'s
+/// figure. An estimate, not a measurement (`docs/kernels.md`).
+pub const GGML_GEMM_CYCLES: [(FileType, f64, f64); 13] = [
+    (FileType::F16, 72.1, 78.7),
+    (FileType::Q4_0, 15.8, 29.4),
+    (FileType::Q4_1, 80.6, 216.0),
+    (FileType::Q5_0, 128.5, 328.0),
+    (FileType::Q5_1, 144.6, 368.0),
+    (FileType::Q8_0, 20.1, 62.0),
+    (FileType::Q2_K, 80.2, 236.0),
+    (FileType::Q3_K, 97.2, 305.0),
+    (FileType::Q4_K, 35.0, 109.6),
+    (FileType::Q5_K, 33.4, 75.3),
+    (FileType::Q6_K, 32.3, 115.3),
+    (FileType::IQ4_NL, 26.3, 58.0),
+    (FileType::IQ4_XS, 77.2, 207.0),
+];
+
+/// ork's column of the prefill table: the hot loop of ork-kernels' M > 1 NEON dotprod path of
+/// each type (`scripts/kernel-cycles.sh --gemm`; the same build as [`ORK_CYCLES`]), cycles per
+/// 256 multiply-adds. An estimate, not a measurement (`docs/kernels.md`).
+pub const ORK_GEMM_CYCLES: [(FileType, f64, f64); 13] = [
+    (FileType::F16, 40.1, 128.0),
+    (FileType::Q4_0, 30.6, 139.6),
+    (FileType::Q4_1, 22.0, 113.6),
+    (FileType::Q5_0, 32.5, 149.5),
+    (FileType::Q5_1, 35.1, 160.8),
+    (FileType::Q8_0, 26.3, 113.8),
+    (FileType::Q2_K, 23.3, 133.4),
+    (FileType::Q3_K, 23.3, 133.4),
+    (FileType::Q4_K, 23.3, 133.5),
+    (FileType::Q5_K, 23.3, 133.5),
+    (FileType::Q6_K, 23.3, 133.4),
+    (FileType::IQ4_NL, 34.8, 141.1),
+    (FileType::IQ4_XS, 23.3, 134.1),
+];
+
 /// Whose kernels a CPU projection charges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -133,13 +177,28 @@ pub enum Core {
 /// F32 (ggml converts bf16 to f32 on cores without bf16 instructions, as these). Both assumed,
 /// not estimated.
 pub fn cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
+    lookup(ty, core, kernels, (&GGML_CYCLES, &ORK_CYCLES))
+}
+
+/// Cycles per 256 multiply-adds of `ty`'s prefill (M > 1) kernel on `core`, from `kernels`'
+/// column of the prefill tables ([`GGML_GEMM_CYCLES`], [`ORK_GEMM_CYCLES`]); F32 and BF16 as
+/// [`cycles`] charges them, from ggml's F16 prefill figure. The A72/A53 have no prefill table:
+/// their M = 1 figures ([`GGML_CYCLES_ARMV8_0`]), assumed.
+pub fn gemm_cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
+    lookup(ty, core, kernels, (&GGML_GEMM_CYCLES, &ORK_GEMM_CYCLES))
+}
+
+type CycleTable = [(FileType, f64, f64)];
+
+/// [`cycles`] and [`gemm_cycles`] on the (ggml, ork) tables `t` of dotprod cores.
+fn lookup(ty: FileType, core: Core, kernels: Kernels, t: (&CycleTable, &CycleTable)) -> f64 {
     let (dotprod, big) = match core {
         Core::A76 => (true, true),
         Core::A55 => (true, false),
         Core::A72 => (false, true),
         Core::A53 => (false, false),
     };
-    let pick = |t: &[(FileType, f64, f64)], ty: FileType| {
+    let pick = |t: &CycleTable, ty: FileType| {
         t.iter()
             .find(|c| c.0 == ty)
             .map(|c| if big { c.1 } else { c.2 })
@@ -149,15 +208,15 @@ pub fn cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
             return pick(&GGML_CYCLES_ARMV8_0, ty);
         }
         let ork = match kernels {
-            Kernels::Ork => pick(&ORK_CYCLES, ty),
+            Kernels::Ork => pick(t.1, ty),
             Kernels::Ggml => None,
         };
-        ork.or_else(|| pick(&GGML_CYCLES, ty))
+        ork.or_else(|| pick(t.0, ty))
     };
     match ty {
         FileType::F32 | FileType::BF16 => {
             let f16 = if dotprod {
-                pick(&GGML_CYCLES, FileType::F16)
+                pick(t.0, FileType::F16)
             } else {
                 one(FileType::F16)
             };
@@ -184,8 +243,8 @@ pub struct Cpu {
     pub read_bw: f64,
     /// Fixed cost of one block in one pass (graph nodes, thread barriers), seconds (fitted).
     pub layer_s: f64,
-    /// Multiply-adds per cycle of a pass of many rows over the M = 1 kernel's (prefill reuses
-    /// each weight load across rows; fitted).
+    /// A pass of many rows' multiply-adds per cycle over its prefill kernel's llvm-mca estimate
+    /// ([`gemm_cycles`]; fitted on llama.cpp's prefill against ggml's kernels).
     pub gemm_gain: f64,
     /// Effective fp32 operations per second of one core on attention.
     pub core_flops: f64,
@@ -198,15 +257,15 @@ pub struct CpuFitted {
     pub read_frac: f64,
     /// Fixed cost per block and pass, seconds.
     pub layer_s: f64,
-    /// Prefill multiply-adds per cycle over the M = 1 kernel's.
+    /// Prefill multiply-adds per cycle over the prefill kernel's estimate ([`gemm_cycles`]).
     pub gemm_gain: f64,
 }
 
 /// The fit as [`crate::cpu_fit::fit_cpu`] computes it (a test recomputes it).
 pub const FITTED_CPU: CpuFitted = CpuFitted {
-    read_frac: 0.71215,
-    layer_s: 188.65e-6,
-    gemm_gain: 3.1904,
+    read_frac: 0.71260,
+    layer_s: 188.59e-6,
+    gemm_gain: 0.78621,
 };
 
 /// A board as the CPU engine sees it: the CPU, the DDR bus it shares with the NPU (if any), RAM
@@ -569,10 +628,15 @@ pub fn weight_cost(
         1.0
     };
     let macs = rows as f64 * per_row_experts * (w.k * w.n) as f64;
-    let gain = if rows > 1 { cpu.gemm_gain } else { 1.0 };
+    // A pass of many rows runs the prefill kernel, at the fitted share of its estimate.
+    let (table, gain): (fn(FileType, Core, Kernels) -> f64, f64) = if rows > 1 {
+        (gemm_cycles, cpu.gemm_gain)
+    } else {
+        (cycles, 1.0)
+    };
     // Seconds per 256 multiply-adds on one big and one little core.
-    let big_s = cycles(w.ty, cpu.kinds.0, plan.kernels) / cpu.big.1;
-    let little_s = cycles(w.ty, cpu.kinds.1, plan.kernels) / cpu.little.1;
+    let big_s = table(w.ty, cpu.kinds.0, plan.kernels) / cpu.big.1;
+    let little_s = table(w.ty, cpu.kinds.1, plan.kernels) / cpu.little.1;
     let touched = active_experts(w, shape.top_k, rows) / w.experts as f64;
     let compute_s = match plan.pool {
         _ if little <= 0.0 => macs / 256.0 * big_s / big,

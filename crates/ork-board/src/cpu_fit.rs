@@ -1,6 +1,6 @@
 //! Calibration of the CPU engine ([`crate::cpu`]): three parameters (the cores' read rate as a
-//! fraction of the DDR bus, a fixed cost per block and pass, prefill's gain over the M = 1
-//! kernel) fitted on three rows of llama.cpp's published RK3588 CPU figures (rk-llama.cpp's
+//! fraction of the DDR bus, a fixed cost per block and pass, prefill's rate over its kernel's
+//! llvm-mca estimate: ggml's repacked GEMM or vec_dot, [`crate::cpu::GGML_GEMM_CYCLES`]) fitted on three rows of llama.cpp's published RK3588 CPU figures (rk-llama.cpp's
 //! README, `llama-bench`, 4 threads on the A76 cores: pp512 and tg128), by the same
 //! Nelder–Mead as the NPU's fit; the other rows are predicted, never fitted. See
 //! `docs/board-model.md`.
@@ -277,7 +277,7 @@ pub fn fit_cpu() -> Result<(CpuFitted, f64), BoardError> {
         layer_s: x[1].exp(),
         gemm_gain: x[2].exp(),
     };
-    let start = [(0.6f64).ln(), (100e-6f64).ln(), (3.0f64).ln()];
+    let start = [(0.6f64).ln(), (100e-6f64).ln(), (1.0f64).ln()];
     let (x, loss) = nelder_mead(|x| cpu_loss(&to(x)), start, 200)?;
     Ok((to(&x), loss))
 }

@@ -87,11 +87,11 @@ fn a_split_prefill_is_never_slower_than_either_engine_alone() {
 
 /// A stated case, by hand: Gemma 3 1B Q4_0 on orangepi5-16g, 512 prompt tokens in one pass.
 /// `ffn_gate` (K 1152, N 6912) computes 512 × 1152 × 6912 = 4.08 G multiply-adds. On the CPU:
-/// ÷ 256 × 43.2 cycles (ork's Q4_0 A76 column) ÷ 2.352 GHz ÷ 4 cores ÷ the fitted 3.19 GEMM
-/// gain ≈ 22.9 ms (compute-bound: its 4.48 MB read take 0.2 ms). On the NPU: 2 calls × 25.4
-/// µs + 2 × 4.08 G ÷ 1.1985 TOPS ≈ 6.85 ms. They meet where 0.05 + 6.80 f = 22.9 (1 − f), f ≈
-/// 0.77 of its rows on the NPU, each engine ≈ 5.3 ms: the grid's nearest shares are 24/32 and
-/// 25/32.
+/// ÷ 256 × 30.6 cycles (ork's Q4_0 A76 prefill column, `ORK_GEMM_CYCLES`) ÷ 2.352 GHz ÷ 4 cores
+/// ÷ the fitted 0.786 `gemm_gain` ≈ 65.9 ms (compute-bound: its 4.48 MB read take 0.2 ms). On
+/// the NPU: 2 calls × 25.4 µs + 2 × 4.08 G ÷ 1.1985 TOPS ≈ 6.85 ms. They meet where 0.05 +
+/// 6.80 f = 65.9 (1 − f), f ≈ 0.906 of its rows on the NPU, each engine ≈ 6.2 ms: the grid's
+/// nearest share is 29/32 (30/32 accepted).
 #[test]
 fn each_weight_takes_the_share_where_its_engines_meet() {
     let b = board("orangepi5-16g");
@@ -104,11 +104,13 @@ fn each_weight_takes_the_share_where_its_engines_meet() {
         .position(|w| (w.k, w.n) == (1152, 6912))
         .unwrap();
     let f = shares[gate] * SHARES as f64;
-    assert!((24.0..=25.0).contains(&f), "gate share {f}/32");
-    // Both engines busy: the split beats the faster engine by a clear margin, short of both
-    // engines' matmul rates added.
-    assert!(s.ttft_s < 0.95 * s.npu_ttft_s, "{s:?}");
-    assert!(s.npu_row_share > 0.6 && s.npu_row_share < 0.9, "{s:?}");
+    assert!((29.0..=30.0).contains(&f), "gate share {f}/32");
+    // Both engines busy: the split beats the faster engine (by little since the CPU is charged
+    // its own M > 1 kernel: about 3 %), short of both engines' rates added.
+    assert!(s.ttft_s < 0.99 * s.npu_ttft_s, "{s:?}");
+    let added = 1.0 / (1.0 / s.npu_ttft_s + 1.0 / s.cpu_ttft_s);
+    assert!(s.ttft_s > added, "{s:?}");
+    assert!(s.npu_row_share > 0.6 && s.npu_row_share < 0.95, "{s:?}");
     // Prefill is compute-bound: only the output projection (one row) may be read-bound.
     assert!(s.bus_bound_share < 0.05, "{s:?}");
 }

@@ -28,7 +28,9 @@
 //! separate multiplies and adds (no fused multiply-add), super-blocks in row order, `acc`
 //! starting at +0. The scalar twin and every SIMD kernel (`avx2.rs`, `neon.rs`) share the
 //! driver and [`combine`]; they differ only in how they decode and in the integer dot, so they
-//! agree bit for bit.
+//! agree bit for bit. (NEON dotprod's M > 1 tile, `neon.rs` `tile_sdot`, runs the float step
+//! itself on four activation rows' lanes at once, in this order, so its lanes are the same
+//! floats.)
 //!
 //! NaN: weights are taken as stored (a NaN or infinite `d`/`dmin` yields NaN or ±inf through the
 //! float step); a non-finite activation gives NaN outputs (`act_k.rs`).
@@ -207,6 +209,18 @@ pub(super) trait Engine {
     fn dot4(s: &Super, a: [&[u8]; 4]) -> [(i32, i32); 4] {
         a.map(|a| Self::dot(s, a))
     }
+    /// Whether [`Engine::tile`] has its own form that reads the interleaved activations
+    /// ([`interleave`]); the driver prepares them only then.
+    const TILE: bool = false;
+    /// One super-block of four decoded weight rows (`s`) against four Q8_K blocks (`a`, one
+    /// per activation row): `acc[row][activation row]` stepped as [`step`] does, with
+    /// [`Engine::dot`] of each pair. `ai` holds the four blocks interleaved ([`interleave`])
+    /// where [`Engine::TILE`], else nothing.
+    #[inline(always)]
+    fn tile(t: KType, s: [&Super; 4], a: [&[u8]; 4], ai: &[u8], acc: &mut [[f32; 4]; 4]) {
+        let _ = ai;
+        tile_by_rows::<Self>(t, s, a, acc);
+    }
     /// Decode `blk` and dot it with `a` (M = 1). An engine may fuse the two; it must leave
     /// `s.d`, `s.dmin` set and return what [`Engine::dot`] would (for a type without mins, a
     /// pair with the same `sumi − summ`, which is all the float step reads: NEON's Q3_K).
@@ -255,9 +269,11 @@ const ACT_CHUNK_BYTES: usize = 192 * 1024;
 
 /// The driver every ISA shares: `out[r·m + i]` accumulates super-block by super-block with
 /// [`combine`]. M = 1 decodes each super-block into one stack [`Super`] right before its dot;
-/// M > 1 decodes a whole weight row once per chunk of activation rows and reuses it across the
-/// chunk, four activation rows at a time ([`Engine::dot4`]). All give the same order of float
-/// operations per output.
+/// M > 1 decodes weight rows once per chunk of activation rows and reuses them across the
+/// chunk: four weight rows against four activation rows at a time ([`Engine::tile`], on the
+/// activations [`interleave`]d once per chunk where the engine reads them so), the rows left
+/// over one weight row against four activation rows ([`Engine::dot4`]), then one by one. All
+/// give the same order of float operations per output.
 /// `T` is a `KType as u8`; the signature is [`RowsFn`]'s.
 #[inline(always)]
 pub(super) fn drive<E: Engine, const T: u8>(
@@ -275,40 +291,166 @@ pub(super) fn drive<E: Engine, const T: u8>(
     let nb = k / QK_K;
     let (wrb, arb) = (nb * t.bytes(), nb * Q8K_BYTES);
     assert!(w.len() >= rows * wrb && acts.len() >= m * arb && out.len() >= rows * m);
-    let mut row: Vec<Super> = vec![Super::zero(); nb];
+    let mut tiles: [Vec<Super>; 4] = std::array::from_fn(|_| vec![Super::zero(); nb]);
+    let mut inter = Vec::new();
     let chunk = (ACT_CHUNK_BYTES / arb.max(1)).clamp(1, m);
     for i0 in (0..m).step_by(chunk) {
         let i1 = (i0 + chunk).min(m);
-        for (r, wrow) in w.chunks_exact(wrb).take(rows).enumerate() {
-            for (blk, s) in wrow.chunks_exact(t.bytes()).zip(row.iter_mut()) {
-                E::decode(t, blk, s);
-            }
-            let mut i = i0;
-            while i + 4 <= i1 {
-                let mut acc = [0.0f32; 4];
-                for (b, s) in row.iter().enumerate() {
-                    let a: [&[u8]; 4] = std::array::from_fn(|j| {
-                        let o = (i + j) * arb + b * Q8K_BYTES;
-                        &acts[o..o + Q8K_BYTES]
-                    });
-                    let d = E::dot4(s, a);
-                    for j in 0..4 {
-                        acc[j] = step(t, acc[j], s, a[j], d[j]);
+        let mut r0 = 0;
+        if E::TILE && i1 - i0 >= 4 {
+            interleave(&acts[i0 * arb..i1 * arb], nb, &mut inter);
+            while r0 + 4 <= rows {
+                for (j, row) in tiles.iter_mut().enumerate() {
+                    let wrow = &w[(r0 + j) * wrb..(r0 + j + 1) * wrb];
+                    for (blk, s) in wrow.chunks_exact(t.bytes()).zip(row.iter_mut()) {
+                        E::decode(t, blk, s);
                     }
                 }
-                out[r * m + i..r * m + i + 4].copy_from_slice(&acc);
-                i += 4;
+                tile_rows::<E>(t, &tiles, acts, &inter, (i0, i1, m), &mut out[r0 * m..]);
+                r0 += 4;
             }
-            for i in i..i1 {
-                let arow = &acts[i * arb..(i + 1) * arb];
-                let mut acc = 0.0f32;
-                for (s, a) in row.iter().zip(arow.chunks_exact(Q8K_BYTES)) {
-                    acc = combine::<E>(t, acc, s, a);
+        }
+        for (r, wrow) in w.chunks_exact(wrb).take(rows).enumerate().skip(r0) {
+            for (blk, s) in wrow.chunks_exact(t.bytes()).zip(tiles[0].iter_mut()) {
+                E::decode(t, blk, s);
+            }
+            row_rows::<E>(t, &tiles[0], acts, (i0, i1), &mut out[r * m..]);
+        }
+    }
+}
+
+/// [`Engine::tile`] row by row: [`Engine::dot4`] of each weight row, then [`step`].
+#[inline(always)]
+pub(super) fn tile_by_rows<E: Engine + ?Sized>(
+    t: KType,
+    s: [&Super; 4],
+    a: [&[u8]; 4],
+    acc: &mut [[f32; 4]; 4],
+) {
+    for (s, acc) in s.iter().zip(acc.iter_mut()) {
+        let d = E::dot4(s, a);
+        for j in 0..4 {
+            acc[j] = step(t, acc[j], s, a[j], d[j]);
+        }
+    }
+}
+
+/// Bytes of one interleaved tile block ([`interleave`]): four rows' 256 quants, 16 group sums
+/// and scale `d`.
+pub(super) const TILE_BLOCK: usize = 4 * QK_K + 4 * 16 * 2 + 4 * 4;
+/// Offset of the four rows' scales `d` (f32) in a tile block.
+pub(super) const TILE_D: usize = 4 * QK_K + 4 * 16 * 2;
+
+/// The activation rows of `acts` (whole rows of `nb` Q8_K blocks), four at a time, interleaved
+/// for [`Engine::tile`] into `out`: per group of four rows and super-block, [`TILE_BLOCK`]
+/// bytes, first the quants by 4-byte chunks, chunk `c` holding rows 0..4's quants `4c..4c + 4`
+/// (byte `16c + 4i + t` is row `i`'s quant `4c + t`), then the group sums, sum `g` of rows
+/// 0..4 side by side (i16 `4g + i` is row `i`'s `bsum_g`), then the four rows' `d` (f32, at
+/// [`TILE_D`]). Rows past the last group of four are left out.
+pub(super) fn interleave(acts: &[u8], nb: usize, out: &mut Vec<u8>) {
+    let arb = nb * Q8K_BYTES;
+    let quads = acts.len() / arb / 4;
+    out.clear();
+    out.resize(quads * nb * TILE_BLOCK, 0);
+    for (q, dst) in out.chunks_exact_mut(nb * TILE_BLOCK).enumerate() {
+        for (b, dst) in dst.chunks_exact_mut(TILE_BLOCK).enumerate() {
+            for i in 0..4 {
+                let a = &acts[(4 * q + i) * arb + b * Q8K_BYTES..][..Q8K_BYTES];
+                for (c, v) in a[4..4 + QK_K].chunks_exact(4).enumerate() {
+                    dst[16 * c + 4 * i..16 * c + 4 * i + 4].copy_from_slice(v);
                 }
-                out[r * m + i] = acc;
+                for (g, v) in a[Q8K_BSUMS..].chunks_exact(2).enumerate() {
+                    let o = 4 * QK_K + 2 * (4 * g + i);
+                    dst[o..o + 2].copy_from_slice(v);
+                }
+                dst[TILE_D + 4 * i..TILE_D + 4 * i + 4].copy_from_slice(&a[..4]);
             }
         }
     }
+}
+
+/// Four decoded weight rows (`rows[j]`, super-blocks in order) against activation rows
+/// `i0..i1` of `m` into `out[j·m + i]`: [`Engine::tile`] on each group of four activation
+/// rows (`inter`: the chunk's rows [`interleave`]d, when [`Engine::TILE`]), then the rows
+/// left over one by one.
+#[inline(always)]
+fn tile_rows<E: Engine>(
+    t: KType,
+    rows: &[Vec<Super>; 4],
+    acts: &[u8],
+    inter: &[u8],
+    (i0, i1, m): (usize, usize, usize),
+    out: &mut [f32],
+) {
+    let nb = rows[0].len();
+    let arb = nb * Q8K_BYTES;
+    let mut i = i0;
+    while i + 4 <= i1 {
+        let mut acc = [[0.0f32; 4]; 4];
+        let quad = &inter[(i - i0) / 4 * nb * TILE_BLOCK..];
+        for b in 0..nb {
+            let a = blocks4(acts, arb, i, b);
+            let s = [&rows[0][b], &rows[1][b], &rows[2][b], &rows[3][b]];
+            E::tile(
+                t,
+                s,
+                a,
+                &quad[b * TILE_BLOCK..(b + 1) * TILE_BLOCK],
+                &mut acc,
+            );
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            out[r * m + i..r * m + i + 4].copy_from_slice(acc);
+        }
+        i += 4;
+    }
+    for (r, row) in rows.iter().enumerate() {
+        // Fewer than four rows left: `row_rows` takes them one by one.
+        row_rows::<E>(t, row, acts, (i, i1), &mut out[r * m..]);
+    }
+}
+
+/// One decoded weight row against activation rows `i0..i1` of `m` into `out[i]`: four at a
+/// time ([`Engine::dot4`]), then one by one.
+#[inline(always)]
+fn row_rows<E: Engine>(
+    t: KType,
+    row: &[Super],
+    acts: &[u8],
+    (i0, i1): (usize, usize),
+    out: &mut [f32],
+) {
+    let arb = row.len() * Q8K_BYTES;
+    let mut i = i0;
+    while i + 4 <= i1 {
+        let mut acc = [0.0f32; 4];
+        for (b, s) in row.iter().enumerate() {
+            let a = blocks4(acts, arb, i, b);
+            let d = E::dot4(s, a);
+            for j in 0..4 {
+                acc[j] = step(t, acc[j], s, a[j], d[j]);
+            }
+        }
+        out[i..i + 4].copy_from_slice(&acc);
+        i += 4;
+    }
+    for i in i..i1 {
+        let arow = &acts[i * arb..(i + 1) * arb];
+        let mut acc = 0.0f32;
+        for (s, a) in row.iter().zip(arow.chunks_exact(Q8K_BYTES)) {
+            acc = combine::<E>(t, acc, s, a);
+        }
+        out[i] = acc;
+    }
+}
+
+/// Super-block `b` of activation rows `i..i + 4` (rows of `arb` bytes).
+#[inline(always)]
+fn blocks4(acts: &[u8], arb: usize, i: usize, b: usize) -> [&[u8]; 4] {
+    std::array::from_fn(|j| {
+        let o = (i + j) * arb + b * Q8K_BYTES;
+        &acts[o..o + Q8K_BYTES]
+    })
 }
 
 /// How far ahead in the weight stream [`drive_one`] asks for super-blocks (the legacy x86

@@ -10,6 +10,12 @@
 //!
 //! The mins term is `smull`/`smlal2` of the 16 `mn_g` with the 16 `bsum_g`.
 //!
+//! At M > 1 with dotprod, four decoded weight rows meet four activation rows in one tile
+//! ([`tile_sdot`]): the activations interleaved by 4-byte chunks once per chunk of rows
+//! (`super::interleave`), each weight row's quants the indexed operand of `sdot` by element,
+//! so the weights are read in place, as decoded; the activation rows sit in the i32 lanes and
+//! the float step runs on four of them at once.
+//!
 //! At M = 1 each type decodes its super-block in registers and dots it at once ([`fused`]):
 //! nibbles by `and`/`ushr`, high bits by shifts and masks, IQ4_XS's table by `tbl`, the scales
 //! unpacked into i32 vectors, four group sums folded by `addp` and multiplied by four scales
@@ -25,7 +31,7 @@
 
 use std::arch::aarch64::*;
 
-use super::{f16_at, Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES};
+use super::{f16_at, Engine, KType, Super, Q8K_BSUMS, Q8K_BYTES, QK_K, TILE_BLOCK, TILE_D};
 use crate::blocks::RowsFn;
 use crate::tile::neon::{has_dotprod, sdot};
 
@@ -83,6 +89,19 @@ impl<const DOT: bool> Engine for Neon<DOT> {
         };
         (s.d, s.dmin) = (d, dmin);
         (sumi, summ)
+    }
+
+    const TILE: bool = DOT;
+
+    #[inline(always)]
+    fn tile(t: KType, s: [&Super; 4], a: [&[u8]; 4], ai: &[u8], acc: &mut [[f32; 4]; 4]) {
+        if !DOT {
+            return super::tile_by_rows::<Self>(t, s, a, acc);
+        }
+        assert!(ai.len() >= TILE_BLOCK);
+        // SAFETY: `ai` holds a whole tile block (asserted); `Neon<true>` runs only where the
+        // CPU has FEAT_DotProd (see the type's docs).
+        unsafe { tile_sdot(t, s, ai.as_ptr(), acc) }
     }
 
     #[inline(always)]
@@ -160,6 +179,199 @@ unsafe fn dot<const DOT: bool>(s: &Super, a: &[u8]) -> (i32, i32) {
     };
     // SAFETY: register-only NEON arithmetic.
     (unsafe { vaddvq_s32(acc) }, mins)
+}
+
+/// One weight row's group in [`group`]'s `asm!`: zero `d`, four `sdot` by element of the
+/// interleaved activations `x0..x3` with the row's quants `w`, then `a += d · s[lane]`.
+macro_rules! group_row {
+    ($a:ident, $d:ident, $w:ident, $s:ident, $l:literal) => {
+        concat!(
+            "movi {",
+            stringify!($d),
+            ":v}.16b, #0\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x0:v}.16b, {",
+            stringify!($w),
+            ":v}.4b[0]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x1:v}.16b, {",
+            stringify!($w),
+            ":v}.4b[1]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x2:v}.16b, {",
+            stringify!($w),
+            ":v}.4b[2]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x3:v}.16b, {",
+            stringify!($w),
+            ":v}.4b[3]\n",
+            "mla {",
+            stringify!($a),
+            ":v}.4s, {",
+            stringify!($d),
+            ":v}.4s, {",
+            stringify!($s),
+            ":v}.s[",
+            $l,
+            "]"
+        )
+    };
+}
+
+/// The M > 1 tile ([`Engine::tile`]): four decoded weight rows against four activation rows
+/// interleaved by 4-byte chunks (`super::interleave`), the activation rows in the four i32
+/// lanes. Per 16-value group and weight row, four `sdot` by element: the weight row's 16 quants
+/// are the indexed operand (element `k` = quants `4k..4k + 4`, the row's own layout: no
+/// weight is moved), each interleaved vector `k` holds the four activation rows' quants
+/// `4k..4k + 4` of the group, so lane `i` sums activation row `i`'s group dot; then `mla` by
+/// the group's scale. The mins term is `smlal` by element of the four rows' group sums (side by
+/// side in the block) with the weight row's 16 `mn`. The same integers, mod 2³², as
+/// [`Engine::dot`] of each pair (wrapping i32 lanes, as the scalar twin's); then `super::step`
+/// on the four activation rows' lanes at once, in its order (no fused multiply-add), so each
+/// lane is the scalar twin's float.
+///
+/// # Safety
+/// `ai` holds [`TILE_BLOCK`] readable bytes; the CPU has FEAT_DotProd.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+unsafe fn tile_sdot(t: KType, s: [&Super; 4], ai: *const u8, acc: &mut [[f32; 4]; 4]) {
+    // SAFETY: the interleaved quants are `ai`'s first 1024 bytes and the group sums the next
+    // 128 (the caller's); each `Super` holds 256 quants, 16 scales and 16 `mn`; `sdot` per the
+    // caller's guarantee.
+    unsafe {
+        let x = ai.cast::<i8>();
+        // Four groups at a time, written out (not a loop: `bl` to a loop-free function is what
+        // scripts/kernel_cycles.py inlines into its caller's pass).
+        let mut sumi = [vdupq_n_s32(0); 4];
+        quad(&mut sumi, x, s, 0);
+        quad(&mut sumi, x, s, 1);
+        quad(&mut sumi, x, s, 2);
+        quad(&mut sumi, x, s, 3);
+        let b = ai.add(4 * QK_K).cast::<i16>();
+        let mut summ = [vdupq_n_s32(0); 4];
+        for h in 0..2 {
+            let mn: [int16x8_t; 4] =
+                std::array::from_fn(|r| vld1q_s16(s[r].mn.as_ptr().add(8 * h)));
+            let b = b.add(32 * h);
+            mins::<0>(&mut summ, vld1_s16(b), &mn);
+            mins::<1>(&mut summ, vld1_s16(b.add(4)), &mn);
+            mins::<2>(&mut summ, vld1_s16(b.add(8)), &mn);
+            mins::<3>(&mut summ, vld1_s16(b.add(12)), &mn);
+            mins::<4>(&mut summ, vld1_s16(b.add(16)), &mn);
+            mins::<5>(&mut summ, vld1_s16(b.add(20)), &mn);
+            mins::<6>(&mut summ, vld1_s16(b.add(24)), &mn);
+            mins::<7>(&mut summ, vld1_s16(b.add(28)), &mn);
+        }
+        let da = vreinterpretq_f32_u8(vld1q_u8(ai.add(TILE_D)));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let a = vld1q_f32(acc.as_ptr());
+            let dd = vmulq_n_f32(da, s[r].d);
+            let v = if t.has_mins() {
+                let hi = vaddq_f32(a, vmulq_f32(dd, vcvtq_f32_s32(sumi[r])));
+                let dm = vmulq_n_f32(da, s[r].dmin);
+                vsubq_f32(hi, vmulq_f32(dm, vcvtq_f32_s32(summ[r])))
+            } else {
+                let diff = vsubq_s32(sumi[r], summ[r]);
+                vaddq_f32(a, vmulq_f32(dd, vcvtq_f32_s32(diff)))
+            };
+            vst1q_f32(acc.as_mut_ptr(), v);
+        }
+    }
+}
+
+/// Groups `4q..4q + 4` of the four weight rows in [`tile_sdot`].
+///
+/// # Safety
+/// As [`tile_sdot`], `q < 4`.
+#[inline(always)]
+unsafe fn quad(sumi: &mut [int32x4_t; 4], x: *const i8, s: [&Super; 4], q: usize) {
+    // SAFETY: each row's scales `4q..4q + 4`; the rest as the caller's.
+    unsafe {
+        let sc: [int32x4_t; 4] =
+            std::array::from_fn(|r| vmovl_s16(vld1_s16(s[r].sc.as_ptr().add(4 * q))));
+        group::<0>(sumi, x, s, 4 * q, &sc);
+        group::<1>(sumi, x, s, 4 * q + 1, &sc);
+        group::<2>(sumi, x, s, 4 * q + 2, &sc);
+        group::<3>(sumi, x, s, 4 * q + 3, &sc);
+    }
+}
+
+/// Group `g` of the four weight rows in [`tile_sdot`]: `sumi[r] += sc[r][L] · (group dots of
+/// row r with the four activation rows)`, `L = g % 4`. One `asm!` block per group: as
+/// intrinsics LLVM turned the weight rows into the outer loop (reloading the interleaved
+/// activations for each row) and `mla` by element into `dup`, `sshll` and `mla`.
+///
+/// # Safety
+/// As [`tile_sdot`], `g < 16`.
+#[inline(always)]
+unsafe fn group<const L: i32>(
+    sumi: &mut [int32x4_t; 4],
+    x: *const i8,
+    s: [&Super; 4],
+    g: usize,
+    sc: &[int32x4_t; 4],
+) {
+    // SAFETY: the group's 64 interleaved bytes and each row's 16 quants (the caller's).
+    let (xs, w) = unsafe {
+        let xs: [int8x16_t; 4] = std::array::from_fn(|k| vld1q_s8(x.add(64 * g + 16 * k)));
+        let w: [int8x16_t; 4] =
+            std::array::from_fn(|r| vld1q_s8(s[r].u.as_ptr().add(16 * g).cast()));
+        (xs, w)
+    };
+    macro_rules! rows {
+        ($l:literal) => {
+            // SAFETY: vector registers only; the caller guarantees FEAT_DotProd.
+            unsafe {
+                std::arch::asm!(
+                    group_row!(a0, d0, w0, s0, $l),
+                    group_row!(a1, d1, w1, s1, $l),
+                    group_row!(a2, d2, w2, s2, $l),
+                    group_row!(a3, d3, w3, s3, $l),
+                    a0 = inout(vreg) sumi[0],
+                    a1 = inout(vreg) sumi[1],
+                    a2 = inout(vreg) sumi[2],
+                    a3 = inout(vreg) sumi[3],
+                    d0 = out(vreg) _,
+                    d1 = out(vreg) _,
+                    d2 = out(vreg) _,
+                    d3 = out(vreg) _,
+                    x0 = in(vreg) xs[0],
+                    x1 = in(vreg) xs[1],
+                    x2 = in(vreg) xs[2],
+                    x3 = in(vreg) xs[3],
+                    w0 = in(vreg) w[0],
+                    w1 = in(vreg) w[1],
+                    w2 = in(vreg) w[2],
+                    w3 = in(vreg) w[3],
+                    s0 = in(vreg) sc[0],
+                    s1 = in(vreg) sc[1],
+                    s2 = in(vreg) sc[2],
+                    s3 = in(vreg) sc[3],
+                    options(pure, nomem, nostack, preserves_flags)
+                )
+            }
+        };
+    }
+    match L {
+        0 => rows!("0"),
+        1 => rows!("1"),
+        2 => rows!("2"),
+        _ => rows!("3"),
+    }
+}
+
+/// `summ[r] += b · mn[r][L]` (widened, wrapping), `b` the four activation rows' sums of one
+/// group.
+#[inline(always)]
+fn mins<const L: i32>(summ: &mut [int32x4_t; 4], b: int16x4_t, mn: &[int16x8_t; 4]) {
+    for (acc, mn) in summ.iter_mut().zip(mn) {
+        // SAFETY: register-only NEON (baseline).
+        *acc = unsafe { vmlal_laneq_s16::<L>(*acc, b, *mn) };
+    }
 }
 
 /// The M = 1 kernels: one super-block decoded in registers and dotted with one Q8_K block,

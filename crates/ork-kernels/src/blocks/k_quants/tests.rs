@@ -5,7 +5,7 @@ use proptest::prelude::*;
 
 use super::super::act_k::quantize_row_q8_k;
 use super::super::{Isa, Kernel, WeightType};
-use super::{KType, Q8K_BYTES, QK_K};
+use super::{KType, Q8K_BSUMS, Q8K_BYTES, QK_K};
 
 const TYPES: [WeightType; 6] = [
     WeightType::Q2_K,
@@ -478,4 +478,36 @@ fn kernels_exist_for_every_implemented_isa() {
         simd,
         "a SIMD kernel is chosen where one exists"
     );
+}
+
+/// The interleaved activations `Engine::tile` reads: byte `16c + 4i + t` of a block is row
+/// `i`'s quant `4c + t`, i16 `4g + i` after the quants row `i`'s `bsum_g`, then the rows' `d`;
+/// rows past the last group of four are left out.
+#[test]
+fn interleave_lays_four_rows_side_by_side() {
+    let (nb, m) = (2, 6);
+    let a = acts(nb, m, &mut Rng(7));
+    let mut out = Vec::new();
+    super::interleave(&a, nb, &mut out);
+    assert_eq!(out.len(), nb * super::TILE_BLOCK);
+    for b in 0..nb {
+        let blk = &out[b * super::TILE_BLOCK..];
+        for i in 0..4 {
+            let row = &a[i * nb * Q8K_BYTES + b * Q8K_BYTES..][..Q8K_BYTES];
+            for c in 0..64 {
+                assert_eq!(
+                    blk[16 * c + 4 * i..16 * c + 4 * i + 4],
+                    row[4 + 4 * c..8 + 4 * c]
+                );
+            }
+            for g in 0..16 {
+                let o = 1024 + 2 * (4 * g + i);
+                assert_eq!(blk[o..o + 2], row[Q8K_BSUMS + 2 * g..Q8K_BSUMS + 2 * g + 2]);
+            }
+            assert_eq!(
+                blk[super::TILE_D + 4 * i..super::TILE_D + 4 * i + 4],
+                row[..4]
+            );
+        }
+    }
 }

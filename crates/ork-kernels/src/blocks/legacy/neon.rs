@@ -8,6 +8,11 @@
 //! runs on them in the scalar twin's order ([`super::rows_scalar`]): lane `b % 8` is lane
 //! `b % 4` of the low (`b % 8 < 4`) or high accumulator.
 //!
+//! At M > 1 on dotprod, [`drive_tiles`] runs four weight rows against four activation rows
+//! ([`tile_sdot`]): the activation rows interleaved by 4-byte chunks once per call, each
+//! block's decoded weights the indexed operand of `sdot` by element (read from the block in
+//! place), four blocks' sums transposed into [`row`]'s lanes so its float step and order hold.
+//!
 //! Why this body is not shared with `x86.rs`'s, whose loop has the same shape: the two differ
 //! in algorithm, not only in intrinsics. x86 decodes a block into one 256-bit vector and
 //! multiplies unsigned by signed bytes (`vpmaddubsw`, `vpdpbusd`), so its Q4_0/Q5_0 decode
@@ -17,7 +22,9 @@
 //! ([`drive`]), the tail and fold ([`finish`]), the type → format table (`by_format!`).
 
 use super::super::neon::{f16x8, f16x8_pairs, sdot};
-use super::{act_geometry, drive, finish, ActRow, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::{
+    act_geometry, drive, finish, ActRow, Acts, Format, Iq4Nl, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+};
 use super::{Isa, RowsFn, WeightType, KVALUES_IQ4NL};
 use std::arch::aarch64::*;
 
@@ -264,23 +271,41 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N])
     }
     let mut res = [0f32; N];
     for (i, a) in ar.iter().enumerate() {
-        let mut lanes = [0f32; 8];
-        let mut tail = [0i32; 8];
-        for (b, t) in (groups * 8..nb).zip(&mut tail) {
-            // SAFETY: block b < nb of both rows; the CPU has `D`'s instructions.
-            *t = unsafe {
-                let w = F::decode(wr.as_ptr().add(b * F::BYTES));
-                vaddvq_s32(D::dot(w, load_act(a.q.as_ptr().add(b * ab_len + qs)))) >> F::SCALE_BITS
-            };
-        }
-        // SAFETY: 32 writable bytes.
-        unsafe {
-            vst1q_f32(lanes.as_mut_ptr(), acc[i][0]);
-            vst1q_f32(lanes.as_mut_ptr().add(4), acc[i][1]);
-        }
-        res[i] = finish::<F>(lanes, wr, a.q, groups * 8, |b| tail[b - groups * 8]);
+        // SAFETY: the caller's rows; the CPU has `D`'s instructions.
+        res[i] = unsafe { finish_lanes::<F, D>(acc[i], wr, *a, groups * 8) };
     }
     res
+}
+
+/// One output from [`row`]'s (or [`tile_sdot`]'s) two accumulators over blocks `..from`:
+/// the blocks from `from` on (fewer than eight) dotted one by one, then [`finish`].
+///
+/// # Safety
+/// `wr` and `a` whole rows of the same blocks; the CPU has `D`'s instructions.
+#[inline(always)]
+unsafe fn finish_lanes<F: Decode, D: Dot>(
+    acc: [float32x4_t; 2],
+    wr: &[u8],
+    a: ActRow<'_>,
+    from: usize,
+) -> f32 {
+    let (ab_len, qs) = act_geometry(F::MIN);
+    let nb = wr.len() / F::BYTES;
+    let mut lanes = [0f32; 8];
+    let mut tail = [0i32; 8];
+    for (b, t) in (from..nb).zip(&mut tail) {
+        // SAFETY: block b < nb of both rows; the CPU has `D`'s instructions.
+        *t = unsafe {
+            let w = F::decode(wr.as_ptr().add(b * F::BYTES));
+            vaddvq_s32(D::dot(w, load_act(a.q.as_ptr().add(b * ab_len + qs)))) >> F::SCALE_BITS
+        };
+    }
+    // SAFETY: 32 writable bytes.
+    unsafe {
+        vst1q_f32(lanes.as_mut_ptr(), acc[0]);
+        vst1q_f32(lanes.as_mut_ptr().add(4), acc[1]);
+    }
+    finish::<F>(lanes, wr, a.q, from, |b| tail[b - from])
 }
 
 /// `row` with the baseline NEON dot.
@@ -313,7 +338,204 @@ fn entry_neon<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &m
 /// `super::rows` has checked this CPU runs; `Kernel::rows` checks the lengths.
 fn entry_sdot<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
     // SAFETY: see the doc comment.
-    unsafe { drive::<F>(k, w, n, a, m, o, (row_sdot::<F, 4>, row_sdot::<F, 1>)) }
+    unsafe { drive_tiles::<F>(k, w, n, a, m, o) }
+}
+
+/// Bytes of one block of four interleaved activation rows ([`interleave`]).
+const XI_BLOCK: usize = 4 * 32;
+
+/// Activation rows `ar` interleaved for [`tile_sdot`]: per block, 8 chunks of 16 bytes, chunk
+/// `c` holding the four rows' quants `4c..4c + 4` side by side (byte `16c + 4i + t` is row
+/// `i`'s quant `4c + t`).
+fn interleave<F: Format>(ar: [ActRow<'_>; 4], nb: usize, out: &mut [u8]) {
+    let (ab_len, qs) = act_geometry(F::MIN);
+    for (b, dst) in out.chunks_exact_mut(XI_BLOCK).take(nb).enumerate() {
+        for (i, a) in ar.iter().enumerate() {
+            let q = &a.q[b * ab_len + qs..][..32];
+            for (c, v) in q.chunks_exact(4).enumerate() {
+                dst[16 * c + 4 * i..16 * c + 4 * i + 4].copy_from_slice(v);
+            }
+        }
+    }
+}
+
+/// The dotprod driver: weight rows four at a time against activation rows four at a time
+/// ([`tile_sdot`], the activations [`interleave`]d once per call), the activation rows left
+/// over by [`row_sdot`] one at a time, the weight rows left over by [`drive`].
+///
+/// # Safety
+/// FEAT_DotProd; `w` holds `n` rows of `k / 32` blocks, `a` `m` activation rows, `o` `n·m`.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn drive_tiles<F: Decode>(k: usize, w: &[u8], n: usize, a: &[u8], m: usize, o: &mut [f32]) {
+    let nb = k / 32;
+    let (wrb, quads) = (nb * F::BYTES, m / 4);
+    let acts = Acts::new(a, nb, F::MIN);
+    let mut xi = vec![0u8; quads * nb * XI_BLOCK];
+    for (q, dst) in xi.chunks_exact_mut(nb * XI_BLOCK).enumerate() {
+        let ar = [0, 1, 2, 3].map(|i| acts.row(4 * q + i));
+        interleave::<F>(ar, nb, dst);
+    }
+    let tiled = if quads > 0 { n / 4 * 4 } else { 0 };
+    for r0 in (0..tiled).step_by(4) {
+        let wr = [0, 1, 2, 3].map(|r| &w[(r0 + r) * wrb..][..wrb]);
+        for q in 0..quads {
+            let ar = [0, 1, 2, 3].map(|i| acts.row(4 * q + i));
+            // SAFETY: whole rows of `nb` blocks and `nb` interleaved blocks; FEAT_DotProd.
+            let t = unsafe { tile_sdot::<F>(wr, ar, &xi[q * nb * XI_BLOCK..][..nb * XI_BLOCK]) };
+            for (r, t) in t.iter().enumerate() {
+                o[(r0 + r) * m + 4 * q..][..4].copy_from_slice(t);
+            }
+        }
+        for i in 4 * quads..m {
+            for (r, wr) in wr.iter().enumerate() {
+                // SAFETY: as above.
+                o[(r0 + r) * m + i] = unsafe { row::<F, Sdot, 1>(wr, [acts.row(i)]) }[0];
+            }
+        }
+    }
+    let (w, o) = (&w[tiled * wrb..], &mut o[tiled * m..]);
+    // SAFETY: the rest of the rows, as the caller's.
+    unsafe {
+        drive::<F>(
+            k,
+            w,
+            n - tiled,
+            a,
+            m,
+            o,
+            (row_sdot::<F, 4>, row_sdot::<F, 1>),
+        )
+    }
+}
+
+/// `sdot` of one block of four interleaved activation rows (`x`, [`interleave`]) with one
+/// block's weights `w` (weights 0..16, 16..32) by element: lane `i` is activation row `i`'s
+/// block dot.
+///
+/// # Safety
+/// 128 readable bytes at `x`; FEAT_DotProd and a caller compiled with it.
+#[inline(always)]
+unsafe fn block_dot(x: *const i8, w: (int8x16_t, int8x16_t)) -> int32x4_t {
+    // SAFETY: the caller's 128 bytes.
+    let xs: [int8x16_t; 8] = unsafe { std::array::from_fn(|c| vld1q_s8(x.add(16 * c))) };
+    let d;
+    // SAFETY: vector registers only; the caller guarantees FEAT_DotProd.
+    unsafe {
+        std::arch::asm!(
+            "movi {d:v}.16b, #0",
+            "sdot {d:v}.4s, {x0:v}.16b, {lo:v}.4b[0]",
+            "sdot {d:v}.4s, {x1:v}.16b, {lo:v}.4b[1]",
+            "sdot {d:v}.4s, {x2:v}.16b, {lo:v}.4b[2]",
+            "sdot {d:v}.4s, {x3:v}.16b, {lo:v}.4b[3]",
+            "sdot {d:v}.4s, {x4:v}.16b, {hi:v}.4b[0]",
+            "sdot {d:v}.4s, {x5:v}.16b, {hi:v}.4b[1]",
+            "sdot {d:v}.4s, {x6:v}.16b, {hi:v}.4b[2]",
+            "sdot {d:v}.4s, {x7:v}.16b, {hi:v}.4b[3]",
+            d = out(vreg) d,
+            x0 = in(vreg) xs[0],
+            x1 = in(vreg) xs[1],
+            x2 = in(vreg) xs[2],
+            x3 = in(vreg) xs[3],
+            x4 = in(vreg) xs[4],
+            x5 = in(vreg) xs[5],
+            x6 = in(vreg) xs[6],
+            x7 = in(vreg) xs[7],
+            lo = in(vreg) w.0,
+            hi = in(vreg) w.1,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    d
+}
+
+/// Four lanes vectors transposed: lane `j` of result `i` is lane `i` of `v[j]`.
+#[inline(always)]
+fn transpose4(v: [int32x4_t; 4]) -> [int32x4_t; 4] {
+    // SAFETY: register-only NEON (baseline).
+    unsafe {
+        let (a, b) = (vtrn1q_s32(v[0], v[1]), vtrn2q_s32(v[0], v[1]));
+        let (c, d) = (vtrn1q_s32(v[2], v[3]), vtrn2q_s32(v[2], v[3]));
+        let (a, b, c, d) = (
+            vreinterpretq_s64_s32(a),
+            vreinterpretq_s64_s32(b),
+            vreinterpretq_s64_s32(c),
+            vreinterpretq_s64_s32(d),
+        );
+        [
+            vreinterpretq_s32_s64(vtrn1q_s64(a, c)),
+            vreinterpretq_s32_s64(vtrn1q_s64(b, d)),
+            vreinterpretq_s32_s64(vtrn2q_s64(a, c)),
+            vreinterpretq_s32_s64(vtrn2q_s64(b, d)),
+        ]
+    }
+}
+
+/// Four weight rows against four activation rows (`xi`: theirs [`interleave`]d): per block,
+/// [`block_dot`] of each weight row gives the four activation rows' block sums in its lanes;
+/// four blocks' are transposed into [`row`]'s layout (lanes = blocks) and the float step is
+/// [`row`]'s, so each output equals `row::<F, Sdot, _>`'s, and the scalar twin's, bit for bit.
+///
+/// # Safety
+/// `wr[r]` a weight row of `nb` blocks, `ar[i]` activation rows of `nb` blocks, `xi` `nb`
+/// interleaved blocks; FEAT_DotProd.
+// Index loops, not iterators: `h`, `j`, `r` index several arrays at once, and a closure would
+// not be compiled with this function's `dotprod` feature (`sdot` would not assemble in it).
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn tile_sdot<F: Decode>(wr: [&[u8]; 4], ar: [ActRow<'_>; 4], xi: &[u8]) -> [[f32; 4]; 4] {
+    let nb = wr[0].len() / F::BYTES;
+    let groups = nb / 8;
+    let mut acc = [[[vdupq_n_f32(0.0); 2]; 4]; 4];
+    for g in 0..groups {
+        // SAFETY (whole loop body): blocks g·8 .. g·8 + 8 ≤ nb of every row and of `xi`.
+        unsafe {
+            let x = xi.as_ptr().add(g * 8 * XI_BLOCK).cast::<i8>();
+            let base = wr.map(|w| w.as_ptr().add(g * 8 * F::BYTES));
+            for h in 0..2 {
+                // d[r][j]: weight row r's block 4h + j, lanes = activation rows.
+                let mut d = [[vdupq_n_s32(0); 4]; 4];
+                for j in 0..4 {
+                    let b = 4 * h + j;
+                    for r in 0..4 {
+                        d[r][j] =
+                            block_dot(x.add(b * XI_BLOCK), F::decode(base[r].add(b * F::BYTES)));
+                    }
+                }
+                for r in 0..4 {
+                    let (dw, mw) = if F::MIN {
+                        f16x8_pairs(base[r], F::BYTES)
+                    } else {
+                        let dw = f16x8(base[r], F::BYTES);
+                        (dw, dw)
+                    };
+                    let (half, mhalf) = if h == 0 { (dw.0, mw.0) } else { (dw.1, mw.1) };
+                    let isum = transpose4(d[r]);
+                    for (i, a) in ar.iter().enumerate() {
+                        let da = vld1q_f32(a.d.as_ptr().add(g * 8 + 4 * h));
+                        let sums = if F::SCALE_BITS == 4 {
+                            vcvtq_n_f32_s32::<4>(isum[i])
+                        } else {
+                            vcvtq_f32_s32(isum[i])
+                        };
+                        let mut v = vmulq_f32(vmulq_f32(half, da), sums);
+                        if F::MIN {
+                            let sa = vld1q_f32(a.s.as_ptr().add(g * 8 + 4 * h));
+                            v = vaddq_f32(v, vmulq_f32(mhalf, sa));
+                        }
+                        acc[r][i][h] = vaddq_f32(acc[r][i][h], v);
+                    }
+                }
+            }
+        }
+    }
+    let mut res = [[0f32; 4]; 4];
+    for (r, res) in res.iter_mut().enumerate() {
+        for (i, a) in ar.iter().enumerate() {
+            // SAFETY: the caller's rows; FEAT_DotProd.
+            res[i] = unsafe { finish_lanes::<F, Sdot>(acc[r][i], wr[r], *a, groups * 8) };
+        }
+    }
+    res
 }
 
 /// The kernel for `ty` on `isa` (an aarch64 ISA this CPU runs).
