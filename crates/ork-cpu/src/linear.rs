@@ -266,6 +266,9 @@ const PANEL_ROWS: usize = 16;
 const CHUNKS_PER_THREAD: usize = 4;
 
 /// One task of a round: rows `r0..r0 + rows` of weight `w`, written to `out` (`rows × m`).
+/// Each on cache lines of its own: the workers lock the tasks they take, and neighbours sharing
+/// a line would bounce it between their cores at every task.
+#[repr(align(128))]
 struct Chunk<'a> {
     w: usize,
     r0: usize,
@@ -482,6 +485,13 @@ impl Linear for GgufLinear {
             .collect::<Result<Vec<_>, _>>()?;
         let rows: Vec<Range<usize>> = ws.iter().map(|w| 0..w.n).collect();
         self.compute(&ws, &rows, x, m, ys)
+    }
+
+    /// On a worker of the engine's pool, the others kept awake for its rounds
+    /// ([`CpuPool::run_pass`]): attention's pieces and every matmul's round then share the
+    /// pool's threads, and no other pool's threads wait beside them.
+    fn run_pass(&self, pass: &mut (dyn FnMut() + Send)) {
+        self.pool.run_pass(pass);
     }
 
     /// Read the announced experts' bytes ahead into the page cache, exactly each expert's

@@ -70,6 +70,21 @@ pub trait Linear: Send + Sync {
         None
     }
 
+    /// Run `pass`, one forward pass, where its parallel work belongs: on a worker of the
+    /// backend's own threads, so that the pass's parallel operators (attention's pieces) and
+    /// the backend's matmul tasks fork onto the same threads, and no other pool's threads
+    /// spin beside them. The default runs it on a worker of the current rayon pool (the
+    /// global one from a thread outside every pool): from a thread outside the pool each
+    /// parallel operator would inject a job and block on a latch instead (hundreds of
+    /// cross-thread wake-ups per decoded token).
+    fn run_pass(&self, pass: &mut (dyn FnMut() + Send)) {
+        if rayon::current_thread_index().is_some() {
+            pass();
+        } else {
+            rayon::scope(|_| pass());
+        }
+    }
+
     /// The forward pass's own events for the board clock (passes, host operations; see
     /// `docs/board-model.md`): a backend that records a run's events keeps them. The default
     /// drops them.

@@ -489,15 +489,15 @@ fn forward_parts(
             });
         }
     }
-    // The forward pass runs on a worker of the current rayon pool, so its parallel
-    // operators and the device's matmul tasks fork onto that pool directly; called from a
-    // thread outside it, each of them would inject a job and block on a latch instead
-    // (hundreds of cross-thread wake-ups per decoded token).
+    // The pass runs where the engine wants it (`Linear::run_pass`): on a worker of its
+    // threads, so that its parallel operators and the matmul tasks fork onto them directly.
     let linear: &dyn Linear = linear.for_phase(phase).unwrap_or(&*linear);
-    let result = if rayon::current_thread_index().is_some() {
-        forward_inner(&model, linear, parts)
-    } else {
-        rayon::scope(|_| forward_inner(&model, linear, parts))
+    let mut result = None;
+    linear.run_pass(&mut || result = Some(forward_inner(&model, linear, parts)));
+    // An engine that did not run it (none here does) leaves it to this thread.
+    let result = match result {
+        Some(r) => r,
+        None => forward_inner(&model, linear, parts),
     };
     match result {
         Ok(out) => {
