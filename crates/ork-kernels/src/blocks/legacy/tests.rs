@@ -111,6 +111,32 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    /// Decode (M = 1), where the x86 kernels take four weight rows at a time and pack their
+    /// last one or two blocks into one group: every tail length (`nb % 8` from 0 to 7), row
+    /// counts around the groups of four, the scalar twin's bits.
+    #[test]
+    fn decode_matches_scalar_twin(groups in 0usize..4, tail in 0usize..8, rows in 1usize..14, seed in any::<u64>()) {
+        let mut rng = Rng(seed | 1);
+        let nb = (8 * groups + tail).max(1);
+        let k = 32 * nb;
+        for ty in TYPES {
+            let w = weights(&mut rng, ty, rows, k);
+            let a = acts(&mut rng, ty.act_type() == super::super::ActType::Q8_1, 1, nb);
+            let twin = Kernel::with_isa(ty, Isa::Scalar).unwrap();
+            let mut want = vec![0f32; rows];
+            twin.rows(k, &w, rows, &a, 1, &mut want);
+            for isa in Isa::available() {
+                let Some(kern) = Kernel::with_isa(ty, isa) else { continue };
+                let mut got = vec![f32::NAN; rows];
+                kern.rows(k, &w, rows, &a, 1, &mut got);
+                prop_assert!(same_bits(&got, &want), "{ty:?} on {isa:?}: {got:?} vs {want:?}");
+            }
+        }
+    }
+}
+
 /// The integer weights of one block and whether the type has a min.
 fn ints(ty: WeightType, blk: &[u8]) -> ([i8; 32], bool) {
     match ty {
