@@ -258,6 +258,10 @@ pub fn supported_types() -> String {
 
 /// Weight rows per task at least: below this, claiming a task costs more than its rows.
 const MIN_CHUNK_ROWS: usize = 16;
+/// Weight bytes per decode task at least (~2 µs of a core's kernel time): a task's fixed cost
+/// (claiming it, the kernel's entry and its activation fields, ~0.3 µs) was most of the time
+/// of the 24-row tasks SmolLM2's 192-row k and v projections were cut into.
+const MIN_CHUNK_BYTES: usize = 32 * 1024;
 /// The block kernels' M > 1 tile height: one weight row per i32 lane, sixteen for the 32-weight
 /// blocks on AVX-512 VNNI, eight elsewhere on x86 (`ork_kernels::blocks`, docs/kernels.md). A
 /// task of 8 mod 16 rows left the AVX-512 kernel half a panel of discarded lanes.
@@ -277,12 +281,18 @@ struct Chunk<'a> {
 }
 
 impl GgufLinear {
-    /// Rows per task for a weight of `n` rows against `m` activation rows: for M > 1 a multiple
-    /// of [`PANEL_ROWS`], so that only a weight's last task can leave rows outside the kernels'
-    /// panels; for M = 1 (decode, no panels) of eight, as before the sixteen-row panel.
-    fn chunk_rows(&self, n: usize, m: usize) -> usize {
-        n.div_ceil(self.pool.threads() * CHUNKS_PER_THREAD)
-            .max(MIN_CHUNK_ROWS)
+    /// Rows per task for weight `w` against `m` activation rows: for M > 1 a multiple of
+    /// [`PANEL_ROWS`], so that only a weight's last task can leave rows outside the kernels'
+    /// panels; for M = 1 (decode, no panels) of eight, as before the sixteen-row panel, and
+    /// at least [`MIN_CHUNK_BYTES`] of the weight.
+    fn chunk_rows(&self, w: &CpuWeight, m: usize) -> usize {
+        let least = if m == 1 {
+            MIN_CHUNK_BYTES.div_ceil(w.row_bytes).max(MIN_CHUNK_ROWS)
+        } else {
+            MIN_CHUNK_ROWS
+        };
+        w.n.div_ceil(self.pool.threads() * CHUNKS_PER_THREAD)
+            .max(least)
             .next_multiple_of(if m > 1 { PANEL_ROWS } else { 8 })
     }
 
@@ -321,7 +331,7 @@ impl GgufLinear {
     ) {
         let mut chunks = Vec::new();
         for (wi, ((w, out), range)) in ws.iter().zip(outs).zip(rows).enumerate() {
-            let step = self.chunk_rows(w.n, m);
+            let step = self.chunk_rows(w, m);
             for (c, part) in out.chunks_mut(step * m).enumerate() {
                 chunks.push(Chunk {
                     w: wi,

@@ -252,25 +252,31 @@ pub(super) struct ActRow<'a> {
     pub(super) sum: &'a [i32],
 }
 
+/// The per-block fields of the activation blocks in `bytes` (Q8_1 if `min` else Q8_0), one
+/// per block into `d`, `s` (Q8_1 only; left alone for Q8_0) and `sum` ([`Acts`]).
+pub(super) fn act_fields(bytes: &[u8], min: bool, d: &mut [f32], s: &mut [f32], sum: &mut [i32]) {
+    let (ab_len, qs) = act_geometry(min);
+    for (i, b) in bytes.chunks_exact(ab_len).enumerate() {
+        d[i] = f16_at(b, 0);
+        if min {
+            s[i] = f16_at(b, 2);
+        }
+        // A fixed-length array, so that the compiler vectorizes the sums (per task and call,
+        // `m · nb` of them: a prefill's share of time was several percent when scalar).
+        let q: &[u8; 32] = b[qs..qs + 32].try_into().expect("32 quants");
+        sum[i] = q.iter().map(|&q| i32::from(q as i8)).sum();
+    }
+}
+
 impl<'a> Acts<'a> {
     /// `bytes` holds whole rows of `nb` blocks, Q8_1 if `min` else Q8_0.
     pub(super) fn new(bytes: &'a [u8], nb: usize, min: bool) -> Acts<'a> {
-        let (ab_len, qs) = act_geometry(min);
-        let blocks = bytes.chunks_exact(ab_len);
-        let d = blocks.clone().map(|b| f16_at(b, 0)).collect();
-        let s = if min {
-            blocks.clone().map(|b| f16_at(b, 2)).collect()
-        } else {
-            Vec::new()
-        };
-        // A fixed-length array, so that the compiler vectorizes the sums (per task and call,
-        // `m · nb` of them: a prefill's share of time was several percent when scalar).
-        let sum = blocks
-            .map(|b| {
-                let q: &[u8; 32] = b[qs..qs + 32].try_into().expect("32 quants");
-                q.iter().map(|&q| i32::from(q as i8)).sum()
-            })
-            .collect();
+        let (ab_len, _) = act_geometry(min);
+        let blocks = bytes.len() / ab_len;
+        let mut d = vec![0f32; blocks];
+        let mut s = vec![0f32; if min { blocks } else { 0 }];
+        let mut sum = vec![0i32; blocks];
+        act_fields(bytes, min, &mut d, &mut s, &mut sum);
         Acts {
             bytes,
             nb,

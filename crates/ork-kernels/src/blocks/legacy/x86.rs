@@ -17,7 +17,7 @@
 //! 576 leaves 2 of 18) run as one more group with zero lanes for the missing blocks, blended
 //! into their lanes only, rather than block by block with scalar f16 conversions.
 
-use super::{act_geometry, drive, finish, ActRow, Acts, Format, Iq4Nl, RowDots};
+use super::{act_fields, act_geometry, drive, finish, ActRow, Acts, Format, Iq4Nl, RowDots};
 use super::{Isa, RowsFn, WeightType, KVALUES_IQ4NL};
 use super::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use crate::blocks::x86::{Avx2, Avx512Vnni, AvxVnni, Dot};
@@ -550,8 +550,27 @@ unsafe fn decode_rows<F: Format>(
     (four, one): (RowsDots4, RowDots<1>),
 ) {
     let nb = k / 32;
-    let a = Acts::new(acts, nb, F::MIN);
-    let ar = a.row(0);
+    // The row's per-block fields on the stack up to K = 2048 (a task's heap buffers cost it
+    // about as much as its first rows of 576 weights); on the heap beyond.
+    let (mut d, mut s, mut sum) = (
+        [0f32; STACK_BLOCKS],
+        [0f32; STACK_BLOCKS],
+        [0i32; STACK_BLOCKS],
+    );
+    let heap;
+    let ar = if nb <= STACK_BLOCKS {
+        let (d, s, sum) = (&mut d[..nb], &mut s[..nb], &mut sum[..nb]);
+        act_fields(acts, F::MIN, d, s, sum);
+        ActRow {
+            q: acts,
+            d,
+            s: if F::MIN { s } else { &[] },
+            sum,
+        }
+    } else {
+        heap = Acts::new(acts, nb, F::MIN);
+        heap.row(0)
+    };
     let wrb = nb * F::BYTES;
     let whole = rows / DECODE_ROWS * DECODE_ROWS;
     for (o, w) in out[..whole]
@@ -569,6 +588,9 @@ unsafe fn decode_rows<F: Format>(
         *o = unsafe { one(wr, [ar]) }[0];
     }
 }
+
+/// Activation blocks whose per-block fields [`decode_rows`] keeps on the stack.
+const STACK_BLOCKS: usize = 64;
 
 /// A decode kernel of [`DECODE_ROWS`] weight rows (`wrb` bytes each) against one activation row.
 type RowsDots4 = unsafe fn(&[u8], usize, ActRow<'_>) -> [f32; DECODE_ROWS];
