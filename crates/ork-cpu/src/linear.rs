@@ -497,9 +497,9 @@ impl Linear for GgufLinear {
         self.compute(&ws, &rows, x, m, ys)
     }
 
-    /// On a worker of the engine's pool, the others kept awake for its rounds
-    /// ([`CpuPool::run_pass`]): attention's pieces and every matmul's round then share the
-    /// pool's threads, and no other pool's threads wait beside them.
+    /// On a worker of the engine's pool ([`CpuPool::run_pass`]): attention's pieces and every
+    /// matmul's round then share the pool's threads, and no other pool's threads wait beside
+    /// them.
     fn run_pass(&self, pass: &mut (dyn FnMut() + Send)) {
         self.pool.run_pass(pass);
     }

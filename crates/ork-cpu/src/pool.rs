@@ -14,37 +14,28 @@
 //! is busy with another program (preempted) holds up the round by at most the one task it is
 //! computing, never by a share of the matmul fixed in advance.
 //!
-//! A forward pass runs on worker 0 ([`CpuPool::run_pass`]) while every other worker is a
-//! *keeper* until the pass ends: it runs the pool's jobs as they come and, between them, spins
-//! for [`KEEP_SPIN`], then yields its core at every look (never parks). A decode step of
-//! SmolLM2-135M is ~120 rounds a few µs to tens of µs apart; a parked worker, woken by a futex
-//! through the hypervisor, made each round wait for it. Attention's parallel pieces (rayon's
-//! `par_iter` inside the pass) land on the same two threads instead of the global pool's,
-//! whose idle threads spun beside the engine's own.
+//! A forward pass runs on one of the workers ([`CpuPool::run_pass`]), so that its rounds spawn
+//! onto that worker's own queue and attention's parallel pieces (rayon's `par_iter` inside the
+//! pass) land on the same threads. Run from a thread outside the pool, as the executor's default
+//! put it on rayon's global pool, every round was injected from another pool and the global
+//! pool's idle threads spun beside the engine's own (2 + 2 threads on 2 cores). Workers that
+//! spin between rounds for the whole pass instead of parking (tried: "keepers" running
+//! `yield_now` until the pass ended) gave no measurable gain on this VM, idle or loaded, and were
+//! dropped.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-use rayon::Yield;
 
 use rustix::thread::CpuSet;
 
 use crate::topology::{CoreChoice, CoreSource, CpuOptions, Topology};
 use crate::CpuError;
 
-/// How long a keeper ([`CpuPool::run_pass`]) spins after its last job before it yields its
-/// core at every look: longer than the gaps between a decode step's rounds (attention, norms:
-/// ~20 µs at most on SmolLM2-135M), so that the next round finds it running, not asleep.
-const KEEP_SPIN: Duration = Duration::from_micros(50);
-
 /// The engine's worker threads.
 pub struct CpuPool {
     pool: rayon::ThreadPool,
     choice: CoreChoice,
     pinned: bool,
-    /// Held by the pass whose keepers hold the workers ([`CpuPool::run_pass`]).
-    passing: Mutex<()>,
 }
 
 impl std::fmt::Debug for CpuPool {
@@ -119,14 +110,12 @@ impl CpuPool {
                 pool,
                 choice,
                 pinned: false,
-                passing: Mutex::new(()),
             });
         }
         Ok(CpuPool {
             pool,
             choice,
             pinned: true,
-            passing: Mutex::new(()),
         })
     }
 
@@ -172,63 +161,12 @@ impl CpuPool {
         });
     }
 
-    /// Run `pass` (one forward pass) on worker 0 while every other worker keeps looking for
-    /// its rounds' tasks until it ends (see the module docs): its matmul rounds and parallel
-    /// operators fork onto these threads alone and find them awake. From a worker of this
-    /// pool, or while another pass holds the workers, the pass runs as any other job of the
-    /// pool (no keepers). A panic in the pass is passed on to the caller.
+    /// Run `pass` (one forward pass) on one of the workers (directly when the calling thread
+    /// is one): its matmul rounds ([`CpuPool::run`] from a worker spawns onto the worker's own
+    /// queue) and its parallel operators (attention's pieces, rayon's `par_iter` inside the
+    /// pass) fork onto these threads alone. A panic in the pass is passed on to the caller.
     pub fn run_pass(&self, pass: &mut (dyn FnMut() + Send)) {
-        if self.threads() == 1 || self.pool.current_thread_index().is_some() {
-            return self.pool.install(pass);
-        }
-        let Ok(_held) = self.passing.try_lock() else {
-            return self.pool.install(pass);
-        };
-        /// Sets the flag when the pass ends, returned or unwinding.
-        struct Ended<'a>(&'a AtomicBool);
-        impl Drop for Ended<'_> {
-            fn drop(&mut self) {
-                self.0.store(true, Ordering::Release);
-            }
-        }
-        let ended = AtomicBool::new(false);
-        let pass = Mutex::new(pass);
-        self.pool.broadcast(|ctx| {
-            if ctx.index() == 0 {
-                let _ended = Ended(&ended);
-                let mut pass = pass.lock().unwrap_or_else(|p| p.into_inner());
-                pass();
-            } else {
-                self.keep(&ended);
-            }
-        });
-    }
-
-    /// A keeper: run the pool's jobs as they come (a round's helper task, a piece of
-    /// attention) until `ended`. Between jobs it spins for [`KEEP_SPIN`], then gives its core
-    /// to whatever else wants it (`sched_yield`) at every look, so that another program on
-    /// the core loses little to it.
-    fn keep(&self, ended: &AtomicBool) {
-        let (mut last, mut looks, mut spinning) = (Instant::now(), 0u32, true);
-        while !ended.load(Ordering::Acquire) {
-            if self.pool.yield_now() == Some(Yield::Executed) {
-                (looks, spinning) = (0, true);
-                continue;
-            }
-            if looks == 0 {
-                last = Instant::now();
-            }
-            looks = looks.wrapping_add(1);
-            // The clock is read once every 64 looks, not at each (a few percent of a step).
-            if spinning && looks.is_multiple_of(64) {
-                spinning = last.elapsed() < KEEP_SPIN;
-            }
-            if spinning {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        self.pool.install(pass);
     }
 
     /// Run `cpu` on the workers while the calling thread runs `here` (another engine's share of
