@@ -23,6 +23,10 @@ pub(super) trait Dot {
     /// `u ≤ 127` and `|s| ≤ 127`, or `u ≤ 63`).
     const WIDE: bool;
 
+    /// Whether the kernels of this ISA are compiled with AVX-512 BW (byte-masked operations),
+    /// which the one-row legacy kernels use to decode Q5's fifth bits (`legacy/x86.rs`).
+    const BW: bool = false;
+
     /// `u` (unsigned bytes) times `s` (signed bytes), four adjacent products per lane.
     ///
     /// # Safety
@@ -73,6 +77,7 @@ impl Dot for AvxVnni {
 
 impl Dot for Avx512Vnni {
     const WIDE: bool = true;
+    const BW: bool = true;
     #[inline(always)]
     unsafe fn dot_us(u: __m256i, s: __m256i) -> __m256i {
         // SAFETY: register-only; the caller guarantees AVX-512 VNNI and VL.

@@ -38,6 +38,50 @@ trait Decode: Format {
     /// # Safety
     /// `p .. p + BYTES` must be readable; the CPU must have AVX2.
     unsafe fn decode(p: *const u8) -> __m256i;
+
+    /// [`Decode::decode`] with AVX-512 BW's byte masks where they save instructions (Q5's
+    /// fifth bits: one masked byte add from the 32-bit `qh` instead of a broadcast, a shuffle,
+    /// a compare and two logic operations); the same bytes.
+    ///
+    /// # Safety
+    /// As [`Decode::decode`]; the CPU must also have AVX-512 BW and VL.
+    #[inline(always)]
+    unsafe fn decode_bw(p: *const u8) -> __m256i {
+        // SAFETY: forwarded.
+        unsafe { Self::decode(p) }
+    }
+}
+
+/// The block at `p` decoded by the ISA `D`'s kernels: [`Decode::decode_bw`] where `D` is
+/// compiled with AVX-512 BW, else [`Decode::decode`].
+///
+/// # Safety
+/// As [`Decode::decode`] (and [`Decode::decode_bw`] when `D::BW`).
+#[inline(always)]
+unsafe fn decode_for<F: Decode, D: Dot>(p: *const u8) -> __m256i {
+    // SAFETY: forwarded; `D::BW` only for kernels compiled with AVX-512 BW.
+    unsafe {
+        if D::BW {
+            F::decode_bw(p)
+        } else {
+            F::decode(p)
+        }
+    }
+}
+
+/// Q5's decode with its fifth bits (the u32 `qh` at `qh`, bit `j` for weight `j`) added to the
+/// nibbles at `qs` as 16 under the bits' mask: the bytes of `nibbles | fifth_bits`.
+///
+/// # Safety
+/// 4 readable bytes at `qh`, 16 at `qs`; AVX2, AVX-512 BW and VL.
+#[inline(always)]
+unsafe fn five_bits_bw(qh: *const u8, qs: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees the reads and the ISA.
+    unsafe {
+        let h = qh.cast::<u32>().read_unaligned();
+        let n = nibbles(qs);
+        _mm256_mask_add_epi8(n, h, n, _mm256_set1_epi8(0x10))
+    }
 }
 
 /// The 32 nibbles of the 16 bytes at `p` (weight `j` low nibble of byte `j`, `j + 16` high).
@@ -106,6 +150,11 @@ impl Decode for Q5_0 {
         // SAFETY: qh is bytes 2..6, qs 6..22 of the block; AVX2.
         unsafe { _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2))) }
     }
+    #[inline(always)]
+    unsafe fn decode_bw(p: *const u8) -> __m256i {
+        // SAFETY: as above; AVX-512 BW and VL as the caller guarantees.
+        unsafe { five_bits_bw(p.add(2), p.add(6)) }
+    }
 }
 
 impl Decode for Q5_1 {
@@ -115,6 +164,11 @@ impl Decode for Q5_1 {
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: qh is bytes 4..8, qs 8..24 of the block.
         unsafe { _mm256_or_si256(nibbles(p.add(8)), fifth_bits(p.add(4))) }
+    }
+    #[inline(always)]
+    unsafe fn decode_bw(p: *const u8) -> __m256i {
+        // SAFETY: as above; AVX-512 BW and VL as the caller guarantees.
+        unsafe { five_bits_bw(p.add(4), p.add(8)) }
     }
 }
 
@@ -203,12 +257,12 @@ unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
 /// # Safety
 /// `8 · F::BYTES` readable bytes at `base`; AVX2 and F16C.
 #[inline(always)]
-unsafe fn decode_group<F: Decode>(base: *const u8) -> ([__m256i; 8], __m256, __m256) {
+unsafe fn decode_group<F: Decode, D: Dot>(base: *const u8) -> ([__m256i; 8], __m256, __m256) {
     // SAFETY: the caller vouches for the group's bytes and the ISA.
     unsafe {
         let mut wv = [_mm256_setzero_si256(); 8];
         for (j, v) in wv.iter_mut().enumerate() {
-            *v = F::decode(base.add(j * F::BYTES));
+            *v = decode_for::<F, D>(base.add(j * F::BYTES));
         }
         let dw = f16x8(base, F::BYTES);
         let mw = if F::MIN {
@@ -306,7 +360,7 @@ unsafe fn tail<F: Decode, D: Dot, const N: usize>(
         let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
         for j in 0..t {
             let p = wr.as_ptr().add((from + j) * F::BYTES);
-            wv[j] = F::decode(p);
+            wv[j] = decode_for::<F, D>(p);
             dh[j] = p.cast::<u16>().read_unaligned();
             if F::MIN {
                 mh[j] = p.add(2).cast::<u16>().read_unaligned();
@@ -351,7 +405,7 @@ const PREFETCH_AHEAD: usize = 4096;
 /// # Safety
 /// `8 · F::BYTES` readable bytes at `base` (prefetching never faults); AVX2 and F16C.
 #[inline(always)]
-unsafe fn fetch_group<F: Decode>(base: *const u8) -> ([__m256i; 8], __m256, __m256) {
+unsafe fn fetch_group<F: Decode, D: Dot>(base: *const u8) -> ([__m256i; 8], __m256, __m256) {
     let ahead = base.wrapping_add(PREFETCH_AHEAD);
     let mut line = 0;
     while line < 8 * F::BYTES {
@@ -360,7 +414,7 @@ unsafe fn fetch_group<F: Decode>(base: *const u8) -> ([__m256i; 8], __m256, __m2
         line += 64;
     }
     // SAFETY: the caller vouches for the group's bytes and the ISA.
-    unsafe { decode_group::<F>(base) }
+    unsafe { decode_group::<F, D>(base) }
 }
 
 /// [`group_values`] of a decoded group against group `g` of the activation row `a`.
@@ -402,7 +456,7 @@ unsafe fn row<F: Decode, D: Dot, const N: usize>(wr: &[u8], ar: [ActRow<'_>; N])
         // SAFETY (whole loop body): block g·8 + j < nb of the row, activation blocks likewise,
         // per-block indices g·8 .. g·8 + 8 <= nb; prefetching never faults.
         unsafe {
-            let group = fetch_group::<F>(wr.as_ptr().add(g * 8 * F::BYTES));
+            let group = fetch_group::<F, D>(wr.as_ptr().add(g * 8 * F::BYTES));
             for (i, a) in ar.iter().enumerate() {
                 acc[i] = _mm256_add_ps(acc[i], act_group_values::<F, D>(&group, a, g));
             }
@@ -455,7 +509,7 @@ unsafe fn tail_packed<F: Decode, D: Dot, const R: usize, const T: usize>(
                 let lane = r * t + j;
                 let pb = w.as_ptr().add(r * wrb + (from + j) * F::BYTES);
                 let av = _mm256_loadu_si256(a.q.as_ptr().add((from + j) * ab_len + qs).cast());
-                p[lane] = block_dot::<F, D>(F::decode(pb), av);
+                p[lane] = block_dot::<F, D>(decode_for::<F, D>(pb), av);
                 dh[lane] = pb.cast::<u16>().read_unaligned();
                 if F::MIN {
                     mh[lane] = pb.add(2).cast::<u16>().read_unaligned();
@@ -504,7 +558,7 @@ unsafe fn rows4<F: Decode, D: Dot>(w: &[u8], wrb: usize, a: ActRow<'_>) -> [f32;
             // SAFETY (whole loop body): block g·8 + j < nb of row r, activation blocks
             // likewise; prefetching never faults.
             unsafe {
-                let group = fetch_group::<F>(w.as_ptr().add(r * wrb + g * 8 * F::BYTES));
+                let group = fetch_group::<F, D>(w.as_ptr().add(r * wrb + g * 8 * F::BYTES));
                 *acc = _mm256_add_ps(*acc, act_group_values::<F, D>(&group, &a, g));
             }
         }
@@ -657,7 +711,7 @@ isa_kernels!(
     panel_512,
     Avx512Vnni,
     true,
-    "avx2,f16c,avx512f,avx512vl,avx512vnni"
+    "avx2,f16c,avx512f,avx512vl,avx512vnni,avx512bw"
 );
 
 /// Safe entries (`RowsFn`): [`rows`] hands them out only on a CPU with every feature the
@@ -705,7 +759,9 @@ pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
     let ok = match isa {
         Isa::Avx2 => base,
         Isa::AvxVnni => base && has!("avxvnni"),
-        Isa::Avx512Vnni => base && has!("avx512f") && has!("avx512vl") && has!("avx512vnni"),
+        Isa::Avx512Vnni => {
+            base && has!("avx512f") && has!("avx512vl") && has!("avx512vnni") && has!("avx512bw")
+        }
         _ => false,
     };
     if !ok {
