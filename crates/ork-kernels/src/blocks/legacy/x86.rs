@@ -542,13 +542,14 @@ const DECODE_ROWS: usize = 4;
 /// K = 576 leaves 2 blocks a row, one group for four rows instead of a group each), else
 /// row by row as [`row`]'s tail. The scalar twin's bits. Against [`row`] one row at a time:
 /// Q4_0 K = 576 ~15.5 → ~18 GB/s, Q8_0 ~29 → ~34 per core-second (`examples/blocks_speed.rs`,
-/// 2000 rows, L2-resident, both builds alternated).
+/// 2000 rows, L2-resident, both builds alternated). Row `r`'s result goes to `out[r]`.
 ///
 /// # Safety
 /// `w` holds `DECODE_ROWS` rows of `wrb` bytes (`nb` blocks of `F`), `a` is an activation row
-/// of `nb` blocks; the CPU has AVX2, F16C and `D`'s instructions.
+/// of `nb` blocks, `out` has `DECODE_ROWS` values; the CPU has AVX2, F16C and `D`'s
+/// instructions.
 #[inline(always)]
-unsafe fn rows4<F: Decode, D: Dot>(w: &[u8], wrb: usize, a: ActRow<'_>) -> [f32; DECODE_ROWS] {
+unsafe fn rows4<F: Decode, D: Dot>(w: &[u8], wrb: usize, a: ActRow<'_>, out: &mut [f32]) {
     let nb = wrb / F::BYTES;
     let groups = nb / 8;
     // SAFETY: register-only; the caller guarantees AVX.
@@ -579,14 +580,14 @@ unsafe fn rows4<F: Decode, D: Dot>(w: &[u8], wrb: usize, a: ActRow<'_>) -> [f32;
             *acc = one[0];
         }
     }
-    let mut res = [0f32; DECODE_ROWS];
-    for (r, acc) in acc.iter().enumerate() {
+    // Straight into the output (returned as an array, the four results were stored one by
+    // one and read back as one vector by the caller: a store-forwarding stall per call).
+    for ((r, acc), o) in acc.iter().enumerate().zip(out.iter_mut()) {
         let mut lanes = [0f32; 8];
         // SAFETY: 32 writable bytes; unaligned store.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *acc) };
-        res[r] = finish::<F>(lanes, &w[r * wrb..][..wrb], a.q, nb, |_| 0);
+        *o = finish::<F>(lanes, &w[r * wrb..][..wrb], a.q, nb, |_| 0);
     }
-    res
 }
 
 /// Decode (M = 1): the rows [`DECODE_ROWS`] at a time by `four`, the rest one at a time by
@@ -632,7 +633,7 @@ unsafe fn decode_rows<F: Format>(
         .zip(w.chunks_exact(DECODE_ROWS * wrb))
     {
         // SAFETY: the caller's guarantee, for DECODE_ROWS rows.
-        o.copy_from_slice(&unsafe { four(w, wrb, ar) });
+        unsafe { four(w, wrb, ar, o) };
     }
     for (o, wr) in out[whole..rows]
         .iter_mut()
@@ -646,8 +647,9 @@ unsafe fn decode_rows<F: Format>(
 /// Activation blocks whose per-block fields [`decode_rows`] keeps on the stack.
 const STACK_BLOCKS: usize = 64;
 
-/// A decode kernel of [`DECODE_ROWS`] weight rows (`wrb` bytes each) against one activation row.
-type RowsDots4 = unsafe fn(&[u8], usize, ActRow<'_>) -> [f32; DECODE_ROWS];
+/// A decode kernel of [`DECODE_ROWS`] weight rows (`wrb` bytes each) against one activation row,
+/// into as many outputs.
+type RowsDots4 = unsafe fn(&[u8], usize, ActRow<'_>, &mut [f32]);
 
 /// `ROW` (one weight row against `N` activation rows) and [`panel::rows`] (eight weight rows
 /// at once, M > 1) compiled for one ISA.
@@ -658,9 +660,9 @@ macro_rules! isa_kernels {
         /// # Safety
         /// As [`rows4`]; the CPU has the features.
         #[target_feature(enable = $features)]
-        unsafe fn $rows4<F: Decode>(w: &[u8], wrb: usize, a: ActRow<'_>) -> [f32; DECODE_ROWS] {
+        unsafe fn $rows4<F: Decode>(w: &[u8], wrb: usize, a: ActRow<'_>, o: &mut [f32]) {
             // SAFETY: forwarded.
-            unsafe { rows4::<F, $dot>(w, wrb, a) }
+            unsafe { rows4::<F, $dot>(w, wrb, a, o) }
         }
 
         /// `row` compiled for the ISA.
