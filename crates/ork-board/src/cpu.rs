@@ -115,13 +115,13 @@ pub const ORK_GEMM_CYCLES: [(FileType, f64, f64); 13] = [
     (FileType::Q5_0, 32.5, 149.5),
     (FileType::Q5_1, 35.1, 160.8),
     (FileType::Q8_0, 26.3, 113.8),
-    (FileType::Q2_K, 23.3, 133.4),
-    (FileType::Q3_K, 23.3, 133.4),
-    (FileType::Q4_K, 23.3, 133.5),
-    (FileType::Q5_K, 23.3, 133.5),
-    (FileType::Q6_K, 23.3, 133.4),
+    (FileType::Q2_K, 21.9, 123.1),
+    (FileType::Q3_K, 18.6, 105.6),
+    (FileType::Q4_K, 21.9, 123.1),
+    (FileType::Q5_K, 21.9, 123.1),
+    (FileType::Q6_K, 18.6, 105.6),
     (FileType::IQ4_NL, 34.8, 141.1),
-    (FileType::IQ4_XS, 23.3, 134.1),
+    (FileType::IQ4_XS, 18.7, 106.4),
 ];
 
 /// Whose kernels a CPU projection charges.

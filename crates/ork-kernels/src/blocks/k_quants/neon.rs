@@ -62,6 +62,14 @@ impl<const DOT: bool> Engine for Neon<DOT> {
     #[inline(always)]
     fn decode(ty: KType, blk: &[u8], s: &mut Super) {
         super::decode(ty, blk, s);
+        if DOT {
+            // The tile's types without mins read signed quants and no mins ([`tile_sdot`]).
+            match ty {
+                KType::Q3 => to_signed(s, 4),
+                KType::Q6 => to_signed(s, 32),
+                _ => {}
+            }
+        }
     }
 
     #[inline(always)]
@@ -101,7 +109,13 @@ impl<const DOT: bool> Engine for Neon<DOT> {
         assert!(ai.len() >= TILE_BLOCK);
         // SAFETY: `ai` holds a whole tile block (asserted); `Neon<true>` runs only where the
         // CPU has FEAT_DotProd (see the type's docs).
-        unsafe { tile_sdot(t, s, ai.as_ptr(), acc) }
+        unsafe {
+            if t.has_mins() {
+                tile_sdot::<true>(s, ai.as_ptr(), acc);
+            } else {
+                tile_sdot::<false>(s, ai.as_ptr(), acc);
+            }
+        }
     }
 
     #[inline(always)]
@@ -117,6 +131,21 @@ impl<const DOT: bool> Engine for Neon<DOT> {
             }
         }
     }
+}
+
+/// A decoded Q3_K or Q6_K super-block (`u = v + o`, `mn = o·sc`) as ggml's signed values
+/// `v = u − o` with no offset term (`mn = 0`): `Σ sc·Σ v·a = Σ sc·Σ u·a − Σ mn·bsum` for every
+/// Q8_K block whose `bsums` are its group sums (as the quantizer writes them; the fused M = 1
+/// Q3_K kernel relies on the same, see the module docs), so [`Engine::dot`] returns `(sumi −
+/// summ, 0)`, which is all the float step of a type without mins reads. `|v| ≤ 32`: exact as
+/// signed bytes.
+#[inline(always)]
+fn to_signed(s: &mut Super, o: u8) {
+    for u in &mut s.u {
+        *u = u.wrapping_sub(o);
+    }
+    s.mn = [0; 16];
+    s.signed = true;
 }
 
 /// The baseline dot.
@@ -181,14 +210,12 @@ unsafe fn dot<const DOT: bool>(s: &Super, a: &[u8]) -> (i32, i32) {
     (unsafe { vaddvq_s32(acc) }, mins)
 }
 
-/// One weight row's group in [`group`]'s `asm!`: zero `d`, four `sdot` by element of the
-/// interleaved activations `x0..x3` with the row's quants `w`, then `a += d · s[lane]`.
-macro_rules! group_row {
+/// One weight row's group in [`running_group`]'s `asm!`: four `sdot` by element of the
+/// interleaved activations `x0..x3` with the row's quants `w` onto the running dot `d`, then
+/// `a += d · s[lane]`.
+macro_rules! running_row {
     ($a:ident, $d:ident, $w:ident, $s:ident, $l:literal) => {
         concat!(
-            "movi {",
-            stringify!($d),
-            ":v}.16b, #0\n",
             "sdot {",
             stringify!($d),
             ":v}.4s, {x0:v}.16b, {",
@@ -227,18 +254,32 @@ macro_rules! group_row {
 /// lanes. Per 16-value group and weight row, four `sdot` by element: the weight row's 16 quants
 /// are the indexed operand (element `k` = quants `4k..4k + 4`, the row's own layout: no
 /// weight is moved), each interleaved vector `k` holds the four activation rows' quants
-/// `4k..4k + 4` of the group, so lane `i` sums activation row `i`'s group dot; then `mla` by
-/// the group's scale. The mins term is `smlal` by element of the four rows' group sums (side by
-/// side in the block) with the weight row's 16 `mn`. The same integers, mod 2³², as
-/// [`Engine::dot`] of each pair (wrapping i32 lanes, as the scalar twin's); then `super::step`
-/// on the four activation rows' lanes at once, in its order (no fused multiply-add), so each
-/// lane is the scalar twin's float.
+/// `4k..4k + 4` of the group, so lane `i` sums activation row `i`'s group dot.
+///
+/// The group dots are never zeroed: each weight row keeps two running dots, one over its even
+/// groups and one over its odd groups, and after group `g` its sum takes `mla` of the running
+/// dot by `sc_g − sc_{g+2}` (`sc_16 = sc_17 = 0`), which telescopes to `Σ_g sc_g · (group g's
+/// dot)`. Two chains per row keep eight `sdot` chains in flight.
+///
+/// With `MINS` (Q2_K, Q4_K, Q5_K) the mins term is `smlal` by element of the four rows' group
+/// sums (side by side in the block) with the weight row's 16 `mn`. Without (Q3_K and Q6_K as
+/// [`Neon::decode`] leaves them, signed with `mn = 0`; IQ4_XS) there is none: `summ` is 0.
+///
+/// The same integers, mod 2³², as [`Engine::dot`] of each pair (wrapping i32 lanes, as the
+/// scalar twin's); then `super::step` on the four activation rows' lanes at once, in its order
+/// (no fused multiply-add), so each lane is the scalar twin's float.
 ///
 /// # Safety
-/// `ai` holds [`TILE_BLOCK`] readable bytes; the CPU has FEAT_DotProd.
+/// `ai` holds [`TILE_BLOCK`] readable bytes; the CPU has FEAT_DotProd; without `MINS`, every
+/// `mn` is 0.
 #[target_feature(enable = "neon,dotprod")]
 #[inline]
-unsafe fn tile_sdot(t: KType, s: [&Super; 4], ai: *const u8, acc: &mut [[f32; 4]; 4]) {
+unsafe fn tile_sdot<const MINS: bool>(s: [&Super; 4], ai: *const u8, acc: &mut [[f32; 4]; 4]) {
+    debug_assert!(MINS || s.iter().all(|s| s.mn == [0; 16]));
+    let steps: [[i16; 16]; 4] = std::array::from_fn(|r| {
+        let sc = &s[r].sc;
+        std::array::from_fn(|g| sc[g].wrapping_sub(if g + 2 < 16 { sc[g + 2] } else { 0 }))
+    });
     // SAFETY: the interleaved quants are `ai`'s first 1024 bytes and the group sums the next
     // 128 (the caller's); each `Super` holds 256 quants, 16 scales and 16 `mn`; `sdot` per the
     // caller's guarantee.
@@ -247,10 +288,21 @@ unsafe fn tile_sdot(t: KType, s: [&Super; 4], ai: *const u8, acc: &mut [[f32; 4]
         // Four groups at a time, written out (not a loop: `bl` to a loop-free function is what
         // scripts/kernel_cycles.py inlines into its caller's pass).
         let mut sumi = [vdupq_n_s32(0); 4];
-        quad(&mut sumi, x, s, 0);
-        quad(&mut sumi, x, s, 1);
-        quad(&mut sumi, x, s, 2);
-        quad(&mut sumi, x, s, 3);
+        let mut run = [[vdupq_n_s32(0); 4]; 2];
+        running_quad(&mut sumi, &mut run, x, s, &steps, 0);
+        running_quad(&mut sumi, &mut run, x, s, &steps, 1);
+        running_quad(&mut sumi, &mut run, x, s, &steps, 2);
+        running_quad(&mut sumi, &mut run, x, s, &steps, 3);
+        let da = vreinterpretq_f32_u8(vld1q_u8(ai.add(TILE_D)));
+        if !MINS {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let a = vld1q_f32(acc.as_ptr());
+                let dd = vmulq_n_f32(da, s[r].d);
+                let v = vaddq_f32(a, vmulq_f32(dd, vcvtq_f32_s32(sumi[r])));
+                vst1q_f32(acc.as_mut_ptr(), v);
+            }
+            return;
+        }
         let b = ai.add(4 * QK_K).cast::<i16>();
         let mut summ = [vdupq_n_s32(0); 4];
         for h in 0..2 {
@@ -270,46 +322,49 @@ unsafe fn tile_sdot(t: KType, s: [&Super; 4], ai: *const u8, acc: &mut [[f32; 4]
         for (r, acc) in acc.iter_mut().enumerate() {
             let a = vld1q_f32(acc.as_ptr());
             let dd = vmulq_n_f32(da, s[r].d);
-            let v = if t.has_mins() {
-                let hi = vaddq_f32(a, vmulq_f32(dd, vcvtq_f32_s32(sumi[r])));
-                let dm = vmulq_n_f32(da, s[r].dmin);
-                vsubq_f32(hi, vmulq_f32(dm, vcvtq_f32_s32(summ[r])))
-            } else {
-                let diff = vsubq_s32(sumi[r], summ[r]);
-                vaddq_f32(a, vmulq_f32(dd, vcvtq_f32_s32(diff)))
-            };
+            let hi = vaddq_f32(a, vmulq_f32(dd, vcvtq_f32_s32(sumi[r])));
+            let dm = vmulq_n_f32(da, s[r].dmin);
+            let v = vsubq_f32(hi, vmulq_f32(dm, vcvtq_f32_s32(summ[r])));
             vst1q_f32(acc.as_mut_ptr(), v);
         }
     }
 }
 
-/// Groups `4q..4q + 4` of the four weight rows in [`tile_sdot`].
+/// Groups `4q..4q + 4` of the four weight rows in [`tile_sdot`]: even groups on
+/// `run[0]`, odd ones on `run[1]`.
 ///
 /// # Safety
 /// As [`tile_sdot`], `q < 4`.
 #[inline(always)]
-unsafe fn quad(sumi: &mut [int32x4_t; 4], x: *const i8, s: [&Super; 4], q: usize) {
-    // SAFETY: each row's scales `4q..4q + 4`; the rest as the caller's.
+unsafe fn running_quad(
+    sumi: &mut [int32x4_t; 4],
+    run: &mut [[int32x4_t; 4]; 2],
+    x: *const i8,
+    s: [&Super; 4],
+    steps: &[[i16; 16]; 4],
+    q: usize,
+) {
+    // SAFETY: each row's steps `4q..4q + 4`; the rest as the caller's.
     unsafe {
         let sc: [int32x4_t; 4] =
-            std::array::from_fn(|r| vmovl_s16(vld1_s16(s[r].sc.as_ptr().add(4 * q))));
-        group::<0>(sumi, x, s, 4 * q, &sc);
-        group::<1>(sumi, x, s, 4 * q + 1, &sc);
-        group::<2>(sumi, x, s, 4 * q + 2, &sc);
-        group::<3>(sumi, x, s, 4 * q + 3, &sc);
+            std::array::from_fn(|r| vmovl_s16(vld1_s16(steps[r].as_ptr().add(4 * q))));
+        let [even, odd] = run;
+        running_group::<0>(sumi, even, x, s, 4 * q, &sc);
+        running_group::<1>(sumi, odd, x, s, 4 * q + 1, &sc);
+        running_group::<2>(sumi, even, x, s, 4 * q + 2, &sc);
+        running_group::<3>(sumi, odd, x, s, 4 * q + 3, &sc);
     }
 }
 
-/// Group `g` of the four weight rows in [`tile_sdot`]: `sumi[r] += sc[r][L] · (group dots of
-/// row r with the four activation rows)`, `L = g % 4`. One `asm!` block per group: as
-/// intrinsics LLVM turned the weight rows into the outer loop (reloading the interleaved
-/// activations for each row) and `mla` by element into `dup`, `sshll` and `mla`.
+/// Group `g` of the four weight rows in [`tile_sdot`]: `run[r] += (group dots of row
+/// r with the four activation rows)`, then `sumi[r] += run[r] · sc[r][L]`, `L = g % 4`.
 ///
 /// # Safety
 /// As [`tile_sdot`], `g < 16`.
 #[inline(always)]
-unsafe fn group<const L: i32>(
+unsafe fn running_group<const L: i32>(
     sumi: &mut [int32x4_t; 4],
+    run: &mut [int32x4_t; 4],
     x: *const i8,
     s: [&Super; 4],
     g: usize,
@@ -327,18 +382,18 @@ unsafe fn group<const L: i32>(
             // SAFETY: vector registers only; the caller guarantees FEAT_DotProd.
             unsafe {
                 std::arch::asm!(
-                    group_row!(a0, d0, w0, s0, $l),
-                    group_row!(a1, d1, w1, s1, $l),
-                    group_row!(a2, d2, w2, s2, $l),
-                    group_row!(a3, d3, w3, s3, $l),
+                    running_row!(a0, d0, w0, s0, $l),
+                    running_row!(a1, d1, w1, s1, $l),
+                    running_row!(a2, d2, w2, s2, $l),
+                    running_row!(a3, d3, w3, s3, $l),
                     a0 = inout(vreg) sumi[0],
                     a1 = inout(vreg) sumi[1],
                     a2 = inout(vreg) sumi[2],
                     a3 = inout(vreg) sumi[3],
-                    d0 = out(vreg) _,
-                    d1 = out(vreg) _,
-                    d2 = out(vreg) _,
-                    d3 = out(vreg) _,
+                    d0 = inout(vreg) run[0],
+                    d1 = inout(vreg) run[1],
+                    d2 = inout(vreg) run[2],
+                    d3 = inout(vreg) run[3],
                     x0 = in(vreg) xs[0],
                     x1 = in(vreg) xs[1],
                     x2 = in(vreg) xs[2],
