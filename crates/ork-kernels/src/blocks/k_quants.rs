@@ -215,7 +215,7 @@ pub(super) trait Engine {
     /// One super-block of four decoded weight rows (`s`) against four Q8_K blocks (`a`, one
     /// per activation row): `acc[row][activation row]` stepped as [`step`] does, with
     /// [`Engine::dot`] of each pair. `ai` holds the four blocks interleaved ([`interleave`])
-    /// where [`Engine::TILE`], else nothing.
+    /// where [`Engine::TILE`], else nothing; `a` is then four empty slices.
     #[inline(always)]
     fn tile(t: KType, s: [&Super; 4], a: [&[u8]; 4], ai: &[u8], acc: &mut [[f32; 4]; 4]) {
         let _ = ai;
@@ -389,7 +389,12 @@ fn tile_rows<E: Engine>(
         let mut acc = [[0.0f32; 4]; 4];
         let quad = &inter[(i - i0) / 4 * nb * TILE_BLOCK..];
         for b in 0..nb {
-            let a = blocks4(acts, arb, i, b);
+            // An engine with its own tile reads the interleaved block only.
+            let a = if E::TILE {
+                [&[][..]; 4]
+            } else {
+                blocks4(acts, arb, i, b)
+            };
             let s = [&rows[0][b], &rows[1][b], &rows[2][b], &rows[3][b]];
             E::tile(
                 t,

@@ -65,7 +65,11 @@ impl<const DOT: bool> Engine for Neon<DOT> {
         if DOT {
             // The tile's types without mins read signed quants and no mins ([`tile_sdot`]).
             match ty {
-                KType::Q3 => to_signed(s, 4),
+                KType::Q2 => fold(s, 1),
+                KType::Q3 => {
+                    to_signed(s, 4);
+                    fold(s, -1);
+                }
                 KType::Q6 => to_signed(s, 32),
                 _ => {}
             }
@@ -110,10 +114,11 @@ impl<const DOT: bool> Engine for Neon<DOT> {
         // SAFETY: `ai` holds a whole tile block (asserted); `Neon<true>` runs only where the
         // CPU has FEAT_DotProd (see the type's docs).
         unsafe {
-            if t.has_mins() {
-                tile_sdot::<true>(s, ai.as_ptr(), acc);
-            } else {
-                tile_sdot::<false>(s, ai.as_ptr(), acc);
+            match t {
+                KType::Q2 => tile_sdot::<true, 1>(s, ai.as_ptr(), acc),
+                KType::Q3 => tile_sdot::<false, -1>(s, ai.as_ptr(), acc),
+                KType::Q4 | KType::Q5 => tile_sdot::<true, 0>(s, ai.as_ptr(), acc),
+                KType::Q6 | KType::Iq4Xs => tile_sdot::<false, 0>(s, ai.as_ptr(), acc),
             }
         }
     }
@@ -145,6 +150,26 @@ fn to_signed(s: &mut Super, o: u8) {
         *u = u.wrapping_sub(o);
     }
     s.mn = [0; 16];
+    s.signed = true;
+}
+
+/// A decoded Q2_K (`sign` 1) or signed Q3_K (`sign` −1, after [`to_signed`]) super-block with
+/// each group's scale folded into its quants: `u_g ← sign·sc_g·u_g`, `sc_g ← sign`, so `Σ_g
+/// sc_g·Σ u·a` is unchanged (the same integers: every product and sum is exact in i32). The
+/// products fit a signed byte: Q2_K `0 ≤ u ≤ 3`, `0 ≤ sc ≤ 15` gives `0..=45`; Q3_K `−4 ≤ v ≤
+/// 3` against `−sc`, `−31 ≤ −sc ≤ 32`, gives `−128..=124` (folding `+sc` would not fit: `−32 ·
+/// −4 = 128`, and ggml's quantizer gives every Q3_K super-block's largest scale the code `−32`).
+/// The tile then needs no `mla` per group ([`tile_sdot`]'s `FOLD`).
+#[inline(always)]
+fn fold(s: &mut Super, sign: i16) {
+    for (g, sc) in s.sc.iter_mut().enumerate() {
+        // The product fits i8 (above); as i16 it is exact, then narrowed.
+        let f = sign * *sc;
+        for u in &mut s.u[16 * g..16 * g + 16] {
+            *u = (i16::from(*u as i8) * f) as i8 as u8;
+        }
+        *sc = sign;
+    }
     s.signed = true;
 }
 
@@ -210,11 +235,40 @@ unsafe fn dot<const DOT: bool>(s: &Super, a: &[u8]) -> (i32, i32) {
     (unsafe { vaddvq_s32(acc) }, mins)
 }
 
+/// One weight row's group in [`folded_group`]'s `asm!`: four `sdot` by element of the
+/// interleaved activations `x0..x3` with the row's folded quants `w` onto `d`.
+macro_rules! folded_row {
+    ($d:ident, $w:ident) => {
+        concat!(
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x0:v}.16b, {",
+            stringify!($w),
+            ":v}.4b[0]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x1:v}.16b, {",
+            stringify!($w),
+            ":v}.4b[1]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x2:v}.16b, {",
+            stringify!($w),
+            ":v}.4b[2]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x3:v}.16b, {",
+            stringify!($w),
+            ":v}.4b[3]\n",
+        )
+    };
+}
+
 /// One weight row's group in [`running_group`]'s `asm!`: four `sdot` by element of the
 /// interleaved activations `x0..x3` with the row's quants `w` onto the running dot `d`, then
-/// `a += d · s[lane]`.
+/// `a += d · s[l]` (`l` the `asm!` block's lane operand).
 macro_rules! running_row {
-    ($a:ident, $d:ident, $w:ident, $s:ident, $l:literal) => {
+    ($a:ident, $d:ident, $w:ident, $s:ident) => {
         concat!(
             "sdot {",
             stringify!($d),
@@ -242,9 +296,7 @@ macro_rules! running_row {
             stringify!($d),
             ":v}.4s, {",
             stringify!($s),
-            ":v}.s[",
-            $l,
-            "]"
+            ":v}.s[{l}]"
         )
     };
 }
@@ -274,12 +326,26 @@ macro_rules! running_row {
 /// `mn` is 0.
 #[target_feature(enable = "neon,dotprod")]
 #[inline]
-unsafe fn tile_sdot<const MINS: bool>(s: [&Super; 4], ai: *const u8, acc: &mut [[f32; 4]; 4]) {
+unsafe fn tile_sdot<const MINS: bool, const FOLD: i16>(
+    s: [&Super; 4],
+    ai: *const u8,
+    acc: &mut [[f32; 4]; 4],
+) {
     debug_assert!(MINS || s.iter().all(|s| s.mn == [0; 16]));
-    let steps: [[i16; 16]; 4] = std::array::from_fn(|r| {
-        let sc = &s[r].sc;
-        std::array::from_fn(|g| sc[g].wrapping_sub(if g + 2 < 16 { sc[g + 2] } else { 0 }))
-    });
+    debug_assert!(FOLD == 0 || s.iter().all(|s| s.sc == [FOLD; 16]));
+    let mut steps = [[0i16; 16]; 4];
+    if FOLD == 0 {
+        for (st, s) in steps.iter_mut().zip(s) {
+            // SAFETY: 16 i16 each side; register-only NEON otherwise.
+            unsafe {
+                let (lo, hi) = (vld1q_s16(s.sc.as_ptr()), vld1q_s16(s.sc.as_ptr().add(8)));
+                let lo = vsubq_s16(lo, vextq_s16::<2>(lo, hi));
+                let hi = vsubq_s16(hi, vextq_s16::<2>(hi, vdupq_n_s16(0)));
+                vst1q_s16(st.as_mut_ptr(), lo);
+                vst1q_s16(st.as_mut_ptr().add(8), hi);
+            }
+        }
+    }
     // SAFETY: the interleaved quants are `ai`'s first 1024 bytes and the group sums the next
     // 128 (the caller's); each `Super` holds 256 quants, 16 scales and 16 `mn`; `sdot` per the
     // caller's guarantee.
@@ -289,10 +355,34 @@ unsafe fn tile_sdot<const MINS: bool>(s: [&Super; 4], ai: *const u8, acc: &mut [
         // scripts/kernel_cycles.py inlines into its caller's pass).
         let mut sumi = [vdupq_n_s32(0); 4];
         let mut run = [[vdupq_n_s32(0); 4]; 2];
-        running_quad(&mut sumi, &mut run, x, s, &steps, 0);
-        running_quad(&mut sumi, &mut run, x, s, &steps, 1);
-        running_quad(&mut sumi, &mut run, x, s, &steps, 2);
-        running_quad(&mut sumi, &mut run, x, s, &steps, 3);
+        if FOLD == 0 {
+            running_quad::<0>(&mut sumi, &mut run, x, s, &steps);
+            running_quad::<1>(&mut sumi, &mut run, x, s, &steps);
+            running_quad::<2>(&mut sumi, &mut run, x, s, &steps);
+            running_quad::<3>(&mut sumi, &mut run, x, s, &steps);
+        } else {
+            let [even, odd] = &mut run;
+            folded_group::<0>(even, x, s);
+            folded_group::<1>(odd, x, s);
+            folded_group::<2>(even, x, s);
+            folded_group::<3>(odd, x, s);
+            folded_group::<4>(even, x, s);
+            folded_group::<5>(odd, x, s);
+            folded_group::<6>(even, x, s);
+            folded_group::<7>(odd, x, s);
+            folded_group::<8>(even, x, s);
+            folded_group::<9>(odd, x, s);
+            folded_group::<10>(even, x, s);
+            folded_group::<11>(odd, x, s);
+            folded_group::<12>(even, x, s);
+            folded_group::<13>(odd, x, s);
+            folded_group::<14>(even, x, s);
+            folded_group::<15>(odd, x, s);
+            for (r, sumi) in sumi.iter_mut().enumerate() {
+                let both = vaddq_s32(run[0][r], run[1][r]);
+                *sumi = if FOLD < 0 { vnegq_s32(both) } else { both };
+            }
+        }
         let da = vreinterpretq_f32_u8(vld1q_u8(ai.add(TILE_D)));
         if !MINS {
             for (r, acc) in acc.iter_mut().enumerate() {
@@ -330,92 +420,143 @@ unsafe fn tile_sdot<const MINS: bool>(s: [&Super; 4], ai: *const u8, acc: &mut [
     }
 }
 
-/// Groups `4q..4q + 4` of the four weight rows in [`tile_sdot`]: even groups on
+/// Group `g` of the four weight rows in [`tile_sdot`] with `FOLD` (the scales already in the
+/// quants, [`fold`]): `run[r] += (group dots of row r with the four activation rows)`, four
+/// `sdot` by element per row, no `mla`. The loads are in the `asm!` block as single `ldr`s
+/// (LLVM pairs them into `ldp`, three µops to two `ldr`s' two in LLVM's Cortex-A76 model,
+/// where dispatch is what binds this loop).
+///
+/// # Safety
+/// As [`tile_sdot`], `G < 16`.
+#[inline(always)]
+unsafe fn folded_group<const G: usize>(run: &mut [int32x4_t; 4], x: *const i8, s: [&Super; 4]) {
+    // SAFETY: the group's 64 interleaved bytes at `x + 64G` and each row's 16 quants at
+    // `u + 16G` are readable (the caller's); vector registers otherwise; FEAT_DotProd per the
+    // caller.
+    unsafe {
+        std::arch::asm!(
+            "ldr {x0:q}, [{xp}, #{xo}]",
+            "ldr {x1:q}, [{xp}, #{xo} + 16]",
+            "ldr {x2:q}, [{xp}, #{xo} + 32]",
+            "ldr {x3:q}, [{xp}, #{xo} + 48]",
+            "ldr {w0:q}, [{p0}, #{wo}]",
+            "ldr {w1:q}, [{p1}, #{wo}]",
+            "ldr {w2:q}, [{p2}, #{wo}]",
+            "ldr {w3:q}, [{p3}, #{wo}]",
+            folded_row!(d0, w0),
+            folded_row!(d1, w1),
+            folded_row!(d2, w2),
+            folded_row!(d3, w3),
+            xp = in(reg) x,
+            p0 = in(reg) s[0].u.as_ptr(),
+            p1 = in(reg) s[1].u.as_ptr(),
+            p2 = in(reg) s[2].u.as_ptr(),
+            p3 = in(reg) s[3].u.as_ptr(),
+            xo = const 64 * G,
+            wo = const 16 * G,
+            d0 = inout(vreg) run[0],
+            d1 = inout(vreg) run[1],
+            d2 = inout(vreg) run[2],
+            d3 = inout(vreg) run[3],
+            x0 = out(vreg) _,
+            x1 = out(vreg) _,
+            x2 = out(vreg) _,
+            x3 = out(vreg) _,
+            w0 = out(vreg) _,
+            w1 = out(vreg) _,
+            w2 = out(vreg) _,
+            w3 = out(vreg) _,
+            options(pure, readonly, nostack, preserves_flags)
+        )
+    }
+}
+
+/// Groups `4Q..4Q + 4` of the four weight rows in [`tile_sdot`]: even groups on
 /// `run[0]`, odd ones on `run[1]`.
 ///
 /// # Safety
-/// As [`tile_sdot`], `q < 4`.
+/// As [`tile_sdot`], `Q < 4`.
 #[inline(always)]
-unsafe fn running_quad(
+unsafe fn running_quad<const Q: usize>(
     sumi: &mut [int32x4_t; 4],
     run: &mut [[int32x4_t; 4]; 2],
     x: *const i8,
     s: [&Super; 4],
     steps: &[[i16; 16]; 4],
-    q: usize,
 ) {
-    // SAFETY: each row's steps `4q..4q + 4`; the rest as the caller's.
+    // SAFETY: each row's steps `4Q..4Q + 4`; the rest as the caller's.
     unsafe {
         let sc: [int32x4_t; 4] =
-            std::array::from_fn(|r| vmovl_s16(vld1_s16(steps[r].as_ptr().add(4 * q))));
+            std::array::from_fn(|r| vmovl_s16(vld1_s16(steps[r].as_ptr().add(4 * Q))));
         let [even, odd] = run;
-        running_group::<0>(sumi, even, x, s, 4 * q, &sc);
-        running_group::<1>(sumi, odd, x, s, 4 * q + 1, &sc);
-        running_group::<2>(sumi, even, x, s, 4 * q + 2, &sc);
-        running_group::<3>(sumi, odd, x, s, 4 * q + 3, &sc);
+        running_group::<Q, 0>(sumi, even, x, s, &sc);
+        running_group::<Q, 1>(sumi, odd, x, s, &sc);
+        running_group::<Q, 2>(sumi, even, x, s, &sc);
+        running_group::<Q, 3>(sumi, odd, x, s, &sc);
     }
 }
 
-/// Group `g` of the four weight rows in [`tile_sdot`]: `run[r] += (group dots of row
-/// r with the four activation rows)`, then `sumi[r] += run[r] · sc[r][L]`, `L = g % 4`.
+/// Group `g = 4Q + L` of the four weight rows in [`tile_sdot`]: `run[r] += (group dots of row
+/// r with the four activation rows)`, then `sumi[r] += run[r] · sc[r][L]`. The loads are in the
+/// `asm!` block, as in [`folded_group`].
 ///
 /// # Safety
-/// As [`tile_sdot`], `g < 16`.
+/// As [`tile_sdot`], `Q < 4`, `L < 4`.
 #[inline(always)]
-unsafe fn running_group<const L: i32>(
+unsafe fn running_group<const Q: usize, const L: usize>(
     sumi: &mut [int32x4_t; 4],
     run: &mut [int32x4_t; 4],
     x: *const i8,
     s: [&Super; 4],
-    g: usize,
     sc: &[int32x4_t; 4],
 ) {
-    // SAFETY: the group's 64 interleaved bytes and each row's 16 quants (the caller's).
-    let (xs, w) = unsafe {
-        let xs: [int8x16_t; 4] = std::array::from_fn(|k| vld1q_s8(x.add(64 * g + 16 * k)));
-        let w: [int8x16_t; 4] =
-            std::array::from_fn(|r| vld1q_s8(s[r].u.as_ptr().add(16 * g).cast()));
-        (xs, w)
-    };
-    macro_rules! rows {
-        ($l:literal) => {
-            // SAFETY: vector registers only; the caller guarantees FEAT_DotProd.
-            unsafe {
-                std::arch::asm!(
-                    running_row!(a0, d0, w0, s0, $l),
-                    running_row!(a1, d1, w1, s1, $l),
-                    running_row!(a2, d2, w2, s2, $l),
-                    running_row!(a3, d3, w3, s3, $l),
-                    a0 = inout(vreg) sumi[0],
-                    a1 = inout(vreg) sumi[1],
-                    a2 = inout(vreg) sumi[2],
-                    a3 = inout(vreg) sumi[3],
-                    d0 = inout(vreg) run[0],
-                    d1 = inout(vreg) run[1],
-                    d2 = inout(vreg) run[2],
-                    d3 = inout(vreg) run[3],
-                    x0 = in(vreg) xs[0],
-                    x1 = in(vreg) xs[1],
-                    x2 = in(vreg) xs[2],
-                    x3 = in(vreg) xs[3],
-                    w0 = in(vreg) w[0],
-                    w1 = in(vreg) w[1],
-                    w2 = in(vreg) w[2],
-                    w3 = in(vreg) w[3],
-                    s0 = in(vreg) sc[0],
-                    s1 = in(vreg) sc[1],
-                    s2 = in(vreg) sc[2],
-                    s3 = in(vreg) sc[3],
-                    options(pure, nomem, nostack, preserves_flags)
-                )
-            }
-        };
-    }
-    match L {
-        0 => rows!("0"),
-        1 => rows!("1"),
-        2 => rows!("2"),
-        _ => rows!("3"),
+    // SAFETY: the group's 64 interleaved bytes at `x + 64g` and each row's 16 quants at
+    // `u + 16g` are readable (the caller's); vector registers otherwise; FEAT_DotProd per the
+    // caller.
+    unsafe {
+        std::arch::asm!(
+            "ldr {x0:q}, [{xp}, #{xo}]",
+            "ldr {x1:q}, [{xp}, #{xo} + 16]",
+            "ldr {x2:q}, [{xp}, #{xo} + 32]",
+            "ldr {x3:q}, [{xp}, #{xo} + 48]",
+            "ldr {w0:q}, [{p0}, #{wo}]",
+            "ldr {w1:q}, [{p1}, #{wo}]",
+            "ldr {w2:q}, [{p2}, #{wo}]",
+            "ldr {w3:q}, [{p3}, #{wo}]",
+            running_row!(a0, d0, w0, s0),
+            running_row!(a1, d1, w1, s1),
+            running_row!(a2, d2, w2, s2),
+            running_row!(a3, d3, w3, s3),
+            xp = in(reg) x,
+            p0 = in(reg) s[0].u.as_ptr(),
+            p1 = in(reg) s[1].u.as_ptr(),
+            p2 = in(reg) s[2].u.as_ptr(),
+            p3 = in(reg) s[3].u.as_ptr(),
+            xo = const 64 * (4 * Q + L),
+            wo = const 16 * (4 * Q + L),
+            l = const L,
+            a0 = inout(vreg) sumi[0],
+            a1 = inout(vreg) sumi[1],
+            a2 = inout(vreg) sumi[2],
+            a3 = inout(vreg) sumi[3],
+            d0 = inout(vreg) run[0],
+            d1 = inout(vreg) run[1],
+            d2 = inout(vreg) run[2],
+            d3 = inout(vreg) run[3],
+            x0 = out(vreg) _,
+            x1 = out(vreg) _,
+            x2 = out(vreg) _,
+            x3 = out(vreg) _,
+            w0 = out(vreg) _,
+            w1 = out(vreg) _,
+            w2 = out(vreg) _,
+            w3 = out(vreg) _,
+            s0 = in(vreg) sc[0],
+            s1 = in(vreg) sc[1],
+            s2 = in(vreg) sc[2],
+            s3 = in(vreg) sc[3],
+            options(pure, readonly, nostack, preserves_flags)
+        )
     }
 }
 
