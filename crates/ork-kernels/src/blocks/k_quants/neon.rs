@@ -61,15 +61,15 @@ struct Neon<const DOT: bool>;
 impl<const DOT: bool> Engine for Neon<DOT> {
     #[inline(always)]
     fn decode(ty: KType, blk: &[u8], s: &mut Super) {
+        if DOT && ty == KType::Q3 {
+            return decode_q3_folded(blk, s);
+        }
         super::decode(ty, blk, s);
         if DOT {
-            // The tile's types without mins read signed quants and no mins ([`tile_sdot`]).
+            // The forms the tile reads ([`tile_sdot`]): Q2_K's scales folded into its quants,
+            // Q6_K's quants signed with no offset term.
             match ty {
-                KType::Q2 => fold(s, 1),
-                KType::Q3 => {
-                    to_signed(s, 4);
-                    fold(s, -1);
-                }
+                KType::Q2 => fold_q2(s),
                 KType::Q6 => to_signed(s, 32),
                 _ => {}
             }
@@ -153,24 +153,54 @@ fn to_signed(s: &mut Super, o: u8) {
     s.signed = true;
 }
 
-/// A decoded Q2_K (`sign` 1) or signed Q3_K (`sign` −1, after [`to_signed`]) super-block with
-/// each group's scale folded into its quants: `u_g ← sign·sc_g·u_g`, `sc_g ← sign`, so `Σ_g
-/// sc_g·Σ u·a` is unchanged (the same integers: every product and sum is exact in i32). The
-/// products fit a signed byte: Q2_K `0 ≤ u ≤ 3`, `0 ≤ sc ≤ 15` gives `0..=45`; Q3_K `−4 ≤ v ≤
-/// 3` against `−sc`, `−31 ≤ −sc ≤ 32`, gives `−128..=124` (folding `+sc` would not fit: `−32 ·
-/// −4 = 128`, and ggml's quantizer gives every Q3_K super-block's largest scale the code `−32`).
+/// A decoded Q2_K super-block with each group's scale folded into its quants: `u_g ← sc_g·u_g`,
+/// `sc_g ← 1`, so `Σ_g sc_g·Σ u·a` is unchanged (the same integers: every product and sum is
+/// exact in i32). The products fit a signed byte: `0 ≤ u ≤ 3`, `0 ≤ sc ≤ 15` give `0..=45`.
 /// The tile then needs no `mla` per group ([`tile_sdot`]'s `FOLD`).
 #[inline(always)]
-fn fold(s: &mut Super, sign: i16) {
+fn fold_q2(s: &mut Super) {
     for (g, sc) in s.sc.iter_mut().enumerate() {
-        // The product fits i8 (above); as i16 it is exact, then narrowed.
-        let f = sign * *sc;
+        let f = *sc as u8;
         for u in &mut s.u[16 * g..16 * g + 16] {
-            *u = (i16::from(*u as i8) * f) as i8 as u8;
+            *u = u.wrapping_mul(f);
         }
-        *sc = sign;
+        *sc = 1;
     }
     s.signed = true;
+}
+
+/// Q3_K's decode with its offset and scales folded into the quants in the same pass:
+/// `u_g ← (v_g)·(−sc_g)`, `v = q − 4` ggml's signed values, `sc_g ← −1`, `mn ← 0`, so
+/// `Σ_g sc_g·Σ u·a = Σ_g sc_g·Σ v·a`, which is the twin's `Σ sc·Σ q·a − Σ 4·sc·bsum` whenever
+/// the Q8_K block's `bsums` are its group sums ([`to_signed`]). The products fit a signed byte:
+/// `−4 ≤ v ≤ 3` against `−31 ≤ −sc ≤ 32` gives `−128..=124` (folding `+sc` would not fit:
+/// `−32 · −4 = 128`, and ggml's quantizer gives every Q3_K super-block's largest scale the code
+/// `−32`). `super::decode_q3`'s layout: value `128n + 32j + l` is bits `2j..2j+2` of
+/// `qs[32n + l]`, high bit `4n + j` of `hmask[l]`. The tile then needs no `mla` per group
+/// ([`tile_sdot`]'s `FOLD`).
+#[inline(always)]
+fn decode_q3_folded(b: &[u8], s: &mut Super) {
+    let (hm, qs) = (&b[0..32], &b[32..96]);
+    super::q3_scales(&b[96..108], s);
+    for n in 0..2 {
+        for j in 0..4 {
+            for h in 0..2 {
+                // Group `8n + 2j + h`; `−32 ≤ sc ≤ 31`, so `−sc` fits i8.
+                let f = (s.sc[8 * n + 2 * j + h] as i8).wrapping_neg();
+                for l in 16 * h..16 * h + 16 {
+                    let lo = (qs[32 * n + l] >> (2 * j)) & 3;
+                    let hi = (hm[l] >> (4 * n + j)) & 1;
+                    let v = (lo | (hi << 2)) as i8 - 4;
+                    s.u[128 * n + 32 * j + l] = v.wrapping_mul(f) as u8;
+                }
+            }
+        }
+    }
+    s.sc = [-1; 16];
+    s.mn = [0; 16];
+    s.signed = true;
+    s.d = f16_at(&b[108..]);
+    s.dmin = 0.0;
 }
 
 /// The baseline dot.
@@ -420,11 +450,12 @@ unsafe fn tile_sdot<const MINS: bool, const FOLD: i16>(
     }
 }
 
-/// Group `g` of the four weight rows in [`tile_sdot`] with `FOLD` (the scales already in the
-/// quants, [`fold`]): `run[r] += (group dots of row r with the four activation rows)`, four
-/// `sdot` by element per row, no `mla`. The loads are in the `asm!` block as single `ldr`s
-/// (LLVM pairs them into `ldp`, three µops to two `ldr`s' two in LLVM's Cortex-A76 model,
-/// where dispatch is what binds this loop).
+/// Group `G` of the four weight rows in [`tile_sdot`] with `FOLD` (the scales already in the
+/// quants: [`fold_q2`], [`decode_q3_folded`]): `run[r] += (group dots of row r with the four
+/// activation rows)`, four `sdot` by element per row, no `mla`. The loads are in the `asm!`
+/// block as single `ldr`s with constant offsets (LLVM pairs them into `ldp`, three µops to two
+/// `ldr`s' two in LLVM's Cortex-A76 model, where dispatch is what binds this loop, and computes
+/// each address with an `add`).
 ///
 /// # Safety
 /// As [`tile_sdot`], `G < 16`.
