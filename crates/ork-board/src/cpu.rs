@@ -116,12 +116,12 @@ pub const ORK_GEMM_CYCLES: [(FileType, f64, f64); 13] = [
     (FileType::Q5_1, 35.1, 160.8),
     (FileType::Q8_0, 26.3, 113.8),
     (FileType::Q2_K, 13.0, 72.5),
-    (FileType::Q3_K, 11.6, 63.0),
-    (FileType::Q4_K, 19.3, 98.2),
-    (FileType::Q5_K, 19.3, 98.2),
-    (FileType::Q6_K, 15.4, 84.6),
+    (FileType::Q3_K, 9.9, 62.8),
+    (FileType::Q4_K, 16.6, 93.6),
+    (FileType::Q5_K, 16.6, 93.6),
+    (FileType::Q6_K, 15.4, 82.2),
     (FileType::IQ4_NL, 34.8, 141.1),
-    (FileType::IQ4_XS, 15.4, 84.6),
+    (FileType::IQ4_XS, 14.6, 83.9),
 ];
 
 /// ork's k-quant M > 1 decode: cycles per 256 weights decoded (one super-block into the tile's

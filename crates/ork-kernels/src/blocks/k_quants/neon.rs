@@ -115,10 +115,11 @@ impl<const DOT: bool> Engine for Neon<DOT> {
         // CPU has FEAT_DotProd (see the type's docs).
         unsafe {
             match t {
-                KType::Q2 => tile_sdot::<true, 1>(s, ai.as_ptr(), acc),
-                KType::Q3 => tile_sdot::<false, -1>(s, ai.as_ptr(), acc),
-                KType::Q4 | KType::Q5 => tile_sdot::<true, 0>(s, ai.as_ptr(), acc),
-                KType::Q6 | KType::Iq4Xs => tile_sdot::<false, 0>(s, ai.as_ptr(), acc),
+                KType::Q2 => tile_sdot::<true, 1, false>(s, ai.as_ptr(), acc),
+                KType::Q3 => tile_sdot::<false, -1, false>(s, ai.as_ptr(), acc),
+                KType::Q4 | KType::Q5 => tile_sdot::<true, 0, true>(s, ai.as_ptr(), acc),
+                KType::Q6 => tile_sdot::<false, 0, false>(s, ai.as_ptr(), acc),
+                KType::Iq4Xs => tile_sdot::<false, 0, true>(s, ai.as_ptr(), acc),
             }
         }
     }
@@ -294,6 +295,63 @@ macro_rules! folded_row {
     };
 }
 
+/// One weight row's sub-block in [`paired_sub`]'s `asm!`: eight `sdot` by element of the
+/// interleaved activations `x0..x7` with the row's quants `w` (group `2J`) and `v` (group
+/// `2J + 1`) onto the running dot `d`, then `a += d · s[l]`.
+macro_rules! paired_row {
+    ($a:ident, $d:ident, $w:ident, $v:ident, $s:ident) => {
+        concat!(
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x0:v}.16b, {",
+            stringify!($w),
+            ":v}.4b[0]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x1:v}.16b, {",
+            stringify!($w),
+            ":v}.4b[1]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x2:v}.16b, {",
+            stringify!($w),
+            ":v}.4b[2]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x3:v}.16b, {",
+            stringify!($w),
+            ":v}.4b[3]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x4:v}.16b, {",
+            stringify!($v),
+            ":v}.4b[0]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x5:v}.16b, {",
+            stringify!($v),
+            ":v}.4b[1]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x6:v}.16b, {",
+            stringify!($v),
+            ":v}.4b[2]\n",
+            "sdot {",
+            stringify!($d),
+            ":v}.4s, {x7:v}.16b, {",
+            stringify!($v),
+            ":v}.4b[3]\n",
+            "mla {",
+            stringify!($a),
+            ":v}.4s, {",
+            stringify!($d),
+            ":v}.4s, {",
+            stringify!($s),
+            ":v}.s[{l}]",
+        )
+    };
+}
+
 /// One weight row's group in [`running_group`]'s `asm!`: four `sdot` by element of the
 /// interleaved activations `x0..x3` with the row's quants `w` onto the running dot `d`, then
 /// `a += d · s[l]` (`l` the `asm!` block's lane operand).
@@ -356,97 +414,281 @@ macro_rules! running_row {
 /// `mn` is 0.
 #[target_feature(enable = "neon,dotprod")]
 #[inline]
-unsafe fn tile_sdot<const MINS: bool, const FOLD: i16>(
+unsafe fn tile_sdot<const MINS: bool, const FOLD: i16, const PAIRED: bool>(
     s: [&Super; 4],
     ai: *const u8,
     acc: &mut [[f32; 4]; 4],
 ) {
     debug_assert!(MINS || s.iter().all(|s| s.mn == [0; 16]));
     debug_assert!(FOLD == 0 || s.iter().all(|s| s.sc == [FOLD; 16]));
-    let mut steps = [[0i16; 16]; 4];
-    if FOLD == 0 {
-        for (st, s) in steps.iter_mut().zip(s) {
-            // SAFETY: 16 i16 each side; register-only NEON otherwise.
-            unsafe {
-                let (lo, hi) = (vld1q_s16(s.sc.as_ptr()), vld1q_s16(s.sc.as_ptr().add(8)));
-                let lo = vsubq_s16(lo, vextq_s16::<2>(lo, hi));
-                let hi = vsubq_s16(hi, vextq_s16::<2>(hi, vdupq_n_s16(0)));
-                vst1q_s16(st.as_mut_ptr(), lo);
-                vst1q_s16(st.as_mut_ptr().add(8), hi);
-            }
-        }
-    }
-    // SAFETY: the interleaved quants are `ai`'s first 1024 bytes and the group sums the next
-    // 128 (the caller's); each `Super` holds 256 quants, 16 scales and 16 `mn`; `sdot` per the
-    // caller's guarantee.
+    debug_assert!(!PAIRED || s.iter().all(|s| (0..16).all(|g| s.sc[g] == s.sc[g ^ 1])));
+    // SAFETY: the interleaved quants are `ai`'s first 1024 bytes, the group sums the next 128
+    // and the rows' `d` at `TILE_D` (the caller's); each `Super` holds 256 quants, 16 scales and
+    // 16 `mn`; `sdot` per the caller's guarantee.
     unsafe {
         let x = ai.cast::<i8>();
-        // Four groups at a time, written out (not a loop: `bl` to a loop-free function is what
-        // scripts/kernel_cycles.py inlines into its caller's pass).
-        let mut sumi = [vdupq_n_s32(0); 4];
-        let mut run = [[vdupq_n_s32(0); 4]; 2];
-        if FOLD == 0 {
-            running_quad::<0>(&mut sumi, &mut run, x, s, &steps);
-            running_quad::<1>(&mut sumi, &mut run, x, s, &steps);
-            running_quad::<2>(&mut sumi, &mut run, x, s, &steps);
-            running_quad::<3>(&mut sumi, &mut run, x, s, &steps);
+        let sumi = if FOLD != 0 {
+            folded_sums::<FOLD>(s, x)
+        } else if PAIRED {
+            paired_sums(s, x)
         } else {
-            let [even, odd] = &mut run;
-            folded_group::<0>(even, x, s);
-            folded_group::<1>(odd, x, s);
-            folded_group::<2>(even, x, s);
-            folded_group::<3>(odd, x, s);
-            folded_group::<4>(even, x, s);
-            folded_group::<5>(odd, x, s);
-            folded_group::<6>(even, x, s);
-            folded_group::<7>(odd, x, s);
-            folded_group::<8>(even, x, s);
-            folded_group::<9>(odd, x, s);
-            folded_group::<10>(even, x, s);
-            folded_group::<11>(odd, x, s);
-            folded_group::<12>(even, x, s);
-            folded_group::<13>(odd, x, s);
-            folded_group::<14>(even, x, s);
-            folded_group::<15>(odd, x, s);
-            for (r, sumi) in sumi.iter_mut().enumerate() {
-                let both = vaddq_s32(run[0][r], run[1][r]);
-                *sumi = if FOLD < 0 { vnegq_s32(both) } else { both };
-            }
-        }
+            running_sums(s, x)
+        };
         let da = vreinterpretq_f32_u8(vld1q_u8(ai.add(TILE_D)));
-        if !MINS {
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let a = vld1q_f32(acc.as_ptr());
-                let dd = vmulq_n_f32(da, s[r].d);
-                let v = vaddq_f32(a, vmulq_f32(dd, vcvtq_f32_s32(sumi[r])));
-                vst1q_f32(acc.as_mut_ptr(), v);
-            }
-            return;
-        }
-        let b = ai.add(4 * QK_K).cast::<i16>();
-        let mut summ = [vdupq_n_s32(0); 4];
-        for h in 0..2 {
-            let mn: [int16x8_t; 4] =
-                std::array::from_fn(|r| vld1q_s16(s[r].mn.as_ptr().add(8 * h)));
-            let b = b.add(32 * h);
-            mins::<0>(&mut summ, vld1_s16(b), &mn);
-            mins::<1>(&mut summ, vld1_s16(b.add(4)), &mn);
-            mins::<2>(&mut summ, vld1_s16(b.add(8)), &mn);
-            mins::<3>(&mut summ, vld1_s16(b.add(12)), &mn);
-            mins::<4>(&mut summ, vld1_s16(b.add(16)), &mn);
-            mins::<5>(&mut summ, vld1_s16(b.add(20)), &mn);
-            mins::<6>(&mut summ, vld1_s16(b.add(24)), &mn);
-            mins::<7>(&mut summ, vld1_s16(b.add(28)), &mn);
-        }
-        let da = vreinterpretq_f32_u8(vld1q_u8(ai.add(TILE_D)));
+        let summ = if MINS {
+            mins_sums::<PAIRED>(s, ai.add(4 * QK_K).cast::<i16>())
+        } else {
+            zeros()
+        };
         for (r, acc) in acc.iter_mut().enumerate() {
             let a = vld1q_f32(acc.as_ptr());
             let dd = vmulq_n_f32(da, s[r].d);
             let hi = vaddq_f32(a, vmulq_f32(dd, vcvtq_f32_s32(sumi[r])));
-            let dm = vmulq_n_f32(da, s[r].dmin);
-            let v = vsubq_f32(hi, vmulq_f32(dm, vcvtq_f32_s32(summ[r])));
+            let v = if MINS {
+                let dm = vmulq_n_f32(da, s[r].dmin);
+                vsubq_f32(hi, vmulq_f32(dm, vcvtq_f32_s32(summ[r])))
+            } else {
+                hi
+            };
             vst1q_f32(acc.as_mut_ptr(), v);
         }
+    }
+}
+
+/// Each weight row's `Σ_g sc_g · (group g's dots)` in [`tile_sdot`] with `FOLD` (the scales in
+/// the quants): two running dots a row, added (negated for Q3_K) at the end. Written out, not a
+/// loop (`bl` to a loop-free function is what scripts/kernel_cycles.py inlines into its
+/// caller's pass; a loop here would be a pass of its own).
+///
+/// # Safety
+/// As [`tile_sdot`].
+#[inline(always)]
+unsafe fn folded_sums<const FOLD: i16>(s: [&Super; 4], x: *const i8) -> [int32x4_t; 4] {
+    let mut run = [zeros(); 2];
+    let [even, odd] = &mut run;
+    // SAFETY: the caller's.
+    unsafe {
+        folded_group::<0>(even, x, s);
+        folded_group::<1>(odd, x, s);
+        folded_group::<2>(even, x, s);
+        folded_group::<3>(odd, x, s);
+        folded_group::<4>(even, x, s);
+        folded_group::<5>(odd, x, s);
+        folded_group::<6>(even, x, s);
+        folded_group::<7>(odd, x, s);
+        folded_group::<8>(even, x, s);
+        folded_group::<9>(odd, x, s);
+        folded_group::<10>(even, x, s);
+        folded_group::<11>(odd, x, s);
+        folded_group::<12>(even, x, s);
+        folded_group::<13>(odd, x, s);
+        folded_group::<14>(even, x, s);
+        folded_group::<15>(odd, x, s);
+    }
+    std::array::from_fn(|r| {
+        // SAFETY: register-only NEON (baseline).
+        unsafe {
+            let both = vaddq_s32(run[0][r], run[1][r]);
+            if FOLD < 0 {
+                vnegq_s32(both)
+            } else {
+                both
+            }
+        }
+    })
+}
+
+/// Each weight row's `Σ_g sc_g · (group g's dots)` in [`tile_sdot`], one scale per group: the
+/// running dots of [`running_group`], `mla` by `sc_g − sc_{g+2}` after each group.
+///
+/// # Safety
+/// As [`tile_sdot`].
+#[inline(always)]
+unsafe fn running_sums(s: [&Super; 4], x: *const i8) -> [int32x4_t; 4] {
+    let steps: [[i16; 16]; 4] = std::array::from_fn(|r| {
+        let mut st = [0i16; 16];
+        // SAFETY: 16 i16 each side; register-only NEON otherwise.
+        unsafe {
+            let sc = s[r].sc.as_ptr();
+            let (lo, hi) = (vld1q_s16(sc), vld1q_s16(sc.add(8)));
+            let lo = vsubq_s16(lo, vextq_s16::<2>(lo, hi));
+            let hi = vsubq_s16(hi, vextq_s16::<2>(hi, vdupq_n_s16(0)));
+            vst1q_s16(st.as_mut_ptr(), lo);
+            vst1q_s16(st.as_mut_ptr().add(8), hi);
+        }
+        st
+    });
+    let mut sumi = zeros();
+    let mut run = [zeros(); 2];
+    // SAFETY: the caller's.
+    unsafe {
+        running_quad::<0>(&mut sumi, &mut run, x, s, &steps);
+        running_quad::<1>(&mut sumi, &mut run, x, s, &steps);
+        running_quad::<2>(&mut sumi, &mut run, x, s, &steps);
+        running_quad::<3>(&mut sumi, &mut run, x, s, &steps);
+    }
+    sumi
+}
+
+/// [`running_sums`] for the types whose two groups of a 32-value sub-block share their scale
+/// (Q4_K, Q5_K, IQ4_XS): eight `sdot` per sub-block and row onto the running dot, then one
+/// `mla` by `scs_j − scs_{j+2}` (`scs_j` sub-block `j`'s scale, `scs_8 = scs_9 = 0`): half the
+/// `mla`s, the same integers.
+///
+/// # Safety
+/// As [`tile_sdot`].
+#[inline(always)]
+unsafe fn paired_sums(s: [&Super; 4], x: *const i8) -> [int32x4_t; 4] {
+    // steps[r][h]: sub-blocks 4h..4h + 4 of row r.
+    let steps: [[int32x4_t; 2]; 4] = std::array::from_fn(|r| {
+        // SAFETY: 16 i16; register-only NEON otherwise.
+        unsafe {
+            let sc = s[r].sc.as_ptr();
+            let subs = vuzp1q_s16(vld1q_s16(sc), vld1q_s16(sc.add(8)));
+            let d = vsubq_s16(subs, vextq_s16::<2>(subs, vdupq_n_s16(0)));
+            [vmovl_s16(vget_low_s16(d)), vmovl_high_s16(d)]
+        }
+    });
+    let mut sumi = zeros();
+    let mut run = [zeros(); 2];
+    let [even, odd] = &mut run;
+    let sc = |h: usize| -> [int32x4_t; 4] { std::array::from_fn(|r| steps[r][h]) };
+    let (lo, hi) = (sc(0), sc(1));
+    // SAFETY: the caller's.
+    unsafe {
+        paired_sub::<0, 0>(&mut sumi, even, x, s, &lo);
+        paired_sub::<1, 1>(&mut sumi, odd, x, s, &lo);
+        paired_sub::<2, 2>(&mut sumi, even, x, s, &lo);
+        paired_sub::<3, 3>(&mut sumi, odd, x, s, &lo);
+        paired_sub::<4, 0>(&mut sumi, even, x, s, &hi);
+        paired_sub::<5, 1>(&mut sumi, odd, x, s, &hi);
+        paired_sub::<6, 2>(&mut sumi, even, x, s, &hi);
+        paired_sub::<7, 3>(&mut sumi, odd, x, s, &hi);
+    }
+    sumi
+}
+
+/// The mins term of [`tile_sdot`]: `summ[r] = Σ_g mn_g · bsum_g` of weight row `r` against the
+/// four activation rows' group sums (`b`: i16 `4g + i` is row `i`'s `bsum_g`). `PAIRED`: the two
+/// groups of a sub-block share `mn`, so their sums are added first (|sum| ≤ 2·16·128, an i16)
+/// and multiplied once.
+///
+/// # Safety
+/// `b` holds 64 readable i16.
+#[inline(always)]
+unsafe fn mins_sums<const PAIRED: bool>(s: [&Super; 4], b: *const i16) -> [int32x4_t; 4] {
+    let mut summ = zeros();
+    // SAFETY: the caller's; 16 i16 of `mn` per row.
+    unsafe {
+        for h in 0..2 {
+            let mn: [int16x8_t; 4] =
+                std::array::from_fn(|r| vld1q_s16(s[r].mn.as_ptr().add(8 * h)));
+            let b = b.add(32 * h);
+            let at = |g: usize| vld1_s16(b.add(4 * g));
+            if PAIRED {
+                mins::<0>(&mut summ, vadd_s16(at(0), at(1)), &mn);
+                mins::<2>(&mut summ, vadd_s16(at(2), at(3)), &mn);
+                mins::<4>(&mut summ, vadd_s16(at(4), at(5)), &mn);
+                mins::<6>(&mut summ, vadd_s16(at(6), at(7)), &mn);
+            } else {
+                mins::<0>(&mut summ, at(0), &mn);
+                mins::<1>(&mut summ, at(1), &mn);
+                mins::<2>(&mut summ, at(2), &mn);
+                mins::<3>(&mut summ, at(3), &mn);
+                mins::<4>(&mut summ, at(4), &mn);
+                mins::<5>(&mut summ, at(5), &mn);
+                mins::<6>(&mut summ, at(6), &mn);
+                mins::<7>(&mut summ, at(7), &mn);
+            }
+        }
+    }
+    summ
+}
+
+/// Four zero i32 vectors.
+#[inline(always)]
+fn zeros() -> [int32x4_t; 4] {
+    // SAFETY: register-only NEON (baseline on aarch64).
+    unsafe { [vdupq_n_s32(0); 4] }
+}
+
+/// Sub-block `J` (groups `2J`, `2J + 1`) of the four weight rows in [`paired_sums`]: `run[r] +=`
+/// its eight `sdot` by element, then `sumi[r] += run[r] · sc[r][L]`, `L = J % 4`. The loads are
+/// in the `asm!` block, as in [`folded_group`].
+///
+/// # Safety
+/// As [`tile_sdot`], `J < 8`, `L == J % 4`.
+#[inline(always)]
+unsafe fn paired_sub<const J: usize, const L: usize>(
+    sumi: &mut [int32x4_t; 4],
+    run: &mut [int32x4_t; 4],
+    x: *const i8,
+    s: [&Super; 4],
+    sc: &[int32x4_t; 4],
+) {
+    // SAFETY: the sub-block's 128 interleaved bytes at `x + 128J` and each row's 32 quants at
+    // `u + 32J` are readable (the caller's); vector registers otherwise; FEAT_DotProd per the
+    // caller.
+    unsafe {
+        std::arch::asm!(
+            "ldr {x0:q}, [{xp}, #{xo}]",
+            "ldr {x1:q}, [{xp}, #{xo} + 16]",
+            "ldr {x2:q}, [{xp}, #{xo} + 32]",
+            "ldr {x3:q}, [{xp}, #{xo} + 48]",
+            "ldr {x4:q}, [{xp}, #{xo} + 64]",
+            "ldr {x5:q}, [{xp}, #{xo} + 80]",
+            "ldr {x6:q}, [{xp}, #{xo} + 96]",
+            "ldr {x7:q}, [{xp}, #{xo} + 112]",
+            "ldr {w0:q}, [{p0}, #{wo}]",
+            "ldr {v0:q}, [{p0}, #{wo} + 16]",
+            "ldr {w1:q}, [{p1}, #{wo}]",
+            "ldr {v1:q}, [{p1}, #{wo} + 16]",
+            "ldr {w2:q}, [{p2}, #{wo}]",
+            "ldr {v2:q}, [{p2}, #{wo} + 16]",
+            "ldr {w3:q}, [{p3}, #{wo}]",
+            "ldr {v3:q}, [{p3}, #{wo} + 16]",
+            paired_row!(a0, d0, w0, v0, s0),
+            paired_row!(a1, d1, w1, v1, s1),
+            paired_row!(a2, d2, w2, v2, s2),
+            paired_row!(a3, d3, w3, v3, s3),
+            xp = in(reg) x,
+            p0 = in(reg) s[0].u.as_ptr(),
+            p1 = in(reg) s[1].u.as_ptr(),
+            p2 = in(reg) s[2].u.as_ptr(),
+            p3 = in(reg) s[3].u.as_ptr(),
+            xo = const 128 * J,
+            wo = const 32 * J,
+            l = const L,
+            a0 = inout(vreg) sumi[0],
+            a1 = inout(vreg) sumi[1],
+            a2 = inout(vreg) sumi[2],
+            a3 = inout(vreg) sumi[3],
+            d0 = inout(vreg) run[0],
+            d1 = inout(vreg) run[1],
+            d2 = inout(vreg) run[2],
+            d3 = inout(vreg) run[3],
+            x0 = out(vreg) _,
+            x1 = out(vreg) _,
+            x2 = out(vreg) _,
+            x3 = out(vreg) _,
+            x4 = out(vreg) _,
+            x5 = out(vreg) _,
+            x6 = out(vreg) _,
+            x7 = out(vreg) _,
+            w0 = out(vreg) _,
+            w1 = out(vreg) _,
+            w2 = out(vreg) _,
+            w3 = out(vreg) _,
+            v0 = out(vreg) _,
+            v1 = out(vreg) _,
+            v2 = out(vreg) _,
+            v3 = out(vreg) _,
+            s0 = in(vreg) sc[0],
+            s1 = in(vreg) sc[1],
+            s2 = in(vreg) sc[2],
+            s3 = in(vreg) sc[3],
+            options(pure, readonly, nostack, preserves_flags)
+        )
     }
 }
 
