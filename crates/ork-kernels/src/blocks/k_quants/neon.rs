@@ -270,27 +270,35 @@ unsafe fn dot<const DOT: bool>(s: &Super, a: &[u8]) -> (i32, i32) {
 /// interleaved activations `x0..x3` with the row's folded quants `w` onto `d`.
 macro_rules! folded_row {
     ($d:ident, $w:ident) => {
+        sdot4!($d, $w, x0, x1, x2, x3)
+    };
+}
+
+/// Four `sdot` by element onto `d`: `xk` with element `k` of `w`, k = 0..4.
+macro_rules! sdot4 {
+    ($d:ident, $w:ident, $x0:ident, $x1:ident, $x2:ident, $x3:ident) => {
+        concat!(
+            sdot1!($d, $x0, $w, 0),
+            sdot1!($d, $x1, $w, 1),
+            sdot1!($d, $x2, $w, 2),
+            sdot1!($d, $x3, $w, 3),
+        )
+    };
+}
+
+/// `sdot d.4s, x.16b, w.4b[k]` as an `asm!` template line.
+macro_rules! sdot1 {
+    ($d:ident, $x:ident, $w:ident, $k:literal) => {
         concat!(
             "sdot {",
             stringify!($d),
-            ":v}.4s, {x0:v}.16b, {",
+            ":v}.4s, {",
+            stringify!($x),
+            ":v}.16b, {",
             stringify!($w),
-            ":v}.4b[0]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x1:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[1]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x2:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[2]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x3:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[3]\n",
+            ":v}.4b[",
+            $k,
+            "]\n"
         )
     };
 }
@@ -301,53 +309,24 @@ macro_rules! folded_row {
 macro_rules! paired_row {
     ($a:ident, $d:ident, $w:ident, $v:ident, $s:ident) => {
         concat!(
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x0:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[0]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x1:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[1]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x2:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[2]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x3:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[3]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x4:v}.16b, {",
-            stringify!($v),
-            ":v}.4b[0]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x5:v}.16b, {",
-            stringify!($v),
-            ":v}.4b[1]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x6:v}.16b, {",
-            stringify!($v),
-            ":v}.4b[2]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x7:v}.16b, {",
-            stringify!($v),
-            ":v}.4b[3]\n",
+            sdot4!($d, $w, x0, x1, x2, x3),
+            sdot4!($d, $v, x4, x5, x6, x7),
+            mla_lane!($a, $d, $s),
+        )
+    };
+}
+
+/// `mla a.4s, d.4s, s.s[l]` (`l` the `asm!` block's lane operand) as a template line.
+macro_rules! mla_lane {
+    ($a:ident, $d:ident, $s:ident) => {
+        concat!(
             "mla {",
             stringify!($a),
             ":v}.4s, {",
             stringify!($d),
             ":v}.4s, {",
             stringify!($s),
-            ":v}.s[{l}]",
+            ":v}.s[{l}]"
         )
     };
 }
@@ -357,35 +336,7 @@ macro_rules! paired_row {
 /// `a += d · s[l]` (`l` the `asm!` block's lane operand).
 macro_rules! running_row {
     ($a:ident, $d:ident, $w:ident, $s:ident) => {
-        concat!(
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x0:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[0]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x1:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[1]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x2:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[2]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x3:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[3]\n",
-            "mla {",
-            stringify!($a),
-            ":v}.4s, {",
-            stringify!($d),
-            ":v}.4s, {",
-            stringify!($s),
-            ":v}.s[{l}]"
-        )
+        concat!(sdot4!($d, $w, x0, x1, x2, x3), mla_lane!($a, $d, $s))
     };
 }
 
