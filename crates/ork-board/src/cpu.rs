@@ -136,7 +136,7 @@ pub const ORK_DECODE_CYCLES: [(FileType, f64, f64); 6] = [
     (FileType::Q4_K, 67.1, 167.0),
     (FileType::Q5_K, 67.1, 295.0),
     (FileType::Q6_K, 88.1, 298.0),
-    (FileType::IQ4_XS, 519.1, 2276.0),
+    (FileType::IQ4_XS, 159.2, 698.0),
 ];
 
 /// Whose kernels a CPU projection charges.
