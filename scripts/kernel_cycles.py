@@ -421,6 +421,43 @@ ORK_GEMM = {
 }
 
 
+# ork's k-quant M > 1 path decodes each weight row into `Super`s once per chunk of activation
+# rows before its tile runs (`k_quants::decode_row`, kept out of line for this): the dotprod
+# engine's (`Neon<true>`: Q2_K and Q3_K fold their scales, Q3_K and Q6_K go signed), or the
+# plain one where LLVM merged the two (the same code). A pass of its loop decodes one
+# super-block: 256 weights. The prefill table's ork figure leaves it out; the board clock
+# charges it per weight decoded (`ORK_DECODE_CYCLES`).
+_DEC = r"k_quants::decode_row::<[\w\[\]:]*::Neon<{}: bool>, {}: u8>$"
+ORK_DECODE = {"Q2_K": 0, "Q3_K": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4, "IQ4_XS": 5}
+# Bytes a store writes (the decode writes the `Super`).
+STORES = [
+    (re.compile(r"^\s+(str|stur)\s+q\d+,"), 16),
+    (re.compile(r"^\s+stp\s+q\d+, q\d+,"), 32),
+    (re.compile(r"^\s+(str|stur)\s+d\d+,"), 8),
+    (re.compile(r"^\s+stp\s+d\d+, d\d+,"), 16),
+    (re.compile(r"^\s+(str|stur)\s+x\d+,"), 8),
+    (re.compile(r"^\s+(str|stur)\s+w\d+,"), 4),
+    (re.compile(r"^\s+(strh|sturh)\s+w\d+,"), 2),
+    (re.compile(r"^\s+(strb|sturb)\s+w\d+,"), 1),
+    (re.compile(r"^\s+st1\s+\{ ?v\d+\.16b ?\},"), 16),
+]
+
+
+def decode_cycles(o, ty, cpu):
+    """Cycles per super-block (256 weights) of ork's M > 1 decode of `ty` on `cpu`, or None."""
+    if ty not in ORK_DECODE or not o:
+        return None
+    for dot in ("true", "false"):
+        for body in by_name(o, _DEC.format(dot, ORK_DECODE[ty])):
+            hot = hot_loop(body, None, STORES)
+            if hot is not None:
+                text, stored = hot
+                if stored < 256:
+                    sys.exit(f"{ty}: the decode loop stores {stored} bytes a pass, not a super-block")
+                return round(mca(text, cpu), 1)
+    return None
+
+
 def by_name(funcs, pattern):
     """The bodies of the functions of `funcs` whose demangled names match `pattern` (a plain
     symbol is matched whole), out-of-line helpers inlined."""
@@ -513,7 +550,8 @@ def main():
             row = {"type": ty, "core": core, "ork": ork, "ggml": ggml}
             if a.cores == "rk3588":
                 og, gg, kernel = gemm_columns(g, o, ty, cpu, ggml)
-                row.update({"ork_gemm": og, "ggml_gemm": gg, "ggml_gemm_kernel": kernel})
+                row.update({"ork_gemm": og, "ggml_gemm": gg, "ggml_gemm_kernel": kernel,
+                            "ork_decode": decode_cycles(o, ty, cpu)})
             rows.append(row)
     if a.json:
         print(json.dumps(rows, indent=1))
@@ -523,11 +561,14 @@ def main():
     if a.gemm:
         print("cycles per 256 multiply-adds (weights x activation rows) of the prefill (M > 1)")
         print("kernels, llvm-mca estimate (not a measurement)")
-        print(f"{'type':8} {'core':4} {'ork':>8} {'ggml':>8} {'ork/ggml':>9}  ggml kernel")
+        print("(decode: ork's k-quant weight decode, cycles per 256 weights decoded, paid once")
+        print("per weight row and chunk of activation rows: not in the ork column)")
+        print(f"{'type':8} {'core':4} {'ork':>8} {'ggml':>8} {'ork/ggml':>9} {'decode':>7}"
+              "  ggml kernel")
         for r in rows:
             og, gg = r["ork_gemm"], r["ggml_gemm"]
             print(f"{r['type']:8} {r['core']:4} {fmt(og):>8} {fmt(gg):>8} {ratio(og, gg):>9}"
-                  f"  {r['ggml_gemm_kernel']}")
+                  f" {fmt(r['ork_decode']):>7}  {r['ggml_gemm_kernel']}")
         return
     print("cycles per 256 weights, llvm-mca estimate (not a measurement)")
     print(f"{'type':8} {'core':4} {'ork':>8} {'ggml':>8} {'ork/ggml':>9}")

@@ -115,13 +115,28 @@ pub const ORK_GEMM_CYCLES: [(FileType, f64, f64); 13] = [
     (FileType::Q5_0, 32.5, 149.5),
     (FileType::Q5_1, 35.1, 160.8),
     (FileType::Q8_0, 26.3, 113.8),
-    (FileType::Q2_K, 23.3, 133.4),
-    (FileType::Q3_K, 23.3, 133.4),
-    (FileType::Q4_K, 23.3, 133.5),
-    (FileType::Q5_K, 23.3, 133.5),
-    (FileType::Q6_K, 23.3, 133.4),
+    (FileType::Q2_K, 13.0, 72.5),
+    (FileType::Q3_K, 9.9, 62.8),
+    (FileType::Q4_K, 16.6, 93.6),
+    (FileType::Q5_K, 16.6, 93.6),
+    (FileType::Q6_K, 15.4, 82.2),
     (FileType::IQ4_NL, 34.8, 141.1),
-    (FileType::IQ4_XS, 23.3, 134.1),
+    (FileType::IQ4_XS, 14.6, 83.9),
+];
+
+/// ork's k-quant M > 1 decode: cycles per 256 weights decoded (one super-block into the tile's
+/// form) on the Cortex-A76 and Cortex-A55 models (`scripts/kernel-cycles.sh --gemm`, the
+/// `decode` column: the loop of `k_quants::decode_row`). The driver decodes each weight row
+/// once per chunk of activation rows (`ork_kernels::blocks::k_quant_chunk_rows`), outside the
+/// tile whose cycles [`ORK_GEMM_CYCLES`] holds; [`prefill_cycles`] adds it. An estimate, not a
+/// measurement (`docs/kernels.md`).
+pub const ORK_DECODE_CYCLES: [(FileType, f64, f64); 6] = [
+    (FileType::Q2_K, 98.1, 248.0),
+    (FileType::Q3_K, 97.1, 380.0),
+    (FileType::Q4_K, 67.1, 167.0),
+    (FileType::Q5_K, 67.1, 295.0),
+    (FileType::Q6_K, 88.1, 298.0),
+    (FileType::IQ4_XS, 159.2, 698.0),
 ];
 
 /// Whose kernels a CPU projection charges.
@@ -186,6 +201,27 @@ pub fn cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
 /// their M = 1 figures ([`GGML_CYCLES_ARMV8_0`]), assumed.
 pub fn gemm_cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
     lookup(ty, core, kernels, (&GGML_GEMM_CYCLES, &ORK_GEMM_CYCLES))
+}
+
+/// Cycles per 256 multiply-adds of a prefill pass of `rows` activation rows over a weight of `k`
+/// columns: [`gemm_cycles`], plus, for ork's k-quants on a dotprod core, the decode of each
+/// weight row ([`ORK_DECODE_CYCLES`]) once per chunk of rows
+/// (`ork_kernels::blocks::k_quant_chunk_rows`), shared by the rows of its chunk. For a MoE
+/// expert, `rows` are the rows routed to it.
+pub fn prefill_cycles(ty: FileType, core: Core, kernels: Kernels, rows: f64, k: usize) -> f64 {
+    let tile = gemm_cycles(ty, core, kernels);
+    let decode = match (kernels, core) {
+        (Kernels::Ork, Core::A76 | Core::A55) => ORK_DECODE_CYCLES
+            .iter()
+            .find(|c| c.0 == ty)
+            .map_or(0.0, |c| if core == Core::A76 { c.1 } else { c.2 }),
+        _ => 0.0,
+    };
+    if decode == 0.0 || rows <= 0.0 {
+        return tile;
+    }
+    let chunk = ork_kernels::blocks::k_quant_chunk_rows(k) as f64;
+    tile + decode * (rows / chunk).ceil() / rows
 }
 
 type CycleTable = [(FileType, f64, f64)];
@@ -628,16 +664,21 @@ pub fn weight_cost(
         1.0
     };
     let macs = rows as f64 * per_row_experts * (w.k * w.n) as f64;
-    // A pass of many rows runs the prefill kernel, at the fitted share of its estimate.
-    let (table, gain): (fn(FileType, Core, Kernels) -> f64, f64) = if rows > 1 {
-        (gemm_cycles, cpu.gemm_gain)
-    } else {
-        (cycles, 1.0)
-    };
-    // Seconds per 256 multiply-adds on one big and one little core.
-    let big_s = table(w.ty, cpu.kinds.0, plan.kernels) / cpu.big.1;
-    let little_s = table(w.ty, cpu.kinds.1, plan.kernels) / cpu.little.1;
     let touched = active_experts(w, shape.top_k, rows) / w.experts as f64;
+    // A pass of many rows runs the prefill kernel, at the fitted share of its estimate; each
+    // expert the pass touches gets its share of the routed rows.
+    let weight_rows = rows as f64 * per_row_experts / active_experts(w, shape.top_k, rows);
+    let table = |core: Core| {
+        if rows > 1 {
+            prefill_cycles(w.ty, core, plan.kernels, weight_rows, w.k)
+        } else {
+            cycles(w.ty, core, plan.kernels)
+        }
+    };
+    let gain = if rows > 1 { cpu.gemm_gain } else { 1.0 };
+    // Seconds per 256 multiply-adds on one big and one little core.
+    let big_s = table(cpu.kinds.0) / cpu.big.1;
+    let little_s = table(cpu.kinds.1) / cpu.little.1;
     let compute_s = match plan.pool {
         _ if little <= 0.0 => macs / 256.0 * big_s / big,
         // Rows split evenly over the threads: the slowest core's share sets the time.

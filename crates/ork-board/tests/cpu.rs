@@ -3,9 +3,10 @@
 //! RK3576, with the NPU drawing on the same bus), and a row-split decode is bounded both ways.
 
 use ork_board::cpu::{
-    attention_s, cache_hits, chunked_s, cycles, file_type, little_attention_speed, project,
-    row_bytes, Core, CpuBoard, CpuPlan, FileType, Kernels, Pool, FITTED_CPU, FIT_RK3588,
-    GGML_CYCLES, GGML_CYCLES_ARMV8_0, GGML_GEMM_CYCLES, ORK_CYCLES, ORK_GEMM_CYCLES, UNFITTED,
+    attention_s, cache_hits, chunked_s, cycles, file_type, gemm_cycles, little_attention_speed,
+    prefill_cycles, project, row_bytes, Core, CpuBoard, CpuPlan, FileType, Kernels, Pool,
+    FITTED_CPU, FIT_RK3588, GGML_CYCLES, GGML_CYCLES_ARMV8_0, GGML_GEMM_CYCLES, ORK_CYCLES,
+    ORK_DECODE_CYCLES, ORK_GEMM_CYCLES, UNFITTED,
 };
 use ork_board::cpu_fit::{
     fit_cpu, project_cpu_row, CPU_FIT_ROWS, CPU_HOLDOUT_ROWS, GEMMA3_1B, QWEN3_30B_A3B,
@@ -103,6 +104,56 @@ fn gemm_cycles_tables_equal_the_kernels_doc() {
         "| type | llama.cpp's prefill kernel | A76 ork | A76 ggml | A76 ork/ggml | A55 ork | \
                 A55 ggml | A55 ork/ggml |";
     doc_table_equals(head, 1, &ORK_GEMM_CYCLES, &GGML_GEMM_CYCLES);
+}
+
+/// `ORK_DECODE_CYCLES` against docs/kernels.md's decode table (`scripts/kernel-cycles.sh --gemm`,
+/// its `decode` column).
+#[test]
+fn decode_cycles_table_equals_the_kernels_doc() {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/kernels.md"
+    ))
+    .unwrap();
+    let table = doc
+        .split("| type | A76 decode | A55 decode |")
+        .nth(1)
+        .expect("the decode table in docs/kernels.md");
+    let mut rows = 0;
+    for line in table.lines().skip(2).take_while(|l| l.starts_with('|')) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let ty = file_type(cells[1]).unwrap_or_else(|| panic!("type {}", cells[1]));
+        let d = ORK_DECODE_CYCLES.iter().find(|c| c.0 == ty).unwrap();
+        let num = |i: usize| cells[i].parse::<f64>().unwrap();
+        assert_eq!((num(2), num(3)), (d.1, d.2), "{line}");
+        rows += 1;
+    }
+    assert_eq!(rows, ORK_DECODE_CYCLES.len());
+}
+
+/// ork's k-quant prefill is charged its tile plus one decode of each weight row per chunk of
+/// activation rows (ork-kernels' own chunk), shared by the chunk's rows; llama.cpp's kernels and
+/// the types that decode inside their tile pay none.
+#[test]
+fn prefill_charges_one_decode_per_chunk_of_rows() {
+    let k = 2048;
+    let chunk = ork_kernels::blocks::k_quant_chunk_rows(k);
+    assert_eq!(chunk, 192 * 1024 / (k / 256 * 292));
+    let tile = gemm_cycles(FileType::Q3_K, Core::A76, Kernels::Ork);
+    let dec = ORK_DECODE_CYCLES[1];
+    assert_eq!(dec.0, FileType::Q3_K);
+    let at = |rows: f64| prefill_cycles(FileType::Q3_K, Core::A76, Kernels::Ork, rows, k);
+    assert!((at(32.0) - (tile + dec.1 / 32.0)).abs() < 1e-9);
+    let c = chunk as f64;
+    assert!((at(c) - (tile + dec.1 / c)).abs() < 1e-9);
+    assert!((at(c + 1.0) - (tile + 2.0 * dec.1 / (c + 1.0))).abs() < 1e-9);
+    for (ty, kernels) in [
+        (FileType::Q3_K, Kernels::Ggml),
+        (FileType::Q4_0, Kernels::Ork),
+    ] {
+        let g = gemm_cycles(ty, Core::A76, kernels);
+        assert_eq!(prefill_cycles(ty, Core::A76, kernels, 32.0, k), g);
+    }
 }
 
 /// The docs/kernels.md table under `head` (its figures `skip` columns after the type) holds

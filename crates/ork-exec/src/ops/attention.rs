@@ -451,19 +451,23 @@ impl Geometry {
         }
         // The keys' scratch is reused for the values.
         let (vs, v_local) = values.as_f32(dv, positions, &mut scratch);
-        // The weighted sum of the value rows, one head at a time: a head of 64 values (the usual
-        // size) sums in registers, a fixed-size array the compiler keeps there, instead of
-        // loading and storing `o` at every position. A whole row scales each weight by the
+        // The weighted sum of the value rows, one head at a time: 64 values of a head (a head of
+        // 64, the usual size, or a part of a larger one) sum in registers, a fixed-size array
+        // the compiler keeps there, instead of loading and storing `o` at every position. A whole row scales each weight by the
         // softmax's normaliser as it goes; a piece leaves that to the merge.
         let value = |j: usize| &vs[if v_local { j } else { positions[j] } * dv..][..dv];
         let mut o = vec![0.0f32; heads * dv];
         for (hh, oh) in o.chunks_exact_mut(dv).enumerate() {
             let weights = &scores[hh * n..][..n];
             let inv = if whole { (1.0 / sum[hh]) as f32 } else { 1.0 };
-            if dv == 64 {
-                let mut acc = [0.0f32; 64];
-                weighted_sum(&mut acc, weights, inv, value);
-                oh.copy_from_slice(&acc);
+            if dv % 64 == 0 {
+                // 64 values at a time (a head of 128 or 256 in two or four passes over the
+                // positions): each value's sum is the same, in the same order.
+                for (c, oc) in oh.chunks_exact_mut(64).enumerate() {
+                    let mut acc = [0.0f32; 64];
+                    weighted_sum(&mut acc, weights, inv, |j| &value(j)[64 * c..64 * c + 64]);
+                    oc.copy_from_slice(&acc);
+                }
             } else {
                 weighted_sum(oh, weights, inv, value);
             }

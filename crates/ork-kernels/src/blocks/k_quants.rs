@@ -215,7 +215,7 @@ pub(super) trait Engine {
     /// One super-block of four decoded weight rows (`s`) against four Q8_K blocks (`a`, one
     /// per activation row): `acc[row][activation row]` stepped as [`step`] does, with
     /// [`Engine::dot`] of each pair. `ai` holds the four blocks interleaved ([`interleave`])
-    /// where [`Engine::TILE`], else nothing.
+    /// where [`Engine::TILE`], else nothing; `a` is then four empty slices.
     #[inline(always)]
     fn tile(t: KType, s: [&Super; 4], a: [&[u8]; 4], ai: &[u8], acc: &mut [[f32; 4]; 4]) {
         let _ = ai;
@@ -264,8 +264,20 @@ const fn ktype(t: u8) -> KType {
     }
 }
 
-/// Activation bytes one pass over the weight rows keeps hot (a chunk of activation rows).
-const ACT_CHUNK_BYTES: usize = 192 * 1024;
+/// Activation bytes one pass over the weight rows keeps hot (a chunk of activation rows): the
+/// M > 1 driver decodes each weight row once per chunk.
+pub const ACT_CHUNK_BYTES: usize = 192 * 1024;
+
+/// Activation rows of `k` columns in one chunk of [`ACT_CHUNK_BYTES`] (at least one): how many
+/// rows each decode of a k-quant weight row serves at most.
+pub const fn chunk_rows(k: usize) -> usize {
+    let arb = k / QK_K * Q8K_BYTES;
+    if arb == 0 || ACT_CHUNK_BYTES / arb == 0 {
+        1
+    } else {
+        ACT_CHUNK_BYTES / arb
+    }
+}
 
 /// The driver every ISA shares: `out[r·m + i]` accumulates super-block by super-block with
 /// [`combine`]. M = 1 decodes each super-block into one stack [`Super`] right before its dot;
@@ -293,7 +305,7 @@ pub(super) fn drive<E: Engine, const T: u8>(
     assert!(w.len() >= rows * wrb && acts.len() >= m * arb && out.len() >= rows * m);
     let mut tiles: [Vec<Super>; 4] = std::array::from_fn(|_| vec![Super::zero(); nb]);
     let mut inter = Vec::new();
-    let chunk = (ACT_CHUNK_BYTES / arb.max(1)).clamp(1, m);
+    let chunk = chunk_rows(k).min(m);
     for i0 in (0..m).step_by(chunk) {
         let i1 = (i0 + chunk).min(m);
         let mut r0 = 0;
@@ -301,21 +313,28 @@ pub(super) fn drive<E: Engine, const T: u8>(
             interleave(&acts[i0 * arb..i1 * arb], nb, &mut inter);
             while r0 + 4 <= rows {
                 for (j, row) in tiles.iter_mut().enumerate() {
-                    let wrow = &w[(r0 + j) * wrb..(r0 + j + 1) * wrb];
-                    for (blk, s) in wrow.chunks_exact(t.bytes()).zip(row.iter_mut()) {
-                        E::decode(t, blk, s);
-                    }
+                    decode_row::<E, T>(&w[(r0 + j) * wrb..(r0 + j + 1) * wrb], row);
                 }
                 tile_rows::<E>(t, &tiles, acts, &inter, (i0, i1, m), &mut out[r0 * m..]);
                 r0 += 4;
             }
         }
         for (r, wrow) in w.chunks_exact(wrb).take(rows).enumerate().skip(r0) {
-            for (blk, s) in wrow.chunks_exact(t.bytes()).zip(tiles[0].iter_mut()) {
-                E::decode(t, blk, s);
-            }
+            decode_row::<E, T>(wrow, &mut tiles[0]);
             row_rows::<E>(t, &tiles[0], acts, (i0, i1), &mut out[r * m..]);
         }
+    }
+}
+
+/// Decode one weight row's super-blocks into `row` ([`Engine::decode`]), for [`drive`]'s M > 1
+/// path. Kept out of line: once per weight row and chunk of activation rows, a call costs
+/// nothing next to the row's decode, and `scripts/kernel_cycles.py` finds the decode's cycles
+/// by this symbol (the board clock charges them per weight decoded, docs/kernels.md).
+#[inline(never)]
+fn decode_row<E: Engine, const T: u8>(wrow: &[u8], row: &mut [Super]) {
+    let t = ktype(T);
+    for (blk, s) in wrow.chunks_exact(t.bytes()).zip(row.iter_mut()) {
+        E::decode(t, blk, s);
     }
 }
 
@@ -389,7 +408,12 @@ fn tile_rows<E: Engine>(
         let mut acc = [[0.0f32; 4]; 4];
         let quad = &inter[(i - i0) / 4 * nb * TILE_BLOCK..];
         for b in 0..nb {
-            let a = blocks4(acts, arb, i, b);
+            // An engine with its own tile reads the interleaved block only.
+            let a = if E::TILE {
+                [&[][..]; 4]
+            } else {
+                blocks4(acts, arb, i, b)
+            };
             let s = [&rows[0][b], &rows[1][b], &rows[2][b], &rows[3][b]];
             E::tile(
                 t,
@@ -609,7 +633,7 @@ pub(super) fn q3_words(sb: &[u8]) -> [u32; 4] {
 
 /// The 16 signed scales of `block_q3_K` (see [`q3_words`]) and their offset weights `4·sc`.
 #[inline(always)]
-fn q3_scales(sb: &[u8], s: &mut Super) {
+pub(super) fn q3_scales(sb: &[u8], s: &mut Super) {
     for (g, w) in q3_words(sb)
         .iter()
         .flat_map(|w| w.to_le_bytes())

@@ -33,6 +33,9 @@ mod order;
 mod x86;
 
 pub use crate::tile::Isa;
+/// The k-quants' M > 1 driver decodes each weight row once per this many activation rows of
+/// `k` columns (the board clock charges the decodes: `ork_board::cpu`).
+pub use k_quants::chunk_rows as k_quant_chunk_rows;
 
 /// A GGUF weight type the CPU engine computes in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

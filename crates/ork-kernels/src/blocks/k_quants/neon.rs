@@ -61,7 +61,22 @@ struct Neon<const DOT: bool>;
 impl<const DOT: bool> Engine for Neon<DOT> {
     #[inline(always)]
     fn decode(ty: KType, blk: &[u8], s: &mut Super) {
+        if DOT && ty == KType::Q3 {
+            return decode_q3_folded(blk, s);
+        }
+        if ty == KType::Iq4Xs {
+            return decode_iq4xs(blk, s);
+        }
         super::decode(ty, blk, s);
+        if DOT {
+            // The forms the tile reads ([`tile_sdot`]): Q2_K's scales folded into its quants,
+            // Q6_K's quants signed with no offset term.
+            match ty {
+                KType::Q2 => fold_q2(s),
+                KType::Q6 => to_signed(s, 32),
+                _ => {}
+            }
+        }
     }
 
     #[inline(always)]
@@ -101,7 +116,15 @@ impl<const DOT: bool> Engine for Neon<DOT> {
         assert!(ai.len() >= TILE_BLOCK);
         // SAFETY: `ai` holds a whole tile block (asserted); `Neon<true>` runs only where the
         // CPU has FEAT_DotProd (see the type's docs).
-        unsafe { tile_sdot(t, s, ai.as_ptr(), acc) }
+        unsafe {
+            match t {
+                KType::Q2 => tile_sdot::<true, 1, false>(s, ai.as_ptr(), acc),
+                KType::Q3 => tile_sdot::<false, -1, false>(s, ai.as_ptr(), acc),
+                KType::Q4 | KType::Q5 => tile_sdot::<true, 0, true>(s, ai.as_ptr(), acc),
+                KType::Q6 => tile_sdot::<false, 0, false>(s, ai.as_ptr(), acc),
+                KType::Iq4Xs => tile_sdot::<false, 0, true>(s, ai.as_ptr(), acc),
+            }
+        }
     }
 
     #[inline(always)]
@@ -117,6 +140,94 @@ impl<const DOT: bool> Engine for Neon<DOT> {
             }
         }
     }
+}
+
+/// A decoded Q3_K or Q6_K super-block (`u = v + o`, `mn = o·sc`) as ggml's signed values
+/// `v = u − o` with no offset term (`mn = 0`): `Σ sc·Σ v·a = Σ sc·Σ u·a − Σ mn·bsum` for every
+/// Q8_K block whose `bsums` are its group sums (as the quantizer writes them; the fused M = 1
+/// Q3_K kernel relies on the same, see the module docs), so [`Engine::dot`] returns `(sumi −
+/// summ, 0)`, which is all the float step of a type without mins reads. `|v| ≤ 32`: exact as
+/// signed bytes.
+#[inline(always)]
+fn to_signed(s: &mut Super, o: u8) {
+    for u in &mut s.u {
+        *u = u.wrapping_sub(o);
+    }
+    s.mn = [0; 16];
+    s.signed = true;
+}
+
+/// A decoded Q2_K super-block with each group's scale folded into its quants: `u_g ← sc_g·u_g`,
+/// `sc_g ← 1`, so `Σ_g sc_g·Σ u·a` is unchanged (the same integers: every product and sum is
+/// exact in i32). The products fit a signed byte: `0 ≤ u ≤ 3`, `0 ≤ sc ≤ 15` give `0..=45`.
+/// The tile then needs no `mla` per group ([`tile_sdot`]'s `FOLD`).
+#[inline(always)]
+fn fold_q2(s: &mut Super) {
+    for (g, sc) in s.sc.iter_mut().enumerate() {
+        let f = *sc as u8;
+        for u in &mut s.u[16 * g..16 * g + 16] {
+            *u = u.wrapping_mul(f);
+        }
+        *sc = 1;
+    }
+    s.signed = true;
+}
+
+/// Q3_K's decode with its offset and scales folded into the quants in the same pass:
+/// `u_g ← (v_g)·(−sc_g)`, `v = q − 4` ggml's signed values, `sc_g ← −1`, `mn ← 0`, so
+/// `Σ_g sc_g·Σ u·a = Σ_g sc_g·Σ v·a`, which is the twin's `Σ sc·Σ q·a − Σ 4·sc·bsum` whenever
+/// the Q8_K block's `bsums` are its group sums ([`to_signed`]). The products fit a signed byte:
+/// `−4 ≤ v ≤ 3` against `−31 ≤ −sc ≤ 32` gives `−128..=124` (folding `+sc` would not fit:
+/// `−32 · −4 = 128`, and ggml's quantizer gives every Q3_K super-block's largest scale the code
+/// `−32`). `super::decode_q3`'s layout: value `128n + 32j + l` is bits `2j..2j+2` of
+/// `qs[32n + l]`, high bit `4n + j` of `hmask[l]`. The tile then needs no `mla` per group
+/// ([`tile_sdot`]'s `FOLD`).
+#[inline(always)]
+fn decode_q3_folded(b: &[u8], s: &mut Super) {
+    let (hm, qs) = (&b[0..32], &b[32..96]);
+    super::q3_scales(&b[96..108], s);
+    for n in 0..2 {
+        for j in 0..4 {
+            for h in 0..2 {
+                // Group `8n + 2j + h`; `−32 ≤ sc ≤ 31`, so `−sc` fits i8.
+                let f = (s.sc[8 * n + 2 * j + h] as i8).wrapping_neg();
+                for l in 16 * h..16 * h + 16 {
+                    let lo = (qs[32 * n + l] >> (2 * j)) & 3;
+                    let hi = (hm[l] >> (4 * n + j)) & 1;
+                    let v = (lo | (hi << 2)) as i8 - 4;
+                    s.u[128 * n + 32 * j + l] = v.wrapping_mul(f) as u8;
+                }
+            }
+        }
+    }
+    s.sc = [-1; 16];
+    s.mn = [0; 16];
+    s.signed = true;
+    s.d = f16_at(&b[108..]);
+    s.dmin = 0.0;
+}
+
+/// `super::decode_iq4xs` with the table lookup as `tbl` (LLVM keeps the plain one scalar, a
+/// byte at a time: 519 cycles a super-block on the A76 model against this one's, docs/kernels.md):
+/// sub-block `j`'s low nibbles of `qs[16j..16j + 16]`, then their high nibbles, each an index
+/// into [`IQ4_VALUES`]. The same bytes.
+#[inline(always)]
+fn decode_iq4xs(b: &[u8], s: &mut Super) {
+    assert!(b.len() >= 136);
+    // SAFETY: `qs` is `b[8..136]` (asserted), `s.u` holds 256 bytes; `tbl` and the rest are
+    // baseline NEON.
+    unsafe {
+        let table = vld1q_s8(super::IQ4_VALUES.as_ptr());
+        let (qs, u) = (b.as_ptr().add(8), s.u.as_mut_ptr().cast::<i8>());
+        for j in 0..8 {
+            let q = vld1q_u8(qs.add(16 * j));
+            let lo = vqtbl1q_s8(table, vandq_u8(q, vdupq_n_u8(0xF)));
+            let hi = vqtbl1q_s8(table, vshrq_n_u8::<4>(q));
+            vst1q_s8(u.add(32 * j), lo);
+            vst1q_s8(u.add(32 * j + 16), hi);
+        }
+    }
+    super::iq4xs_scales(b, s);
 }
 
 /// The baseline dot.
@@ -181,44 +292,77 @@ unsafe fn dot<const DOT: bool>(s: &Super, a: &[u8]) -> (i32, i32) {
     (unsafe { vaddvq_s32(acc) }, mins)
 }
 
-/// One weight row's group in [`group`]'s `asm!`: zero `d`, four `sdot` by element of the
-/// interleaved activations `x0..x3` with the row's quants `w`, then `a += d · s[lane]`.
-macro_rules! group_row {
-    ($a:ident, $d:ident, $w:ident, $s:ident, $l:literal) => {
+/// One weight row's group in [`folded_group`]'s `asm!`: four `sdot` by element of the
+/// interleaved activations `x0..x3` with the row's folded quants `w` onto `d`.
+macro_rules! folded_row {
+    ($d:ident, $w:ident) => {
+        sdot4!($d, $w, x0, x1, x2, x3)
+    };
+}
+
+/// Four `sdot` by element onto `d`: `xk` with element `k` of `w`, k = 0..4.
+macro_rules! sdot4 {
+    ($d:ident, $w:ident, $x0:ident, $x1:ident, $x2:ident, $x3:ident) => {
         concat!(
-            "movi {",
-            stringify!($d),
-            ":v}.16b, #0\n",
+            sdot1!($d, $x0, $w, 0),
+            sdot1!($d, $x1, $w, 1),
+            sdot1!($d, $x2, $w, 2),
+            sdot1!($d, $x3, $w, 3),
+        )
+    };
+}
+
+/// `sdot d.4s, x.16b, w.4b[k]` as an `asm!` template line.
+macro_rules! sdot1 {
+    ($d:ident, $x:ident, $w:ident, $k:literal) => {
+        concat!(
             "sdot {",
             stringify!($d),
-            ":v}.4s, {x0:v}.16b, {",
+            ":v}.4s, {",
+            stringify!($x),
+            ":v}.16b, {",
             stringify!($w),
-            ":v}.4b[0]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x1:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[1]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x2:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[2]\n",
-            "sdot {",
-            stringify!($d),
-            ":v}.4s, {x3:v}.16b, {",
-            stringify!($w),
-            ":v}.4b[3]\n",
+            ":v}.4b[",
+            $k,
+            "]\n"
+        )
+    };
+}
+
+/// One weight row's sub-block in [`paired_sub`]'s `asm!`: eight `sdot` by element of the
+/// interleaved activations `x0..x7` with the row's quants `w` (group `2J`) and `v` (group
+/// `2J + 1`) onto the running dot `d`, then `a += d · s[l]`.
+macro_rules! paired_row {
+    ($a:ident, $d:ident, $w:ident, $v:ident, $s:ident) => {
+        concat!(
+            sdot4!($d, $w, x0, x1, x2, x3),
+            sdot4!($d, $v, x4, x5, x6, x7),
+            mla_lane!($a, $d, $s),
+        )
+    };
+}
+
+/// `mla a.4s, d.4s, s.s[l]` (`l` the `asm!` block's lane operand) as a template line.
+macro_rules! mla_lane {
+    ($a:ident, $d:ident, $s:ident) => {
+        concat!(
             "mla {",
             stringify!($a),
             ":v}.4s, {",
             stringify!($d),
             ":v}.4s, {",
             stringify!($s),
-            ":v}.s[",
-            $l,
-            "]"
+            ":v}.s[{l}]"
         )
+    };
+}
+
+/// One weight row's group in [`running_group`]'s `asm!`: four `sdot` by element of the
+/// interleaved activations `x0..x3` with the row's quants `w` onto the running dot `d`, then
+/// `a += d · s[l]` (`l` the `asm!` block's lane operand).
+macro_rules! running_row {
+    ($a:ident, $d:ident, $w:ident, $s:ident) => {
+        concat!(sdot4!($d, $w, x0, x1, x2, x3), mla_lane!($a, $d, $s))
     };
 }
 
@@ -227,140 +371,442 @@ macro_rules! group_row {
 /// lanes. Per 16-value group and weight row, four `sdot` by element: the weight row's 16 quants
 /// are the indexed operand (element `k` = quants `4k..4k + 4`, the row's own layout: no
 /// weight is moved), each interleaved vector `k` holds the four activation rows' quants
-/// `4k..4k + 4` of the group, so lane `i` sums activation row `i`'s group dot; then `mla` by
-/// the group's scale. The mins term is `smlal` by element of the four rows' group sums (side by
-/// side in the block) with the weight row's 16 `mn`. The same integers, mod 2³², as
-/// [`Engine::dot`] of each pair (wrapping i32 lanes, as the scalar twin's); then `super::step`
-/// on the four activation rows' lanes at once, in its order (no fused multiply-add), so each
-/// lane is the scalar twin's float.
+/// `4k..4k + 4` of the group, so lane `i` sums activation row `i`'s group dot.
+///
+/// The group dots are never zeroed: each weight row keeps two running dots, one over its even
+/// groups and one over its odd groups, and after group `g` its sum takes `mla` of the running
+/// dot by `sc_g − sc_{g+2}` (`sc_16 = sc_17 = 0`), which telescopes to `Σ_g sc_g · (group g's
+/// dot)`. Two chains per row keep eight `sdot` chains in flight.
+///
+/// With `MINS` (Q2_K, Q4_K, Q5_K) the mins term is `smlal` by element of the four rows' group
+/// sums (side by side in the block) with the weight row's 16 `mn`. Without (Q3_K and Q6_K as
+/// [`Neon::decode`] leaves them, signed with `mn = 0`; IQ4_XS) there is none: `summ` is 0.
+///
+/// The same integers, mod 2³², as [`Engine::dot`] of each pair (wrapping i32 lanes, as the
+/// scalar twin's); then `super::step` on the four activation rows' lanes at once, in its order
+/// (no fused multiply-add), so each lane is the scalar twin's float.
 ///
 /// # Safety
-/// `ai` holds [`TILE_BLOCK`] readable bytes; the CPU has FEAT_DotProd.
+/// `ai` holds [`TILE_BLOCK`] readable bytes; the CPU has FEAT_DotProd; without `MINS`, every
+/// `mn` is 0.
 #[target_feature(enable = "neon,dotprod")]
 #[inline]
-unsafe fn tile_sdot(t: KType, s: [&Super; 4], ai: *const u8, acc: &mut [[f32; 4]; 4]) {
-    // SAFETY: the interleaved quants are `ai`'s first 1024 bytes and the group sums the next
-    // 128 (the caller's); each `Super` holds 256 quants, 16 scales and 16 `mn`; `sdot` per the
-    // caller's guarantee.
+unsafe fn tile_sdot<const MINS: bool, const FOLD: i16, const PAIRED: bool>(
+    s: [&Super; 4],
+    ai: *const u8,
+    acc: &mut [[f32; 4]; 4],
+) {
+    debug_assert!(MINS || s.iter().all(|s| s.mn == [0; 16]));
+    debug_assert!(FOLD == 0 || s.iter().all(|s| s.sc == [FOLD; 16]));
+    debug_assert!(!PAIRED || s.iter().all(|s| (0..16).all(|g| s.sc[g] == s.sc[g ^ 1])));
+    // SAFETY: the interleaved quants are `ai`'s first 1024 bytes, the group sums the next 128
+    // and the rows' `d` at `TILE_D` (the caller's); each `Super` holds 256 quants, 16 scales and
+    // 16 `mn`; `sdot` per the caller's guarantee.
     unsafe {
         let x = ai.cast::<i8>();
-        // Four groups at a time, written out (not a loop: `bl` to a loop-free function is what
-        // scripts/kernel_cycles.py inlines into its caller's pass).
-        let mut sumi = [vdupq_n_s32(0); 4];
-        quad(&mut sumi, x, s, 0);
-        quad(&mut sumi, x, s, 1);
-        quad(&mut sumi, x, s, 2);
-        quad(&mut sumi, x, s, 3);
-        let b = ai.add(4 * QK_K).cast::<i16>();
-        let mut summ = [vdupq_n_s32(0); 4];
-        for h in 0..2 {
-            let mn: [int16x8_t; 4] =
-                std::array::from_fn(|r| vld1q_s16(s[r].mn.as_ptr().add(8 * h)));
-            let b = b.add(32 * h);
-            mins::<0>(&mut summ, vld1_s16(b), &mn);
-            mins::<1>(&mut summ, vld1_s16(b.add(4)), &mn);
-            mins::<2>(&mut summ, vld1_s16(b.add(8)), &mn);
-            mins::<3>(&mut summ, vld1_s16(b.add(12)), &mn);
-            mins::<4>(&mut summ, vld1_s16(b.add(16)), &mn);
-            mins::<5>(&mut summ, vld1_s16(b.add(20)), &mn);
-            mins::<6>(&mut summ, vld1_s16(b.add(24)), &mn);
-            mins::<7>(&mut summ, vld1_s16(b.add(28)), &mn);
-        }
+        let sumi = if FOLD != 0 {
+            folded_sums::<FOLD>(s, x)
+        } else if PAIRED {
+            paired_sums(s, x)
+        } else {
+            running_sums(s, x)
+        };
         let da = vreinterpretq_f32_u8(vld1q_u8(ai.add(TILE_D)));
+        let summ = if MINS {
+            mins_sums::<PAIRED>(s, ai.add(4 * QK_K).cast::<i16>())
+        } else {
+            zeros()
+        };
         for (r, acc) in acc.iter_mut().enumerate() {
             let a = vld1q_f32(acc.as_ptr());
             let dd = vmulq_n_f32(da, s[r].d);
-            let v = if t.has_mins() {
-                let hi = vaddq_f32(a, vmulq_f32(dd, vcvtq_f32_s32(sumi[r])));
+            let hi = vaddq_f32(a, vmulq_f32(dd, vcvtq_f32_s32(sumi[r])));
+            let v = if MINS {
                 let dm = vmulq_n_f32(da, s[r].dmin);
                 vsubq_f32(hi, vmulq_f32(dm, vcvtq_f32_s32(summ[r])))
             } else {
-                let diff = vsubq_s32(sumi[r], summ[r]);
-                vaddq_f32(a, vmulq_f32(dd, vcvtq_f32_s32(diff)))
+                hi
             };
             vst1q_f32(acc.as_mut_ptr(), v);
         }
     }
 }
 
-/// Groups `4q..4q + 4` of the four weight rows in [`tile_sdot`].
+/// Each weight row's `Σ_g sc_g · (group g's dots)` in [`tile_sdot`] with `FOLD` (the scales in
+/// the quants): two running dots a row, added (negated for Q3_K) at the end. Written out, not a
+/// loop (`bl` to a loop-free function is what scripts/kernel_cycles.py inlines into its
+/// caller's pass; a loop here would be a pass of its own).
 ///
 /// # Safety
-/// As [`tile_sdot`], `q < 4`.
+/// As [`tile_sdot`].
 #[inline(always)]
-unsafe fn quad(sumi: &mut [int32x4_t; 4], x: *const i8, s: [&Super; 4], q: usize) {
-    // SAFETY: each row's scales `4q..4q + 4`; the rest as the caller's.
+unsafe fn folded_sums<const FOLD: i16>(s: [&Super; 4], x: *const i8) -> [int32x4_t; 4] {
+    let mut run = [zeros(); 2];
+    let [even, odd] = &mut run;
+    // SAFETY: the caller's.
     unsafe {
-        let sc: [int32x4_t; 4] =
-            std::array::from_fn(|r| vmovl_s16(vld1_s16(s[r].sc.as_ptr().add(4 * q))));
-        group::<0>(sumi, x, s, 4 * q, &sc);
-        group::<1>(sumi, x, s, 4 * q + 1, &sc);
-        group::<2>(sumi, x, s, 4 * q + 2, &sc);
-        group::<3>(sumi, x, s, 4 * q + 3, &sc);
+        folded_group::<0>(even, x, s);
+        folded_group::<1>(odd, x, s);
+        folded_group::<2>(even, x, s);
+        folded_group::<3>(odd, x, s);
+        folded_group::<4>(even, x, s);
+        folded_group::<5>(odd, x, s);
+        folded_group::<6>(even, x, s);
+        folded_group::<7>(odd, x, s);
+        folded_group::<8>(even, x, s);
+        folded_group::<9>(odd, x, s);
+        folded_group::<10>(even, x, s);
+        folded_group::<11>(odd, x, s);
+        folded_group::<12>(even, x, s);
+        folded_group::<13>(odd, x, s);
+        folded_group::<14>(even, x, s);
+        folded_group::<15>(odd, x, s);
+    }
+    std::array::from_fn(|r| {
+        // SAFETY: register-only NEON (baseline).
+        unsafe {
+            let both = vaddq_s32(run[0][r], run[1][r]);
+            if FOLD < 0 {
+                vnegq_s32(both)
+            } else {
+                both
+            }
+        }
+    })
+}
+
+/// Each weight row's `Σ_g sc_g · (group g's dots)` in [`tile_sdot`], one scale per group: the
+/// running dots of [`running_group`], `mla` by `sc_g − sc_{g+2}` after each group.
+///
+/// # Safety
+/// As [`tile_sdot`].
+#[inline(always)]
+unsafe fn running_sums(s: [&Super; 4], x: *const i8) -> [int32x4_t; 4] {
+    let steps: [[i16; 16]; 4] = std::array::from_fn(|r| {
+        let mut st = [0i16; 16];
+        // SAFETY: 16 i16 each side; register-only NEON otherwise.
+        unsafe {
+            let sc = s[r].sc.as_ptr();
+            let (lo, hi) = (vld1q_s16(sc), vld1q_s16(sc.add(8)));
+            let lo = vsubq_s16(lo, vextq_s16::<2>(lo, hi));
+            let hi = vsubq_s16(hi, vextq_s16::<2>(hi, vdupq_n_s16(0)));
+            vst1q_s16(st.as_mut_ptr(), lo);
+            vst1q_s16(st.as_mut_ptr().add(8), hi);
+        }
+        st
+    });
+    let mut sumi = zeros();
+    let mut run = [zeros(); 2];
+    // SAFETY: the caller's.
+    unsafe {
+        running_quad::<0>(&mut sumi, &mut run, x, s, &steps);
+        running_quad::<1>(&mut sumi, &mut run, x, s, &steps);
+        running_quad::<2>(&mut sumi, &mut run, x, s, &steps);
+        running_quad::<3>(&mut sumi, &mut run, x, s, &steps);
+    }
+    sumi
+}
+
+/// [`running_sums`] for the types whose two groups of a 32-value sub-block share their scale
+/// (Q4_K, Q5_K, IQ4_XS): eight `sdot` per sub-block and row onto the running dot, then one
+/// `mla` by `scs_j − scs_{j+2}` (`scs_j` sub-block `j`'s scale, `scs_8 = scs_9 = 0`): half the
+/// `mla`s, the same integers.
+///
+/// # Safety
+/// As [`tile_sdot`].
+#[inline(always)]
+unsafe fn paired_sums(s: [&Super; 4], x: *const i8) -> [int32x4_t; 4] {
+    // steps[r][h]: sub-blocks 4h..4h + 4 of row r.
+    let steps: [[int32x4_t; 2]; 4] = std::array::from_fn(|r| {
+        // SAFETY: 16 i16; register-only NEON otherwise.
+        unsafe {
+            let sc = s[r].sc.as_ptr();
+            let subs = vuzp1q_s16(vld1q_s16(sc), vld1q_s16(sc.add(8)));
+            let d = vsubq_s16(subs, vextq_s16::<2>(subs, vdupq_n_s16(0)));
+            [vmovl_s16(vget_low_s16(d)), vmovl_high_s16(d)]
+        }
+    });
+    let mut sumi = zeros();
+    let mut run = [zeros(); 2];
+    let [even, odd] = &mut run;
+    let sc = |h: usize| -> [int32x4_t; 4] { std::array::from_fn(|r| steps[r][h]) };
+    let (lo, hi) = (sc(0), sc(1));
+    // SAFETY: the caller's.
+    unsafe {
+        paired_sub::<0, 0>(&mut sumi, even, x, s, &lo);
+        paired_sub::<1, 1>(&mut sumi, odd, x, s, &lo);
+        paired_sub::<2, 2>(&mut sumi, even, x, s, &lo);
+        paired_sub::<3, 3>(&mut sumi, odd, x, s, &lo);
+        paired_sub::<4, 0>(&mut sumi, even, x, s, &hi);
+        paired_sub::<5, 1>(&mut sumi, odd, x, s, &hi);
+        paired_sub::<6, 2>(&mut sumi, even, x, s, &hi);
+        paired_sub::<7, 3>(&mut sumi, odd, x, s, &hi);
+    }
+    sumi
+}
+
+/// The mins term of [`tile_sdot`]: `summ[r] = Σ_g mn_g · bsum_g` of weight row `r` against the
+/// four activation rows' group sums (`b`: i16 `4g + i` is row `i`'s `bsum_g`). `PAIRED`: the two
+/// groups of a sub-block share `mn`, so their sums are added first (|sum| ≤ 2·16·128, an i16)
+/// and multiplied once.
+///
+/// # Safety
+/// `b` holds 64 readable i16.
+#[inline(always)]
+unsafe fn mins_sums<const PAIRED: bool>(s: [&Super; 4], b: *const i16) -> [int32x4_t; 4] {
+    let mut summ = zeros();
+    // SAFETY: the caller's; 16 i16 of `mn` per row.
+    unsafe {
+        for h in 0..2 {
+            let mn: [int16x8_t; 4] =
+                std::array::from_fn(|r| vld1q_s16(s[r].mn.as_ptr().add(8 * h)));
+            let b = b.add(32 * h);
+            let at = |g: usize| vld1_s16(b.add(4 * g));
+            if PAIRED {
+                mins::<0>(&mut summ, vadd_s16(at(0), at(1)), &mn);
+                mins::<2>(&mut summ, vadd_s16(at(2), at(3)), &mn);
+                mins::<4>(&mut summ, vadd_s16(at(4), at(5)), &mn);
+                mins::<6>(&mut summ, vadd_s16(at(6), at(7)), &mn);
+            } else {
+                mins::<0>(&mut summ, at(0), &mn);
+                mins::<1>(&mut summ, at(1), &mn);
+                mins::<2>(&mut summ, at(2), &mn);
+                mins::<3>(&mut summ, at(3), &mn);
+                mins::<4>(&mut summ, at(4), &mn);
+                mins::<5>(&mut summ, at(5), &mn);
+                mins::<6>(&mut summ, at(6), &mn);
+                mins::<7>(&mut summ, at(7), &mn);
+            }
+        }
+    }
+    summ
+}
+
+/// Four zero i32 vectors.
+#[inline(always)]
+fn zeros() -> [int32x4_t; 4] {
+    // SAFETY: register-only NEON (baseline on aarch64).
+    unsafe { [vdupq_n_s32(0); 4] }
+}
+
+/// Sub-block `J` (groups `2J`, `2J + 1`) of the four weight rows in [`paired_sums`]: `run[r] +=`
+/// its eight `sdot` by element, then `sumi[r] += run[r] · sc[r][L]`, `L = J % 4`. The loads are
+/// in the `asm!` block, as in [`folded_group`].
+///
+/// # Safety
+/// As [`tile_sdot`], `J < 8`, `L == J % 4`.
+#[inline(always)]
+unsafe fn paired_sub<const J: usize, const L: usize>(
+    sumi: &mut [int32x4_t; 4],
+    run: &mut [int32x4_t; 4],
+    x: *const i8,
+    s: [&Super; 4],
+    sc: &[int32x4_t; 4],
+) {
+    // SAFETY: the sub-block's 128 interleaved bytes at `x + 128J` and each row's 32 quants at
+    // `u + 32J` are readable (the caller's); vector registers otherwise; FEAT_DotProd per the
+    // caller.
+    unsafe {
+        std::arch::asm!(
+            "ldr {x0:q}, [{xp}, #{xo}]",
+            "ldr {x1:q}, [{xp}, #{xo} + 16]",
+            "ldr {x2:q}, [{xp}, #{xo} + 32]",
+            "ldr {x3:q}, [{xp}, #{xo} + 48]",
+            "ldr {x4:q}, [{xp}, #{xo} + 64]",
+            "ldr {x5:q}, [{xp}, #{xo} + 80]",
+            "ldr {x6:q}, [{xp}, #{xo} + 96]",
+            "ldr {x7:q}, [{xp}, #{xo} + 112]",
+            "ldr {w0:q}, [{p0}, #{wo}]",
+            "ldr {v0:q}, [{p0}, #{wo} + 16]",
+            "ldr {w1:q}, [{p1}, #{wo}]",
+            "ldr {v1:q}, [{p1}, #{wo} + 16]",
+            "ldr {w2:q}, [{p2}, #{wo}]",
+            "ldr {v2:q}, [{p2}, #{wo} + 16]",
+            "ldr {w3:q}, [{p3}, #{wo}]",
+            "ldr {v3:q}, [{p3}, #{wo} + 16]",
+            paired_row!(a0, d0, w0, v0, s0),
+            paired_row!(a1, d1, w1, v1, s1),
+            paired_row!(a2, d2, w2, v2, s2),
+            paired_row!(a3, d3, w3, v3, s3),
+            xp = in(reg) x,
+            p0 = in(reg) s[0].u.as_ptr(),
+            p1 = in(reg) s[1].u.as_ptr(),
+            p2 = in(reg) s[2].u.as_ptr(),
+            p3 = in(reg) s[3].u.as_ptr(),
+            xo = const 128 * J,
+            wo = const 32 * J,
+            l = const L,
+            a0 = inout(vreg) sumi[0],
+            a1 = inout(vreg) sumi[1],
+            a2 = inout(vreg) sumi[2],
+            a3 = inout(vreg) sumi[3],
+            d0 = inout(vreg) run[0],
+            d1 = inout(vreg) run[1],
+            d2 = inout(vreg) run[2],
+            d3 = inout(vreg) run[3],
+            x0 = out(vreg) _,
+            x1 = out(vreg) _,
+            x2 = out(vreg) _,
+            x3 = out(vreg) _,
+            x4 = out(vreg) _,
+            x5 = out(vreg) _,
+            x6 = out(vreg) _,
+            x7 = out(vreg) _,
+            w0 = out(vreg) _,
+            w1 = out(vreg) _,
+            w2 = out(vreg) _,
+            w3 = out(vreg) _,
+            v0 = out(vreg) _,
+            v1 = out(vreg) _,
+            v2 = out(vreg) _,
+            v3 = out(vreg) _,
+            s0 = in(vreg) sc[0],
+            s1 = in(vreg) sc[1],
+            s2 = in(vreg) sc[2],
+            s3 = in(vreg) sc[3],
+            options(pure, readonly, nostack, preserves_flags)
+        )
     }
 }
 
-/// Group `g` of the four weight rows in [`tile_sdot`]: `sumi[r] += sc[r][L] · (group dots of
-/// row r with the four activation rows)`, `L = g % 4`. One `asm!` block per group: as
-/// intrinsics LLVM turned the weight rows into the outer loop (reloading the interleaved
-/// activations for each row) and `mla` by element into `dup`, `sshll` and `mla`.
+/// Group `G` of the four weight rows in [`tile_sdot`] with `FOLD` (the scales already in the
+/// quants: [`fold_q2`], [`decode_q3_folded`]): `run[r] += (group dots of row r with the four
+/// activation rows)`, four `sdot` by element per row, no `mla`. The loads are in the `asm!`
+/// block as single `ldr`s with constant offsets (LLVM pairs them into `ldp`, three µops to two
+/// `ldr`s' two in LLVM's Cortex-A76 model, where dispatch is what binds this loop, and computes
+/// each address with an `add`).
 ///
 /// # Safety
-/// As [`tile_sdot`], `g < 16`.
+/// As [`tile_sdot`], `G < 16`.
 #[inline(always)]
-unsafe fn group<const L: i32>(
+unsafe fn folded_group<const G: usize>(run: &mut [int32x4_t; 4], x: *const i8, s: [&Super; 4]) {
+    // SAFETY: the group's 64 interleaved bytes at `x + 64G` and each row's 16 quants at
+    // `u + 16G` are readable (the caller's); vector registers otherwise; FEAT_DotProd per the
+    // caller.
+    unsafe {
+        std::arch::asm!(
+            "ldr {x0:q}, [{xp}, #{xo}]",
+            "ldr {x1:q}, [{xp}, #{xo} + 16]",
+            "ldr {x2:q}, [{xp}, #{xo} + 32]",
+            "ldr {x3:q}, [{xp}, #{xo} + 48]",
+            "ldr {w0:q}, [{p0}, #{wo}]",
+            "ldr {w1:q}, [{p1}, #{wo}]",
+            "ldr {w2:q}, [{p2}, #{wo}]",
+            "ldr {w3:q}, [{p3}, #{wo}]",
+            folded_row!(d0, w0),
+            folded_row!(d1, w1),
+            folded_row!(d2, w2),
+            folded_row!(d3, w3),
+            xp = in(reg) x,
+            p0 = in(reg) s[0].u.as_ptr(),
+            p1 = in(reg) s[1].u.as_ptr(),
+            p2 = in(reg) s[2].u.as_ptr(),
+            p3 = in(reg) s[3].u.as_ptr(),
+            xo = const 64 * G,
+            wo = const 16 * G,
+            d0 = inout(vreg) run[0],
+            d1 = inout(vreg) run[1],
+            d2 = inout(vreg) run[2],
+            d3 = inout(vreg) run[3],
+            x0 = out(vreg) _,
+            x1 = out(vreg) _,
+            x2 = out(vreg) _,
+            x3 = out(vreg) _,
+            w0 = out(vreg) _,
+            w1 = out(vreg) _,
+            w2 = out(vreg) _,
+            w3 = out(vreg) _,
+            options(pure, readonly, nostack, preserves_flags)
+        )
+    }
+}
+
+/// Groups `4Q..4Q + 4` of the four weight rows in [`tile_sdot`]: even groups on
+/// `run[0]`, odd ones on `run[1]`.
+///
+/// # Safety
+/// As [`tile_sdot`], `Q < 4`.
+#[inline(always)]
+unsafe fn running_quad<const Q: usize>(
     sumi: &mut [int32x4_t; 4],
+    run: &mut [[int32x4_t; 4]; 2],
     x: *const i8,
     s: [&Super; 4],
-    g: usize,
+    steps: &[[i16; 16]; 4],
+) {
+    // SAFETY: each row's steps `4Q..4Q + 4`; the rest as the caller's.
+    unsafe {
+        let sc: [int32x4_t; 4] =
+            std::array::from_fn(|r| vmovl_s16(vld1_s16(steps[r].as_ptr().add(4 * Q))));
+        let [even, odd] = run;
+        running_group::<Q, 0>(sumi, even, x, s, &sc);
+        running_group::<Q, 1>(sumi, odd, x, s, &sc);
+        running_group::<Q, 2>(sumi, even, x, s, &sc);
+        running_group::<Q, 3>(sumi, odd, x, s, &sc);
+    }
+}
+
+/// Group `g = 4Q + L` of the four weight rows in [`tile_sdot`]: `run[r] += (group dots of row
+/// r with the four activation rows)`, then `sumi[r] += run[r] · sc[r][L]`. The loads are in the
+/// `asm!` block, as in [`folded_group`].
+///
+/// # Safety
+/// As [`tile_sdot`], `Q < 4`, `L < 4`.
+#[inline(always)]
+unsafe fn running_group<const Q: usize, const L: usize>(
+    sumi: &mut [int32x4_t; 4],
+    run: &mut [int32x4_t; 4],
+    x: *const i8,
+    s: [&Super; 4],
     sc: &[int32x4_t; 4],
 ) {
-    // SAFETY: the group's 64 interleaved bytes and each row's 16 quants (the caller's).
-    let (xs, w) = unsafe {
-        let xs: [int8x16_t; 4] = std::array::from_fn(|k| vld1q_s8(x.add(64 * g + 16 * k)));
-        let w: [int8x16_t; 4] =
-            std::array::from_fn(|r| vld1q_s8(s[r].u.as_ptr().add(16 * g).cast()));
-        (xs, w)
-    };
-    macro_rules! rows {
-        ($l:literal) => {
-            // SAFETY: vector registers only; the caller guarantees FEAT_DotProd.
-            unsafe {
-                std::arch::asm!(
-                    group_row!(a0, d0, w0, s0, $l),
-                    group_row!(a1, d1, w1, s1, $l),
-                    group_row!(a2, d2, w2, s2, $l),
-                    group_row!(a3, d3, w3, s3, $l),
-                    a0 = inout(vreg) sumi[0],
-                    a1 = inout(vreg) sumi[1],
-                    a2 = inout(vreg) sumi[2],
-                    a3 = inout(vreg) sumi[3],
-                    d0 = out(vreg) _,
-                    d1 = out(vreg) _,
-                    d2 = out(vreg) _,
-                    d3 = out(vreg) _,
-                    x0 = in(vreg) xs[0],
-                    x1 = in(vreg) xs[1],
-                    x2 = in(vreg) xs[2],
-                    x3 = in(vreg) xs[3],
-                    w0 = in(vreg) w[0],
-                    w1 = in(vreg) w[1],
-                    w2 = in(vreg) w[2],
-                    w3 = in(vreg) w[3],
-                    s0 = in(vreg) sc[0],
-                    s1 = in(vreg) sc[1],
-                    s2 = in(vreg) sc[2],
-                    s3 = in(vreg) sc[3],
-                    options(pure, nomem, nostack, preserves_flags)
-                )
-            }
-        };
-    }
-    match L {
-        0 => rows!("0"),
-        1 => rows!("1"),
-        2 => rows!("2"),
-        _ => rows!("3"),
+    // SAFETY: the group's 64 interleaved bytes at `x + 64g` and each row's 16 quants at
+    // `u + 16g` are readable (the caller's); vector registers otherwise; FEAT_DotProd per the
+    // caller.
+    unsafe {
+        std::arch::asm!(
+            "ldr {x0:q}, [{xp}, #{xo}]",
+            "ldr {x1:q}, [{xp}, #{xo} + 16]",
+            "ldr {x2:q}, [{xp}, #{xo} + 32]",
+            "ldr {x3:q}, [{xp}, #{xo} + 48]",
+            "ldr {w0:q}, [{p0}, #{wo}]",
+            "ldr {w1:q}, [{p1}, #{wo}]",
+            "ldr {w2:q}, [{p2}, #{wo}]",
+            "ldr {w3:q}, [{p3}, #{wo}]",
+            running_row!(a0, d0, w0, s0),
+            running_row!(a1, d1, w1, s1),
+            running_row!(a2, d2, w2, s2),
+            running_row!(a3, d3, w3, s3),
+            xp = in(reg) x,
+            p0 = in(reg) s[0].u.as_ptr(),
+            p1 = in(reg) s[1].u.as_ptr(),
+            p2 = in(reg) s[2].u.as_ptr(),
+            p3 = in(reg) s[3].u.as_ptr(),
+            xo = const 64 * (4 * Q + L),
+            wo = const 16 * (4 * Q + L),
+            l = const L,
+            a0 = inout(vreg) sumi[0],
+            a1 = inout(vreg) sumi[1],
+            a2 = inout(vreg) sumi[2],
+            a3 = inout(vreg) sumi[3],
+            d0 = inout(vreg) run[0],
+            d1 = inout(vreg) run[1],
+            d2 = inout(vreg) run[2],
+            d3 = inout(vreg) run[3],
+            x0 = out(vreg) _,
+            x1 = out(vreg) _,
+            x2 = out(vreg) _,
+            x3 = out(vreg) _,
+            w0 = out(vreg) _,
+            w1 = out(vreg) _,
+            w2 = out(vreg) _,
+            w3 = out(vreg) _,
+            s0 = in(vreg) sc[0],
+            s1 = in(vreg) sc[1],
+            s2 = in(vreg) sc[2],
+            s3 = in(vreg) sc[3],
+            options(pure, readonly, nostack, preserves_flags)
+        )
     }
 }
 
