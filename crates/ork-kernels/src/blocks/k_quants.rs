@@ -266,10 +266,11 @@ const fn ktype(t: u8) -> KType {
 
 /// Activation bytes one pass over the weight rows keeps hot (a chunk of activation rows): the
 /// M > 1 driver decodes each weight row once per chunk.
-pub const ACT_CHUNK_BYTES: usize = 192 * 1024;
+const ACT_CHUNK_BYTES: usize = 192 * 1024;
 
-/// Activation rows of `k` columns in one chunk of [`ACT_CHUNK_BYTES`] (at least one): how many
-/// rows each decode of a k-quant weight row serves at most.
+/// Activation rows of `k` columns (Q8_K rows) in one chunk of 192 KiB, the bytes one pass over
+/// the weight rows keeps hot (at least one): how many rows each decode of a k-quant weight row
+/// serves at most.
 pub const fn chunk_rows(k: usize) -> usize {
     let arb = k / QK_K * Q8K_BYTES;
     if arb == 0 || ACT_CHUNK_BYTES / arb == 0 {
