@@ -211,10 +211,8 @@ pub fn gemm_cycles(ty: FileType, core: Core, kernels: Kernels) -> f64 {
 pub fn prefill_cycles(ty: FileType, core: Core, kernels: Kernels, rows: f64, k: usize) -> f64 {
     let tile = gemm_cycles(ty, core, kernels);
     let decode = match (kernels, core) {
-        (Kernels::Ork, Core::A76 | Core::A55) => ORK_DECODE_CYCLES
-            .iter()
-            .find(|c| c.0 == ty)
-            .map_or(0.0, |c| if core == Core::A76 { c.1 } else { c.2 }),
+        (Kernels::Ork, Core::A76) => column(&ORK_DECODE_CYCLES, ty, true).unwrap_or(0.0),
+        (Kernels::Ork, Core::A55) => column(&ORK_DECODE_CYCLES, ty, false).unwrap_or(0.0),
         _ => 0.0,
     };
     if decode == 0.0 || rows <= 0.0 {
@@ -226,6 +224,13 @@ pub fn prefill_cycles(ty: FileType, core: Core, kernels: Kernels, rows: f64, k: 
 
 type CycleTable = [(FileType, f64, f64)];
 
+/// `ty`'s figure in table `t`: the big core's column or the little core's.
+fn column(t: &CycleTable, ty: FileType, big: bool) -> Option<f64> {
+    t.iter()
+        .find(|c| c.0 == ty)
+        .map(|c| if big { c.1 } else { c.2 })
+}
+
 /// [`cycles`] and [`gemm_cycles`] on the (ggml, ork) tables `t` of dotprod cores.
 fn lookup(ty: FileType, core: Core, kernels: Kernels, t: (&CycleTable, &CycleTable)) -> f64 {
     let (dotprod, big) = match core {
@@ -234,11 +239,7 @@ fn lookup(ty: FileType, core: Core, kernels: Kernels, t: (&CycleTable, &CycleTab
         Core::A72 => (false, true),
         Core::A53 => (false, false),
     };
-    let pick = |t: &CycleTable, ty: FileType| {
-        t.iter()
-            .find(|c| c.0 == ty)
-            .map(|c| if big { c.1 } else { c.2 })
-    };
+    let pick = |t: &CycleTable, ty: FileType| column(t, ty, big);
     let one = |ty| {
         if !dotprod {
             return pick(&GGML_CYCLES_ARMV8_0, ty);
@@ -664,10 +665,11 @@ pub fn weight_cost(
         1.0
     };
     let macs = rows as f64 * per_row_experts * (w.k * w.n) as f64;
-    let touched = active_experts(w, shape.top_k, rows) / w.experts as f64;
+    let active = active_experts(w, shape.top_k, rows);
+    let touched = active / w.experts as f64;
     // A pass of many rows runs the prefill kernel, at the fitted share of its estimate; each
     // expert the pass touches gets its share of the routed rows.
-    let weight_rows = rows as f64 * per_row_experts / active_experts(w, shape.top_k, rows);
+    let weight_rows = rows as f64 * per_row_experts / active;
     let table = |core: Core| {
         if rows > 1 {
             prefill_cycles(w.ty, core, plan.kernels, weight_rows, w.k)
@@ -685,9 +687,8 @@ pub fn weight_cost(
         Pool::Even => macs / 256.0 * big_s.max(little_s) / (big + little),
         // One round per expert the rows touch, each cut into chunks of the weight's rows.
         Pool::Chunks => {
-            let rounds = active_experts(w, shape.top_k, rows);
             let cores = (big as usize, little as usize);
-            rounds * chunked_s(macs / rounds / 256.0, w.n, cores, (big_s, little_s))
+            active * chunked_s(macs / active / 256.0, w.n, cores, (big_s, little_s))
         }
     };
     let bytes = w.bytes() as f64 * shape.bytes_scale * touched;

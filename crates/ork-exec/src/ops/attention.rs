@@ -453,8 +453,9 @@ impl Geometry {
         let (vs, v_local) = values.as_f32(dv, positions, &mut scratch);
         // The weighted sum of the value rows, one head at a time: 64 values of a head (a head of
         // 64, the usual size, or a part of a larger one) sum in registers, a fixed-size array
-        // the compiler keeps there, instead of loading and storing `o` at every position. A whole row scales each weight by the
-        // softmax's normaliser as it goes; a piece leaves that to the merge.
+        // the compiler keeps there, instead of loading and storing `o` at every position. A
+        // whole row scales each weight by the softmax's normaliser as it goes; a piece leaves
+        // that to the merge.
         let value = |j: usize| &vs[if v_local { j } else { positions[j] } * dv..][..dv];
         let mut o = vec![0.0f32; heads * dv];
         for (hh, oh) in o.chunks_exact_mut(dv).enumerate() {

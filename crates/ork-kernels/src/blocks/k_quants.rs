@@ -328,10 +328,12 @@ pub(super) fn drive<E: Engine, const T: u8>(
 }
 
 /// Decode one weight row's super-blocks into `row` ([`Engine::decode`]), for [`drive`]'s M > 1
-/// path. Kept out of line: once per weight row and chunk of activation rows, a call costs
+/// path. Out of line on aarch64: once per weight row and chunk of activation rows, a call costs
 /// nothing next to the row's decode, and `scripts/kernel_cycles.py` finds the decode's cycles
-/// by this symbol (the board clock charges them per weight decoded, docs/kernels.md).
-#[inline(never)]
+/// by this symbol (the board clock charges them per weight decoded, docs/kernels.md). Inlined
+/// elsewhere, where the x86 engines' decodes compile under their caller's AVX2.
+#[cfg_attr(target_arch = "aarch64", inline(never))]
+#[cfg_attr(not(target_arch = "aarch64"), inline(always))]
 fn decode_row<E: Engine, const T: u8>(wrow: &[u8], row: &mut [Super]) {
     let t = ktype(T);
     for (blk, s) in wrow.chunks_exact(t.bytes()).zip(row.iter_mut()) {

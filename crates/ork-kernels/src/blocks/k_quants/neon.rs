@@ -142,12 +142,12 @@ impl<const DOT: bool> Engine for Neon<DOT> {
     }
 }
 
-/// A decoded Q3_K or Q6_K super-block (`u = v + o`, `mn = o·sc`) as ggml's signed values
+/// A decoded Q6_K super-block (`u = v + o`, `o = 32`, `mn = o·sc`) as ggml's signed values
 /// `v = u − o` with no offset term (`mn = 0`): `Σ sc·Σ v·a = Σ sc·Σ u·a − Σ mn·bsum` for every
 /// Q8_K block whose `bsums` are its group sums (as the quantizer writes them; the fused M = 1
 /// Q3_K kernel relies on the same, see the module docs), so [`Engine::dot`] returns `(sumi −
 /// summ, 0)`, which is all the float step of a type without mins reads. `|v| ≤ 32`: exact as
-/// signed bytes.
+/// signed bytes. (Q3_K's decode does the same in [`decode_q3_folded`].)
 #[inline(always)]
 fn to_signed(s: &mut Super, o: u8) {
     for u in &mut s.u {
