@@ -167,7 +167,7 @@ def cache_regs(body):
     }
 
 
-def trace(body, head, labels, trips=()):
+def trace(body, head, labels, trips=(), to_ret=False):
     """The instructions one pass of the loop headed at line `head` runs, and the labels it
     passes, following the path the steady state takes: unconditional branches are followed, a
     branch to the head ends the pass, CPU-feature tests go the way the RK3588 goes
@@ -180,15 +180,16 @@ def trace(body, head, labels, trips=()):
     name = LABEL.match(body[head]).group(1)
     cache, feat = cache_regs(body), set()
     for _ in range(2):
-        out, seen = pass_of(body, head, labels, name, cache, feat, list(trips))
+        out, seen = pass_of(body, head, labels, name, cache, feat, list(trips), to_ret)
         if out is None:
             return None
     return out, seen
 
 
-def pass_of(body, head, labels, name, cache, feat, trips):
+def pass_of(body, head, labels, name, cache, feat, trips, to_ret=False):
     """One pass for `trace` (updates `feat`, the registers holding the feature word; takes
-    from `trips` the counts of inner loops the code does not state)."""
+    from `trips` the counts of inner loops the code does not state); `to_ret`: the pass ends
+    at the function's `ret` (a whole call, `call_pass`)."""
     out, i, seen, marks = [], head + 1, set(), {}
     for _ in range(20000):
         if i >= len(body):
@@ -211,6 +212,8 @@ def pass_of(body, head, labels, name, cache, feat, trips):
         if dest and not re.match(r"^\s+(tbn?z|cbn?z|cmp|tst|str\w*|st\w+|b)\b", line):
             feat.discard(dest.group(1))
         if re.match(r"^\s+ret\b", line):
+            if to_ret:
+                return out, seen
             break
         m = BRANCH.match(line)
         if not m:
@@ -522,6 +525,73 @@ def ork_kernel(funcs, ty):
     return None
 
 
+# ork's attention loops (crates/ork-kernels/src/attend.rs, out of line on aarch64 for this):
+# the board clock's cost of ork-exec's attention on the CPU engine (`ORK_ATTENTION_CYCLES`).
+ATTN_DIM = 128  # the head size the scores figure is for (Qwen3, Llama 3, Qwen2.5 heads)
+FMLA_4S = [(re.compile(r"^\s+fmla\s+v\d+\.4s, v\d+\.4s, v\d+\.(4s|s\[\d\])$"), 4)]
+# Bytes a load reads (the softmax loops read each score once).
+LOADS = [
+    (re.compile(r"^\s+(ldr|ldur)\s+q\d+,"), 16),
+    (re.compile(r"^\s+ldp\s+q\d+, q\d+,"), 32),
+    (re.compile(r"^\s+(ldr|ldur)\s+d\d+,"), 8),
+    (re.compile(r"^\s+ldp\s+d\d+, d\d+,"), 16),
+    (re.compile(r"^\s+(ldr|ldur)\s+s\d+,"), 4),
+    (re.compile(r"^\s+ldp\s+s\d+, s\d+,"), 8),
+]
+
+
+def call_pass(body, trips):
+    """The instructions one call of a function runs, entry to `ret`, its loops run `trips`
+    times (in the order the path meets their back branches), as `trace` follows a pass."""
+    body = [".Lork_entry:"] + body
+    t = trace(body, 0, labels_of(body), trips, to_ret=True)
+    return None if t is None else ".Lork_entry:\n" + "\n".join(t[0]) + "\n"
+
+
+def attention_cycles(o, cpu):
+    """ork's attention costs on `cpu`: (scores: cycles per key and query head at a head of
+    ATTN_DIM, the four-key NEON dot's whole call / 4; values: cycles per multiply-add of the
+    weighted sums' 64-value pass; softmax: cycles per score of the largest, the exponentials
+    and the f64 sum, each loop's vector pass per score it reads), or None where a loop is
+    missing."""
+    sums = by_name(o, r"attend::neon::sums4$")
+    text = call_pass(sums[0], (ATTN_DIM // 8,)) if sums else None
+    if text is None or dots(text.splitlines(), FMLA_4S) != 4 * ATTN_DIM:
+        return None
+    scores = mca(text, cpu) / 4
+    ws = by_name(o, r"attend::weighted_sums$")
+    hot = hot_loop(ws[0], None, FMLA_4S) if ws else None
+    if hot is None:
+        return None
+    values = mca(hot[0], cpu) / hot[1]
+    softmax = 0.0
+    for name in ("row_max", "exp_shifted", "sum_f64"):
+        bodies = by_name(o, r"attend::%s$" % name)
+        hot = hot_loop(bodies[0], None, LOADS) if bodies else None
+        if hot is None:
+            return None
+        softmax += mca(hot[0], cpu) / (hot[1] / 4)
+    return round(scores, 1), round(values, 3), round(softmax, 2)
+
+
+def attention_table(o, cores, as_json):
+    rows = []
+    for core, cpu in cores:
+        c = attention_cycles(o, cpu)
+        if c is None:
+            sys.exit("ork's attention loops (ork_kernels::attend) not found in the ork assembly")
+        rows.append({"core": core, "scores": c[0], "values": c[1], "softmax": c[2]})
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"ork's attention loops, llvm-mca estimate (not a measurement): scores in cycles per")
+    print(f"key and query head at a head of {ATTN_DIM}, values in cycles per multiply-add,")
+    print("softmax in cycles per score")
+    print(f"{'core':4} {'scores':>7} {'values':>7} {'softmax':>8}")
+    for r in rows:
+        print(f"{r['core']:4} {r['scores']:>7.1f} {r['values']:>7.3f} {r['softmax']:>8.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ggml", required=True, action="append")
@@ -529,8 +599,11 @@ def main():
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--gemm", action="store_true", help="print the prefill (M > 1) table")
     ap.add_argument("--cores", choices=["rk3588", "rk3576"], default="rk3588")
+    ap.add_argument("--attention", action="store_true", help="print ork's attention loops")
     a = ap.parse_args()
     cores = CORES_RK3576 if a.cores == "rk3576" else CORES
+    if a.attention:
+        return attention_table(functions(a.ork) if a.ork else {}, cores, a.json)
     g = {}
     for path in a.ggml:
         g.update(functions(path))

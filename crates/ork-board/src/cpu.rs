@@ -139,6 +139,64 @@ pub const ORK_DECODE_CYCLES: [(FileType, f64, f64); 6] = [
     (FileType::IQ4_XS, 159.2, 698.0),
 ];
 
+/// ork's attention loops (`ork_kernels::attend`, the loops ork-exec's attention runs) on the
+/// Cortex-A76 and Cortex-A55 models (`scripts/kernel-cycles.sh --attention`): cycles per key and
+/// query head of the scores at a head of [`ATTN_DIM`] (the four-key `fmla` dot's whole call, its
+/// lane sums included, over four), cycles per multiply-add of the value rows' weighted sums, and
+/// cycles per score of the softmax (largest, exponentials, f64 sum). [`attention_s`] charges
+/// them for ork's engine on those cores; elsewhere (A72/A53, no figures) the assumed
+/// `core_flops`. An estimate, not a measurement (`docs/kernels.md`, "Attention").
+pub const ORK_ATTENTION_CYCLES: [(Core, AttentionCycles); 2] = [
+    (
+        Core::A76,
+        AttentionCycles {
+            scores: 61.3,
+            values: 0.338,
+            softmax: 17.31,
+        },
+    ),
+    (
+        Core::A55,
+        AttentionCycles {
+            scores: 176.3,
+            values: 1.219,
+            softmax: 37.50,
+        },
+    ),
+];
+
+/// The head size [`ORK_ATTENTION_CYCLES`]' scores figure is for.
+pub const ATTN_DIM: usize = 128;
+
+/// One core's row of [`ORK_ATTENTION_CYCLES`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionCycles {
+    /// Cycles per key and query head of the scores at a head of [`ATTN_DIM`].
+    pub scores: f64,
+    /// Cycles per multiply-add of the weighted sums of the value rows.
+    pub values: f64,
+    /// Cycles per score of the softmax.
+    pub softmax: f64,
+}
+
+impl AttentionCycles {
+    /// Cycles per key and query head with heads of `head_dim` values (the scores scaled from
+    /// [`ATTN_DIM`] by the head's size: their fixed part, the lane sums, is taken as scaling
+    /// too).
+    pub fn per_key(&self, head_dim: usize) -> f64 {
+        let d = head_dim as f64;
+        self.scores * d / ATTN_DIM as f64 + self.values * d + self.softmax
+    }
+}
+
+/// `core`'s row of [`ORK_ATTENTION_CYCLES`], if it has one.
+pub fn ork_attention_cycles(core: Core) -> Option<AttentionCycles> {
+    ORK_ATTENTION_CYCLES
+        .iter()
+        .find(|c| c.0 == core)
+        .map(|c| c.1)
+}
+
 /// Whose kernels a CPU projection charges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -283,7 +341,8 @@ pub struct Cpu {
     /// A pass of many rows' multiply-adds per cycle over its prefill kernel's llvm-mca estimate
     /// ([`gemm_cycles`]; fitted on llama.cpp's prefill against ggml's kernels).
     pub gemm_gain: f64,
-    /// Effective fp32 operations per second of one core on attention.
+    /// Effective fp32 operations per second of one core on attention (assumed): llama.cpp's,
+    /// and ork's on cores without [`ORK_ATTENTION_CYCLES`] figures.
     pub core_flops: f64,
 }
 
@@ -740,25 +799,40 @@ pub fn attention_s(
 ) -> f64 {
     let (big, little, read_bw) = threads_and_bw(b, plan);
     let (heads, kv, hd) = shape.heads;
+    let assumed = big + little * little_attention_speed(&b.cpu);
     let mut t = shape.n_layer as f64 * b.cpu.layer_s;
     for l in 0..shape.n_layer {
         let window = shape.windows.get(l).copied().flatten();
         if let Event::Host { flops, bytes, .. } =
             HostKind::attention(m, context, window, heads, kv, hd, plan.kv_bytes)
         {
-            let flops = match plan.kernels {
+            // ork-exec's attention computes each row over the keys it sees only.
+            let pairs = (HostKind::keys_seen(m, context, window) * heads) as f64;
+            let compute = match (plan.kernels, ork_attention_rate(&b.cpu, big, little, hd)) {
+                (Kernels::Ork, Some(rate)) => pairs / rate,
+                (Kernels::Ork, None) => 4.0 * pairs * hd as f64 / (assumed * b.cpu.core_flops),
                 // llama.cpp without flash attention computes every row's scores over all the
                 // cached keys and masks them after (`build_attn_mha`: `kq = ggml_mul_mat(k, q)`):
                 // the event's count.
-                Kernels::Ggml => flops,
-                // ork-exec's attention computes each row over the keys it sees only.
-                Kernels::Ork => 4.0 * (HostKind::keys_seen(m, context, window) * heads * hd) as f64,
+                (Kernels::Ggml, _) => flops / (assumed * b.cpu.core_flops),
             };
-            let cores = big + little * little_attention_speed(&b.cpu);
-            t += (flops / (cores * b.cpu.core_flops)).max(bytes / read_bw);
+            t += compute.max(bytes / read_bw);
         }
     }
     t
+}
+
+/// Keys times query heads per second that `big` and `little` cores attend over with ork's
+/// attention loops ([`ORK_ATTENTION_CYCLES`]) at heads of `head_dim`; `None` where a core kind in
+/// use has no figures.
+fn ork_attention_rate(cpu: &Cpu, big: f64, little: f64, head_dim: usize) -> Option<f64> {
+    let (big_core, little_core) = cpu.kinds;
+    let per_core = |core, clock: f64| ork_attention_cycles(core).map(|c| clock / c.per_key(head_dim));
+    let mut rate = big * per_core(big_core, cpu.big.1)?;
+    if little > 0.0 {
+        rate += little * per_core(little_core, cpu.little.1)?;
+    }
+    Some(rate)
 }
 
 /// A little core's attention rate as a fraction of a big core's: their clocks' ratio times

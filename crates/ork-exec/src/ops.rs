@@ -203,39 +203,11 @@ pub fn gelu_tanh(x: f32) -> f32 {
     x / (1.0 + exp(-2.0 * y))
 }
 
-/// `e^x` for f32 without a branch or a library call, so that a loop of it vectorizes (libm's
-/// `expf` is called one value at a time): Cephes' `expf` — `x = n·ln 2 + r` with `n` rounded to
-/// nearest and |r| ≤ ln 2 / 2, a degree-6 polynomial for `e^r`, `2^n` put into the exponent
-/// bits. Within 2 ulp of the true value for normal results (a test checks it against `f64`'s
-/// `exp` over the whole range); `x` is clamped to [-87.34, 88.38], so a result below `2^-126`
-/// is ~`1.2e-38` rather than subnormal or 0, and one above ~`2.4e38` is that rather than
-/// infinity; NaN stays NaN. Plain multiplies and adds (no fused ones): the same bits in every
-/// build.
-#[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 split in two, the first with few mantissa bits, so `n · LN2_HI` is exact.
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding and subtracting 1.5 · 2^23 rounds to the nearest integer (ties to even).
-    const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-87.336_55, 88.376_26);
-    let n = (x * LOG2E + ROUND) - ROUND;
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let mut p = 1.987_569_2e-4f32;
-    p = p * r + 1.398_2e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 0.166_666_65;
-    p = p * r + 0.5;
-    let y = p * (r * r) + r + 1.0;
-    // n ∈ [-126, 127] after the clamp: a normal power of two (NaN casts to 0, y stays NaN).
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
-}
-
-/// Dot product with 8 independent accumulators so the compiler can vectorise it (one
-/// definition, beside the `wide` loops that must give its bits: `ork_kernels::wide::dot`).
-pub use ork_kernels::wide::dot;
+/// `e^x` for f32, vectorizable, within 2 ulp ([`ork_kernels::attend::exp`]), and the dot
+/// product of attention's scores: fused chains in a fixed order, the same bits in every build
+/// ([`ork_kernels::attend::dot`]). One definition each, beside the attention loops that must give
+/// their bits.
+pub use ork_kernels::attend::{dot, exp};
 
 /// Index of the largest value (the first one on ties); `None` for an empty slice or NaN-only.
 pub fn argmax(v: &[f32]) -> Option<usize> {
@@ -579,7 +551,8 @@ mod tests {
     }
 
     /// Grouped-query attention gives, bit for bit, a plain per-head reference (scores by [`dot`],
-    /// a max-subtracted softmax summed in f64, the value rows added in position order; over more
+    /// a max-subtracted softmax summed in f64, the value rows added in position order by fused
+    /// multiply-adds; over more
     /// than [`ATTENTION_PIECE`] positions, pieces of that many merged as `attend_rows`
     /// documents), for heads of 64 values (summed in registers) and of other sizes, for rows over
     /// one piece and over several (a partial last piece included), and for every row of a batch
@@ -632,7 +605,7 @@ mod tests {
                             for (p, &w) in (start..end).zip(&sc) {
                                 for (a, &v) in acc.iter_mut().zip(&values[p * vd + g * dv..][..dv])
                                 {
-                                    *a += w * inv * v;
+                                    *a = (w * inv).mul_add(v, *a);
                                 }
                             }
                             pieces.push((max, sum, acc));

@@ -7,8 +7,9 @@
 //!   `w4a16_gN`) partial sums; the emulated NPU (ork-device) and through it the rknn stand-in
 //!   run them.
 //! - [`widen`]: f16 → f32 for the executor's KV cache (F16C, `fcvtl`, scalar).
-//! - [`wide`]: an f32 loop compiled for AVX2 where the CPU has it (the executor's attention and
-//!   SwiGLU).
+//! - [`wide`]: an f32 loop compiled for AVX2 and FMA where the CPU has them (the executor's
+//!   attention and SwiGLU).
+//! - [`attend`]: attention's inner loops (scores, softmax pieces, weighted sums of values).
 //! - [`narrow`]: f32 → f16 pieces for the pack kernel's fp16 tiles (`fcvtn` on aarch64).
 //! - [`blocks`]: matmuls straight from GGUF's quantized blocks with ggml's activation
 //!   quantizers, for the CPU engine (`--device cpu`).
@@ -19,6 +20,7 @@
 #![deny(missing_docs)]
 
 pub mod act_i8;
+pub mod attend;
 pub mod blocks;
 pub mod narrow;
 pub mod tile;

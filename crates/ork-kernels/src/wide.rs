@@ -1,14 +1,15 @@
 //! Running a hot f32 loop compiled for the widest vectors the CPU has, with the same results.
 //!
 //! The workspace builds for baseline x86-64 (SSE2), so the executor's own f32 loops run four
-//! lanes wide. [`wide`] runs a [`Kernel`] in a function compiled for AVX2 when the CPU has it, so
-//! that the loops its `run` inlines run eight lanes wide. The results are the same bits either
-//! way: the loops spell out their lanes and their order of additions, and AVX2 alone enables no
-//! fused multiply-add (the compiler never contracts `a * b + c` into one unless asked to).
-//! ork-exec's attention dot products and weighted sums and its SwiGLU run this way (figures in
-//! docs/benchmarks.md, "End to end against llama.cpp"). On aarch64 there is no wider vector than
-//! the baseline's 128-bit Advanced SIMD (the Cortex-A76 has no SVE), so `run` runs as compiled
-//! (`docs/kernels.md`).
+//! lanes wide. [`wide`] runs a [`Kernel`] in a function compiled for AVX2 and FMA when the CPU
+//! has both, so that the loops its `run` inlines run eight lanes wide and `f32::mul_add` is one
+//! instruction. The results are the same bits either way: the loops spell out their lanes and
+//! their order of additions, the compiler never contracts `a * b + c` into a fused
+//! multiply-add unless asked to, and `mul_add` rounds once in every build (libm's `fmaf` in the
+//! baseline one). ork-exec's attention ([`crate::attend`]) and its SwiGLU run this way (figures
+//! in docs/benchmarks.md, "End to end against llama.cpp"). On aarch64 there is no wider vector
+//! than the baseline's 128-bit Advanced SIMD (the Cortex-A76 has no SVE), so `run` runs as
+//! compiled (`docs/kernels.md`).
 
 /// A piece of work whose `run` is inlined into [`wide`]'s AVX2 copy (mark it
 /// `#[inline(always)]`; a closure would not be inlined there).
@@ -19,49 +20,28 @@ pub trait Kernel {
     fn run(self) -> Self::Out;
 }
 
-/// `k.run()`, compiled for AVX2 where the CPU has it (the code `run` inlines, not the functions
-/// it calls out of line).
+/// `k.run()`, compiled for AVX2 and FMA where the CPU has both (the code `run` inlines, not the
+/// functions it calls out of line).
 #[inline(always)]
 pub fn wide<K: Kernel>(k: K) -> K::Out {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above), the one feature `avx2` is compiled for.
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA (checked just above), the features `avx2` is
+        // compiled for.
         return unsafe { avx2(k) };
     }
     k.run()
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 fn avx2<K: Kernel>(k: K) -> K::Out {
     k.run()
 }
 
-/// Dot product with its lanes and order of additions spelled out (8 independent accumulators,
-/// summed in order, then the tail), so the compiler can vectorise it and every build, `wide` or
-/// not, gives the same bits. ork-exec's attention uses it (`ork_exec::ops::dot`).
-#[inline(always)]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    const LANES: usize = 8;
-    let mut acc = [0.0f32; LANES];
-    let (ac, ar) = a.split_at(a.len() - a.len() % LANES);
-    let (bc, br) = b.split_at(ac.len());
-    for (x, y) in ac.chunks_exact(LANES).zip(bc.chunks_exact(LANES)) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ar.iter().zip(br) {
-        s += x * y;
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
-    use super::dot;
+    use crate::attend::dot;
 
     struct Dot<'a>(&'a [f32], &'a [f32]);
     impl super::Kernel for Dot<'_> {

@@ -4,7 +4,9 @@
 
 use rayon::prelude::*;
 
-use super::{dot, exp};
+use ork_kernels::attend;
+
+use super::exp;
 
 /// Shape of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -57,8 +59,9 @@ impl KvValue for half::f16 {
 /// positions: query row `i` sits at position `t - m + i` and attends to positions
 /// `0..=t - m + i`. `out` is `m × (n_head·head_dim_v)`.
 ///
-/// Per head: scores `q·k / √d` by [`dot`], a max-subtracted softmax with [`exp`] summed in f64,
-/// the value rows added in position order. The cached values are widened to f32 exactly before
+/// Per head: scores `q·k / √d` by [`super::dot`], a max-subtracted softmax with [`exp`] summed
+/// in f64, the value rows added in position order by fused multiply-adds (the loops of
+/// [`ork_kernels::attend`]). The cached values are widened to f32 exactly before
 /// use, so an f16 cache gives the bits of an f32 cache holding the same (rounded) values. A row
 /// over more than [`ATTENTION_PIECE`] positions is computed in pieces of that many, in parallel
 /// (so that one decoded row spreads over every core), each keeping its maximum `max_c`, its sum
@@ -426,53 +429,35 @@ impl Geometry {
         // Row j of the unit: in place at its position, or at j once widened here.
         let mut scratch = Vec::new();
         let (ks, k_local) = keys.as_f32(dk, positions, &mut scratch);
+        let local: Vec<usize> = (0..n).collect();
+        let rows = |widened: bool| if widened { &local[..] } else { positions };
         // scores[hh * n + j]: head hh at position j.
         let mut scores = vec![0.0f32; heads * n];
-        for (j, &p) in positions.iter().enumerate() {
-            let krow = &ks[if k_local { j } else { p } * dk..][..dk];
-            for (hh, qh) in qg.chunks_exact(dk).enumerate() {
-                scores[hh * n + j] = dot(qh, krow) * self.scale;
-            }
-        }
+        attend::scores(qg, dk, ks, rows(k_local), self.scale, &mut scores);
         // Each head's largest score and sum of exponentials.
         let mut max = vec![0.0f32; heads];
         let mut sum = vec![0.0f64; heads];
-        for ((s, max), sum) in scores
-            .chunks_exact_mut(n.max(1))
+        let mut weights = vec![0.0f32; heads * n];
+        for (((s, e), max), sum) in scores
+            .chunks_exact(n.max(1))
+            .zip(weights.chunks_exact_mut(n.max(1)))
             .zip(max.iter_mut())
             .zip(sum.iter_mut())
         {
-            *max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            // Two loops: the exponentials vectorize; the f64 sum adds in position order.
-            for s in s.iter_mut() {
-                *s = exp(*s - *max);
-            }
-            *sum = s.iter().map(|&e| f64::from(e)).sum();
+            *max = attend::row_max(s);
+            attend::exp_shifted(s, *max, e);
+            *sum = attend::sum_f64(e);
         }
-        // The keys' scratch is reused for the values.
+        // The keys' scratch is reused for the values (widened at the same rows).
         let (vs, v_local) = values.as_f32(dv, positions, &mut scratch);
-        // The weighted sum of the value rows, one head at a time: 64 values of a head (a head of
-        // 64, the usual size, or a part of a larger one) sum in registers, a fixed-size array
-        // the compiler keeps there, instead of loading and storing `o` at every position. A
-        // whole row scales each weight by the softmax's normaliser as it goes; a piece leaves
-        // that to the merge.
-        let value = |j: usize| &vs[if v_local { j } else { positions[j] } * dv..][..dv];
+        // The weighted sums of the value rows; a whole row scales each weight by the softmax's
+        // normaliser as it goes, a piece leaves that to the merge.
+        let inv: Vec<f32> = sum
+            .iter()
+            .map(|&s| if whole { (1.0 / s) as f32 } else { 1.0 })
+            .collect();
         let mut o = vec![0.0f32; heads * dv];
-        for (hh, oh) in o.chunks_exact_mut(dv).enumerate() {
-            let weights = &scores[hh * n..][..n];
-            let inv = if whole { (1.0 / sum[hh]) as f32 } else { 1.0 };
-            if dv % 64 == 0 {
-                // 64 values at a time (a head of 128 or 256 in two or four passes over the
-                // positions): each value's sum is the same, in the same order.
-                for (c, oc) in oh.chunks_exact_mut(64).enumerate() {
-                    let mut acc = [0.0f32; 64];
-                    weighted_sum(&mut acc, weights, inv, |j| &value(j)[64 * c..64 * c + 64]);
-                    oc.copy_from_slice(&acc);
-                }
-            } else {
-                weighted_sum(oh, weights, inv, value);
-            }
-        }
+        attend::weighted_sums(&weights, &inv, dv, vs, rows(v_local), &mut o);
         if whole {
             Piece::Whole(o)
         } else {
@@ -494,25 +479,5 @@ fn widen_rows<T: KvValue>(src: &[T], d: usize, positions: &[usize], dst: &mut [f
         }
         T::widen(&src[p * d..(p + run) * d], &mut dst[j * d..(j + run) * d]);
         j += run;
-    }
-}
-
-/// `acc += Σ_j (weights[j] · inv) · value(j)`, one position at a time in order. Given a
-/// fixed-size array (a head of 64), the compiler keeps `acc` in registers: its length is a
-/// constant there once this is inlined.
-#[inline(always)]
-fn weighted_sum<'v>(
-    acc: &mut [f32],
-    weights: &[f32],
-    inv: f32,
-    value: impl Fn(usize) -> &'v [f32],
-) {
-    let d = acc.len();
-    for (j, &w) in weights.iter().enumerate() {
-        let w = w * inv;
-        let v = &value(j)[..d];
-        for l in 0..d {
-            acc[l] += w * v[l];
-        }
     }
 }
