@@ -443,6 +443,9 @@ STORES = [
     (re.compile(r"^\s+(strh|sturh)\s+w\d+,"), 2),
     (re.compile(r"^\s+(strb|sturb)\s+w\d+,"), 1),
     (re.compile(r"^\s+st1\s+\{ ?v\d+\.16b ?\},"), 16),
+    (re.compile(r"^\s+st1\s+\{ ?v\d+\.16b, v\d+\.16b ?\},"), 32),
+    (re.compile(r"^\s+st1\s+\{ ?v\d+\.16b, v\d+\.16b, v\d+\.16b ?\},"), 48),
+    (re.compile(r"^\s+st1\s+\{ ?v\d+\.16b, v\d+\.16b, v\d+\.16b, v\d+\.16b ?\},"), 64),
 ]
 
 

@@ -132,7 +132,7 @@ pub const ORK_GEMM_CYCLES: [(FileType, f64, f64); 13] = [
 /// measurement (`docs/kernels.md`).
 pub const ORK_DECODE_CYCLES: [(FileType, f64, f64); 6] = [
     (FileType::Q2_K, 98.1, 248.0),
-    (FileType::Q3_K, 97.1, 380.0),
+    (FileType::Q3_K, 56.1, 162.0),
     (FileType::Q4_K, 67.1, 167.0),
     (FileType::Q5_K, 67.1, 295.0),
     (FileType::Q6_K, 88.1, 298.0),

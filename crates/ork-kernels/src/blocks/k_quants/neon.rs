@@ -182,29 +182,112 @@ fn fold_q2(s: &mut Super) {
 /// `−32`). `super::decode_q3`'s layout: value `128n + 32j + l` is bits `2j..2j+2` of
 /// `qs[32n + l]`, high bit `4n + j` of `hmask[l]`. The tile then needs no `mla` per group
 /// ([`tile_sdot`]'s `FOLD`).
+///
+/// In NEON, sixteen values (one group) a vector ([`q3_half`]): `m = cmtst(!hmask, 1 << (4n +
+/// j))` is all ones where the high bit is clear, and `sli` of `m` by 2 over `y = qs >> 2j` keeps
+/// `y`'s low two bits (`q`'s) under `m`'s ones, which is `v` as a signed byte (`q | 0b1111_1100
+/// = q − 4` where the high bit is clear, `q + 4 − 4` where it is set; for `j = 3`, `sri` of
+/// `qs` by 6 into `m`, no shift); then `mul` by the group's `−sc`, its lane of the sixteen
+/// negated scales ([`q3_neg_scales`]) spread by `dup`, and `st1` of four groups at a time. The
+/// same bytes as the plain-Rust form (`super::decode_q3` then the fold; property tests in
+/// `tests.rs`).
 #[inline(always)]
-fn decode_q3_folded(b: &[u8], s: &mut Super) {
-    let (hm, qs) = (&b[0..32], &b[32..96]);
-    super::q3_scales(&b[96..108], s);
-    for n in 0..2 {
-        for j in 0..4 {
-            for h in 0..2 {
-                // Group `8n + 2j + h`; `−32 ≤ sc ≤ 31`, so `−sc` fits i8.
-                let f = (s.sc[8 * n + 2 * j + h] as i8).wrapping_neg();
-                for l in 16 * h..16 * h + 16 {
-                    let lo = (qs[32 * n + l] >> (2 * j)) & 3;
-                    let hi = (hm[l] >> (4 * n + j)) & 1;
-                    let v = (lo | (hi << 2)) as i8 - 4;
-                    s.u[128 * n + 32 * j + l] = v.wrapping_mul(f) as u8;
-                }
-            }
-        }
+pub(super) fn decode_q3_folded(b: &[u8], s: &mut Super) {
+    assert!(b.len() >= 110);
+    // SAFETY: `hmask`, `qs` and the scales are `b[0..108]` (asserted), `s.u` holds 256 bytes;
+    // the rest is baseline NEON on registers.
+    unsafe {
+        let p = b.as_ptr();
+        let f = q3_neg_scales(p.add(96));
+        let nh = [0, 16].map(|o| opaque(vmvnq_u8(vld1q_u8(p.add(o)))));
+        let one = opaque(vdupq_n_u8(1));
+        let u = s.u.as_mut_ptr().cast::<i8>();
+        q3_half::<0>(p, nh, one, f, u);
+        q3_half::<1>(p, nh, one, f, u);
     }
     s.sc = [-1; 16];
     s.mn = [0; 16];
     s.signed = true;
     s.d = f16_at(&b[108..]);
     s.dmin = 0.0;
+}
+
+/// Values `128N ..= 128N + 127` of [`decode_q3_folded`] from `qs[32N .. 32N + 32]` at `p + 32`
+/// and the negated high bits `nh` (`one` is the bit 1, opaque): group `8N + 2j + h` is the 16
+/// values `128N + 32j + 16h ..`, from `qs[32N + 16h ..]` and bit `4N + j` of `nh[h]`.
+///
+/// # Safety
+/// `p` points at a whole Q3_K block, `u` at 256 writable bytes.
+#[inline(always)]
+unsafe fn q3_half<const N: usize>(
+    p: *const u8,
+    nh: [uint8x16_t; 2],
+    one: uint8x16_t,
+    f: int8x16_t,
+    u: *mut i8,
+) {
+    // SAFETY: `qs[32N .. 32N + 32]` and `u[128N .. 128N + 128]` lie in the block and the
+    // quants (the caller's); the rest is baseline NEON on registers.
+    unsafe {
+        let q = [0, 1].map(|h| vld1q_u8(p.add(32 + 32 * N + 16 * h)));
+        let group = |j: usize, h: usize| {
+            let k = 4 * N + j;
+            let bit = if k == 0 { one } else { vdupq_n_u8(1 << k) };
+            let m = vtstq_u8(nh[h], bit);
+            let v = match j {
+                0 => vsliq_n_u8::<2>(q[h], m),
+                1 => vsliq_n_u8::<2>(vshrq_n_u8::<2>(q[h]), m),
+                2 => vsliq_n_u8::<2>(vshrq_n_u8::<4>(q[h]), m),
+                _ => vsriq_n_u8::<6>(m, q[h]),
+            };
+            // Lane `8N + 2j + h` of `f` in every lane (LLVM emits `dup` by element).
+            let sc = vqtbl1q_s8(f, vdupq_n_u8((8 * N + 2 * j + h) as u8));
+            vmulq_s8(vreinterpretq_s8_u8(v), sc)
+        };
+        let (a, b, c, d) = (group(0, 0), group(0, 1), group(1, 0), group(1, 1));
+        vst1q_s8_x4(u.add(128 * N), int8x16x4_t(a, b, c, d));
+        let (a, b, c, d) = (group(2, 0), group(2, 1), group(3, 0), group(3, 1));
+        vst1q_s8_x4(u.add(128 * N + 64), int8x16x4_t(a, b, c, d));
+    }
+}
+
+/// `x`, through an empty `asm!` block: LLVM cannot see what it holds. [`decode_q3_folded`]
+/// passes `!hmask` and the bit `1` through it; LLVM would otherwise turn each `cmtst` of
+/// `!hmask` into an `and` and a `cmeq` of `hmask`, and the `cmtst` with 1 into an `and` and a
+/// `neg` (16 and 2 more instructions a super-block).
+#[inline(always)]
+fn opaque(mut x: uint8x16_t) -> uint8x16_t {
+    // SAFETY: an empty template: no instruction, no memory, no flags.
+    unsafe {
+        std::arch::asm!(
+            "/* {x:v} */",
+            x = inout(vreg) x,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    x
+}
+
+/// The sixteen negated scales `−sc_g = 32 − w_g` of a Q3_K super-block as signed bytes, `w_g`
+/// its six-bit codes as `super::q3_words` unpacks them from the 12 bytes at `sb`: low nibbles
+/// from bytes 0–7 (`g < 8`) and their high nibbles (`g ≥ 8`), two high bits from byte
+/// `8 + g mod 4` at bit `2·(g div 4)`, here the four bytes replicated and shifted per lane.
+///
+/// # Safety
+/// `sb` points at 12 readable bytes.
+#[inline(always)]
+unsafe fn q3_neg_scales(sb: *const u8) -> int8x16_t {
+    /// Per lane `g`, the left shift that puts bits `2·(g div 4)..+2` of the high byte at 4–5.
+    const HIGH_SHIFT: [i8; 16] = [4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0, -2, -2, -2, -2];
+    // SAFETY: bytes 0–7 and 8–11 of `sb` (the caller's); the rest is register-only NEON.
+    unsafe {
+        let nib = vld1_u8(sb);
+        let lo = vcombine_u8(vand_u8(nib, vdup_n_u8(0xF)), vshr_n_u8::<4>(nib));
+        let hb = vreinterpretq_u8_u32(vdupq_n_u32(sb.add(8).cast::<u32>().read_unaligned()));
+        let hi = vshlq_u8(hb, vld1q_s8(HIGH_SHIFT.as_ptr()));
+        let w = vbslq_u8(vdupq_n_u8(0x30), hi, lo);
+        vreinterpretq_s8_u8(vsubq_u8(vdupq_n_u8(32), w))
+    }
 }
 
 /// `super::decode_iq4xs` with the table lookup as `tbl` (LLVM keeps the plain one scalar, a

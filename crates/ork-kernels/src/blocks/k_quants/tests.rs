@@ -511,3 +511,88 @@ fn interleave_lays_four_rows_side_by_side() {
         }
     }
 }
+
+/// Q3_K's six-bit scale codes (`sc + 32`, `0..=63`) written into a block's 12 scale bytes, the
+/// inverse of `super::q3_words`: code `g`'s low nibble in byte `g mod 8` (the high nibble for
+/// `g ≥ 8`), its two high bits in byte `8 + g mod 4` at bit `2·(g div 4)`.
+#[cfg(target_arch = "aarch64")]
+fn set_q3_codes(blk: &mut [u8], codes: &[u8; 16]) {
+    let sb = &mut blk[96..108];
+    sb.fill(0);
+    for (g, &c) in codes.iter().enumerate() {
+        sb[g % 8] |= (c & 0xF) << (4 * (g / 8));
+        sb[8 + g % 4] |= (c >> 4) << (2 * (g / 4));
+    }
+}
+
+/// The NEON folded Q3_K decode equals its plain-Rust form (`super::decode` then the fold
+/// `super::neon::decode_q3_folded`'s docs give: `u ← (q − 4)·(−sc)`, `sc ← −1`, `mn ← 0`,
+/// signed) in every field, byte for byte.
+#[cfg(target_arch = "aarch64")]
+fn check_q3_folded(blk: &[u8]) -> Result<(), TestCaseError> {
+    let mut want = super::Super::zero();
+    super::decode(KType::Q3, blk, &mut want);
+    for g in 0..16 {
+        let f = (want.sc[g] as i8).wrapping_neg();
+        for u in &mut want.u[16 * g..16 * g + 16] {
+            *u = (*u as i8).wrapping_sub(4).wrapping_mul(f) as u8;
+        }
+    }
+    let mut got = super::Super::zero();
+    got.sc = [7; 16];
+    got.mn = [7; 16];
+    got.d = f32::NAN;
+    got.dmin = 1.0;
+    super::neon::decode_q3_folded(blk, &mut got);
+    prop_assert_eq!(&got.u[..], &want.u[..], "quants of {:?}", blk);
+    prop_assert_eq!(got.sc, [-1; 16]);
+    prop_assert_eq!(got.mn, [0; 16]);
+    prop_assert!(got.signed);
+    prop_assert_eq!(got.d.to_bits(), want.d.to_bits());
+    prop_assert_eq!(got.dmin.to_bits(), 0.0f32.to_bits());
+    Ok(())
+}
+
+#[cfg(target_arch = "aarch64")]
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    /// Random Q3_K blocks (quants, high bits and scale codes; `mode` 1–3 puts every code at
+    /// −32, at 31, or each at one of the two; `mode` 4 clears the quants and high bits) through
+    /// the NEON folded decode and its plain-Rust form.
+    #[test]
+    fn neon_q3_folded_decode_matches_plain(seed in any::<u64>(), mode in 0u8..6, extreme in any::<bool>()) {
+        let mut rng = Rng(seed | 1);
+        let mut blk: Vec<u8> = (0..110).map(|_| rng.next() as u8).collect();
+        let codes: [u8; 16] = std::array::from_fn(|_| match mode {
+            1 => 0,
+            2 => 63,
+            3 => if rng.next().is_multiple_of(2) { 0 } else { 63 },
+            _ => (rng.next() % 64) as u8,
+        });
+        set_q3_codes(&mut blk, &codes);
+        if mode == 4 {
+            blk[..96].fill(0);
+        }
+        let d = rng.f16_scale(extreme);
+        blk[108..110].copy_from_slice(&d);
+        check_q3_folded(&blk)?;
+    }
+}
+
+/// Every scale code in every group, with quants and high bits all zero, all ones and mixed, and
+/// the all-zero block (codes 0: `sc = −32`, `v = −4`, the product 128's wrap to −128).
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_q3_folded_decode_every_scale_code() {
+    let mut rng = Rng(5);
+    check_q3_folded(&[0u8; 110]).unwrap();
+    for code in 0..64u8 {
+        for fill in [0x00u8, 0xFF, 0x55, 0xAA] {
+            let mut blk = vec![fill; 110];
+            let codes: [u8; 16] = std::array::from_fn(|g| code.wrapping_add(g as u8 * 5) % 64);
+            set_q3_codes(&mut blk, &codes);
+            blk[108..110].copy_from_slice(&rng.f16_scale(true));
+            check_q3_folded(&blk).unwrap();
+        }
+    }
+}
