@@ -46,24 +46,29 @@ if ((${#need_apt[@]})); then
     apt-get install -y "${need_apt[@]}" >&2 || { apt-get update >&2 && apt-get install -y "${need_apt[@]}" >&2; }
 fi
 
-# ggml's sources: the sdist's tarball (pip puts it in its unpack directory before building
-# metadata; --no-build-isolation keeps that short, and the tarball is what we keep).
+# ggml's sources, from llama-cpp-python's source distribution: a cached tarball of it (an
+# earlier version of this script kept one), else pip's download of it.
 ver=0.3.36
 tarball="$work/llama_cpp_python-$ver.tar.gz"
-if [[ ! -s $tarball ]]; then
-    log "downloading llama-cpp-python $ver's source distribution (PyPI)"
-    dl=$(mktemp -d)
-    pip download --no-deps --no-binary :all: --no-build-isolation "llama-cpp-python==$ver" -d "$dl" >&2 || true
-    found=$(find "$dl" /tmp -maxdepth 2 -name "llama_cpp_python-$ver.tar.gz" 2>/dev/null | head -1)
-    [[ -n $found ]] || { log "the source distribution was not downloaded"; exit 1; }
-    cp "$found" "$tarball.tmp" && mv "$tarball.tmp" "$tarball"
-    rm -rf "$dl"
-fi
 src="$work/llama_cpp_python-$ver/vendor/llama.cpp/ggml"
-if [[ ! -f $src/src/ggml-cpu/arch/arm/quants.c ]]; then
+if [[ ! -f $src/src/ggml-cpu/arch/arm/quants.c && -s $tarball ]]; then
     tar -xzf "$tarball" -C "$work" --wildcards \
         "llama_cpp_python-$ver/vendor/llama.cpp/ggml/include/*" \
         "llama_cpp_python-$ver/vendor/llama.cpp/ggml/src/*"
+fi
+if [[ ! -f $src/src/ggml-cpu/arch/arm/quants.c ]]; then
+    # pip downloads and unpacks the sdist, then fails to prepare its metadata where CMake is
+    # missing and deletes what it unpacked unless told --no-clean; its temporary directory
+    # (TMPDIR) is made here, ggml's sources copied out of it, and it is removed after.
+    log "downloading llama-cpp-python $ver's source distribution (PyPI)"
+    dl=$(mktemp -d)
+    TMPDIR="$dl" pip download --no-clean --no-deps --no-binary :all: --no-build-isolation \
+        "llama-cpp-python==$ver" -d "$dl/out" >&2 || true
+    quants=$(find "$dl" -path "*/vendor/llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c" | head -1)
+    [[ -n $quants ]] || { rm -rf "$dl"; log "the source distribution was not downloaded"; exit 1; }
+    got=${quants%/src/ggml-cpu/arch/arm/quants.c}
+    mkdir -p "$src.tmp" && cp -r "$got/include" "$got/src" "$src.tmp/" && mv "$src.tmp" "$src"
+    rm -rf "$dl"
 fi
 # The RK3588's cores: ARMv8.2-A with dotprod and fp16 arithmetic, no i8mm (docs/kernels.md);
 # the RK3576's (--cores rk3576): ARMv8.0-A.

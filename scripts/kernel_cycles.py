@@ -553,16 +553,16 @@ def call_pass(body, trips):
 
 def attention_cycles(o, cpu):
     """ork's attention costs on `cpu`: (scores: cycles per key and query head at a head of
-    ATTN_DIM, the four-key NEON dot's whole call / 4; values: cycles per multiply-add of the
-    weighted sums' 64-value pass; softmax: cycles per score of the largest, the exponentials
-    and the f64 sum, each loop's vector pass per score it reads), or None where a loop is
-    missing."""
-    sums = by_name(o, r"attend::neon::sums4$")
+    ATTN_DIM, the whole call of the NEON dot of two heads over four keys / 8; values: cycles
+    per multiply-add of the weighted sums' pass over one value row for two heads; softmax:
+    cycles per score of the largest, the exponentials and the f64 sum, each loop's vector pass
+    per score it reads), or None where a loop is missing."""
+    sums = by_name(o, r"attend::neon::sums::<2: usize>$")
     text = call_pass(sums[0], (ATTN_DIM // 8,)) if sums else None
-    if text is None or dots(text.splitlines(), FMLA_4S) != 4 * ATTN_DIM:
+    if text is None or dots(text.splitlines(), FMLA_4S) != 8 * ATTN_DIM:
         return None
-    scores = mca(text, cpu) / 4
-    ws = by_name(o, r"attend::weighted_sums$")
+    scores = mca(text, cpu) / 8
+    ws = by_name(o, r"attend::neon::weighted2$")
     hot = hot_loop(ws[0], None, FMLA_4S) if ws else None
     if hot is None:
         return None

@@ -116,7 +116,7 @@ pub const ORK_GEMM_CYCLES: [(FileType, f64, f64); 13] = [
     (FileType::Q5_1, 35.1, 160.8),
     (FileType::Q8_0, 26.3, 113.8),
     (FileType::Q2_K, 13.0, 72.5),
-    (FileType::Q3_K, 9.9, 62.8),
+    (FileType::Q3_K, 9.8, 61.8),
     (FileType::Q4_K, 16.6, 93.6),
     (FileType::Q5_K, 16.6, 93.6),
     (FileType::Q6_K, 15.4, 82.2),
@@ -141,8 +141,9 @@ pub const ORK_DECODE_CYCLES: [(FileType, f64, f64); 6] = [
 
 /// ork's attention loops (`ork_kernels::attend`, the loops ork-exec's attention runs) on the
 /// Cortex-A76 and Cortex-A55 models (`scripts/kernel-cycles.sh --attention`): cycles per key and
-/// query head of the scores at a head of [`ATTN_DIM`] (the four-key `fmla` dot's whole call, its
-/// lane sums included, over four), cycles per multiply-add of the value rows' weighted sums, and
+/// query head of the scores at a head of [`ATTN_DIM`] (the whole call of the `fmla` dot of two
+/// heads over four keys, its lane sums included, over eight), cycles per multiply-add of the
+/// value rows' weighted sums (two heads sharing each row's loads), and
 /// cycles per score of the softmax (largest, exponentials, f64 sum). [`attention_s`] charges
 /// them for ork's engine on those cores; elsewhere (A72/A53, no figures) the assumed
 /// `core_flops`. An estimate, not a measurement (`docs/kernels.md`, "Attention").
@@ -150,16 +151,16 @@ pub const ORK_ATTENTION_CYCLES: [(Core, AttentionCycles); 2] = [
     (
         Core::A76,
         AttentionCycles {
-            scores: 61.3,
-            values: 0.338,
+            scores: 39.5,
+            values: 0.282,
             softmax: 17.31,
         },
     ),
     (
         Core::A55,
         AttentionCycles {
-            scores: 176.3,
-            values: 1.219,
+            scores: 114.5,
+            values: 0.906,
             softmax: 37.50,
         },
     ),

@@ -40,19 +40,34 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     tail(lane_sum(&acc), &a[body..], &b[body..])
 }
 
-/// [`dot`] of `q` with each of four key rows (each as long as `q`), interleaved: the same bits
-/// as four separate calls.
+/// [`dot`] of each query row `q[h]` with each of four key rows (every row as long as the
+/// query's), interleaved: the same bits as separate calls.
 #[inline(always)]
-fn dot4(q: &[f32], k: [&[f32]; KEYS]) -> [f32; KEYS] {
-    let n = q.len();
+fn dots<const H: usize>(q: [&[f32]; H], k: [&[f32]; KEYS]) -> [[f32; KEYS]; H] {
+    let n = q[0].len();
     let body = n - n % LANES;
     let k = k.map(|k| &k[..n]);
-    let s = sums4(q, k, body);
-    [0, 1, 2, 3].map(|r| tail(s[r], &q[body..], &k[r][body..]))
+    let s = sums(q, k, body);
+    let mut out = [[0.0f32; KEYS]; H];
+    for ((o, s), q) in out.iter_mut().zip(s).zip(q) {
+        *o = [0, 1, 2, 3].map(|r| tail(s[r], &q[body..n], &k[r][body..]));
+    }
+    out
 }
 
-/// [`dot4`]'s lane chains over `q[..body]`, each key's lanes summed in order, portably.
+/// [`dots`]' lane chains over `q[h][..body]`, each key's lanes summed in order, portably (one
+/// query row after the other).
 #[cfg_attr(target_arch = "aarch64", allow(dead_code))]
+#[inline(always)]
+fn sums_portable<const H: usize>(
+    q: [&[f32]; H],
+    k: [&[f32]; KEYS],
+    body: usize,
+) -> [[f32; KEYS]; H] {
+    q.map(|q| sums4_portable(q, k, body))
+}
+
+/// One query row's four lane-chain sums, portably.
 #[inline(always)]
 fn sums4_portable(q: &[f32], k: [&[f32]; KEYS], body: usize) -> [f32; KEYS] {
     let [k0, k1, k2, k3] = k;
@@ -77,9 +92,9 @@ fn sums4_portable(q: &[f32], k: [&[f32]; KEYS], body: usize) -> [f32; KEYS] {
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
-use neon::sums4;
+use neon::sums;
 #[cfg(not(target_arch = "aarch64"))]
-use sums4_portable as sums4;
+use sums_portable as sums;
 
 /// `acc[l] = x[l]·y[l] + acc[l]`, fused, for each lane.
 #[inline(always)]
@@ -111,7 +126,7 @@ fn tail(mut s: f32, x: &[f32], y: &[f32]) -> f32 {
 
 /// The scores of the query heads `q` (heads of `d` values, one after another) over the key
 /// rows `rows` of `keys` (row `r` at `keys[r·d..]`): `out[h·n + j] = dot(q_h, key rows[j]) ·
-/// scale`, `n = rows.len()`. Four keys at a time, every head over them.
+/// scale`, `n = rows.len()`. Four keys at a time, two heads at a time over them.
 #[cfg_attr(target_arch = "aarch64", inline(never))]
 #[cfg_attr(not(target_arch = "aarch64"), inline(always))]
 pub fn scores(q: &[f32], d: usize, keys: &[f32], rows: &[usize], scale: f32, out: &mut [f32]) {
@@ -122,10 +137,18 @@ pub fn scores(q: &[f32], d: usize, keys: &[f32], rows: &[usize], scale: f32, out
     let block = n - n % KEYS;
     for j in (0..block).step_by(KEYS) {
         let k = [key(j), key(j + 1), key(j + 2), key(j + 3)];
-        for (h, qh) in q.chunks_exact(d).enumerate() {
-            let s = dot4(qh, k);
-            for (t, s) in s.into_iter().enumerate() {
-                out[h * n + j + t] = s * scale;
+        let mut heads = q.chunks_exact(d).enumerate();
+        // Two heads at a time (they share the key loads), then the odd one.
+        while let Some((h, qh)) = heads.next() {
+            let pair = heads.next();
+            let s: &[[f32; KEYS]] = match pair {
+                Some((_, q1)) => &dots([qh, q1], k),
+                None => &dots([qh], k),
+            };
+            for (i, s) in s.iter().enumerate() {
+                for (t, s) in s.iter().enumerate() {
+                    out[(h + i) * n + j + t] = s * scale;
+                }
             }
         }
     }
@@ -168,7 +191,8 @@ pub fn sum_f64(s: &[f32]) -> f64 {
 /// The weighted sums of the value rows `rows` of `values` (row `r` at `values[r·d..]`), one
 /// per head: `out[h·d + l] = Σ_j (weights[h·n + j] · inv[h]) · value rows[j][l]`, fused, rows
 /// in order, `n = rows.len()`. With `d` a multiple of 64, 64 values of a head at a time, their
-/// sums in registers (the same bits as one value at a time).
+/// sums in registers (the same bits as one value at a time); on aarch64 two heads at a time, 32
+/// values each, sharing the loads of each value row.
 #[cfg_attr(target_arch = "aarch64", inline(never))]
 #[cfg_attr(not(target_arch = "aarch64"), inline(always))]
 pub fn weighted_sums(
@@ -182,27 +206,65 @@ pub fn weighted_sums(
     let n = rows.len();
     assert_eq!(out.len(), inv.len() * d, "attend::weighted_sums: out is heads × d");
     assert_eq!(weights.len(), inv.len() * n, "attend::weighted_sums: weights are heads × rows");
-    for (h, oh) in out.chunks_exact_mut(d.max(1)).enumerate() {
-        let w = &weights[h * n..][..n];
-        if d % SPAN == 0 {
-            for (c, oc) in oh.chunks_exact_mut(SPAN).enumerate() {
-                let mut acc = [0.0f32; SPAN];
-                for (&w, &r) in w.iter().zip(rows) {
-                    let w = w * inv[h];
-                    let v = &values[r * d + SPAN * c..][..SPAN];
-                    for l in 0..SPAN {
-                        acc[l] = w.mul_add(v[l], acc[l]);
-                    }
-                }
-                oc.copy_from_slice(&acc);
+    #[cfg(target_arch = "aarch64")]
+    let paired = weighted_pairs(weights, inv, d, values, rows, out);
+    #[cfg(not(target_arch = "aarch64"))]
+    let paired = 0;
+    for (h, oh) in out.chunks_exact_mut(d.max(1)).enumerate().skip(paired) {
+        weighted_head(&weights[h * n..][..n], inv[h], d, values, rows, oh);
+    }
+}
+
+/// [`weighted_sums`] of the heads two at a time with [`neon::weighted2`] where `d` is a multiple
+/// of its span; the heads done (an even count: an odd last one is left to the caller).
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+fn weighted_pairs(
+    weights: &[f32],
+    inv: &[f32],
+    d: usize,
+    values: &[f32],
+    rows: &[usize],
+    out: &mut [f32],
+) -> usize {
+    let n = rows.len();
+    if d % neon::SPAN2 != 0 {
+        return 0;
+    }
+    let pairs = inv.len() / 2;
+    for h in (0..2 * pairs).step_by(2) {
+        let w = [&weights[h * n..][..n], &weights[(h + 1) * n..][..n]];
+        for off in (0..d).step_by(neon::SPAN2) {
+            let s = neon::weighted2(w, [inv[h], inv[h + 1]], values, d, off, rows);
+            for (i, s) in s.iter().enumerate() {
+                out[(h + i) * d + off..][..neon::SPAN2].copy_from_slice(s);
             }
-        } else {
-            oh.fill(0.0);
+        }
+    }
+    2 * pairs
+}
+
+/// One head's weighted sum for [`weighted_sums`]: 64 values at a time where `d` allows.
+#[inline(always)]
+fn weighted_head(w: &[f32], inv: f32, d: usize, values: &[f32], rows: &[usize], oh: &mut [f32]) {
+    if d % SPAN == 0 {
+        for (c, oc) in oh.chunks_exact_mut(SPAN).enumerate() {
+            let mut acc = [0.0f32; SPAN];
             for (&w, &r) in w.iter().zip(rows) {
-                let w = w * inv[h];
-                for (o, &v) in oh.iter_mut().zip(&values[r * d..][..d]) {
-                    *o = w.mul_add(v, *o);
+                let w = w * inv;
+                let v = &values[r * d + SPAN * c..][..SPAN];
+                for l in 0..SPAN {
+                    acc[l] = w.mul_add(v[l], acc[l]);
                 }
+            }
+            oc.copy_from_slice(&acc);
+        }
+    } else {
+        oh.fill(0.0);
+        for (&w, &r) in w.iter().zip(rows) {
+            let w = w * inv;
+            for (o, &v) in oh.iter_mut().zip(&values[r * d..][..d]) {
+                *o = w.mul_add(v, *o);
             }
         }
     }
@@ -297,29 +359,33 @@ mod tests {
         }
     }
 
-    /// The aarch64 `fmla` chains and their transposed lane sums are the portable loop's, bit
-    /// for bit (on x86 the two are one).
+    /// The aarch64 `fmla` chains and their transposed lane sums, one head or two at a time, are
+    /// the portable loop's, bit for bit (on x86 the two are one).
     #[test]
     fn the_four_key_sums_equal_the_portable_loop() {
         for d in [0, 8, 64, 128, 256] {
-            let q = values(d + 3, 0.1);
+            let (q0, q1) = (values(d + 3, 0.1), values(d + 1, 4.2));
             let k: Vec<Vec<f32>> = (0..KEYS).map(|r| values(d + 5, r as f32)).collect();
             let k = [&k[0][..], &k[1][..], &k[2][..], &k[3][..]];
-            let got = sums4(&q, k, d);
-            let want = sums4_portable(&q, k, d);
+            let two = sums([&q0[..], &q1[..]], k, d);
+            let one = sums([&q1[..]], k, d);
+            let want = sums_portable([&q0[..], &q1[..]], k, d);
             for r in 0..KEYS {
-                assert_eq!(got[r].to_bits(), want[r].to_bits(), "d {d} key {r}");
+                assert_eq!(two[0][r].to_bits(), want[0][r].to_bits(), "d {d} key {r}");
+                assert_eq!(two[1][r].to_bits(), want[1][r].to_bits(), "d {d} key {r}");
+                assert_eq!(one[0][r].to_bits(), want[1][r].to_bits(), "d {d} key {r}");
             }
         }
     }
 
     #[test]
     fn weighted_sums_are_the_plain_chains_bit_for_bit() {
-        for d in [1, 40, 64, 128, 256] {
+        for d in [1, 32, 40, 64, 128, 256] {
             for n in [0, 1, 5, 129] {
-                let heads = 2;
+                // Three heads: a pair (two at a time on aarch64) and one alone.
+                let heads = 3;
                 let w = values(heads * n, 0.7);
-                let inv = [0.5, 1.0 / 3.0];
+                let inv = [0.5, 1.0 / 3.0, 0.2];
                 let v = values((n + 3) * d, 2.3);
                 let rows: Vec<usize> = (0..n).map(|j| (j * 7) % (n + 3)).collect();
                 let mut out = vec![f32::NAN; heads * d];
