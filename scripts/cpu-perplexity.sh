@@ -39,7 +39,7 @@ for m in "${models[@]}"; do
       sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p')
   l=$(python3 scripts/llama_cpp_perplexity.py "$m" "$text" 512 | sed -n 's/^llama.cpp: PPL = \([0-9.]*\).*/\1/p')
   [[ -n "$o" && -n "$l" ]] || { echo "cpu-perplexity: $m: a run gave no perplexity" >&2; exit 1; }
-  if python3 -c "import sys; o,l,b=map(float,sys.argv[1:]); d=100*(o/l-1); print(f'{sys.argv[4]}: ork {o:.4f}  llama.cpp {l:.4f}  {d:+.2f} %'); sys.exit(abs(d)>b)" \
+  if python3 -c "import sys; o,l,b=map(float,sys.argv[1:4]); d=100*(o/l-1); print(f'{sys.argv[4]}: ork {o:.4f}  llama.cpp {l:.4f}  {d:+.2f} %'); sys.exit(abs(d)>b)" \
        "$o" "$l" "$bound" "$(basename "$m")"; then :; else fail=1; fi
 done
 ((fail == 0)) || { echo "cpu-perplexity: a file is further than ${bound} % from llama.cpp" >&2; exit 1; }

@@ -828,7 +828,8 @@ pub fn attention_s(
 /// use has no figures.
 fn ork_attention_rate(cpu: &Cpu, big: f64, little: f64, head_dim: usize) -> Option<f64> {
     let (big_core, little_core) = cpu.kinds;
-    let per_core = |core, clock: f64| ork_attention_cycles(core).map(|c| clock / c.per_key(head_dim));
+    let per_core =
+        |core, clock: f64| ork_attention_cycles(core).map(|c| clock / c.per_key(head_dim));
     let mut rate = big * per_core(big_core, cpu.big.1)?;
     if little > 0.0 {
         rate += little * per_core(little_core, cpu.little.1)?;

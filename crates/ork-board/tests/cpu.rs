@@ -3,10 +3,10 @@
 //! RK3576, with the NPU drawing on the same bus), and a row-split decode is bounded both ways.
 
 use ork_board::cpu::{
-    attention_s, cache_hits, ork_attention_cycles, ORK_ATTENTION_CYCLES, chunked_s, cycles, file_type, gemm_cycles, little_attention_speed,
-    prefill_cycles, project, row_bytes, Core, CpuBoard, CpuPlan, FileType, Kernels, Pool,
-    FITTED_CPU, FIT_RK3588, GGML_CYCLES, GGML_CYCLES_ARMV8_0, GGML_GEMM_CYCLES, ORK_CYCLES,
-    ORK_DECODE_CYCLES, ORK_GEMM_CYCLES, UNFITTED,
+    attention_s, cache_hits, chunked_s, cycles, file_type, gemm_cycles, little_attention_speed,
+    ork_attention_cycles, prefill_cycles, project, row_bytes, Core, CpuBoard, CpuPlan, FileType,
+    Kernels, Pool, FITTED_CPU, FIT_RK3588, GGML_CYCLES, GGML_CYCLES_ARMV8_0, GGML_GEMM_CYCLES,
+    ORK_ATTENTION_CYCLES, ORK_CYCLES, ORK_DECODE_CYCLES, ORK_GEMM_CYCLES, UNFITTED,
 };
 use ork_board::cpu_fit::{
     fit_cpu, project_cpu_row, CPU_FIT_ROWS, CPU_HOLDOUT_ROWS, GEMMA3_1B, QWEN3_30B_A3B,
@@ -248,7 +248,10 @@ fn attention_counts_ork_causal_keys_and_llama_cpp_full_rows() {
     let (heads, _, hd) = shape.heads;
     let layers = shape.n_layer as f64;
     let flops = 4.0 * (512 * 512 * heads * hd) as f64 * layers;
-    assert!((g - flops / (4.0 * b.cpu.core_flops)).abs() < 1e-9 * g, "{g}");
+    assert!(
+        (g - flops / (4.0 * b.cpu.core_flops)).abs() < 1e-9 * g,
+        "{g}"
+    );
     let a76 = ork_attention_cycles(Core::A76).unwrap().per_key(hd);
     let pairs = (HostKind::keys_seen(512, 0, None) * heads) as f64 * layers;
     let want = pairs * a76 / (4.0 * b.cpu.big.1);
@@ -278,7 +281,11 @@ fn attention_cycles_table_equals_the_kernels_doc() {
         };
         let c = ork_attention_cycles(core).unwrap();
         let num = |i: usize| cells[i].parse::<f64>().unwrap();
-        assert_eq!((num(2), num(3), num(4)), (c.scores, c.values, c.softmax), "{line}");
+        assert_eq!(
+            (num(2), num(3), num(4)),
+            (c.scores, c.values, c.softmax),
+            "{line}"
+        );
         assert!(c.per_key(64) < c.per_key(128) && c.per_key(128) < c.per_key(256));
         rows += 1;
     }

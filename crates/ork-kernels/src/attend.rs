@@ -204,8 +204,16 @@ pub fn weighted_sums(
     out: &mut [f32],
 ) {
     let n = rows.len();
-    assert_eq!(out.len(), inv.len() * d, "attend::weighted_sums: out is heads × d");
-    assert_eq!(weights.len(), inv.len() * n, "attend::weighted_sums: weights are heads × rows");
+    assert_eq!(
+        out.len(),
+        inv.len() * d,
+        "attend::weighted_sums: out is heads × d"
+    );
+    assert_eq!(
+        weights.len(),
+        inv.len() * n,
+        "attend::weighted_sums: weights are heads × rows"
+    );
     #[cfg(target_arch = "aarch64")]
     let paired = weighted_pairs(weights, inv, d, values, rows, out);
     #[cfg(not(target_arch = "aarch64"))]
@@ -228,7 +236,7 @@ fn weighted_pairs(
     out: &mut [f32],
 ) -> usize {
     let n = rows.len();
-    if d % neon::SPAN2 != 0 {
+    if !d.is_multiple_of(neon::SPAN2) {
         return 0;
     }
     let pairs = inv.len() / 2;
@@ -247,7 +255,7 @@ fn weighted_pairs(
 /// One head's weighted sum for [`weighted_sums`]: 64 values at a time where `d` allows.
 #[inline(always)]
 fn weighted_head(w: &[f32], inv: f32, d: usize, values: &[f32], rows: &[usize], oh: &mut [f32]) {
-    if d % SPAN == 0 {
+    if d.is_multiple_of(SPAN) {
         for (c, oc) in oh.chunks_exact_mut(SPAN).enumerate() {
             let mut acc = [0.0f32; SPAN];
             for (&w, &r) in w.iter().zip(rows) {

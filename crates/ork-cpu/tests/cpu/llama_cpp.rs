@@ -42,6 +42,11 @@ const LOGIT_TOLERANCE: f32 = 5e-2;
 const NEAR_TIE: f32 = 0.5;
 /// Perplexity agrees within this relative difference.
 const PPL_TOLERANCE: f64 = 0.03;
+/// The same for the two Q2_K files, whose 93 scored tokens make llama.cpp's own perplexity move
+/// by up to 3.6 % between x86 machines (measured on the same files: Q2_K 17.809 on an AVX-512
+/// Xeon, 17.398 on an AVX2 EPYC; Q2_K_pure 80.420 and 77.593, where ork read 80.046 on both):
+/// [`PPL_TOLERANCE`] plus that spread.
+const PPL_TOLERANCE_Q2_K: f64 = 0.07;
 
 #[derive(serde::Deserialize)]
 struct Golden {
@@ -234,7 +239,13 @@ fn check_greedy(model: &Arc<Model>, linear: &Arc<dyn Linear>, g: &Greedy, what: 
     );
 }
 
-fn check_perplexity(model: &Arc<Model>, linear: &Arc<dyn Linear>, g: &Golden, what: &str) {
+fn check_perplexity(
+    model: &Arc<Model>,
+    linear: &Arc<dyn Linear>,
+    g: &Golden,
+    what: &str,
+    tolerance: f64,
+) {
     let tokens = &g.logits.tokens;
     let bos = g.add_bos.then_some(g.bos);
     let p = &g.perplexity;
@@ -249,23 +260,28 @@ fn check_perplexity(model: &Arc<Model>, linear: &Arc<dyn Linear>, g: &Golden, wh
     );
     assert_eq!((r.chunks, r.scored), (p.chunks, p.scored), "{what}: chunks");
     assert!(
-        rel.abs() <= PPL_TOLERANCE,
+        rel.abs() <= tolerance,
         "{what}: perplexity {} vs llama.cpp {} ({:+.3} %, limit {} %)",
         r.ppl,
         p.ppl,
         rel * 100.0,
-        PPL_TOLERANCE * 100.0
+        tolerance * 100.0
     );
 }
 
 /// All three checks on one file.
 fn against_llama_cpp(model_path: PathBuf) {
+    against_llama_cpp_within(model_path, PPL_TOLERANCE);
+}
+
+/// [`against_llama_cpp`] with the perplexity held within `ppl_tolerance`.
+fn against_llama_cpp_within(model_path: PathBuf, ppl_tolerance: f64) {
     let (path, golden) = load(&model_path);
     let what = golden.model_file.clone();
     let (model, linear) = open(&path);
     check_logits(&model, &linear, &golden.logits, &what);
     check_greedy(&model, &linear, &golden.greedy, &what);
-    check_perplexity(&model, &linear, &golden, &what);
+    check_perplexity(&model, &linear, &golden, &what, ppl_tolerance);
 }
 
 #[test]
@@ -290,13 +306,13 @@ fn smollm2_q8_0_matches_llama_cpp() {
 
 #[test]
 fn smollm2_q2_k_matches_llama_cpp() {
-    against_llama_cpp(requantized("Q2_K"));
+    against_llama_cpp_within(requantized("Q2_K"), PPL_TOLERANCE_Q2_K);
 }
 
 /// The only file with Q2_K blocks (ffn_down): see scripts/requantize.py.
 #[test]
 fn smollm2_q2_k_pure_matches_llama_cpp() {
-    against_llama_cpp(requantized("Q2_K_pure"));
+    against_llama_cpp_within(requantized("Q2_K_pure"), PPL_TOLERANCE_Q2_K);
 }
 
 #[test]

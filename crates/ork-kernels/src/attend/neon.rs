@@ -19,7 +19,7 @@ pub(super) fn sums<const H: usize>(
     k: [&[f32]; KEYS],
     body: usize,
 ) -> [[f32; KEYS]; H] {
-    assert!(body % LANES == 0);
+    assert!(body.is_multiple_of(LANES));
     assert!(q.iter().all(|q| q.len() >= body) && k.iter().all(|k| k.len() >= body));
     let mut out = [[0.0f32; KEYS]; H];
     // SAFETY: every load reads `[c, c + 8)` with `c + 8 <= body`, within each query row and
@@ -109,10 +109,11 @@ pub(super) fn weighted2(
         for (j, &r) in rows.iter().enumerate() {
             let v = values[r * d + off..][..SPAN2].as_ptr();
             let s = [w[0][j] * inv[0], w[1][j] * inv[1]];
-            for i in 0..SPAN2 / 4 {
+            let [a0, a1] = &mut a;
+            for (i, (a0, a1)) in a0.iter_mut().zip(a1.iter_mut()).enumerate() {
                 let x = vld1q_f32(v.add(4 * i));
-                a[0][i] = vfmaq_n_f32(a[0][i], x, s[0]);
-                a[1][i] = vfmaq_n_f32(a[1][i], x, s[1]);
+                *a0 = vfmaq_n_f32(*a0, x, s[0]);
+                *a1 = vfmaq_n_f32(*a1, x, s[1]);
             }
         }
         for (o, a) in out.iter_mut().zip(&a) {
