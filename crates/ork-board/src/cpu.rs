@@ -143,10 +143,10 @@ pub const ORK_DECODE_CYCLES: [(FileType, f64, f64); 6] = [
 /// Cortex-A76 and Cortex-A55 models (`scripts/kernel-cycles.sh --attention`): cycles per key and
 /// query head of the scores at a head of [`ATTN_DIM`] (the whole call of the `fmla` dot of two
 /// heads over four keys, its lane sums included, over eight), cycles per multiply-add of the
-/// value rows' weighted sums (two heads sharing each row's loads), and
-/// cycles per score of the softmax (largest, exponentials, f64 sum). [`attention_s`] charges
-/// them for ork's engine on those cores; elsewhere (A72/A53, no figures) the assumed
-/// `core_flops`. An estimate, not a measurement (`docs/kernels.md`, "Attention").
+/// value rows' weighted sums (two heads sharing each row's loads), and cycles per score of the
+/// softmax (largest, exponentials, f64 sum). [`attention_s`] charges them for ork's engine on
+/// those cores; elsewhere (A72/A53, no figures) the assumed `core_flops`. An estimate, not a
+/// measurement (`docs/kernels.md`, "Attention").
 pub const ORK_ATTENTION_CYCLES: [(Core, AttentionCycles); 2] = [
     (
         Core::A76,
