@@ -110,19 +110,9 @@ fn gemm_cycles_tables_equal_the_kernels_doc() {
 /// its `decode` column).
 #[test]
 fn decode_cycles_table_equals_the_kernels_doc() {
-    let doc = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../docs/kernels.md"
-    ))
-    .unwrap();
-    let table = doc
-        .split("| type | A76 decode | A55 decode |")
-        .nth(1)
-        .expect("the decode table in docs/kernels.md");
     let mut rows = 0;
-    for line in table.lines().skip(2).take_while(|l| l.starts_with('|')) {
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        let ty = file_type(cells[1]).unwrap_or_else(|| panic!("type {}", cells[1]));
+    for (line, cells) in kernels_doc_table("| type | A76 decode | A55 decode |") {
+        let ty = file_type(&cells[1]).unwrap_or_else(|| panic!("type {}", cells[1]));
         let d = ORK_DECODE_CYCLES.iter().find(|c| c.0 == ty).unwrap();
         let num = |i: usize| cells[i].parse::<f64>().unwrap();
         assert_eq!((num(2), num(3)), (d.1, d.2), "{line}");
@@ -164,22 +154,9 @@ fn doc_table_equals(
     ork: &[(FileType, f64, f64)],
     ggml: &[(FileType, f64, f64)],
 ) {
-    let doc = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../docs/kernels.md"
-    ))
-    .unwrap();
-    let table = doc
-        .split(head)
-        .nth(1)
-        .unwrap_or_else(|| panic!("the table {head} in docs/kernels.md"));
     let mut rows = 0;
-    for line in table.lines().skip(2).take_while(|l| l.starts_with('|')) {
-        let cells: Vec<&str> = line
-            .split('|')
-            .map(|c| c.trim().trim_matches('*'))
-            .collect();
-        let ty = file_type(cells[1]).unwrap_or_else(|| panic!("type {}", cells[1]));
+    for (line, cells) in kernels_doc_table(head) {
+        let ty = file_type(&cells[1]).unwrap_or_else(|| panic!("type {}", cells[1]));
         let num = |i: usize| cells[i + skip].parse::<f64>().unwrap();
         let o = ork.iter().find(|c| c.0 == ty).unwrap();
         let g = ggml.iter().find(|c| c.0 == ty).unwrap();
@@ -262,19 +239,11 @@ fn attention_counts_ork_causal_keys_and_llama_cpp_full_rows() {
 /// `scripts/kernel-cycles.sh --attention`), and a head's cost per key grows with its size.
 #[test]
 fn attention_cycles_table_equals_the_kernels_doc() {
-    let doc = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../docs/kernels.md"
-    ))
-    .unwrap();
-    let table = doc
-        .split("| core | scores (cycles per key and head, head of 128) |")
-        .nth(1)
-        .expect("the attention table in docs/kernels.md");
     let mut rows = 0;
-    for line in table.lines().skip(2).take_while(|l| l.starts_with('|')) {
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        let core = match cells[1] {
+    for (line, cells) in
+        kernels_doc_table("| core | scores (cycles per key and head, head of 128) |")
+    {
+        let core = match cells[1].as_str() {
             "A76" => Core::A76,
             "A55" => Core::A55,
             c => panic!("core {c}"),
@@ -711,4 +680,30 @@ fn decode_bounds_sum_to_the_step() {
     assert!(o.iter().all(|x| x.decode_tok_s < ceiling), "{o:?}");
     // The row split (dense rows on the NPU) beats the big cores alone here.
     assert!(o[2].decode_tok_s > o[0].decode_tok_s, "{o:?}");
+}
+
+/// The rows of the docs/kernels.md table whose header starts with `head`: each line with its
+/// cells, trimmed of spaces and of the bold marks (`**`).
+fn kernels_doc_table(head: &str) -> Vec<(String, Vec<String>)> {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/kernels.md"
+    ))
+    .unwrap();
+    let table = doc
+        .split(head)
+        .nth(1)
+        .unwrap_or_else(|| panic!("the table {head} in docs/kernels.md"));
+    table
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|line| {
+            let cells = line
+                .split('|')
+                .map(|c| c.trim().trim_matches('*').to_string())
+                .collect();
+            (line.to_string(), cells)
+        })
+        .collect()
 }
