@@ -56,6 +56,9 @@ pub(super) trait Format {
     /// Whether the block has a min `m` (f16 at byte 2): Q4_1, Q5_1, which pair with Q8_1
     /// activations; the others pair with Q8_0.
     const MIN: bool;
+    /// The largest `|w|` of [`Format::weights`] over every possible block (the bound that the
+    /// AVX2 panel kernel's 16-bit sums are sized by).
+    const WMAX: i32;
     /// The 32 integer weights of `blk` (`BYTES` bytes).
     fn weights(blk: &[u8]) -> [i8; 32];
 }
@@ -108,6 +111,7 @@ pub(super) struct Iq4Nl;
 impl Format for Q4_0 {
     const BYTES: usize = 18;
     const MIN: bool = false;
+    const WMAX: i32 = 8;
     fn weights(blk: &[u8]) -> [i8; 32] {
         nibbles(&blk[2..18]).map(|n| n as i8 - 8)
     }
@@ -116,6 +120,7 @@ impl Format for Q4_0 {
 impl Format for Q4_1 {
     const BYTES: usize = 20;
     const MIN: bool = true;
+    const WMAX: i32 = 15;
     fn weights(blk: &[u8]) -> [i8; 32] {
         nibbles(&blk[4..20]).map(|n| n as i8)
     }
@@ -124,6 +129,7 @@ impl Format for Q4_1 {
 impl Format for Q5_0 {
     const BYTES: usize = 22;
     const MIN: bool = false;
+    const WMAX: i32 = 16;
     fn weights(blk: &[u8]) -> [i8; 32] {
         five_bits(&blk[2..6], &blk[6..22]).map(|v| v as i8 - 16)
     }
@@ -132,6 +138,7 @@ impl Format for Q5_0 {
 impl Format for Q5_1 {
     const BYTES: usize = 24;
     const MIN: bool = true;
+    const WMAX: i32 = 31;
     fn weights(blk: &[u8]) -> [i8; 32] {
         five_bits(&blk[4..8], &blk[8..24]).map(|v| v as i8)
     }
@@ -140,6 +147,7 @@ impl Format for Q5_1 {
 impl Format for Q8_0 {
     const BYTES: usize = 34;
     const MIN: bool = false;
+    const WMAX: i32 = 128;
     fn weights(blk: &[u8]) -> [i8; 32] {
         std::array::from_fn(|j| blk[2 + j] as i8)
     }
@@ -148,6 +156,7 @@ impl Format for Q8_0 {
 impl Format for Iq4Nl {
     const BYTES: usize = 18;
     const MIN: bool = false;
+    const WMAX: i32 = 127;
     fn weights(blk: &[u8]) -> [i8; 32] {
         nibbles(&blk[2..18]).map(|n| KVALUES_IQ4NL[n as usize])
     }

@@ -303,3 +303,24 @@ fn every_available_isa_has_every_kernel() {
         }
     }
 }
+
+/// `Format::WMAX` is each type's largest `|w|`: no block, random or made of one repeated byte,
+/// decodes past it, and one of them reaches it (the AVX2 panel sizes its 16-bit sums by it).
+#[test]
+fn wmax_is_each_types_largest_weight() {
+    fn largest<F: Format>() -> i32 {
+        let mut rng = Rng(0x5eed);
+        let mut blocks: Vec<Vec<u8>> = (0..4096)
+            .map(|_| (0..F::BYTES).map(|_| rng.next() as u8).collect())
+            .collect();
+        blocks.extend((0..=255u8).map(|b| vec![b; F::BYTES]));
+        let abs = |b: &Vec<u8>| F::weights(b).iter().map(|&w| i32::from(w).abs()).max();
+        blocks.iter().filter_map(abs).max().unwrap_or(0)
+    }
+    assert_eq!(largest::<Q4_0>(), Q4_0::WMAX);
+    assert_eq!(largest::<Q4_1>(), Q4_1::WMAX);
+    assert_eq!(largest::<Q5_0>(), Q5_0::WMAX);
+    assert_eq!(largest::<Q5_1>(), Q5_1::WMAX);
+    assert_eq!(largest::<Q8_0>(), Q8_0::WMAX);
+    assert_eq!(largest::<Iq4Nl>(), Iq4Nl::WMAX);
+}

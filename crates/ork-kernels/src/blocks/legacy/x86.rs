@@ -728,7 +728,7 @@ macro_rules! entries {
                 unsafe { decode_rows::<F>(k, w, n, a, o, ($rows4::<F>, $row::<F, 1>)) };
                 return;
             }
-            let done = if m >= panel::MIN_M && panel::fits::<F, $dot>() {
+            let done = if m >= panel::MIN_M {
                 // SAFETY: see the macro's doc: the ISA is present and the lengths are checked.
                 unsafe { $panel::<F>(k, w, n, a, m, o) }
             } else {

@@ -14,7 +14,7 @@
 //! per activation row is live: eight rows' integer and float sums then fit the 32 zmm registers.
 
 use super::super::act_geometry;
-use super::panel::{side, Side};
+use super::panel::{side, Ints, Side};
 use super::{f16x8, Decode};
 use crate::blocks::x86::transpose8;
 use std::arch::x86_64::*;
@@ -247,8 +247,13 @@ pub(super) unsafe fn rows<F: Decode>(
 ) -> usize {
     let nb = k / 32;
     let wrb = nb * F::BYTES;
+    let ints = if flipped::<F>() {
+        Ints::Flipped
+    } else {
+        Ints::InPlace
+    };
     // SAFETY: the ISA as the caller guarantees.
-    let a = unsafe { side::<F>(acts, m, nb, flipped::<F>()) };
+    let a = unsafe { side::<F>(acts, m, nb, ints) };
     // SAFETY: register-only; the caller guarantees AVX-512F.
     let (zi, zf) = unsafe { (_mm512_setzero_si512(), _mm512_setzero_ps()) };
     let mut p = Panel {
