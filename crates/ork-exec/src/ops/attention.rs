@@ -429,11 +429,19 @@ impl Geometry {
         // Row j of the unit: in place at its position, or at j once widened here.
         let mut scratch = Vec::new();
         let (ks, k_local) = keys.as_f32(dk, positions, &mut scratch);
-        let local: Vec<usize> = (0..n).collect();
-        let rows = |widened: bool| if widened { &local[..] } else { positions };
+        // The widened rows' indices, made only when a side was widened.
+        let local = |widened: bool| -> Option<Vec<usize>> { widened.then(|| (0..n).collect()) };
+        let k_rows = local(k_local);
         // scores[hh * n + j]: head hh at position j.
         let mut scores = vec![0.0f32; heads * n];
-        attend::scores(qg, dk, ks, rows(k_local), self.scale, &mut scores);
+        attend::scores(
+            qg,
+            dk,
+            ks,
+            k_rows.as_deref().unwrap_or(positions),
+            self.scale,
+            &mut scores,
+        );
         // Each head's largest score and sum of exponentials.
         let mut max = vec![0.0f32; heads];
         let mut sum = vec![0.0f64; heads];
@@ -457,7 +465,13 @@ impl Geometry {
             .map(|&s| if whole { (1.0 / s) as f32 } else { 1.0 })
             .collect();
         let mut o = vec![0.0f32; heads * dv];
-        attend::weighted_sums(&weights, &inv, dv, vs, rows(v_local), &mut o);
+        let v_rows = if v_local {
+            k_rows.or_else(|| local(true))
+        } else {
+            None
+        };
+        let v_rows = v_rows.as_deref().unwrap_or(positions);
+        attend::weighted_sums(&weights, &inv, dv, vs, v_rows, &mut o);
         if whole {
             Piece::Whole(o)
         } else {
