@@ -5,8 +5,8 @@
 //! activation's 32 int8 is exact in i32 lanes: Q4_0/Q5_0/Q4_1/Q5_1 decode to unsigned `u` with
 //! `w = u − OFFSET` (8, 16, 0, 0), multiplied as u8 × i8 and corrected by `OFFSET · Σa` (the
 //! activation block's sum, computed once per call); Q8_0 and IQ4_NL use the sign trick (`|w|`
-//! as u8 times `a · sign(w)`). `vpmaddubsw` pairs stay within i16 (at most 2·128·127). Eight blocks' lane vectors are folded by `vphaddd` into one vector of
-//! eight block sums, and the float step (`(d_w · d_a) · isum [+ m_w · s_a]`, lane `b % 8`)
+//! as u8 times `a · sign(w)`). `vpmaddubsw` pairs stay within i16 (at most 2·128·127). Eight blocks' lane vectors are folded by unpacks and adds into one vector of
+//! eight block sums (Q4_0 and Q4_1 on AVX2 in i16 until a half block's sixteen products), and the float step (`(d_w · d_a) · isum [+ m_w · s_a]`, lane `b % 8`)
 //! runs on eight blocks at once: the scalar twin's order ([`super::rows_scalar`]).
 //!
 //! At M ≥ 2, whole groups of eight weight rows run the panel kernel ([`panel`]: eight weight
@@ -32,6 +32,10 @@ trait Decode: Format {
     const SIGNED: bool;
     /// See [`Decode::SIGNED`].
     const OFFSET: i32;
+    /// Whether a block's lane sums may add `vpmaddubsw`'s i16 pairs in i16 up to sixteen
+    /// products (one 128-bit half of the block) before widening ([`isums8`]): unsigned
+    /// decodings with `u ≤ 15`, `16 · 15 · 128 = 30 720 < 32 767`.
+    const I16_SUMS: bool = false;
     /// The 32 weights of the block at `p`, in `Format::weights` order (signed, or unsigned
     /// `u = w + OFFSET`).
     ///
@@ -125,6 +129,8 @@ unsafe fn fifth_bits(p: *const u8) -> __m256i {
 impl Decode for Q4_0 {
     const SIGNED: bool = false;
     const OFFSET: i32 = 8;
+    // Nibbles: u ≤ 15.
+    const I16_SUMS: bool = true;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: qs are bytes 2..18 of the block the caller vouches for; AVX2.
@@ -135,6 +141,8 @@ impl Decode for Q4_0 {
 impl Decode for Q4_1 {
     const SIGNED: bool = false;
     const OFFSET: i32 = 0;
+    // Nibbles: u ≤ 15.
+    const I16_SUMS: bool = true;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: qs are bytes 4..20 of the block.
@@ -212,7 +220,9 @@ unsafe fn block_dot<F: Decode, D: Dot>(w: __m256i, a: __m256i) -> __m256i {
     }
 }
 
-/// `[Σ p0, Σ p1, …, Σ p7]`: the lane sums of eight vectors (exact i32).
+/// `[Σ p0, Σ p1, …, Σ p7]`: the lane sums of eight vectors (exact i32), by unpacks and adds
+/// (two blocks' lanes interleaved and added, then four blocks', then the two 128-bit halves):
+/// 12 `vpunpck` and 7 `vpaddd` instead of 6 `vphaddd` (several uops each).
 ///
 /// # Safety
 /// AVX2.
@@ -220,11 +230,95 @@ unsafe fn block_dot<F: Decode, D: Dot>(w: __m256i, a: __m256i) -> __m256i {
 unsafe fn sums8(p: &[__m256i; 8]) -> __m256i {
     // SAFETY: register-only; the caller guarantees AVX2.
     unsafe {
-        let a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-        let b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+        let a = fold::<64, false>(fold::<32, false>(p[0], p[1]), fold::<32, false>(p[2], p[3]));
+        let b = fold::<64, false>(fold::<32, false>(p[4], p[5]), fold::<32, false>(p[6], p[7]));
+        halves(a, b)
+    }
+}
+
+/// `unpacklo + unpackhi` of `x`, `y` by elements of `BITS` bits, added in i16 lanes if `I16`
+/// else i32: within each 128-bit half of `n` elements, `x_e + x_(e + n/2)` and
+/// `y_e + y_(e + n/2)` side by side, for `e < n/2`.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn fold<const BITS: u32, const I16: bool>(x: __m256i, y: __m256i) -> __m256i {
+    // SAFETY: register-only; the caller guarantees AVX2.
+    unsafe {
+        let (lo, hi) = match BITS {
+            16 => (_mm256_unpacklo_epi16(x, y), _mm256_unpackhi_epi16(x, y)),
+            32 => (_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y)),
+            _ => (_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y)),
+        };
+        if I16 {
+            _mm256_add_epi16(lo, hi)
+        } else {
+            _mm256_add_epi32(lo, hi)
+        }
+    }
+}
+
+/// `[a.lo + a.hi, b.lo + b.hi]` (i32 lanes of the 128-bit halves).
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn halves(a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: register-only; the caller guarantees AVX2.
+    unsafe {
         _mm256_add_epi32(
             _mm256_permute2x128_si256::<0x20>(a, b),
             _mm256_permute2x128_si256::<0x31>(a, b),
+        )
+    }
+}
+
+/// Whether [`block_pre`] stops at `vpmaddubsw`'s i16 pairs: [`Decode::I16_SUMS`] and `D`
+/// multiplies by `vpmaddubsw`.
+const fn i16_tree<F: Decode, D: Dot>() -> bool {
+    !D::WIDE && F::I16_SUMS
+}
+
+/// One block's products for [`isums8`]: `vpmaddubsw`'s i16 pairs where [`i16_tree`], else
+/// [`block_dot`]'s i32 lanes.
+///
+/// # Safety
+/// As [`Dot::dot_us`].
+#[inline(always)]
+unsafe fn block_pre<F: Decode, D: Dot>(w: __m256i, a: __m256i) -> __m256i {
+    // SAFETY: forwarded from the caller (`vpmaddubsw` is AVX2).
+    unsafe {
+        if i16_tree::<F, D>() {
+            _mm256_maddubs_epi16(w, a)
+        } else {
+            block_dot::<F, D>(w, a)
+        }
+    }
+}
+
+/// `[Σ p0, Σ p1, …, Σ p7]` (exact i32) of eight blocks' [`block_pre`] products. With
+/// [`i16_tree`] the pairs' tree runs in i16 ([`sums8`]'s folds, one more level: each 128-bit
+/// half's sixteen products of a block, at most `16 · 15 · 128` by [`Decode::I16_SUMS`]), then
+/// widens once: no `vpmaddwd` by ones per block.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn isums8<F: Decode, D: Dot>(p: &[__m256i; 8]) -> __m256i {
+    // SAFETY: register-only; the caller guarantees AVX2.
+    unsafe {
+        if !i16_tree::<F, D>() {
+            return sums8(p);
+        }
+        let f16 = fold::<16, true>;
+        let a = fold::<32, true>(f16(p[0], p[1]), f16(p[2], p[3]));
+        let b = fold::<32, true>(f16(p[4], p[5]), f16(p[6], p[7]));
+        // Block j's two half sums in i16 lane j of each half.
+        let x = fold::<64, true>(a, b);
+        _mm256_add_epi32(
+            _mm256_cvtepi16_epi32(_mm256_castsi256_si128(x)),
+            _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(x)),
         )
     }
 }
@@ -298,9 +392,9 @@ unsafe fn group_values<F: Decode, D: Dot>(
         let mut p = [_mm256_setzero_si256(); 8];
         for (j, p) in p.iter_mut().enumerate() {
             let av = _mm256_loadu_si256(q.add(j * ab_len).cast());
-            *p = block_dot::<F, D>(wv[j], av);
+            *p = block_pre::<F, D>(wv[j], av);
         }
-        float_step::<F>(sums8(&p), *dw, *mw, d, s, sum)
+        float_step::<F>(isums8::<F, D>(&p), *dw, *mw, d, s, sum)
     }
 }
 
@@ -332,6 +426,32 @@ unsafe fn float_step<F: Decode>(
         } else {
             v
         }
+    }
+}
+
+/// [`float_step`] of the tails' eight blocks ([`tail`], [`tail_packed`]): their
+/// [`block_pre`] products `p`, scales and mins, and activation values from stack arrays.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn tail_values<F: Decode, D: Dot>(
+    p: &[__m256i; 8],
+    (dw, mw): (__m256, __m256),
+    d: &[f32; 8],
+    s: &[f32; 8],
+    sum: &[i32; 8],
+) -> __m256 {
+    // SAFETY: eight values in each array; the caller guarantees AVX2.
+    unsafe {
+        float_step::<F>(
+            isums8::<F, D>(p),
+            dw,
+            mw,
+            d.as_ptr(),
+            s.as_ptr(),
+            sum.as_ptr(),
+        )
     }
 }
 
@@ -377,14 +497,14 @@ unsafe fn tail<F: Decode, D: Dot, const N: usize>(
             let (mut d, mut s, mut sum) = ([0f32; 8], [0f32; 8], [0i32; 8]);
             for j in 0..t {
                 let av = _mm256_loadu_si256(a.q.as_ptr().add((from + j) * ab_len + qs).cast());
-                p[j] = block_dot::<F, D>(wv[j], av);
+                p[j] = block_pre::<F, D>(wv[j], av);
                 d[j] = a.d[from + j];
                 sum[j] = a.sum[from + j];
                 if F::MIN {
                     s[j] = a.s[from + j];
                 }
             }
-            let v = float_step::<F>(sums8(&p), dw, mw, d.as_ptr(), s.as_ptr(), sum.as_ptr());
+            let v = tail_values::<F, D>(&p, (dw, mw), &d, &s, &sum);
             *acc = _mm256_blendv_ps(*acc, _mm256_add_ps(*acc, v), mask);
         }
     }
@@ -509,7 +629,7 @@ unsafe fn tail_packed<F: Decode, D: Dot, const R: usize, const T: usize>(
                 let lane = r * t + j;
                 let pb = w.as_ptr().add(r * wrb + (from + j) * F::BYTES);
                 let av = _mm256_loadu_si256(a.q.as_ptr().add((from + j) * ab_len + qs).cast());
-                p[lane] = block_dot::<F, D>(decode_for::<F, D>(pb), av);
+                p[lane] = block_pre::<F, D>(decode_for::<F, D>(pb), av);
                 dh[lane] = pb.cast::<u16>().read_unaligned();
                 if F::MIN {
                     mh[lane] = pb.add(2).cast::<u16>().read_unaligned();
@@ -521,7 +641,7 @@ unsafe fn tail_packed<F: Decode, D: Dot, const R: usize, const T: usize>(
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr().cast()));
         let mw = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr().cast()));
-        let v = float_step::<F>(sums8(&p), dw, mw, d.as_ptr(), s.as_ptr(), sum.as_ptr());
+        let v = tail_values::<F, D>(&p, (dw, mw), &d, &s, &sum);
         let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         let mask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(t as i32), lanes));
         for (r, acc) in acc.iter_mut().enumerate() {
@@ -542,7 +662,13 @@ const DECODE_ROWS: usize = 4;
 /// K = 576 leaves 2 blocks a row, one group for four rows instead of a group each), else
 /// row by row as [`row`]'s tail. The scalar twin's bits. Against [`row`] one row at a time:
 /// Q4_0 K = 576 ~15.5 → ~18 GB/s, Q8_0 ~29 → ~34 per core-second (`examples/blocks_speed.rs`,
-/// 2000 rows, L2-resident, both builds alternated). Row `r`'s result goes to `out[r]`.
+/// 2000 rows, L2-resident, both builds alternated). The lane sums by unpacks ([`sums8`]) and,
+/// for Q4_0, in i16 ([`isums8`]), against `vphaddd` after `vpmaddwd` per block: median ratios of
+/// `cpu_gbps`, 12–16 alternated pairs of runs, three series each, on an AMD EPYC Zen 3 VM with
+/// AVX2 (`taskset -c 1 target/release/examples/blocks_speed TYPE K ROWS 1 0.15`, the other
+/// core busy, so noisy): Q4_0 K = 576 (800 rows) 1.04–1.16, K = 4096 (128 rows) 0.99–1.17,
+/// Q8_0 K = 576 (400 rows) 1.10–1.20, and 49152 rows from memory 1.10. Row `r`'s result goes
+/// to `out[r]`.
 ///
 /// # Safety
 /// `w` holds `DECODE_ROWS` rows of `wrb` bytes (`nb` blocks of `F`), `a` is an activation row
