@@ -57,7 +57,8 @@ pub(super) trait Format {
     /// activations; the others pair with Q8_0.
     const MIN: bool;
     /// The largest `|w|` of [`Format::weights`] over every possible block (the bound that the
-    /// AVX2 panel kernel's 16-bit sums are sized by).
+    /// AVX2 panel kernel's 16-bit sums are sized by; read there and by the tests only).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const WMAX: i32;
     /// The 32 integer weights of `blk` (`BYTES` bytes).
     fn weights(blk: &[u8]) -> [i8; 32];
