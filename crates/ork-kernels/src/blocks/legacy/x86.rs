@@ -5,17 +5,19 @@
 //! activation's 32 int8 is exact in i32 lanes: Q4_0/Q5_0/Q4_1/Q5_1 decode to unsigned `u` with
 //! `w = u − OFFSET` (8, 16, 0, 0), multiplied as u8 × i8 and corrected by `OFFSET · Σa` (the
 //! activation block's sum, computed once per call); Q8_0 and IQ4_NL use the sign trick (`|w|`
-//! as u8 times `a · sign(w)`). `vpmaddubsw` pairs stay within i16 (at most 2·128·127). Eight blocks' lane vectors are folded by unpacks and adds into one vector of
-//! eight block sums (Q4_0 and Q4_1 on AVX2 in i16 until a half block's sixteen products), and the float step (`(d_w · d_a) · isum [+ m_w · s_a]`, lane `b % 8`)
-//! runs on eight blocks at once: the scalar twin's order ([`super::rows_scalar`]).
+//! as u8 times `a · sign(w)`). `vpmaddubsw` pairs stay within i16 (at most 2·128·127). Eight
+//! blocks' lane vectors are folded by unpacks and adds into one vector of eight block sums
+//! (Q4_0 and Q4_1 on AVX2 in i16 up to a half block's sixteen products), and the float step
+//! (`(d_w · d_a) · isum [+ m_w · s_a]`, lane `b % 8`) runs on eight blocks at once: the scalar
+//! twin's order ([`super::rows_scalar`]).
 //!
 //! At M ≥ 2, whole groups of eight weight rows run the panel kernel ([`panel`]: eight weight
 //! rows in lanes × four activation rows; on AVX-512 VNNI [`panel16`], sixteen rows in the lanes
-//! of a zmm, about twice the 8-row panel's speed there); the rows beyond them decode each row's groups of eight
-//! blocks once for up to four activation rows, and decode (M = 1) decodes straight into
-//! registers. A row's last `nb % 8` blocks (K =
-//! 576 leaves 2 of 18) run as one more group with zero lanes for the missing blocks, blended
-//! into their lanes only, rather than block by block with scalar f16 conversions.
+//! of a zmm, about twice the 8-row panel's speed there); the rows beyond them decode each row's
+//! groups of eight blocks once for up to four activation rows, and decode (M = 1) decodes
+//! straight into registers. A row's last `nb % 8` blocks (K = 576 leaves 2 of 18) run as one
+//! more group with zero lanes for the missing blocks, blended into their lanes only, rather
+//! than block by block with scalar f16 conversions.
 
 use super::{act_fields, act_geometry, drive, finish, ActRow, Acts, Format, Iq4Nl, RowDots};
 use super::{Isa, RowsFn, WeightType, KVALUES_IQ4NL};
