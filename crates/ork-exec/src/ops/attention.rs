@@ -429,9 +429,8 @@ impl Geometry {
         // Row j of the unit: in place at its position, or at j once widened here.
         let mut scratch = Vec::new();
         let (ks, k_local) = keys.as_f32(dk, positions, &mut scratch);
-        // The widened rows' indices, made only when a side was widened.
-        let local = |widened: bool| -> Option<Vec<usize>> { widened.then(|| (0..n).collect()) };
-        let k_rows = local(k_local);
+        // The widened rows' indices `0..n`, made only when a side was widened.
+        let k_rows: Option<Vec<usize>> = k_local.then(|| (0..n).collect());
         // scores[hh * n + j]: head hh at position j.
         let mut scores = vec![0.0f32; heads * n];
         attend::scores(
@@ -465,11 +464,7 @@ impl Geometry {
             .map(|&s| if whole { (1.0 / s) as f32 } else { 1.0 })
             .collect();
         let mut o = vec![0.0f32; heads * dv];
-        let v_rows = if v_local {
-            k_rows.or_else(|| local(true))
-        } else {
-            None
-        };
+        let v_rows = v_local.then(|| k_rows.unwrap_or_else(|| (0..n).collect()));
         let v_rows = v_rows.as_deref().unwrap_or(positions);
         attend::weighted_sums(&weights, &inv, dv, vs, v_rows, &mut o);
         if whole {

@@ -40,12 +40,10 @@ const fn sign_trick<F: Decode, D: Dot>() -> bool {
 }
 
 /// How many chunks' `vpmaddubsw` products the flipped form sums in 16 bits before widening: the
-/// largest power of two `g ≤ 8` with `g · 2 · 255 · WMAX ≤ 32767` (one on a dot that widens
-/// itself, and for the sign trick).
-const fn run_len<F: Decode, D: Dot>() -> usize {
-    if D::WIDE || sign_trick::<F, D>() {
-        return 1;
-    }
+/// largest power of two `g ≤ 8` with `g · 2 · 255 · WMAX ≤ 32767`. At least two for every type
+/// the flipped form takes on plain AVX2 (`WMAX ≤ 31`; tested below), so that a pair of chunks
+/// always fits.
+const fn run_len<F: Decode>() -> usize {
     let mut g = 8;
     while g > 1 && g as i32 * 2 * 255 * F::WMAX > i16::MAX as i32 {
         g /= 2;
@@ -228,36 +226,27 @@ unsafe fn isums<F: Decode, D: Dot, const N: usize>(
             }
             return acc;
         }
-        let ones = _mm256_set1_epi16(1);
         if sign_trick::<F, D>() {
             let wabs = p.qabs.as_ptr().add(8 * b);
             for c in 0..8 {
                 let (wc, uc) = (*w.add(c), *wabs.add(c));
                 for (i, acc) in acc.iter_mut().enumerate() {
                     let s = _mm256_sign_epi8(bcast4(act(i, c)), wc);
-                    *acc = _mm256_add_epi32(
-                        *acc,
-                        _mm256_madd_epi16(_mm256_maddubs_epi16(uc, s), ones),
-                    );
+                    *acc = D::dot_acc(*acc, uc, s);
                 }
             }
             return acc;
         }
         // Flipped: runs of `g` chunks summed in 16 bits (exact, see `run_len`), then widened;
         // two chunks at a time for every row, so that few registers are live.
-        let g = run_len::<F, D>();
+        let (g, ones) = (run_len::<F>(), _mm256_set1_epi16(1));
+        debug_assert!(g >= 2);
         let mut run = [_mm256_setzero_si256(); N];
         for c in (0..8).step_by(2) {
             let (w0, w1) = (*w.add(c), *w.add(c + 1));
             for i in 0..N {
                 let p0 = _mm256_maddubs_epi16(bcast4(act(i, c)), w0);
                 let p1 = _mm256_maddubs_epi16(bcast4(act(i, c + 1)), w1);
-                if g == 1 {
-                    let pair =
-                        _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
-                    acc[i] = _mm256_add_epi32(acc[i], pair);
-                    continue;
-                }
                 let pair = _mm256_add_epi16(p0, p1);
                 run[i] = if c % g == 0 {
                     pair
@@ -355,7 +344,7 @@ pub(super) unsafe fn rows<F: Decode, D: Dot>(
     let mut p = Panel {
         q: vec![zi; 8 * nb],
         qabs: vec![zi; if sign_trick::<F, D>() { 8 * nb } else { 0 }],
-        wsum: vec![zi; nb],
+        wsum: vec![zi; if sign_trick::<F, D>() { 0 } else { nb }],
         d: vec![zf; nb],
         mn: vec![zf; nb],
     };
@@ -376,4 +365,23 @@ pub(super) unsafe fn rows<F: Decode, D: Dot>(
         };
     }
     panels * PANEL_ROWS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::{Q4_0, Q4_1, Q5_0, Q5_1};
+    use super::run_len;
+
+    /// The flipped form's 16-bit runs: eight chunks for Q4_0, four for Q4_1 and Q5_0, two for
+    /// Q5_1 (`run_len`'s bound; a pair of chunks always fits).
+    #[test]
+    fn flipped_types_sum_runs_of_at_least_two_chunks() {
+        let runs = [
+            run_len::<Q4_0>(),
+            run_len::<Q4_1>(),
+            run_len::<Q5_0>(),
+            run_len::<Q5_1>(),
+        ];
+        assert_eq!(runs, [8, 4, 4, 2]);
+    }
 }
