@@ -324,3 +324,63 @@ fn wmax_is_each_types_largest_weight() {
     assert_eq!(largest::<Q8_0>(), Q8_0::WMAX);
     assert_eq!(largest::<Iq4Nl>(), Iq4Nl::WMAX);
 }
+
+/// The largest block sums every kernel can meet: weight blocks with every quant bit set (the
+/// largest `u` of the unsigned decodings, which size the AVX2 kernels' 16-bit lane sums) or
+/// every bit clear, against activations all +127 or all −127, scales 1. Every ISA's bits equal
+/// the scalar twin's, and the twin's equal the exact sum.
+#[test]
+fn largest_block_sums_match_scalar_twin() {
+    let one = 0x3c00u16.to_le_bytes();
+    for ty in TYPES {
+        let (_, bytes) = ty.geometry();
+        let min = ty.act_type() == super::super::ActType::Q8_1;
+        let (ab, _) = act_geometry(min);
+        for fill in [0xffu8, 0x00] {
+            for q in [127i8, -127] {
+                for nb in [8usize, 16, 18, 27] {
+                    let k = 32 * nb;
+                    let mut w = vec![fill; bytes * nb * 5];
+                    for blk in w.chunks_exact_mut(bytes) {
+                        blk[..2].copy_from_slice(&one);
+                        if matches!(ty, WeightType::Q4_1 | WeightType::Q5_1) {
+                            blk[2..4].copy_from_slice(&[0, 0]);
+                        }
+                    }
+                    let mut a = vec![q as u8; nb * ab];
+                    for blk in a.chunks_exact_mut(ab) {
+                        blk[..2].copy_from_slice(&one);
+                        if min {
+                            blk[2..4].copy_from_slice(&[0, 0]);
+                        }
+                    }
+                    let wblk = &w[..bytes];
+                    let (ints, _) = ints(ty, wblk);
+                    let per_block: i32 = ints.iter().map(|&x| i32::from(x) * i32::from(q)).sum();
+                    let exact = per_block as f32 * nb as f32;
+                    let twin = Kernel::with_isa(ty, Isa::Scalar).unwrap();
+                    for m in [1usize, 4] {
+                        let aa = a.repeat(m);
+                        let mut want = vec![0f32; 5 * m];
+                        twin.rows(k, &w, 5, &aa, m, &mut want);
+                        assert!(
+                            want.iter().all(|&v| v == exact),
+                            "{ty:?}: twin {want:?} vs {exact}"
+                        );
+                        for isa in Isa::available() {
+                            let Some(kern) = Kernel::with_isa(ty, isa) else {
+                                continue;
+                            };
+                            let mut got = vec![f32::NAN; 5 * m];
+                            kern.rows(k, &w, 5, &aa, m, &mut got);
+                            assert!(
+                                same_bits(&got, &want),
+                                "{ty:?} on {isa:?} nb {nb} m {m}: {got:?} vs {want:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -7,7 +7,8 @@
 //! activation block's sum, computed once per call); Q8_0 and IQ4_NL use the sign trick (`|w|`
 //! as u8 times `a · sign(w)`). `vpmaddubsw` pairs stay within i16 (at most 2·128·127). Eight
 //! blocks' lane vectors are folded by unpacks and adds into one vector of eight block sums
-//! (Q4_0 and Q4_1 on AVX2 in i16 up to a half block's sixteen products), and the float step
+//! (on AVX2 in i16 as far as the products allow: Q4_0 and Q4_1 up to a half block's sixteen,
+//! Q5_0 up to eight), and the float step
 //! (`(d_w · d_a) · isum [+ m_w · s_a]`, lane `b % 8`) runs on eight blocks at once: the scalar
 //! twin's order ([`super::rows_scalar`]).
 //!
@@ -34,10 +35,10 @@ trait Decode: Format {
     const SIGNED: bool;
     /// See [`Decode::SIGNED`].
     const OFFSET: i32;
-    /// Whether a block's lane sums may add `vpmaddubsw`'s i16 pairs in i16 up to sixteen
-    /// products (one 128-bit half of the block) before widening ([`isums8`]): unsigned
-    /// decodings with `u ≤ 15`, `16 · 15 · 128 = 30 720 < 32 767`.
-    const I16_SUMS: bool = false;
+    /// The largest byte an unsigned decoding gives (`u ≤ UMAX`), which sizes the lane sums'
+    /// 16-bit levels ([`i16_levels`]); 0 for signed decodings (the sign trick), which widen
+    /// at once.
+    const UMAX: i32 = 0;
     /// The 32 weights of the block at `p`, in `Format::weights` order (signed, or unsigned
     /// `u = w + OFFSET`).
     ///
@@ -131,8 +132,8 @@ unsafe fn fifth_bits(p: *const u8) -> __m256i {
 impl Decode for Q4_0 {
     const SIGNED: bool = false;
     const OFFSET: i32 = 8;
-    // Nibbles: u ≤ 15.
-    const I16_SUMS: bool = true;
+    // Nibbles.
+    const UMAX: i32 = 15;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: qs are bytes 2..18 of the block the caller vouches for; AVX2.
@@ -143,8 +144,8 @@ impl Decode for Q4_0 {
 impl Decode for Q4_1 {
     const SIGNED: bool = false;
     const OFFSET: i32 = 0;
-    // Nibbles: u ≤ 15.
-    const I16_SUMS: bool = true;
+    // Nibbles.
+    const UMAX: i32 = 15;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: qs are bytes 4..20 of the block.
@@ -155,6 +156,8 @@ impl Decode for Q4_1 {
 impl Decode for Q5_0 {
     const SIGNED: bool = false;
     const OFFSET: i32 = 16;
+    // Nibbles and a fifth bit.
+    const UMAX: i32 = 31;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: qh is bytes 2..6, qs 6..22 of the block; AVX2.
@@ -170,6 +173,8 @@ impl Decode for Q5_0 {
 impl Decode for Q5_1 {
     const SIGNED: bool = false;
     const OFFSET: i32 = 0;
+    // Nibbles and a fifth bit.
+    const UMAX: i32 = 31;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> __m256i {
         // SAFETY: qh is bytes 4..8, qs 8..24 of the block.
@@ -276,14 +281,36 @@ unsafe fn halves(a: __m256i, b: __m256i) -> __m256i {
     }
 }
 
-/// Whether [`block_pre`] stops at `vpmaddubsw`'s i16 pairs: [`Decode::I16_SUMS`] and `D`
-/// multiplies by `vpmaddubsw`.
-const fn i16_tree<F: Decode, D: Dot>() -> bool {
-    !D::WIDE && F::I16_SUMS
+/// How many levels of [`isums8`]'s tree add in i16 before widening: none where `D` multiplies
+/// by `vpdpbusd` or the decoding is signed, else as many as keep every i16 within range. A
+/// level doubles the products an i16 holds, from `vpmaddubsw`'s pairs: after `l` levels
+/// `2^(l+1)` products of at most `UMAX · 128` each. Q4_0/Q4_1 (`u ≤ 15`): three levels, sixteen
+/// products, `30 720`; Q5_0/Q5_1 (`u ≤ 31`): two, eight products, `31 744` (a third would reach
+/// `63 488`). Three is the tree's depth within a 128-bit half.
+const fn i16_levels<F: Decode, D: Dot>() -> u32 {
+    if D::WIDE || F::SIGNED || F::UMAX <= 0 {
+        return 0;
+    }
+    let (mut levels, mut products) = (0, 4);
+    while levels < 3 && products * F::UMAX * 128 <= i16::MAX as i32 {
+        levels += 1;
+        products *= 2;
+    }
+    // One level alone would leave two blocks' i16 in each 32-bit lane: [`isums8`] has no such
+    // form (no type needs it), so it widens at once. Q5_1 (two levels, and a min) measured
+    // 0.93–0.96× its one-`vpmaddwd`-per-block form (`blocks_speed Q5_1 576 2000`, 12–16
+    // alternated pairs), so it widens at once too. Called in `const` blocks: left to the
+    // optimiser, this loop changed the register allocation of the kernels that inline it (Q5_1's
+    // accumulator spilled to the stack).
+    if levels < 2 || (levels == 2 && F::MIN) {
+        0
+    } else {
+        levels
+    }
 }
 
-/// One block's products for [`isums8`]: `vpmaddubsw`'s i16 pairs where [`i16_tree`], else
-/// [`block_dot`]'s i32 lanes.
+/// One block's products for [`isums8`]: `vpmaddubsw`'s i16 pairs where [`i16_levels`] is not
+/// zero, else [`block_dot`]'s i32 lanes.
 ///
 /// # Safety
 /// As [`Dot::dot_us`].
@@ -291,7 +318,7 @@ const fn i16_tree<F: Decode, D: Dot>() -> bool {
 unsafe fn block_pre<F: Decode, D: Dot>(w: __m256i, a: __m256i) -> __m256i {
     // SAFETY: forwarded from the caller (`vpmaddubsw` is AVX2).
     unsafe {
-        if i16_tree::<F, D>() {
+        if const { i16_levels::<F, D>() } > 0 {
             _mm256_maddubs_epi16(w, a)
         } else {
             block_dot::<F, D>(w, a)
@@ -299,10 +326,12 @@ unsafe fn block_pre<F: Decode, D: Dot>(w: __m256i, a: __m256i) -> __m256i {
     }
 }
 
-/// `[Σ p0, Σ p1, …, Σ p7]` (exact i32) of eight blocks' [`block_pre`] products. With
-/// [`i16_tree`] the pairs' tree runs in i16 ([`sums8`]'s folds, one more level: each 128-bit
-/// half's sixteen products of a block, at most `16 · 15 · 128` by [`Decode::I16_SUMS`]), then
-/// widens once: no `vpmaddwd` by ones per block.
+/// `[Σ p0, Σ p1, …, Σ p7]` (exact i32) of eight blocks' [`block_pre`] products: [`sums8`]'s
+/// folds, as many of them in i16 as [`i16_levels`] allows, so that eight blocks widen with one
+/// or two instructions instead of a `vpmaddwd` by ones each. Three levels: the whole tree in
+/// i16, each block's two half sums in the two halves' i16 lane `j`, widened by sign
+/// extension. Two: the 32- and 64-bit folds in i16 leave each block's lanes as two i16 of one
+/// 32-bit lane, which `vpmaddwd` by ones adds (four blocks per instruction).
 ///
 /// # Safety
 /// AVX2.
@@ -310,8 +339,15 @@ unsafe fn block_pre<F: Decode, D: Dot>(w: __m256i, a: __m256i) -> __m256i {
 unsafe fn isums8<F: Decode, D: Dot>(p: &[__m256i; 8]) -> __m256i {
     // SAFETY: register-only; the caller guarantees AVX2.
     unsafe {
-        if !i16_tree::<F, D>() {
+        if const { i16_levels::<F, D>() } == 0 {
             return sums8(p);
+        }
+        if const { i16_levels::<F, D>() } == 2 {
+            let f32 = fold::<32, true>;
+            let a = fold::<64, true>(f32(p[0], p[1]), f32(p[2], p[3]));
+            let b = fold::<64, true>(f32(p[4], p[5]), f32(p[6], p[7]));
+            let ones = _mm256_set1_epi16(1);
+            return halves(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
         }
         let f16 = fold::<16, true>;
         let a = fold::<32, true>(f16(p[0], p[1]), f16(p[2], p[3]));
@@ -325,7 +361,7 @@ unsafe fn isums8<F: Decode, D: Dot>(p: &[__m256i; 8]) -> __m256i {
     }
 }
 
-/// The f16 at `p + j·stride` for j in 0..8, as f32.
+/// The f16 at `p + j·stride` for j in 0..8, as f32, inserted one by one (`vpinsrw`).
 ///
 /// # Safety
 /// Each of those 2-byte fields must be readable; F16C.
@@ -347,6 +383,27 @@ unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
     }
 }
 
+/// [`f16x8`] with the eight fields joined in two general registers and moved over in two:
+/// `vpinsrw` spent seven of the vector pipes' micro-ops per group, the busiest pipes of the
+/// decode loop. For the types without a min (one such call per group): per core-second,
+/// K = 576 and 4096 (`examples/blocks_speed.rs`, 2000 and 256 rows, old and new builds
+/// alternated 10–16 times; single runs vary ±15 % on the VM) Q5_0 +6–16 % (with
+/// [`i16_levels`]' two levels), IQ4_NL +6–10 %, Q4_0 +2–3 %, Q8_0 +0–2 %. The types with a
+/// min keep [`f16x8`] (two calls per group; not measured joined).
+///
+/// # Safety
+/// As [`f16x8`].
+#[inline(always)]
+unsafe fn f16x8_joined(p: *const u8, stride: usize) -> __m256 {
+    // SAFETY: the caller vouches for the eight fields and F16C.
+    unsafe {
+        let h = |j: usize| u64::from(p.add(j * stride).cast::<u16>().read_unaligned());
+        let lo = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
+        let hi = h(4) | h(5) << 16 | h(6) << 32 | h(7) << 48;
+        _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
+    }
+}
+
 /// The eight blocks at `base` (a group: eight consecutive weight blocks) decoded, with their
 /// scales `d_w` and (types with a min) mins `m_w` as f32 lanes.
 ///
@@ -360,11 +417,10 @@ unsafe fn decode_group<F: Decode, D: Dot>(base: *const u8) -> ([__m256i; 8], __m
         for (j, v) in wv.iter_mut().enumerate() {
             *v = decode_for::<F, D>(base.add(j * F::BYTES));
         }
-        let dw = f16x8(base, F::BYTES);
-        let mw = if F::MIN {
-            f16x8(base.add(2), F::BYTES)
+        let (dw, mw) = if F::MIN {
+            (f16x8(base, F::BYTES), f16x8(base.add(2), F::BYTES))
         } else {
-            _mm256_setzero_ps()
+            (f16x8_joined(base, F::BYTES), _mm256_setzero_ps())
         };
         (wv, dw, mw)
     }
@@ -903,4 +959,24 @@ pub(super) fn rows(ty: WeightType, isa: Isa) -> Option<RowsFn> {
         Isa::Avx512Vnni => by_format!(ty, safe_512),
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Decode::UMAX` is the largest byte each unsigned decoding gives (the scalar twin's
+    /// weight plus the offset) over every block made of one repeated byte, which includes the
+    /// one with every quant bit set.
+    #[test]
+    fn umax_is_each_unsigned_decodings_largest_byte() {
+        fn largest<F: Decode>() -> i32 {
+            let byte = |b: u8| F::weights(&vec![b; F::BYTES]).map(|w| i32::from(w) + F::OFFSET);
+            (0..=255u8).flat_map(byte).max().unwrap_or(0)
+        }
+        assert_eq!(largest::<Q4_0>(), Q4_0::UMAX);
+        assert_eq!(largest::<Q4_1>(), Q4_1::UMAX);
+        assert_eq!(largest::<Q5_0>(), Q5_0::UMAX);
+        assert_eq!(largest::<Q5_1>(), Q5_1::UMAX);
+    }
 }
