@@ -6,7 +6,7 @@
 //! against: [`CpuF32Linear`] (exact dequantized weights, the correctness reference) and
 //! [`CpuW8A8Linear`] (the device's quantization scheme computed on the CPU, so quantization error
 //! can be told apart from device bugs).
-use crate::ops::dot;
+use crate::ops::dot_wide;
 use crate::weights::{dequantize_weight, WeightSpec};
 use crate::ExecError;
 use ork_gguf::GgufFile;
@@ -298,23 +298,9 @@ impl Linear for CpuF32Linear {
         check_shape(&w.name, w.k, w.n, x, m, y)?;
         let k = w.k;
         tiled_matmul(w.n, m, y, |nrow, i| {
-            crate::wide::wide(WideDot(&w.data[nrow * k..][..k], &x[i * k..][..k]))
+            dot_wide(&w.data[nrow * k..][..k], &x[i * k..][..k])
         });
         Ok(())
-    }
-}
-
-/// [`dot`] compiled for AVX2 and FMA where the CPU has them ([`crate::wide`]): the same bits.
-/// Called from the matmul's closure as it was, `dot`'s fused multiply-adds compiled in the
-/// baseline x86-64 build, calls to libm's `fmaf`: ~70 % of a reference matmul's time
-/// (`perf record` of the Gemma 3 perplexity test, 2026-12-07).
-struct WideDot<'a>(&'a [f32], &'a [f32]);
-
-impl crate::wide::Kernel for WideDot<'_> {
-    type Out = f32;
-    #[inline(always)]
-    fn run(self) -> f32 {
-        dot(self.0, self.1)
     }
 }
 

@@ -207,7 +207,7 @@ pub fn gelu_tanh(x: f32) -> f32 {
 /// product of attention's scores: fused chains in a fixed order, the same bits in every build
 /// ([`ork_kernels::attend::dot`]). One definition each, beside the attention loops that must give
 /// their bits.
-pub use ork_kernels::attend::{dot, exp};
+pub use ork_kernels::attend::{dot, dot_wide, exp};
 
 /// Index of the largest value (the first one on ties); `None` for an empty slice or NaN-only.
 pub fn argmax(v: &[f32]) -> Option<usize> {

@@ -40,6 +40,26 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     tail(lane_sum(&acc), &a[body..], &b[body..])
 }
 
+/// [`dot`] run through [`crate::wide`]: compiled for AVX2 and FMA where the CPU has them, the
+/// same bits. For callers outside such a copy (a closure, a baseline-x86-64 function), where
+/// `dot`'s fused multiply-adds become calls to libm's `fmaf`: ~70 % of ork-exec's f32 reference
+/// matmul's time until it called this (`perf record` of the Gemma 3 perplexity test,
+/// 2026-12-07).
+pub fn dot_wide(a: &[f32], b: &[f32]) -> f32 {
+    crate::wide::wide(Dot(a, b))
+}
+
+/// [`dot`] as a [`crate::wide::Kernel`].
+struct Dot<'a>(&'a [f32], &'a [f32]);
+
+impl crate::wide::Kernel for Dot<'_> {
+    type Out = f32;
+    #[inline(always)]
+    fn run(self) -> f32 {
+        dot(self.0, self.1)
+    }
+}
+
 /// [`dot`] of each query row `q[h]` with each of four key rows (every row as long as the
 /// query's), interleaved: the same bits as separate calls.
 #[inline(always)]

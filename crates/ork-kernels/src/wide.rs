@@ -41,16 +41,7 @@ fn avx2<K: Kernel>(k: K) -> K::Out {
 
 #[cfg(test)]
 mod tests {
-    use crate::attend::dot;
-
-    struct Dot<'a>(&'a [f32], &'a [f32]);
-    impl super::Kernel for Dot<'_> {
-        type Out = f32;
-        #[inline(always)]
-        fn run(self) -> f32 {
-            dot(self.0, self.1)
-        }
-    }
+    use crate::attend::{dot, dot_wide};
 
     /// The same f32 loop gives the same bits in and out of [`super::wide`].
     #[test]
@@ -59,7 +50,7 @@ mod tests {
         let b: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.11).cos() * 3.0).collect();
         for len in [0, 1, 7, 8, 9, 64, 100, 1000] {
             let narrow = dot(&a[..len], &b[..len]);
-            let wide = super::wide(Dot(&a[..len], &b[..len]));
+            let wide = dot_wide(&a[..len], &b[..len]);
             assert_eq!(narrow.to_bits(), wide.to_bits(), "len {len}");
         }
     }
