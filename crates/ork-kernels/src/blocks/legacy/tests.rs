@@ -354,9 +354,8 @@ fn largest_block_sums_match_scalar_twin() {
                             blk[2..4].copy_from_slice(&[0, 0]);
                         }
                     }
-                    let wblk = &w[..bytes];
-                    let (ints, _) = ints(ty, wblk);
-                    let per_block: i32 = ints.iter().map(|&x| i32::from(x) * i32::from(q)).sum();
+                    let (block, _) = ints(ty, &w[..bytes]);
+                    let per_block: i32 = block.iter().map(|&x| i32::from(x) * i32::from(q)).sum();
                     let exact = per_block as f32 * nb as f32;
                     let twin = Kernel::with_isa(ty, Isa::Scalar).unwrap();
                     for m in [1usize, 4] {

@@ -297,11 +297,12 @@ const fn i16_levels<F: Decode, D: Dot>() -> u32 {
         products *= 2;
     }
     // One level alone would leave two blocks' i16 in each 32-bit lane: [`isums8`] has no such
-    // form (no type needs it), so it widens at once. Q5_1 (two levels, and a min) measured
-    // 0.93–0.96× its one-`vpmaddwd`-per-block form (`blocks_speed Q5_1 576 2000`, 12–16
-    // alternated pairs), so it widens at once too. Called in `const` blocks: left to the
-    // optimiser, this loop changed the register allocation of the kernels that inline it (Q5_1's
-    // accumulator spilled to the stack).
+    // form (no type needs it), so it widens at once. Q5_1 (two levels, and a min) widens at
+    // once too: with two levels it measured 0.96× its one-`vpmaddwd`-per-block form
+    // (`blocks_speed Q5_1 576 2000`, median of 12 alternated pairs, 0.85–1.20), and 0.91–0.93×
+    // while this function was still evaluated by the optimiser. Called in `const` blocks: left
+    // to the optimiser, this loop changed the register allocation of the kernels that inline
+    // it (Q5_1's accumulator spilled to the stack).
     if levels < 2 || (levels == 2 && F::MIN) {
         0
     } else {
