@@ -384,10 +384,10 @@ fn head_dims(
             "head size must be positive",
         ));
     }
-    if n_rot > head_dim_k || n_rot % 2 != 0 {
+    if n_rot == 0 || n_rot > head_dim_k || n_rot % 2 != 0 {
         return Err(invalid(
             &key("rope.dimension_count"),
-            &format!("{n_rot} must be even and at most the head size {head_dim_k}"),
+            &format!("{n_rot} must be even, positive and at most the head size {head_dim_k}"),
         ));
     }
     Ok((head_dim_k, head_dim_v, n_rot))

@@ -372,13 +372,29 @@ pub fn check_understood(file: &GgufFile) -> Result<(), ManifestError> {
     let Some(table) = support(arch) else {
         return Ok(());
     };
+    // A block past `block_count` is refused as llama.cpp refuses it (a tensor no layer reads):
+    // run quietly, the file would be a model with blocks missing.
+    let blocks = file
+        .metadata(&format!("{arch}.block_count"))
+        .and_then(|v| v.as_u64());
     for t in file.tensors() {
-        let known = classify(&t.name).is_some_and(|(role, _)| table.tensors.contains(&role));
-        if !known {
+        let class = classify(&t.name);
+        let known = class.is_some_and(|(role, _)| table.tensors.contains(&role));
+        let past = match (crate::block_of(&t.name), blocks) {
+            (Some(layer), Some(n)) if layer as u64 >= n => Some((layer, n)),
+            _ => None,
+        };
+        if !known || past.is_some() {
+            let reason = match past {
+                Some((layer, n)) => format!(
+                    "block {layer} is past the file's {arch}.block_count {n}: no layer reads it"
+                ),
+                None => tensor_reason(arch, &t.name),
+            };
             return Err(ManifestError::UnsupportedTensor {
                 file: file.path().to_path_buf(),
                 tensor: t.name.clone(),
-                reason: tensor_reason(arch, &t.name),
+                reason,
             });
         }
     }

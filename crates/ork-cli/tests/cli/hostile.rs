@@ -280,6 +280,28 @@ fn plan_refuses_every_model_that_run_and_convert_refuse() {
             ),
             "ffn_gate_inp",
         ),
+        // A block past block_count (llama.cpp refuses the file: a tensor no layer reads), and
+        // no rotary dimensions at all (llama.cpp's llama wants them equal to the head size).
+        (
+            mutant(
+                dir.path(),
+                "stray.gguf",
+                &m,
+                all,
+                &[("llama.block_count", MetaValue::U32(29))],
+            ),
+            "block 29 is past the file's llama.block_count 29",
+        ),
+        (
+            mutant(
+                dir.path(),
+                "rope0.gguf",
+                &m,
+                all,
+                &[("llama.rope.dimension_count", MetaValue::U32(0))],
+            ),
+            "llama.rope.dimension_count",
+        ),
         // Not implemented, so refused rather than ignored (docs/models.md): a YaRN setting and
         // a fused q/k/v weight (implemented for phi3 only).
         (
