@@ -69,6 +69,15 @@ pub enum BoardError {
         /// The known names, comma-separated.
         known: String,
     },
+    /// A name that is a CPU-only preset (`pi5-16g`) where a board with an NPU is needed.
+    #[error(
+        "'{name}' has no NPU (a CPU-only preset): the NPU's clock cannot replay on it; \
+         `ork plan --project {name}` projects the CPU engine there"
+    )]
+    NoNpu {
+        /// The name given.
+        name: String,
+    },
     /// A board description lacks a parameter.
     #[error("missing parameter '{field}'")]
     Missing {

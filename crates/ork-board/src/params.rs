@@ -296,7 +296,8 @@ impl Board {
         }
     }
 
-    /// A preset board or a chip by name; [`BoardError::Unknown`] lists the known names.
+    /// A preset board or a chip by name; [`BoardError::Unknown`] lists the known names
+    /// ([`Board::every_name`]), [`BoardError::NoNpu`] for a CPU-only preset (`pi5-16g`).
     pub fn named(name: &str) -> Result<Board, BoardError> {
         let chip = |c: &str| match c {
             "rk3576" => Chip::rk3576(),
@@ -304,6 +305,11 @@ impl Board {
         };
         if CHIPS.contains(&name) {
             return Ok(Board::of_chip(chip(name)));
+        }
+        if crate::cpu::CpuBoard::cpu_only_names().contains(&name) {
+            return Err(BoardError::NoNpu {
+                name: name.to_owned(),
+            });
         }
         PRESETS
             .iter()
@@ -318,7 +324,7 @@ impl Board {
             .ok_or_else(|| BoardError::Unknown {
                 // Escaped: a name from the command line may hold an ANSI escape or a newline.
                 name: name.escape_debug().to_string(),
-                known: Board::known().join(", "),
+                known: Board::every_name().join(", "),
             })
     }
 
@@ -329,6 +335,15 @@ impl Board {
             .copied()
             .chain(PRESETS.iter().map(|p| p.0))
             .collect()
+    }
+
+    /// Every board name the command line takes: [`Board::known`], then the CPU-only presets
+    /// ([`crate::cpu::CpuBoard::cpu_only_names`], which `ork plan --project` projects on the CPU
+    /// engine alone).
+    pub fn every_name() -> Vec<&'static str> {
+        let mut names = Board::known();
+        names.extend(crate::cpu::CpuBoard::cpu_only_names());
+        names
     }
 
     /// Whether `--project ARG` names a board description file rather than a preset or chip:

@@ -215,6 +215,7 @@ fn unknown_names_list_the_known_ones() {
                 "orangepi5-16g",
                 "rock5b-16g",
                 "turing-rk1-32g",
+                "pi5-16g",
             ] {
                 assert!(known.contains(k), "{known}");
             }
@@ -223,6 +224,16 @@ fn unknown_names_list_the_known_ones() {
     }
     for k in Board::known() {
         assert_eq!(Board::named(k).unwrap().name, k);
+    }
+    // The CPU-only presets are listed, and named as such where an NPU is needed.
+    let every = Board::every_name();
+    for k in ork_board::cpu::CpuBoard::cpu_only_names() {
+        assert!(every.contains(&k), "{every:?}");
+        assert!(ork_board::cpu::CpuBoard::resolve(k).unwrap().is_some());
+        match Board::named(k).unwrap_err() {
+            BoardError::NoNpu { name } => assert_eq!(name, k),
+            other => panic!("{other:?}"),
+        }
     }
 }
 

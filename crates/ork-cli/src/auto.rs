@@ -267,6 +267,9 @@ pub fn plan_on_board(
     config: &mut ork_runtime::EngineConfig,
     (budget, window): (u64, u64),
 ) -> Result<(Projected, Chosen)> {
+    if let Some(b) = board {
+        refuse_npu_phases(b, given)?;
+    }
     let inputs = PlanInputs {
         model: &args.model,
         manifest,
@@ -309,6 +312,35 @@ pub fn plan_on_board(
         chosen.apply(config, (args.cpus.is_some(), args.threads.is_some()));
     }
     Ok((projected, chosen))
+}
+
+/// `board`'s error for an NPU it does not have, `what` saying what needed one.
+pub fn no_npu(board: &str, what: &str) -> String {
+    format!("{board}: the board has no NPU {what}")
+}
+
+/// Refuse the engines the command line names (`given`) on a board without an NPU (a CPU-only
+/// preset, `pi5-16g`) where a phase names a device or a split: the board cannot run it, and its
+/// projection would be the CPU's. `auto` for both phases chooses among what the board has.
+fn refuse_npu_phases(board: &AutoBoard, given: (DeviceArg, DeviceArg)) -> Result<()> {
+    if board.npu.is_some() || given == (DeviceArg::Auto, DeviceArg::Auto) {
+        return Ok(());
+    }
+    let phases = [("prefill", given.0), ("decode", given.1)];
+    match phases.into_iter().find(|&(_, d)| d != DeviceArg::Cpu) {
+        Some((phase, d)) => anyhow::bail!(
+            "{}",
+            no_npu(
+                &board.label,
+                &format!(
+                    "for the {phase} ({}): run it on cpu (--{phase}-device cpu), or name a \
+                     board with an NPU",
+                    crate::open_model::arg_name(d)
+                )
+            )
+        ),
+        None => Ok(()),
+    }
 }
 
 /// What `--device auto` chose, and why.
@@ -484,9 +516,9 @@ pub fn for_run(opts: &ModelOpts, replay: bool) -> Result<(Chosen, Option<u32>)> 
     let board = if c.by == NO_BOARD {
         AutoBoard::resolve(opts.board.as_deref(), soc)?
     } else {
-        // The engines are given; `--board` still names a board and is checked.
+        // The engines are given; `--board` still names a board and is checked, with them.
         if let Some(name) = opts.board.as_deref() {
-            AutoBoard::named("--board", name)?;
+            refuse_npu_phases(&AutoBoard::named("--board", name)?, given)?;
         }
         None
     };

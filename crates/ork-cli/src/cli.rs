@@ -360,8 +360,9 @@ pub struct ModelOpts {
     /// (docs/cpu.md).
     #[arg(long, value_parser = cpus_parser)]
     pub cpus: Option<CpuList>,
-    /// With --device cpu on a MoE model: MiB of the most-routed experts kept locked in RAM
-    /// (mlock; the rest are read ahead from storage as routed). Above the RAM: exit 2.
+    /// With the CPU engine on a MoE model (--device cpu, or a phase on cpu or split): MiB of the
+    /// most-routed experts kept locked in RAM (mlock; the rest are read ahead from storage as
+    /// routed). Above the RAM: exit 2.
     #[arg(long, value_parser = mib_parser())]
     pub pin_mb: Option<u64>,
     /// Activation precision on the NPU: int8 per token (w8a8) or fp16 (w8a16; no activation

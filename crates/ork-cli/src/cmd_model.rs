@@ -247,6 +247,10 @@ impl RunStats {
             " | {:.1} MiB streamed/token",
             self.streamed_bytes_per_token / (1 << 20) as f64
         ));
+        // A phase on the CPU engine (a mixed pairing, a split): its experts' reads and pins.
+        if let Some(e) = &self.cpu_experts {
+            line.push_str(&e.line());
+        }
         line
     }
 

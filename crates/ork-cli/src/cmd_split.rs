@@ -305,7 +305,7 @@ fn share(
     let c =
         ork_exec::ModelConfig::from_gguf(&gguf).with_context(|| format!("{}", path.display()))?;
     let shape = crate::cmd_engines::cpu_shape(path, &manifest, &c)?;
-    let no_npu = || format!("{name}: the board has no NPU to split with");
+    let no_npu = || crate::auto::no_npu(&name, "to split with");
     let from = format!("the board clock's projection for {name} (projected)");
     let s = match phase {
         Phase::Decode => {

@@ -119,10 +119,10 @@ fn config_for(
             "--cpus chooses the CPU engine's cores: it needs --device cpu, or a phase on cpu"
         );
     }
-    if opts.pin_mb.is_some() && opts.device != DeviceArg::Cpu {
+    if opts.pin_mb.is_some() && !on_cpu {
         anyhow::bail!(
-            "--pin-mb keeps the CPU engine's hot MoE experts in RAM: it needs --device cpu \
-             (on a device, --budget-mb sets what stays resident)"
+            "--pin-mb keeps the CPU engine's hot MoE experts in RAM: it needs --device cpu, or \
+             a phase on cpu or split (on a device, --budget-mb sets what stays resident)"
         );
     }
     let mut config = EngineConfig {

@@ -34,15 +34,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    let shape = ork_testkit::sparse::LlamaShape {
-        n_layer: n[0],
-        d_model: n[1],
-        ffn: n[2],
-        n_head: n[3],
-        n_head_kv: n[4],
-        head_dim: n[5],
-        vocab: n[6],
-    };
+    let shape = ork_testkit::sparse::llama_shape([n[0], n[1], n[2], n[3], n[4], n[5], n[6]]);
     let ty_arg = args.get(8).map_or("F16", String::as_str);
     let Some(ty) = ork_testkit::sparse::sparse_type(ty_arg) else {
         eprintln!("error: TYPE {ty_arg:?} is not one of F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K\n{usage}");

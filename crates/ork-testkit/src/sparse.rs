@@ -11,6 +11,20 @@ use ork_gguf::MetaValue;
 /// A llama-shaped model's dimensions (the board clock's [`ork_board::Dims`]).
 pub use ork_board::Dims as LlamaShape;
 
+/// A llama shape from its seven dimensions in [`LlamaShape`]'s order: blocks, width, FFN width,
+/// heads, KV heads, head dimension, vocabulary.
+pub const fn llama_shape(n: [usize; 7]) -> LlamaShape {
+    LlamaShape {
+        n_layer: n[0],
+        d_model: n[1],
+        ffn: n[2],
+        n_head: n[3],
+        n_head_kv: n[4],
+        head_dim: n[5],
+        vocab: n[6],
+    }
+}
+
 const F32: u32 = 0;
 const ALIGN: u64 = 32;
 
@@ -46,7 +60,9 @@ pub fn sparse_type(name: &str) -> Option<SparseType> {
 
 /// The type a weight of `k` columns takes: `ty` when `k` is a multiple of its block, else the
 /// fallback llama.cpp's quantizer uses (`llama-quant.cpp` `tensor_type_fallback`: Q4_K → Q5_0,
-/// Q5_K → Q5_1, Q6_K → Q8_0; Q2_K and Q3_K → IQ4_NL there, which ork does not read: Q4_0 here).
+/// Q5_K → Q5_1, Q6_K → Q8_0; Q2_K and Q3_K → IQ4_NL there. ork's CPU engine and the board
+/// clock read IQ4_NL, but its GGUF decoder, which the NPU's `.orkpack` conversion uses, does
+/// not (`GgmlType::is_decodable`): Q4_0 here, the same 18-byte block of 32 weights).
 fn fitting(ty: SparseType, k: usize) -> SparseType {
     if k.is_multiple_of(ty.1) {
         return ty;
