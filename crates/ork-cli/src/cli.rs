@@ -217,6 +217,14 @@ pub struct ServeArgs {
     /// the model; docs/serve.md, "Tool calls").
     #[arg(long, value_name = "FILE")]
     pub chat_template_file: Option<std::path::PathBuf>,
+    /// Speculative verification: `lookup` (the one draft `serve` takes) drafts each greedy
+    /// request's next tokens from its prompt and text (n-grams, no draft model) and verifies them
+    /// within the batched step on the prefill engine (docs/serve.md, "Speculative verification").
+    #[arg(long, value_parser = ["lookup"])]
+    pub draft: Option<String>,
+    /// Most draft tokens per verification (1 to 256).
+    #[arg(long, requires = "draft", default_value_t = DEFAULT_DRAFT_MAX, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
+    pub draft_max: usize,
 }
 
 /// `ork convert`.

@@ -40,6 +40,7 @@ pub fn serve(args: &ServeArgs) -> Result<ExitCode> {
         prefix_cache_save_every: (args.prefix_cache_save_secs > 0)
             .then(|| Duration::from_secs(args.prefix_cache_save_secs)),
         chat_template,
+        draft_max: args.draft.is_some().then_some(args.draft_max),
     };
     ork_server::run(engine, config, |addr, model| {
         // One line a script (or a test) can wait for.

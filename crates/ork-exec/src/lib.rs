@@ -49,14 +49,14 @@ pub use moe::{MoeStats, Routing};
 pub use ork_manifest::WeightId;
 pub use perplexity::{perplexity, PerplexityReport};
 pub use sample::{Distribution, Sampler, SamplerOptions};
-pub use session::{BatchPart, KvType, Session};
+pub use session::{BatchPart, KvType, Logits, Session};
 pub use smooth::{
     smooth_reference, smoothed_gguf, smoothing_factors, BlockSmoothing, SmoothTargets,
 };
 pub use speculative::{
-    check_draft_vocabulary, generate_speculative, Acceptance, Draft, LookupDraft, ModelDraft,
-    Proposal, SpeculativeGeneration, SpeculativeOptions, SpeculativeStats, StandardAcceptance,
-    TreeProposal, DRAFT_VOCAB_MAX_SIZE_DIFFERENCE,
+    check_draft_vocabulary, generate_speculative, judge_chain, Acceptance, Draft, LookupDraft,
+    ModelDraft, Proposal, SpeculativeGeneration, SpeculativeOptions, SpeculativeStats,
+    StandardAcceptance, TreeProposal, DRAFT_VOCAB_MAX_SIZE_DIFFERENCE,
 };
 pub use tokenizer::{TextStream, TokenKind, Tokenizer, Vocabulary};
 pub use weights::WeightSpec;

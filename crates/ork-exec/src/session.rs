@@ -30,11 +30,14 @@ pub struct Session {
     len: usize,
 }
 
-/// Which positions of a forward pass produce logits.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Logits {
+/// Which positions of a forward pass produce logits ([`BatchPart::logits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// None (a prompt chunk that does not end its prompt).
     None,
+    /// The last token's (`vocab` values).
     Last,
+    /// Every token's (`tokens.len() × vocab`, row-major): the verification of drafted tokens.
     All,
 }
 
@@ -345,8 +348,9 @@ impl Session {
 
     /// One batched step over several sessions of the same model and matmul backend (continuous
     /// batching): every matmul runs once with `M` = the parts' tokens together, attention and
-    /// RoPE per part against its own KV cache and positions. A part is one decode token or a
-    /// prefill chunk. Returns, per part, the logits of its last token when it asked for them.
+    /// RoPE per part against its own KV cache and positions. A part is one decode token, a
+    /// prefill chunk, or a verification of drafted tokens (the last token and the drafts, with
+    /// [`Logits::All`]). Returns, per part, the logits it asked for.
     ///
     /// Each part's results are those of running it alone ([`Session::prefill`] /
     /// [`Session::decode`]): every operator works row by row (the device quantizes activations
@@ -434,9 +438,10 @@ pub struct BatchPart<'s, 't> {
     pub session: &'s mut Session,
     /// One token for a decode step, or a chunk of a prompt.
     pub tokens: &'t [u32],
-    /// Compute the logits of the last token (a prefill chunk that does not end its prompt
-    /// needs none, which saves the output matmul's rows).
-    pub logits: bool,
+    /// Which logits to compute: the last token's, none (a prefill chunk that does not end its
+    /// prompt, which saves the output matmul's rows), or every token's (a verification of
+    /// drafted tokens, `Phase::Prefill`).
+    pub logits: Logits,
     /// Which phase `tokens` are: a prompt chunk ([`Phase::Prefill`]) or the next token of a
     /// sequence past its prompt ([`Phase::Decode`]). A backend of one engine per phase runs
     /// the part on that phase's engine.
@@ -448,7 +453,7 @@ impl<'s, 't> From<&'s mut BatchPart<'_, 't>> for Part<'s, 't> {
         Part {
             session: &mut *p.session,
             tokens: p.tokens,
-            logits: if p.logits { Logits::Last } else { Logits::None },
+            logits: p.logits,
             tree: None,
         }
     }

@@ -691,6 +691,49 @@ pub fn generate_speculative(
     })
 }
 
+/// Judge a chain of drafts verified elsewhere (the server's batched step verifies them as one
+/// part of a [`Session::step`]): `logits` are the verifier's for every row of
+/// `[last, drafts…]` (`(drafts.len() + 1) × vocab`, as [`Session::forward_all`] or a batch part
+/// with [`crate::Logits::All`] gives them). The drafts are judged left to right by `acceptance`,
+/// as [`generate_speculative`] judges a chain. Returns how many were accepted and the token the
+/// pass emits after them; the cache is then to keep `last` and the accepted drafts
+/// ([`Session::truncate`] to the position before the pass + 1 + accepted).
+///
+/// # Errors
+/// [`ExecError::InvalidDraft`] for a drafted token outside the vocabulary or logits of another
+/// length; the sampler's errors.
+pub fn judge_chain(
+    last: u32,
+    drafts: &[Proposal],
+    (logits, vocab): (&[f32], usize),
+    sampler: &mut Sampler,
+    acceptance: &mut dyn Acceptance,
+) -> Result<(usize, u32), ExecError> {
+    let tree = chain_tree(drafts.to_vec());
+    let (kept, _) = prune_tree(&tree, vocab, drafts.len());
+    if kept.len() != drafts.len() || logits.len() != (drafts.len() + 1) * vocab {
+        return Err(ExecError::InvalidDraft {
+            what: format!(
+                "{} drafts ({} in the vocabulary of {vocab}) against {} logits",
+                drafts.len(),
+                kept.len(),
+                logits.len()
+            ),
+        });
+    }
+    let (batch, parents) = verifier_batch(last, &kept);
+    let (path, next) = walk(
+        &batch,
+        &parents,
+        logits,
+        vocab,
+        (&tree, &kept),
+        sampler,
+        acceptance,
+    )?;
+    Ok((path.len() - 1, next))
+}
+
 /// The verifier's batch: `last` (node 0), then the kept drafts (node j + 1), and each row's
 /// parent row.
 fn verifier_batch(last: u32, tree: &[KeptNode]) -> (Vec<u32>, Vec<Option<usize>>) {
@@ -934,6 +977,34 @@ mod tests {
         let mut rule = StandardAcceptance;
         assert_eq!(rule.judge(&p, &Distribution::point(3), 3, &mut s), None);
         assert_eq!(rule.judge(&p, &Distribution::point(5), 5, &mut s), Some(3));
+    }
+
+    #[test]
+    fn a_chain_is_judged_by_argmax_for_greedy() {
+        // Vocabulary 4; rows: after `last` argmax 2, after 2 argmax 3, after 3 argmax 0.
+        let rows = [[0., 0., 1., 0.], [0., 0., 0., 1.], [1., 0., 0., 0.]].concat();
+        let drafts: Vec<Proposal> = [2u32, 1]
+            .iter()
+            .map(|&t| Proposal {
+                token: t,
+                q: Distribution::point(t),
+            })
+            .collect();
+        let mut s = Sampler::greedy();
+        let judged = judge_chain(0, &drafts, (&rows, 4), &mut s, &mut StandardAcceptance);
+        // 2 accepted, 1 rejected: the verifier's own 3 follows.
+        assert_eq!(judged.unwrap(), (1, 3));
+        let all = [
+            drafts[0].clone(),
+            Proposal {
+                token: 3,
+                q: Distribution::point(3),
+            },
+        ];
+        let judged = judge_chain(0, &all, (&rows, 4), &mut s, &mut StandardAcceptance);
+        assert_eq!(judged.unwrap(), (2, 0));
+        let bad = judge_chain(0, &all, (&rows[..8], 4), &mut s, &mut StandardAcceptance);
+        assert!(matches!(bad, Err(ExecError::InvalidDraft { .. })));
     }
 
     #[test]

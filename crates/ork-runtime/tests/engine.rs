@@ -197,7 +197,11 @@ fn batched_steps_give_each_sequence_its_greedy_tokens_alone() {
                 .map(|(s, (tokens, logits))| BatchPart {
                     session: &mut s.session,
                     tokens,
-                    logits: *logits,
+                    logits: if *logits {
+                        ork_exec::Logits::Last
+                    } else {
+                        ork_exec::Logits::None
+                    },
                     phase: if s.fed < s.prompt.len() {
                         ork_exec::Phase::Prefill
                     } else {
@@ -238,13 +242,13 @@ fn a_batched_step_with_an_overflowing_part_changes_no_session() {
         BatchPart {
             session: &mut a,
             tokens: &tokens,
-            logits: true,
+            logits: ork_exec::Logits::Last,
             phase: ork_exec::Phase::Prefill,
         },
         BatchPart {
             session: &mut b,
             tokens: &five,
-            logits: true,
+            logits: ork_exec::Logits::Last,
             phase: ork_exec::Phase::Prefill,
         },
     ];

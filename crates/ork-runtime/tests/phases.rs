@@ -142,13 +142,13 @@ fn a_batched_step_runs_each_phase_on_its_engine() {
         let mut parts = vec![BatchPart {
             session: &mut a,
             tokens: &la,
-            logits: true,
+            logits: ork_exec::Logits::Last,
             phase: Phase::Decode,
         }];
         parts.push(BatchPart {
             session: &mut b,
             tokens: if out_b.is_empty() { &pb } else { &lb },
-            logits: true,
+            logits: ork_exec::Logits::Last,
             phase: if out_b.is_empty() {
                 Phase::Prefill
             } else {

@@ -84,6 +84,10 @@ pub struct ServeConfig {
     /// A chat template (Jinja source) used instead of the GGUF's own, as llama-server's
     /// `--chat-template-file` (for a file whose template lacks tool calls, or has none).
     pub chat_template: Option<String>,
+    /// Speculative verification (`--draft lookup --draft-max K`): greedy requests without log
+    /// probabilities draft up to this many tokens per step by prompt lookup and verify them on
+    /// the prefill engine (`None`: off; docs/serve.md, "Speculative verification").
+    pub draft_max: Option<usize>,
 }
 
 impl Default for ServeConfig {
@@ -105,6 +109,7 @@ impl Default for ServeConfig {
             prefix_cache_dir: None,
             prefix_cache_save_every: Some(Duration::from_secs(60)),
             chat_template: None,
+            draft_max: None,
         }
     }
 }
@@ -181,6 +186,7 @@ impl Server {
             prefill_chunk: config.prefill_chunk,
             prefix_cache_bytes: config.prefix_cache_bytes,
             persist,
+            draft_max: config.draft_max,
         };
         let scheduler = spawn_scheduler(&engine, sc, queue_rx, &metrics, &abort)?;
         let prompt_bytes = http::max_prompt_bytes(engine.tokenizer(), context);
@@ -408,6 +414,11 @@ fn check(config: &ServeConfig, context: usize) -> Result<(), ServerError> {
             "--prefill-chunk",
             format!("{} is not in 1..=65536", config.prefill_chunk),
         );
+    }
+    if let Some(k) = config.draft_max {
+        if !(1..=256).contains(&k) {
+            return bad("--draft-max", format!("{k} is not in 1..=256"));
+        }
     }
     if let Some(key) = &config.api_key {
         if key.is_empty() {

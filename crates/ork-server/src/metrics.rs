@@ -42,6 +42,12 @@ pub struct Metrics {
     pub ttft_micros: AtomicU64,
     /// Requests that produced a first token.
     pub ttft_count: AtomicU64,
+    /// Speculation: verification parts run (one per sequence and step).
+    pub verify_passes: AtomicU64,
+    /// Speculation: draft tokens verified.
+    pub drafted: AtomicU64,
+    /// Speculation: draft tokens accepted.
+    pub drafts_accepted: AtomicU64,
     /// (end of step, decode tokens, step time) of the recent steps.
     recent: Mutex<VecDeque<(Instant, u64, Duration)>>,
 }
@@ -59,6 +65,13 @@ impl Metrics {
         {
             recent.pop_front();
         }
+    }
+
+    /// A verification of `drafted` drafts that accepted `accepted`.
+    pub fn record_verification(&self, drafted: u64, accepted: u64) {
+        self.verify_passes.fetch_add(1, Ordering::Relaxed);
+        self.drafted.fetch_add(drafted, Ordering::Relaxed);
+        self.drafts_accepted.fetch_add(accepted, Ordering::Relaxed);
     }
 
     /// Count a first token `ttft` after admission.
@@ -87,6 +100,7 @@ impl Metrics {
     pub fn render(&self, engine: &Engine) -> String {
         let mut out = String::new();
         self.render_requests(&mut out);
+        self.render_speculation(&mut out);
         render_weights(&mut out, engine);
         out
     }
@@ -202,6 +216,34 @@ impl Metrics {
 }
 
 /// One metric: its help and type lines, then a line per (labels, value) sample.
+impl Metrics {
+    /// The speculation counters.
+    fn render_speculation(&self, out: &mut String) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        metric(
+            out,
+            "ork_verify_passes_total",
+            "counter",
+            "Speculation: drafted tokens verified in a step (one per sequence and step).",
+            &[("", get(&self.verify_passes))],
+        );
+        metric(
+            out,
+            "ork_draft_tokens_total",
+            "counter",
+            "Speculation: prompt-lookup draft tokens verified.",
+            &[("", get(&self.drafted))],
+        );
+        metric(
+            out,
+            "ork_draft_tokens_accepted_total",
+            "counter",
+            "Speculation: draft tokens the verification accepted.",
+            &[("", get(&self.drafts_accepted))],
+        );
+    }
+}
+
 fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, f64)]) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");

@@ -5,12 +5,25 @@
 //! all of them ([`Session::step`]): a decode token for every sequence past its prompt, plus at
 //! most one chunk of one prompt still being prefilled, so a new request delays the others by one
 //! chunk at most. Each sequence samples from its own logits with its own [`Sampler`].
+//!
+//! With speculation on ([`SchedulerConfig::draft_max`]), a greedy sequence past its prompt
+//! drafts its next tokens by prompt lookup ([`LookupDraft`], no draft model) and, when it has
+//! drafts, its part of the step is a verification instead of a decode token: its last token and
+//! the drafts in one pass on the prefill engine ([`Phase::Prefill`]) with the logits of every
+//! position. The drafts are judged as `ork run --draft` judges them ([`judge_chain`]: greedy,
+//! the accepted prefix is what argmax confirms), the accepted ones and the verifier's next token
+//! are emitted one by one as sampled tokens are (stops, stop sequences, `max_tokens`), and the
+//! cache is cut back past the rejected drafts ([`Session::truncate`]). Sequences without drafts
+//! decode in the same step.
 use crate::metrics::Metrics;
 use crate::prefix::PrefixCache;
 pub use crate::saver::Persist;
 use crate::saver::Saver;
 use crossbeam_channel::{Receiver, TryRecvError};
-use ork_exec::{BatchPart, Phase, Sampler, SamplerOptions, Session, TextStream, Tokenizer};
+use ork_exec::{
+    judge_chain, BatchPart, Draft, Logits, LookupDraft, Phase, Proposal, Sampler, SamplerOptions,
+    Session, StandardAcceptance, TextStream, Tokenizer,
+};
 use ork_runtime::Engine;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -145,6 +158,9 @@ pub struct SchedulerConfig {
     /// Where the prefix cache is read from at start and written to at the end (`None`: it
     /// lives only as long as the process).
     pub persist: Option<Persist>,
+    /// Speculation: greedy requests without log probabilities verify up to this many
+    /// prompt-lookup drafts per step on the prefill engine (`None`: no speculation).
+    pub draft_max: Option<usize>,
 }
 
 /// One running sequence.
@@ -164,11 +180,45 @@ struct Slot<'t> {
     sent: usize,
     started: Instant,
     first_token: bool,
+    /// Its prompt-lookup draft, when it speculates.
+    draft: Option<LookupDraft>,
 }
 
 impl Slot<'_> {
     fn prefilling(&self) -> bool {
         self.fed < self.job.prompt.len()
+    }
+
+    /// Prompt-lookup drafts to verify this step, at most `draft_max`: none when the sequence
+    /// does not speculate, has forced tokens left, or has room for one more token only (a pass
+    /// emits the accepted drafts and one token more).
+    fn drafts(&mut self, draft_max: usize) -> Vec<Proposal> {
+        if self.draft.is_none() || self.job.forced.len() > self.generated.len() {
+            return Vec::new();
+        }
+        let room = self
+            .session
+            .context()
+            .saturating_sub(self.session.position() + 1);
+        let want = draft_max
+            .min(self.job.max_tokens.saturating_sub(self.generated.len() + 1))
+            .min(room);
+        if want == 0 {
+            return Vec::new();
+        }
+        let history = self.tokens();
+        let vocab = self.session.model().config().vocab_size;
+        let Some(draft) = self.draft.as_mut() else {
+            return Vec::new();
+        };
+        // Prompt lookup cannot fail; its tokens come from the history (in the vocabulary).
+        let mut drafts = draft.propose(&history, want).unwrap_or_default();
+        let valid = drafts
+            .iter()
+            .take_while(|p| (p.token as usize) < vocab)
+            .count();
+        drafts.truncate(valid);
+        drafts
     }
 
     /// The tokens this sequence ran (its cache holds the first `session.position()`).
@@ -400,6 +450,12 @@ fn start_slot<'t>(
             return None;
         }
     };
+    // Greedy requests without log probabilities speculate (the verifier's logits are the
+    // prefill engine's, and a sampled request's random stream would be drawn differently).
+    let draft = config
+        .draft_max
+        .filter(|_| job.sampler.temperature == 0.0 && job.logprobs.is_none())
+        .map(|_| LookupDraft::default());
     let (session, cached) = match prefixes.take(&job.prompt, &fresh) {
         Some((session, len)) => (session, len),
         None => (fresh, 0),
@@ -422,6 +478,7 @@ fn start_slot<'t>(
         sent: 0,
         started: Instant::now(),
         first_token: false,
+        draft,
     })
 }
 
@@ -443,6 +500,16 @@ fn retire(slots: &mut Vec<Slot<'_>>, keep: &[bool], prefixes: &mut PrefixCache, 
         .store(prefixes.bytes() as u64, Ordering::Relaxed);
 }
 
+/// One slot's share of a step.
+struct Input {
+    tokens: Vec<u32>,
+    logits: Logits,
+    phase: Phase,
+    /// The drafts it verifies (`tokens` is then the last token and these); empty for a prompt
+    /// chunk or a plain decode step.
+    drafts: Vec<Proposal>,
+}
+
 /// One batched step over `slots`, then sampling, stop checks and retirement.
 fn step(
     slots: &mut Vec<Slot<'_>>,
@@ -451,40 +518,18 @@ fn step(
     metrics: &Metrics,
     prefixes: &mut PrefixCache,
 ) {
-    // Inputs: every decoding sequence's last token, and one chunk of the first prefilling one;
-    // each says its phase, which picks its engine when prefill and decode run on different ones
-    // (`ork_exec::Session::step`).
-    let mut inputs: Vec<Option<(Vec<u32>, bool, Phase)>> = Vec::with_capacity(slots.len());
-    let mut prefill_left = config.prefill_chunk;
-    for s in slots.iter() {
-        if s.prefilling() {
-            if prefill_left == 0 {
-                inputs.push(None);
-                continue;
-            }
-            let end = (s.fed + prefill_left).min(s.job.prompt.len());
-            prefill_left -= end - s.fed;
-            inputs.push(Some((
-                s.job.prompt[s.fed..end].to_vec(),
-                end == s.job.prompt.len(),
-                Phase::Prefill,
-            )));
-        } else {
-            let last = *s.generated.last().expect("a decoding sequence has a token");
-            inputs.push(Some((vec![last], true, Phase::Decode)));
-        }
-    }
+    let inputs = step_inputs(slots, config);
     let t0 = Instant::now();
     let result = {
         let mut parts: Vec<BatchPart<'_, '_>> = slots
             .iter_mut()
             .zip(&inputs)
             .filter_map(|(s, input)| {
-                input.as_ref().map(|(tokens, logits, phase)| BatchPart {
+                input.as_ref().map(|i| BatchPart {
                     session: &mut s.session,
-                    tokens,
-                    logits: *logits,
-                    phase: *phase,
+                    tokens: &i.tokens,
+                    logits: i.logits,
+                    phase: i.phase,
                 })
             })
             .collect();
@@ -514,44 +559,170 @@ fn step(
     let mut decoded = 0u64;
     let mut keep = Vec::with_capacity(slots.len());
     for (s, input) in slots.iter_mut().zip(&inputs) {
-        let Some((tokens, _, _)) = input else {
+        let Some(input) = input else {
             keep.push(true);
             continue;
         };
         let l = logits.next().flatten();
         if s.prefilling() {
-            s.fed += tokens.len();
+            s.fed += input.tokens.len();
             metrics
                 .prompt_tokens
-                .fetch_add(tokens.len() as u64, Ordering::Relaxed);
-        } else {
+                .fetch_add(input.tokens.len() as u64, Ordering::Relaxed);
+        } else if input.drafts.is_empty() {
             decoded += 1;
         }
         let Some(l) = l else {
             keep.push(true);
             continue;
         };
-        keep.push(sample_one(s, &l, tokenizer, metrics));
+        if input.drafts.is_empty() {
+            keep.push(sample_one(s, &l, tokenizer, metrics));
+        } else {
+            let (alive, emitted) = accept_drafts(s, &input.drafts, &l, tokenizer, metrics);
+            decoded += emitted;
+            keep.push(alive);
+        }
     }
     metrics.record_step(decoded, elapsed);
     retire(slots, &keep, prefixes, metrics);
     metrics.active.store(slots.len() as u64, Ordering::Relaxed);
 }
 
-/// Sample the next token of `s` from `logits`, send its text; false when `s` is finished.
+/// The step's inputs: every decoding sequence's last token (and its drafts, verified on the
+/// prefill engine, when it has some), and one chunk of the first prefilling one; each says its
+/// phase, which picks its engine when prefill and decode run on different ones
+/// (`ork_exec::Session::step`).
+fn step_inputs(slots: &mut [Slot<'_>], config: &SchedulerConfig) -> Vec<Option<Input>> {
+    let mut inputs = Vec::with_capacity(slots.len());
+    let mut prefill_left = config.prefill_chunk;
+    for s in slots.iter_mut() {
+        if s.prefilling() {
+            if prefill_left == 0 {
+                inputs.push(None);
+                continue;
+            }
+            let end = (s.fed + prefill_left).min(s.job.prompt.len());
+            prefill_left -= end - s.fed;
+            inputs.push(Some(Input {
+                tokens: s.job.prompt[s.fed..end].to_vec(),
+                logits: if end == s.job.prompt.len() {
+                    Logits::Last
+                } else {
+                    Logits::None
+                },
+                phase: Phase::Prefill,
+                drafts: Vec::new(),
+            }));
+            continue;
+        }
+        let last = *s.generated.last().expect("a decoding sequence has a token");
+        let drafts = config.draft_max.map_or_else(Vec::new, |k| s.drafts(k));
+        inputs.push(Some(if drafts.is_empty() {
+            Input {
+                tokens: vec![last],
+                logits: Logits::Last,
+                phase: Phase::Decode,
+                drafts,
+            }
+        } else {
+            Input {
+                tokens: std::iter::once(last)
+                    .chain(drafts.iter().map(|p| p.token))
+                    .collect(),
+                logits: Logits::All,
+                phase: Phase::Prefill,
+                drafts,
+            }
+        }));
+    }
+    inputs
+}
+
+/// Judge the drafts `s` verified from `logits` (every row's: its last token's, then each
+/// draft's), emit the accepted drafts and the verifier's next token as sampled tokens are
+/// emitted, and roll the cache back past the rejected drafts. Returns whether `s` goes on, and
+/// how many tokens it emitted.
+fn accept_drafts(
+    s: &mut Slot<'_>,
+    drafts: &[Proposal],
+    logits: &[f32],
+    tokenizer: &Tokenizer,
+    metrics: &Metrics,
+) -> (bool, u64) {
+    let vocab = s.session.model().config().vocab_size;
+    let last = *s.generated.last().expect("a decoding sequence has a token");
+    // The cache before the pass, which appended the last token and the drafts.
+    let base = s.session.position() - (drafts.len() + 1);
+    let judged = judge_chain(
+        last,
+        drafts,
+        (logits, vocab),
+        &mut s.sampler,
+        &mut StandardAcceptance,
+    );
+    let (accepted, next) = match judged {
+        Ok(j) => j,
+        Err(e) => {
+            let _ = s.job.events.send(Event::Failed(e.to_string()));
+            metrics.failed.fetch_add(1, Ordering::Relaxed);
+            return (false, 0);
+        }
+    };
+    metrics.record_verification(drafts.len() as u64, accepted as u64);
+    let mut alive = true;
+    let mut emitted = 0;
+    for (j, t) in drafts[..accepted]
+        .iter()
+        .map(|p| p.token)
+        .chain([next])
+        .enumerate()
+    {
+        emitted += 1;
+        if !emit(s, t, &logits[j * vocab..][..vocab], tokenizer, metrics) {
+            alive = false;
+            break;
+        }
+    }
+    // The cache keeps the last token and the accepted drafts, but no token the sequence did not
+    // take (it stopped inside the drafts); cutting back into the last pass always works.
+    let keep = (base + 1 + accepted).min(s.job.prompt.len() + s.generated.len());
+    if let Err(e) = s.session.truncate(keep) {
+        if alive {
+            let _ = s.job.events.send(Event::Failed(e.to_string()));
+            metrics.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        return (false, emitted);
+    }
+    (alive, emitted)
+}
+
+/// Sample the next token of `s` from `logits` and emit it; false when `s` is finished.
 fn sample_one(s: &mut Slot<'_>, logits: &[f32], tokenizer: &Tokenizer, metrics: &Metrics) -> bool {
     let sampled = match s.job.forced.get(s.generated.len()) {
         Some(&t) => Ok(t),
         None => s.sampler.sample(logits),
     };
-    let token = match sampled {
-        Ok(t) => t,
+    match sampled {
+        Ok(token) => emit(s, token, logits, tokenizer, metrics),
         Err(e) => {
             let _ = s.job.events.send(Event::Failed(e.to_string()));
             metrics.failed.fetch_add(1, Ordering::Relaxed);
-            return false;
+            false
         }
-    };
+    }
+}
+
+/// `token` is the next token of `s` (`logits` the scores it was chosen from): check for the end
+/// of generation, send its log probability and text, check stop sequences and `max_tokens`;
+/// false when `s` is finished.
+fn emit(
+    s: &mut Slot<'_>,
+    token: u32,
+    logits: &[f32],
+    tokenizer: &Tokenizer,
+    metrics: &Metrics,
+) -> bool {
     if !s.first_token {
         s.first_token = true;
         metrics.record_ttft(s.started.elapsed());

@@ -8,9 +8,13 @@ mod server {
     mod hostile;
     mod load;
     mod logprobs;
-    mod phases;
+    pub mod phases;
     mod prefix;
     mod python;
     mod robustness;
+    /// ork-runtime's test helpers (the engines-per-phase setup), shared rather than copied.
+    #[path = "../../../ork-runtime/tests/common/mod.rs"]
+    mod runtime_common;
+    mod speculative;
     mod tools;
 }

@@ -167,7 +167,7 @@ fn batches_and_batched_steps_past_the_window_match_one_batch() {
             parts.push(BatchPart {
                 session: &mut a,
                 tokens: &toks[pa..pa + 1],
-                logits: true,
+                logits: ork_exec::Logits::Last,
                 phase: ork_exec::Phase::Decode,
             });
         }
@@ -175,7 +175,7 @@ fn batches_and_batched_steps_past_the_window_match_one_batch() {
             parts.push(BatchPart {
                 session: &mut b,
                 tokens: &toks[pb..pb + nb],
-                logits: true,
+                logits: ork_exec::Logits::Last,
                 phase: ork_exec::Phase::Prefill,
             });
         }

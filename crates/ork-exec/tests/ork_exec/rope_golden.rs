@@ -102,13 +102,13 @@ fn check(kind: RopeFixture, case: &str) {
         ork_exec::BatchPart {
             session: &mut a,
             tokens: &t[3..9],
-            logits: true,
+            logits: ork_exec::Logits::Last,
             phase: ork_exec::Phase::Prefill,
         },
         ork_exec::BatchPart {
             session: &mut b,
             tokens: &t[..5],
-            logits: true,
+            logits: ork_exec::Logits::Last,
             phase: ork_exec::Phase::Prefill,
         },
     ])

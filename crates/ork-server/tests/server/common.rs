@@ -23,12 +23,17 @@ pub fn engine(budget_mb: u64) -> Engine {
 
 /// A server on a free loopback port.
 pub fn start(budget_mb: u64, tweak: impl FnOnce(&mut ServeConfig)) -> Server {
+    start_on(engine(budget_mb), tweak)
+}
+
+/// A server on `engine`, on a free loopback port.
+pub fn start_on(engine: Engine, tweak: impl FnOnce(&mut ServeConfig)) -> Server {
     let mut config = ServeConfig {
         port: 0,
         ..ServeConfig::default()
     };
     tweak(&mut config);
-    Server::start(engine(budget_mb), config).unwrap()
+    Server::start(engine, config).unwrap()
 }
 
 /// `http://ADDR`.
