@@ -213,10 +213,7 @@ impl Metrics {
             &[("", get(&self.active) as f64)],
         );
     }
-}
 
-/// One metric: its help and type lines, then a line per (labels, value) sample.
-impl Metrics {
     /// The speculation counters.
     fn render_speculation(&self, out: &mut String) {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
@@ -224,7 +221,7 @@ impl Metrics {
             out,
             "ork_verify_passes_total",
             "counter",
-            "Speculation: drafted tokens verified in a step (one per sequence and step).",
+            "Speculation: verifications of drafted tokens (one per sequence and step).",
             &[("", get(&self.verify_passes))],
         );
         metric(
@@ -244,6 +241,7 @@ impl Metrics {
     }
 }
 
+/// One metric: its help and type lines, then a line per (labels, value) sample.
 fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, f64)]) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
