@@ -116,8 +116,10 @@ atest cortex-a76 "${PKGS[@]}" --test ork-gguf --test ork-pack --test ork-store -
 
 # ---- 4. conformance, emulator and rknn stand-in --------------------------------------------
 if [ "$LINK" = dynamic ]; then
-  step "the rknn stand-in for aarch64, and ork-device's integration tests through it (-cpu cortex-a76)"
-  cargo build --locked --target "$TARGET" --target-dir "$TD" --profile test -p ork-rknn-standin
+  step "the rknn stand-in and ork for aarch64, and ork-device's integration tests through the stand-in (-cpu cortex-a76)"
+  # ork (step 5) is built in the same invocation: the stand-in's crates are a subset of ork's, so
+  # built apart they would be compiled twice, with two feature sets.
+  cargo build --locked --target "$TARGET" --target-dir "$TD" --profile test -p ork-rknn-standin -p ork-cli
   ORK_RKNN_LIB="$TD/$TARGET/debug/libork_rknn_standin.so" \
     atest cortex-a76 "${PKGS[@]}" --test ork-device -- "${SKIP_CHILD[@]}" "$@"
 else
@@ -133,7 +135,13 @@ step "ork for x86 and aarch64"
 if [ -z "${ORK_X86_ORK:-}" ]; then
   cargo test --locked --workspace --no-run
 fi
-cargo build --locked --target "$TARGET" --target-dir "$TD" --profile test -p ork-cli
+# On dynamic test binaries a no-op after step 4's build (the same packages, so the same features);
+# static ones cannot build the stand-in (a cdylib).
+if [ "$LINK" = dynamic ]; then
+  cargo build --locked --target "$TARGET" --target-dir "$TD" --profile test -p ork-rknn-standin -p ork-cli
+else
+  cargo build --locked --target "$TARGET" --target-dir "$TD" --profile test -p ork-cli
+fi
 X86_ORK="${ORK_X86_ORK:-$ROOT/target/debug/ork}"
 A64_ORK="$TD/$TARGET/debug/ork"
 WORK="$(mktemp -d "$TD/check.XXXXXX")"

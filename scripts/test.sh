@@ -52,7 +52,9 @@ if [ ! -e "$ORK_CPU_GOLDEN_DIR/ERROR" ]; then
     || golden_failed "step 'python3 scripts/requantize.py' (scripts/test.sh) failed"
 fi
 if [ ! -e "$ORK_CPU_GOLDEN_DIR/ERROR" ]; then
-  python3 scripts/cpu_golden.py "$ORK_CPU_GOLDEN_DIR" "$ORK_MODEL" "$ORK_GEMMA3" \
+  # SmolLM2 Q4_1's golden also holds llama.cpp's perplexity over a longer text (issue 37's 0.3 %
+  # bound is tested there; /usr/share/common-licenses/GPL-3 is Debian's base-files).
+  python3 scripts/cpu_golden.py "$ORK_CPU_GOLDEN_DIR" --long /usr/share/common-licenses/GPL-3 "$ORK_MODEL" "$ORK_GEMMA3" \
     "$ORK_REQUANT_DIR"/SmolLM2-135M-Instruct.{Q4_0,Q5_1,Q8_0,Q2_K,Q2_K_pure,Q3_K_M,Q4_K_M,Q5_K_M,Q6_K}.gguf >&2 \
     || golden_failed "step 'python3 scripts/cpu_golden.py' (scripts/test.sh) failed"
 fi

@@ -17,10 +17,15 @@
 //!   token at each step, except where llama.cpp's own top two logits are within 0.5 (a near-tie
 //!   either side may break). At every step, ork is then fed llama.cpp's token, so the comparison
 //!   continues over all 32 steps on the same context;
-//! - perplexity under llama-perplexity's protocol within 3 % of llama.cpp's.
+//! - perplexity under llama-perplexity's protocol within 3 % of llama.cpp's;
+//! - for SmolLM2 Q4_1, perplexity over a longer text (3570 scored tokens) within issue 37's
+//!   0.3 % of llama.cpp's.
 //!
-//! **These bounds are looser than issue 37's acceptance (1e-2 of the spread, near-ties within
-//! 0.1, perplexity within 0.3 %), which ork does not meet yet.** Measured on the test's files
+//! **The first three bounds are looser than issue 37's acceptance (1e-2 of the spread, near-ties
+//! within 0.1, perplexity within 0.3 %), which llama.cpp itself does not meet against itself:
+//! one token at a time against one batch, on these files, it fails the logit bound on all 11,
+//! the 93-token perplexity bound on 9 and the near-tie bound on 3 (`scripts/llama_cpp_self.py`,
+//! docs/cpu.md).** Measured on the test's files
 //! (x86, 2026-12-06): worst logit difference 2.2e-2 (Q8_0) to 3.8e-2 (Q2_K_pure) of the spread;
 //! greedy steps that differ where llama.cpp's top two are up to 0.44 apart; perplexity −0.7 %
 //! (Q4_0) to +2.2 % (Q3_K_M). That is the size of llama.cpp's own irreproducibility on these
@@ -57,6 +62,10 @@ struct Golden {
     logits: Logits,
     greedy: Greedy,
     perplexity: Ppl,
+    /// llama.cpp's perplexity over a longer text, for SmolLM2 Q4_1 only (`scripts/cpu_golden.py
+    /// --long`).
+    #[serde(default)]
+    long_perplexity: Option<LongPpl>,
 }
 
 #[derive(serde::Deserialize)]
@@ -85,6 +94,16 @@ struct Greedy {
 
 #[derive(serde::Deserialize)]
 struct Ppl {
+    n_ctx: usize,
+    chunks: usize,
+    scored: usize,
+    ppl: f64,
+}
+
+#[derive(serde::Deserialize)]
+struct LongPpl {
+    text: String,
+    tokens: Vec<u32>,
     n_ctx: usize,
     chunks: usize,
     scored: usize,
@@ -269,6 +288,40 @@ fn check_perplexity(
     );
 }
 
+/// Issue 37's perplexity bound, 0.3 % of llama.cpp's, over the longer text of the golden's
+/// `long_perplexity` (llama-perplexity's windows of 512 tokens, f16 cache, the tokens llama.cpp
+/// made of the text). The golden text's 93 scored tokens are too few to hold it: there one
+/// logit's rounding flip moves the perplexity by more (docs/cpu.md).
+const LONG_PPL_TOLERANCE: f64 = 0.003;
+
+fn check_long_perplexity(model: &Arc<Model>, linear: &Arc<dyn Linear>, g: &Golden, what: &str) {
+    let p = g.long_perplexity.as_ref().unwrap_or_else(|| {
+        panic!("{what}: the golden has no long_perplexity: scripts/test.sh makes it (cpu_golden.py --long)")
+    });
+    let bos = g.add_bos.then_some(g.bos);
+    let r = perplexity(model, linear, &p.tokens, p.n_ctx, bos, KvType::F16)
+        .unwrap_or_else(|e| panic!("{what}: perplexity over {}: {e}", p.text));
+    let rel = r.ppl / p.ppl - 1.0;
+    eprintln!(
+        "{what}: perplexity over {} ({} scored): ork {:.4}, llama.cpp {:.4} ({:+.3} %)",
+        p.text,
+        r.scored,
+        r.ppl,
+        p.ppl,
+        rel * 100.0
+    );
+    assert_eq!((r.chunks, r.scored), (p.chunks, p.scored), "{what}: chunks");
+    assert!(
+        rel.abs() <= LONG_PPL_TOLERANCE,
+        "{what}: perplexity over {}: {} vs llama.cpp {} ({:+.3} %, limit {} %)",
+        p.text,
+        r.ppl,
+        p.ppl,
+        rel * 100.0,
+        LONG_PPL_TOLERANCE * 100.0
+    );
+}
+
 /// All three checks on one file.
 fn against_llama_cpp(model_path: PathBuf) {
     against_llama_cpp_within(model_path, PPL_TOLERANCE);
@@ -287,6 +340,15 @@ fn against_llama_cpp_within(model_path: PathBuf, ppl_tolerance: f64) {
 #[test]
 fn smollm2_q4_1_matches_llama_cpp() {
     against_llama_cpp(ork_testkit::model_path());
+}
+
+/// Issue 37's 0.3 % on the real test model, over the longer text; every file's figure:
+/// `scripts/cpu-perplexity.sh` (docs/cpu.md, "Perplexity over a longer text").
+#[test]
+fn smollm2_q4_1_perplexity_over_a_longer_text_is_within_0_3_percent_of_llama_cpp() {
+    let (path, golden) = load(&ork_testkit::model_path());
+    let (model, linear) = open(&path);
+    check_long_perplexity(&model, &linear, &golden, &golden.model_file);
 }
 
 #[test]
