@@ -9,7 +9,7 @@
 //! (`scripts/cpu_golden.py`, JSON in `ORK_CPU_GOLDEN_DIR`); a missing one fails the test naming
 //! the step that did not produce it, never a skip.
 //!
-//! Per file, three checks:
+//! Per file, three checks, and a fourth on SmolLM2 Q4_1:
 //! - logits of the golden text from position 0 in one batch: at every position, for llama.cpp's
 //!   top-8 ids and 24 fixed probe ids (the whole row at the last position), ork's logit is within
 //!   5e-2 of the row's spread (llama.cpp's max − min) of llama.cpp's;
