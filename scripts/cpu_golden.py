@@ -50,15 +50,31 @@ def sha256_of(path: str) -> str:
     return h.hexdigest()
 
 
+def probe_ids(vocab: int):
+    """The N_PROBE fixed ids recorded at every position (a seeded draw, the same for every row)."""
+    return np.random.default_rng(37).choice(vocab, N_PROBE, replace=False)
+
+
+def top_ids(row):
+    """The row's TOP_K highest ids, ties in id order."""
+    return np.argsort(-row, kind="stable")[:TOP_K]
+
+
+def perplexity_section(llm, tokens: list[int], n_ctx: int, add_bos: bool) -> dict:
+    """llama-perplexity's protocol over every whole window of `n_ctx` in `tokens`."""
+    n_chunk = len(tokens) // n_ctx
+    nlls = [v for chunk in chunk_nlls(llm, tokens, n_ctx, add_bos, n_chunk) for v in chunk]
+    return {"n_ctx": n_ctx, "chunks": n_chunk, "scored": len(nlls), "ppl": math.exp(sum(nlls) / len(nlls))}
+
+
 def logits_section(llm, tokens: list[int]) -> dict:
     llm.reset()
     llm.eval(tokens)
     rows = np.array(llm.scores[: len(tokens)], dtype=np.float32)
-    vocab = rows.shape[1]
-    probe = np.random.default_rng(37).choice(vocab, N_PROBE, replace=False)
+    probe = probe_ids(rows.shape[1])
     out_rows = []
     for row in rows:
-        top = np.argsort(-row, kind="stable")[:TOP_K]
+        top = top_ids(row)
         out_rows.append({
             "min": float(row.min()),
             "max": float(row.max()),
@@ -102,11 +118,9 @@ def long_section(path: str, text_path: str) -> dict:
     n_chunk = len(tokens) // LONG_N_CTX
     if n_chunk < 2:
         sys.exit(f"cpu_golden.py: {text_path}: {len(tokens)} tokens, need {2 * LONG_N_CTX}")
-    nlls = [v for chunk in chunk_nlls(llm, tokens, LONG_N_CTX, add_bos, n_chunk) for v in chunk]
     return {
         "text": text_path, "tokens": [int(t) for t in tokens[: n_chunk * LONG_N_CTX]],
-        "n_ctx": LONG_N_CTX, "chunks": n_chunk, "scored": len(nlls),
-        "ppl": math.exp(sum(nlls) / len(nlls)),
+        **perplexity_section(llm, tokens, LONG_N_CTX, add_bos),
     }
 
 
@@ -120,8 +134,6 @@ def golden(path: str, script_sha: str, long_text: str | None, long_sha: str | No
     prompt = llm.tokenize(PROMPT.encode("utf-8"), add_bos=add_bos, special=False)
     logits = logits_section(llm, tokens)
     greedy = greedy_section(llm, prompt)
-    n_chunk = len(tokens) // N_CTX
-    nlls = [v for chunk in chunk_nlls(llm, tokens, N_CTX, add_bos, n_chunk) for v in chunk]
     return {
         "reference": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}, CPU, {THREADS} threads",
         "llama_cpp_version": llama_cpp.__version__,
@@ -133,9 +145,7 @@ def golden(path: str, script_sha: str, long_text: str | None, long_sha: str | No
         "bos": int(llm.token_bos()),
         "logits": logits,
         "greedy": greedy,
-        "perplexity": {
-            "n_ctx": N_CTX, "chunks": n_chunk, "scored": len(nlls), "ppl": math.exp(sum(nlls) / len(nlls)),
-        },
+        "perplexity": perplexity_section(llm, tokens, N_CTX, add_bos),
         "long_perplexity": long_section(path, long_text) if long_text else None,
     }
 

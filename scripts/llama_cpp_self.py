@@ -19,15 +19,13 @@ against the first, with crates/ork-cpu/tests/cpu/llama_cpp.rs's measures:
   bound is 0.3 %.
 Nothing is written.
 """
-import math
 import sys
 
 import numpy as np
 import llama_cpp
 
-from cpu_golden import N_GREEDY, N_PROBE, PROMPT, TOP_K, greedy_section
+from cpu_golden import N_GREEDY, PROMPT, greedy_section, perplexity_section, probe_ids, top_ids
 from exec_logits_golden import N_CTX, TEXT
-from llama_cpp_perplexity import chunk_nlls
 
 THREADS = 2
 LOGIT_BOUND = 1e-2
@@ -50,21 +48,19 @@ def evaluate(llm, forced: list[int] | None):
     llm.reset()
     llm.eval(tokens)
     logits = np.array(llm.scores[: len(tokens)], dtype=np.float32)
-    n_chunk = len(tokens) // N_CTX
-    nlls = [v for chunk in chunk_nlls(llm, tokens, N_CTX, add_bos, n_chunk) for v in chunk]
+    ppl = perplexity_section(llm, tokens, N_CTX, add_bos)["ppl"]
     prompt = llm.tokenize(PROMPT.encode("utf-8"), add_bos=add_bos, special=False)
     greedy = greedy_section(llm, prompt, forced)
-    return logits, math.exp(sum(nlls) / len(nlls)), greedy["tokens"], greedy["top2_gap"]
+    return logits, ppl, greedy["tokens"], greedy["top2_gap"]
 
 
 def logit_gap(batch, single):
     """(worst, mean) over positions of max |difference| / spread: on the test's ids, and on all."""
     spread = batch.max(axis=1) - batch.min(axis=1)
-    probe = np.random.default_rng(37).choice(batch.shape[1], N_PROBE, replace=False)
+    probe = probe_ids(batch.shape[1])
     tested = []
     for i, row in enumerate(batch):
-        ids = np.arange(row.size) if i + 1 == len(batch) else np.concatenate(
-            [np.argsort(-row, kind="stable")[:TOP_K], probe])
+        ids = np.arange(row.size) if i + 1 == len(batch) else np.concatenate([top_ids(row), probe])
         tested.append(np.abs(row[ids] - single[i][ids]).max() / spread[i])
     tested = np.array(tested)
     every = np.abs(batch - single).max(axis=1) / spread
